@@ -1,0 +1,42 @@
+"""precision: bit-exact emulation of low-precision float formats in float32 JAX arrays.
+
+Numerics only; this package imports nothing else of the project.
+
+>>> import precision
+>>> float(precision.round(1.0 + 2.0**-10, "cbfloat16"))   # 9 fraction bits: the tie goes to even
+1.0
+>>> int(precision.encode(1.0, precision.cbfloat16))        # sign 0, exponent 31 (bias 31), fraction 0
+15872
+"""
+
+from precision.formats import FloatFormat as FloatFormat
+from precision.formats import FormatError as FormatError
+from precision.formats import bfloat16 as bfloat16
+from precision.formats import cbfloat16 as cbfloat16
+from precision.formats import float8_e4m3fn as float8_e4m3fn
+from precision.formats import float8_e5m2 as float8_e5m2
+from precision.formats import float16 as float16
+from precision.formats import float32 as float32
+from precision.formats import format_table as format_table
+from precision.formats import get_format as get_format
+from precision.formats import register_format as register_format
+from precision.rounding import decode as decode
+from precision.rounding import encode as encode
+from precision.rounding import round as round  # noqa: A004 - shadows the builtin on purpose
+
+__all__ = (
+    "FloatFormat",
+    "FormatError",
+    "bfloat16",
+    "cbfloat16",
+    "decode",
+    "encode",
+    "float16",
+    "float32",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "format_table",
+    "get_format",
+    "register_format",
+    "round",
+)

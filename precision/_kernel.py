@@ -1,0 +1,232 @@
+"""Bit-level rounding of float32 values to a `FloatFormat` (integer jnp ops only).
+
+Notation for one float32 input ``x`` with bit pattern ``u``:
+
+* ``a = u & 0x7FFFFFFF`` (magnitude bits), ``E = a >> 23`` (float32 biased exponent);
+* ``sig = (a & 0x7FFFFF) | (E > 0) << 23``, so ``|x| = sig * 2^(max(E, 1) - 150)``.
+
+Rounding to a format with ``m`` fraction bits and bias ``b`` discards the low ``d`` bits of
+``sig`` where
+
+    d = max(23 - m, (151 - b - m) - max(E, 1))
+
+(the first term for the format's normal range, the second for its subnormal range, whose
+quantum is ``q = 2^(1 - b - m)``). For ``d <= 23`` the discarded bits are the low ``d`` bits
+of ``a`` itself, and adding ``2^d`` to the truncated pattern steps to the next representable
+value, carrying into the exponent field exactly when the significand overflows. For
+``d >= 24`` the value lies below one quantum: it truncates to 0 and rounds up to ``q``.
+
+The discarded fraction is kept as a 0.32 fixed-point number ``frac32`` in ``[0, 2^32)``
+(scaled by ``2^(32 - d)``; for ``d > 32`` rounded to nearest even at 32 bits), and:
+
+* nearest_even: up  iff  ``frac32 > 2^31``, or ``frac32 == 2^31`` and the kept value is odd;
+* toward_zero:  never up;
+* stochastic:   up  iff  ``frac32 + r >= 2^32`` for a uniform 32-bit ``r``, i.e.
+  P(up) = frac32 / 2^32, exactly the discarded fraction whenever ``d <= 32``.
+
+Only integer adds, masks, shifts and compares are used: XLA's algebraic simplifier cannot
+fold them away (it does fold float tricks such as ``(x + c) - c``, see precision.md section 4),
+and CPU flush-to-zero settings cannot touch them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from precision.formats import FloatFormat
+
+MODES = ("nearest_even", "toward_zero", "stochastic")
+
+_SIGN = 0x8000_0000
+_ABS = 0x7FFF_FFFF
+_INF = 0x7F80_0000
+_QNAN = 0x7FC0_0000
+_HIDDEN = 0x0080_0000
+_FRACTION = 0x007F_FFFF
+
+
+def float_to_bits(value: float) -> int:
+  """float32 bit pattern of a Python float (exact for the format constants used here)."""
+  exact = np.float32(value)
+  if float(exact) != value:
+    raise ValueError(f"{value!r} is not exactly a float32")
+  return int(exact.view(np.uint32))
+
+
+@dataclasses.dataclass(frozen=True)
+class Constants:
+  """Per-format integer constants of the kernel (Python ints, baked into the graph)."""
+
+  shift_normal: int  # 23 - m: bits discarded in the normal range
+  sub_offset: int  # 151 - bias - m: d = max(shift_normal, sub_offset - max(E, 1))
+  variable_shift: bool  # whether d can exceed shift_normal (format subnormals finer than float32's)
+  tiny_path: bool  # whether d can reach 24 (values below one quantum that are not float32 subnormals)
+  max_bits: int  # bit pattern of fmt.max
+  min_normal_bits: int  # bit pattern of fmt.min_normal
+  quantum_bits: int  # bit pattern of the smallest subnormal q = 2^(1 - bias - m)
+  half_quantum_bits: int  # bit pattern of q / 2 (zero when q/2 is not a float32)
+
+
+@functools.lru_cache(maxsize=None)
+def constants(fmt: FloatFormat) -> Constants:
+  m = fmt.mantissa_bits
+  shift_normal = 23 - m
+  sub_offset = 151 - fmt.bias - m
+  largest_d = sub_offset - 1  # reached at E <= 1
+  variable = fmt.subnormals and largest_d > shift_normal
+  return Constants(
+      shift_normal=shift_normal,
+      sub_offset=sub_offset,
+      variable_shift=variable,
+      tiny_path=variable and largest_d >= 24,
+      max_bits=float_to_bits(fmt.max),
+      min_normal_bits=float_to_bits(fmt.min_normal),
+      quantum_bits=float_to_bits(2.0 ** (fmt.emin - m)),
+      half_quantum_bits=float_to_bits(2.0 ** (fmt.emin - m - 1)) if fmt.emin - m > -149 else 0,
+  )
+
+
+def _u32(value: int) -> jax.Array:
+  return jnp.uint32(value)
+
+
+def _kept_shift(a: jax.Array, c: Constants) -> jax.Array | int:
+  """``min(d, 23)`` per element (uint32), or a Python int when ``d`` is the same everywhere.
+
+  ``d = clip(sub_offset - max(E, 1), shift_normal, 23)``; elements with ``d >= 24`` (below
+  one quantum) are handled apart by the caller.
+  """
+  if not c.variable_shift:
+    return c.shift_normal
+  biased = (a >> 23).astype(jnp.int32)
+  if c.quantum_bits < _HIDDEN:  # the quantum is a float32 subnormal: E = 0 can reach here
+    biased = jnp.maximum(biased, jnp.int32(1))
+  d = jnp.clip(jnp.int32(c.sub_offset) - biased, c.shift_normal, 23)
+  return d.astype(jnp.uint32)
+
+
+def round_magnitude(a: jax.Array, fmt: FloatFormat, mode: str, rbits: jax.Array | None) -> jax.Array:
+  """Round magnitude bits ``a`` (finite or inf; NaN handled by the caller) to ``fmt``.
+
+  Returns the magnitude bits of the rounded value before overflow and flush rules.
+  """
+  c = constants(fmt)
+  d = _kept_shift(a, c)
+  if isinstance(d, int) and d == 0:  # every float32 value is representable (float32 itself)
+    return a
+  step = _u32(1 << d) if isinstance(d, int) else _u32(1) << d
+  low_mask = step - _u32(1)
+  if mode == "toward_zero":
+    rounded = a & ~low_mask
+    # Below one quantum q (exactly the elements with d >= 24) everything truncates to 0.
+    return jnp.where(a < _u32(c.quantum_bits), _u32(0), rounded) if c.tiny_path else rounded
+
+  if mode == "nearest_even":
+    # a + (half - 1) + lsb, then drop the low d bits: ties go to the even neighbour and the
+    # carry flows into the exponent field (ml_dtypes' RoundBitsToNearestEven).
+    half_minus_one = (step >> 1) - _u32(1) if not isinstance(d, int) else _u32((1 << d >> 1) - 1)
+    # The kept value's last bit; at d == 23 that is the implicit leading 1, not the exponent
+    # field's low bit, hence the OR (bit 23 plays no part for d <= 22).
+    lsb = (((a | _u32(_HIDDEN)) if c.variable_shift else a) >> d) & _u32(1)
+    rounded = (a + half_minus_one + lsb) & ~low_mask
+    if c.tiny_path:
+      # Below q the 23-bit rounding above is wrong, but never above q, and at or above q it
+      # never goes below q: so values above q/2 take max(rounded, q), the rest 0 (q/2 ties to 0).
+      rounded = jnp.where(
+          a > _u32(c.half_quantum_bits), jnp.maximum(rounded, _u32(c.quantum_bits)), _u32(0)
+      )
+    return rounded
+
+  if mode != "stochastic":
+    raise ValueError(f"unknown rounding mode {mode!r}")
+  assert rbits is not None
+  low = a & low_mask
+  kept = a ^ low
+  shift_up = (32 - d) if isinstance(d, int) else (_u32(32) - d)
+  frac32 = low << shift_up  # low == 0 when d == 0, so a 32-bit shift only ever shifts zero
+  if c.tiny_path:
+    # Below one quantum q (d >= 24): the value sig * 2^-d (in quanta) is the round-up probability.
+    tiny = a < _u32(c.quantum_bits)
+    biased = a >> 23
+    sig = (a & _u32(_FRACTION)) | jnp.where(biased > 0, _u32(_HIDDEN), _u32(0))
+    d_full = jnp.minimum(_u32(c.sub_offset) - jnp.maximum(biased, _u32(1)), _u32(63))
+    left = sig << (_u32(32) - jnp.minimum(d_full, _u32(32)))
+    # d > 32: keep the fraction to nearest even at 32 bits (gfloat's Stochastic definition).
+    s = jnp.clip(d_full, _u32(33), _u32(63)) - _u32(32)
+    right = (sig + (_u32(1) << (s - _u32(1))) - _u32(1) + ((sig >> s) & _u32(1))) >> s
+    frac32 = jnp.where(tiny, jnp.where(d_full <= 32, left, right), frac32)
+    kept = jnp.where(tiny, _u32(0), kept)
+    step = jnp.where(tiny, _u32(c.quantum_bits), step)
+  up = (frac32 + rbits) < frac32  # carry out of 32 bits: frac32 + r >= 2^32
+  return kept + jnp.where(up, step, _u32(0))
+
+
+def round_bits(x: jax.Array, fmt: FloatFormat, mode: str, rbits: jax.Array | None) -> jax.Array:
+  """float32 ``x`` -> float32 values of ``fmt`` (see the module docstring for the rules).
+
+  Overflow: magnitudes beyond ``fmt.max`` become inf (NaN without infinities), or ``max``
+  when saturating or when rounding toward zero a finite input. NaN becomes the quiet NaN
+  with the input's sign. Without subnormals, results below ``min_normal`` become zero.
+  """
+  c = constants(fmt)
+  u = lax.bitcast_convert_type(x, jnp.uint32)
+  sign = u & _u32(_SIGN)
+  a = u & _u32(_ABS)
+  rounded = round_magnitude(a, fmt, mode, rbits)
+  overflowed = rounded > _u32(c.max_bits)
+  if fmt.overflow == "saturate":
+    on_overflow = _u32(c.max_bits)
+  else:
+    to_inf = _u32(_INF if fmt.has_inf else _QNAN)
+    if mode == "toward_zero":
+      on_overflow = jnp.where(a == _u32(_INF), to_inf, _u32(c.max_bits))
+    else:
+      on_overflow = to_inf
+  result = jnp.where(overflowed, on_overflow, rounded)
+  if not fmt.subnormals:
+    result = jnp.where(result < _u32(c.min_normal_bits), _u32(0), result)
+  result = jnp.where(a > _u32(_INF), _u32(_QNAN), result)
+  return lax.bitcast_convert_type(result | sign, jnp.float32)
+
+
+# ---- random bits for stochastic rounding ----
+
+
+def _mix32(h: jax.Array) -> jax.Array:
+  """lowbias32 (C. Wellons, 2018): a bijective uint32 hash with near-ideal avalanche."""
+  h = h ^ (h >> 16)
+  h = h * _u32(0x7FEB352D)
+  h = h ^ (h >> 15)
+  h = h * _u32(0x846CA68B)
+  return h ^ (h >> 16)
+
+
+def counter_bits(shape: tuple[int, ...], seed: jax.Array) -> jax.Array:
+  """Uniform uint32 words for ``shape`` from a counter-based generator keyed by ``seed``.
+
+  ``seed`` is uint32[2] (drawn from a JAX PRNG key). Word ``i`` (row-major index) is
+  ``mix(mix(i + seed[0]) ^ seed[1])`` with the bijective ``mix`` = lowbias32; for a fixed
+  seed the map from counters to words is a permutation of the 2^32 words, so each word is
+  exactly uniform over the counter space. It fuses into the rounding loop, which is why it
+  runs several times faster than drawing the words with ``jax.random.bits``.
+  """
+  size = 1
+  for n in shape:
+    size *= n
+  counter = lax.iota(jnp.uint32, size).reshape(shape)
+  return _mix32(_mix32(counter + seed[0]) ^ seed[1])
+
+
+def derive_bits(rbits: jax.Array) -> jax.Array:
+  """An independent-looking stream from given words (used for the cotangent's rounding)."""
+  return _mix32(rbits ^ _u32(0x5BD1E995))
+
+
+def derive_seed(seed: jax.Array) -> jax.Array:
+  return _mix32(seed ^ jnp.asarray([0x68E31DA4, 0xB5297A4D], jnp.uint32))

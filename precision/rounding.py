@@ -1,0 +1,257 @@
+"""Public rounding API: `round`, `encode`, `decode`.
+
+All three are pure jnp bit operations (see `precision._kernel`): they run eagerly, under
+``jax.jit``, ``jax.vmap`` and ``jax.grad``, on CPU and GPU, and `encode` / `decode` also
+take and return NumPy arrays.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from precision import _kernel
+from precision._kernel import MODES
+from precision.formats import FloatFormat, get_format
+
+RoundingMode = Literal["nearest_even", "toward_zero", "stochastic"]
+GradMode = Literal["cast", "straight_through"]
+_GRAD_MODES = ("cast", "straight_through")
+
+
+def round(  # noqa: A001 - the name is the promised public API
+    x: Any,
+    fmt: FloatFormat | str,
+    mode: RoundingMode = "nearest_even",
+    key: jax.Array | None = None,
+    *,
+    rbits: jax.Array | None = None,
+    grad: GradMode = "cast",
+) -> jax.Array:
+  """Round ``x`` to the nearest values of ``fmt``; returns float32 of ``x``'s shape.
+
+  Every output is exactly representable in ``fmt``: ``encode(round(x, f), f)`` loses nothing.
+
+  Args:
+    x: float32 array (or narrower float, or Python number); any shape.
+    fmt: a `FloatFormat` or a name such as ``"cbfloat16"``, ``"cb16"``, ``"bf16"``.
+    mode:
+      ``"nearest_even"``: IEEE 754 roundTiesToEven (what ml_dtypes and XLA casts do).
+      ``"toward_zero"``: truncation; a finite input never overflows to inf.
+      ``"stochastic"``: rounds up with probability equal to the discarded fraction of a
+      step, so ``E[round(x)] = x`` exactly whenever the discarded part has at most 32 bits
+      (every input above ``2^-8 * min_subnormal``; below that the bias is under
+      ``2^-33 * min_subnormal``). Needs ``key`` or ``rbits``.
+    key: a JAX PRNG key (``jax.random.key`` or ``PRNGKey``) for stochastic rounding. Two
+      words drawn from it key a fused counter-based generator (`_kernel.counter_bits`), so
+      equal keys give equal results. Under ``vmap`` with an unbatched key every batch
+      element gets the same random words, as with ``jax.random``.
+    rbits: instead of ``key``, uint32 random words of ``x``'s shape (e.g. from
+      ``jax.random.bits`` to use JAX's own generator): rounds up iff ``frac32 + rbits >= 2^32``.
+    grad: gradient rule. ``"cast"`` (default) is the rule of a dtype cast: the cotangent is
+      rounded to ``fmt`` with the same mode (stochastic: an independent stream derived from
+      the forward one). ``"straight_through"`` passes the cotangent unchanged.
+
+  Overflow follows ``fmt.overflow``; NaN stays NaN (quiet, sign kept); signed zeros keep
+  their sign.
+
+  Raises:
+    FormatError: unknown format name.
+    ValueError: unknown mode or grad rule, or a key/rbits given where it is not used.
+    TypeError: ``x`` is not a float32-representable float (float64, integer arrays).
+  """
+  fmt = get_format(fmt)
+  mode = _check_choice("mode", mode, MODES)
+  grad = _check_choice("grad", grad, _GRAD_MODES)
+  x = _as_float32(x, "round")
+  noise = _noise(x, mode, key, rbits)
+  return _round_with_vjp(x, noise, fmt, mode, grad)
+
+
+def encode(x: Any, fmt: FloatFormat | str) -> Any:
+  """Round ``x`` to nearest even in ``fmt`` and return the format's bit patterns.
+
+  Returns uint8 codes for formats of up to 8 bits, uint16 up to 16 and uint32 above, laid
+  out as ``sign | exponent | fraction``. NaN encodes as the format's quiet NaN with the
+  input's sign (``S.1..1.10..0``; ``S.1..1.1..1`` without infinities), as ml_dtypes does.
+  A NumPy input gives a NumPy result; a JAX input (or tracer) gives a JAX array.
+  To store a stochastically rounded value, round first: ``encode(round(x, f, "stochastic",
+  key=k), f)`` is exact.
+  """
+  fmt = get_format(fmt)
+  return _mirror_input_kind(x, _encode_jit(_as_float32(x, "encode"), fmt))
+
+
+def decode(bits: Any, fmt: FloatFormat | str) -> Any:
+  """float32 values of bit patterns ``bits`` of ``fmt`` (the inverse of `encode`).
+
+  Bits above the format's width are ignored. NaN payloads survive in IEEE-like formats
+  (bit-exact with ml_dtypes/NumPy up-casts); a format without infinities decodes its NaN
+  code to the quiet NaN. Without subnormals, codes with exponent 0 decode to signed zero.
+  """
+  fmt = get_format(fmt)
+  array = bits if isinstance(bits, jax.Array) else np.asarray(bits)
+  if not jnp.issubdtype(array.dtype, jnp.integer):
+    raise TypeError(
+        f"decode takes integer bit patterns (uint8/uint16/uint32); got dtype {array.dtype}. "
+        "To round floats, use precision.round or precision.encode."
+    )
+  return _mirror_input_kind(bits, _decode_jit(jnp.asarray(array).astype(jnp.uint32), fmt))
+
+
+# ---- implementation ----
+
+
+def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> str:
+  if value not in allowed:
+    raise ValueError(f"{what}={value!r} is not one of {', '.join(repr(a) for a in allowed)}")
+  return value
+
+
+def _as_float32(x: Any, fn: str) -> jax.Array:
+  if isinstance(x, (builtins.int, builtins.float)) and not isinstance(x, bool):
+    return jnp.asarray(x, jnp.float32)
+  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"{fn} takes floating-point values; got dtype {dtype}. Convert with .astype(float32).")
+  if jnp.finfo(dtype).bits > 32:
+    raise TypeError(
+        f"{fn} takes float32 (or narrower) values; got {dtype}. Converting to float32 first would "
+        "round twice: convert explicitly if that is what you want."
+    )
+  return jnp.asarray(x).astype(jnp.float32)
+
+
+def _noise(x: jax.Array, mode: str, key: Any, rbits: Any) -> tuple[jax.Array | None, jax.Array | None]:
+  """(seed uint32[2], None), (None, rbits) or (None, None)."""
+  if mode != "stochastic":
+    if key is not None or rbits is not None:
+      raise ValueError(f"mode={mode!r} is deterministic: key and rbits are only for mode='stochastic'")
+    return None, None
+  if (key is None) == (rbits is None):
+    raise ValueError(
+        "mode='stochastic' needs exactly one of key=jax.random.key(seed) or rbits=<uint32 array "
+        f"of shape {x.shape}>"
+    )
+  if rbits is not None:
+    rbits = jnp.asarray(rbits)
+    if rbits.dtype != jnp.uint32 or rbits.shape != x.shape:
+      raise ValueError(f"rbits must be uint32 of shape {x.shape}; got {rbits.dtype}{list(rbits.shape)}")
+    return None, rbits
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  if (typed and key.shape != ()) or (not typed and (key.dtype != jnp.uint32 or key.shape != (2,))):
+    raise ValueError(
+        f"key must be one PRNG key (jax.random.key(0) or jax.random.PRNGKey(0)); got {key.dtype}{list(key.shape)}. "
+        "Split batched keys first, or vmap over them."
+    )
+  return jax.random.bits(key, (2,), jnp.uint32), None
+
+
+@functools.partial(jax.jit, static_argnames=("fmt", "mode"))
+def _round_jit(x: jax.Array, noise: tuple, fmt: FloatFormat, mode: str) -> jax.Array:
+  seed, rbits = noise
+  if mode == "stochastic" and rbits is None:
+    rbits = _kernel.counter_bits(x.shape, seed)
+  return _kernel.round_bits(x, fmt, mode, rbits)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _round_with_vjp(x: jax.Array, noise: tuple, fmt: FloatFormat, mode: str, grad: str) -> jax.Array:
+  return _round_jit(x, noise, fmt, mode)
+
+
+def _round_fwd(x, noise, fmt, mode, grad):
+  return _round_jit(x, noise, fmt, mode), noise
+
+
+def _round_bwd(fmt, mode, grad, noise, g):
+  no_cotangent = (None, None)
+  if grad == "straight_through":
+    return g, no_cotangent
+  seed, rbits = noise
+  backward_noise = (
+      None if seed is None else _kernel.derive_seed(seed),
+      None if rbits is None else _kernel.derive_bits(rbits),
+  )
+  return _round_jit(g, backward_noise, fmt, mode), no_cotangent
+
+
+_round_with_vjp.defvjp(_round_fwd, _round_bwd)
+
+
+def _storage_dtype(fmt: FloatFormat) -> jnp.dtype:
+  return jnp.uint8 if fmt.bits <= 8 else jnp.uint16 if fmt.bits <= 16 else jnp.uint32
+
+
+@functools.partial(jax.jit, static_argnames=("fmt",))
+def _encode_jit(x: jax.Array, fmt: FloatFormat) -> jax.Array:
+  c = _kernel.constants(fmt)
+  m = fmt.mantissa_bits
+  u32 = jnp.uint32
+  u = jax.lax.bitcast_convert_type(_kernel.round_bits(x, fmt, "nearest_even", None), u32)
+  a = u & u32(0x7FFF_FFFF)
+  rebias = ((fmt.bias - 127) << m) & 0xFFFF_FFFF  # modular: (a >> s) - ((127 - bias) << m)
+  magnitude = (a >> c.shift_normal) + u32(rebias)
+  below_normal = a < u32(c.min_normal_bits)
+  if fmt.subnormals:
+    biased = a >> 23
+    sig = (a & u32(0x007F_FFFF)) | jnp.where(biased > 0, u32(0x0080_0000), u32(0))
+    d = jnp.maximum(c.shift_normal, c.sub_offset - jnp.maximum(biased, u32(1)).astype(jnp.int32))
+    subnormal = sig >> jnp.clip(d, 0, 31).astype(u32)
+  else:
+    subnormal = u32(0)
+  magnitude = jnp.where(below_normal, subnormal, magnitude)
+  top = (2**fmt.exponent_bits - 1) << m
+  if fmt.has_inf:
+    magnitude = jnp.where(a == u32(0x7F80_0000), u32(top), magnitude)
+    nan_code = top | (1 << (m - 1))
+  else:
+    nan_code = (1 << (fmt.bits - 1)) - 1
+  magnitude = jnp.where(a > u32(0x7F80_0000), u32(nan_code), magnitude)
+  code = ((u >> 31) << (fmt.bits - 1)) | magnitude
+  return code.astype(_storage_dtype(fmt))
+
+
+@functools.partial(jax.jit, static_argnames=("fmt",))
+def _decode_jit(code: jax.Array, fmt: FloatFormat) -> jax.Array:
+  u32 = jnp.uint32
+  m, bits = fmt.mantissa_bits, fmt.bits
+  shift = 23 - m
+  code = code & u32((1 << bits) - 1)
+  sign = (code >> (bits - 1)) << 31
+  magnitude = code & u32((1 << (bits - 1)) - 1)
+  exponent = magnitude >> m
+  fraction = magnitude & u32((1 << m) - 1)
+  rebias = ((127 - fmt.bias) << 23) & 0xFFFF_FFFF
+  value = (magnitude << shift) + u32(rebias)  # normal codes
+  if fmt.subnormals:
+    # fraction * 2^q with q = emin - m: normalise with the leading-one position p.
+    q = fmt.emin - m
+    p = u32(31) - jax.lax.clz(fraction)
+    lead = q + p.astype(jnp.int32)
+    as_normal = ((lead + 127).astype(u32) << 23) | ((fraction << (u32(23) - p)) & u32(0x007F_FFFF))
+    as_f32_subnormal = fraction << u32(q + 149)
+    subnormal = jnp.where(lead >= -126, as_normal, as_f32_subnormal)
+    subnormal = jnp.where(fraction == 0, u32(0), subnormal)
+  else:
+    subnormal = u32(0)
+  value = jnp.where(exponent == 0, subnormal, value)
+  top = 2**fmt.exponent_bits - 1
+  if fmt.has_inf:
+    value = jnp.where(exponent == top, u32(0x7F80_0000) | (fraction << shift), value)
+  else:
+    value = jnp.where(magnitude == u32((1 << (bits - 1)) - 1), u32(0x7FC0_0000), value)
+  return jax.lax.bitcast_convert_type(value | sign, jnp.float32)
+
+
+def _mirror_input_kind(original: Any, result: jax.Array) -> Any:
+  """NumPy in, NumPy out; JAX arrays and tracers stay JAX."""
+  if isinstance(original, jax.Array):
+    return result
+  return np.asarray(result)

@@ -1,0 +1,30 @@
+"""JAX set-up for every test, done before JAX is first imported.
+
+* CPU platform, with 4 forced CPU devices for sharding tests;
+* strict dtype promotion and rank promotion errors, so silent up-casts fail loudly;
+* a derandomized hypothesis profile, so CI runs are reproducible.
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+  os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=4".strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+settings.register_profile("ci", derandomize=True, deadline=None, max_examples=200, print_blob=True)
+settings.register_profile("dev", deadline=None, max_examples=200)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+  return np.random.default_rng(20261122)

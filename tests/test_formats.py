@@ -1,0 +1,150 @@
+"""FloatFormat: fields, derived values against ml_dtypes/NumPy/gfloat, names, errors."""
+
+import dataclasses
+
+import gfloat
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import precision
+from precision.formats import FormatError
+
+ML_DTYPES = {
+    "bfloat16": ml_dtypes.bfloat16,
+    "float16": np.float16,
+    "float32": np.float32,
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+    "float8_e5m2": ml_dtypes.float8_e5m2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ML_DTYPES))
+def test_derived_values_match_finfo(name):
+  fmt = precision.get_format(name)
+  info = ml_dtypes.finfo(ML_DTYPES[name])
+  assert fmt.max == float(info.max)
+  assert fmt.min_normal == float(info.smallest_normal)
+  assert fmt.min_subnormal == float(info.smallest_subnormal)
+  assert fmt.eps == float(info.eps)
+  assert fmt.bits == info.bits
+  assert fmt.mantissa_bits == info.nmant
+  assert fmt.emax == info.maxexp - 1 and fmt.emin == info.minexp
+
+
+def test_cbfloat16_derived_values():
+  # cerebras.md section 1, "Derived values" table (inferred IEEE-like rules).
+  cb = precision.cbfloat16
+  assert (cb.exponent_bits, cb.mantissa_bits, cb.bias, cb.bits) == (6, 9, 31, 16)
+  assert cb.max == 4_290_772_992.0 == (2 - 2**-9) * 2.0**31
+  assert cb.min_normal == 2.0**-30
+  assert cb.min_subnormal == 2.0**-39
+  assert cb.eps == 2.0**-9
+  assert (cb.emin, cb.emax) == (-30, 31)
+  assert cb.has_inf and cb.subnormals and cb.overflow == "inf"
+  fi = gfloat.FormatInfo(
+      "e6m9", k=16, precision=10, bias=31, is_signed=True, domain=gfloat.Domain.Extended, has_nz=True,
+      num_high_nans=2**9 - 1, has_subnormals=True, is_twos_complement=False,
+  )
+  assert (fi.max, fi.smallest_normal, fi.smallest_subnormal, fi.eps) == (
+      cb.max, cb.min_normal, cb.min_subnormal, cb.eps,
+  )
+
+
+def test_cbfloat16_docstring_says_what_is_documented_and_inferred():
+  notes = precision.cbfloat16.notes
+  assert "Documented" in notes and "Inferred" in notes
+  variant = precision.cbfloat16.replace(bias=30, subnormals=False, overflow="saturate")
+  assert variant.bias == 30 and not variant.subnormals and variant.overflow == "saturate"
+  assert variant.name == "cbfloat16[bias=30,subnormals=False,overflow=saturate]"
+  assert variant != precision.cbfloat16
+
+
+@pytest.mark.parametrize(
+    "alias, name",
+    [("cb16", "cbfloat16"), ("CBF16", "cbfloat16"), ("bf16", "bfloat16"), ("fp16", "float16"),
+     ("half", "float16"), ("f32", "float32"), ("fp32", "float32"), ("e4m3fn", "float8_e4m3fn"),
+     ("e5m2", "float8_e5m2"), (" cbfloat16 ", "cbfloat16")],
+)
+def test_get_format_aliases(alias, name):
+  assert precision.get_format(alias).name == name
+
+
+def test_get_format_accepts_formats_and_dtypes():
+  assert precision.get_format(precision.cbfloat16) is precision.cbfloat16
+  assert precision.get_format(jnp.bfloat16) is precision.bfloat16
+  assert precision.get_format(np.float16) is precision.float16
+  assert precision.get_format(np.dtype("float32")) is precision.float32
+
+
+def test_unknown_format_lists_known_names_and_suggests():
+  with pytest.raises(FormatError) as err:
+    precision.get_format("cb17")
+  message = str(err.value)
+  assert "'cb17'" in message and "Did you mean 'cb16'" in message
+  for f in precision.formats.PREDEFINED:
+    assert f.name in message
+  with pytest.raises(FormatError, match="cannot read a float format"):
+    precision.get_format(3.5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(exponent_bits=9, mantissa_bits=7), "exponent_bits=9"),
+        (dict(exponent_bits=1, mantissa_bits=7), "exponent_bits=1"),
+        (dict(exponent_bits=5, mantissa_bits=0), "mantissa_bits=0"),
+        (dict(exponent_bits=5, mantissa_bits=24), "mantissa_bits=24"),
+        (dict(exponent_bits=5, mantissa_bits=2, specials="none"), "specials='none'"),
+        (dict(exponent_bits=5, mantissa_bits=2, overflow="wrap"), "overflow='wrap'"),
+        (dict(exponent_bits=8, mantissa_bits=7, bias=100), "exceeds float32"),
+        (dict(exponent_bits=8, mantissa_bits=7, bias=145), "below what float32 holds"),
+    ],
+)
+def test_invalid_formats_say_what_is_allowed(kwargs, fragment):
+  with pytest.raises(FormatError, match=fragment.replace("(", r"\(")):
+    precision.FloatFormat("bad", **kwargs)
+
+
+def test_format_is_frozen_hashable_and_readable():
+  cb = precision.cbfloat16
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    cb.bias = 30  # type: ignore[misc]
+  assert hash(cb) == hash(precision.FloatFormat("cbfloat16", 6, 9, bias=31))
+  assert repr(cb) == "FloatFormat(cbfloat16: 1-6-9, bias=31, inf/NaN)"
+  assert "finite only" in repr(precision.float8_e4m3fn)
+  table = cb.describe()
+  text = str(table)
+  assert "4.29077e+09" in text and "Inferred" in text
+  assert "<table>" in table._repr_html_()
+  assert table.to_dict()["rows"][0] == ["name", "cbfloat16"]
+
+
+def test_format_table_lists_every_predefined_format():
+  text = str(precision.format_table())
+  for f in precision.formats.PREDEFINED:
+    assert f.name in text
+
+
+def test_register_format():
+  fmt = precision.FloatFormat("test_e3m4", 3, 4)
+  precision.register_format(fmt, aliases=["e3m4_test"])
+  assert precision.get_format("E3M4_TEST") is fmt
+  with pytest.raises(FormatError, match="already registered"):
+    precision.register_format(precision.FloatFormat("test_e3m4", 3, 3))
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "float8_e5m2", "float8_e4m3fn"])
+def test_ulp_matches_spacing(name):
+  fmt = precision.get_format(name)
+  dtype = ML_DTYPES[name]
+  # Positive codes in order are the positive values in order: spacing = next value - value.
+  codes = np.arange(2 ** (fmt.bits - 1), dtype=np.uint16 if fmt.bits == 16 else np.uint8)
+  with np.errstate(invalid="ignore"):
+    values = codes.view(dtype).astype(np.float64)
+  values = values[np.isfinite(values)]
+  spacing = np.diff(values)[1:]  # skip zero, whose "ulp" is defined as min_subnormal
+  np.testing.assert_array_equal(np.asarray(fmt.ulp(values[1:-1].astype(np.float32)), np.float64), spacing)
+  assert float(fmt.ulp(0.0)) == fmt.min_subnormal
+  assert np.isnan(fmt.ulp(np.inf))
