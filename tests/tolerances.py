@@ -30,6 +30,13 @@ ONE_ROUNDING: dict[str, Tolerance] = {
 }
 
 # Stochastic rounding: the sample mean of n independent roundings of x has standard deviation
-# ulp * sqrt(p (1 - p) / n), p the round-up probability. A test bound of SR_SIGMAS standard
-# deviations fails a correct implementation with probability < 6e-7 per check (normal tail).
+# sigma = step * sqrt(p (1 - p) / n), p the round-up probability. Bound: SR_SIGMAS * sigma plus
+# step * SR_SIGMAS^2 / n, which covers the small-count regime where n p is below ~SR_SIGMAS^2 and
+# the normal approximation fails (Bernstein's inequality has the same two terms). A correct
+# implementation fails it with probability < 1e-6 per check.
 SR_SIGMAS = 5.0
+
+
+def sr_mean_bound(step: float, p: float, n: int) -> float:
+  """Largest |mean of n stochastic roundings - x| accepted; see SR_SIGMAS."""
+  return SR_SIGMAS * step * (p * (1 - p) / n) ** 0.5 + step * SR_SIGMAS**2 / n
