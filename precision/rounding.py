@@ -214,7 +214,8 @@ def _encode_jit(x: jax.Array, fmt: FloatFormat) -> jax.Array:
   else:
     nan_code = (1 << (fmt.bits - 1)) - 1
   magnitude = jnp.where(a > u32(0x7F80_0000), u32(nan_code), magnitude)
-  code = ((u >> 31) << (fmt.bits - 1)) | magnitude
+  sign = jax.lax.bitcast_convert_type(x, u32) >> 31  # rounding keeps the sign; NaN's too
+  code = (sign << (fmt.bits - 1)) | magnitude
   return code.astype(_storage_dtype(fmt))
 
 

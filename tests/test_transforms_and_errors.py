@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import precision
+from precision import _kernel
 from precision.formats import FormatError
 from tests import values as V
 from tests.tolerances import ONE_ROUNDING
@@ -86,15 +87,36 @@ def _float_producing_primitives(jaxpr) -> set[str]:
   return found
 
 
+def _float_multipliers(jaxpr) -> set[float]:
+  """The literal float operands of every ``mul`` (recursively)."""
+  found = set()
+  for eqn in jaxpr.eqns:
+    for sub in (v for v in eqn.params.values() if hasattr(v, "eqns") or hasattr(v, "jaxpr")):
+      found |= _float_multipliers(sub.jaxpr if hasattr(sub, "jaxpr") else sub)
+    if eqn.primitive.name == "mul" and jnp.issubdtype(eqn.outvars[0].aval.dtype, jnp.floating):
+      found |= {float(v.val) for v in eqn.invars if hasattr(v, "val")}
+  return found
+
+
 @pytest.mark.parametrize("mode", ["nearest_even", "toward_zero", "stochastic"])
-def test_kernel_is_integer_only(mode):
-  # XLA's algebraic simplifier folds float rounding tricks such as (x + c) - c, and XLA on CPU
-  # flushes float32 subnormals in float ops; integer ops and bitcasts are immune to both.
+@pytest.mark.parametrize("fmt", ["cbfloat16", "float16", "bfloat16", "float8_e4m3fn"])
+def test_kernel_float_arithmetic_cannot_be_folded(fmt, mode):
+  """XLA's algebraic simplifier folds float tricks such as (x + c) - c, and XLA on CPU flushes
+  float32 subnormals in float ops; integer ops and bitcasts are immune to both. The one float
+  path (nearest_even subnormals and overflow) multiplies by exact powers of two (and inf) around
+  roundeven: nothing there can be folded, and no float add or subtract appears anywhere."""
   key = jax.random.key(0) if mode == "stochastic" else None
-  jaxpr = jax.make_jaxpr(lambda v: precision.round(v, "cb16", mode, key=key))(jnp.ones(4, jnp.float32))
-  assert _float_producing_primitives(jaxpr.jaxpr) <= {"bitcast_convert_type"}
-  jaxpr = jax.make_jaxpr(lambda c: precision.decode(c, "cb16"))(jnp.ones(4, jnp.uint16))
-  assert _float_producing_primitives(jaxpr.jaxpr) <= {"bitcast_convert_type"}
+  x = jnp.ones(4, jnp.float32)
+  jaxpr = jax.make_jaxpr(lambda v: precision.round(v, fmt, mode, key=key))(x).jaxpr
+  assert _float_producing_primitives(jaxpr) <= {"bitcast_convert_type", "mul", "round", "select_n"}
+  for multiplier in _float_multipliers(jaxpr):
+    assert multiplier == np.inf or np.log2(multiplier) == int(np.log2(multiplier)), multiplier
+  f = precision.get_format(fmt)
+  rbits = jnp.ones(4, jnp.uint32) if mode == "stochastic" else None
+  integer_only = jax.make_jaxpr(lambda v: _kernel.round_bits(v, f, mode, rbits, integer_only=True))(x)
+  assert _float_producing_primitives(integer_only.jaxpr) <= {"bitcast_convert_type"}
+  decode = jax.make_jaxpr(lambda c: precision.decode(c, fmt))(jnp.ones(4, jnp.uint16))
+  assert _float_producing_primitives(decode.jaxpr) <= {"bitcast_convert_type"}
 
 
 def test_inputs_and_outputs():

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 import precision
+from precision import _kernel
 
 
 def bits_of(x: np.ndarray) -> np.ndarray:
@@ -82,7 +83,11 @@ def special_values(fmt: precision.FloatFormat) -> np.ndarray:
 
 
 def round_both_ways(x: np.ndarray, fmt, mode: str = "nearest_even", **kwargs) -> list[np.ndarray]:
-  """`precision.round` called eagerly and inside an outer ``jax.jit`` (anti-folding check)."""
+  """`precision.round` eagerly and inside an outer ``jax.jit`` (anti-folding check), and the
+  kernel's pure-integer path (which the public API uses for other formats and modes)."""
+  fmt = precision.get_format(fmt)
   eager = np.asarray(precision.round(x, fmt, mode, **kwargs))
   jitted = np.asarray(jax.jit(lambda v: precision.round(v, fmt, mode, **kwargs))(x))
-  return [eager, jitted]
+  rbits = kwargs.get("rbits")
+  integer_only = np.asarray(jax.jit(lambda v: _kernel.round_bits(v, fmt, mode, rbits, integer_only=True))(x))
+  return [eager, jitted, integer_only]
