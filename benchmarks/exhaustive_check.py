@@ -27,21 +27,15 @@ from pathlib import Path
 import gfloat
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 
 import precision
+from precision.testing import gfloat_format_info, reference_dtype, same_floats
 from precision import _kernel
 
 CHUNK_BITS = 24
 CHUNK = 1 << CHUNK_BITS
 N_CHUNKS = 1 << (32 - CHUNK_BITS)
-ML_DTYPES = {
-    "bfloat16": ml_dtypes.bfloat16,
-    "float16": np.float16,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-    "float8_e5m2": ml_dtypes.float8_e5m2,
-}
 GFLOAT_MODES = {"nearest_even": gfloat.RoundMode.TiesToEven, "toward_zero": gfloat.RoundMode.TowardZero}
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -59,16 +53,6 @@ def count_mismatches(ours: jax.Array, reference: jax.Array) -> jax.Array:
   return jnp.sum(~same, dtype=jnp.int32)
 
 
-def gfloat_info(fmt: precision.FloatFormat) -> gfloat.FormatInfo:
-  if fmt.specials != "ieee" or not fmt.subnormals:
-    raise SystemExit(f"{fmt.name}: the gfloat reference here covers IEEE-like formats with subnormals only")
-  return gfloat.FormatInfo(
-      fmt.name, k=fmt.bits, precision=fmt.mantissa_bits + 1, bias=fmt.bias, is_signed=True,
-      domain=gfloat.Domain.Extended, has_nz=True, num_high_nans=2**fmt.mantissa_bits - 1,
-      has_subnormals=True, is_twos_complement=False,
-  )
-
-
 def ours(x: jax.Array, fmt: precision.FloatFormat, mode: str, integer_only: bool) -> jax.Array:
   if integer_only:  # the pure-integer kernel path (see precision._kernel)
     return _kernel.round_bits(x, fmt, mode, None, integer_only=True)
@@ -77,8 +61,8 @@ def ours(x: jax.Array, fmt: precision.FloatFormat, mode: str, integer_only: bool
 
 def make_checker(fmt: precision.FloatFormat, mode: str, gfloat_numpy: bool, integer_only: bool):
   """A function chunk_index -> mismatch count, and the reference's name."""
-  if fmt.name in ML_DTYPES and mode == "nearest_even":
-    dtype = ML_DTYPES[fmt.name]
+  dtype = reference_dtype(fmt)
+  if dtype is not None and mode == "nearest_even":
     ours_fn = jax.jit(lambda start: ours(chunk_inputs(start), fmt, mode, integer_only))
 
     def check(i: int) -> int:
@@ -86,12 +70,11 @@ def make_checker(fmt: precision.FloatFormat, mode: str, gfloat_numpy: bool, inte
       x = np.arange(i * CHUNK, (i + 1) * CHUNK, dtype=np.uint64).astype(np.uint32).view(np.float32)
       with np.errstate(all="ignore"):
         reference = x.astype(dtype).astype(np.float32)
-      same = (ours.view(np.uint32) == reference.view(np.uint32)) | (np.isnan(ours) & np.isnan(reference))
-      return int(same.size - np.count_nonzero(same))
+      return int(reference.size - np.count_nonzero(same_floats(ours, reference)))
 
-    return check, f"ml_dtypes {np.dtype(dtype).name} cast"
+    return check, f"{np.dtype(dtype).name} cast (ml_dtypes / NumPy)"
 
-  info, rounding = gfloat_info(fmt), GFLOAT_MODES[mode]
+  info, rounding = gfloat_format_info(fmt), GFLOAT_MODES[mode]
   if gfloat_numpy:
     ours_fn = jax.jit(lambda start: ours(chunk_inputs(start), fmt, mode, integer_only))
 
@@ -100,8 +83,7 @@ def make_checker(fmt: precision.FloatFormat, mode: str, gfloat_numpy: bool, inte
       x = np.arange(i * CHUNK, (i + 1) * CHUNK, dtype=np.uint64).astype(np.uint32).view(np.float32)
       with np.errstate(all="ignore"):
         reference = np.asarray(gfloat.round_ndarray(info, x, rounding)).astype(np.float32)
-      same = (ours.view(np.uint32) == reference.view(np.uint32)) | (np.isnan(ours) & np.isnan(reference))
-      return int(same.size - np.count_nonzero(same))
+      return int(reference.size - np.count_nonzero(same_floats(ours, reference)))
 
     return check, "gfloat round_ndarray (NumPy)"
 
@@ -157,8 +139,14 @@ def main(argv: list[str] | None = None) -> int:
   for m in modes:
     if m not in GFLOAT_MODES:
       parser.error(f"--modes: {m!r} is not one of {', '.join(GFLOAT_MODES)}")
+  formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+  for name in formats:
+    try:
+      precision.get_format(name)
+    except precision.FormatError as err:
+      parser.error(f"--formats: {err}")
   t0 = time.perf_counter()
-  rows = run([f.strip() for f in args.formats.split(",") if f.strip()], modes, args.chunks, args.gfloat_numpy, args.integer_only)
+  rows = run(formats, modes, args.chunks, args.gfloat_numpy, args.integer_only)
   total = sum(r["mismatches"] for r in rows)
   seconds = time.perf_counter() - t0
   print(f"total: {total} mismatches ({seconds:.1f} s)")

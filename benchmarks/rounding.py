@@ -32,6 +32,7 @@ import ml_dtypes
 import numpy as np
 
 import precision
+from precision.testing import gfloat_format_info, same_floats
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"precision cbfloat16 nearest_even": 1.0, "precision cbfloat16 stochastic": 0.3}
@@ -45,16 +46,8 @@ def make_input(log2_size: int) -> np.ndarray:
   return x
 
 
-def gfloat_info(fmt: precision.FloatFormat) -> gfloat.FormatInfo:
-  return gfloat.FormatInfo(
-      fmt.name, k=fmt.bits, precision=fmt.mantissa_bits + 1, bias=fmt.bias, is_signed=True,
-      domain=gfloat.Domain.Extended, has_nz=True, num_high_nans=2**fmt.mantissa_bits - 1,
-      has_subnormals=True, is_twos_complement=False,
-  )
-
-
 def gfloat_jit(fmt: precision.FloatFormat) -> Callable:
-  info = gfloat_info(fmt)
+  info = gfloat_format_info(fmt)
 
   @jax.jit
   def f(x):
@@ -86,8 +79,8 @@ def candidates(key: jax.Array, skip_slow: bool) -> dict[str, tuple[Callable, str
       "ml_dtypes bfloat16 cast (NumPy)": (lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), "numpy"),
   }
   if not skip_slow:
-    out["gfloat cbfloat16 (NumPy)"] = (lambda x: gfloat.round_ndarray(gfloat_info(cb), x), "numpy")
-    out["gfloat bfloat16 (NumPy)"] = (lambda x: gfloat.round_ndarray(gfloat_info(bf), x), "numpy")
+    out["gfloat cbfloat16 (NumPy)"] = (lambda x: gfloat.round_ndarray(gfloat_format_info(cb), x), "numpy")
+    out["gfloat bfloat16 (NumPy)"] = (lambda x: gfloat.round_ndarray(gfloat_format_info(bf), x), "numpy")
   return out
 
 
@@ -112,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
   n = x_np.size
   baseline = jax.jit(lambda v: v.astype(jnp.bfloat16).astype(jnp.float32))
   baseline(x).block_until_ready()
-  # Sanity: the kernels agree with their references on this input (bitwise, NaN == NaN).
-  ours_bf = np.asarray(precision.round(x, "bf16"))
-  assert np.array_equal(ours_bf.view(np.uint32), np.asarray(baseline(x)).view(np.uint32)) or np.array_equal(
-      np.isnan(ours_bf), np.isnan(np.asarray(baseline(x)))
-  )
+  # Sanity: the timed kernels give the references' results on this input (bitwise, NaN == NaN).
+  for ours, reference in [
+      (precision.round(x, "bf16"), baseline(x)),
+      (precision.round(x, "cb16"), gfloat_jit(precision.cbfloat16)(x)),
+  ]:
+    if not same_floats(ours, reference).all():
+      raise SystemExit("benchmark input: precision.round disagrees with its reference; not timing it")
 
   rows = []
   print(f"{n} float32 values; baseline: jit x.astype(bfloat16).astype(float32); {args.rounds} paired rounds")

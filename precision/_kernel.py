@@ -55,6 +55,7 @@ _SIGN = 0x8000_0000
 _ABS = 0x7FFF_FFFF
 _INF = 0x7F80_0000
 _QNAN = 0x7FC0_0000
+_QUIET = 0x0040_0000
 _HIDDEN = 0x0080_0000
 _FRACTION = 0x007F_FFFF
 
@@ -74,13 +75,14 @@ class Constants:
   shift_normal: int  # 23 - m: bits discarded in the normal range
   sub_offset: int  # 151 - bias - m: d = max(shift_normal, sub_offset - max(E, 1))
   variable_shift: bool  # whether d can exceed shift_normal (format subnormals finer than float32's)
-  tiny_path: bool  # whether d can reach 24 (values below one quantum that are not float32 subnormals)
+  tiny_path: bool  # whether inputs below one quantum q need their own rule (a < q)
   max_bits: int  # bit pattern of fmt.max
   min_normal_bits: int  # bit pattern of fmt.min_normal
   quantum_bits: int  # bit pattern of the smallest subnormal q = 2^(1 - bias - m)
   half_quantum_bits: int  # bit pattern of q / 2 (zero when q/2 is not a float32)
   quantum_exponent: int  # log2(q) = 1 - bias - m
-  overflow_threshold_bits: int  # bit pattern of max + ulp(max) / 2, where nearest rounding overflows
+  overflow_threshold_bits: int  # bit pattern of max + ulp(max)/2: from here on (ties included) nearest
+                                # rounding overflows in IEEE formats (finite_only: only above it)
   scaled_subnormals: bool  # nearest_even may round the subnormal range as round(|x| / q) * q
 
 
@@ -95,7 +97,8 @@ def constants(fmt: FloatFormat) -> Constants:
       shift_normal=shift_normal,
       sub_offset=sub_offset,
       variable_shift=variable,
-      tiny_path=variable and largest_d >= 24,
+      # d >= 24, or d == 23 for float32 subnormal inputs (q = 2^-126): below one quantum.
+      tiny_path=variable and largest_d >= 23,
       max_bits=float_to_bits(fmt.max),
       min_normal_bits=float_to_bits(fmt.min_normal),
       quantum_bits=float_to_bits(2.0 ** (fmt.emin - m)),
@@ -110,6 +113,20 @@ def constants(fmt: FloatFormat) -> Constants:
 
 def _u32(value: int) -> jax.Array:
   return jnp.uint32(value)
+
+
+def _nearest_even_at(bits: jax.Array, shift: int) -> jax.Array:
+  """Drop the low ``shift`` bits of ``bits`` rounding to nearest even: ``bits + (half - 1) + lsb``
+  then mask (ml_dtypes' RoundBitsToNearestEven); the carry flows into the exponent field."""
+  keep = _u32(~((1 << shift) - 1) & 0xFFFF_FFFF)
+  return (bits + _u32((1 << shift >> 1) - 1) + ((bits >> shift) & _u32(1))) & keep
+
+
+def _scaled_nearest_even(x: jax.Array, quantum_exponent: int) -> jax.Array:
+  """``roundeven(x / q) * q`` for ``q = 2^quantum_exponent``: exact scalings around one exact
+  rounding instruction; correct for |x| below the format's min_normal (the subnormal grid)."""
+  quanta = lax.round(x * np.float32(2.0**-quantum_exponent), lax.RoundingMethod.TO_NEAREST_EVEN)
+  return quanta * np.float32(2.0**quantum_exponent)
 
 
 def _kept_shift(a: jax.Array, c: Constants) -> jax.Array | int:
@@ -137,16 +154,10 @@ def round_magnitude(
   """
   c = constants(fmt)
   if mode == "nearest_even" and c.scaled_subnormals and not integer_only:
-    # Normal range: the constant shift d = 23 - m (below). Subnormal range: k = roundeven(|x| / q),
-    # result k * q; both scalings are by exact powers of two and roundeven is one exact
-    # instruction, so nothing here can be folded away or round twice. Integer-only equivalent
-    # below; the exhaustive check compares both against references over all 2^32 inputs.
-    s_n = c.shift_normal
-    normal = (a + _u32((1 << s_n >> 1) - 1) + ((a >> s_n) & _u32(1))) & _u32(~((1 << s_n) - 1) & 0xFFFF_FFFF)
-    magnitude = lax.bitcast_convert_type(a, jnp.float32)
-    quanta = lax.round(magnitude * np.float32(2.0**-c.quantum_exponent), lax.RoundingMethod.TO_NEAREST_EVEN)
-    subnormal = lax.bitcast_convert_type(quanta * np.float32(2.0**c.quantum_exponent), jnp.uint32)
-    return jnp.where(a < _u32(c.min_normal_bits), subnormal, normal)
+    # The subnormal range by scaling (see the module docstring), the rest at the constant shift.
+    subnormal = _scaled_nearest_even(lax.bitcast_convert_type(a, jnp.float32), c.quantum_exponent)
+    normal = _nearest_even_at(a, c.shift_normal)
+    return jnp.where(a < _u32(c.min_normal_bits), lax.bitcast_convert_type(subnormal, jnp.uint32), normal)
 
   d = _kept_shift(a, c)
   if isinstance(d, int) and d == 0:  # every float32 value is representable (float32 itself)
@@ -159,16 +170,16 @@ def round_magnitude(
     return jnp.where(a < _u32(c.quantum_bits), _u32(0), rounded) if c.tiny_path else rounded
 
   if mode == "nearest_even":
-    # a + (half - 1) + lsb, then drop the low d bits: ties go to the even neighbour and the
-    # carry flows into the exponent field (ml_dtypes' RoundBitsToNearestEven).
-    half_minus_one = low_mask >> 1
-    # The kept value's last bit; at d == 23 that is the implicit leading 1, not the exponent
-    # field's low bit, hence the OR (bit 23 plays no part for d <= 22).
-    lsb = (((a | _u32(_HIDDEN)) if c.variable_shift else a) >> d) & _u32(1)
-    rounded = (a + half_minus_one + lsb) & ~low_mask
+    if isinstance(d, int):
+      return _nearest_even_at(a, d)
+    # _nearest_even_at with a per-element shift. The kept value's last bit at d == 23 is the
+    # implicit leading 1, not the exponent field's low bit, hence the OR (bit 23 plays no part
+    # for d <= 22; float32 subnormal inputs with d == 23 take the tiny rule below).
+    lsb = ((a | _u32(_HIDDEN)) >> d) & _u32(1)
+    rounded = (a + (low_mask >> 1) + lsb) & ~low_mask
     if c.tiny_path:
-      # Below q the 23-bit rounding above is wrong, but never above q, and at or above q it
-      # never goes below q: so values above q/2 take max(rounded, q), the rest 0 (q/2 ties to 0).
+      # Below q the rounding above is wrong, but never above q, and at or above q it never
+      # goes below q: so values above q/2 take max(rounded, q), the rest 0 (q/2 ties to 0).
       rounded = jnp.where(
           a > _u32(c.half_quantum_bits), jnp.maximum(rounded, _u32(c.quantum_bits)), _u32(0)
       )
@@ -204,8 +215,9 @@ def round_bits(
   """float32 ``x`` -> float32 values of ``fmt`` (see the module docstring for the rules).
 
   Overflow: magnitudes beyond ``fmt.max`` become inf (NaN without infinities), or ``max``
-  when saturating or when rounding toward zero a finite input. NaN becomes a quiet NaN with
-  the input's sign. Without subnormals, results below ``min_normal`` become zero.
+  when saturating or when rounding toward zero a finite input. A NaN input gives the same NaN,
+  quieted (sign and payload kept; on GPUs the fast path may give the canonical NaN). Without
+  subnormals, results below ``min_normal`` become zero.
   """
   c = constants(fmt)
   u = lax.bitcast_convert_type(x, jnp.uint32)
@@ -226,7 +238,7 @@ def round_bits(
   result = jnp.where(overflowed, on_overflow, rounded)
   if not fmt.subnormals:
     result = jnp.where(result < _u32(c.min_normal_bits), _u32(0), result)
-  result = jnp.where(a > _u32(_INF), _u32(_QNAN), result)
+  result = jnp.where(a > _u32(_INF), a | _u32(_QUIET), result)  # NaN: the input's, quieted
   return lax.bitcast_convert_type(result | (u ^ a), jnp.float32)
 
 
@@ -240,13 +252,11 @@ def _nearest_even_ieee(x: jax.Array, u: jax.Array, a: jax.Array, c: Constants) -
     on the signed pattern (the sign bit is never reached by the carry);
   * subnormal range: ``roundeven(x / q) * q``, by exact powers of two (see the module docstring);
   * ``|x| >= max + ulp(max)/2`` (overflow, inf, NaN): ``x * inf``, which is +-inf for numbers
-    and NaN for NaN (a NaN's sign and payload follow the platform here; `encode` keeps the sign).
+    and the quieted input NaN on CPUs (GPUs may return their canonical NaN; `encode` takes the
+    sign from the input, so stored codes do not depend on the platform).
   """
-  s = c.shift_normal
-  normal = (u + _u32((1 << s >> 1) - 1) + ((u >> s) & _u32(1))) & _u32(~((1 << s) - 1) & 0xFFFF_FFFF)
-  q = c.quantum_exponent
-  quanta = lax.round(x * np.float32(2.0**-q), lax.RoundingMethod.TO_NEAREST_EVEN)
-  rounded = jnp.where(a < _u32(c.min_normal_bits), quanta * np.float32(2.0**q), lax.bitcast_convert_type(normal, jnp.float32))
+  normal = lax.bitcast_convert_type(_nearest_even_at(u, c.shift_normal), jnp.float32)
+  rounded = jnp.where(a < _u32(c.min_normal_bits), _scaled_nearest_even(x, c.quantum_exponent), normal)
   return jnp.where(a >= _u32(c.overflow_threshold_bits), x * np.float32(np.inf), rounded)
 
 

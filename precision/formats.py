@@ -14,15 +14,17 @@ Special values:
   only the all-ones code ``S.1..1.1..1`` is NaN, so ``E_top = 2^e - 1`` and the largest
   fraction at ``E_top`` is ``2^m - 2``.
 
-Every format here must fit inside float32 (at most 8 exponent and 23 fraction bits, and a
-value range inside float32's), because values are emulated as float32 numbers that are
-exactly representable in the format.
+Every format here must fit inside float32, because values are emulated as float32 numbers
+that are exactly representable in the format: at most 8 exponent bits, at most 22 fraction
+bits (23 only for float32 itself), and normals that are float32 normals
+(``2^-126 <= min_normal``, ``max`` finite in float32).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import operator
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -42,6 +44,15 @@ class FormatError(ValueError):
   """A format description or format name that cannot be used."""
 
 
+def _int_field(where: str, field: str, value: Any, allowed: str) -> int:
+  if isinstance(value, (bool, np.bool_)):
+    raise FormatError(f"{where}: {field}={value!r}; allowed: {allowed}")
+  try:
+    return operator.index(value)
+  except TypeError:
+    raise FormatError(f"{where}: {field}={value!r}; allowed: {allowed}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class FloatFormat:
   """A frozen description of a binary floating-point format (hashable; usable as a jit static).
@@ -49,8 +60,10 @@ class FloatFormat:
   Attributes:
     name: display name, e.g. ``"cbfloat16"``.
     exponent_bits: ``e``, 2..8.
-    mantissa_bits: ``m``, stored fraction bits, 1..23 (the leading 1 of normals is implicit).
-    bias: exponent bias; ``None`` means the IEEE default ``2^(e-1) - 1``.
+    mantissa_bits: ``m``, stored fraction bits, 1..22 (23 only for float32 itself; the leading
+      1 of normals is implicit).
+    bias: exponent bias; ``None`` means the IEEE default ``2^(e-1) - 1``. The smallest normal
+      ``2^(1 - bias)`` must be at least float32's ``2^-126``.
     subnormals: whether codes with exponent 0 are subnormal values (gradual underflow).
       ``False`` flushes: a result whose magnitude, rounded at normal precision, is below
       ``min_normal`` becomes a signed zero (XLA's ``reduce_precision`` behaves this way).
@@ -72,26 +85,35 @@ class FloatFormat:
   notes: str = dataclasses.field(default="", compare=False, repr=False)
 
   def __post_init__(self) -> None:
-    e, m = self.exponent_bits, self.mantissa_bits
     where = f"FloatFormat {self.name!r}"
-    if not isinstance(e, int) or not 2 <= e <= 8:
+    if not isinstance(self.name, str):
+      raise FormatError(f"FloatFormat name={self.name!r}; allowed: a str")
+    e = _int_field(where, "exponent_bits", self.exponent_bits, "an int in 2..8 (float32 holds the values)")
+    m = _int_field(where, "mantissa_bits", self.mantissa_bits, "an int in 1..22, or 23 for float32 itself")
+    if not 2 <= e <= 8:
       raise FormatError(f"{where}: exponent_bits={e!r}; allowed: an int in 2..8 (float32 holds the values)")
-    if not isinstance(m, int) or not 1 <= m <= 23:
-      raise FormatError(f"{where}: mantissa_bits={m!r}; allowed: an int in 1..23")
+    if not 1 <= m <= 23:
+      raise FormatError(f"{where}: mantissa_bits={m!r}; allowed: an int in 1..22, or 23 for float32 itself")
+    object.__setattr__(self, "exponent_bits", e)
+    object.__setattr__(self, "mantissa_bits", m)
     if self.bias is None:
       object.__setattr__(self, "bias", 2 ** (e - 1) - 1)
-    if not isinstance(self.bias, int):
-      raise FormatError(f"{where}: bias={self.bias!r}; allowed: an int, or None for 2^(e-1)-1")
+    object.__setattr__(self, "bias", _int_field(where, "bias", self.bias, "an int, or None for 2^(e-1)-1"))
+    if not isinstance(self.subnormals, (bool, np.bool_)):
+      raise FormatError(f"{where}: subnormals={self.subnormals!r}; allowed: True or False")
+    object.__setattr__(self, "subnormals", bool(self.subnormals))
     if self.specials not in _SPECIALS:
       raise FormatError(f"{where}: specials={self.specials!r}; allowed: {', '.join(_SPECIALS)}")
     if self.overflow not in _OVERFLOWS:
       raise FormatError(f"{where}: overflow={self.overflow!r}; allowed: {', '.join(_OVERFLOWS)}")
+    if m == 23 and (e, self.bias) != (8, 127):
+      raise FormatError(f"{where}: mantissa_bits=23 is float32 itself (exponent_bits=8, bias=127); use at most 22")
     if self.emax > 127:
       raise FormatError(f"{where}: largest exponent {self.emax} exceeds float32's 127; raise the bias")
-    lowest = self.emin - m if self.subnormals else self.emin
-    if lowest < -149 or (not self.subnormals and self.emin < -126):
+    if self.emin < -126:
       raise FormatError(
-          f"{where}: smallest value 2^{lowest} is below what float32 holds exactly; lower the bias"
+          f"{where}: smallest normal 2^{self.emin} is below float32's 2^-126 (bias {self.bias}); "
+          f"use a bias of at most {self.bias + self.emin + 126}"
       )
 
   # ---- derived quantities (Python floats; all exact powers of two or sums of them) ----
@@ -192,14 +214,16 @@ class FloatFormat:
     return Table(["property", "value"], rows, title=repr(self), footer=self.notes)
 
   def replace(self, **changes: Any) -> FloatFormat:
-    """A copy with some fields changed; the name records the change unless one is given.
+    """A copy with some fields changed; the name and notes record the change unless given.
 
     >>> cbfloat16.replace(subnormals=False).name
     'cbfloat16[subnormals=False]'
     """
-    if "name" not in changes:
-      tag = ",".join(f"{k}={v}" for k, v in changes.items() if k != "notes")
+    tag = ",".join(f"{k}={v}" for k, v in changes.items() if k not in ("name", "notes"))
+    if tag and "name" not in changes:
       changes["name"] = f"{self.name}[{tag}]"
+    if tag and "notes" not in changes:
+      changes["notes"] = f"Variant of {self.name} with {tag}."
     if "bias" not in changes and "exponent_bits" in changes:
       changes["bias"] = None
     return dataclasses.replace(self, **changes)
@@ -215,7 +239,9 @@ def format_table(formats: Iterable[FloatFormat | str] | None = None) -> Table:
 
 # ---- predefined formats ----
 
-float32 = FloatFormat("float32", 8, 23, notes="IEEE 754 binary32; rounding to it is the identity.")
+float32 = FloatFormat(
+    "float32", 8, 23, notes="IEEE 754 binary32; rounding to it changes nothing but NaNs (quieted)."
+)
 bfloat16 = FloatFormat("bfloat16", 8, 7, notes="Brain float; bit-exact with ml_dtypes.bfloat16.")
 float16 = FloatFormat("float16", 5, 10, notes="IEEE 754 binary16; bit-exact with numpy.float16.")
 cbfloat16 = FloatFormat(
@@ -273,6 +299,8 @@ def get_format(name: FloatFormat | str | Any) -> FloatFormat:
   """
   if isinstance(name, FloatFormat):
     return name
+  if name is None:
+    raise FormatError("no float format given (None); give a name such as 'cb16' or a FloatFormat")
   if not isinstance(name, str):
     try:
       name = np.dtype(name).name

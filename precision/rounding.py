@@ -35,10 +35,13 @@ def round(  # noqa: A001 - the name is the promised public API
 ) -> jax.Array:
   """Round ``x`` to the nearest values of ``fmt``; returns float32 of ``x``'s shape.
 
-  Every output is exactly representable in ``fmt``: ``encode(round(x, f), f)`` loses nothing.
+  Every non-NaN output is exactly representable in ``fmt``: ``encode(round(x, f), f)`` loses
+  nothing. Reverse-mode differentiable (a custom VJP); forward mode (``jax.jvp``) is not
+  supported.
 
   Args:
-    x: float32 array (or narrower float, or Python number); any shape.
+    x: a float32 (or narrower) JAX array; or a Python number, list or NumPy array, float64
+      included, which is narrowed to float32 without double rounding; any shape.
     fmt: a `FloatFormat` or a name such as ``"cbfloat16"``, ``"cb16"``, ``"bf16"``.
     mode:
       ``"nearest_even"``: IEEE 754 roundTiesToEven (what ml_dtypes and XLA casts do).
@@ -46,7 +49,8 @@ def round(  # noqa: A001 - the name is the promised public API
       ``"stochastic"``: rounds up with probability equal to the discarded fraction of a
       step, so ``E[round(x)] = x`` exactly whenever the discarded part has at most 32 bits
       (every input above ``2^-8 * min_subnormal``; below that the bias is under
-      ``2^-33 * min_subnormal``). Needs ``key`` or ``rbits``.
+      ``2^-33 * min_subnormal``) and the result stays finite (overflow, saturation and the
+      flush of formats without subnormals are not unbiased). Needs ``key`` or ``rbits``.
     key: a JAX PRNG key (``jax.random.key`` or ``PRNGKey``) for stochastic rounding. Two
       words drawn from it key a fused counter-based generator (`_kernel.counter_bits`), so
       equal keys give equal results. Under ``vmap`` with an unbatched key every batch
@@ -57,8 +61,8 @@ def round(  # noqa: A001 - the name is the promised public API
       rounded to ``fmt`` with the same mode (stochastic: an independent stream derived from
       the forward one). ``"straight_through"`` passes the cotangent unchanged.
 
-  Overflow follows ``fmt.overflow``; NaN stays NaN (quiet, sign kept); signed zeros keep
-  their sign.
+  Overflow follows ``fmt.overflow``; a NaN gives the same NaN, quieted (on GPUs the
+  nearest_even fast path may give the canonical NaN); signed zeros keep their sign.
 
   Raises:
     FormatError: unknown format name.
@@ -68,7 +72,7 @@ def round(  # noqa: A001 - the name is the promised public API
   fmt = get_format(fmt)
   mode = _check_choice("mode", mode, MODES)
   grad = _check_choice("grad", grad, _GRAD_MODES)
-  x = _as_float32(x, "round")
+  x = _as_float32(x, fmt, "round")
   noise = _noise(x, mode, key, rbits)
   return _round_with_vjp(x, noise, fmt, mode, grad)
 
@@ -84,15 +88,16 @@ def encode(x: Any, fmt: FloatFormat | str) -> Any:
   key=k), f)`` is exact.
   """
   fmt = get_format(fmt)
-  return _mirror_input_kind(x, _encode_jit(_as_float32(x, "encode"), fmt))
+  return _mirror_input_kind(x, _encode_jit(_as_float32(x, fmt, "encode"), fmt))
 
 
 def decode(bits: Any, fmt: FloatFormat | str) -> Any:
   """float32 values of bit patterns ``bits`` of ``fmt`` (the inverse of `encode`).
 
-  Bits above the format's width are ignored. NaN payloads survive in IEEE-like formats
-  (bit-exact with ml_dtypes/NumPy up-casts); a format without infinities decodes its NaN
-  code to the quiet NaN. Without subnormals, codes with exponent 0 decode to signed zero.
+  Bits above the format's width are ignored. NaN payloads survive in IEEE-like formats (for
+  bfloat16 and float16 this is bit-exact with ml_dtypes/NumPy up-casts; ml_dtypes quiets
+  float8 NaNs); a format without infinities decodes its NaN code to the quiet NaN. Without
+  subnormals, codes with exponent 0 decode to signed zero.
   """
   fmt = get_format(fmt)
   array = bits if isinstance(bits, jax.Array) else np.asarray(bits)
@@ -113,18 +118,47 @@ def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> str:
   return value
 
 
-def _as_float32(x: Any, fn: str) -> jax.Array:
-  if isinstance(x, (builtins.int, builtins.float)) and not isinstance(x, bool):
-    return jnp.asarray(x, jnp.float32)
-  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
-  if not jnp.issubdtype(dtype, jnp.floating):
-    raise TypeError(f"{fn} takes floating-point values; got dtype {dtype}. Convert with .astype(float32).")
-  if jnp.finfo(dtype).bits > 32:
-    raise TypeError(
-        f"{fn} takes float32 (or narrower) values; got {dtype}. Converting to float32 first would "
-        "round twice: convert explicitly if that is what you want."
-    )
-  return jnp.asarray(x).astype(jnp.float32)
+def _as_float32(x: Any, fmt: FloatFormat, fn: str) -> jax.Array:
+  """``x`` as float32 without double rounding.
+
+  JAX arrays must already be float32 or narrower. Python numbers, lists and NumPy float64
+  arrays are narrowed on the host with round-to-odd (truncate, then set the last bit if
+  anything was lost), after which rounding to a format of p <= 22 significant bits is the
+  correct rounding of the float64 value (p + 2 <= 24; Boldo and Melquiond, 2008).
+  """
+  if isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      raise TypeError(f"{fn} takes floating-point values; got dtype {x.dtype}. Convert with .astype(float32).")
+    if jnp.finfo(x.dtype).bits > 32:
+      raise TypeError(
+          f"{fn} takes float32 (or narrower) JAX arrays; got {x.dtype}. Pass a NumPy array (narrowed "
+          "without double rounding) or convert explicitly."
+      )
+    return x.astype(jnp.float32)
+  array = np.asarray(x)
+  if array.dtype == np.bool_ or not (
+      jnp.issubdtype(array.dtype, jnp.floating) or (jnp.issubdtype(array.dtype, jnp.integer) and array.ndim == 0)
+  ):
+    raise TypeError(f"{fn} takes floating-point values; got dtype {array.dtype}. Convert with .astype(float32).")
+  if jnp.finfo(array.dtype).bits <= 32 if jnp.issubdtype(array.dtype, jnp.floating) else False:
+    return jnp.asarray(array.astype(np.float32))
+  wide = array.astype(np.float64)
+  if fmt.mantissa_bits >= 22:  # float32 itself: its own nearest rounding is the right one
+    with np.errstate(over="ignore"):
+      return jnp.asarray(wide.astype(np.float32))
+  return jnp.asarray(_narrow_to_odd(wide))
+
+
+def _narrow_to_odd(wide: np.ndarray) -> np.ndarray:
+  """float64 -> float32 rounding to odd: toward zero, then the last bit set if inexact."""
+  with np.errstate(over="ignore", invalid="ignore"):
+    nearest = wide.astype(np.float32)
+    back = nearest.astype(np.float64)
+  bits = np.array(nearest, np.float32).view(np.uint32)
+  inexact = (back != wide) & ~np.isnan(wide)
+  bits = np.where(inexact & (np.abs(back) > np.abs(wide)), bits - np.uint32(1), bits)  # toward zero
+  bits = np.where(inexact, bits | np.uint32(1), bits)
+  return bits.astype(np.uint32).view(np.float32)
 
 
 def _noise(x: jax.Array, mode: str, key: Any, rbits: Any) -> tuple[jax.Array | None, jax.Array | None]:
@@ -167,7 +201,9 @@ def _round_with_vjp(x: jax.Array, noise: tuple, fmt: FloatFormat, mode: str, gra
 
 
 def _round_fwd(x, noise, fmt, mode, grad):
-  return _round_jit(x, noise, fmt, mode), noise
+  # Through the custom VJP, so that an outer derivative (grad of grad) sees this rounding as a
+  # cast too, instead of differentiating the kernel's bit operations.
+  return _round_with_vjp(x, noise, fmt, mode, grad), noise
 
 
 def _round_bwd(fmt, mode, grad, noise, g):
@@ -179,7 +215,8 @@ def _round_bwd(fmt, mode, grad, noise, g):
       None if seed is None else _kernel.derive_seed(seed),
       None if rbits is None else _kernel.derive_bits(rbits),
   )
-  return _round_jit(g, backward_noise, fmt, mode), no_cotangent
+  # Through the custom VJP again, so that higher derivatives keep cast semantics too.
+  return _round_with_vjp(g, backward_noise, fmt, mode, grad), no_cotangent
 
 
 _round_with_vjp.defvjp(_round_fwd, _round_bwd)
@@ -199,11 +236,9 @@ def _encode_jit(x: jax.Array, fmt: FloatFormat) -> jax.Array:
   rebias = ((fmt.bias - 127) << m) & 0xFFFF_FFFF  # modular: (a >> s) - ((127 - bias) << m)
   magnitude = (a >> c.shift_normal) + u32(rebias)
   below_normal = a < u32(c.min_normal_bits)
-  if fmt.subnormals:
-    biased = a >> 23
-    sig = (a & u32(0x007F_FFFF)) | jnp.where(biased > 0, u32(0x0080_0000), u32(0))
-    d = jnp.maximum(c.shift_normal, c.sub_offset - jnp.maximum(biased, u32(1)).astype(jnp.int32))
-    subnormal = sig >> jnp.clip(d, 0, 31).astype(u32)
+  if fmt.subnormals:  # the exact quanta count sig >> d (d <= 23 for every rounded value)
+    sig = (a & u32(0x007F_FFFF)) | jnp.where(a >= u32(0x0080_0000), u32(0x0080_0000), u32(0))
+    subnormal = sig >> _kernel._kept_shift(a, c)
   else:
     subnormal = u32(0)
   magnitude = jnp.where(below_normal, subnormal, magnitude)

@@ -1,8 +1,8 @@
 """FloatFormat: fields, derived values against ml_dtypes/NumPy/gfloat, names, errors."""
 
 import dataclasses
+import re
 
-import gfloat
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -10,14 +10,9 @@ import pytest
 
 import precision
 from precision.formats import FormatError
+from precision.testing import gfloat_format_info, reference_dtype
 
-ML_DTYPES = {
-    "bfloat16": ml_dtypes.bfloat16,
-    "float16": np.float16,
-    "float32": np.float32,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-    "float8_e5m2": ml_dtypes.float8_e5m2,
-}
+ML_DTYPES = {f.name: reference_dtype(f) for f in precision.formats.PREDEFINED if reference_dtype(f) is not None}
 
 
 @pytest.mark.parametrize("name", sorted(ML_DTYPES))
@@ -43,10 +38,7 @@ def test_cbfloat16_derived_values():
   assert cb.eps == 2.0**-9
   assert (cb.emin, cb.emax) == (-30, 31)
   assert cb.has_inf and cb.subnormals and cb.overflow == "inf"
-  fi = gfloat.FormatInfo(
-      "e6m9", k=16, precision=10, bias=31, is_signed=True, domain=gfloat.Domain.Extended, has_nz=True,
-      num_high_nans=2**9 - 1, has_subnormals=True, is_twos_complement=False,
-  )
+  fi = gfloat_format_info(cb)
   assert (fi.max, fi.smallest_normal, fi.smallest_subnormal, fi.eps) == (
       cb.max, cb.min_normal, cb.min_subnormal, cb.eps,
   )
@@ -58,7 +50,9 @@ def test_cbfloat16_docstring_says_what_is_documented_and_inferred():
   variant = precision.cbfloat16.replace(bias=30, subnormals=False, overflow="saturate")
   assert variant.bias == 30 and not variant.subnormals and variant.overflow == "saturate"
   assert variant.name == "cbfloat16[bias=30,subnormals=False,overflow=saturate]"
+  assert variant.notes == "Variant of cbfloat16 with bias=30,subnormals=False,overflow=saturate."
   assert variant != precision.cbfloat16
+  assert precision.cbfloat16.replace(notes="mine").name == "cbfloat16"
 
 
 @pytest.mark.parametrize(
@@ -99,12 +93,23 @@ def test_unknown_format_lists_known_names_and_suggests():
         (dict(exponent_bits=5, mantissa_bits=2, specials="none"), "specials='none'"),
         (dict(exponent_bits=5, mantissa_bits=2, overflow="wrap"), "overflow='wrap'"),
         (dict(exponent_bits=8, mantissa_bits=7, bias=100), "exceeds float32"),
-        (dict(exponent_bits=8, mantissa_bits=7, bias=145), "below what float32 holds"),
+        (dict(exponent_bits=8, mantissa_bits=7, bias=130), "below float32's 2^-126"),
+        (dict(exponent_bits=8, mantissa_bits=7, bias=130, subnormals=False), "below float32's 2^-126"),
+        (dict(exponent_bits=7, mantissa_bits=23, bias=63), "float32 itself"),
+        (dict(exponent_bits=5, mantissa_bits=2, subnormals="no"), "subnormals='no'"),
+        (dict(exponent_bits=True, mantissa_bits=2), "exponent_bits=True"),
+        (dict(exponent_bits=5, mantissa_bits=2.5), "mantissa_bits=2.5"),
     ],
 )
 def test_invalid_formats_say_what_is_allowed(kwargs, fragment):
-  with pytest.raises(FormatError, match=fragment.replace("(", r"\(")):
+  with pytest.raises(FormatError, match=re.escape(fragment)):
     precision.FloatFormat("bad", **kwargs)
+
+
+def test_numpy_integers_are_accepted_and_names_must_be_strings():
+  assert precision.FloatFormat("np_ints", np.int64(5), np.int32(2)) == precision.FloatFormat("np_ints", 5, 2)
+  with pytest.raises(FormatError, match="name=3"):
+    precision.FloatFormat(3, 5, 2)  # type: ignore[arg-type]
 
 
 def test_format_is_frozen_hashable_and_readable():

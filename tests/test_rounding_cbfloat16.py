@@ -14,19 +14,14 @@ import numpy as np
 import pytest
 
 import precision
+from precision.testing import gfloat_format_info
 from tests import oracle
 from tests import values as V
 
 CB16 = precision.cbfloat16
 
 
-def gfloat_info(fmt: precision.FloatFormat) -> gfloat.FormatInfo:
-  assert fmt.specials == "ieee" and fmt.subnormals
-  return gfloat.FormatInfo(
-      fmt.name, k=fmt.bits, precision=fmt.mantissa_bits + 1, bias=fmt.bias, is_signed=True,
-      domain=gfloat.Domain.Extended, has_nz=True, num_high_nans=2**fmt.mantissa_bits - 1,
-      has_subnormals=True, is_twos_complement=False,
-  )
+gfloat_info = gfloat_format_info
 
 
 GFLOAT_MODES = {"nearest_even": gfloat.RoundMode.TiesToEven, "toward_zero": gfloat.RoundMode.TowardZero}
@@ -77,15 +72,19 @@ def test_round_matches_gfloat_and_oracle(kind, mode):
     V.assert_same_floats(got, expected, f"cbfloat16 {mode} on {kind}")
 
 
+SR_FORMATS = [CB16, precision.bfloat16, precision.float16, CB16.replace(overflow="saturate"), CB16.replace(bias=30)]
+
+
+@pytest.mark.parametrize("fmt", SR_FORMATS, ids=lambda f: f.name)
 @pytest.mark.parametrize("kind", SETS)
-def test_stochastic_matches_gfloat_given_the_same_random_bits(kind):
-  x = value_set(kind)
+def test_stochastic_matches_gfloat_given_the_same_random_bits(kind, fmt):
+  x = value_set(kind) if fmt == CB16 else np.concatenate([V.exhaustive_candidates(fmt), value_set(kind)])
   rbits = np.random.default_rng(7).integers(0, 2**32, x.shape, dtype=np.uint64).astype(np.uint32)
-  expected = gfloat_round(x, CB16, "stochastic", rbits=rbits)
-  for got in V.round_both_ways(x, CB16, "stochastic", rbits=jax.numpy.asarray(rbits)):
-    V.assert_same_floats(got, expected, f"cbfloat16 stochastic on {kind}")
+  expected = gfloat_round(x, fmt, "stochastic", rbits=rbits)
+  for got in V.round_both_ways(x, fmt, "stochastic", rbits=jax.numpy.asarray(rbits)):
+    V.assert_same_floats(got, expected, f"{fmt.name} stochastic on {kind}")
   # Rounding really happened both ways: some values went up, some down, some unchanged.
-  changed = got != np.asarray(precision.round(x, CB16, "toward_zero"))
+  changed = got != np.asarray(precision.round(x, fmt, "toward_zero"))
   assert 0 < changed.sum() < x.size
 
 
@@ -158,6 +157,9 @@ CUSTOM = [
     precision.FloatFormat("e7m12_sat", 7, 12, overflow="saturate"),
     precision.FloatFormat("e8m10_nosub", 8, 10, subnormals=False),
     precision.FloatFormat("e2m1_fn", 2, 1, specials="finite_only"),
+    precision.FloatFormat("e7m10_q126", 7, 10, bias=117),  # bias + m == 127: q is float32's 2^-126
+    precision.FloatFormat("e8m22", 8, 22),  # q = 2^-148
+    precision.FloatFormat("e5m6_bias2", 5, 6, bias=2),  # large values, q = 2^-7
 ]
 
 
@@ -168,7 +170,8 @@ def test_every_format_matches_the_oracle(fmt, mode):
   if fmt.bits <= 16:
     x = np.concatenate([x, V.exhaustive_candidates(fmt)])
   expected = oracle_round(x, fmt, mode)
-  V.assert_same_floats(precision.round(x, fmt, mode), expected, f"{fmt.name} {mode}")
+  for got in V.round_both_ways(x, fmt, mode):
+    V.assert_same_floats(got, expected, f"{fmt.name} {mode}")
   if mode == "nearest_even":
     oracle_codes = oracle.oracle_encode(
         x, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.subnormals, fmt.specials, fmt.overflow
@@ -180,3 +183,21 @@ def test_every_format_matches_the_oracle(fmt, mode):
           codes, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.subnormals, fmt.specials
       )
       V.assert_same_floats(precision.decode(codes, fmt), expected_values, f"decode {fmt.name}")
+
+
+@pytest.mark.parametrize("fmt", [CB16, precision.bfloat16, precision.float8_e4m3fn], ids=lambda f: f.name)
+def test_float64_inputs_are_rounded_once(fmt):
+  """Python floats and NumPy float64 arrays are narrowed without double rounding."""
+  rng = np.random.default_rng(64)
+  x32 = V.exhaustive_candidates(fmt).astype(np.float64)
+  # float64 values just above/below float32 midpoints of the format: double rounding traps.
+  nudged = np.concatenate([x32 * (1 + 2.0**-40), x32 * (1 - 2.0**-40), x32 + 2.0**-1070])
+  wide = np.concatenate([nudged, rng.standard_normal(2**16) * 2.0 ** rng.uniform(-45, 40, 2**16)])
+  expected = oracle._round_f64(
+      wide, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.subnormals, fmt.specials, fmt.overflow,
+      "nearest_even",
+  ).astype(np.float32)
+  V.assert_same_floats(precision.round(wide, fmt), expected, f"{fmt.name} from float64")
+  naive = np.asarray(precision.round(wide.astype(np.float32), fmt))
+  assert (V.bits_of(naive) != V.bits_of(expected)).any()  # the trap is real: naive narrowing errs
+  assert float(precision.round(1 + 2.0**-10 + 2.0**-30, "cb16")) == 1 + 2.0**-9

@@ -5,20 +5,15 @@ keeps NaN payloads when casting to float16, while we (like ml_dtypes for its for
 NaN as the quiet NaN with the input's sign; NaN inputs are compared on that rule.
 """
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import precision
+from precision.testing import reference_dtype
 from tests import values as V
 
-REFERENCE_DTYPES = {
-    "bfloat16": ml_dtypes.bfloat16,
-    "float16": np.float16,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-    "float8_e5m2": ml_dtypes.float8_e5m2,
-}
-FORMATS = sorted(REFERENCE_DTYPES)
+FORMATS = ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
+REFERENCE_DTYPES = {name: reference_dtype(name) for name in FORMATS}
 
 
 def reference_cast(x: np.ndarray, name: str) -> np.ndarray:

@@ -34,6 +34,33 @@ def test_cast_gradient_matches_jax_dtype_cast():
   V.assert_same_floats(ours, xla, "cotangent rounding")
 
 
+@pytest.mark.parametrize("fmt", ["cbfloat16", "bfloat16", "float16", "float8_e4m3fn"])
+def test_higher_order_gradients_keep_cast_semantics(fmt):
+  # d2/dx2 round(x)^2 with cast semantics = 2, as for a JAX dtype cast.
+  for grad in ("cast", "straight_through"):
+    second = jax.grad(jax.grad(lambda v: precision.round(v, fmt, grad=grad) ** 2))(jnp.float32(1.3))
+    assert float(second) == 2.0
+  cast = jax.grad(jax.grad(lambda v: v.astype(jnp.bfloat16).astype(jnp.float32) ** 2))(jnp.float32(1.3))
+  assert float(cast) == 2.0
+
+
+def test_cast_gradient_matches_jax_cast_on_the_fast_path():
+  # float16 takes the nearest-even fast path; JAX's float16 cast has the same gradient rule.
+  x = jnp.asarray(np.random.default_rng(4).standard_normal(4096).astype(np.float32) * 100)
+  weights = jnp.asarray(np.random.default_rng(5).standard_normal(4096).astype(np.float32) * 1e-3)
+  ours = jax.grad(lambda v: jnp.sum(weights * precision.round(v, "f16")))(x)
+  xla = jax.grad(lambda v: jnp.sum(weights * v.astype(jnp.float16).astype(jnp.float32)))(x)
+  V.assert_same_floats(ours, xla, "float16 cotangent rounding")
+
+
+@pytest.mark.parametrize("mode", ["nearest_even", "toward_zero"])
+@pytest.mark.parametrize("fmt", [f.name for f in precision.formats.PREDEFINED])
+def test_nan_gives_the_input_nan_quieted(fmt, mode):
+  nans = np.array([0x7FC00001, 0xFFC00001, 0x7F800001, 0xFFA00000], np.uint32)
+  got = V.bits_of(precision.round(nans.view(np.float32), fmt, mode))  # CPU: payload and sign kept
+  np.testing.assert_array_equal(got, nans | np.uint32(0x0040_0000))
+
+
 def test_stochastic_gradient_uses_its_own_stream():
   key = jax.random.key(11)
   x = jnp.full((4096,), 1.0 + 2.0**-11, jnp.float32)  # a quarter step above 1.0 in cbfloat16
@@ -54,7 +81,8 @@ def test_vmap_and_jit_agree_with_eager():
   V.assert_same_floats(jitted, precision.round(x, "cb16", "toward_zero"), "jit(vmap)")
   keys = jax.random.split(jax.random.key(0), 8)
   per_row = jax.vmap(lambda row, k: precision.round(row, "cb16", "stochastic", key=k))(x, keys)
-  assert per_row.shape == x.shape
+  for i in range(8):
+    V.assert_same_floats(per_row[i], precision.round(x[i], "cb16", "stochastic", key=keys[i]), f"row {i}")
 
 
 def test_stochastic_is_reproducible_and_key_dependent():
@@ -150,7 +178,9 @@ def test_inputs_and_outputs():
             "rbits must be uint32 of shape",
         ),
         (lambda: precision.round(jnp.arange(3), "cb16"), TypeError, "floating-point"),
-        (lambda: precision.round(np.ones(2, np.float64), "cb16"), TypeError, "round twice"),
+        (lambda: precision.round(np.arange(3), "cb16"), TypeError, "floating-point"),
+        (lambda: precision.round([True, False], "cb16"), TypeError, "floating-point"),
+        (lambda: precision.round(jnp.ones(2), None), FormatError, "no float format given"),
         (lambda: precision.decode(np.ones(2, np.float32), "cb16"), TypeError, "integer bit patterns"),
     ],
 )

@@ -7,30 +7,16 @@ import numpy as np
 
 import precision
 from precision import _kernel
+from precision.testing import assert_same_floats as assert_same_floats  # re-exported for tests
 
 
 def bits_of(x: np.ndarray) -> np.ndarray:
   return np.asarray(x, np.float32).view(np.uint32)
 
 
-def assert_same_floats(actual, expected, context: str = "") -> None:
-  """Bit-for-bit equality of float32 arrays, where any NaN equals any NaN."""
-  actual = np.asarray(actual, np.float32)
-  expected = np.asarray(expected).astype(np.float32)
-  assert actual.shape == expected.shape
-  same = (bits_of(actual) == bits_of(expected)) | (np.isnan(actual) & np.isnan(expected))
-  if not same.all():
-    idx = np.flatnonzero(~same)[:5]
-    detail = ", ".join(
-        f"#{i}: got {actual.flat[i]!r} (0x{bits_of(actual).flat[i]:08x}), "
-        f"want {expected.flat[i]!r} (0x{bits_of(expected).flat[i]:08x})"
-        for i in idx
-    )
-    raise AssertionError(f"{context}: {(~same).sum()} of {same.size} differ; {detail}")
-
-
 def overflow_threshold(fmt: precision.FloatFormat) -> float:
-  """max + half its ulp: the smallest magnitude that nearest rounding overflows (a tie above max)."""
+  """max + half its ulp: the tie between max and the next step. Nearest rounding overflows from
+  here on in IEEE formats (max is odd); in finite_only formats only above it (max is even)."""
   return fmt.max + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
 
 
