@@ -1,4 +1,4 @@
-"""Bit-level rounding of float32 values to a `FloatFormat` (integer jnp ops only).
+"""Bit-level rounding of float32 values to a `FloatFormat` (integer jnp ops, one exception below).
 
 Notation for one float32 input ``x`` with bit pattern ``u``:
 
@@ -32,9 +32,10 @@ One exception, for speed: nearest_even in a format whose subnormal range is fine
 normal shift (cbfloat16, float16, float8) rounds that range as ``roundeven(|x| / q) * q``:
 two multiplications by exact powers of two around XLA's RoundNearestEven, which no
 simplification can remove and which cannot round twice. It is used only where ``q/2`` is a
-float32 normal, so flush-to-zero touches only inputs that round to 0 anyway. The per-element
-variable shift it replaces costs ~20% more work per value. ``integer_only=True`` keeps the
-pure-integer path; tests and the exhaustive check cover both.
+float32 normal, so flush-to-zero touches only inputs that round to 0 anyway. In IEEE formats
+that overflow to inf, overflow, inf and NaN then come out as ``x * inf`` (`_nearest_even_ieee`).
+The per-element variable shift this replaces costs ~20% more work per value.
+``integer_only=True`` keeps the pure-integer path; tests and the exhaustive check cover both.
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ def round_magnitude(
   shift_up = (32 - d) if isinstance(d, int) else (_u32(32) - d)
   frac32 = low << shift_up  # low == 0 when d == 0, so a 32-bit shift only ever shifts zero
   if c.tiny_path:
-    # Below one quantum q (d >= 24): the value sig * 2^-d (in quanta) is the round-up probability.
+    # Below one quantum q (a < q): the value sig * 2^-d (in quanta) is the round-up probability.
     tiny = a < _u32(c.quantum_bits)
     biased = a >> 23
     sig = (a & _u32(_FRACTION)) | jnp.where(biased > 0, _u32(_HIDDEN), _u32(0))
