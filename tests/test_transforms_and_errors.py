@@ -187,3 +187,12 @@ def test_inputs_and_outputs():
 def test_errors_say_what_was_wrong_and_what_is_allowed(call, error, fragment):
   with pytest.raises(error, match=fragment):
     call()
+
+
+def test_cli_demo_prints_formats_and_example(capsys):
+  from wafer import cli
+
+  assert cli.main(["demo"]) == 0
+  out = capsys.readouterr().out
+  assert "cbfloat16" in out and "3.140625 (0x4124)" in out and "Inferred" in out
+  assert cli.main([]) == 2

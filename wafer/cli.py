@@ -8,6 +8,7 @@ are built.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -56,7 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   if not hasattr(args, "handler"):
     parser.print_help(sys.stderr)
     return 2
-  return args.handler(args)
+  try:
+    return args.handler(args)
+  except BrokenPipeError:  # output piped into e.g. `head`: stop quietly, as Unix tools do
+    sys.stdout = open(os.devnull, "w")
+    return 0
 
 
 if __name__ == "__main__":
