@@ -20,13 +20,20 @@ from precision.formats import float32 as float32
 from precision.formats import format_table as format_table
 from precision.formats import get_format as get_format
 from precision.formats import register_format as register_format
+from precision.loss_scale import DynamicLossScale as DynamicLossScale
+from precision.loss_scale import StaticLossScale as StaticLossScale
+from precision.loss_scale import all_finite as all_finite
+from precision.loss_scale import select_tree as select_tree
 from precision.rounding import decode as decode
 from precision.rounding import encode as encode
 from precision.rounding import round as round  # noqa: A004 - shadows the builtin on purpose
 
 __all__ = (
+    "DynamicLossScale",
     "FloatFormat",
     "FormatError",
+    "StaticLossScale",
+    "all_finite",
     "bfloat16",
     "cbfloat16",
     "decode",
@@ -39,4 +46,5 @@ __all__ = (
     "get_format",
     "register_format",
     "round",
+    "select_tree",
 )

@@ -1,0 +1,197 @@
+"""Loss scaling with Cerebras semantics (``cstorch.amp.GradScaler``), as pytrees that run in jit.
+
+Use in a train step::
+
+  scaled_loss, grads = jax.value_and_grad(lambda p: ls.scale(loss_fn(p)))(params)
+  grads = ls.unscale(grads)
+  finite = precision.all_finite(grads)
+  new_params, new_opt_state = ...optimizer update...
+  params, opt_state, step = precision.select_tree(finite, (new_params, new_opt_state, step + 1),
+                                                  (params, opt_state, step))
+  ls = ls.adjust(finite)
+
+Every update is tensor arithmetic (``jnp.where``), never Python branching on traced values.
+The rules (``../shared/reference/cerebras.md`` section 3):
+
+* defaults: initial and maximum scale ``2^31`` for cbfloat16 and ``2^15`` otherwise, minimum
+  ``2^-14``, ``steps_per_increase = 2000``, ``overflow_tolerance = 0``; the initial scale is
+  ``min(max_loss_scale, initial_loss_scale)``;
+* per step: ``steps_since_rescale += 1``; ``overflows_since_rescale += not finite``; if
+  ``overflows / steps > overflow_tolerance`` the scale halves and both counters reset; then if
+  ``steps_since_rescale > steps_per_increase`` (strictly: the 2001st clean step) it doubles and
+  both reset; finally it is clamped to ``[min_loss_scale, max_loss_scale]``;
+* a step is finite when the global L2 norm of the unscaled gradients, computed in float32, is
+  below inf (so NaN, inf, and gradients whose squares overflow float32 all count as overflow);
+  a non-finite step is skipped: parameters, optimizer state and the step counter stay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from precision.formats import FloatFormat, get_format
+
+MIN_LOSS_SCALE = 2.0**-14
+
+
+def _scale_floats(tree: Any, factor: jax.Array) -> Any:
+  """Multiply every floating leaf by the float32 ``factor``; leaves narrower than float32 are
+  promoted to float32 first (cstorch's ``loss.float() * scale``); other leaves are unchanged."""
+
+  def scale_leaf(leaf: Any) -> Any:
+    leaf = jnp.asarray(leaf)
+    if not jnp.issubdtype(leaf.dtype, jnp.floating):
+      return leaf
+    if jnp.finfo(leaf.dtype).bits < 32:
+      leaf = leaf.astype(jnp.float32)
+    return leaf * factor.astype(leaf.dtype)
+
+  return jax.tree.map(scale_leaf, tree)
+
+
+def all_finite(grads: Any) -> jax.Array:
+  """Cerebras' overflow test: ``sqrt(sum of g^2 over all leaves) < inf`` in float32 (bool scalar)."""
+  leaves = [jnp.asarray(g, jnp.float32) for g in jax.tree.leaves(grads)]
+  if not leaves:
+    return jnp.asarray(True)
+  squares = sum(jnp.sum(g * g) for g in leaves)
+  return jnp.sqrt(squares) < jnp.float32(jnp.inf)
+
+
+def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
+  """Leafwise ``jnp.where(pred, a, b)`` over two pytrees of the same structure (skipping updates)."""
+  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticLossScale:
+  """A fixed loss scale (``loss_scaling_factor: <float>``); ``adjust`` returns it unchanged."""
+
+  loss_scale: jax.Array
+
+  @classmethod
+  def create(cls, loss_scale: float = 1.0) -> StaticLossScale:
+    if not loss_scale > 0:
+      raise ValueError(f"loss_scale={loss_scale!r}; allowed: a positive float")
+    return cls(jnp.asarray(loss_scale, jnp.float32))
+
+  def scale(self, tree: Any) -> Any:
+    """``tree * loss_scale`` (the loss, before differentiation)."""
+    return _scale_floats(tree, self.loss_scale)
+
+  def unscale(self, tree: Any) -> Any:
+    """``tree * (1 / loss_scale)``, the reciprocal computed in float32 (as Cerebras does)."""
+    return _scale_floats(tree, jnp.float32(1.0) / self.loss_scale)
+
+  def adjust(self, grads_finite: jax.Array) -> StaticLossScale:
+    del grads_finite
+    return self
+
+  def state_dict(self) -> dict[str, jax.Array]:
+    return {"loss_scale": self.loss_scale}
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicLossScale:
+  """Dynamic loss scaling state: four arrays (checkpointed) and its static settings.
+
+  Build it with `DynamicLossScale.create`; see the module docstring for the rules.
+  """
+
+  loss_scale: jax.Array  # float32 scalar
+  steps_since_rescale: jax.Array  # int32 scalar
+  overflows_since_rescale: jax.Array  # int32 scalar
+  num_skipped_steps: jax.Array  # int32 scalar
+  steps_per_increase: int = 2000
+  min_loss_scale: float = MIN_LOSS_SCALE
+  max_loss_scale: float = 2.0**15
+  overflow_tolerance: float = 0.0
+
+  @classmethod
+  def create(
+      cls,
+      half_dtype: FloatFormat | str = "float16",
+      initial_loss_scale: float | None = None,
+      steps_per_increase: int = 2000,
+      min_loss_scale: float | None = None,
+      max_loss_scale: float | None = None,
+      overflow_tolerance: float = 0.0,
+  ) -> DynamicLossScale:
+    """The state before the first step, with the defaults of ``half_dtype``'s format.
+
+    Raises:
+      ValueError: a setting outside what Cerebras allows (the message says which and why).
+    """
+    fmt = get_format(half_dtype)
+    default = 2.0**31 if fmt.name == "cbfloat16" else 2.0**15
+    max_scale = default if max_loss_scale is None else float(max_loss_scale)
+    min_scale = MIN_LOSS_SCALE if min_loss_scale is None else float(min_loss_scale)
+    initial = default if initial_loss_scale is None else float(initial_loss_scale)
+    if min_scale < MIN_LOSS_SCALE:
+      raise ValueError(f"min_loss_scale={min_scale!r} is too small; allowed: at least 2^-14")
+    if not min_scale <= max_scale:
+      raise ValueError(f"min_loss_scale={min_scale!r} exceeds max_loss_scale={max_scale!r}")
+    if not initial > 0:
+      raise ValueError(f"initial_loss_scale={initial!r}; allowed: a positive float")
+    if overflow_tolerance < 0:
+      raise ValueError(f"overflow_tolerance={overflow_tolerance!r}; allowed: >= 0")
+    if isinstance(steps_per_increase, bool) or not isinstance(steps_per_increase, int) or steps_per_increase < 1:
+      raise ValueError(f"steps_per_increase={steps_per_increase!r}; allowed: an int >= 1")
+    zero = jnp.asarray(0, jnp.int32)
+    return cls(
+        loss_scale=jnp.asarray(min(max_scale, initial), jnp.float32),
+        steps_since_rescale=zero,
+        overflows_since_rescale=zero,
+        num_skipped_steps=zero,
+        steps_per_increase=steps_per_increase,
+        min_loss_scale=min_scale,
+        max_loss_scale=max_scale,
+        overflow_tolerance=float(overflow_tolerance),
+    )
+
+  scale = StaticLossScale.scale
+  unscale = StaticLossScale.unscale
+
+  def adjust(self, grads_finite: jax.Array) -> DynamicLossScale:
+    """The state after a step whose gradients were ``grads_finite`` (a bool scalar)."""
+    overflow = jnp.logical_not(grads_finite).astype(jnp.int32)
+    steps = self.steps_since_rescale + 1
+    overflows = self.overflows_since_rescale + overflow
+    scale = self.loss_scale
+    back_off = overflows.astype(jnp.float32) / steps.astype(jnp.float32) > self.overflow_tolerance
+    scale = jnp.where(back_off, scale / 2, scale)
+    steps = jnp.where(back_off, 0, steps)
+    overflows = jnp.where(back_off, 0, overflows)
+    grow = steps > self.steps_per_increase
+    scale = jnp.where(grow, scale * 2, scale)
+    steps = jnp.where(grow, 0, steps)
+    overflows = jnp.where(grow, 0, overflows)
+    scale = jnp.clip(scale, jnp.float32(self.min_loss_scale), jnp.float32(self.max_loss_scale))
+    return dataclasses.replace(
+        self,
+        loss_scale=scale,
+        steps_since_rescale=steps,
+        overflows_since_rescale=overflows,
+        num_skipped_steps=self.num_skipped_steps + overflow,
+    )
+
+  def state_dict(self) -> dict[str, jax.Array]:
+    """The checkpointed state, under Cerebras' names."""
+    return {
+        "loss_scale": self.loss_scale,
+        "steps_since_rescale": self.steps_since_rescale,
+        "overflows_since_rescale": self.overflows_since_rescale,
+        "num_skipped_steps": self.num_skipped_steps,
+    }
+
+
+jax.tree_util.register_dataclass(StaticLossScale, data_fields=["loss_scale"], meta_fields=[])
+jax.tree_util.register_dataclass(
+    DynamicLossScale,
+    data_fields=["loss_scale", "steps_since_rescale", "overflows_since_rescale", "num_skipped_steps"],
+    meta_fields=["steps_per_increase", "min_loss_scale", "max_loss_scale", "overflow_tolerance"],
+)

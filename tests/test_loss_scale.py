@@ -1,0 +1,149 @@
+"""Dynamic and static loss scaling with Cerebras semantics (cerebras.md section 3)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import precision
+from precision import DynamicLossScale, StaticLossScale
+
+
+def test_defaults_per_format():
+  cb = DynamicLossScale.create("cbfloat16")
+  f16 = DynamicLossScale.create("float16")
+  assert float(cb.loss_scale) == cb.max_loss_scale == 2.0**31
+  assert float(f16.loss_scale) == f16.max_loss_scale == 2.0**15
+  assert cb.min_loss_scale == 2.0**-14 and cb.steps_per_increase == 2000 and cb.overflow_tolerance == 0
+  # the initial scale is min(max_loss_scale, initial_loss_scale)
+  assert float(DynamicLossScale.create("fp16", initial_loss_scale=2.0**20).loss_scale) == 2.0**15
+
+
+def run_sequence(ls, finite_flags):
+  """Scales after each step, under jit + scan (no Python branching on traced values)."""
+
+  @jax.jit
+  def run(ls, flags):
+    def body(state, finite):
+      new = state.adjust(finite)
+      return new, (new.loss_scale, new.num_skipped_steps)
+
+    return jax.lax.scan(body, ls, flags)
+
+  final, (scales, skipped) = run(ls, jnp.asarray(finite_flags))
+  return final, np.asarray(scales).tolist(), np.asarray(skipped).tolist()
+
+
+def test_injected_overflows_give_the_hand_computed_scales():
+  ls = DynamicLossScale.create("float16", initial_loss_scale=8.0, steps_per_increase=3, max_loss_scale=64.0)
+  flags = [True, True, True, True, False, True, True, True, True, False, False]
+  # Counter +1 then a strict '>': growth on the 4th clean step; each overflow halves and resets.
+  expected = [8, 8, 8, 16, 8, 8, 8, 8, 16, 8, 4]
+  final, scales, skipped = run_sequence(ls, flags)
+  assert scales == expected
+  assert skipped == [0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 3]
+  assert set(final.state_dict()) == {"loss_scale", "steps_since_rescale", "overflows_since_rescale", "num_skipped_steps"}
+
+
+def test_doubles_on_the_2001st_clean_step_and_clamps():
+  ls = DynamicLossScale.create("float16", initial_loss_scale=2.0**10)
+  _, scales, _ = run_sequence(ls, [True] * 2001)
+  assert scales[1999] == 2.0**10 and scales[2000] == 2.0**11
+  low = DynamicLossScale.create("float16", initial_loss_scale=2.0**-13)
+  _, scales, skipped = run_sequence(low, [False] * 3)
+  assert scales == [2.0**-14] * 3 and skipped == [1, 2, 3]
+  top = DynamicLossScale.create("cbfloat16")
+  _, scales, _ = run_sequence(top, [True] * 2001)
+  assert scales[-1] == 2.0**31  # already at the maximum
+
+
+def test_overflow_tolerance():
+  ls = DynamicLossScale.create("float16", initial_loss_scale=16.0, overflow_tolerance=0.5)
+  _, scales, _ = run_sequence(ls, [True, False, False])  # 1/2 is not > 0.5; 2/3 is
+  assert scales == [16, 16, 8]
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(min_loss_scale=2.0**-15), "too small"),
+        (dict(overflow_tolerance=-1.0), "overflow_tolerance"),
+        (dict(steps_per_increase=0), "steps_per_increase"),
+        (dict(min_loss_scale=4.0, max_loss_scale=2.0), "exceeds max_loss_scale"),
+        (dict(half_dtype="fp17"), "unknown float format"),
+    ],
+)
+def test_bad_settings_are_explained(kwargs, fragment):
+  with pytest.raises(ValueError, match=fragment):
+    DynamicLossScale.create(**kwargs)
+
+
+def test_all_finite_uses_the_global_norm():
+  assert bool(precision.all_finite({"a": jnp.ones(3), "b": (jnp.zeros(2),)}))
+  assert not bool(precision.all_finite({"a": jnp.array([1.0, jnp.nan])}))
+  assert not bool(precision.all_finite([jnp.array([jnp.inf])]))
+  # Finite gradients whose squares overflow float32 count as overflow, as on Cerebras.
+  assert not bool(precision.all_finite([jnp.array([1e20], jnp.float32)]))
+
+
+def test_scale_and_unscale():
+  ls = StaticLossScale.create(1024.0)
+  tree = {"w": jnp.full((2,), 3.0), "n": jnp.arange(2), "h": jnp.ones(2, jnp.float16)}
+  scaled = ls.scale(tree)
+  assert scaled["w"].tolist() == [3072.0, 3072.0] and scaled["n"].dtype == jnp.int32
+  assert scaled["h"].dtype == jnp.float32 and scaled["h"].tolist() == [1024.0, 1024.0]  # loss.float()
+  assert ls.unscale(scaled)["w"].tolist() == [3.0, 3.0]
+  assert ls.adjust(jnp.asarray(False)) is ls
+  with pytest.raises(ValueError, match="positive"):
+    StaticLossScale.create(0.0)
+
+
+def test_nonfinite_step_is_skipped_entirely():
+  params = {"w": jnp.ones(3)}
+  opt = optax.sgd(0.1, momentum=0.9)  # optax.adam is not clean under strict dtype promotion
+  opt_state = opt.init(params)
+  step = jnp.asarray(7, jnp.int32)
+  grads = {"w": jnp.array([1.0, jnp.inf, 0.0])}
+  finite = precision.all_finite(grads)
+  updates, new_opt_state = opt.update(grads, opt_state, params)
+  new = (optax.apply_updates(params, updates), new_opt_state, step + 1)
+  kept = precision.select_tree(finite, new, (params, opt_state, step))
+  for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves((params, opt_state, step))):
+    np.testing.assert_array_equal(a, b)
+
+
+def _train(loss_scale, steps=60, skip_nonfinite=True):
+  """Linear regression whose backward pass runs in float16: gradients of the scaled loss are
+  rounded to float16 (overflowing to inf beyond 65504), then unscaled in float32."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((64, 4)).astype(np.float32))
+  y = x @ jnp.asarray([1.0, -2.0, 3.0, 0.5]) + 40.0
+  params = {"w": jnp.zeros(4), "b": jnp.zeros(())}
+  opt = optax.sgd(0.05)
+
+  @jax.jit
+  def step(params, opt_state, ls):
+    loss_fn = lambda p: jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
+    grads = jax.grad(lambda p: ls.scale(loss_fn(p)))(params)
+    grads = ls.unscale(jax.tree.map(lambda g: precision.round(g, "float16"), grads))
+    finite = precision.all_finite(grads) if skip_nonfinite else jnp.asarray(True)
+    updates, new_opt_state = opt.update(grads, opt_state, params)
+    params, opt_state = precision.select_tree(
+        finite, (optax.apply_updates(params, updates), new_opt_state), (params, opt_state)
+    )
+    return params, opt_state, ls.adjust(finite), loss_fn(params)
+
+  opt_state = opt.init(params)
+  for _ in range(steps):
+    params, opt_state, loss_scale, loss = step(params, opt_state, loss_scale)
+  return float(loss), loss_scale
+
+
+def test_float16_training_diverges_without_dls_and_converges_with_it():
+  # The first gradients are ~80; times the float16 default scale 2^15 they overflow float16.
+  without_dls, _ = _train(StaticLossScale.create(2.0**15), skip_nonfinite=False)
+  with_dls, ls = _train(DynamicLossScale.create("float16"))
+  assert not np.isfinite(without_dls)  # inf gradients reached the weights
+  assert with_dls < 1.0  # from ~1570
+  assert int(ls.num_skipped_steps) > 0 and float(ls.loss_scale) < 2.0**15
