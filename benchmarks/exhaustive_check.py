@@ -61,31 +61,26 @@ def ours(x: jax.Array, fmt: precision.FloatFormat, mode: str, integer_only: bool
 
 def make_checker(fmt: precision.FloatFormat, mode: str, gfloat_numpy: bool, integer_only: bool):
   """A function chunk_index -> mismatch count, and the reference's name."""
+  ours_fn = jax.jit(lambda start: ours(chunk_inputs(start), fmt, mode, integer_only))
+
+  def host_checker(reference_fn):
+    """Compare on the host with a NumPy reference function of the chunk's inputs."""
+
+    def check(i: int) -> int:
+      result = np.asarray(ours_fn(jnp.uint32(i * CHUNK)))
+      x = np.arange(i * CHUNK, (i + 1) * CHUNK, dtype=np.uint64).astype(np.uint32).view(np.float32)
+      with np.errstate(all="ignore"):
+        reference = np.asarray(reference_fn(x)).astype(np.float32)
+      return int(reference.size - np.count_nonzero(same_floats(result, reference)))
+
+    return check
+
   dtype = reference_dtype(fmt)
   if dtype is not None and mode == "nearest_even":
-    ours_fn = jax.jit(lambda start: ours(chunk_inputs(start), fmt, mode, integer_only))
-
-    def check(i: int) -> int:
-      ours = np.asarray(ours_fn(jnp.uint32(i * CHUNK)))
-      x = np.arange(i * CHUNK, (i + 1) * CHUNK, dtype=np.uint64).astype(np.uint32).view(np.float32)
-      with np.errstate(all="ignore"):
-        reference = x.astype(dtype).astype(np.float32)
-      return int(reference.size - np.count_nonzero(same_floats(ours, reference)))
-
-    return check, f"{np.dtype(dtype).name} cast (ml_dtypes / NumPy)"
-
+    return host_checker(lambda x: x.astype(dtype)), f"{np.dtype(dtype).name} cast (ml_dtypes / NumPy)"
   info, rounding = gfloat_format_info(fmt), GFLOAT_MODES[mode]
   if gfloat_numpy:
-    ours_fn = jax.jit(lambda start: ours(chunk_inputs(start), fmt, mode, integer_only))
-
-    def check(i: int) -> int:
-      ours = np.asarray(ours_fn(jnp.uint32(i * CHUNK)))
-      x = np.arange(i * CHUNK, (i + 1) * CHUNK, dtype=np.uint64).astype(np.uint32).view(np.float32)
-      with np.errstate(all="ignore"):
-        reference = np.asarray(gfloat.round_ndarray(info, x, rounding)).astype(np.float32)
-      return int(reference.size - np.count_nonzero(same_floats(ours, reference)))
-
-    return check, "gfloat round_ndarray (NumPy)"
+    return host_checker(lambda x: gfloat.round_ndarray(info, x, rounding)), "gfloat round_ndarray (NumPy)"
 
   @jax.jit
   def both(start):

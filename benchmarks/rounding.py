@@ -84,6 +84,9 @@ def candidates(key: jax.Array, skip_slow: bool) -> dict[str, tuple[Callable, str
   return out
 
 
+SLOW = {"gfloat cbfloat16 (NumPy)", "gfloat bfloat16 (NumPy)"}  # seconds per call: fewer rounds
+
+
 def timed(fn: Callable, x) -> float:
   t0 = time.perf_counter()
   result = fn(x)
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     arg = x if kind == "jax" else x_np
     with np.errstate(all="ignore"):
       timed(fn, arg)  # compile / warm up
-      rounds = args.rounds if "(NumPy)" not in name or "ml_dtypes" in name else max(2, args.rounds // 5)
+      rounds = max(2, args.rounds // 5) if name in SLOW else args.rounds
       base_t, cand_t = [], []
       for i in range(rounds):  # alternate which goes first (ABBA), so order effects cancel
         if i % 2 == 0:

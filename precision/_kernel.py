@@ -130,6 +130,11 @@ def _scaled_nearest_even(x: jax.Array, quantum_exponent: int) -> jax.Array:
   return quanta * np.float32(2.0**quantum_exponent)
 
 
+def significand(a: jax.Array) -> jax.Array:
+  """``sig`` of magnitude bits ``a``: the fraction with the implicit leading 1 of normals."""
+  return (a & _u32(_FRACTION)) | jnp.where(a >= _u32(_HIDDEN), _u32(_HIDDEN), _u32(0))
+
+
 def _kept_shift(a: jax.Array, c: Constants) -> jax.Array | int:
   """``min(d, 23)`` per element (uint32), or a Python int when ``d`` is the same everywhere.
 
@@ -197,7 +202,7 @@ def round_magnitude(
     # Below one quantum q (a < q): the value sig * 2^-d (in quanta) is the round-up probability.
     tiny = a < _u32(c.quantum_bits)
     biased = a >> 23
-    sig = (a & _u32(_FRACTION)) | jnp.where(biased > 0, _u32(_HIDDEN), _u32(0))
+    sig = significand(a)
     d_full = jnp.minimum(_u32(c.sub_offset) - jnp.maximum(biased, _u32(1)), _u32(63))
     left = sig << (_u32(32) - jnp.minimum(d_full, _u32(32)))
     # d > 32: keep the fraction to nearest even at 32 bits (gfloat's Stochastic definition).

@@ -126,7 +126,7 @@ def _as_float32(x: Any, fmt: FloatFormat, fn: str) -> jax.Array:
   anything was lost), after which rounding to a format of p <= 22 significant bits is the
   correct rounding of the float64 value (p + 2 <= 24; Boldo and Melquiond, 2008).
   """
-  if isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+  if isinstance(x, jax.Array):  # tracers included
     if not jnp.issubdtype(x.dtype, jnp.floating):
       raise TypeError(f"{fn} takes floating-point values; got dtype {x.dtype}. Convert with .astype(float32).")
     if jnp.finfo(x.dtype).bits > 32:
@@ -136,14 +136,14 @@ def _as_float32(x: Any, fmt: FloatFormat, fn: str) -> jax.Array:
       )
     return x.astype(jnp.float32)
   array = np.asarray(x)
-  if array.dtype == np.bool_ or not (
-      jnp.issubdtype(array.dtype, jnp.floating) or (jnp.issubdtype(array.dtype, jnp.integer) and array.ndim == 0)
-  ):
+  floating = jnp.issubdtype(array.dtype, jnp.floating)
+  integer_scalar = jnp.issubdtype(array.dtype, jnp.integer) and array.ndim == 0
+  if array.dtype == np.bool_ or not (floating or integer_scalar):
     raise TypeError(f"{fn} takes floating-point values; got dtype {array.dtype}. Convert with .astype(float32).")
-  if jnp.finfo(array.dtype).bits <= 32 if jnp.issubdtype(array.dtype, jnp.floating) else False:
-    return jnp.asarray(array.astype(np.float32))
+  if floating and jnp.finfo(array.dtype).bits <= 32:
+    return jnp.asarray(array.astype(np.float32))  # exact
   wide = array.astype(np.float64)
-  if fmt.mantissa_bits >= 22:  # float32 itself: its own nearest rounding is the right one
+  if fmt.mantissa_bits >= 22:  # round-to-odd needs p + 2 <= 24; float32 wants its own rounding
     with np.errstate(over="ignore"):
       return jnp.asarray(wide.astype(np.float32))
   return jnp.asarray(_narrow_to_odd(wide))
@@ -237,8 +237,7 @@ def _encode_jit(x: jax.Array, fmt: FloatFormat) -> jax.Array:
   magnitude = (a >> c.shift_normal) + u32(rebias)
   below_normal = a < u32(c.min_normal_bits)
   if fmt.subnormals:  # the exact quanta count sig >> d (d <= 23 for every rounded value)
-    sig = (a & u32(0x007F_FFFF)) | jnp.where(a >= u32(0x0080_0000), u32(0x0080_0000), u32(0))
-    subnormal = sig >> _kernel._kept_shift(a, c)
+    subnormal = _kernel.significand(a) >> _kernel._kept_shift(a, c)
   else:
     subnormal = u32(0)
   magnitude = jnp.where(below_normal, subnormal, magnitude)
