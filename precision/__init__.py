@@ -9,6 +9,10 @@ Numerics only; this package imports nothing else of the project.
 15872
 """
 
+from precision.autocast import autocast as autocast
+from precision.autocast import cast_report as cast_report
+from precision.cast_report import CastCounts as CastCounts
+from precision.cast_report import CastReport as CastReport
 from precision.formats import FloatFormat as FloatFormat
 from precision.formats import FormatError as FormatError
 from precision.formats import bfloat16 as bfloat16
@@ -24,17 +28,25 @@ from precision.loss_scale import DynamicLossScale as DynamicLossScale
 from precision.loss_scale import StaticLossScale as StaticLossScale
 from precision.loss_scale import all_finite as all_finite
 from precision.loss_scale import select_tree as select_tree
+from precision.policy import Policy as Policy
+from precision.policy import PolicyError as PolicyError
 from precision.rounding import decode as decode
 from precision.rounding import encode as encode
 from precision.rounding import round as round  # noqa: A004 - shadows the builtin on purpose
 
 __all__ = (
+    "CastCounts",
+    "CastReport",
     "DynamicLossScale",
     "FloatFormat",
     "FormatError",
+    "Policy",
+    "PolicyError",
     "StaticLossScale",
     "all_finite",
+    "autocast",
     "bfloat16",
+    "cast_report",
     "cbfloat16",
     "decode",
     "encode",

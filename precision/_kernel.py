@@ -33,7 +33,8 @@ normal shift (cbfloat16, float16, float8) rounds that range as ``roundeven(|x| /
 two multiplications by exact powers of two around XLA's RoundNearestEven, which no
 simplification can remove and which cannot round twice. It is used only where ``q/2`` is a
 float32 normal, so flush-to-zero touches only inputs that round to 0 anyway. In IEEE formats
-that overflow to inf, overflow, inf and NaN then come out as ``x * inf`` (`_nearest_even_ieee`).
+that overflow to inf, with the IEEE bias, the normal range is XLA's ``reduce_precision`` and
+overflow, inf and NaN come out as ``x * inf`` (`_nearest_even_ieee`).
 The per-element variable shift this replaces costs ~20% more work per value.
 ``integer_only=True`` keeps the pure-integer path; tests and the exhaustive check cover both.
 """
@@ -229,8 +230,9 @@ def round_bits(
   u = lax.bitcast_convert_type(x, jnp.uint32)
   a = u & _u32(_ABS)
   fast = mode == "nearest_even" and c.scaled_subnormals and fmt.has_inf and fmt.overflow == "inf"
-  if fast and not integer_only:
-    return _nearest_even_ieee(x, u, a, c)
+  ieee_bias = fmt.bias == 2 ** (fmt.exponent_bits - 1) - 1
+  if fast and ieee_bias and not integer_only:
+    return _nearest_even_ieee(x, a, fmt, c)
   rounded = round_magnitude(a, fmt, mode, rbits, integer_only)
   overflowed = rounded > _u32(c.max_bits)
   if fmt.overflow == "saturate":
@@ -248,20 +250,22 @@ def round_bits(
   return lax.bitcast_convert_type(result | (u ^ a), jnp.float32)
 
 
-def _nearest_even_ieee(x: jax.Array, u: jax.Array, a: jax.Array, c: Constants) -> jax.Array:
+def _nearest_even_ieee(x: jax.Array, a: jax.Array, fmt: FloatFormat, c: Constants) -> jax.Array:
   """Nearest-even rounding for IEEE-like formats that overflow to inf (cbfloat16, float16, e5m2).
 
-  The same results as the general path in fewer operations (about 14 per value, at parity
-  with XLA's native bfloat16 round trip; see benchmarks/rounding.py):
+  The same results as the general path in fewer operations (about 10 per value; see
+  benchmarks/rounding.py), which also keeps compile times low where autocast inserts
+  thousands of roundings:
 
-  * normal range: ``(u + 2^(s-1) - 1 + lsb) & ~(2^s - 1)`` with the constant ``s = 23 - m``,
-    on the signed pattern (the sign bit is never reached by the carry);
+  * normal range: XLA's ``reduce_precision(x, e, m)`` (round to nearest even at ``m`` bits
+    with exponent range ``e``; the format's bias is the IEEE one, checked by the caller). It
+    flushes the format's subnormals, hence:
   * subnormal range: ``roundeven(x / q) * q``, by exact powers of two (see the module docstring);
   * ``|x| >= max + ulp(max)/2`` (overflow, inf, NaN): ``x * inf``, which is +-inf for numbers
     and the quieted input NaN on CPUs (GPUs may return their canonical NaN; `encode` takes the
     sign from the input, so stored codes do not depend on the platform).
   """
-  normal = lax.bitcast_convert_type(_nearest_even_at(u, c.shift_normal), jnp.float32)
+  normal = lax.reduce_precision(x, exponent_bits=fmt.exponent_bits, mantissa_bits=fmt.mantissa_bits)
   rounded = jnp.where(a < _u32(c.min_normal_bits), _scaled_nearest_even(x, c.quantum_exponent), normal)
   return jnp.where(a >= _u32(c.overflow_threshold_bits), x * np.float32(np.inf), rounded)
 

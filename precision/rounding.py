@@ -14,6 +14,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jcore
+from jax.interpreters import ad, batching, mlir
 
 from precision import _kernel
 from precision._kernel import MODES
@@ -36,8 +38,8 @@ def round(  # noqa: A001 - the name is the promised public API
   """Round ``x`` to the nearest values of ``fmt``; returns float32 of ``x``'s shape.
 
   Every non-NaN output is exactly representable in ``fmt``: ``encode(round(x, f), f)`` loses
-  nothing. Reverse-mode differentiable (a custom VJP); forward mode (``jax.jvp``) is not
-  supported.
+  nothing. Differentiable like a dtype cast (see ``grad``); forward mode is supported for
+  the deterministic modes with ``grad="cast"``.
 
   Args:
     x: a float32 (or narrower) JAX array; or a Python number, list or NumPy array, float64
@@ -59,7 +61,9 @@ def round(  # noqa: A001 - the name is the promised public API
       ``jax.random.bits`` to use JAX's own generator): rounds up iff ``frac32 + rbits >= 2^32``.
     grad: gradient rule. ``"cast"`` (default) is the rule of a dtype cast: the cotangent is
       rounded to ``fmt`` with the same mode (stochastic: an independent stream derived from
-      the forward one). ``"straight_through"`` passes the cotangent unchanged.
+      the forward one); deterministic modes are then the linear primitive
+      ``precision_round``, which also supports forward mode (``jax.jvp``: the tangent is
+      rounded). ``"straight_through"`` passes the cotangent unchanged.
 
   Overflow follows ``fmt.overflow``; a NaN gives the same NaN, quieted (on GPUs the
   nearest_even fast path may give the canonical NaN); signed zeros keep their sign.
@@ -74,6 +78,8 @@ def round(  # noqa: A001 - the name is the promised public API
   grad = _check_choice("grad", grad, _GRAD_MODES)
   x = _as_float32(x, fmt, "round")
   noise = _noise(x, mode, key, rbits)
+  if mode != "stochastic" and grad == "cast":
+    return round_p.bind(x, fmt=fmt, mode=mode)
   return _round_with_vjp(x, noise, fmt, mode, grad)
 
 
@@ -220,6 +226,22 @@ def _round_bwd(fmt, mode, grad, noise, g):
 
 
 _round_with_vjp.defvjp(_round_fwd, _round_bwd)
+
+
+# Deterministic rounding with the cast rule is a primitive of its own, ``precision_round``:
+# like ``convert_element_type`` it is declared linear, its JVP rounds the tangent and its
+# transpose rounds the cotangent. So it works in forward mode, inside custom_jvp rules and
+# under linearize, and a jaxpr shows one equation per rounding (the cost model and the cast
+# report count them). It lowers to the integer kernel.
+round_p = jcore.Primitive("precision_round")
+round_p.def_impl(lambda x, *, fmt, mode: _round_jit(x, (None, None), fmt, mode))
+round_p.def_abstract_eval(lambda x, *, fmt, mode: x)
+mlir.register_lowering(
+    round_p,
+    mlir.lower_fun(lambda x, *, fmt, mode: _kernel.round_bits(x, fmt, mode, None), multiple_results=False),
+)
+ad.deflinear2(round_p, lambda ct, x, *, fmt, mode: [round_p.bind(ct, fmt=fmt, mode=mode)])
+batching.defvectorized(round_p)
 
 
 def _storage_dtype(fmt: FloatFormat) -> jnp.dtype:

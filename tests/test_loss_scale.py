@@ -114,19 +114,20 @@ def test_nonfinite_step_is_skipped_entirely():
 
 
 def _train(loss_scale, steps=60, skip_nonfinite=True):
-  """Linear regression whose backward pass runs in float16: gradients of the scaled loss are
-  rounded to float16 (overflowing to inf beyond 65504), then unscaled in float32."""
+  """Linear regression under autocast(float16): the forward pass and, through the cast VJPs of
+  the inserted roundings, the backward pass run in float16 (overflowing to inf beyond 65504);
+  gradients are unscaled and applied in float32."""
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((64, 4)).astype(np.float32))
   y = x @ jnp.asarray([1.0, -2.0, 3.0, 0.5]) + 40.0
   params = {"w": jnp.zeros(4), "b": jnp.zeros(())}
   opt = optax.sgd(0.05)
+  loss_fn = lambda p: jnp.mean((x @ p["w"] + p["b"] - y) ** 2)  # noqa: E731
+  half_loss = precision.autocast(loss_fn, precision.Policy(compute="float16"))
 
   @jax.jit
   def step(params, opt_state, ls):
-    loss_fn = lambda p: jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
-    grads = jax.grad(lambda p: ls.scale(loss_fn(p)))(params)
-    grads = ls.unscale(jax.tree.map(lambda g: precision.round(g, "float16"), grads))
+    grads = ls.unscale(jax.grad(lambda p: ls.scale(half_loss(p)))(params))
     finite = precision.all_finite(grads) if skip_nonfinite else jnp.asarray(True)
     updates, new_opt_state = opt.update(grads, opt_state, params)
     params, opt_state = precision.select_tree(

@@ -1,0 +1,78 @@
+"""Which op class each JAX primitive belongs to (the table `precision.autocast` reads).
+
+Classes that compute (their treatment comes from the `Policy` rule table): ``matmul``,
+``attention_matmul`` (decided per equation), ``elementwise``, ``transcendental``,
+``reduction`` and ``attention_softmax`` (decided by data flow). Classes that never round:
+
+* ``exact``: ops whose float result is one of their inputs' values (max, min, neg, abs,
+  select, clamp, floor, ...). A result of values already in the compute format stays in it
+  without rounding; otherwise the op is treated as ``elementwise``.
+* ``data_movement``: reshapes, transposes, slices, gathers, concatenation, padding,
+  sharding annotations: values move, none change.
+* ``cast``: explicit conversions the user wrote (``astype``, ``reduce_precision``,
+  ``precision.round``): left exactly as written.
+* ``control_flow``: jit, remat, scan, while, cond, custom_jvp/custom_vjp, shard_map: the pass
+  recurses into their bodies.
+* ``integer``: any equation without float32 results (comparisons, integer arithmetic, RNG
+  bits): untouched.
+* ``unknown``: float primitives not in this table: left unchanged and listed in the report.
+
+`PRIMITIVE_CLASSES` is a plain dict: add a primitive (for example a custom op) with
+``precision.autocast.PRIMITIVE_CLASSES["my_op"] = "elementwise"``.
+"""
+
+from __future__ import annotations
+
+MATMUL_PRIMITIVES = ("dot_general", "conv_general_dilated", "ragged_dot_general", "ragged_dot")
+
+_ELEMENTWISE = (
+    "add", "add_any", "sub", "mul", "div", "rem", "sqrt", "cbrt", "square", "integer_pow",
+    "tanh", "logistic", "erf", "erfc", "sin", "cos", "atan", "atan2", "atanh", "asinh", "acosh",
+    "nextafter", "mulhi",
+)  # fmt: skip
+_TRANSCENDENTAL = (
+    "exp", "exp2", "log", "log1p", "expm1", "pow", "rsqrt", "tan", "sinh", "cosh", "asin", "acos",
+    "erf_inv", "lgamma", "digamma", "igamma", "igammac", "igamma_grad_a", "polygamma", "zeta",
+    "bessel_i0e", "bessel_i1e", "regularized_incomplete_beta", "random_gamma_grad",
+)  # fmt: skip
+_REDUCTION = (
+    "reduce_sum", "reduce_prod", "cumsum", "cumprod", "cumlogsumexp", "reduce_window_sum",
+    "reduce_window", "reduce", "scatter_add", "scatter_sub", "scatter_mul", "scatter-add",
+    "scatter-sub", "scatter-mul", "psum", "psum2",
+    "psum_invariant", "select_and_scatter_add", "select_and_gather_add", "reduce_scatter",
+)  # fmt: skip
+_EXACT = (
+    "max", "min", "neg", "abs", "sign", "select_n", "clamp", "floor", "ceil", "round", "copy",
+    "copy_p", "reduce_max", "reduce_min", "cummax", "cummin", "reduce_window_max",
+    "reduce_window_min", "sort", "top_k", "scatter_max", "scatter_min", "scatter-max", "scatter-min",
+    "pmax", "pmin",
+    "reduce_and", "reduce_or",
+)  # fmt: skip
+_DATA_MOVEMENT = (
+    "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice",
+    "dynamic_update_slice", "gather", "scatter", "concatenate", "pad", "rev", "split", "tile",
+    "stack", "unstack", "stop_gradient", "sharding_constraint", "mesh_cast", "reshard",
+    "device_put", "optimization_barrier", "name", "pvary", "pbroadcast", "all_gather",
+    "all_to_all", "ppermute", "psum_scatter", "axis_index", "iota", "full", "zeros_like",
+    "broadcast", "real", "imag", "conj", "squeeze_p",
+)  # fmt: skip
+_CAST = ("convert_element_type", "reduce_precision", "bitcast_convert_type", "precision_round")
+CONTROL_FLOW = (
+    "jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint", "scan", "while", "cond",
+    "custom_jvp_call", "custom_vjp_call", "shard_map",
+)  # fmt: skip
+
+PRIMITIVE_CLASSES: dict[str, str] = {}
+for _cls, _names in (
+    ("matmul", MATMUL_PRIMITIVES),
+    ("elementwise", _ELEMENTWISE),
+    ("transcendental", _TRANSCENDENTAL),
+    ("reduction", _REDUCTION),
+    ("exact", _EXACT),
+    ("data_movement", _DATA_MOVEMENT),
+    ("cast", _CAST),
+    ("control_flow", CONTROL_FLOW),
+):
+  for _name in _names:
+    PRIMITIVE_CLASSES[_name] = _cls
+del _cls, _names, _name

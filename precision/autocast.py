@@ -1,0 +1,697 @@
+"""`autocast`: run an unmodified float32 JAX function with a `Policy`'s mixed-precision numerics.
+
+The pass traces the function to a jaxpr, walks its equations and binds each one again,
+inserting `precision.round` (nearest even, cast-like gradient) where the policy's rule table
+says (see `precision.policy`). Values stay float32 arrays that hold compute-format values
+("fake casts"), so shapes and dtypes never change: the result has the function's exact
+signature and composes with ``jax.jit``, ``jax.grad`` and ``jax.vmap``.
+
+Each float32 value carries a tag while the pass runs: ``rounded`` (exactly representable in
+the compute format), ``float32`` (deliberately kept in float32 by a ``"float32"`` rule) or
+``raw`` (anything else: inputs, weights, constants); plus whether it comes from attention
+scores. Tags decide where roundings go and avoid rounding a value twice: a weight used by
+several matmuls is rounded once per trace.
+
+Gradients. ``jax.grad(autocast(f))`` differentiates through the inserted roundings, whose
+VJP rounds the cotangent to the compute format (the rule of a dtype cast): every backward
+value that reaches a rounding point is rounded, as a 16-bit backward pass would be.
+``autocast(jax.value_and_grad(f))`` instead applies the rules to every forward *and*
+backward equation (backward matmuls get their own accumulation rule); use it to emulate the
+wafer's backward pass most closely. Either way, keep the optimizer update outside the
+autocast function: weights are updated in float32.
+
+Higher-order primitives: jit/closed_call bodies are inlined; remat, scan, while, cond and
+shard_map are rebound with transformed bodies (scan/while carries are tagged by a fixed
+point); custom_jvp and custom_vjp functions keep their custom rules, whose jvp / fwd / bwd
+are transformed too. `precision.round` calls already in the function are left as written.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import partial_eval as _pe
+from jax.custom_derivatives import SymbolicZero
+from jax.extend import core as jcore
+from jax.extend import linear_util as lu
+from jax.extend import source_info_util
+
+from precision import rounding as _rounding
+from precision._op_classes import PRIMITIVE_CLASSES
+from precision.cast_report import CastLog, CastReport
+from precision.formats import FloatFormat, float32
+from precision.policy import Policy
+
+ROUNDED, FLOAT32, RAW = "rounded", "float32", "raw"
+
+__all__ = ("PRIMITIVE_CLASSES", "autocast", "cast_report")
+
+
+class Tag(NamedTuple):
+  """What the pass knows about a float32 value (None for other dtypes)."""
+
+  state: str  # ROUNDED, FLOAT32 or RAW
+  attention: bool = False
+
+
+_RAW = Tag(RAW)
+
+
+def autocast(
+    fn: Callable[..., Any],
+    policy: Policy | str,
+    *,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+) -> Callable[..., Any]:
+  """``fn`` with ``policy``'s mixed-precision numerics inserted; same signature, same dtypes.
+
+  Args:
+    fn: any function of arrays (pytrees of arrays in, pytrees out), e.g. a loss written in
+      float32, ``jax.value_and_grad(loss)``, or a function that merges an NNX module
+      (``lambda state, x: nnx.merge(graphdef, state)(x)``).
+    policy: a `Policy` or its string form (``"c=cb16,level=1"``).
+    static_argnums, static_argnames: arguments that are not arrays (flags, configs), as in
+      ``jax.jit``; they must be hashable.
+
+  Returns:
+    A function with ``fn``'s signature. Float32 outputs are rounded to ``policy.output``.
+    It carries ``.policy`` and ``__wrapped__`` (``fn``).
+
+  Example:
+    >>> import jax.numpy as jnp, precision
+    >>> f = precision.autocast(lambda x, w: jnp.tanh(x @ w), "c=bf16")
+    >>> f(jnp.ones((2, 3)), jnp.full((3, 2), 0.1)).dtype
+    dtype('float32')
+  """
+  policy = _as_policy(policy)
+  statics = _Statics.of(fn, static_argnums, static_argnames)
+
+  @functools.wraps(fn)
+  def wrapped(*args: Any, **kwargs: Any) -> Any:
+    closed, out_tree, flat = _trace(fn, statics, args, kwargs)
+    outs = _run(_Pass(policy), closed, flat)
+    return jax.tree.unflatten(out_tree, outs)
+
+  wrapped.policy = policy  # type: ignore[attr-defined]
+  return wrapped
+
+
+def cast_report(fn: Callable[..., Any], policy: Policy | str, *args: Any, **kwargs: Any) -> CastReport:
+  """What `autocast` does to ``fn`` at these arguments' shapes: counts per primitive and op class.
+
+  Nothing is computed: ``args`` may be arrays or ``jax.ShapeDtypeStruct``s.
+
+  Returns:
+    A `CastReport` (prints as tables, ``.to_dict()`` for JSON).
+  """
+  policy = _as_policy(policy)
+  closed, _, flat = _trace(fn, _Statics.of(fn, (), ()), args, kwargs)
+  p = _Pass(policy)
+  jax.make_jaxpr(lambda *xs: _run(p, closed, xs))(*flat)
+  return CastReport.from_log(policy, p.log)
+
+
+# ---- tracing the user's function ----
+
+
+class _Statics(NamedTuple):
+  argnums: tuple[int, ...]
+  argnames: tuple[str, ...]
+
+  @classmethod
+  def of(cls, fn: Callable[..., Any], argnums: Any, argnames: Any) -> _Statics:
+    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    argnames = (argnames,) if isinstance(argnames, str) else tuple(argnames)
+    return cls(argnums, argnames)
+
+
+def _as_policy(policy: Policy | str) -> Policy:
+  if isinstance(policy, Policy):
+    return policy
+  if isinstance(policy, str):
+    return Policy.parse(policy)
+  raise TypeError(f"policy must be a precision.Policy or a string like 'c=cb16'; got {type(policy).__name__}")
+
+
+def _trace(fn: Callable[..., Any], statics: _Statics, args: tuple, kwargs: dict) -> tuple[Any, Any, list]:
+  """(closed jaxpr, output treedef, flat dynamic arguments) of ``fn(*args, **kwargs)``."""
+  static_args = {i: args[i] for i in statics.argnums if i < len(args)}
+  static_kwargs = {k: kwargs[k] for k in statics.argnames if k in kwargs}
+  dyn_args = tuple(None if i in static_args else a for i, a in enumerate(args))
+  dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_kwargs}
+  flat, in_tree = jax.tree.flatten((dyn_args, dyn_kwargs))
+  for leaf in flat:
+    if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex, jax.ShapeDtypeStruct)):
+      raise TypeError(
+          f"autocast({getattr(fn, '__name__', fn)!r}) got a {type(leaf).__name__} argument ({leaf!r:.60}); "
+          "arguments must be arrays or pytrees of arrays. Mark non-array arguments with "
+          "static_argnums= or static_argnames=, as with jax.jit."
+      )
+  out_tree_box: list[Any] = []
+
+  def flat_fn(*leaves: Any) -> list[Any]:
+    a, k = jax.tree.unflatten(in_tree, leaves)
+    a = tuple(static_args.get(i, x) for i, x in enumerate(a))
+    out = fn(*a, **k, **static_kwargs)
+    out_flat, out_tree = jax.tree.flatten(out)
+    out_tree_box.append(out_tree)
+    return out_flat
+
+  closed = jax.make_jaxpr(flat_fn)(*flat)
+  return closed, out_tree_box[0], flat
+
+
+def _run(p: _Pass, closed: jcore.ClosedJaxpr, flat: Sequence[Any]) -> list[Any]:
+  tags = [_RAW if _is_f32(v.aval) else None for v in closed.jaxpr.invars]
+  outs, _ = _interpret(p, closed.jaxpr, closed.consts, list(flat), tags)
+  if p.policy.output != float32:
+    outs = [p.round_to(o, p.policy.output, "<output>") if _is_f32(jax.typeof(o)) else o for o in outs]
+  return outs
+
+
+# ---- the interpreter ----
+
+
+class _Pass:
+  """Policy, counters and caches of one run of the pass."""
+
+  def __init__(self, policy: Policy, log: CastLog | None = None):
+    self.policy = policy
+    self.fmt: FloatFormat = policy.compute
+    self.rules = policy.rule_table
+    self.block = policy.accumulation_block
+    self.log = CastLog() if log is None else log
+
+  def child(self) -> _Pass:
+    return _Pass(self.policy, CastLog())
+
+  def round_to(self, x: jax.Array, fmt: FloatFormat, primitive: str | None = None) -> jax.Array:
+    if fmt == float32:
+      return x
+    if primitive is not None:
+      self.log.record(primitive, "output", rounded=_size(x))
+    return _rounding.round_p.bind(x, fmt=fmt, mode="nearest_even")
+
+  def round(self, x: jax.Array) -> jax.Array:
+    return self.round_to(x, self.fmt)
+
+
+def _is_f32(aval: Any) -> bool:
+  return getattr(aval, "dtype", None) == jnp.float32
+
+
+def _size(x: Any) -> int:
+  return math.prod(getattr(x, "shape", ()))
+
+
+def _join(a: Tag | None, b: Tag | None) -> Tag | None:
+  if a is None or b is None:
+    return a if b is None else b
+  return Tag(a.state if a.state == b.state else RAW, a.attention or b.attention)
+
+
+def _join_all(tags: Sequence[Tag | None]) -> Tag:
+  present = [t for t in tags if t is not None]
+  if not present:
+    return _RAW
+  return functools.reduce(_join, present)  # type: ignore[return-value]
+
+
+def _representable(value: float, fmt: FloatFormat) -> bool:
+  """Whether a float32 scalar is exactly a value of ``fmt`` (host arithmetic, exact)."""
+  if value == 0 or not math.isfinite(value):
+    return True
+  exponent = math.frexp(abs(value))[1] - 1
+  quantum = max(exponent, fmt.emin) - fmt.mantissa_bits
+  return abs(value) <= fmt.max and (value / 2.0**quantum).is_integer()
+
+
+def _literal_tag(p: _Pass, literal: Any) -> Tag | None:
+  if not _is_f32(literal.aval):
+    return None
+  value = np.asarray(literal.val)
+  if value.ndim == 0 and _representable(float(value), p.fmt):
+    return Tag(ROUNDED)
+  return _RAW
+
+
+def _interpret(
+    p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], args: Sequence[Any], tags: Sequence[Tag | None]
+) -> tuple[list[Any], list[Tag | None]]:
+  """Evaluate ``jaxpr`` on ``args`` at the current trace, applying the policy's rules."""
+  env: dict[Any, tuple[Any, Tag | None]] = {}
+  memo: dict[Any, jax.Array] = {}  # var -> its rounded value (round each weight once)
+
+  def read(atom: Any) -> tuple[Any, Tag | None]:
+    if isinstance(atom, jcore.Literal):
+      return atom.val, _literal_tag(p, atom)
+    return env[atom]
+
+  for var, value in zip(jaxpr.constvars, consts):
+    env[var] = (value, _RAW if _is_f32(var.aval) else None)
+  for var, value, tag in zip(jaxpr.invars, args, tags):
+    env[var] = (value, tag if _is_f32(var.aval) else None)
+  for eqn in jaxpr.eqns:
+    pairs = [read(atom) for atom in eqn.invars]
+    values = [v for v, _ in pairs]
+    in_tags = [t for _, t in pairs]
+    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
+      outs, out_tags = _apply(p, eqn, values, in_tags, memo)
+    for var, value, tag in zip(eqn.outvars, outs, out_tags):
+      env[var] = (value, tag)
+  results = [read(atom) for atom in jaxpr.outvars]
+  return [v for v, _ in results], [t for _, t in results]
+
+
+def _bind(eqn: Any, values: Sequence[Any], **param_updates: Any) -> list[Any]:
+  params = eqn.primitive.get_bind_params({**eqn.params, **param_updates})
+  out = eqn.primitive.bind(*values, **params)
+  return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def _apply(
+    p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None], memo: dict[Any, jax.Array]
+) -> tuple[list[Any], list[Tag | None]]:
+  name = eqn.primitive.name
+  handler = _CONTROL_FLOW.get(name)
+  if handler is not None:
+    return handler(p, eqn, values, tags)
+  out_avals = [v.aval for v in eqn.outvars]
+  op_class = PRIMITIVE_CLASSES.get(name, "unknown")
+  if not any(_is_f32(a) for a in out_avals):
+    outs = _bind(eqn, values)
+    p.log.record(name, "integer" if op_class != "cast" else "cast", untouched=sum(_size(a) for a in out_avals))
+    return outs, [None] * len(outs)
+  if op_class == "matmul":
+    return _matmul(p, eqn, values, tags, memo)
+  if op_class in ("elementwise", "transcendental", "reduction", "exact"):
+    return _value_op(p, eqn, values, tags, op_class)
+  outs = _bind(eqn, values)
+  size = sum(_size(a) for a in out_avals)
+  if op_class == "data_movement":
+    tag = _join_all(tags)
+    p.log.record(name, op_class, untouched=size)
+    return outs, [tag if _is_f32(a) else None for a in out_avals]
+  if op_class == "cast":
+    same = name == "convert_element_type" and len(tags) == 1 and tags[0] is not None
+    tag = tags[0] if same else _RAW
+    if name == "precision_round" and eqn.params["fmt"] == p.fmt and eqn.params["mode"] == "nearest_even":
+      tag = Tag(ROUNDED, tags[0].attention if tags[0] else False)
+    p.log.record(name, op_class, untouched=size)
+    return outs, [tag if _is_f32(a) else None for a in out_avals]
+  p.log.record(name, "unknown", untouched=size)
+  return outs, [_RAW if _is_f32(a) else None for a in out_avals]
+
+
+def _value_op(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None], op_class: str) -> tuple[list, list]:
+  """Elementwise, transcendental, reduction and exact ops: round or keep the result."""
+  name = eqn.primitive.name
+  out_avals = [v.aval for v in eqn.outvars]
+  size = sum(_size(a) for a in out_avals if _is_f32(a))
+  floats = [(t, v.aval) for t, v in zip(tags, eqn.invars) if t is not None]
+  attention = any(t.attention for t, _ in floats)
+  outs = _bind(eqn, values)
+  if op_class == "exact":
+    if floats and all(t.state == ROUNDED for t, _ in floats):
+      p.log.record(name, op_class, untouched=size)
+      return outs, [Tag(ROUNDED, attention) if _is_f32(a) else None for a in out_avals]
+    op_class = "elementwise"
+  if op_class == "elementwise" and all(t.state == FLOAT32 or a.shape == () for t, a in floats):
+    p.log.record(name, op_class, kept_float32=size)
+    return outs, [Tag(FLOAT32, attention) if _is_f32(a) else None for a in out_avals]
+  rule_class = "attention_softmax" if attention else op_class
+  if p.rules[rule_class] == "round":
+    p.log.record(name, rule_class, rounded=size)
+    outs = [p.round(o) if _is_f32(a) else o for o, a in zip(outs, out_avals)]
+    return outs, [Tag(ROUNDED, attention) if _is_f32(a) else None for a in out_avals]
+  p.log.record(name, rule_class, kept_float32=size)
+  return outs, [Tag(FLOAT32, attention) if _is_f32(a) else None for a in out_avals]
+
+
+# ---- matrix products ----
+
+
+def _is_attention_matmul(eqn: Any) -> bool:
+  if eqn.primitive.name != "dot_general":
+    return False
+  (_, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
+  return len(lhs_batch) > 0
+
+
+def _matmul(
+    p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None], memo: dict[Any, jax.Array]
+) -> tuple[list, list]:
+  name = eqn.primitive.name
+  out_aval = eqn.outvars[0].aval
+  attention = _is_attention_matmul(eqn)
+  rule_class = "attention_matmul" if attention else "matmul"
+  treatment = p.rules[rule_class]
+  operand_count = 2
+  if any(t is None for t in tags[:operand_count]) or treatment == "float32":
+    outs = _bind(eqn, values)
+    if treatment == "float32" and all(t is not None for t in tags[:operand_count]):
+      p.log.record(name, rule_class, kept_float32=_size(out_aval))
+      return outs, [Tag(FLOAT32, attention)]
+    p.log.record(name, rule_class, untouched=_size(out_aval))
+    return outs, [_RAW if _is_f32(out_aval) else None]
+  rounded = 0
+  operands = list(values)
+  for i, (atom, tag) in enumerate(zip(eqn.invars[:operand_count], tags[:operand_count])):
+    if tag.state == ROUNDED:
+      continue
+    if isinstance(atom, jcore.Var) and atom in memo:
+      operands[i] = memo[atom]
+      continue
+    operands[i] = p.round(values[i])
+    rounded += _size(values[i])
+    if isinstance(atom, jcore.Var):
+      memo[atom] = operands[i]
+  chunks = _chunking(eqn, p.block) if treatment == "mixed_accumulate" else None
+  if chunks is None:
+    out = p.round(_bind(eqn, operands)[0])
+    rounded += _size(out_aval)
+  else:
+    out, n = _mixed_dot(p, operands, eqn.params, chunks)
+    rounded += (2 * n - 1) * _size(out_aval)
+  p.log.record(name, rule_class, rounded=rounded)
+  return [out], [Tag(ROUNDED, attention)]
+
+
+def _chunking(eqn: Any, block: int) -> tuple[int, int, int] | None:
+  """(contracted axis index in the lhs contracting list, chunk length, chunk count) or None.
+
+  The contraction is split along its longest axis into chunks of ``block // (product of the
+  other contracted axes)`` (at least 1) elements; None when that leaves a single chunk or
+  the equation is not a dot_general.
+  """
+  if eqn.primitive.name != "dot_general":
+    return None
+  (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+  if not lhs_contract:
+    return None
+  lhs_shape = eqn.invars[0].aval.shape
+  sizes = [lhs_shape[d] for d in lhs_contract]
+  j = int(np.argmax(sizes))
+  others = math.prod(sizes) // sizes[j]
+  length = max(1, block // others)
+  count = -(-sizes[j] // length)
+  return None if count <= 1 else (j, length, count)
+
+
+def _mixed_dot(p: _Pass, operands: list[Any], params: dict, chunks: tuple[int, int, int]) -> tuple[jax.Array, int]:
+  """dot_general with per-chunk float32 sums added in the compute format.
+
+  ``result = r(...r(r(s_0) + r(s_1)) + ... + r(s_{n-1}))``, ``s_i`` the float32 sum of chunk
+  ``i``'s products and ``r`` rounding to the compute format. The chunk axis becomes a leading
+  batch axis of one batched dot_general (zero padding completes the last chunk exactly).
+  """
+  j, length, count = chunks
+  (lc, rc), (lb, rb) = params["dimension_numbers"]
+  lhs, rhs = operands
+  la, ra = lc[j], rc[j]
+
+  def split(x: jax.Array, axis: int) -> jax.Array:
+    pad = count * length - x.shape[axis]
+    if pad:
+      widths = [(0, 0, 0)] * x.ndim
+      widths[axis] = (0, pad, 0)
+      x = jax.lax.pad(x, jnp.float32(0), widths)
+    return x.reshape(x.shape[:axis] + (count, length) + x.shape[axis + 1 :])
+
+  def shift(dims: Sequence[int], axis: int) -> tuple[int, ...]:
+    return tuple(d + 1 if d > axis else d for d in dims)
+
+  lhs, rhs = split(lhs, la), split(rhs, ra)
+  # After the split, the chunk index sits at the old axis and the within-chunk index at +1.
+  new_lc = tuple(d + 1 if d == la else d for d in shift(lc, la))
+  new_rc = tuple(d + 1 if d == ra else d for d in shift(rc, ra))
+  new_lb = (la,) + shift(lb, la)
+  new_rb = (ra,) + shift(rb, ra)
+  partial = jax.lax.dot_general(
+      lhs,
+      rhs,
+      ((new_lc, new_rc), (new_lb, new_rb)),
+      precision=params.get("precision"),
+      preferred_element_type=jnp.float32,
+  )
+  total = p.round(partial[0])
+  for i in range(1, count):
+    total = p.round(total + p.round(partial[i]))
+  return total, count
+
+
+# ---- higher-order primitives ----
+
+
+def _retrace(
+    p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], tags: Sequence[Tag | None]
+) -> tuple[jcore.Jaxpr, list[Any], list[Tag | None], CastLog]:
+  """Trace the transformed ``jaxpr`` to a new jaxpr (constvars hold the new constants)."""
+  child = p.child()
+  box: list[list[Tag | None]] = []
+
+  def body(*args: Any) -> list[Any]:
+    outs, out_tags = _interpret(child, jaxpr, consts, args, tags)
+    box.append(out_tags)
+    return outs
+
+  in_avals = [v.aval for v in jaxpr.invars]
+  new_jaxpr, _, new_consts = _pe.trace_to_jaxpr_dynamic(lu.wrap_init(body, debug_info=jaxpr.debug_info), in_avals)
+  return new_jaxpr, list(new_consts), box[-1], child.log
+
+
+def _fixed_point(
+    p: _Pass, closed: jcore.ClosedJaxpr, head: list[Tag | None], carry: list[Tag | None], tail: list[Tag | None]
+) -> tuple[jcore.Jaxpr, list[Any], list[Tag | None], list[Tag | None], CastLog]:
+  """Retrace a loop body until the carried tags are stable (each pass can only widen them)."""
+  while True:
+    new_jaxpr, consts, out_tags, log = _retrace(p, closed.jaxpr, closed.consts, head + carry + tail)
+    joined = [_join(a, b) for a, b in zip(carry, out_tags[: len(carry)])]
+    if joined == carry:
+      return new_jaxpr, consts, carry, out_tags, log
+    carry = joined
+
+
+def _inline(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
+  closed = eqn.params["jaxpr"] if "jaxpr" in eqn.params else eqn.params["call_jaxpr"]
+  if isinstance(closed, jcore.ClosedJaxpr):
+    return _interpret(p, closed.jaxpr, closed.consts, values, tags)
+  return _interpret(p, closed, (), values, tags)
+
+
+def _remat(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
+  new_jaxpr, consts, out_tags, log = _retrace(p, eqn.params["jaxpr"], (), tags)
+  p.log.merge(log)
+  outs = _bind(eqn, [*consts, *values], jaxpr=_pe.convert_constvars_jaxpr(new_jaxpr))
+  return outs, out_tags
+
+
+def _scan(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
+  params = eqn.params
+  n_consts, n_carry = params["num_consts"], params["num_carry"]
+  head, carry, tail = tags[:n_consts], tags[n_consts : n_consts + n_carry], tags[n_consts + n_carry :]
+  new_jaxpr, consts, carry, out_tags, log = _fixed_point(p, params["jaxpr"], head, carry, tail)
+  p.log.merge(log, times=params["length"])
+  updates: dict[str, Any] = {
+      "jaxpr": jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(new_jaxpr), ()),
+      "num_consts": n_consts + len(consts),
+  }
+  if "linear" in params:
+    updates["linear"] = (False,) * len(consts) + tuple(params["linear"])
+  outs = _bind(eqn, [*consts, *values], **updates)
+  return outs, carry + out_tags[n_carry:]
+
+
+def _while(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
+  params = eqn.params
+  nc, nb = params["cond_nconsts"], params["body_nconsts"]
+  cond_consts, body_consts, init = values[:nc], values[nc : nc + nb], values[nc + nb :]
+  cond_tags, body_tags, carry = tags[:nc], tags[nc : nc + nb], tags[nc + nb :]
+  body_jaxpr, body_new, carry, _, log = _fixed_point(p, params["body_jaxpr"], body_tags, carry, [])
+  cond = params["cond_jaxpr"]
+  cond_jaxpr, cond_new, _, cond_log = _retrace(p, cond.jaxpr, cond.consts, cond_tags + carry)
+  p.log.merge(log)
+  p.log.merge(cond_log)
+  p.log.while_loops += 1
+  outs = _bind(
+      eqn,
+      [*cond_new, *cond_consts, *body_new, *body_consts, *init],
+      cond_jaxpr=jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(cond_jaxpr), ()),
+      body_jaxpr=jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(body_jaxpr), ()),
+      cond_nconsts=nc + len(cond_new),
+      body_nconsts=nb + len(body_new),
+  )
+  return outs, carry
+
+
+def _cond(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
+  index, operands, op_tags = values[0], values[1:], tags[1:]
+  traced = [_retrace(p, b.jaxpr, b.consts, op_tags) for b in eqn.params["branches"]]
+  all_consts = [c for _, consts, _, _ in traced for c in consts]
+  in_avals = [jax.typeof(c) for c in all_consts] + [v.aval for v in eqn.invars[1:]]
+  branches, start = [], 0
+  for new_jaxpr, consts, _, log in traced:
+    p.log.merge(log)
+    lifted = jcore.jaxpr_as_fun(jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(new_jaxpr), ()))
+    lo, hi = start, start + len(consts)
+    start = hi
+
+    def branch(*args: Any, lifted: Callable = lifted, lo: int = lo, hi: int = hi) -> list[Any]:
+      return lifted(*args[lo:hi], *args[len(all_consts) :])
+
+    debug = new_jaxpr.debug_info._replace(arg_names=None)
+    jaxpr, _, consts_left = _pe.trace_to_jaxpr_dynamic(lu.wrap_init(branch, debug_info=debug), in_avals)
+    branches.append(jcore.ClosedJaxpr(jaxpr, consts_left))
+  out_tags = [_join_all_opt([t[2][i] for t in traced]) for i in range(len(eqn.outvars))]
+  outs = _bind(eqn, [index, *all_consts, *operands], branches=tuple(branches))
+  return outs, out_tags
+
+
+def _join_all_opt(tags: Sequence[Tag | None]) -> Tag | None:
+  return None if all(t is None for t in tags) else _join_all(tags)
+
+
+def _shard_map(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
+  params = eqn.params
+  box: list[list[Tag | None]] = []
+
+  def body(*args: Any) -> tuple[Any, ...]:
+    outs, out_tags = _interpret(p, params["jaxpr"], (), args, tags)
+    box.append(out_tags)
+    return tuple(outs)
+
+  mapped = jax.shard_map(
+      body,
+      mesh=params["mesh"],
+      in_specs=tuple(params["in_specs"]),
+      out_specs=tuple(params["out_specs"]),
+      axis_names=set(params.get("newly_manual_axes", ())) or set(),
+      check_vma=params.get("check_vma", True),
+  )
+  outs = list(mapped(*values))
+  return outs, box[-1]
+
+
+def _is_precision_round(call_jaxpr: jcore.ClosedJaxpr) -> bool:
+  info = call_jaxpr.jaxpr.debug_info
+  return info is not None and str(getattr(info, "func_src_info", "")).startswith("_round_with_vjp ")
+
+
+def _custom_jvp(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
+  params = eqn.params
+  call = params["call_jaxpr"]
+  num_consts = params["num_consts"]
+  jvp_fun = params["jvp_jaxpr_fun"]
+  box: list[list[Tag | None]] = []
+
+  def fun(*args: Any) -> list[Any]:
+    outs, out_tags = _interpret(p, call.jaxpr, call.consts, args, tags)
+    box.append(out_tags)
+    return outs
+
+  def jvp(*xs: Any) -> list[Any]:  # jax's lift_jvp, evaluating with the pass
+    n = len(xs) // 2
+    primals, tangents = xs[num_consts:n], xs[n + num_consts :]
+    zeros = [type(t) is SymbolicZero for t in tangents]
+    jvp_jaxpr, jvp_consts, out_zeros = jvp_fun.call_wrapped(*zeros)
+    nonzero = [t for t in tangents if type(t) is not SymbolicZero]
+    arg_tags = list(tags[num_consts:]) + [_RAW if _is_f32(jax.typeof(t)) else None for t in nonzero]
+    out, out_tags = _interpret(p, jvp_jaxpr, jvp_consts, [*primals, *nonzero], arg_tags)
+    box.append(out_tags[: len(out_zeros)])
+    out_primals, nonzero_out = out[: len(out_zeros)], iter(out[len(out_zeros) :])
+    out_tangents = [
+        SymbolicZero(jax.typeof(x).to_tangent_aval()) if z else next(nonzero_out)
+        for x, z in zip(out_primals, out_zeros)
+    ]
+    return [*out_primals, *out_tangents]
+
+  params_bind = eqn.primitive.get_bind_params(params)
+  params_bind["subfuns"] = (
+      lu.wrap_init(fun, debug_info=call.jaxpr.debug_info),
+      lu.wrap_init(jvp, debug_info=jvp_fun.debug_info),
+  )
+  outs = eqn.primitive.bind(*values, **params_bind)
+  out_tags = box[-1] if box else [_RAW if _is_f32(v.aval) else None for v in eqn.outvars]
+  return list(outs), out_tags
+
+
+def _custom_vjp(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
+  params = eqn.params
+  call = params["call_jaxpr"]
+  if _is_precision_round(call):  # a rounding the user wrote: keep it as it is
+    outs = _bind(eqn, values)
+    p.log.record("precision.round", "cast", untouched=sum(_size(v.aval) for v in eqn.outvars))
+    return outs, [_RAW if _is_f32(v.aval) else None for v in eqn.outvars]
+  num_consts = params["num_consts"]
+  fwd_thunk = params["fwd_jaxpr_thunk"]
+  box: list[list[Tag | None]] = []
+
+  def fun(*args: Any) -> list[Any]:
+    outs, out_tags = _interpret(p, call.jaxpr, call.consts, args, tags)
+    box.append(out_tags)
+    return outs
+
+  def fwd(*args: Any) -> list[Any]:  # jax's lift_fwd, evaluating with the pass
+    vals, nonzeros = args[::2], args[1::2]
+    if any(nonzeros[:num_consts]):
+      raise _ad.CustomVJPException()
+    fwd_jaxpr, fwd_consts = fwd_thunk.call_wrapped(*nonzeros[num_consts:])
+    outs, out_tags = _interpret(p, fwd_jaxpr, fwd_consts, vals[num_consts:], tags[num_consts:])
+    box.append(out_tags)
+    return outs
+
+  params_bind = eqn.primitive.get_bind_params(params)
+  fun_w, _, bwd = params_bind["subfuns"]
+  params_bind["subfuns"] = (
+      lu.wrap_init(fun, debug_info=call.jaxpr.debug_info),
+      lu.wrap_init(fwd, debug_info=fwd_thunk.debug_info),
+      lu.wrap_init(functools.partial(_autocast_bwd, p, bwd), debug_info=bwd.debug_info),
+  )
+  outs = eqn.primitive.bind(*values, **params_bind)
+  n_out = len(eqn.outvars)
+  out_tags = box[-1][:n_out] if box else [_RAW if _is_f32(v.aval) else None for v in eqn.outvars]
+  return list(outs), out_tags
+
+
+def _autocast_bwd(p: _Pass, bwd: Any, *args: Any) -> list[Any]:
+  """A custom_vjp's bwd rule, traced and evaluated with the pass (symbolic zeros kept)."""
+  if not all(isinstance(a, jax.Array) for a in args):
+    return list(bwd.call_wrapped(*args))
+  zeros: list[Any] = []
+
+  def arrays_only(*xs: Any) -> list[Any]:
+    res = list(bwd.call_wrapped(*xs))
+    zeros.extend(r if isinstance(r, _ad.Zero) else None for r in res)
+    return [r for r in res if not isinstance(r, _ad.Zero)]
+
+  in_avals = [jax.typeof(a) for a in args]
+  jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(lu.wrap_init(arrays_only, debug_info=bwd.debug_info), in_avals)
+  arg_tags = [_RAW if _is_f32(a) else None for a in in_avals]
+  outs, _ = _interpret(p, jaxpr, consts, args, arg_tags)
+  it = iter(outs)
+  return [z if z is not None else next(it) for z in zeros]
+
+
+_CONTROL_FLOW: dict[str, Callable[..., tuple[list, list]]] = {
+    "jit": _inline,
+    "pjit": _inline,
+    "closed_call": _inline,
+    "core_call": _inline,
+    "remat2": _remat,
+    "checkpoint": _remat,
+    "scan": _scan,
+    "while": _while,
+    "cond": _cond,
+    "shard_map": _shard_map,
+    "custom_jvp_call": _custom_jvp,
+    "custom_vjp_call": _custom_vjp,
+}

@@ -1,0 +1,305 @@
+"""Mixed-precision policies: which format each value is stored and computed in.
+
+A `Policy` names three formats and a precision optimisation level (POL):
+
+* ``param``: the format weights are stored and updated in (float32 on Cerebras);
+* ``compute``: the 16-bit format of activations and of the arithmetic `precision.autocast`
+  emulates (cbfloat16, bfloat16 or float16);
+* ``output``: the format of the autocast function's float32 results (float32: the loss and
+  gradients leave the region unrounded);
+* ``level``: 0, 1 or 2, choosing a row of the rule table below.
+
+Rule table
+----------
+`precision.autocast` sorts every equation of a traced function into an *op class* (the
+mapping from primitives is `precision.autocast.PRIMITIVE_CLASSES`) and treats it as the
+policy's rule for that class says. Classes that compute:
+
+====================  ===========================================================================
+op class              what it covers
+====================  ===========================================================================
+matmul                ``dot_general`` / ``conv_general_dilated`` / ``ragged_dot`` with one
+                      operand a weight (no batch dimensions): dense layers, projections
+attention_matmul      ``dot_general`` with batch dimensions: both operands are activations, as in
+                      attention's ``Q K^T`` and ``P V`` (a structural test; names are not used)
+elementwise           arithmetic (+ - * /, max, tanh, erf, logistic, sqrt, ...) outside attention
+transcendental        exp, log, pow, rsqrt, ... (PyTorch autocast's float32 list) outside attention
+reduction             sum, prod, cumulative sums, scatter-add; normalisation statistics and the
+                      loss are reductions
+attention_softmax     any non-matmul float op applied to values that came out of an
+                      attention_matmul before the next matmul: the scaling, mask, softmax and
+                      dropout of attention scores (and their gradients)
+====================  ===========================================================================
+
+Treatments: ``"round"`` rounds the result to ``compute`` (round-to-nearest-even);
+``"float32"`` computes in float32 and keeps the result in float32; for the two matmul
+classes ``"float32_accumulate"`` rounds both operands to ``compute``, accumulates the
+products in float32 and rounds the result once, and ``"mixed_accumulate"`` splits the
+contraction into chunks of ``accumulation_block`` products, accumulates each chunk in
+float32, rounds each chunk sum to ``compute`` and adds the chunk sums one after another in
+``compute`` (each addition rounded), which models float32 accumulation inside a processing
+element and 16-bit reduction across them; ``"float32"`` leaves a matmul unrounded.
+
+The default rows (Cerebras documents the levels only in words, ``cerebras.md`` section 2;
+the row entries that go beyond those words are our choice):
+
+=================  ==================  ==================  ==================
+op class           level 0             level 1 (default)   level 2
+=================  ==================  ==================  ==================
+matmul             float32_accumulate  mixed_accumulate    mixed_accumulate
+attention_matmul   float32_accumulate  float32_accumulate  mixed_accumulate
+elementwise        round               round               round
+transcendental     float32             float32             float32
+reduction          float32             float32             float32
+attention_softmax  float32             float32             round
+=================  ==================  ==================  ==================
+
+"POL 0: fp32 accumulations" gives the level-0 matmul rows; "POL 1: fp32 reductions in
+attention and a mix of fp32 and 16-bit reductions in matmuls" gives level 1; "POL 2: mixed
+reductions in attention and matmuls, plus 16-bit softmax in attention" gives level 2.
+Override any entry with ``Policy(..., rules={"attention_softmax": "round"})``.
+
+Values that are not float32 (integers, booleans, real bfloat16 arrays) are never touched.
+An elementwise op whose float inputs are all float32-kept values (outputs of ``"float32"``
+rules) or scalars stays float32: normalisation statistics (``var + eps``), the loss and its
+scaling (``loss * loss_scale``) are computed in float32, as PyTorch autocast and Cerebras do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from precision.formats import FloatFormat, FormatError, float32, get_format
+from precision.rounding import round as _round
+
+LEVELS = (0, 1, 2)
+MATMUL_CLASSES = ("matmul", "attention_matmul")
+VALUE_CLASSES = ("elementwise", "transcendental", "reduction", "attention_softmax")
+RULE_CLASSES = MATMUL_CLASSES + VALUE_CLASSES
+MATMUL_TREATMENTS = ("float32_accumulate", "mixed_accumulate", "float32")
+VALUE_TREATMENTS = ("round", "float32")
+
+LEVEL_RULES: dict[int, dict[str, str]] = {
+    0: {
+        "matmul": "float32_accumulate",
+        "attention_matmul": "float32_accumulate",
+        "elementwise": "round",
+        "transcendental": "float32",
+        "reduction": "float32",
+        "attention_softmax": "float32",
+    },
+    1: {
+        "matmul": "mixed_accumulate",
+        "attention_matmul": "float32_accumulate",
+        "elementwise": "round",
+        "transcendental": "float32",
+        "reduction": "float32",
+        "attention_softmax": "float32",
+    },
+    2: {
+        "matmul": "mixed_accumulate",
+        "attention_matmul": "mixed_accumulate",
+        "elementwise": "round",
+        "transcendental": "float32",
+        "reduction": "float32",
+        "attention_softmax": "round",
+    },
+}
+
+DEFAULT_ACCUMULATION_BLOCK = 1024
+_FP16_TYPES = ("float16", "bfloat16", "cbfloat16")
+_PARSE_KEYS = {
+    "p": "param", "param": "param", "params": "param",
+    "c": "compute", "compute": "compute",
+    "o": "output", "output": "output",
+    "l": "level", "level": "level", "pol": "level",
+}  # fmt: skip
+
+
+class PolicyError(ValueError):
+  """A policy setting that cannot be used; the message says which and what is allowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """Formats and precision level of a mixed-precision computation (hashable, immutable).
+
+  Args:
+    param: weight storage format (a name such as ``"f32"`` or a `FloatFormat`).
+    compute: activation / arithmetic format, e.g. ``"cbfloat16"``, ``"bf16"``, ``"fp16"``.
+    output: format of the autocast function's float32 outputs.
+    level: precision optimisation level, 0, 1 or 2 (see the module docstring's table).
+    rules: overrides of the level's rule table, ``{op_class: treatment}``.
+    accumulation_block: products per chunk in ``"mixed_accumulate"`` matmuls (>= 1).
+
+  Raises:
+    PolicyError: unknown level, op class or treatment; FormatError for unknown formats.
+
+  >>> Policy(compute="bf16", level=0).compute.name
+  'bfloat16'
+  """
+
+  param: FloatFormat | str = "float32"
+  compute: FloatFormat | str = "cbfloat16"
+  output: FloatFormat | str = "float32"
+  level: int = 1
+  rules: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+  accumulation_block: int = DEFAULT_ACCUMULATION_BLOCK
+
+  def __post_init__(self) -> None:
+    for field in ("param", "compute", "output"):
+      object.__setattr__(self, field, get_format(getattr(self, field)))
+    if isinstance(self.level, bool) or self.level not in LEVELS:
+      raise PolicyError(f"level={self.level!r}: the precision optimisation level must be 0, 1 or 2")
+    if isinstance(self.accumulation_block, bool) or not isinstance(self.accumulation_block, int) or (
+        self.accumulation_block < 1
+    ):
+      raise PolicyError(f"accumulation_block={self.accumulation_block!r}; allowed: an int >= 1")
+    overrides = dict(self.rules)
+    for op_class, treatment in overrides.items():
+      _check_rule(op_class, treatment)
+    object.__setattr__(self, "rules", tuple(sorted(overrides.items())))
+
+  @property
+  def rule_table(self) -> dict[str, str]:
+    """The level's rules with the overrides applied: ``{op_class: treatment}``."""
+    return {**LEVEL_RULES[self.level], **dict(self.rules)}
+
+  def rule(self, op_class: str) -> str:
+    """The treatment of one op class."""
+    return self.rule_table[op_class]
+
+  @property
+  def is_mixed(self) -> bool:
+    """Whether autocast changes anything (the compute format is narrower than float32)."""
+    return self.compute != float32
+
+  def with_rules(self, **rules: str) -> Policy:
+    """A copy with more rule overrides, e.g. ``policy.with_rules(attention_softmax="round")``."""
+    return dataclasses.replace(self, rules={**dict(self.rules), **rules})
+
+  def cast_to_param(self, tree: Any) -> Any:
+    """Round every float32 leaf of ``tree`` to ``param`` (nearest even)."""
+    return _round_tree(tree, self.param)
+
+  def cast_to_compute(self, tree: Any) -> Any:
+    """Round every float32 leaf of ``tree`` to ``compute`` (nearest even)."""
+    return _round_tree(tree, self.compute)
+
+  def cast_to_output(self, tree: Any) -> Any:
+    """Round every float32 leaf of ``tree`` to ``output`` (nearest even)."""
+    return _round_tree(tree, self.output)
+
+  def __str__(self) -> str:
+    extra = "".join(f",{k}={v}" for k, v in self.rules)
+    return f"p={self.param.name},c={self.compute.name},o={self.output.name},level={self.level}{extra}"
+
+  @classmethod
+  def parse(cls, text: str) -> Policy:
+    """Parse ``"p=f32,c=cb16,o=f32"`` (jmp's syntax) plus an optional ``level=N``.
+
+    Keys: ``p``/``param``/``params``, ``c``/``compute``, ``o``/``output``, ``l``/``level``/``pol``.
+    Missing keys take the constructor defaults.
+
+    Raises:
+      PolicyError: a malformed item or unknown key (with a suggestion).
+    """
+    settings: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+      key, sep, value = item.partition("=")
+      key, value = key.strip().lower(), value.strip()
+      if not sep or not value:
+        raise PolicyError(f"policy {text!r}: item {item!r} is not key=value (e.g. 'c=cb16')")
+      if key not in _PARSE_KEYS:
+        close = difflib.get_close_matches(key, list(_PARSE_KEYS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise PolicyError(f"policy {text!r}: unknown key {key!r}.{hint} Allowed: p, c, o, level")
+      field = _PARSE_KEYS[key]
+      if field == "level":
+        try:
+          settings[field] = int(value)
+        except ValueError:
+          raise PolicyError(f"policy {text!r}: level={value!r}; allowed: 0, 1, 2") from None
+      else:
+        settings[field] = value
+    try:
+      return cls(**settings)
+    except FormatError as error:
+      raise PolicyError(f"policy {text!r}: {error}") from None
+
+  @classmethod
+  def from_config(
+      cls,
+      mixed_precision: bool = True,
+      fp16_type: str | None = None,
+      precision_opt_level: int | None = None,
+      attention_softmax_fp32: bool | None = None,
+      use_bfloat16: bool | None = None,
+  ) -> Policy:
+    """The policy of a modelzoo params file's keys.
+
+    Args:
+      mixed_precision: ``model.mixed_precision``. ``False`` gives an all-float32 policy (a
+        CS system would force mixed precision on; here a float32 run is the baseline).
+      fp16_type: ``model.fp16_type``: ``float16``, ``bfloat16`` or ``cbfloat16``; default
+        ``bfloat16`` (the modelzoo Trainer's default).
+      precision_opt_level: ``runconfig.precision_opt_level``; default 1.
+      attention_softmax_fp32: ``model.attention_softmax_fp32`` (default True). Modelzoo
+        forces it to False at level 2, and at level 1 with cbfloat16; the result sets the
+        ``attention_softmax`` rule ("float32" or "round").
+      use_bfloat16: the 1.x-era spelling of ``fp16_type: bfloat16``.
+
+    Raises:
+      PolicyError: an unknown ``fp16_type`` or level, or conflicting keys.
+    """
+    level = 1 if precision_opt_level is None else precision_opt_level
+    if isinstance(level, bool) or level not in LEVELS:
+      raise PolicyError(f"precision_opt_level={level!r}: must be an integer in range [0, 3)")
+    if use_bfloat16 and fp16_type not in (None, "bfloat16"):
+      raise PolicyError(f"use_bfloat16: True conflicts with fp16_type: {fp16_type}; set only fp16_type")
+    half = fp16_type or "bfloat16"
+    if half not in _FP16_TYPES:
+      close = difflib.get_close_matches(str(half), _FP16_TYPES, n=1)
+      hint = f" Did you mean {close[0]!r}?" if close else ""
+      raise PolicyError(f"fp16_type={half!r} is not one of {', '.join(_FP16_TYPES)}.{hint}")
+    if not mixed_precision:
+      return cls(compute="float32", level=level)
+    softmax_fp32 = True if attention_softmax_fp32 is None else bool(attention_softmax_fp32)
+    if level == 2 or (level == 1 and half == "cbfloat16"):
+      softmax_fp32 = False  # modelzoo's override (cerebras.md section 2, [CODE])
+    default = LEVEL_RULES[level]["attention_softmax"]
+    wanted = "float32" if softmax_fp32 else "round"
+    rules = {} if wanted == default else {"attention_softmax": wanted}
+    return cls(compute=half, level=level, rules=rules)
+
+
+def _suggest(name: str, options: tuple[str, ...]) -> str:
+  """`` Did you mean 'x'?`` for the closest option (by similarity or containment), or ''."""
+  close = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+  close = close or [o for o in options if name and name in o]
+  return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def _check_rule(op_class: Any, treatment: Any) -> None:
+  if op_class not in RULE_CLASSES:
+    hint = _suggest(str(op_class), RULE_CLASSES)
+    raise PolicyError(f"rules: unknown op class {op_class!r}.{hint} Op classes: {', '.join(RULE_CLASSES)}")
+  allowed = MATMUL_TREATMENTS if op_class in MATMUL_CLASSES else VALUE_TREATMENTS
+  if treatment not in allowed:
+    raise PolicyError(f"rules: {op_class}={treatment!r}; allowed for {op_class}: {', '.join(allowed)}")
+
+
+def _round_tree(tree: Any, fmt: FloatFormat) -> Any:
+  def leaf(x: Any) -> Any:
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)) and x.dtype == np.float32 and fmt != float32:
+      return _round(jnp.asarray(x), fmt)
+    return x
+
+  return jax.tree.map(leaf, tree)

@@ -1,0 +1,70 @@
+"""autocast on a Flax NNX transformer: loss and gradients against float32, per compute format."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import precision
+from models.encoder import Encoder, EncoderConfig, token_loss
+from tests.tolerances import AUTOCAST_TRANSFORMER
+
+CONFIG = EncoderConfig(
+    vocab_size=128, max_position_embeddings=32, hidden_size=64, num_hidden_layers=2, num_heads=4, filter_size=128
+)
+
+
+@pytest.fixture(scope="module")
+def setup():
+  graphdef, params = nnx.split(Encoder(CONFIG, rngs=nnx.Rngs(0)))
+  tokens = jax.random.randint(jax.random.key(1), (4, 32), 0, CONFIG.vocab_size, jnp.int32)
+  targets = jnp.roll(tokens, 1, axis=1)
+
+  def loss(params, tokens, targets):  # plain float32 model code: no casts anywhere
+    return token_loss(nnx.merge(graphdef, params), tokens, targets)
+
+  reference = jax.jit(jax.value_and_grad(loss))(params, tokens, targets)
+  return loss, params, (tokens, targets), reference
+
+
+def _flat(tree):
+  return jnp.concatenate([x.ravel() for x in jax.tree.leaves(tree)])
+
+
+CASES = [(fmt, transform, 1) for fmt in sorted(AUTOCAST_TRANSFORMER) for transform in ("grad(autocast)", "autocast(grad)")]
+CASES += [("cbfloat16", "grad(autocast)", 0), ("cbfloat16", "grad(autocast)", 2)]
+
+
+@pytest.mark.parametrize("fmt, transform, level", CASES)
+def test_loss_and_gradients_against_float32(setup, fmt, transform, level):
+  loss, params, batch, (loss32, grads32) = setup
+  tol = AUTOCAST_TRANSFORMER[fmt]
+  policy = precision.Policy(compute=fmt, level=level, accumulation_block=32)  # chunks at d=64 and 128
+  if transform == "grad(autocast)":
+    value_and_grad = jax.value_and_grad(precision.autocast(loss, policy))
+  else:
+    value_and_grad = precision.autocast(jax.value_and_grad(loss), policy)
+  value, grads = jax.jit(value_and_grad)(params, *batch)
+  assert jax.tree.structure(grads) == jax.tree.structure(grads32)
+  assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))  # weights update in float32
+  loss_error = abs(float(value) - float(loss32)) / abs(float(loss32))
+  g, g32 = _flat(grads), _flat(grads32)
+  grad_error = float(jnp.linalg.norm(g - g32) / jnp.linalg.norm(g32))
+  assert loss_error <= tol.loss_rtol, (loss_error, tol.reason)
+  assert grad_error <= tol.grad_rtol, (grad_error, tol.reason)
+  # Rounding happened: the gradients are far from float32's, and are compute-format values
+  # wherever the last operation was a rounding (matmul weight gradients).
+  assert grad_error > 0.5 * tol.grad_rtol / 8
+  kernel = grads["layers"][0]["ffn_in"]["kernel"][...]
+  np.testing.assert_array_equal(kernel, precision.round(kernel, fmt))
+  assert np.any(np.asarray(kernel) != np.asarray(grads32["layers"][0]["ffn_in"]["kernel"][...]))
+
+
+def test_cast_report_on_the_transformer(setup):
+  loss, params, batch, _ = setup
+  report = precision.cast_report(jax.value_and_grad(loss), precision.Policy(level=1), params, *batch)
+  assert report.unknown_primitives == {}
+  assert report.by_class["matmul"].rounded > 0 and report.by_class["attention_matmul"].rounded > 0
+  assert report.by_class["attention_softmax"].kept_float32 > 0  # level 1: softmax in float32
+  assert report.by_class["reduction"].kept_float32 > 0

@@ -1,0 +1,110 @@
+"""precision.Policy: construction, the level rule table, parsing, modelzoo keys, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import precision
+from precision.policy import LEVEL_RULES, PolicyError
+
+
+def test_defaults_and_format_resolution():
+  p = precision.Policy()
+  assert (p.param, p.compute, p.output, p.level) == (precision.float32, precision.cbfloat16, precision.float32, 1)
+  q = precision.Policy(param=precision.float32, compute="bf16", output="f32", level=0)
+  assert q.compute is precision.bfloat16
+  assert hash(q) == hash(precision.Policy(compute="bfloat16", level=0))  # usable as a jit static
+  assert p.is_mixed and not precision.Policy(compute="f32").is_mixed
+
+
+def test_level_rows_follow_the_documented_levels():
+  # POL 0: fp32 accumulation everywhere; POL 1: attention in fp32, mixed matmuls;
+  # POL 2: mixed everywhere and 16-bit attention softmax (cerebras.md section 2).
+  assert {LEVEL_RULES[0]["matmul"], LEVEL_RULES[0]["attention_matmul"]} == {"float32_accumulate"}
+  assert LEVEL_RULES[1]["matmul"] == "mixed_accumulate"
+  assert LEVEL_RULES[1]["attention_matmul"] == "float32_accumulate"
+  assert LEVEL_RULES[1]["attention_softmax"] == "float32"
+  assert LEVEL_RULES[2]["attention_matmul"] == "mixed_accumulate"
+  assert LEVEL_RULES[2]["attention_softmax"] == "round"
+  for level in (0, 1, 2):
+    assert precision.Policy(level=level).rule_table == LEVEL_RULES[level]
+
+
+def test_rule_overrides():
+  p = precision.Policy(level=1, rules={"transcendental": "round"})
+  assert p.rule("transcendental") == "round" and p.rule("matmul") == "mixed_accumulate"
+  assert p.with_rules(matmul="float32").rule_table["matmul"] == "float32"
+  assert "transcendental=round" in str(p)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"level": 3}, "must be 0, 1 or 2"),
+        ({"level": True}, "must be 0, 1 or 2"),
+        ({"rules": {"softmax": "round"}}, "unknown op class 'softmax'. Did you mean 'attention_softmax'?"),
+        ({"rules": {"matmul": "round"}}, "allowed for matmul: float32_accumulate, mixed_accumulate, float32"),
+        ({"rules": {"reduction": "bf16"}}, "allowed for reduction: round, float32"),
+        ({"accumulation_block": 0}, "accumulation_block=0; allowed: an int >= 1"),
+    ],
+)
+def test_bad_settings_say_what_is_allowed(kwargs, fragment):
+  with pytest.raises(PolicyError, match=None) as info:
+    precision.Policy(**kwargs)
+  assert fragment in str(info.value)
+
+
+def test_unknown_format_is_a_format_error():
+  with pytest.raises(precision.FormatError, match="Did you mean"):
+    precision.Policy(compute="cbfloat61")
+
+
+def test_parse():
+  p = precision.Policy.parse("p=f32,c=cb16,o=f32")
+  assert p == precision.Policy(compute="cbfloat16")
+  assert precision.Policy.parse("params=float32, compute=bf16, output=bf16, level=2") == precision.Policy(
+      compute="bfloat16", output="bfloat16", level=2
+  )
+  assert precision.Policy.parse(str(p)) == p  # str round-trips
+  with pytest.raises(PolicyError, match="unknown key 'compte'. Did you mean 'compute'"):
+    precision.Policy.parse("compte=bf16")
+  with pytest.raises(PolicyError, match="is not key=value"):
+    precision.Policy.parse("c")
+  with pytest.raises(PolicyError, match="level='x'; allowed: 0, 1, 2"):
+    precision.Policy.parse("level=x")
+  with pytest.raises(PolicyError, match="unknown float format"):
+    precision.Policy.parse("c=bf17")
+
+
+def test_from_config_modelzoo_keys():
+  # The modelzoo default half type is bfloat16 at level 1; attention softmax stays float32.
+  p = precision.Policy.from_config()
+  assert p.compute is precision.bfloat16 and p.level == 1 and p.rule("attention_softmax") == "float32"
+  # Modelzoo forces attention_softmax_fp32 off at level 1 with cbfloat16, and at level 2.
+  assert precision.Policy.from_config(fp16_type="cbfloat16").rule("attention_softmax") == "round"
+  assert precision.Policy.from_config(fp16_type="float16", precision_opt_level=2).rule("attention_softmax") == "round"
+  assert precision.Policy.from_config(fp16_type="cbfloat16", precision_opt_level=0).rule("attention_softmax") == (
+      "float32"
+  )
+  assert precision.Policy.from_config(fp16_type="float16", attention_softmax_fp32=False).rule("attention_softmax") == (
+      "round"
+  )
+  assert precision.Policy.from_config(use_bfloat16=True).compute is precision.bfloat16
+  assert not precision.Policy.from_config(mixed_precision=False).is_mixed
+  with pytest.raises(PolicyError, match=r"must be an integer in range \[0, 3\)"):
+    precision.Policy.from_config(precision_opt_level=3)
+  with pytest.raises(PolicyError, match="Did you mean 'cbfloat16'"):
+    precision.Policy.from_config(fp16_type="cbfloat61")
+  with pytest.raises(PolicyError, match="conflicts"):
+    precision.Policy.from_config(fp16_type="float16", use_bfloat16=True)
+
+
+def test_cast_helpers_round_float32_leaves_only():
+  p = precision.Policy(param="bf16", compute="cb16", output="f16")
+  tree = {"w": jnp.float32(1.0 + 2.0**-9), "n": jnp.int32(3), "h": np.float32(70000.0)}
+  assert float(p.cast_to_param(tree)["w"]) == 1.0  # bfloat16: 7 fraction bits
+  assert float(p.cast_to_compute(tree)["w"]) == 1.0 + 2.0**-9  # cbfloat16: 9 fraction bits
+  assert np.isinf(float(p.cast_to_output(tree)["h"]))  # float16 overflows at 65520
+  assert p.cast_to_compute(tree)["n"].dtype == jnp.int32
+  assert jax.tree.structure(p.cast_to_compute(tree)) == jax.tree.structure(tree)
