@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax import lax
 
 __all__ = ("TransformerConfig", "Measurement", "Workload", "WORKLOADS", "get_workload", "train_step_fn",
-           "prefill_fn", "init_params")
+           "prefill_fn", "init_params", "adamw_init", "adamw_update", "AdamWState", "accuracy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,19 +188,44 @@ def loss_fn(cfg: TransformerConfig, params: dict[str, Any], tokens: jax.Array) -
     return jnp.mean(nll)
 
 
-def optimizer() -> optax.GradientTransformation:
-  """AdamW with global-norm clipping (modelzoo: ``max_gradient_norm: 1.0``)."""
-  return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-4, b1=0.9, b2=0.95, weight_decay=0.01))
+class AdamWState(NamedTuple):
+  """AdamW state: the step count and the two moments (pytrees like the parameters)."""
+
+  count: jax.Array
+  mu: Any
+  nu: Any
+
+
+def adamw_init(params: Any) -> AdamWState:
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  return AdamWState(jnp.zeros((), jnp.int32), zeros, jax.tree.map(jnp.zeros_like, params))
+
+
+def adamw_update(grads: Any, state: AdamWState, params: Any, *, lr: float = 1e-4, b1: float = 0.9,
+                 b2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.01,
+                 max_norm: float = 1.0) -> tuple[Any, AdamWState]:
+  """One AdamW step after global-norm clipping (modelzoo GPT-2: betas 0.9/0.95, ``max_gradient_norm: 1.0``).
+
+  Written out rather than taken from optax so that it traces under strict dtype promotion.
+  """
+  norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+  scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+  count = state.count + 1
+  t = count.astype(jnp.float32)
+  mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * (g * scale), state.mu, grads)
+  nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g * scale), state.nu, grads)
+  c1, c2 = 1 - jnp.power(b1, t), 1 - jnp.power(b2, t)
+  new = jax.tree.map(lambda p, m, v: p - lr * ((m / c1) / (jnp.sqrt(v / c2) + eps) + weight_decay * p), params, mu, nu)
+  return new, AdamWState(count, mu, nu)
 
 
 def train_step_fn(cfg: TransformerConfig) -> Callable[..., Any]:
   """``step(params, opt_state, tokens) -> (params, opt_state, loss)``: forward, backward, AdamW."""
-  tx = optimizer()
 
-  def step(params: dict[str, Any], opt_state: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
+  def step(params: dict[str, Any], opt_state: AdamWState, tokens: jax.Array) -> tuple[Any, AdamWState, jax.Array]:
     loss, grads = jax.value_and_grad(lambda p: loss_fn(cfg, p, tokens))(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+    params, opt_state = adamw_update(grads, opt_state, params)
+    return params, opt_state, loss
 
   return step
 
@@ -214,7 +240,7 @@ def prefill_fn(cfg: TransformerConfig) -> Callable[..., Any]:
 def train_example(cfg: TransformerConfig, batch: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
   """The train step and abstract ``(params, opt_state, tokens)`` for ``batch`` sequences."""
   params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-  opt_state = jax.eval_shape(optimizer().init, params)
+  opt_state = jax.eval_shape(adamw_init, params)
   tokens = jax.ShapeDtypeStruct((batch, cfg.seq), jnp.int32)
   return train_step_fn(cfg), (params, opt_state, tokens)
 
@@ -257,6 +283,36 @@ class Workload:
     """``(step_fn, abstract_args)`` at ``batch`` (default: the workload's batch)."""
     b = self.batch_size if batch is None else batch
     return (train_example if self.kind == "train" else prefill_example)(self.config, b)
+
+  def estimate(self, **overrides: Any) -> Any:
+    """`wafer.estimate` of this workload under its measurement conditions (``overrides`` win)."""
+    from wafer.costmodel.estimate import estimate
+
+    fn, args = self.example()
+    kwargs = dict(self.estimate_kwargs, name=self.name, **overrides)
+    return estimate(fn, *args, **kwargs)
+
+
+def accuracy(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+  """Predicted against measured for the workloads with a measurement (all, or ``names``).
+
+  Returns:
+    One dict per workload: ``id``, ``workload``, ``predicted`` and ``measured`` samples/s,
+    ``abs_log_ratio`` = ``|ln(predicted / measured)|``, ``held_out``, ``mode``, ``micro_batch``,
+    ``what``, ``source``.
+  """
+  rows = []
+  for w in WORKLOADS.values():
+    if w.measurement is None or (names is not None and w.name not in names):
+      continue
+    report = w.estimate()
+    m = w.measurement
+    rows.append({
+        "id": m.id, "workload": w.name, "predicted": report.samples_per_sec, "measured": m.value,
+        "abs_log_ratio": abs(math.log(report.samples_per_sec / m.value)), "held_out": m.held_out,
+        "mode": report.mode, "micro_batch": report.micro_batch_size, "what": m.what, "source": m.source,
+    })
+  return rows
 
 
 GPT2_SMALL = TransformerConfig(layers=12, d_model=768, heads=12, ffn=3072, vocab=50257, seq=2048)
