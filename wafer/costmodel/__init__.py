@@ -15,6 +15,7 @@ from wafer.costmodel.calibration import Calibration as Calibration
 from wafer.costmodel.estimate import MODES as MODES
 from wafer.costmodel.estimate import EstimateError as EstimateError
 from wafer.costmodel.estimate import estimate as estimate
+from wafer.costmodel.estimate import estimate_graph as estimate_graph
 from wafer.costmodel.graph import Graph as Graph
 from wafer.costmodel.graph import Kernel as Kernel
 from wafer.costmodel.graph import TraceError as TraceError
@@ -42,6 +43,7 @@ __all__ = (
     "System",
     "TraceError",
     "estimate",
+    "estimate_graph",
     "extract",
     "get_system",
 )

@@ -17,7 +17,7 @@ from wafer.costmodel.placement import Rect
 from wafer.costmodel.report import KernelRow, Report
 from wafer.costmodel.streaming import StreamingResult, weight_streaming
 
-__all__ = ("estimate", "EstimateError", "MODES")
+__all__ = ("estimate", "estimate_graph", "EstimateError", "MODES")
 
 MODES = ("auto", "pipeline", "weight_streaming")
 _MODE_ALIASES = {"layer_pipelined": "pipeline", "pipelined": "pipeline", "ws": "weight_streaming",
@@ -98,16 +98,7 @@ def estimate(step_fn: Callable[..., Any], *example_args: Any, batch_size: int | 
     EstimateError: an unusable argument (the message names it, the value and what is allowed).
     wafer.costmodel.graph.TraceError: the function could not be traced.
   """
-  sys_ = _system(system)
-  mode = _mode(mode)
-  num_csx = _positive_int("num_csx", num_csx)
-  if num_csx > sys_.max_systems:
-    raise EstimateError(f"num_csx={num_csx}; allowed: 1 to {sys_.max_systems} {sys_.name} systems (SwarmX limit)")
-  if mode == "pipeline" and num_csx > 1:
-    raise EstimateError(f"num_csx={num_csx} with mode='pipeline'; layer-pipelined execution runs on one system "
-                        "(use mode='weight_streaming' for data parallel systems)")
-  if gemm_algorithm not in ALGORITHMS:
-    raise EstimateError(f"gemm_algorithm={gemm_algorithm!r}; allowed: {', '.join(map(repr, ALGORITHMS))}")
+  sys_, mode, num_csx = _check_run(system, mode, num_csx, gemm_algorithm)  # fail fast, before tracing
   if kernel_depth is not None:
     kernel_depth = _positive_int("kernel_depth", kernel_depth)
   if hasattr(step_fn, "policy") and hasattr(step_fn, "__wrapped__"):  # precision.autocast wrapper
@@ -127,12 +118,51 @@ def estimate(step_fn: Callable[..., Any], *example_args: Any, batch_size: int | 
       raise EstimateError(f"clock_hz={clock_hz!r}; allowed: a positive frequency in Hz")
     calib = calib.replace(clock_hz=float(clock_hz))
   argnums = _argnums(batch_argnums, len(example_args))
-  chip = sys_.chip
-  width, height = _rect(rect, chip.usable_width, chip.usable_height)
+  width, height = _rect(rect, sys_.chip.usable_width, sys_.chip.usable_height)
+  if batch_size is not None:
+    batch_size = _positive_int("batch_size", batch_size)
+  if micro_batch_size is not None:
+    micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
 
   compute_bits = 16 if compute.bits <= 16 else 32
   graph = graph_mod.extract(step_fn, example_args, batch_argnums=argnums, compute_bits=compute_bits,
                             kernel_depth=kernel_depth)
+  graph.sequence_length = _sequence_length(example_args, argnums)
+  return estimate_graph(
+      graph, batch_size=batch_size, system=sys_, mode=mode, num_csx=num_csx, compute_format=compute,
+      accumulate_format=accumulate, micro_batch_size=micro_batch_size, rect=(width, height),
+      gemm_algorithm=gemm_algorithm, calibration=calib, name=name or getattr(step_fn, "__name__", "step"))
+
+
+def _check_run(system: Any, mode: Any, num_csx: Any, gemm_algorithm: Any) -> tuple[System, str, int]:
+  """Validate the arguments that describe the run; returns ``(system, mode, num_csx)``."""
+  sys_ = _system(system)
+  mode = _mode(mode)
+  num_csx = _positive_int("num_csx", num_csx)
+  if num_csx > sys_.max_systems:
+    raise EstimateError(f"num_csx={num_csx}; allowed: 1 to {sys_.max_systems} {sys_.name} systems (SwarmX limit)")
+  if mode == "pipeline" and num_csx > 1:
+    raise EstimateError(f"num_csx={num_csx} with mode='pipeline'; layer-pipelined execution runs on one system "
+                        "(use mode='weight_streaming' for data parallel systems)")
+  if gemm_algorithm not in ALGORITHMS:
+    raise EstimateError(f"gemm_algorithm={gemm_algorithm!r}; allowed: {', '.join(map(repr, ALGORITHMS))}")
+  return sys_, mode, num_csx
+
+
+def estimate_graph(graph: graph_mod.Graph, *, batch_size: int | None = None, system: str | System = "wse2",
+                   mode: str = "auto", num_csx: int = 1, compute_format: str | precision.FloatFormat = "cbfloat16",
+                   accumulate_format: str | precision.FloatFormat = "float32", micro_batch_size: int | None = None,
+                   rect: tuple[int, int] | None = None, gemm_algorithm: str = "search",
+                   calibration: Calibration | None = None, name: str = "step") -> Report:
+  """`estimate` for an already extracted `Graph` (no tracing): cost it under other systems, modes or
+  calibrations. ``compute_format`` only names the format in the report here: the operand widths were
+  fixed at extraction. Arguments as in `estimate`."""
+  sys_, mode, num_csx = _check_run(system, mode, num_csx, gemm_algorithm)
+  compute = _format("compute_format", compute_format)
+  accumulate = _format("accumulate_format", accumulate_format)
+  calib = calibration or CALIBRATION
+  chip = sys_.chip
+  width, height = _rect(rect, chip.usable_width, chip.usable_height)
   batch = graph.traced_batch if batch_size is None else _positive_int("batch_size", batch_size)
   if batch % num_csx:
     raise EstimateError(f"batch_size={batch} does not split evenly over num_csx={num_csx}; allowed: a multiple "
@@ -154,16 +184,16 @@ def estimate(step_fn: Callable[..., Any], *example_args: Any, batch_size: int | 
 
   chosen, reason, alternatives = _choose(mode, pipe, ws, num_csx)
   common = dict(
-      name=name or getattr(step_fn, "__name__", "step"), system=sys_.key, system_name=sys_.name, chip=chip.name,
+      name=name, system=sys_.key, system_name=sys_.name, chip=chip.name,
       batch_size=batch, num_csx=num_csx, total_pes=chip.fabric_pes, grid=(width, height),
       fabric=(chip.fabric_width, chip.fabric_height), offset=(chip.io_margin_width // 2 + 1, chip.io_margin_height // 2),
       compute_format=compute.name, accumulate_format=accumulate.name, clock_hz=calib.clock_hz, calibration=calib,
       flops_per_sample=graph.flops_per_sample(),
-      peak_flops_per_sec=num_csx * width * height * chip.peak_flops_per_cycle(compute_bits) * calib.clock_hz,
+      peak_flops_per_sec=num_csx * width * height * chip.peak_flops_per_cycle(graph.compute_bits) * calib.clock_hz,
       alternatives=alternatives, mode_reason=reason,
   )
   notes = list(graph.notes)
-  seq = _sequence_length(example_args, argnums)
+  seq = graph.sequence_length
   if chosen == "pipeline":
     assert pipe is not None
     return _pipeline_report(pipe, graph, common, notes, seq)

@@ -203,6 +203,7 @@ class Graph:
     state_bytes: bytes of all non-batch arguments (parameters, optimizer state, ...).
     eqn_count: equations walked (with ``scan`` bodies once).
     notes: things the extraction approximated.
+    sequence_length: axis 1 of the first batch argument, when it has one (to report tokens/s).
   """
 
   kernels: list[Kernel]
@@ -214,6 +215,7 @@ class Graph:
   state_bytes: float
   eqn_count: int
   notes: list[str]
+  sequence_length: int | None = None
 
   def flops_per_sample(self, phases: Sequence[str] = ("fwd", "bwd")) -> float:
     """Matrix-product FLOP per sample (all kernel instances), the 'model FLOPs'."""
@@ -707,13 +709,14 @@ def _group(sites: list[_Site], exps: list[tuple[int, ...]], per_sample: list[boo
       owner = next((weight_owner[r] for r in s.weight_roots if r in weight_owner), None)
       if owner is None:
         owner = next((act_owner[k] for k in s.in_keys if k in act_owner), None)
-      if owner is None:
+      if owner is None or kernels[owner].count != s.mult:
         kid, name = ("pattern", n_pattern, s.mult), f"dot_general_{n_pattern}"
         n_pattern += 1
       else:
         kid, name = owner, ""
-    else:
-      kid = next((producer[k] for k in s.in_keys if k in producer), ("misc", s.mult))
+    else:  # join the kernel that made the first input (inside the same loop), else a misc kernel
+      kid = next((producer[k] for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult),
+                 ("misc", s.mult))
       name = "ops"
     k = kernel(kid, name, s.mult, i if phase == "fwd" else i + len(sites), scopes)
     if phase == "fwd":
@@ -772,23 +775,21 @@ def _group(sites: list[_Site], exps: list[tuple[int, ...]], per_sample: list[boo
 
 
 def _shape_exponent(shape: tuple[int, ...], exps: tuple[int, ...]) -> int:
+  """A boundary tensor of a per-sample equation grows linearly with the batch, unless it is a scalar."""
   return 1 if max(exps, default=0) >= 1 and len(shape) > 0 else 0
 
 
 def _add_site(k: Kernel, s: _Site, e: tuple[int, ...], phase: str, compute_bits: int, walker: _Walker) -> None:
-  mult_ratio = s.mult / k.count  # sites of an inner loop inside the kernel's instance
+  """Add one equation's work to its kernel (its ``mult`` equals the kernel's ``count``)."""
+  bits = min(s.bits, compute_bits)
   if s.kind == "matmul":
     inst, m, kk, n = s.measures
-    bits = min(s.bits, compute_bits)
-    for _ in range(max(1, round(mult_ratio))):
-      k.matmuls.append(Matmul(phase, Size(inst, e[0]), Size(m, e[1]), Size(kk, e[2]), Size(n, e[3]), bits,
-                              weight=bool(s.weight_roots)))
+    k.matmuls.append(Matmul(phase, Size(inst, e[0]), Size(m, e[1]), Size(kk, e[2]), Size(n, e[3]), bits,
+                            weight=bool(s.weight_roots)))
   else:
-    bits = min(s.bits, compute_bits)
-    key = (phase, s.kind, e[0], bits)
-    acc = k.vector.setdefault(key, [0.0, 0.0])
-    acc[0] += s.measures[0] * s.ops * mult_ratio
-    acc[1] += mult_ratio
+    acc = k.vector.setdefault((phase, s.kind, e[0], bits), [0.0, 0.0])
+    acc[0] += s.measures[0] * s.ops
+    acc[1] += 1
   if phase != "update":
     for r in s.weight_roots:
       elements = _root_elements(s, r, walker)
