@@ -5,7 +5,7 @@
 >>> report.samples_per_sec, report.mode                                                       # doctest: +SKIP
 
 Layout: `hardware` (chips and systems, with sources), `calibration` (the few fitted or set
-parameters), `graph` (jaxpr -> kernels), `mesh` (cycles of a kernel on a PE rectangle),
+parameters), `walk` (jaxpr -> costed equations), `graph` (equations -> kernels), `mesh` (cycles of a kernel on a PE rectangle),
 `pipeline` (layer-pipelined mode), `placement` (packing rectangles), `streaming` (weight
 streaming), `report` (the Report and its text/JSON/PNG), `workloads` (the calibration workloads).
 """
