@@ -53,37 +53,62 @@ def scan() -> list[dict[str, float]]:
         calib = CALIBRATION.replace(clock_hz=kw.pop("clock_hz", clock), instruction_overhead_cycles=overhead)
         r = estimate_graph(graph, batch_size=w.batch_size, calibration=calib, **kw)
         errs.append(abs(math.log(r.samples_per_sec / w.measurement.value)))
-      out.append({"clock_hz": clock, "instruction_overhead_cycles": overhead, "max": max(errs),
-                  "median": statistics.median(errs)})
+      out.append(
+        {
+          "clock_hz": clock,
+          "instruction_overhead_cycles": overhead,
+          "max": max(errs),
+          "median": statistics.median(errs),
+        }
+      )
   return out
 
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "costmodel_accuracy.json"))
+  parser.add_argument(
+    "--out", default=os.path.join(os.path.dirname(__file__), "results", "costmodel_accuracy.json")
+  )
   parser.add_argument("--no-scan", action="store_true", help="skip the calibration grid scan")
   args = parser.parse_args(argv)
 
   t0 = time.perf_counter()
   rows = accuracy()
   elapsed = time.perf_counter() - t0
-  table = Table(["id", "workload", "mode", "predicted", "measured", "pred/meas", "|ln(pred/meas)|", "within 25%"],
-                [[r["id"] + (" (held out)" if r["held_out"] else ""), r["workload"], r["mode"],
-                  f"{r['predicted']:.4g}", f"{r['measured']:.4g}", f"{r['predicted'] / r['measured']:.3f}",
-                  f"{r['abs_log_ratio']:.3f}", "yes" if r["abs_log_ratio"] <= TARGET_EACH else "NO"] for r in rows],
-                title="Cost model vs published measurements (samples/s; V11: prompts/s = tokens/s / 4096)")
+  table = Table(
+    ["id", "workload", "mode", "predicted", "measured", "pred/meas", "|ln(pred/meas)|", "within 25%"],
+    [
+      [
+        r["id"] + (" (held out)" if r["held_out"] else ""),
+        r["workload"],
+        r["mode"],
+        f"{r['predicted']:.4g}",
+        f"{r['measured']:.4g}",
+        f"{r['predicted'] / r['measured']:.3f}",
+        f"{r['abs_log_ratio']:.3f}",
+        "yes" if r["abs_log_ratio"] <= TARGET_EACH else "NO",
+      ]
+      for r in rows
+    ],
+    title="Cost model vs published measurements (samples/s; V11: prompts/s = tokens/s / 4096)",
+  )
   print(table)
   calib_rows = [r for r in rows if not r["held_out"]]
   worst = max(r["abs_log_ratio"] for r in calib_rows)
   median = statistics.median(r["abs_log_ratio"] for r in calib_rows)
   each_ok, median_ok = worst <= TARGET_EACH, median <= TARGET_MEDIAN
-  print(f"\ncalibration points: {len(calib_rows)}; worst |ln ratio| {worst:.3f} (target <= {TARGET_EACH:.3f}: "
-        f"{'met' if each_ok else 'MISSED'}); median {median:.3f} (target <= {TARGET_MEDIAN:.3f}: "
-        f"{'met' if median_ok else 'MISSED'}); {elapsed:.1f} s for all estimates")
+  print(
+    f"\ncalibration points: {len(calib_rows)}; worst |ln ratio| {worst:.3f} (target <= {TARGET_EACH:.3f}: "
+    f"{'met' if each_ok else 'MISSED'}); median {median:.3f} (target <= {TARGET_MEDIAN:.3f}: "
+    f"{'met' if median_ok else 'MISSED'}); {elapsed:.1f} s for all estimates"
+  )
   for r in rows:
     if r["held_out"]:
-      print(f"held out {r['id']} ({r['workload']}): predicted {r['predicted']:.4g}, measured {r['measured']:.4g}, "
-            f"|ln ratio| {r['abs_log_ratio']:.3f} ({'within' if r['abs_log_ratio'] <= TARGET_EACH else 'outside'} 25 %)")
+      where = "within" if r["abs_log_ratio"] <= TARGET_EACH else "outside"
+      print(
+        f"held out {r['id']} ({r['workload']}): predicted {r['predicted']:.4g}, "
+        f"measured {r['measured']:.4g}, |ln ratio| {r['abs_log_ratio']:.3f} ({where} 25 %)"
+      )
   print("\n" + str(CALIBRATION.describe()))
 
   grid = []
@@ -95,17 +120,33 @@ def main(argv: list[str] | None = None) -> int:
     for clock in CLOCKS:
       cells = [g for g in grid if g["clock_hz"] == clock]
       rows_scan.append([f"{clock / 1e9:g} GHz"] + [f"{g['max']:.3f}/{g['median']:.3f}" for g in cells])
-    print("\n" + str(Table(["clock \\ overhead"] + cols, rows_scan,
-                             title="Calibration scan: worst/median |ln(pred/meas)| over V01, V06, V08, V11")))
-    print(f"best grid point: {best['clock_hz'] / 1e9:g} GHz, {best['instruction_overhead_cycles']:g} cycles "
-          f"(worst {best['max']:.3f}, median {best['median']:.3f}); defaults: "
-          f"{CALIBRATION.clock_hz / 1e9:g} GHz, {CALIBRATION.instruction_overhead_cycles:g} cycles")
+    print(
+      "\n"
+      + str(
+        Table(
+          ["clock \\ overhead"] + cols,
+          rows_scan,
+          title="Calibration scan: worst/median |ln(pred/meas)| over V01, V06, V08, V11",
+        )
+      )
+    )
+    print(
+      f"best grid point: {best['clock_hz'] / 1e9:g} GHz, {best['instruction_overhead_cycles']:g} cycles "
+      f"(worst {best['max']:.3f}, median {best['median']:.3f}); defaults: "
+      f"{CALIBRATION.clock_hz / 1e9:g} GHz, {CALIBRATION.instruction_overhead_cycles:g} cycles"
+    )
 
   result = {
-      "command": "python benchmarks/costmodel_accuracy.py", "rows": rows, "worst_abs_log_ratio": worst,
-      "median_abs_log_ratio": median, "target_each": TARGET_EACH, "target_median": TARGET_MEDIAN,
-      "targets_met": each_ok and median_ok, "calibration": CALIBRATION.to_dict(), "scan": grid,
-      "platform": {"python": platform.python_version(), "jax": jax.__version__, "machine": platform.machine()},
+    "command": "python benchmarks/costmodel_accuracy.py",
+    "rows": rows,
+    "worst_abs_log_ratio": worst,
+    "median_abs_log_ratio": median,
+    "target_each": TARGET_EACH,
+    "target_median": TARGET_MEDIAN,
+    "targets_met": each_ok and median_ok,
+    "calibration": CALIBRATION.to_dict(),
+    "scan": grid,
+    "platform": {"python": platform.python_version(), "jax": jax.__version__, "machine": platform.machine()},
   }
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as fh:

@@ -40,5 +40,7 @@ def mlp_params(widths: Sequence[int]) -> list[dict[str, jax.ShapeDtypeStruct]]:
   return [{"w": sds(a, b)} for a, b in zip(widths[:-1], widths[1:])]
 
 
-def batch_args(batch: int, tokens: int, d_in: int, d_out: int) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+def batch_args(
+  batch: int, tokens: int, d_in: int, d_out: int
+) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
   return sds(batch, tokens, d_in), sds(batch, tokens, d_out)

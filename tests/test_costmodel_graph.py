@@ -58,12 +58,15 @@ def test_attention_flops():
   assert _flops(g, ("fwd",)) == expected
   products = [mm for k in g.kernels for mm in k.matmuls]
   batched = [mm for mm in products if mm.instances.at_trace > 1]
-  assert len(batched) == 2 and all(mm.instances.at_trace == b * nh and mm.instances.exponent == 1 for mm in batched)
+  assert len(batched) == 2 and all(
+    mm.instances.at_trace == b * nh and mm.instances.exponent == 1 for mm in batched
+  )
 
 
 def test_a_step_that_fixes_its_batch_falls_back_to_linear_scaling():
-  g = extract(lambda w, x: (x.reshape(4, 2, 8) @ w).sum(), (sds(8, 8), sds(4, 16)), batch_argnums=(1,),
-              compute_bits=16)
+  g = extract(
+    lambda w, x: (x.reshape(4, 2, 8) @ w).sum(), (sds(8, 8), sds(4, 16)), batch_argnums=(1,), compute_bits=16
+  )
   assert not g.exact_scaling and any("linear" in note for note in g.notes)
   assert _flops(g, ("fwd",)) == 2 * 4 * 2 * 8 * 8
   assert g.flops_per_sample(("fwd",)) * 8 == pytest.approx(2 * _flops(g, ("fwd",)))  # linear in the batch
@@ -97,6 +100,7 @@ def test_scan_multiplies_by_length_and_keeps_one_kernel_with_a_count():
     def body(h, w):
       with jax.named_scope("block"):
         return jnp.tanh(h @ w), None
+
     return lax.scan(body, x, ws)[0].sum()
 
   g = extract(jax.grad(f), (sds(n_layers, d, d), sds(b, d)), batch_argnums=(1,), compute_bits=16)
@@ -120,8 +124,12 @@ def test_cond_counts_the_most_expensive_branch_and_while_once():
 
 def test_kernels_grouped_by_named_scope_with_their_backward():
   widths = [32, 64, 64, 8]
-  g = extract(mlp_train_step(widths), (mlp_params(widths), *batch_args(2, 4, 32, 8)), batch_argnums=(1, 2),
-              compute_bits=16)
+  g = extract(
+    mlp_train_step(widths),
+    (mlp_params(widths), *batch_args(2, 4, 32, 8)),
+    batch_argnums=(1, 2),
+    compute_bits=16,
+  )
   names = [k.name for k in g.kernels if k.matmuls]
   assert names == ["layer0", "layer1", "layer2"]  # dataflow order
   for k in g.kernels:
@@ -145,7 +153,10 @@ def test_kernels_grouped_by_flax_module_path_and_depth():
 
   net = Net()
   params = jax.eval_shape(lambda: net.init(jax.random.key(0), jnp.ones((2, 16))))
-  loss = lambda p, x: jnp.sum(net.apply(p, x) ** 2)
+
+  def loss(p, x):
+    return jnp.sum(net.apply(p, x) ** 2)
+
   g = extract(jax.grad(loss), (params, sds(2, 16)), batch_argnums=(1,), compute_bits=16)
   names = {k.name for k in g.kernels if k.matmuls}
   assert names == {"Net/block/up", "Net/block/down"}
@@ -155,8 +166,12 @@ def test_kernels_grouped_by_flax_module_path_and_depth():
 
 def test_unnamed_steps_group_by_op_pattern():
   widths = [16, 32, 8]
-  g = extract(mlp_train_step(widths, names=False), (mlp_params(widths), *batch_args(2, 4, 16, 8)),
-              batch_argnums=(1, 2), compute_bits=16)
+  g = extract(
+    mlp_train_step(widths, names=False),
+    (mlp_params(widths), *batch_args(2, 4, 16, 8)),
+    batch_argnums=(1, 2),
+    compute_bits=16,
+  )
   kernels = [k for k in g.kernels if k.matmuls]
   assert [k.name for k in kernels] == ["dot_general_0", "dot_general_1"]
   # each backward product joined the kernel whose weight (or input) it shares
@@ -165,9 +180,14 @@ def test_unnamed_steps_group_by_op_pattern():
 
 def test_compute_bits_follow_the_format_and_narrow_dtypes():
   x, w = sds(4, 8), sds(8, 8)
-  assert extract(lambda x, w: x @ w, (x, w), batch_argnums=(0,), compute_bits=32).kernels[0].matmuls[0].bits == 32
+  assert (
+    extract(lambda x, w: x @ w, (x, w), batch_argnums=(0,), compute_bits=32).kernels[0].matmuls[0].bits == 32
+  )
   xb, wb = sds(4, 8, dtype=jnp.bfloat16), sds(8, 8, dtype=jnp.bfloat16)
-  assert extract(lambda x, w: x @ w, (xb, wb), batch_argnums=(0,), compute_bits=32).kernels[0].matmuls[0].bits == 16
+  assert (
+    extract(lambda x, w: x @ w, (xb, wb), batch_argnums=(0,), compute_bits=32).kernels[0].matmuls[0].bits
+    == 16
+  )
 
 
 def test_gpt3_175b_traces_abstractly_without_memory():

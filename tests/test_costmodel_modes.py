@@ -121,13 +121,20 @@ def test_compute_format_and_autocast_unwrapping():
     def __call__(self, *args):
       raise AssertionError("estimate must trace the unwrapped function")
 
-  wrapped = wafer.estimate(Autocast(), mlp_params(widths), *batch_args(64, 2048, 64, 64), batch_argnums=(1, 2),
-                           mode="weight_streaming")
+  wrapped = wafer.estimate(
+    Autocast(),
+    mlp_params(widths),
+    *batch_args(64, 2048, 64, 64),
+    batch_argnums=(1, 2),
+    mode="weight_streaming",
+  )
   assert wrapped.compute_format == "float32"
   assert wrapped.samples_per_sec == pytest.approx(fp32.samples_per_sec)
 
 
-@pytest.mark.parametrize(("kwargs", "pattern"), [
+@pytest.mark.parametrize(
+  ("kwargs", "pattern"),
+  [
     ({"system": "tpu"}, r"system='tpu'.*allowed: 'wse1', 'wse2', 'wse3'"),
     ({"mode": "fast"}, r"mode='fast'; allowed: 'auto', 'pipeline', 'weight_streaming'"),
     ({"batch_size": 0}, r"batch_size=0; allowed: a positive integer"),
@@ -141,7 +148,8 @@ def test_compute_format_and_autocast_unwrapping():
     ({"rect": (2000, 10)}, r"rect=\(2000, 10\); allowed: 1..750 x 1..994"),
     ({"gemm_algorithm": "magic"}, r"gemm_algorithm='magic'"),
     ({"batch_argnums": 7}, r"batch_argnums=7"),
-])
+  ],
+)
 def test_bad_arguments_name_the_argument_the_value_and_what_is_allowed(kwargs, pattern):
   with pytest.raises(ValueError, match=pattern):
     _mlp_estimate([64, 64], 8, tokens=4, **kwargs)

@@ -60,7 +60,8 @@ def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], di
     raise CommandError("--params is not available yet (the YAML config system is a later milestone); "
                        f"use --workload, one of: {', '.join(sorted(workloads.WORKLOADS))}")
   if args.workload is None:
-    raise CommandError(f"say what to estimate: --workload NAME, one of: {', '.join(sorted(workloads.WORKLOADS))}")
+    names = ", ".join(sorted(workloads.WORKLOADS))
+    raise CommandError(f"say what to estimate: --workload NAME, one of: {names}")
   try:
     w = workloads.get_workload(args.workload)
   except ValueError as exc:
@@ -107,9 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
   demo.set_defaults(handler=_demo)
   est = commands.add_parser(
       "estimate", help="estimate samples/s on a Cerebras system and write the compile report",
-      description="Estimate a step's rate on a Cerebras system (layer pipelined or weight streaming) and print "
-                  "a compile report; with --model_dir, also write compile_report.txt, compile_report.json and "
-                  "placement.png there.")
+      description="Estimate a step's rate on a Cerebras system (layer pipelined or weight streaming) and "
+                  "print a compile report; with --model_dir, also write compile_report.txt, "
+                  "compile_report.json and placement.png there.")
   target = est.add_argument_group("what to estimate")
   target.add_argument("--workload", metavar="NAME", help="a built-in workload (see --list)")
   target.add_argument("--params", metavar="FILE", help="a params YAML (not available yet)")

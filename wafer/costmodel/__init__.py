@@ -5,9 +5,10 @@
 >>> report.samples_per_sec, report.mode                                                       # doctest: +SKIP
 
 Layout: `hardware` (chips and systems, with sources), `calibration` (the few fitted or set
-parameters), `walk` (jaxpr -> costed equations), `graph` (equations -> kernels), `mesh` (cycles of a kernel on a PE rectangle),
-`pipeline` (layer-pipelined mode), `placement` (packing rectangles), `streaming` (weight
-streaming), `report` (the Report and its text/JSON/PNG), `workloads` (the calibration workloads).
+parameters), `walk` (jaxpr -> costed equations), `graph` (equations -> kernels), `mesh` (cycles of
+a kernel on a PE rectangle), `pipeline` (layer-pipelined mode), `placement` (packing rectangles),
+`streaming` (weight streaming), `report` (the Report and its text/JSON/PNG), `workloads` (the
+calibration workloads).
 """
 
 from wafer.costmodel.calibration import CALIBRATION as CALIBRATION
@@ -29,21 +30,21 @@ from wafer.costmodel.report import KernelRow as KernelRow
 from wafer.costmodel.report import Report as Report
 
 __all__ = (
-    "CALIBRATION",
-    "Calibration",
-    "Chip",
-    "EstimateError",
-    "Graph",
-    "Kernel",
-    "KernelRow",
-    "MODES",
-    "Rect",
-    "Report",
-    "SYSTEMS",
-    "System",
-    "TraceError",
-    "estimate",
-    "estimate_graph",
-    "extract",
-    "get_system",
+  "CALIBRATION",
+  "Calibration",
+  "Chip",
+  "EstimateError",
+  "Graph",
+  "Kernel",
+  "KernelRow",
+  "MODES",
+  "Rect",
+  "Report",
+  "SYSTEMS",
+  "System",
+  "TraceError",
+  "estimate",
+  "estimate_graph",
+  "extract",
+  "get_system",
 )

@@ -77,15 +77,37 @@ class Calibration:
   def describe(self) -> Table:
     """The parameters, their values and meanings, as a printable table."""
     rows = [
-        ["clock_hz", f"{self.clock_hz / 1e9:g} GHz", "calibrated", "PE clock (SDK scripts: 850 MHz; WaferLLM: 1.1 GHz)"],
-        ["instruction_overhead_cycles", f"{self.instruction_overhead_cycles:g} cycles", "calibrated",
-         "fixed cost per tensor instruction (DSD setup, loop step)"],
-        ["sram_reserved_bytes_per_pe", f"{self.sram_reserved_bytes_per_pe} B", "set",
-         "SRAM per PE kept for code, routes and runtime"],
-        ["transcendental_ops", f"{self.transcendental_ops:g} ops", "set", "vector ops per exp/log/tanh/rsqrt element"],
-        ["gradient_bytes", f"{self.gradient_bytes} B", "set", "bytes per gradient streamed out (FP32)"],
-        ["swarmx_level_latency_s", f"{self.swarmx_level_latency_s * 1e6:g} us", "set",
-         "SwarmX latency per tree level at the iteration boundary"],
+      [
+        "clock_hz",
+        f"{self.clock_hz / 1e9:g} GHz",
+        "calibrated",
+        "PE clock (SDK scripts: 850 MHz; WaferLLM: 1.1 GHz)",
+      ],
+      [
+        "instruction_overhead_cycles",
+        f"{self.instruction_overhead_cycles:g} cycles",
+        "calibrated",
+        "fixed cost per tensor instruction (DSD setup, loop step)",
+      ],
+      [
+        "sram_reserved_bytes_per_pe",
+        f"{self.sram_reserved_bytes_per_pe} B",
+        "set",
+        "SRAM per PE kept for code, routes and runtime",
+      ],
+      [
+        "transcendental_ops",
+        f"{self.transcendental_ops:g} ops",
+        "set",
+        "vector ops per exp/log/tanh/rsqrt element",
+      ],
+      ["gradient_bytes", f"{self.gradient_bytes} B", "set", "bytes per gradient streamed out (FP32)"],
+      [
+        "swarmx_level_latency_s",
+        f"{self.swarmx_level_latency_s * 1e6:g} us",
+        "set",
+        "SwarmX latency per tree level at the iteration boundary",
+      ],
     ]
     return Table(["parameter", "value", "kind", "meaning"], rows, title="Cost-model calibration")
 

@@ -20,8 +20,12 @@ from wafer.costmodel.streaming import StreamingResult, weight_streaming
 __all__ = ("estimate", "estimate_graph", "EstimateError", "MODES")
 
 MODES = ("auto", "pipeline", "weight_streaming")
-_MODE_ALIASES = {"layer_pipelined": "pipeline", "pipelined": "pipeline", "ws": "weight_streaming",
-                 "weight-streaming": "weight_streaming"}
+_MODE_ALIASES = {
+  "layer_pipelined": "pipeline",
+  "pipelined": "pipeline",
+  "ws": "weight_streaming",
+  "weight-streaming": "weight_streaming",
+}
 
 
 class EstimateError(ValueError):
@@ -49,14 +53,25 @@ def _format(name: str, value: Any) -> precision.FloatFormat:
     raise EstimateError(f"{name}={value!r} is not a float format: {exc}") from None
 
 
-def estimate(step_fn: Callable[..., Any], *example_args: Any, batch_size: int | None = None,
-             system: str | System = "wse2", mode: str = "auto", num_csx: int = 1,
-             compute_format: str | precision.FloatFormat | None = None, policy: Any = None,
-             accumulate_format: str | precision.FloatFormat = "float32", micro_batch_size: int | None = None,
-             batch_argnums: int | Sequence[int] | None = None, kernel_depth: int | None = None,
-             rect: tuple[int, int] | None = None, gemm_algorithm: str = "search",
-             calibration: Calibration | None = None, clock_hz: float | None = None,
-             name: str | None = None) -> Report:
+def estimate(
+  step_fn: Callable[..., Any],
+  *example_args: Any,
+  batch_size: int | None = None,
+  system: str | System = "wse2",
+  mode: str = "auto",
+  num_csx: int = 1,
+  compute_format: str | precision.FloatFormat | None = None,
+  policy: Any = None,
+  accumulate_format: str | precision.FloatFormat = "float32",
+  micro_batch_size: int | None = None,
+  batch_argnums: int | Sequence[int] | None = None,
+  kernel_depth: int | None = None,
+  rect: tuple[int, int] | None = None,
+  gemm_algorithm: str = "search",
+  calibration: Calibration | None = None,
+  clock_hz: float | None = None,
+  name: str | None = None,
+) -> Report:
   """Estimate the training (or inference) rate of ``step_fn`` on a Cerebras wafer.
 
   The step is traced with abstract inputs (nothing is computed or allocated), its equations are
@@ -125,13 +140,24 @@ def estimate(step_fn: Callable[..., Any], *example_args: Any, batch_size: int | 
     micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
 
   compute_bits = 16 if compute.bits <= 16 else 32
-  graph = graph_mod.extract(step_fn, example_args, batch_argnums=argnums, compute_bits=compute_bits,
-                            kernel_depth=kernel_depth)
+  graph = graph_mod.extract(
+    step_fn, example_args, batch_argnums=argnums, compute_bits=compute_bits, kernel_depth=kernel_depth
+  )
   graph.sequence_length = _sequence_length(example_args, argnums)
   return estimate_graph(
-      graph, batch_size=batch_size, system=sys_, mode=mode, num_csx=num_csx, compute_format=compute,
-      accumulate_format=accumulate, micro_batch_size=micro_batch_size, rect=(width, height),
-      gemm_algorithm=gemm_algorithm, calibration=calib, name=name or getattr(step_fn, "__name__", "step"))
+    graph,
+    batch_size=batch_size,
+    system=sys_,
+    mode=mode,
+    num_csx=num_csx,
+    compute_format=compute,
+    accumulate_format=accumulate,
+    micro_batch_size=micro_batch_size,
+    rect=(width, height),
+    gemm_algorithm=gemm_algorithm,
+    calibration=calib,
+    name=name or getattr(step_fn, "__name__", "step"),
+  )
 
 
 def _check_run(system: Any, mode: Any, num_csx: Any, gemm_algorithm: Any) -> tuple[System, str, int]:
@@ -140,20 +166,34 @@ def _check_run(system: Any, mode: Any, num_csx: Any, gemm_algorithm: Any) -> tup
   mode = _mode(mode)
   num_csx = _positive_int("num_csx", num_csx)
   if num_csx > sys_.max_systems:
-    raise EstimateError(f"num_csx={num_csx}; allowed: 1 to {sys_.max_systems} {sys_.name} systems (SwarmX limit)")
+    raise EstimateError(
+      f"num_csx={num_csx}; allowed: 1 to {sys_.max_systems} {sys_.name} systems (SwarmX limit)"
+    )
   if mode == "pipeline" and num_csx > 1:
-    raise EstimateError(f"num_csx={num_csx} with mode='pipeline'; layer-pipelined execution runs on one system "
-                        "(use mode='weight_streaming' for data parallel systems)")
+    raise EstimateError(
+      f"num_csx={num_csx} with mode='pipeline'; layer-pipelined execution runs on one system "
+      "(use mode='weight_streaming' for data parallel systems)"
+    )
   if gemm_algorithm not in ALGORITHMS:
     raise EstimateError(f"gemm_algorithm={gemm_algorithm!r}; allowed: {', '.join(map(repr, ALGORITHMS))}")
   return sys_, mode, num_csx
 
 
-def estimate_graph(graph: graph_mod.Graph, *, batch_size: int | None = None, system: str | System = "wse2",
-                   mode: str = "auto", num_csx: int = 1, compute_format: str | precision.FloatFormat = "cbfloat16",
-                   accumulate_format: str | precision.FloatFormat = "float32", micro_batch_size: int | None = None,
-                   rect: tuple[int, int] | None = None, gemm_algorithm: str = "search",
-                   calibration: Calibration | None = None, name: str = "step") -> Report:
+def estimate_graph(
+  graph: graph_mod.Graph,
+  *,
+  batch_size: int | None = None,
+  system: str | System = "wse2",
+  mode: str = "auto",
+  num_csx: int = 1,
+  compute_format: str | precision.FloatFormat = "cbfloat16",
+  accumulate_format: str | precision.FloatFormat = "float32",
+  micro_batch_size: int | None = None,
+  rect: tuple[int, int] | None = None,
+  gemm_algorithm: str = "search",
+  calibration: Calibration | None = None,
+  name: str = "step",
+) -> Report:
   """`estimate` for an already extracted `Graph` (no tracing): cost it under other systems, modes or
   calibrations. ``compute_format`` only names the format in the report here: the operand widths were
   fixed at extraction. Arguments as in `estimate`."""
@@ -165,14 +205,17 @@ def estimate_graph(graph: graph_mod.Graph, *, batch_size: int | None = None, sys
   width, height = _rect(rect, chip.usable_width, chip.usable_height)
   batch = graph.traced_batch if batch_size is None else _positive_int("batch_size", batch_size)
   if batch % num_csx:
-    raise EstimateError(f"batch_size={batch} does not split evenly over num_csx={num_csx}; allowed: a multiple "
-                        f"of {num_csx}")
+    raise EstimateError(
+      f"batch_size={batch} does not split evenly over num_csx={num_csx}; allowed: a multiple of {num_csx}"
+    )
   per_system = batch // num_csx
   if micro_batch_size is not None:
     micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
     if per_system % micro_batch_size:
-      raise EstimateError(f"micro_batch_size={micro_batch_size} does not divide the {per_system} samples per system; "
-                          "allowed: a divisor of batch_size / num_csx")
+      raise EstimateError(
+        f"micro_batch_size={micro_batch_size} does not divide the {per_system} samples per system; "
+        "allowed: a divisor of batch_size / num_csx"
+      )
   machine = Machine(chip, calib, 16 if accumulate.bits <= 16 else 32, gemm_algorithm)
 
   pipe: PipelineResult | None = None
@@ -184,13 +227,28 @@ def estimate_graph(graph: graph_mod.Graph, *, batch_size: int | None = None, sys
 
   chosen, reason, alternatives = _choose(mode, pipe, ws, num_csx)
   common = dict(
-      name=name, system=sys_.key, system_name=sys_.name, chip=chip.name,
-      batch_size=batch, num_csx=num_csx, total_pes=chip.fabric_pes, grid=(width, height),
-      fabric=(chip.fabric_width, chip.fabric_height), offset=(chip.io_margin_width // 2 + 1, chip.io_margin_height // 2),
-      compute_format=compute.name, accumulate_format=accumulate.name, clock_hz=calib.clock_hz, calibration=calib,
-      flops_per_sample=graph.flops_per_sample(),
-      peak_flops_per_sec=num_csx * width * height * chip.peak_flops_per_cycle(graph.compute_bits) * calib.clock_hz,
-      alternatives=alternatives, mode_reason=reason,
+    name=name,
+    system=sys_.key,
+    system_name=sys_.name,
+    chip=chip.name,
+    batch_size=batch,
+    num_csx=num_csx,
+    total_pes=chip.fabric_pes,
+    grid=(width, height),
+    fabric=(chip.fabric_width, chip.fabric_height),
+    offset=(chip.io_margin_width // 2 + 1, chip.io_margin_height // 2),
+    compute_format=compute.name,
+    accumulate_format=accumulate.name,
+    clock_hz=calib.clock_hz,
+    calibration=calib,
+    flops_per_sample=graph.flops_per_sample(),
+    peak_flops_per_sec=num_csx
+    * width
+    * height
+    * chip.peak_flops_per_cycle(graph.compute_bits)
+    * calib.clock_hz,
+    alternatives=alternatives,
+    mode_reason=reason,
   )
   notes = list(graph.notes)
   seq = graph.sequence_length
@@ -224,8 +282,9 @@ def _argnums(batch_argnums: int | Sequence[int] | None, n_args: int) -> tuple[in
   out = []
   for i in nums:
     if isinstance(i, bool) or not isinstance(i, int) or not -n_args <= i < n_args:
-      raise EstimateError(f"batch_argnums={batch_argnums!r}; allowed: positions 0..{n_args - 1} of the example "
-                          "arguments")
+      raise EstimateError(
+        f"batch_argnums={batch_argnums!r}; allowed: positions 0..{n_args - 1} of the example arguments"
+      )
     out.append(i % n_args)
   return tuple(sorted(set(out)))
 
@@ -253,8 +312,9 @@ def _sequence_length(args: Sequence[Any], argnums: Sequence[int]) -> int | None:
   return None
 
 
-def _choose(mode: str, pipe: PipelineResult | None, ws: StreamingResult | str | None,
-            num_csx: int) -> tuple[str, str, dict[str, Any]]:
+def _choose(
+  mode: str, pipe: PipelineResult | None, ws: StreamingResult | str | None, num_csx: int
+) -> tuple[str, str, dict[str, Any]]:
   if mode == "pipeline":
     alt: dict[str, Any] = {}
     return "pipeline", "requested", alt
@@ -274,8 +334,9 @@ def _choose(mode: str, pipe: PipelineResult | None, ws: StreamingResult | str | 
   return "weight_streaming", "auto: the faster mode that fits", {"pipeline": pipe.samples_per_sec}
 
 
-def _pipeline_report(pipe: PipelineResult, graph: graph_mod.Graph, common: dict[str, Any], notes: list[str],
-                     seq: int | None) -> Report:
+def _pipeline_report(
+  pipe: PipelineResult, graph: graph_mod.Graph, common: dict[str, Any], notes: list[str], seq: int | None
+) -> Report:
   units_by_kernel: dict[str, list[Any]] = {}
   for u in pipe.units:
     units_by_kernel.setdefault(u.kernel, []).append(u)
@@ -291,51 +352,126 @@ def _pipeline_report(pipe: PipelineResult, graph: graph_mod.Graph, common: dict[
     area = sum(u.rect.area for u in us)
     util = sum(u.rect.area * min(1.0, pipe.samples_per_sec / u.compute_samples_per_sec) for u in us) / area
     busy += util * area
-    rows.append(KernelRow(k.name, k.count, min(comp, trans), comp, trans, area, util,
-                          k.count * k.matmul_flops(1 / graph.traced_batch, ("fwd", "bwd")),
-                          k.count * k.weight_bytes(), area / total_area))
+    rows.append(
+      KernelRow(
+        k.name,
+        k.count,
+        min(comp, trans),
+        comp,
+        trans,
+        area,
+        util,
+        k.count * k.matmul_flops(1 / graph.traced_batch, ("fwd", "bwd")),
+        k.count * k.weight_bytes(),
+        area / total_area,
+      )
+    )
   fits = pipe.fits
   rate = pipe.samples_per_sec if fits else 0.0
-  details = {"sequence_length": seq, "memory_bytes": pipe.memory_bytes, "needed_pes": pipe.needed_pes,
-             "update_s": pipe.update_s, "wave": pipe.wave}
+  details = {
+    "sequence_length": seq,
+    "memory_bytes": pipe.memory_bytes,
+    "needed_pes": pipe.needed_pes,
+    "update_s": pipe.update_s,
+    "wave": pipe.wave,
+  }
   return Report(
-      mode="pipeline", fits=fits, reason=pipe.reason, micro_batch_size=pipe.wave, samples_per_sec=rate,
-      compute_samples_per_sec=pipe.compute_samples_per_sec if fits else 0.0,
-      transmission_samples_per_sec=pipe.transmission_samples_per_sec if fits else 0.0,
-      active_pes=sum(u.rect.area for u in pipe.units), compute_utilization=busy / total_area if fits else 0.0,
-      step_time_s=common["batch_size"] / rate if rate else math.inf, kernels=tuple(rows),
-      placement=tuple(u.rect for u in pipe.units), details=details, notes=tuple(notes), **common)
+    mode="pipeline",
+    fits=fits,
+    reason=pipe.reason,
+    micro_batch_size=pipe.wave,
+    samples_per_sec=rate,
+    compute_samples_per_sec=pipe.compute_samples_per_sec if fits else 0.0,
+    transmission_samples_per_sec=pipe.transmission_samples_per_sec if fits else 0.0,
+    active_pes=sum(u.rect.area for u in pipe.units),
+    compute_utilization=busy / total_area if fits else 0.0,
+    step_time_s=common["batch_size"] / rate if rate else math.inf,
+    kernels=tuple(rows),
+    placement=tuple(u.rect for u in pipe.units),
+    details=details,
+    notes=tuple(notes),
+    **common,
+  )
 
 
-def _streaming_report(ws: StreamingResult | str, graph: graph_mod.Graph, common: dict[str, Any], notes: list[str],
-                      seq: int | None, width: int, height: int, per_system: int) -> Report:
+def _streaming_report(
+  ws: StreamingResult | str,
+  graph: graph_mod.Graph,
+  common: dict[str, Any],
+  notes: list[str],
+  seq: int | None,
+  width: int,
+  height: int,
+  per_system: int,
+) -> Report:
   batch = common["batch_size"]
   rect = Rect(0, 0, width, height, "all layers, one after another")
   if isinstance(ws, str):
-    return Report(mode="weight_streaming", fits=False, reason=ws, micro_batch_size=0, samples_per_sec=0.0,
-                  compute_samples_per_sec=0.0, transmission_samples_per_sec=0.0, active_pes=0,
-                  compute_utilization=0.0, step_time_s=math.inf, kernels=(), placement=(rect,),
-                  details={"sequence_length": seq}, notes=tuple(notes), **common)
+    return Report(
+      mode="weight_streaming",
+      fits=False,
+      reason=ws,
+      micro_batch_size=0,
+      samples_per_sec=0.0,
+      compute_samples_per_sec=0.0,
+      transmission_samples_per_sec=0.0,
+      active_pes=0,
+      compute_utilization=0.0,
+      step_time_s=math.inf,
+      kernels=(),
+      placement=(rect,),
+      details={"sequence_length": seq},
+      notes=tuple(notes),
+      **common,
+    )
   rows = []
   by_name = {k.name: k for k in graph.kernels}
   for r in ws.kernels:
     if r.time_s <= 0 and r.flops <= 0:
       continue
     k = by_name[r.name]
-    rows.append(KernelRow(
-        r.name, r.count, batch / r.time_s if r.time_s else math.inf, batch / r.compute_s if r.compute_s else math.inf,
-        batch / r.io_s if r.io_s else math.inf, width * height, r.compute_s / r.time_s if r.time_s else 0.0,
-        k.count * k.matmul_flops(1 / graph.traced_batch, ("fwd", "bwd")), r.weight_bytes, r.time_s / ws.step_s))
+    rows.append(
+      KernelRow(
+        r.name,
+        r.count,
+        batch / r.time_s if r.time_s else math.inf,
+        batch / r.compute_s if r.compute_s else math.inf,
+        batch / r.io_s if r.io_s else math.inf,
+        width * height,
+        r.compute_s / r.time_s if r.time_s else 0.0,
+        k.count * k.matmul_flops(1 / graph.traced_batch, ("fwd", "bwd")),
+        r.weight_bytes,
+        r.time_s / ws.step_s,
+      )
+    )
   if ws.rejected:
     smallest = max(ws.rejected)
     notes.append(f"micro-batch {smallest} rejected: {ws.rejected[smallest]}")
   notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
-  details = {"sequence_length": seq, "micro_batches": ws.n_micro, "compute_s": ws.compute_s, "io_s": ws.io_s,
-             "boundary_s": ws.boundary_s, "swarmx_s": ws.swarmx_s, "resident_bytes": ws.resident_bytes,
-             "per_system_batch": per_system}
+  details = {
+    "sequence_length": seq,
+    "micro_batches": ws.n_micro,
+    "compute_s": ws.compute_s,
+    "io_s": ws.io_s,
+    "boundary_s": ws.boundary_s,
+    "swarmx_s": ws.swarmx_s,
+    "resident_bytes": ws.resident_bytes,
+    "per_system_batch": per_system,
+  }
   return Report(
-      mode="weight_streaming", fits=True, reason="", micro_batch_size=ws.micro_batch, samples_per_sec=batch / ws.step_s,
-      compute_samples_per_sec=batch / ws.compute_s if ws.compute_s else math.inf,
-      transmission_samples_per_sec=batch / ws.io_s if ws.io_s else math.inf, active_pes=width * height,
-      compute_utilization=min(1.0, ws.compute_s / ws.step_s), step_time_s=ws.step_s, kernels=tuple(rows),
-      placement=(rect,), details=details, notes=tuple(notes), **common)
+    mode="weight_streaming",
+    fits=True,
+    reason="",
+    micro_batch_size=ws.micro_batch,
+    samples_per_sec=batch / ws.step_s,
+    compute_samples_per_sec=batch / ws.compute_s if ws.compute_s else math.inf,
+    transmission_samples_per_sec=batch / ws.io_s if ws.io_s else math.inf,
+    active_pes=width * height,
+    compute_utilization=min(1.0, ws.compute_s / ws.step_s),
+    step_time_s=ws.step_s,
+    kernels=tuple(rows),
+    placement=(rect,),
+    details=details,
+    notes=tuple(notes),
+    **common,
+  )

@@ -142,7 +142,9 @@ class Kernel:
 
   def vector_ops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
     """Element-wise, reduction and cast operations (one per element) of one instance."""
-    return sum(e * ratio**x for (p, kind, x, _), (e, _) in self.vector.items() if p in phases and kind != "move")
+    return sum(
+      e * ratio**x for (p, kind, x, _), (e, _) in self.vector.items() if p in phases and kind != "move"
+    )
 
   def weight_elements(self) -> int:
     return int(sum(e for e, _ in self.weights.values()))
@@ -214,6 +216,7 @@ def _abstract(tree: Any) -> Any:
     if hasattr(x, "shape") and hasattr(x, "dtype"):
       return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
     return x
+
   return jax.tree.map(conv, tree)
 
 
@@ -222,6 +225,7 @@ def _double_batch(tree: Any) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct) and len(x.shape) >= 1:
       return jax.ShapeDtypeStruct((2 * x.shape[0],) + tuple(x.shape[1:]), x.dtype)
     return x
+
   return jax.tree.map(conv, tree)
 
 
@@ -231,14 +235,18 @@ def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int]) -> int:
     for leaf in jax.tree.leaves(args[i]):
       shape = getattr(leaf, "shape", None)
       if shape is None or len(shape) == 0:
-        raise TraceError(f"batch argument {i} has a leaf without a batch axis (shape {shape}); "
-                         "every array in the batch arguments needs the batch as axis 0")
+        raise TraceError(
+          f"batch argument {i} has a leaf without a batch axis (shape {shape}); "
+          "every array in the batch arguments needs the batch as axis 0"
+        )
       sizes.add(int(shape[0]))
   if not sizes:
     raise TraceError(f"batch_argnums={tuple(batch_argnums)} name arguments with no arrays")
   if len(sizes) > 1:
-    raise TraceError(f"the batch arguments disagree on the batch size (axis 0 sizes {sorted(sizes)}); "
-                     "pass batch_argnums= naming only the data arguments")
+    raise TraceError(
+      f"the batch arguments disagree on the batch size (axis 0 sizes {sorted(sizes)}); "
+      "pass batch_argnums= naming only the data arguments"
+    )
   return sizes.pop()
 
 
@@ -269,8 +277,14 @@ def _exponent(v1: float, v2: float) -> int | None:
   return r if abs(e - r) < 1e-9 and r > 0 else None
 
 
-def extract(fn: Callable[..., Any], args: Sequence[Any], *, batch_argnums: Sequence[int],
-            compute_bits: int, kernel_depth: int | None = None) -> Graph:
+def extract(
+  fn: Callable[..., Any],
+  args: Sequence[Any],
+  *,
+  batch_argnums: Sequence[int],
+  compute_bits: int,
+  kernel_depth: int | None = None,
+) -> Graph:
   """Trace ``fn(*args)`` abstractly (twice) and group its equations into kernels.
 
   Args:
@@ -295,8 +309,9 @@ def extract(fn: Callable[..., Any], args: Sequence[Any], *, batch_argnums: Seque
     sites2 = w2.sites
   except TraceError:
     sites2 = None
-  if sites2 is None or len(sites2) != len(w1.sites) or any(
-      a.kind != b.kind for a, b in zip(w1.sites, sites2)):
+  if (
+    sites2 is None or len(sites2) != len(w1.sites) or any(a.kind != b.kind for a, b in zip(w1.sites, sites2))
+  ):
     exact = False
     notes.add("the step traced differently at twice the batch; all work is assumed linear in the batch")
   sites = w1.sites
@@ -312,7 +327,9 @@ def extract(fn: Callable[..., Any], args: Sequence[Any], *, batch_argnums: Seque
       per_sample.append(s.in_shapes != s2.in_shapes or s.out_shapes != s2.out_shapes)
     else:
       dep = any(k in w1.data for k in s.in_keys)
-      exps.append(tuple(1 if dep else 0 for _ in s.measures) if s.kind != "matmul" else (0, 1 if dep else 0, 0, 0))
+      exps.append(
+        tuple(1 if dep else 0 for _ in s.measures) if s.kind != "matmul" else (0, 1 if dep else 0, 0, 0)
+      )
       per_sample.append(dep)
   kernels = _group(sites, exps, per_sample, w1, compute_bits, kernel_depth)
   input_bytes = 0.0
@@ -329,13 +346,26 @@ def extract(fn: Callable[..., Any], args: Sequence[Any], *, batch_argnums: Seque
     for r, (e, _) in k.weights.items():
       roots[r] = max(roots.get(r, 0), e * k.count)
   return Graph(
-      kernels=kernels, traced_batch=b0, exact_scaling=exact, compute_bits=compute_bits,
-      input_bytes_per_sample=float(input_bytes), param_elements=int(sum(roots.values())),
-      state_bytes=float(state_bytes), eqn_count=w1.eqn_count, notes=sorted(notes))
+    kernels=kernels,
+    traced_batch=b0,
+    exact_scaling=exact,
+    compute_bits=compute_bits,
+    input_bytes_per_sample=float(input_bytes),
+    param_elements=int(sum(roots.values())),
+    state_bytes=float(state_bytes),
+    eqn_count=w1.eqn_count,
+    notes=sorted(notes),
+  )
 
 
-def _group(sites: list[Site], exps: list[tuple[int, ...]], per_sample: list[bool], walker: Walker,
-           compute_bits: int, kernel_depth: int | None) -> list[Kernel]:
+def _group(
+  sites: list[Site],
+  exps: list[tuple[int, ...]],
+  per_sample: list[bool],
+  walker: Walker,
+  compute_bits: int,
+  kernel_depth: int | None,
+) -> list[Kernel]:
   kernels: dict[tuple[Any, ...], Kernel] = {}
   producer: dict[int, tuple[Any, ...]] = {}  # key -> kernel id that produced it
   weight_owner: dict[int, tuple[Any, ...]] = {}  # parameter root -> kernel of its first product
@@ -366,8 +396,10 @@ def _group(sites: list[Site], exps: list[tuple[int, ...]], per_sample: list[bool
       else:
         kid, name = owner, ""
     else:  # join the kernel that made the first input (inside the same loop), else a misc kernel
-      kid = next((producer[k] for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult),
-                 ("misc", s.mult))
+      kid = next(
+        (producer[k] for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult),
+        ("misc", s.mult),
+      )
       name = "ops"
     k = kernel(kid, name, s.mult, i if phase == "fwd" else i + len(sites), scopes)
     if phase == "fwd":
@@ -435,8 +467,17 @@ def _add_site(k: Kernel, s: Site, e: tuple[int, ...], phase: str, compute_bits: 
   bits = min(s.bits, compute_bits)
   if s.kind == "matmul":
     inst, m, kk, n = s.measures
-    k.matmuls.append(Matmul(phase, Size(inst, e[0]), Size(m, e[1]), Size(kk, e[2]), Size(n, e[3]), bits,
-                            weight=bool(s.weight_roots)))
+    k.matmuls.append(
+      Matmul(
+        phase,
+        Size(inst, e[0]),
+        Size(m, e[1]),
+        Size(kk, e[2]),
+        Size(n, e[3]),
+        bits,
+        weight=bool(s.weight_roots),
+      )
+    )
   else:
     acc = k.vector.setdefault((phase, s.kind, e[0], bits), [0.0, 0.0])
     acc[0] += s.measures[0] * s.ops
@@ -457,9 +498,14 @@ def _root_elements(s: Site, root: int, walker: Walker) -> int:
   return 0
 
 
-def _merge_glue(kernels: dict[tuple[Any, ...], Kernel], assignment: list[tuple[Any, ...]],
-                sites: list[Site], producer: dict[int, tuple[Any, ...]]) -> list[Kernel]:
+def _merge_glue(
+  kernels: dict[tuple[Any, ...], Kernel],
+  assignment: list[tuple[Any, ...]],
+  sites: list[Site],
+  producer: dict[int, tuple[Any, ...]],
+) -> list[Kernel]:
   """Fold kernels with no matrix product and no weights into the kernel that fed them."""
+
   def is_glue(kid: tuple[Any, ...]) -> bool:
     k = kernels[kid]
     return not k.matmuls and not k.weights and kid[0] != "update"

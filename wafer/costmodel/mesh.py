@@ -79,14 +79,31 @@ class GemmPlan:
 
 
 def _vec_cycles(length: int, lanes: int, in_b: float, acc_b: float, read_b: int, write_b: int) -> int:
-  return max(math.ceil(length / lanes), math.ceil(length * acc_b / write_b),
-             math.ceil(length * (in_b + acc_b) / read_b))
+  return max(
+    math.ceil(length / lanes),
+    math.ceil(length * acc_b / write_b),
+    math.ceil(length * (in_b + acc_b) / read_b),
+  )
 
 
 @functools.lru_cache(maxsize=200_000)
-def _gemm(m: int, k: int, n: int, width: int, height: int, bits: int, acc_bits: int, lanes: int,
-          read_b: int, write_b: int, link_b: int, alpha: float, c_op: float, sram: float,
-          algorithm: str) -> GemmPlan:
+def _gemm(
+  m: int,
+  k: int,
+  n: int,
+  width: int,
+  height: int,
+  bits: int,
+  acc_bits: int,
+  lanes: int,
+  read_b: int,
+  write_b: int,
+  link_b: int,
+  alpha: float,
+  c_op: float,
+  sram: float,
+  algorithm: str,
+) -> GemmPlan:
   in_b, acc_b = bits / 8, acc_bits / 8
   if algorithm == "meshgemm":
     p = max(1, min(width, height))
@@ -141,17 +158,29 @@ def _in_passes(mi: int, ki: int, ni: int, common: tuple[object, ...]) -> GemmPla
   return plan
 
 
-def gemm_cycles(machine: Machine, m: float, k: float, n: float, width: int, height: int, bits: int,
-                instances: float = 1.0) -> GemmPlan:
+def gemm_cycles(
+  machine: Machine, m: float, k: float, n: float, width: int, height: int, bits: int, instances: float = 1.0
+) -> GemmPlan:
   """Cycles of ``instances`` products ``[m x k] @ [k x n]`` on a ``width x height`` rectangle.
 
   A product whose output tiles do not fit in SRAM runs in several passes over ``m`` or ``n``.
   """
   chip, calib = machine.chip, machine.calib
   mi, ki, ni, inst = (max(1, math.ceil(v - 1e-9)) for v in (m, k, n, instances))
-  common = (width, height, bits, machine.acc_bits, chip.lanes(bits), chip.sram_read_bytes_per_cycle,
-            chip.sram_write_bytes_per_cycle, chip.link_bytes_per_cycle, chip.hop_latency_cycles,
-            calib.instruction_overhead_cycles, machine.sram_data_bytes, machine.algorithm)
+  common = (
+    width,
+    height,
+    bits,
+    machine.acc_bits,
+    chip.lanes(bits),
+    chip.sram_read_bytes_per_cycle,
+    chip.sram_write_bytes_per_cycle,
+    chip.link_bytes_per_cycle,
+    chip.hop_latency_cycles,
+    calib.instruction_overhead_cycles,
+    machine.sram_data_bytes,
+    machine.algorithm,
+  )
   if inst == 1:
     return _in_passes(mi, ki, ni, common)
   # Instances run one after another, so SRAM holds one instance's tiles; the compute of all of
@@ -166,8 +195,9 @@ def gemm_cycles(machine: Machine, m: float, k: float, n: float, width: int, heig
   return dataclasses.replace(plan, cycles=plan.cycles * max(1.0, extra) + latency)
 
 
-def vector_cycles(machine: Machine, kind: str, elements: float, instructions: float, bits: int,
-                  width: int, height: int) -> float:
+def vector_cycles(
+  machine: Machine, kind: str, elements: float, instructions: float, bits: int, width: int, height: int
+) -> float:
   """Cycles of ``instructions`` non-matmul equations with ``elements`` in total on the rectangle."""
   if instructions <= 0 or elements <= 0:
     return 0.0
@@ -186,8 +216,9 @@ def vector_cycles(machine: Machine, kind: str, elements: float, instructions: fl
   return float(cycles)
 
 
-def kernel_cycles(machine: Machine, kernel: Kernel, width: int, height: int, ratio: float,
-                  phases: Sequence[str] = PHASES) -> float:
+def kernel_cycles(
+  machine: Machine, kernel: Kernel, width: int, height: int, ratio: float, phases: Sequence[str] = PHASES
+) -> float:
   """Cycles one instance of ``kernel`` takes on ``width x height`` PEs for ``ratio * b0`` samples.
 
   ``phases`` selects forward, backward and/or the (batch-independent) update work. Results are
@@ -201,8 +232,16 @@ def kernel_cycles(machine: Machine, kernel: Kernel, width: int, height: int, rat
   total = 0.0
   for mm in kernel.matmuls:
     if mm.phase in phases:
-      total += gemm_cycles(machine, mm.m.at(ratio), mm.k.at(ratio), mm.n.at(ratio), width, height, mm.bits,
-                           mm.instances.at(ratio)).cycles
+      total += gemm_cycles(
+        machine,
+        mm.m.at(ratio),
+        mm.k.at(ratio),
+        mm.n.at(ratio),
+        width,
+        height,
+        mm.bits,
+        mm.instances.at(ratio),
+      ).cycles
   for (phase, kind, exponent, bits), (elements, instructions) in kernel.vector.items():
     if phase in phases:
       total += vector_cycles(machine, kind, elements * ratio**exponent, instructions, bits, width, height)

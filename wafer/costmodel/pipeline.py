@@ -104,8 +104,9 @@ def _memory(graph: Graph, units: list[tuple[Kernel, int]], ratio: float) -> list
   return out
 
 
-def _evaluate(graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int,
-              wave: int) -> PipelineResult:
+def _evaluate(
+  graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, wave: int
+) -> PipelineResult:
   f = machine.calib.clock_hz
   sram = machine.sram_data_bytes
   ratio = wave / graph.traced_batch
@@ -117,12 +118,18 @@ def _evaluate(graph: Graph, machine: Machine, system: System, width: int, height
   needed = sum(a_min)
   if needed > total:
     gb = sum(memory) / 1e9
-    weights = sum(k.weight_elements() * k.count for k in kernels) * (graph.state_bytes_per_param() + 4.0) / 1e9
+    weights = (
+      sum(k.weight_elements() * k.count for k in kernels) * (graph.state_bytes_per_param() + 4.0) / 1e9
+    )
     return PipelineResult(
-        False, f"needs {needed:,} PEs ({gb:.3g} GB: weights, optimizer state and gradients {weights:.3g} GB, "
-               f"activations in flight {gb - weights:.3g} GB) but the rectangle has {total:,} PEs "
-               f"({total * sram / 1e9:.3g} GB of SRAM for tensors)", wave=wave, memory_bytes=sum(memory),
-        needed_pes=needed)
+      False,
+      f"needs {needed:,} PEs ({gb:.3g} GB: weights, optimizer state and gradients {weights:.3g} GB, "
+      f"activations in flight {gb - weights:.3g} GB) but the rectangle has {total:,} PEs "
+      f"({total * sram / 1e9:.3g} GB of SRAM for tensors)",
+      wave=wave,
+      memory_bytes=sum(memory),
+      needed_pes=needed,
+    )
   # area in proportion to work, refined on the placed rectangles
   side = max(1, int(math.sqrt(total / len(units))))
   work = [kernel_cycles(machine, k, side, side, ratio, ("fwd", "bwd")) * side * side for k, _ in units]
@@ -138,12 +145,19 @@ def _evaluate(graph: Graph, machine: Machine, system: System, width: int, height
     if placed is None:
       break
     rects = placed
-    work = [kernel_cycles(machine, k, r.width, r.height, ratio, ("fwd", "bwd")) * r.area
-            for (k, _), r in zip(units, rects)]
+    work = [
+      kernel_cycles(machine, k, r.width, r.height, ratio, ("fwd", "bwd")) * r.area
+      for (k, _), r in zip(units, rects)
+    ]
   if rects is None:
-    return PipelineResult(False, f"the {len(units)} kernel rectangles ({needed:,} PEs at least) cannot be packed "
-                                 f"without overlap on {width} x {height} PEs", wave=wave,
-                          memory_bytes=sum(memory), needed_pes=needed)
+    return PipelineResult(
+      False,
+      f"the {len(units)} kernel rectangles ({needed:,} PEs at least) cannot be packed "
+      f"without overlap on {width} x {height} PEs",
+      wave=wave,
+      memory_bytes=sum(memory),
+      needed_pes=needed,
+    )
   placed_units = []
   worst_compute = worst_transmit = 0.0
   for (k, i), r, mem in zip(units, rects, memory):
@@ -151,16 +165,28 @@ def _evaluate(graph: Graph, machine: Machine, system: System, width: int, height
     transfer = 2 * k.activation_in_bytes(ratio) / (min(r.width, r.height) * machine.chip.link_bytes_per_cycle)
     worst_compute = max(worst_compute, cycles)
     worst_transmit = max(worst_transmit, transfer)
-    placed_units.append(PipelineUnit(k.name, i, r, f * wave / cycles if cycles else math.inf,
-                                     f * wave / transfer if transfer else math.inf, mem))
+    placed_units.append(
+      PipelineUnit(
+        k.name,
+        i,
+        r,
+        f * wave / cycles if cycles else math.inf,
+        f * wave / transfer if transfer else math.inf,
+        mem,
+      )
+    )
   update_cycles = sum(kernel_cycles(machine, k, width, height, ratio, ("update",)) for k in graph.kernels)
   update_s = update_cycles / f
   compute = f * wave / worst_compute if worst_compute else math.inf
-  data_rate = system.io_bytes_per_sec / graph.input_bytes_per_sample if graph.input_bytes_per_sample else math.inf
+  data_rate = (
+    system.io_bytes_per_sec / graph.input_bytes_per_sample if graph.input_bytes_per_sample else math.inf
+  )
   transmit = min(f * wave / worst_transmit if worst_transmit else math.inf, data_rate)
   rate = min(compute, transmit)
   rate = 1.0 / (1.0 / rate + update_s / batch)
-  return PipelineResult(True, "", wave, rate, compute, transmit, tuple(placed_units), sum(memory), needed, update_s)
+  return PipelineResult(
+    True, "", wave, rate, compute, transmit, tuple(placed_units), sum(memory), needed, update_s
+  )
 
 
 def _water_fill(work: list[float], a_min: list[int], total: int) -> list[float]:
@@ -177,8 +203,9 @@ def _water_fill(work: list[float], a_min: list[int], total: int) -> list[float]:
   return [max(a, lo * w) for a, w in zip(a_min, work)]
 
 
-def layer_pipelined(graph: Graph, machine: Machine, system: System, width: int, height: int,
-                    batch: int, wave: int | None = None) -> PipelineResult:
+def layer_pipelined(
+  graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, wave: int | None = None
+) -> PipelineResult:
   """The best pipeline wave size, or the reason the model does not fit (at wave 1).
 
   Args:

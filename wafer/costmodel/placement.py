@@ -39,7 +39,9 @@ def overlaps(a: Rect, b: Rect) -> bool:
   return a.x < b.x + b.width and b.x < a.x + a.width and a.y < b.y + b.height and b.y < a.y + a.height
 
 
-def _try(areas: Sequence[float], width: int, height: int, shelves: int) -> list[tuple[int, int, int, int]] | None:
+def _try(
+  areas: Sequence[float], width: int, height: int, shelves: int
+) -> list[tuple[int, int, int, int]] | None:
   shelf_h = height // shelves
   if shelf_h < 1:
     return None
@@ -71,7 +73,9 @@ def _try(areas: Sequence[float], width: int, height: int, shelves: int) -> list[
   return out
 
 
-def pack(areas: Sequence[float], width: int, height: int, labels: Sequence[str] | None = None) -> list[Rect] | None:
+def pack(
+  areas: Sequence[float], width: int, height: int, labels: Sequence[str] | None = None
+) -> list[Rect] | None:
   """Place rectangles of at least ``areas`` PEs (in order) on a ``width x height`` grid.
 
   Returns:

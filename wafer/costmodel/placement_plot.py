@@ -40,7 +40,9 @@ def plot_report(report: "Report", path: str) -> str:
     bx = None
   ax.add_patch(Rectangle((0, 0), fab_w, fab_h, facecolor="#f2f2f2", edgecolor="#444444", linewidth=1.2))
   gw, gh = report.grid
-  ax.add_patch(Rectangle((ox, oy), gw, gh, facecolor="none", edgecolor="#999999", linewidth=0.8, linestyle="--"))
+  ax.add_patch(
+    Rectangle((ox, oy), gw, gh, facecolor="none", edgecolor="#999999", linewidth=0.8, linestyle="--")
+  )
   names = []
   for k in report.kernels:
     if k.name not in names:
@@ -50,29 +52,54 @@ def plot_report(report: "Report", path: str) -> str:
   for r in report.placement:
     base = r.label.split("[")[0]
     face = colour.get(base, "#4c78a8") if not streaming else "#4c78a8"
-    ax.add_patch(Rectangle((ox + r.x, oy + r.y), r.width, r.height, facecolor=face, edgecolor="white",
-                           linewidth=0.6, alpha=0.9))
+    ax.add_patch(
+      Rectangle(
+        (ox + r.x, oy + r.y), r.width, r.height, facecolor=face, edgecolor="white", linewidth=0.6, alpha=0.9
+      )
+    )
     small = r.width < fab_w / 14 or r.height < fab_h / 40
     if not small:
-      ax.text(ox + r.x + r.width / 2, oy + r.y + r.height / 2, _short(r.label, r.width, fab_w), ha="center",
-              va="center", fontsize=6.5, color="white")
+      ax.text(
+        ox + r.x + r.width / 2,
+        oy + r.y + r.height / 2,
+        _short(r.label, r.width, fab_w),
+        ha="center",
+        va="center",
+        fontsize=6.5,
+        color="white",
+      )
   ax.set_xlim(-10, fab_w + 10)
   ax.set_ylim(fab_h + 10, -10)
   ax.set_aspect("equal")
   ax.set_xlabel("PE column")
   ax.set_ylabel("PE row")
   if not streaming:
-    handles = [Patch(facecolor=colour[n], label=n) for n in names if any(r.label.split("[")[0] == n
-                                                                      for r in report.placement)]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=min(4, max(1, len(handles))),
-              fontsize=8, frameon=False)
+    handles = [
+      Patch(facecolor=colour[n], label=n)
+      for n in names
+      if any(r.label.split("[")[0] == n for r in report.placement)
+    ]
+    ax.legend(
+      handles=handles,
+      loc="upper center",
+      bbox_to_anchor=(0.5, -0.07),
+      ncol=min(4, max(1, len(handles))),
+      fontsize=8,
+      frameon=False,
+    )
   if bx is not None:
     rows = [k for k in report.kernels if k.flops_per_sample or k.weight_bytes]
     labels = [k.name + (f" x{k.count}" if k.count > 1 else "") for k in rows]
     step = report.step_time_s or 1.0
-    comp = [report.batch_size / k.compute_samples_per_sec / step if k.compute_samples_per_sec else 0.0 for k in rows]
-    io = [report.batch_size / k.transmission_samples_per_sec / step if k.transmission_samples_per_sec and not
-          math.isinf(k.transmission_samples_per_sec) else 0.0 for k in rows]
+    comp = [
+      report.batch_size / k.compute_samples_per_sec / step if k.compute_samples_per_sec else 0.0 for k in rows
+    ]
+    io = [
+      report.batch_size / k.transmission_samples_per_sec / step
+      if k.transmission_samples_per_sec and not math.isinf(k.transmission_samples_per_sec)
+      else 0.0
+      for k in rows
+    ]
     y = list(range(len(rows)))
     bx.barh([v - 0.2 for v in y], comp, height=0.4, color="#4c78a8", label="compute")
     bx.barh([v + 0.2 for v in y], io, height=0.4, color="#f58518", label="weight I/O")
@@ -83,10 +110,13 @@ def plot_report(report: "Report", path: str) -> str:
     bx.set_title("time per kernel (overlapped: the longer bar counts)", fontsize=9)
   state = "" if report.fits else " - DOES NOT FIT"
   mode = "layer pipelined" if report.mode == "pipeline" else "weight streaming"
-  fig.suptitle(f"{report.name} on {report.num_csx} x {report.system_name} ({report.chip}), {mode}{state}\n"
-               f"{report.samples_per_sec:,.1f} samples/s, active PEs {100 * report.active_pes_fraction:.0f}%, "
-               f"compute utilization {100 * report.compute_utilization:.0f}%, "
-               f"{100 * report.flops_utilization:.1f}% of peak FLOP/s", fontsize=10)
+  fig.suptitle(
+    f"{report.name} on {report.num_csx} x {report.system_name} ({report.chip}), {mode}{state}\n"
+    f"{report.samples_per_sec:,.1f} samples/s, active PEs {100 * report.active_pes_fraction:.0f}%, "
+    f"compute utilization {100 * report.compute_utilization:.0f}%, "
+    f"{100 * report.flops_utilization:.1f}% of peak FLOP/s",
+    fontsize=10,
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

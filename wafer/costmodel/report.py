@@ -140,53 +140,88 @@ class Report:
   def kernel_table(self) -> Table:
     """The per-kernel rows as a `Table` (Cerebras' columns plus the instance count and share)."""
     share = "Step Share" if self.mode == "weight_streaming" else "PE Share"
-    rows = [[k.name + (f" (x{k.count})" if k.count > 1 else ""), _rate(k.samples_per_sec),
-             _rate(k.compute_samples_per_sec), _rate(k.transmission_samples_per_sec), f"{k.active_pes:,}",
-             f"{100 * k.compute_utilization:.0f}%", f"{100 * k.time_share:.1f}%"] for k in self.kernels]
-    return Table(["Kernel Name", "Samples/s", "Compute Samples/s", "Transmission Samples/s", "Active PEs",
-                  "Compute Utilization", share], rows)
+    rows = [
+      [
+        k.name + (f" (x{k.count})" if k.count > 1 else ""),
+        _rate(k.samples_per_sec),
+        _rate(k.compute_samples_per_sec),
+        _rate(k.transmission_samples_per_sec),
+        f"{k.active_pes:,}",
+        f"{100 * k.compute_utilization:.0f}%",
+        f"{100 * k.time_share:.1f}%",
+      ]
+      for k in self.kernels
+    ]
+    return Table(
+      [
+        "Kernel Name",
+        "Samples/s",
+        "Compute Samples/s",
+        "Transmission Samples/s",
+        "Active PEs",
+        "Compute Utilization",
+        share,
+      ],
+      rows,
+    )
 
   def to_text(self) -> str:
     """The report in the style of Cerebras' ``compile_report.txt``."""
     lines = ["Estimated Overall Performance"]
-    lines += [f" {label + ':':<30}{value}" for label, value in (
+    lines += [
+      f" {label + ':':<30}{value}"
+      for label, value in (
         ("Samples/s", _rate(self.samples_per_sec)),
         ("Compute Samples/s", _rate(self.compute_samples_per_sec)),
         ("Transmission Samples/s", _rate(self.transmission_samples_per_sec)),
         ("Active PEs", f"{100 * self.active_pes_fraction:.0f}%"),
         ("Compute Utilization", f"{100 * self.compute_utilization:.0f}%"),
-    )]
+      )
+    ]
     if not self.fits:
       lines += ["", f" Does not fit in {_mode_name(self.mode)} mode: {self.reason}"]
     lines += ["", str(self.kernel_table()), "", "Estimate details"]
     d = self.details
     usable = f"{self.grid[0]} x {self.grid[1]}"
     lines.append(f" {'Model:':<16}{self.name}")
-    lines.append(f" {'System:':<16}{self.num_csx} x {self.system_name} ({self.chip}, {usable} PEs used, "
-                 f"{self.clock_hz / 1e9:g} GHz clock)")
+    lines.append(
+      f" {'System:':<16}{self.num_csx} x {self.system_name} ({self.chip}, {usable} PEs used, "
+      f"{self.clock_hz / 1e9:g} GHz clock)"
+    )
     lines.append(f" {'Mode:':<16}{_mode_name(self.mode)} ({self.mode_reason})")
     if self.mode == "weight_streaming":
-      batch_line = (f"{self.batch_size} per step ({self.batch_size // self.num_csx} per system); micro-batch "
-                    f"{self.micro_batch_size} ({d.get('micro_batches', 1)} per step)")
+      batch_line = (
+        f"{self.batch_size} per step ({self.batch_size // self.num_csx} per system); micro-batch "
+        f"{self.micro_batch_size} ({d.get('micro_batches', 1)} per step)"
+      )
     else:
       batch_line = f"{self.batch_size} per step; pipeline waves of {self.micro_batch_size}"
     lines.append(f" {'Batch:':<16}{batch_line}")
     lines.append(f" {'Formats:':<16}{self.compute_format} operands, {self.accumulate_format} accumulation")
-    lines.append(f" {'Work:':<16}{self.flops_per_sample / 1e12:.4g} TFLOP per sample (matrix products, "
-                 "forward + backward)")
-    lines.append(f" {'Model FLOP/s:':<16}{self.model_flops_per_sec / 1e15:.3g} PFLOP/s = "
-                 f"{100 * self.flops_utilization:.1f}% of the {self.peak_flops_per_sec / 1e15:.3g} PFLOP/s dense peak")
+    lines.append(
+      f" {'Work:':<16}{self.flops_per_sample / 1e12:.4g} TFLOP per sample (matrix products, "
+      "forward + backward)"
+    )
+    lines.append(
+      f" {'Model FLOP/s:':<16}{self.model_flops_per_sec / 1e15:.3g} PFLOP/s = "
+      f"{100 * self.flops_utilization:.1f}% of the {self.peak_flops_per_sec / 1e15:.3g} PFLOP/s dense peak"
+    )
     if self.tokens_per_sec:
       lines.append(f" {'Tokens/s:':<16}{self.tokens_per_sec:,.0f}")
     if self.fits:
       if self.mode == "weight_streaming":
-        lines.append(f" {'Step:':<16}{self.step_time_s:.4g} s (compute {d['compute_s']:.4g} s, weight and data "
-                     f"I/O {d['io_s']:.4g} s, overlapped; boundary {d['boundary_s'] * 1e3:.3g} ms)")
-        lines.append(f" {'Resident:':<16}{d['resident_bytes'] / 1e9:.3g} GB of activations between forward "
-                     "and backward")
+        lines.append(
+          f" {'Step:':<16}{self.step_time_s:.4g} s (compute {d['compute_s']:.4g} s, weight and data "
+          f"I/O {d['io_s']:.4g} s, overlapped; boundary {d['boundary_s'] * 1e3:.3g} ms)"
+        )
+        lines.append(
+          f" {'Resident:':<16}{d['resident_bytes'] / 1e9:.3g} GB of activations between forward and backward"
+        )
       else:
-        lines.append(f" {'Step:':<16}{self.step_time_s:.4g} s; {len(self.placement)} rectangles hold "
-                     f"{d['memory_bytes'] / 1e9:.3g} GB")
+        lines.append(
+          f" {'Step:':<16}{self.step_time_s:.4g} s; {len(self.placement)} rectangles hold "
+          f"{d['memory_bytes'] / 1e9:.3g} GB"
+        )
     for mode, alt in self.alternatives.items():
       text = _rate(alt) + " samples/s" if isinstance(alt, (int, float)) else f"does not fit: {alt}"
       lines.append(f" {'Other mode:':<16}{_mode_name(mode)}: {text}")
@@ -235,9 +270,11 @@ class Report:
     """
     model_dir = os.fspath(model_dir)
     os.makedirs(model_dir, exist_ok=True)
-    paths = {"text": os.path.join(model_dir, "compile_report.txt"),
-             "json": os.path.join(model_dir, "compile_report.json"),
-             "png": os.path.join(model_dir, "placement.png")}
+    paths = {
+      "text": os.path.join(model_dir, "compile_report.txt"),
+      "json": os.path.join(model_dir, "compile_report.json"),
+      "png": os.path.join(model_dir, "placement.png"),
+    }
     with open(paths["text"], "w") as fh:
       fh.write(self.to_text())
     with open(paths["json"], "w") as fh:

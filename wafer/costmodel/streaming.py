@@ -84,8 +84,9 @@ def micro_batch_candidates(batch: int, limit: int = 24) -> list[int]:
   return sorted(picked)
 
 
-def _evaluate(graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int,
-              mb: int, num_csx: int) -> StreamingResult | str:
+def _evaluate(
+  graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, mb: int, num_csx: int
+) -> StreamingResult | str:
   f = machine.calib.clock_hz
   b_in = b_out = system.io_bytes_per_sec
   ratio = mb / graph.traced_batch
@@ -93,8 +94,10 @@ def _evaluate(graph: Graph, machine: Machine, system: System, width: int, height
   resident = sum(k.count * k.activation_in_bytes(ratio) for k in graph.kernels)
   capacity = width * height * machine.sram_data_bytes
   if resident > capacity:
-    return (f"activations kept for the backward pass ({resident / 1e9:.3g} GB) exceed the rectangle's "
-            f"SRAM for tensors ({capacity / 1e9:.3g} GB)")
+    return (
+      f"activations kept for the backward pass ({resident / 1e9:.3g} GB) exceed the rectangle's "
+      f"SRAM for tensors ({capacity / 1e9:.3g} GB)"
+    )
   rows = []
   compute_total = io_total = time_total = 0.0
   for k in graph.kernels:
@@ -111,8 +114,11 @@ def _evaluate(graph: Graph, machine: Machine, system: System, width: int, height
     compute = (c_fwd + c_bwd) / f
     scale = n_micro * k.count
     flops = scale * k.matmul_flops(ratio, ("fwd", "bwd"))
-    rows.append(StreamingKernel(k.name, k.count, compute * scale, (io_fwd + io_bwd) * scale, t * scale, flops,
-                                w_bytes * k.count))
+    rows.append(
+      StreamingKernel(
+        k.name, k.count, compute * scale, (io_fwd + io_bwd) * scale, t * scale, flops, w_bytes * k.count
+      )
+    )
     compute_total += compute * scale
     io_total += (io_fwd + io_bwd) * scale
     time_total += t * scale
@@ -125,12 +131,29 @@ def _evaluate(graph: Graph, machine: Machine, system: System, width: int, height
     boundary = first.weight_bytes() / b_in + first.weight_elements() * machine.calib.gradient_bytes / b_out
   swarmx = 2 * math.ceil(math.log2(num_csx)) * machine.calib.swarmx_level_latency_s if num_csx > 1 else 0.0
   return StreamingResult(
-      micro_batch=mb, n_micro=n_micro, step_s=time_total + boundary + swarmx, compute_s=compute_total,
-      io_s=io_total, boundary_s=boundary, swarmx_s=swarmx, resident_bytes=resident, kernels=rows, rejected={})
+    micro_batch=mb,
+    n_micro=n_micro,
+    step_s=time_total + boundary + swarmx,
+    compute_s=compute_total,
+    io_s=io_total,
+    boundary_s=boundary,
+    swarmx_s=swarmx,
+    resident_bytes=resident,
+    kernels=rows,
+    rejected={},
+  )
 
 
-def weight_streaming(graph: Graph, machine: Machine, system: System, width: int, height: int,
-                     batch_per_system: int, num_csx: int = 1, micro_batch: int | None = None) -> StreamingResult | str:
+def weight_streaming(
+  graph: Graph,
+  machine: Machine,
+  system: System,
+  width: int,
+  height: int,
+  batch_per_system: int,
+  num_csx: int = 1,
+  micro_batch: int | None = None,
+) -> StreamingResult | str:
   """The fastest feasible micro-batch, or a string saying why none is feasible.
 
   Args:

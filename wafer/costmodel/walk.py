@@ -21,31 +21,133 @@ from jax.extend import core as jcore
 
 __all__ = ("Site", "Walker", "classify")
 
-_FREE = frozenset({
-    "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "stop_gradient", "bitcast_convert_type",
-    "sharding_constraint", "pvary", "optimization_barrier", "iota", "copy_p", "device_put", "name",
-    "mesh_cast", "reshard", "unreduced_psum", "create_token", "axis_index",
-})
-_TRANSCENDENTAL = frozenset({
-    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "erf", "erfc", "erf_inv", "sin", "cos",
-    "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "rsqrt",
-    "cbrt", "div", "pow", "lgamma", "digamma", "igamma", "igammac", "bessel_i0e", "bessel_i1e",
-})
-_REDUCE = frozenset({
-    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "cumsum", "cummax",
-    "cummin", "cumprod", "cumlogsumexp", "reduce_and", "reduce_or", "reduce_xor", "psum", "pmax", "pmin",
-})
-_MOVE = frozenset({
-    "transpose", "concatenate", "pad", "slice", "dynamic_slice", "dynamic_update_slice", "gather",
-    "scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter-max",
-    "select_and_scatter_add", "select_and_gather_add", "sort", "rev", "copy", "split", "all_gather",
-    "all_to_all", "ppermute", "reduce_scatter", "top_k",
-})
+_FREE = frozenset(
+  {
+    "reshape",
+    "squeeze",
+    "expand_dims",
+    "broadcast_in_dim",
+    "stop_gradient",
+    "bitcast_convert_type",
+    "sharding_constraint",
+    "pvary",
+    "optimization_barrier",
+    "iota",
+    "copy_p",
+    "device_put",
+    "name",
+    "mesh_cast",
+    "reshard",
+    "unreduced_psum",
+    "create_token",
+    "axis_index",
+  }
+)
+_TRANSCENDENTAL = frozenset(
+  {
+    "exp",
+    "exp2",
+    "log",
+    "log1p",
+    "expm1",
+    "tanh",
+    "logistic",
+    "erf",
+    "erfc",
+    "erf_inv",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "atan2",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "div",
+    "pow",
+    "lgamma",
+    "digamma",
+    "igamma",
+    "igammac",
+    "bessel_i0e",
+    "bessel_i1e",
+  }
+)
+_REDUCE = frozenset(
+  {
+    "reduce_sum",
+    "reduce_max",
+    "reduce_min",
+    "reduce_prod",
+    "argmax",
+    "argmin",
+    "cumsum",
+    "cummax",
+    "cummin",
+    "cumprod",
+    "cumlogsumexp",
+    "reduce_and",
+    "reduce_or",
+    "reduce_xor",
+    "psum",
+    "pmax",
+    "pmin",
+  }
+)
+_MOVE = frozenset(
+  {
+    "transpose",
+    "concatenate",
+    "pad",
+    "slice",
+    "dynamic_slice",
+    "dynamic_update_slice",
+    "gather",
+    "scatter",
+    "scatter-add",
+    "scatter_add",
+    "scatter-mul",
+    "scatter_mul",
+    "scatter-min",
+    "scatter-max",
+    "select_and_scatter_add",
+    "select_and_gather_add",
+    "sort",
+    "rev",
+    "copy",
+    "split",
+    "all_gather",
+    "all_to_all",
+    "ppermute",
+    "reduce_scatter",
+    "top_k",
+  }
+)
 # View-like ops: a parameter seen through them is still the same parameter (same root).
-_VIEW = frozenset({
-    "transpose", "reshape", "convert_element_type", "broadcast_in_dim", "squeeze", "expand_dims", "copy",
-    "copy_p", "bitcast_convert_type", "reduce_precision", "sharding_constraint", "pvary", "stop_gradient",
-})
+_VIEW = frozenset(
+  {
+    "transpose",
+    "reshape",
+    "convert_element_type",
+    "broadcast_in_dim",
+    "squeeze",
+    "expand_dims",
+    "copy",
+    "copy_p",
+    "bitcast_convert_type",
+    "reduce_precision",
+    "sharding_constraint",
+    "pvary",
+    "stop_gradient",
+  }
+)
 _CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
@@ -91,8 +193,14 @@ class Walker:
     self.next_key += 1
     return self.next_key
 
-  def walk(self, jaxpr: jcore.Jaxpr, in_keys: Sequence[int | None], scopes: tuple[str, ...],
-           transposed: bool, mult: int) -> list[int]:
+  def walk(
+    self,
+    jaxpr: jcore.Jaxpr,
+    in_keys: Sequence[int | None],
+    scopes: tuple[str, ...],
+    transposed: bool,
+    mult: int,
+  ) -> list[int]:
     env: dict[Any, int | None] = {}
     for var, key in zip(jaxpr.invars, in_keys):
       env[var] = key
@@ -127,8 +235,9 @@ class Walker:
     return outs
 
   # -- one equation ---------------------------------------------------------------------------
-  def _eqn(self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool,
-           mult: int) -> list[int]:
+  def _eqn(
+    self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
+  ) -> list[int]:
     prim = eqn.primitive.name
     params = eqn.params
     if prim == "scan":
@@ -158,7 +267,9 @@ class Walker:
         self.data.update(outs)
       return outs
     # generic higher-order primitive we do not know: walk every sub-jaxpr once
-    known = prim in _MOVE or prim in _REDUCE or prim in _TRANSCENDENTAL or prim.startswith(("reduce", "scatter"))
+    known = (
+      prim in _MOVE or prim in _REDUCE or prim in _TRANSCENDENTAL or prim.startswith(("reduce", "scatter"))
+    )
     subs = list(jcore.jaxprs_in_params(params)) if not known and _has_subjaxprs(params) else []
     outs = self._fresh_outs(eqn, ins)
     for sub in subs:
@@ -185,12 +296,23 @@ class Walker:
       for o in outs:
         self.root[o] = roots[0]
 
-  def _site(self, eqn: Any, kind: str, ins: tuple[int | None, ...], outs: Sequence[int],
-            scopes: tuple[str, ...], transposed: bool, mult: int) -> None:
+  def _site(
+    self,
+    eqn: Any,
+    kind: str,
+    ins: tuple[int | None, ...],
+    outs: Sequence[int],
+    scopes: tuple[str, ...],
+    transposed: bool,
+    mult: int,
+  ) -> None:
     in_avals = [v.aval for v in eqn.invars]
     out_avals = [v.aval for v in eqn.outvars]
-    pairs = [(self.alias.get(k, k), tuple(getattr(v.aval, "shape", ()))) for k, v in zip(ins, eqn.invars)
-             if k is not None]
+    pairs = [
+      (self.alias.get(k, k), tuple(getattr(v.aval, "shape", ())))
+      for k, v in zip(ins, eqn.invars)
+      if k is not None
+    ]
     in_keys = tuple(k for k, _ in pairs)
     in_shapes = tuple(sh for _, sh in pairs)
     out_shapes = tuple(tuple(getattr(a, "shape", ())) for a in out_avals)
@@ -211,41 +333,58 @@ class Walker:
       weight_roots = tuple(self.root[k] for k in ins if k is not None and k in self.root)
       if eqn.primitive.name == "integer_pow":
         ops = float(max(1, abs(int(eqn.params.get("y", 2))) - 1))
-    self.sites.append(Site(kind, scopes, transposed, mult, in_keys, tuple(outs), measures, in_shapes,
-                            out_shapes, bits, weight_roots, ops))
+    self.sites.append(
+      Site(
+        kind,
+        scopes,
+        transposed,
+        mult,
+        in_keys,
+        tuple(outs),
+        measures,
+        in_shapes,
+        out_shapes,
+        bits,
+        weight_roots,
+        ops,
+      )
+    )
 
   # -- control flow ---------------------------------------------------------------------------
-  def _scan(self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool,
-            mult: int) -> list[int]:
+  def _scan(
+    self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
+  ) -> list[int]:
     p = eqn.params
     body = p["jaxpr"].jaxpr
     n_consts, n_carry = p["num_consts"], p["num_carry"]
     length = int(p["length"])
     keys: list[int | None] = list(ins[: n_consts + n_carry])
-    for k in ins[n_consts + n_carry:]:  # xs: one slice per iteration, same parameter root
+    for k in ins[n_consts + n_carry :]:  # xs: one slice per iteration, same parameter root
       sliced = self._new()
       if k is not None and k in self.root and k not in self.data:
         self.root[sliced] = self.root[k]
       if k is not None and k in self.data:
         self.data.add(sliced)
       keys.append(sliced)
-    if any(k in self.data for k in keys[:n_consts + n_carry] if k is not None):
-      self.data.update(k for k in keys[n_consts:n_consts + n_carry] if k is not None)
+    if any(k in self.data for k in keys[: n_consts + n_carry] if k is not None):
+      self.data.update(k for k in keys[n_consts : n_consts + n_carry] if k is not None)
     self.walk(body, keys, scopes, transposed, mult * max(length, 1))
     return self._fresh_outs(eqn, ins)
 
-  def _while(self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool,
-             mult: int) -> list[int]:
+  def _while(
+    self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
+  ) -> list[int]:
     p = eqn.params
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
     body = p["body_jaxpr"].jaxpr
-    keys = list(ins[cn:cn + bn]) + list(ins[cn + bn:])
+    keys = list(ins[cn : cn + bn]) + list(ins[cn + bn :])
     self.notes.add("while loops (unknown trip count) are counted as one iteration")
     self.walk(body, keys, scopes, transposed, mult)
     return self._fresh_outs(eqn, ins)
 
-  def _cond(self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool,
-            mult: int) -> list[int]:
+  def _cond(
+    self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
+  ) -> list[int]:
     branches = eqn.params["branches"]
     best: list[Site] | None = None
     best_cost = -1.0
@@ -367,4 +506,9 @@ def _matmul_measures(eqn: Any) -> tuple[float, float, float, float]:
   c_in = lhs[lhs_spec[1]]
   window = math.prod(rhs[d] for d in rhs_spec[2:])
   c_out = rhs[rhs_spec[0]]
-  return float(groups), float(n_batch * out_pixels), float(c_in // max(groups, 1) * window), float(c_out // max(groups, 1))
+  return (
+    float(groups),
+    float(n_batch * out_pixels),
+    float(c_in // max(groups, 1) * window),
+    float(c_out // max(groups, 1)),
+  )

@@ -23,8 +23,20 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ("TransformerConfig", "Measurement", "Workload", "WORKLOADS", "get_workload", "train_step_fn",
-           "prefill_fn", "init_params", "adamw_init", "adamw_update", "AdamWState", "accuracy")
+__all__ = (
+  "TransformerConfig",
+  "Measurement",
+  "Workload",
+  "WORKLOADS",
+  "get_workload",
+  "train_step_fn",
+  "prefill_fn",
+  "init_params",
+  "adamw_init",
+  "adamw_update",
+  "AdamWState",
+  "accuracy",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,13 +101,20 @@ def init_params(cfg: TransformerConfig, key: jax.Array, *, embeddings: bool = Tr
     return out
 
   layer: dict[str, Any] = {
-      "ln1": norm_params((n_l,)), "ln2": norm_params((n_l,)),
-      "wqkv": normal((n_l, d, qkv), d), "wo": normal((n_l, cfg.heads * cfg.head_dim, d), d),
-      "w_up": normal((n_l, d, up), d), "w_down": normal((n_l, f, d), f),
+    "ln1": norm_params((n_l,)),
+    "ln2": norm_params((n_l,)),
+    "wqkv": normal((n_l, d, qkv), d),
+    "wo": normal((n_l, cfg.heads * cfg.head_dim, d), d),
+    "w_up": normal((n_l, d, up), d),
+    "w_down": normal((n_l, f, d), f),
   }
   if cfg.bias:
-    layer.update(bqkv=jnp.zeros((n_l, qkv)), bo=jnp.zeros((n_l, d)), b_up=jnp.zeros((n_l, up)),
-                 b_down=jnp.zeros((n_l, d)))
+    layer.update(
+      bqkv=jnp.zeros((n_l, qkv)),
+      bo=jnp.zeros((n_l, d)),
+      b_up=jnp.zeros((n_l, up)),
+      b_down=jnp.zeros((n_l, d)),
+    )
   params: dict[str, Any] = {"layers": layer}
   if embeddings:
     params["embed"] = normal((cfg.vocab, d), 1)
@@ -140,8 +159,8 @@ def _layer(cfg: TransformerConfig, x: jax.Array, p: dict[str, Any]) -> jax.Array
     y = _norm(cfg, x, p["ln1"])
     qkv = _dense(y, p["wqkv"], p.get("bqkv"))
     q = qkv[..., : h * dh].reshape(b, s, h, dh)
-    k = qkv[..., h * dh:(h + kv) * dh].reshape(b, s, kv, dh)
-    v = qkv[..., (h + kv) * dh:].reshape(b, s, kv, dh)
+    k = qkv[..., h * dh : (h + kv) * dh].reshape(b, s, kv, dh)
+    v = qkv[..., (h + kv) * dh :].reshape(b, s, kv, dh)
     if cfg.positions == "rotary":
       q, k = _rotary(q), _rotary(k)
     if kv != h:
@@ -157,7 +176,7 @@ def _layer(cfg: TransformerConfig, x: jax.Array, p: dict[str, Any]) -> jax.Array
     y = _norm(cfg, x, p["ln2"])
     u = _dense(y, p["w_up"], p.get("b_up"))
     if cfg.mlp == "swiglu":
-      u = jax.nn.silu(u[..., : cfg.ffn]) * u[..., cfg.ffn:]
+      u = jax.nn.silu(u[..., : cfg.ffn]) * u[..., cfg.ffn :]
     else:
       u = jax.nn.gelu(u, approximate=True)
     x = x + _dense(u, p["w_down"], p.get("b_down"))
@@ -201,9 +220,18 @@ def adamw_init(params: Any) -> AdamWState:
   return AdamWState(jnp.zeros((), jnp.int32), zeros, jax.tree.map(jnp.zeros_like, params))
 
 
-def adamw_update(grads: Any, state: AdamWState, params: Any, *, lr: float = 1e-4, b1: float = 0.9,
-                 b2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.01,
-                 max_norm: float = 1.0) -> tuple[Any, AdamWState]:
+def adamw_update(
+  grads: Any,
+  state: AdamWState,
+  params: Any,
+  *,
+  lr: float = 1e-4,
+  b1: float = 0.9,
+  b2: float = 0.95,
+  eps: float = 1e-8,
+  weight_decay: float = 0.01,
+  max_norm: float = 1.0,
+) -> tuple[Any, AdamWState]:
   """One AdamW step after global-norm clipping (modelzoo GPT-2: betas 0.9/0.95, ``max_gradient_norm: 1.0``).
 
   Written out rather than taken from optax so that it traces under strict dtype promotion.
@@ -215,14 +243,18 @@ def adamw_update(grads: Any, state: AdamWState, params: Any, *, lr: float = 1e-4
   mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * (g * scale), state.mu, grads)
   nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g * scale), state.nu, grads)
   c1, c2 = 1 - jnp.power(b1, t), 1 - jnp.power(b2, t)
-  new = jax.tree.map(lambda p, m, v: p - lr * ((m / c1) / (jnp.sqrt(v / c2) + eps) + weight_decay * p), params, mu, nu)
+  new = jax.tree.map(
+    lambda p, m, v: p - lr * ((m / c1) / (jnp.sqrt(v / c2) + eps) + weight_decay * p), params, mu, nu
+  )
   return new, AdamWState(count, mu, nu)
 
 
 def train_step_fn(cfg: TransformerConfig) -> Callable[..., Any]:
   """``step(params, opt_state, tokens) -> (params, opt_state, loss)``: forward, backward, AdamW."""
 
-  def step(params: dict[str, Any], opt_state: AdamWState, tokens: jax.Array) -> tuple[Any, AdamWState, jax.Array]:
+  def step(
+    params: dict[str, Any], opt_state: AdamWState, tokens: jax.Array
+  ) -> tuple[Any, AdamWState, jax.Array]:
     loss, grads = jax.value_and_grad(lambda p: loss_fn(cfg, p, tokens))(params)
     params, opt_state = adamw_update(grads, opt_state, params)
     return params, opt_state, loss
@@ -232,8 +264,10 @@ def train_step_fn(cfg: TransformerConfig) -> Callable[..., Any]:
 
 def prefill_fn(cfg: TransformerConfig) -> Callable[..., Any]:
   """``prefill(layer_params, x[b, s, d]) -> hidden states``: the transformer layers, forward only."""
+
   def prefill(layer_params: dict[str, Any], x: jax.Array) -> jax.Array:
     return _layers(cfg, x, layer_params)
+
   return prefill
 
 
@@ -307,54 +341,145 @@ def accuracy(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
       continue
     report = w.estimate()
     m = w.measurement
-    rows.append({
-        "id": m.id, "workload": w.name, "predicted": report.samples_per_sec, "measured": m.value,
-        "abs_log_ratio": abs(math.log(report.samples_per_sec / m.value)), "held_out": m.held_out,
-        "mode": report.mode, "micro_batch": report.micro_batch_size, "what": m.what, "source": m.source,
-    })
+    rows.append(
+      {
+        "id": m.id,
+        "workload": w.name,
+        "predicted": report.samples_per_sec,
+        "measured": m.value,
+        "abs_log_ratio": abs(math.log(report.samples_per_sec / m.value)),
+        "held_out": m.held_out,
+        "mode": report.mode,
+        "micro_batch": report.micro_batch_size,
+        "what": m.what,
+        "source": m.source,
+      }
+    )
   return rows
 
 
 GPT2_SMALL = TransformerConfig(layers=12, d_model=768, heads=12, ffn=3072, vocab=50257, seq=2048)
-LLAMA_7B = TransformerConfig(layers=32, d_model=4096, heads=32, ffn=11008, vocab=32000, seq=2048, norm="rmsnorm",
-                             mlp="swiglu", positions="rotary", tied_embeddings=False, bias=False)
-ESM2_35M = TransformerConfig(layers=12, d_model=480, heads=20, ffn=1920, vocab=33, seq=1026, positions="rotary",
-                             causal=False)
-LLAMA3_8B = TransformerConfig(layers=32, d_model=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq=4096,
-                              norm="rmsnorm", mlp="swiglu", positions="rotary", tied_embeddings=False, bias=False)
+LLAMA_7B = TransformerConfig(
+  layers=32,
+  d_model=4096,
+  heads=32,
+  ffn=11008,
+  vocab=32000,
+  seq=2048,
+  norm="rmsnorm",
+  mlp="swiglu",
+  positions="rotary",
+  tied_embeddings=False,
+  bias=False,
+)
+ESM2_35M = TransformerConfig(
+  layers=12, d_model=480, heads=20, ffn=1920, vocab=33, seq=1026, positions="rotary", causal=False
+)
+LLAMA3_8B = TransformerConfig(
+  layers=32,
+  d_model=4096,
+  heads=32,
+  kv_heads=8,
+  ffn=14336,
+  vocab=128256,
+  seq=4096,
+  norm="rmsnorm",
+  mlp="swiglu",
+  positions="rotary",
+  tied_embeddings=False,
+  bias=False,
+)
 GPT3_175B = TransformerConfig(layers=96, d_model=12288, heads=96, ffn=49152, vocab=50257, seq=2048)
 
 _WAFERLLM = {
-    "system": "wse2", "mode": "weight_streaming", "rect": (720, 720), "compute_format": "float16",
-    "accumulate_format": "float16", "gemm_algorithm": "meshgemm",
+  "system": "wse2",
+  "mode": "weight_streaming",
+  "rect": (720, 720),
+  "compute_format": "float16",
+  "accumulate_format": "float16",
+  "gemm_algorithm": "meshgemm",
 }
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("gpt2_small", "GPT-2 small (124M): 12 x d768, 12 heads, FFN 3072, seq 2048, tied embeddings",
-             GPT2_SMALL, 112, estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-             measurement=Measurement("V01", 494.4, "1 x CS-2, R2.3.0, cbfloat16, 2024-03",
-                                     "argonne-lcf/ai-science-training-series old/2024-Spring/07_AITestbeds/Cerebras/gpt2.md")),
-    Workload("llama_7b", "LLaMA-7B: 32 x d4096, 32 heads, SwiGLU 11008, RMSNorm, rotary, vocab 32000, seq 2048",
-             LLAMA_7B, 99, estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-             measurement=Measurement("V06", 20.45, "1 x CS-2, R2.1.1-2.3.0, cbfloat16, 2024-03-21",
-                                     "argonne-lcf ai-science-training-series llama2-7b.md; modelzoo params_llama_7b.yaml")),
-    Workload("esm2_35m", "ESM-2 t12 35M: 12 x d480, 20 heads, FFN 1920, rotary, bidirectional, vocab 33, seq 1026",
-             ESM2_35M, 2048, estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-             measurement=Measurement("V08", 585.9, "1 x CS-2, R2.4.0, cbfloat16, 2024-08-02",
-                                     "argonne-lcf/user-guides @0ac28ced; modelzoo params_esm2_t12_35M_UR50D.yaml")),
-    Workload("llama3_8b_prefill", "LLaMA3-8B prefill of a 4096-token prompt, forward only, fp16, WaferLLM "
-             "MeshGEMM kernels on 720 x 720 PEs (tokens/s = samples/s x 4096)",
-             LLAMA3_8B, 1, kind="prefill", estimate_kwargs=dict(_WAFERLLM, clock_hz=1.1e9),
-             measurement=Measurement("V11", 27686.5 / 4096, "WSE-2, WaferLLM CSL kernels; cycles converted at 1.1 GHz",
-                                     "WaferLLM OSDI'25 Table 3 (27,686.5 tok/s)")),
-    Workload("esm2_35m_cs3", "ESM-2 t12 35M on a CS-3 (same shapes as esm2_35m)", ESM2_35M, 2048,
-             estimate_kwargs={"system": "wse3", "mode": "weight_streaming"},
-             measurement=Measurement("H01", 989.1, "1 x CS-3, R2.9.0, 2025-10 (GlobalRate after 400 steps)",
-                                     "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md (ESM-2)",
-                                     held_out=True)),
-    Workload("gpt3_175b", "GPT-3 175B: 96 x d12288, 96 heads, FFN 49152, seq 2048, vocab 50257", GPT3_175B, 1536,
-             estimate_kwargs={"system": "wse2"}),
-)}
+WORKLOADS: dict[str, Workload] = {
+  w.name: w
+  for w in (
+    Workload(
+      "gpt2_small",
+      "GPT-2 small (124M): 12 x d768, 12 heads, FFN 3072, seq 2048, tied embeddings",
+      GPT2_SMALL,
+      112,
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "V01",
+        494.4,
+        "1 x CS-2, R2.3.0, cbfloat16, 2024-03",
+        "argonne-lcf/ai-science-training-series old/2024-Spring/07_AITestbeds/Cerebras/gpt2.md",
+      ),
+    ),
+    Workload(
+      "llama_7b",
+      "LLaMA-7B: 32 x d4096, 32 heads, SwiGLU 11008, RMSNorm, rotary, vocab 32000, seq 2048",
+      LLAMA_7B,
+      99,
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "V06",
+        20.45,
+        "1 x CS-2, R2.1.1-2.3.0, cbfloat16, 2024-03-21",
+        "argonne-lcf ai-science-training-series llama2-7b.md; modelzoo params_llama_7b.yaml",
+      ),
+    ),
+    Workload(
+      "esm2_35m",
+      "ESM-2 t12 35M: 12 x d480, 20 heads, FFN 1920, rotary, bidirectional, vocab 33, seq 1026",
+      ESM2_35M,
+      2048,
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "V08",
+        585.9,
+        "1 x CS-2, R2.4.0, cbfloat16, 2024-08-02",
+        "argonne-lcf/user-guides @0ac28ced; modelzoo params_esm2_t12_35M_UR50D.yaml",
+      ),
+    ),
+    Workload(
+      "llama3_8b_prefill",
+      "LLaMA3-8B prefill of a 4096-token prompt, forward only, fp16, WaferLLM "
+      "MeshGEMM kernels on 720 x 720 PEs (tokens/s = samples/s x 4096)",
+      LLAMA3_8B,
+      1,
+      kind="prefill",
+      estimate_kwargs=dict(_WAFERLLM, clock_hz=1.1e9),
+      measurement=Measurement(
+        "V11",
+        27686.5 / 4096,
+        "WSE-2, WaferLLM CSL kernels; cycles converted at 1.1 GHz",
+        "WaferLLM OSDI'25 Table 3 (27,686.5 tok/s)",
+      ),
+    ),
+    Workload(
+      "esm2_35m_cs3",
+      "ESM-2 t12 35M on a CS-3 (same shapes as esm2_35m)",
+      ESM2_35M,
+      2048,
+      estimate_kwargs={"system": "wse3", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "H01",
+        989.1,
+        "1 x CS-3, R2.9.0, 2025-10 (GlobalRate after 400 steps)",
+        "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md (ESM-2)",
+        held_out=True,
+      ),
+    ),
+    Workload(
+      "gpt3_175b",
+      "GPT-3 175B: 96 x d12288, 96 heads, FFN 49152, seq 2048, vocab 50257",
+      GPT3_175B,
+      1536,
+      estimate_kwargs={"system": "wse2"},
+    ),
+  )
+}
 
 
 def get_workload(name: str) -> Workload:
