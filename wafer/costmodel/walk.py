@@ -21,141 +21,41 @@ from jax.extend import core as jcore
 
 __all__ = ("Site", "Walker", "classify")
 
-_FREE = frozenset(
-  {
-    "reshape",
-    "squeeze",
-    "expand_dims",
-    "broadcast_in_dim",
-    "stop_gradient",
-    "bitcast_convert_type",
-    "sharding_constraint",
-    "pvary",
-    "optimization_barrier",
-    "iota",
-    "copy_p",
-    "device_put",
-    "name",
-    "mesh_cast",
-    "reshard",
-    "unreduced_psum",
-    "create_token",
-    "axis_index",
-  }
-)
-_TRANSCENDENTAL = frozenset(
-  {
-    "exp",
-    "exp2",
-    "log",
-    "log1p",
-    "expm1",
-    "tanh",
-    "logistic",
-    "erf",
-    "erfc",
-    "erf_inv",
-    "sin",
-    "cos",
-    "tan",
-    "asin",
-    "acos",
-    "atan",
-    "atan2",
-    "sinh",
-    "cosh",
-    "asinh",
-    "acosh",
-    "atanh",
-    "sqrt",
-    "rsqrt",
-    "cbrt",
-    "div",
-    "pow",
-    "lgamma",
-    "digamma",
-    "igamma",
-    "igammac",
-    "bessel_i0e",
-    "bessel_i1e",
-  }
-)
-_REDUCE = frozenset(
-  {
-    "reduce_sum",
-    "reduce_max",
-    "reduce_min",
-    "reduce_prod",
-    "argmax",
-    "argmin",
-    "cumsum",
-    "cummax",
-    "cummin",
-    "cumprod",
-    "cumlogsumexp",
-    "reduce_and",
-    "reduce_or",
-    "reduce_xor",
-    "psum",
-    "pmax",
-    "pmin",
-  }
-)
-_MOVE = frozenset(
-  {
-    "transpose",
-    "concatenate",
-    "pad",
-    "slice",
-    "dynamic_slice",
-    "dynamic_update_slice",
-    "gather",
-    "scatter",
-    "scatter-add",
-    "scatter_add",
-    "scatter-mul",
-    "scatter_mul",
-    "scatter-min",
-    "scatter-max",
-    "select_and_scatter_add",
-    "select_and_gather_add",
-    "sort",
-    "rev",
-    "copy",
-    "split",
-    "all_gather",
-    "all_to_all",
-    "ppermute",
-    "reduce_scatter",
-    "top_k",
-  }
-)
+# fmt: off
+_FREE = frozenset({
+    "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "stop_gradient", "bitcast_convert_type",
+    "sharding_constraint", "pvary", "optimization_barrier", "iota", "copy_p", "device_put", "name",
+    "mesh_cast", "reshard", "unreduced_psum", "create_token", "axis_index",
+})
+_TRANSCENDENTAL = frozenset({
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "erf", "erfc", "erf_inv", "sin", "cos",
+    "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "rsqrt",
+    "cbrt", "div", "pow", "lgamma", "digamma", "igamma", "igammac", "bessel_i0e", "bessel_i1e",
+})
+_REDUCE = frozenset({
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "cumsum", "cummax",
+    "cummin", "cumprod", "cumlogsumexp", "reduce_and", "reduce_or", "reduce_xor", "psum", "pmax", "pmin",
+})
+_MOVE = frozenset({
+    "transpose", "concatenate", "pad", "slice", "dynamic_slice", "dynamic_update_slice", "gather",
+    "scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter-max",
+    "select_and_scatter_add", "select_and_gather_add", "sort", "rev", "copy", "split", "all_gather",
+    "all_to_all", "ppermute", "reduce_scatter", "top_k",
+})
 # View-like ops: a parameter seen through them is still the same parameter (same root).
-_VIEW = frozenset(
-  {
-    "transpose",
-    "reshape",
-    "convert_element_type",
-    "broadcast_in_dim",
-    "squeeze",
-    "expand_dims",
-    "copy",
-    "copy_p",
-    "bitcast_convert_type",
-    "reduce_precision",
-    "sharding_constraint",
-    "pvary",
-    "stop_gradient",
-  }
-)
+_VIEW = frozenset({
+    "transpose", "reshape", "convert_element_type", "broadcast_in_dim", "squeeze", "expand_dims", "copy",
+    "copy_p", "bitcast_convert_type", "reduce_precision", "sharding_constraint", "pvary", "stop_gradient",
+})
+# fmt: on
 _CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
-
-
-# both traces.
 
 
 @dataclasses.dataclass
 class Site:
+  """One leaf equation in context. The walk yields sites in the same order for any batch size, so the
+  sites of two traces can be compared one to one."""
+
   kind: str  # matmul, vector, transcendental, reduce, move, cast
   scopes: tuple[str, ...]
   transposed: bool
