@@ -1,0 +1,62 @@
+"""Hardware specs and calibration parameters: the published numbers and their internal consistency."""
+
+import math
+
+import pytest
+
+from wafer.costmodel import CALIBRATION, SYSTEMS, Calibration, get_system
+
+
+def test_grids_and_memory_match_the_published_specs():
+  wse2 = get_system("wse2").chip
+  assert (wse2.fabric_width, wse2.fabric_height) == (757, 996)  # SDK fabric dims, most CS-2s
+  assert (get_system("wse3").chip.fabric_width, get_system("wse3").chip.fabric_height) == (762, 1176)
+  assert (get_system("wse1").chip.fabric_width, get_system("wse1").chip.fabric_height) == (633, 633)
+  for sys_ in SYSTEMS.values():
+    chip = sys_.chip
+    assert chip.sram_bytes_per_pe == 48 * 1024
+    assert 0 < chip.usable_pes < chip.fabric_pes
+    assert chip.usable_pes > 0.98 * chip.fabric_pes  # the I/O margin is a few edge columns
+    assert chip.router_ports == 5
+    assert chip.link_bytes_per_cycle == 4  # one 32-bit wavelet per cycle per direction
+
+
+def test_total_sram_matches_the_marketed_capacity():
+  # 40 GB (WSE-2) and 44 GB (WSE-3) marketed; the SDK grid x 48 KB must be close (within 10 %)
+  for key, marketed in (("wse2", 40e9), ("wse3", 44e9)):
+    chip = get_system(key).chip
+    assert abs(chip.fabric_pes * chip.sram_bytes_per_pe / marketed - 1) < 0.1
+
+
+def test_dense_peak_is_in_the_derived_range():
+  # wafer.md §1.1: dense FP16 peak 5.1-6.6 PF (WSE-2 SDK grid) and 12.2-15.8 PF (WSE-3) at 0.85-1.1 GHz
+  for key, (lo, hi) in (("wse2", (5.0e15, 6.7e15)), ("wse3", (12.0e15, 15.9e15))):
+    chip = get_system(key).chip
+    for clock in (0.85e9, 1.1e9):
+      peak = chip.fabric_pes * chip.peak_flops_per_cycle(16) * clock
+      assert lo <= peak <= hi, (key, clock, peak)
+  assert get_system("wse2").chip.peak_flops_per_cycle(32) < get_system("wse2").chip.peak_flops_per_cycle(16)
+
+
+def test_io_bandwidth():
+  assert get_system("cs2").io_bytes_per_sec == pytest.approx(150e9)  # 12 x 100 GbE
+  assert get_system("wse3").io_bytes_per_sec > get_system("wse2").io_bytes_per_sec  # ~30 % more on CS-3
+
+
+def test_system_names_and_errors():
+  assert get_system("CS-2") is get_system("wse2") is get_system("WSE-2")
+  with pytest.raises(ValueError, match=r"system='tpu'.*'wse1', 'wse2', 'wse3'"):
+    get_system("tpu")
+
+
+def test_calibration_is_physical_and_validated():
+  assert 0.85e9 <= CALIBRATION.clock_hz <= 1.1e9  # the published range of the clock
+  assert 1 <= CALIBRATION.instruction_overhead_cycles <= 50
+  assert CALIBRATION.sram_reserved_bytes_per_pe < 48 * 1024
+  assert CALIBRATION.replace(clock_hz=1.1e9).clock_hz == 1.1e9
+  assert "clock_hz" in str(CALIBRATION.describe())
+  with pytest.raises(ValueError, match="clock_hz"):
+    Calibration(clock_hz=0.0)
+  with pytest.raises(ValueError, match="instruction_overhead_cycles"):
+    Calibration(instruction_overhead_cycles=-1.0)
+  assert math.isfinite(sum(CALIBRATION.to_dict().values()))

@@ -1,0 +1,172 @@
+"""Layer-pipelined and weight-streaming estimates: placement, bottleneck, fitting, I/O, data parallel."""
+
+import itertools
+import random
+
+import jax.numpy as jnp
+import pytest
+
+import precision
+import wafer
+from tests.costmodel_helpers import batch_args, mlp_params, mlp_train_step, sds
+from wafer.costmodel import EstimateError
+from wafer.costmodel.placement import overlaps, pack
+
+
+def _mlp_estimate(widths, batch, tokens=512, **kwargs):
+  step = mlp_train_step(widths)
+  kwargs.setdefault("batch_argnums", (1, 2))
+  return wafer.estimate(step, mlp_params(widths), *batch_args(batch, tokens, widths[0], widths[-1]), **kwargs)
+
+
+def _assert_disjoint_and_inside(rects, width, height):
+  for r in rects:
+    assert 0 <= r.x and 0 <= r.y and r.x + r.width <= width and r.y + r.height <= height, r
+  for a, b in itertools.combinations(rects, 2):
+    assert not overlaps(a, b), (a, b)
+
+
+def test_pack_places_every_area_without_overlap():
+  rng = random.Random(7)
+  for _ in range(30):
+    n = rng.randint(1, 40)
+    areas = [rng.uniform(1, 4000) for _ in range(n)]
+    scale = rng.uniform(0.2, 0.9) * 200 * 150 / sum(areas)
+    areas = [a * scale for a in areas]
+    rects = pack(areas, 200, 150)
+    assert rects is not None
+    _assert_disjoint_and_inside(rects, 200, 150)
+    assert all(r.area >= a - 1e-9 for r, a in zip(rects, areas))
+  assert pack([200 * 150 + 1], 200, 150) is None
+
+
+def test_pipeline_placement_is_disjoint_on_the_grid_and_the_slowest_kernel_sets_the_rate():
+  widths = [256, 256, 2048, 256]  # layer1 and layer2 carry 8x the work of layer0
+  r = _mlp_estimate(widths, 64, mode="pipeline")
+  assert r.mode == "pipeline" and r.fits
+  _assert_disjoint_and_inside(r.placement, *r.grid)
+  assert r.active_pes == sum(rect.area for rect in r.placement) <= r.grid[0] * r.grid[1]
+  rows = {k.name: k for k in r.kernels}
+  assert r.compute_samples_per_sec == pytest.approx(min(k.compute_samples_per_sec for k in r.kernels))
+  assert r.samples_per_sec <= min(k.samples_per_sec for k in r.kernels) * (1 + 1e-9)
+  # area follows work: the heavy layers get more PEs than the light one
+  assert rows["layer1"].active_pes > 2 * rows["layer0"].active_pes
+  # a wider bottleneck layer lowers the rate
+  slower = _mlp_estimate([256, 256, 8192, 256], 64, mode="pipeline")
+  assert slower.samples_per_sec < 0.7 * r.samples_per_sec
+
+
+def test_a_model_too_big_for_the_wafer_is_reported_not_fitting():
+  widths = [64, 65536, 65536, 64]  # 4.3 G parameters: 34 GB of weights and gradients
+  r = _mlp_estimate(widths, 8, tokens=16, mode="pipeline")
+  assert not r.fits and r.samples_per_sec == 0.0
+  assert "needs" in r.reason and "PEs" in r.reason and "GB" in r.reason
+  assert "Does not fit" in r.to_text()
+  auto = _mlp_estimate(widths, 8, tokens=16, mode="auto")
+  assert auto.mode == "weight_streaming" and auto.fits and auto.samples_per_sec > 0
+  assert "does not fit" in auto.mode_reason and "needs" in auto.alternatives["pipeline"]
+
+
+def test_weight_streaming_io_bound_at_small_batch_compute_bound_at_large():
+  widths = [64, 8192, 8192, 8192, 64]  # 135 M parameters, 2048 tokens per sample, small inputs
+  small = _mlp_estimate(widths, 1, tokens=2048, mode="weight_streaming")
+  large = _mlp_estimate(widths, 256, tokens=2048, mode="weight_streaming")
+  assert small.transmission_samples_per_sec < 0.5 * small.compute_samples_per_sec
+  assert small.samples_per_sec <= small.transmission_samples_per_sec
+  assert small.samples_per_sec < 0.5 * small.compute_samples_per_sec
+  assert large.compute_samples_per_sec < large.transmission_samples_per_sec
+  assert large.samples_per_sec == pytest.approx(large.compute_samples_per_sec, rel=0.05)
+  assert large.samples_per_sec > 5 * small.samples_per_sec
+  # forcing small micro-batches streams the weights once per micro-batch
+  forced = _mlp_estimate(widths, 256, tokens=2048, mode="weight_streaming", micro_batch_size=1)
+  assert forced.micro_batch_size == 1 and forced.details["micro_batches"] == 256
+  assert forced.transmission_samples_per_sec < large.transmission_samples_per_sec / 100
+
+
+def test_num_csx_scales_compute_bound_steps_not_io_bound_ones():
+  widths = [64, 8192, 8192, 8192, 64]
+  one = _mlp_estimate(widths, 512, tokens=2048, mode="weight_streaming")
+  four = _mlp_estimate(widths, 512, tokens=2048, mode="weight_streaming", num_csx=4)
+  assert 3.6 < four.samples_per_sec / one.samples_per_sec <= 4.0
+  assert four.peak_flops_per_sec == pytest.approx(4 * one.peak_flops_per_sec)
+  io_one = _mlp_estimate(widths, 4, tokens=2048, mode="weight_streaming")
+  io_four = _mlp_estimate(widths, 4, tokens=2048, mode="weight_streaming", num_csx=4)
+  assert io_four.samples_per_sec / io_one.samples_per_sec < 1.5  # every system streams all the weights
+
+
+def test_wse3_is_faster_than_wse2_for_compute_bound_work():
+  widths = [64, 4096, 4096, 64]
+  two = _mlp_estimate(widths, 256, tokens=2048, mode="weight_streaming", system="wse2")
+  three = _mlp_estimate(widths, 256, tokens=2048, mode="weight_streaming", system="wse3")
+  assert three.samples_per_sec > 1.5 * two.samples_per_sec
+
+
+def test_compute_format_and_autocast_unwrapping():
+  widths = [64, 2048, 2048, 64]
+  cb16 = _mlp_estimate(widths, 64, tokens=2048, mode="weight_streaming")
+  fp32 = _mlp_estimate(widths, 64, tokens=2048, mode="weight_streaming", compute_format="float32")
+  assert cb16.compute_format == "cbfloat16" and fp32.compute_format == "float32"
+  # long vectors: 16-bit AXPYs into FP32 accumulators run at the write port's 2 per cycle, FP32 at 1
+  assert fp32.compute_samples_per_sec < 0.65 * cb16.compute_samples_per_sec
+
+  step = mlp_train_step(widths)
+
+  class Policy:
+    compute = precision.float32
+
+  class Autocast:  # the shape of precision.autocast's wrapper: .policy and .__wrapped__
+    policy = Policy()
+    __wrapped__ = staticmethod(step)
+
+    def __call__(self, *args):
+      raise AssertionError("estimate must trace the unwrapped function")
+
+  wrapped = wafer.estimate(
+    Autocast(),
+    mlp_params(widths),
+    *batch_args(64, 2048, 64, 64),
+    batch_argnums=(1, 2),
+    mode="weight_streaming",
+  )
+  assert wrapped.compute_format == "float32"
+  assert wrapped.samples_per_sec == pytest.approx(fp32.samples_per_sec)
+
+
+@pytest.mark.parametrize(
+  ("kwargs", "pattern"),
+  [
+    ({"system": "tpu"}, r"system='tpu'.*allowed: 'wse1', 'wse2', 'wse3'"),
+    ({"mode": "fast"}, r"mode='fast'; allowed: 'auto', 'pipeline', 'weight_streaming'"),
+    ({"batch_size": 0}, r"batch_size=0; allowed: a positive integer"),
+    ({"batch_size": 2.5}, r"batch_size=2.5; allowed: a positive integer"),
+    ({"num_csx": 0}, r"num_csx=0; allowed: a positive integer"),
+    ({"num_csx": 500}, r"num_csx=500; allowed: 1 to 192 CS-2"),
+    ({"num_csx": 2, "mode": "pipeline"}, r"num_csx=2 with mode='pipeline'"),
+    ({"num_csx": 3, "batch_size": 8}, r"batch_size=8 does not split evenly over num_csx=3"),
+    ({"micro_batch_size": 3, "batch_size": 8}, r"micro_batch_size=3 does not divide"),
+    ({"compute_format": "float13"}, r"compute_format='float13' is not a float format"),
+    ({"rect": (2000, 10)}, r"rect=\(2000, 10\); allowed: 1..750 x 1..994"),
+    ({"gemm_algorithm": "magic"}, r"gemm_algorithm='magic'"),
+    ({"batch_argnums": 7}, r"batch_argnums=7"),
+  ],
+)
+def test_bad_arguments_name_the_argument_the_value_and_what_is_allowed(kwargs, pattern):
+  with pytest.raises(ValueError, match=pattern):
+    _mlp_estimate([64, 64], 8, tokens=4, **kwargs)
+  with pytest.raises(EstimateError):
+    _mlp_estimate([64, 64], 8, tokens=4, **kwargs)
+
+
+def test_needs_example_arguments():
+  with pytest.raises(EstimateError, match="example arguments"):
+    wafer.estimate(lambda x: x)
+
+
+def test_batch_size_defaults_to_the_example_and_scales():
+  r8 = _mlp_estimate([16, 512, 16], 8, tokens=64, mode="weight_streaming")
+  r64 = _mlp_estimate([16, 512, 16], 8, tokens=64, mode="weight_streaming", batch_size=64)
+  assert r8.batch_size == 8 and r64.batch_size == 64
+  assert r64.flops_per_sample == pytest.approx(r8.flops_per_sample)
+  assert r64.samples_per_sec > r8.samples_per_sec  # longer vectors, weights streamed fewer times per sample
+  assert jnp.isfinite(r64.step_time_s)
+  assert sds(1).shape == (1,)

@@ -1,0 +1,112 @@
+"""The report's text / JSON / PNG, Report.save, and the ``wafer estimate`` command."""
+
+import json
+
+import pytest
+
+import wafer
+from tests.costmodel_helpers import batch_args, mlp_params, mlp_train_step
+from wafer.cli import main
+
+FILES = ("compile_report.txt", "compile_report.json", "placement.png")
+
+
+@pytest.fixture(scope="module")
+def pipeline_report():
+  widths = [64, 512, 512, 64]
+  return wafer.estimate(
+    mlp_train_step(widths),
+    mlp_params(widths),
+    *batch_args(32, 256, 64, 64),
+    batch_argnums=(1, 2),
+    mode="pipeline",
+    name="mlp",
+  )
+
+
+def test_text_follows_the_compile_report_layout(pipeline_report):
+  text = pipeline_report.to_text()
+  lines = text.splitlines()
+  assert lines[0] == "Estimated Overall Performance"
+  for i, label in enumerate(
+    ("Samples/s:", "Compute Samples/s:", "Transmission Samples/s:", "Active PEs:", "Compute Utilization:"),
+    start=1,
+  ):
+    assert lines[i].strip().startswith(label)
+  header = next(line for line in lines if line.startswith("Kernel Name"))
+  for column in (
+    "Samples/s",
+    "Compute Samples/s",
+    "Transmission Samples/s",
+    "Active PEs",
+    "Compute Utilization",
+  ):
+    assert column in header
+  assert all(name in text for name in ("layer0", "layer1", "layer2"))
+  assert "layer pipelined" in text and "CS-2" in text
+
+
+def test_json_has_the_promised_fields(pipeline_report):
+  data = json.loads(pipeline_report.to_json())
+  for key in (
+    "samples_per_sec",
+    "compute_samples_per_sec",
+    "transmission_samples_per_sec",
+    "active_pes",
+    "compute_utilization",
+    "kernels",
+    "placement",
+    "calibration",
+    "mode",
+    "system",
+  ):
+    assert key in data
+  assert data["samples_per_sec"] == pytest.approx(pipeline_report.samples_per_sec)
+  assert len(data["placement"]) == len(pipeline_report.placement)
+  assert {"name", "samples_per_sec", "active_pes"} <= set(data["kernels"][0])
+
+
+def test_save_writes_the_three_files(pipeline_report, tmp_path):
+  paths = pipeline_report.save(tmp_path / "model_dir")
+  for name in FILES:
+    path = tmp_path / "model_dir" / name
+    assert path.is_file() and path.stat().st_size > 0
+  assert (tmp_path / "model_dir" / "placement.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert paths["text"].endswith("compile_report.txt")
+
+
+def test_cli_estimate_writes_the_files(tmp_path, capsys):
+  rc = main(
+    ["estimate", "--workload", "esm2_35m", "--mode", "weight_streaming", "--model_dir", str(tmp_path)]
+  )
+  out = capsys.readouterr().out
+  assert rc == 0
+  assert out.startswith("Estimated Overall Performance")
+  for name in FILES:
+    assert (tmp_path / name).is_file()
+    assert f"wrote {tmp_path / name}" in out
+  assert json.loads((tmp_path / "compile_report.json").read_text())["name"] == "esm2_35m"
+
+
+def test_cli_lists_workloads(capsys):
+  assert main(["estimate", "--list"]) == 0
+  out = capsys.readouterr().out
+  assert "gpt2_small" in out and "gpt3_175b" in out
+
+
+@pytest.mark.parametrize(
+  ("argv", "message"),
+  [
+    (["estimate", "--workload", "gpt2_small", "--system", "tpu"], "system='tpu'"),
+    (["estimate", "--workload", "gpt2_small", "--mode", "fast"], "mode='fast'"),
+    (["estimate", "--workload", "gpt2_small", "--num_csx", "3"], "num_csx=3"),
+    (["estimate", "--workload", "gpt2_small", "--batch_size", "0"], "--batch_size 0"),
+    (["estimate", "--workload", "bert"], "--workload 'bert' is not a built-in workload"),
+    (["estimate"], "--workload NAME"),
+    (["estimate", "--params", "params.yaml"], "--params is not available yet"),
+  ],
+)
+def test_cli_errors_print_a_message_not_a_traceback(argv, message, capsys):
+  assert main(argv) == 2
+  err = capsys.readouterr().err
+  assert message in err and "Traceback" not in err

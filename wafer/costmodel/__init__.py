@@ -1,0 +1,50 @@
+"""The tiled wafer cost model: how fast a JAX step would run on a Cerebras wafer, and why.
+
+>>> import wafer
+>>> report = wafer.estimate(step, params, opt_state, batch, batch_size=112, system="wse2")  # doctest: +SKIP
+>>> report.samples_per_sec, report.mode                                                       # doctest: +SKIP
+
+Layout: `hardware` (chips and systems, with sources), `calibration` (the few fitted or set
+parameters), `walk` (jaxpr -> costed equations), `graph` (equations -> kernels), `mesh` (cycles of
+a kernel on a PE rectangle), `pipeline` (layer-pipelined mode), `placement` (packing rectangles),
+`streaming` (weight streaming), `report` (the Report and its text/JSON/PNG), `workloads` (the
+calibration workloads).
+"""
+
+from wafer.costmodel.calibration import CALIBRATION as CALIBRATION
+from wafer.costmodel.calibration import Calibration as Calibration
+from wafer.costmodel.estimate import MODES as MODES
+from wafer.costmodel.estimate import EstimateError as EstimateError
+from wafer.costmodel.estimate import estimate as estimate
+from wafer.costmodel.estimate import estimate_graph as estimate_graph
+from wafer.costmodel.graph import Graph as Graph
+from wafer.costmodel.graph import Kernel as Kernel
+from wafer.costmodel.graph import TraceError as TraceError
+from wafer.costmodel.graph import extract as extract
+from wafer.costmodel.hardware import SYSTEMS as SYSTEMS
+from wafer.costmodel.hardware import Chip as Chip
+from wafer.costmodel.hardware import System as System
+from wafer.costmodel.hardware import get_system as get_system
+from wafer.costmodel.placement import Rect as Rect
+from wafer.costmodel.report import KernelRow as KernelRow
+from wafer.costmodel.report import Report as Report
+
+__all__ = (
+  "CALIBRATION",
+  "Calibration",
+  "Chip",
+  "EstimateError",
+  "Graph",
+  "Kernel",
+  "KernelRow",
+  "MODES",
+  "Rect",
+  "Report",
+  "SYSTEMS",
+  "System",
+  "TraceError",
+  "estimate",
+  "estimate_graph",
+  "extract",
+  "get_system",
+)

@@ -1,0 +1,563 @@
+"""Graph extraction: the jaxpr of any JAX step -> kernels with their work, weights and activations.
+
+The step is traced with abstract inputs (`jax.ShapeDtypeStruct`), so a GPT-3-sized step costs no
+memory. It is traced twice, at the example batch ``b0`` and at ``2 * b0``; comparing the two tells
+which sizes grow with the batch (``Size.exponent``), so the cost model can evaluate any micro-batch
+without tracing again. Equations are walked recursively through ``jit``/``pjit``, ``closed_call``,
+``custom_jvp``/``custom_vjp``, ``remat``, ``shard_map`` (times the mesh size), ``scan`` (times its
+length), ``while`` (its body once) and ``cond`` (the most expensive branch).
+
+Equations are grouped into *kernels*, the unit that gets a rectangle of PEs:
+
+* by the Flax module path or `jax.named_scope` stack (``eqn.source_info.name_stack``), truncated to
+  ``kernel_depth`` names; the backward equations carry the same scopes under a ``transpose``
+  transform, so a kernel holds its forward and its backward;
+* without names, by op pattern: each matrix product starts a kernel, a backward product joins the
+  kernel whose weight (or input activation) it shares, and other ops join the kernel that produced
+  their first input;
+* ops that do not grow with the batch (the optimizer update, weight casts) form the phase
+  ``"update"``; unnamed ones go to the kernel ``weight_update``;
+* kernels with no matrix product and no weights (glue such as a residual add) merge into the
+  kernel that produced their input.
+
+What is counted (per equation): matrix products as ``2 * instances * m * k * n`` FLOP in the
+compute format; float element-wise ops as one op per output element (transcendentals flagged);
+reductions per input element; data movement (transpose, gather, concatenate...) in bytes.
+Integer and boolean ops (index arithmetic, random bits, the bit-twiddling of emulated rounding)
+are not work. A call whose body bitcasts a float to an integer and back — a *fake cast* such as
+`precision.round` — costs one element-wise cast, what a real cast costs on the wafer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from wafer.costmodel.walk import Site, Walker
+
+__all__ = ("Size", "Matmul", "Kernel", "Graph", "extract", "TraceError", "PHASES")
+
+PHASES = ("fwd", "bwd", "update")
+
+
+class TraceError(ValueError):
+  """The step could not be traced or its batch could not be identified."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  """A size measured at the traced batch ``b0`` that scales as ``(batch / b0) ** exponent``.
+
+  ``exponent`` is 0 for sizes that do not depend on the batch (weights), 1 for per-sample sizes
+  (tokens of a micro-batch) and 2 for sizes quadratic in the batch.
+  """
+
+  at_trace: float
+  exponent: int
+
+  def at(self, ratio: float) -> float:
+    """The size at ``batch = ratio * b0``."""
+    return self.at_trace * ratio**self.exponent
+
+
+@dataclasses.dataclass(frozen=True)
+class Matmul:
+  """One matrix product (``dot_general`` or a convolution) of a kernel: ``instances`` independent
+  products ``[m x k] @ [k x n]``.
+
+  Attributes:
+    phase: ``"fwd"``, ``"bwd"`` or ``"update"``.
+    instances: product of the batch dimensions of ``dot_general`` (e.g. samples x heads in
+      attention); 1 for an ordinary weight product.
+    m, k, n: free dimension of the left operand, contracted dimension, free dimension of the right
+      operand (products of the dimensions of each group).
+    bits: operand width on the wafer (16 or 32): the compute format, or narrower operands.
+    weight: whether one operand is a parameter of the step (a weight product).
+  """
+
+  phase: str
+  instances: Size
+  m: Size
+  k: Size
+  n: Size
+  bits: int
+  weight: bool
+
+  def flops(self, ratio: float) -> float:
+    """``2 * instances * m * k * n`` at ``batch = ratio * b0``."""
+    return 2.0 * self.instances.at(ratio) * self.m.at(ratio) * self.k.at(ratio) * self.n.at(ratio)
+
+
+@dataclasses.dataclass
+class Kernel:
+  """A group of equations that gets one rectangle of PEs (one instance per ``count``).
+
+  All sizes are per instance (e.g. one layer of a ``scan`` over ``count`` layers).
+
+  Attributes:
+    name: scope path (``"block_3/attn"``) or an op-pattern name (``"dot_general_2"``).
+    count: identical instances (the product of enclosing ``scan`` lengths).
+    order: position of its first forward equation (dataflow order for placement).
+    matmuls: its matrix products.
+    vector: ``(phase, kind, exponent, bits) -> [elements, instructions]`` for the non-matmul work;
+      ``kind`` is ``"vector"``, ``"transcendental"``, ``"reduce"``, ``"cast"`` (elements) or
+      ``"move"`` (bytes).
+    weights: ``root id -> (elements, bits)``: parameters it reads in its forward/backward.
+    act_in, act_out: ``key -> (elements, exponent, bits)``: per-sample tensors crossing its
+      boundary in the forward pass (inputs from other kernels or the data; outputs read by others).
+    in_shapes, out_shapes: shapes (at the traced batch) of those boundary tensors.
+  """
+
+  name: str
+  count: int
+  order: int
+  scopes: tuple[str, ...] = ()
+  matmuls: list[Matmul] = dataclasses.field(default_factory=list)
+  vector: dict[tuple[str, str, int, int], list[float]] = dataclasses.field(default_factory=dict)
+  weights: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+  act_in: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
+  act_out: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
+  in_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+  out_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+
+  def matmul_flops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
+    """Matrix-product FLOP of one instance at ``batch = ratio * b0``."""
+    return sum(mm.flops(ratio) for mm in self.matmuls if mm.phase in phases)
+
+  def flops_by_format(self, ratio: float, phases: Sequence[str] = PHASES) -> dict[int, float]:
+    """``bits -> FLOP`` (matrix products at 2 FLOP per MAC, element-wise ops at 1 per element)."""
+    out: dict[int, float] = {}
+    for mm in self.matmuls:
+      if mm.phase in phases:
+        out[mm.bits] = out.get(mm.bits, 0.0) + mm.flops(ratio)
+    for (phase, kind, exponent, bits), (elements, _) in self.vector.items():
+      if phase in phases and kind != "move":
+        out[bits] = out.get(bits, 0.0) + elements * ratio**exponent
+    return out
+
+  def vector_ops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
+    """Element-wise, reduction and cast operations (one per element) of one instance."""
+    return sum(
+      e * ratio**x for (p, kind, x, _), (e, _) in self.vector.items() if p in phases and kind != "move"
+    )
+
+  def weight_elements(self) -> int:
+    return int(sum(e for e, _ in self.weights.values()))
+
+  def weight_bytes(self) -> float:
+    """Bytes of the parameters one instance reads, in their on-wafer width."""
+    return float(sum(e * b / 8 for e, b in self.weights.values()))
+
+  def activation_in_bytes(self, ratio: float) -> float:
+    """Bytes of the forward boundary inputs of one instance at ``batch = ratio * b0``."""
+    return sum(e * ratio**x * b / 8 for e, x, b in self.act_in.values())
+
+  def activation_out_bytes(self, ratio: float) -> float:
+    return sum(e * ratio**x * b / 8 for e, x, b in self.act_out.values())
+
+  def has_phase(self, phase: str) -> bool:
+    return any(mm.phase == phase for mm in self.matmuls) or any(k[0] == phase for k in self.vector)
+
+
+@dataclasses.dataclass
+class Graph:
+  """The kernels of a traced step, and what the cost model needs to scale them.
+
+  Attributes:
+    kernels: in dataflow order.
+    traced_batch: ``b0``, the batch of the example arguments.
+    exact_scaling: True when the second trace (at ``2 * b0``) matched, so every size knows how
+      it scales; False when it did not and everything is assumed linear in the batch.
+    compute_bits: operand width used for matrix products (16 or 32).
+    input_bytes_per_sample: bytes of the batch arguments per sample (data fed to the wafer).
+    param_elements: elements of all parameters read by the forward/backward.
+    state_bytes: bytes of all non-batch arguments (parameters, optimizer state, ...).
+    eqn_count: equations walked (with ``scan`` bodies once).
+    notes: things the extraction approximated.
+    sequence_length: axis 1 of the first batch argument, when it has one (to report tokens/s).
+  """
+
+  kernels: list[Kernel]
+  traced_batch: int
+  exact_scaling: bool
+  compute_bits: int
+  input_bytes_per_sample: float
+  param_elements: int
+  state_bytes: float
+  eqn_count: int
+  notes: list[str]
+  sequence_length: int | None = None
+
+  def flops_per_sample(self, phases: Sequence[str] = ("fwd", "bwd")) -> float:
+    """Matrix-product FLOP per sample (all kernel instances), the 'model FLOPs'."""
+    ratio = 1.0 / self.traced_batch
+    return sum(k.count * k.matmul_flops(ratio, phases) for k in self.kernels)
+
+  def state_bytes_per_param(self) -> float:
+    """Bytes of persistent state per parameter (weights plus optimizer state), at least the weight."""
+    if self.param_elements <= 0:
+      return 4.0
+    return max(4.0, self.state_bytes / self.param_elements)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tracing and grouping
+
+
+def _abstract(tree: Any) -> Any:
+  def conv(x: Any) -> Any:
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return x
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+      return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+    return x
+
+  return jax.tree.map(conv, tree)
+
+
+def _double_batch(tree: Any) -> Any:
+  def conv(x: Any) -> Any:
+    if isinstance(x, jax.ShapeDtypeStruct) and len(x.shape) >= 1:
+      return jax.ShapeDtypeStruct((2 * x.shape[0],) + tuple(x.shape[1:]), x.dtype)
+    return x
+
+  return jax.tree.map(conv, tree)
+
+
+def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int]) -> int:
+  sizes = set()
+  for i in batch_argnums:
+    for leaf in jax.tree.leaves(args[i]):
+      shape = getattr(leaf, "shape", None)
+      if shape is None or len(shape) == 0:
+        raise TraceError(
+          f"batch argument {i} has a leaf without a batch axis (shape {shape}); "
+          "every array in the batch arguments needs the batch as axis 0"
+        )
+      sizes.add(int(shape[0]))
+  if not sizes:
+    raise TraceError(f"batch_argnums={tuple(batch_argnums)} name arguments with no arrays")
+  if len(sizes) > 1:
+    raise TraceError(
+      f"the batch arguments disagree on the batch size (axis 0 sizes {sorted(sizes)}); "
+      "pass batch_argnums= naming only the data arguments"
+    )
+  return sizes.pop()
+
+
+def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[int]) -> tuple[Walker, Any]:
+  try:
+    closed = jax.make_jaxpr(fn)(*args)
+  except Exception as exc:  # the user's function failed to trace: say so, keep the cause
+    raise TraceError(f"could not trace the step with abstract inputs: {type(exc).__name__}: {exc}") from exc
+  flat_is_param: list[bool] = []
+  for i, a in enumerate(args):
+    n = len(jax.tree.leaves(a))
+    flat_is_param += [i not in batch_argnums] * n
+  jaxpr = closed.jaxpr
+  if len(flat_is_param) != len(jaxpr.invars):
+    flat_is_param = [True] * len(jaxpr.invars)
+  walker = Walker(len(jaxpr.invars), flat_is_param)
+  walker.walk(jaxpr, walker.top_keys, (), False, 1)
+  return walker, closed
+
+
+def _exponent(v1: float, v2: float) -> int | None:
+  if v1 == v2:
+    return 0
+  if v1 <= 0 or v2 <= 0:
+    return None
+  e = math.log2(v2 / v1)
+  r = round(e)
+  return r if abs(e - r) < 1e-9 and r > 0 else None
+
+
+def extract(
+  fn: Callable[..., Any],
+  args: Sequence[Any],
+  *,
+  batch_argnums: Sequence[int],
+  compute_bits: int,
+  kernel_depth: int | None = None,
+) -> Graph:
+  """Trace ``fn(*args)`` abstractly (twice) and group its equations into kernels.
+
+  Args:
+    fn: any JAX-traceable function (a train step, a forward pass...).
+    args: example arguments: arrays or `jax.ShapeDtypeStruct`s (pytrees allowed).
+    batch_argnums: positions of the data arguments; every array in them has the batch as axis 0.
+    compute_bits: operand width of matrix products and element-wise work on the wafer (16 or 32).
+    kernel_depth: keep at most this many scope names in a kernel name (None: all).
+
+  Returns:
+    The `Graph`.
+  """
+  args = _abstract(tuple(args))
+  b0 = _batch_size_of(args, batch_argnums)
+  w1, _ = _trace(fn, args, batch_argnums)
+  notes = set(w1.notes)
+  exact = True
+  sites2: list[Site] | None = None
+  args2 = tuple(_double_batch(a) if i in batch_argnums else a for i, a in enumerate(args))
+  try:
+    w2, _ = _trace(fn, args2, batch_argnums)
+    sites2 = w2.sites
+  except TraceError:
+    sites2 = None
+  if (
+    sites2 is None or len(sites2) != len(w1.sites) or any(a.kind != b.kind for a, b in zip(w1.sites, sites2))
+  ):
+    exact = False
+    notes.add("the step traced differently at twice the batch; all work is assumed linear in the batch")
+  sites = w1.sites
+  exps: list[tuple[int, ...]] = []
+  per_sample: list[bool] = []
+  for i, s in enumerate(sites):
+    if exact:
+      s2 = sites2[i]  # type: ignore[index]
+      e = tuple(_exponent(a, b) for a, b in zip(s.measures, s2.measures))
+      if any(x is None for x in e):
+        notes.add("some sizes do not scale as a power of the batch; they are treated as linear")
+      exps.append(tuple(1 if x is None else x for x in e))
+      per_sample.append(s.in_shapes != s2.in_shapes or s.out_shapes != s2.out_shapes)
+    else:
+      dep = any(k in w1.data for k in s.in_keys)
+      exps.append(
+        tuple(1 if dep else 0 for _ in s.measures) if s.kind != "matmul" else (0, 1 if dep else 0, 0, 0)
+      )
+      per_sample.append(dep)
+  kernels = _group(sites, exps, per_sample, w1, compute_bits, kernel_depth)
+  input_bytes = 0.0
+  state_bytes = 0.0
+  for i, a in enumerate(args):
+    for leaf in jax.tree.leaves(a):
+      nbytes = math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+      if i in batch_argnums:
+        input_bytes += nbytes / b0
+      else:
+        state_bytes += nbytes
+  roots: dict[int, int] = {}
+  for k in kernels:
+    for r, (e, _) in k.weights.items():
+      roots[r] = max(roots.get(r, 0), e * k.count)
+  return Graph(
+    kernels=kernels,
+    traced_batch=b0,
+    exact_scaling=exact,
+    compute_bits=compute_bits,
+    input_bytes_per_sample=float(input_bytes),
+    param_elements=int(sum(roots.values())),
+    state_bytes=float(state_bytes),
+    eqn_count=w1.eqn_count,
+    notes=sorted(notes),
+  )
+
+
+def _group(
+  sites: list[Site],
+  exps: list[tuple[int, ...]],
+  per_sample: list[bool],
+  walker: Walker,
+  compute_bits: int,
+  kernel_depth: int | None,
+) -> list[Kernel]:
+  kernels: dict[tuple[Any, ...], Kernel] = {}
+  producer: dict[int, tuple[Any, ...]] = {}  # key -> kernel id that produced it
+  weight_owner: dict[int, tuple[Any, ...]] = {}  # parameter root -> kernel of its first product
+  act_owner: dict[int, tuple[Any, ...]] = {}  # activation key -> kernel whose product read it
+  assignment: list[tuple[Any, ...]] = []
+  n_pattern = 0
+
+  def kernel(kid: tuple[Any, ...], name: str, mult: int, order: int, scopes: tuple[str, ...]) -> Kernel:
+    if kid not in kernels:
+      kernels[kid] = Kernel(name=name, count=mult, order=order, scopes=scopes)
+    return kernels[kid]
+
+  for i, s in enumerate(sites):
+    phase = "update" if not per_sample[i] else ("bwd" if s.transposed else "fwd")
+    scopes = s.scopes[:kernel_depth] if kernel_depth else s.scopes
+    if scopes:
+      kid: tuple[Any, ...] = ("scope", scopes, s.mult)
+      name = "/".join(scopes)
+    elif phase == "update":
+      kid, name = ("update", s.mult), "weight_update"
+    elif s.kind == "matmul":
+      owner = next((weight_owner[r] for r in s.weight_roots if r in weight_owner), None)
+      if owner is None:
+        owner = next((act_owner[k] for k in s.in_keys if k in act_owner), None)
+      if owner is None or kernels[owner].count != s.mult:
+        kid, name = ("pattern", n_pattern, s.mult), f"dot_general_{n_pattern}"
+        n_pattern += 1
+      else:
+        kid, name = owner, ""
+    else:  # join the kernel that made the first input (inside the same loop), else a misc kernel
+      kid = next(
+        (producer[k] for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult),
+        ("misc", s.mult),
+      )
+      name = "ops"
+    k = kernel(kid, name, s.mult, i if phase == "fwd" else i + len(sites), scopes)
+    if phase == "fwd":
+      k.order = min(k.order, i)
+    assignment.append(kid)
+    for o in s.out_keys:
+      producer[o] = kid
+    if s.kind == "matmul" and phase != "update":
+      for r in s.weight_roots:
+        weight_owner.setdefault(r, kid)
+      for key in s.in_keys:
+        if key not in walker.root:
+          act_owner.setdefault(key, kid)
+    _add_site(k, s, exps[i], phase, compute_bits, walker)
+
+  # boundary activations (forward, per-sample): inputs made elsewhere, outputs read elsewhere
+  consumers: dict[int, set[tuple[Any, ...]]] = {}
+  for kid, s in zip(assignment, sites):
+    for key in s.in_keys:
+      consumers.setdefault(key, set()).add(kid)
+  for i, (kid, s) in enumerate(zip(assignment, sites)):
+    if not per_sample[i] or s.transposed:
+      continue
+    k = kernels[kid]
+    bits = min(s.bits, compute_bits)
+    for pos, key in enumerate(s.in_keys):
+      if key in walker.root or key in k.act_in:
+        continue
+      if producer.get(key) != kid and (key in walker.data):
+        shape = s.in_shapes[pos]
+        e = _shape_exponent(shape, exps[i])
+        k.act_in[key] = (float(math.prod(shape)), e, bits)
+        k.in_shapes.append(tuple(shape))
+    for pos, key in enumerate(s.out_keys):
+      if key in k.act_out:
+        continue
+      if any(c != kid for c in consumers.get(key, ())) and key in walker.data:
+        shape = s.out_shapes[pos]
+        e = _shape_exponent(shape, exps[i])
+        k.act_out[key] = (float(math.prod(shape)), e, bits)
+        k.out_shapes.append(tuple(shape))
+
+  merged = _merge_update_only(_merge_glue(kernels, assignment, sites, producer))
+  ordered = sorted(merged, key=lambda k: k.order)
+  names: dict[str, int] = {}
+  for k in ordered:
+    if not k.name:
+      k.name = "ops"
+    names[k.name] = names.get(k.name, 0) + 1
+  seen: dict[str, int] = {}
+  for k in ordered:
+    if names[k.name] > 1:
+      seen[k.name] = seen.get(k.name, 0) + 1
+      k.name = f"{k.name}#{seen[k.name]}"
+  return ordered
+
+
+def _shape_exponent(shape: tuple[int, ...], exps: tuple[int, ...]) -> int:
+  """A boundary tensor of a per-sample equation grows linearly with the batch, unless it is a scalar."""
+  return 1 if max(exps, default=0) >= 1 and len(shape) > 0 else 0
+
+
+def _add_site(k: Kernel, s: Site, e: tuple[int, ...], phase: str, compute_bits: int, walker: Walker) -> None:
+  """Add one equation's work to its kernel (its ``mult`` equals the kernel's ``count``)."""
+  bits = min(s.bits, compute_bits)
+  if s.kind == "matmul":
+    inst, m, kk, n = s.measures
+    k.matmuls.append(
+      Matmul(
+        phase,
+        Size(inst, e[0]),
+        Size(m, e[1]),
+        Size(kk, e[2]),
+        Size(n, e[3]),
+        bits,
+        weight=bool(s.weight_roots),
+      )
+    )
+  else:
+    acc = k.vector.setdefault((phase, s.kind, e[0], bits), [0.0, 0.0])
+    acc[0] += s.measures[0] * s.ops
+    acc[1] += 1
+  if phase != "update":
+    for r in s.weight_roots:
+      elements = _root_elements(s, r, walker)
+      prev = k.weights.get(r)
+      if prev is None or elements > prev[0]:
+        k.weights[r] = (elements, min(s.bits, compute_bits))
+
+
+def _root_elements(s: Site, root: int, walker: Walker) -> int:
+  """Elements of the parameter operand with this root (the per-iteration slice inside a scan)."""
+  for pos, key in enumerate(s.in_keys):
+    if walker.root.get(key) == root:
+      return int(math.prod(s.in_shapes[pos]))
+  return 0
+
+
+def _merge_glue(
+  kernels: dict[tuple[Any, ...], Kernel],
+  assignment: list[tuple[Any, ...]],
+  sites: list[Site],
+  producer: dict[int, tuple[Any, ...]],
+) -> list[Kernel]:
+  """Fold kernels with no matrix product and no weights into the kernel that fed them."""
+
+  def is_glue(kid: tuple[Any, ...]) -> bool:
+    k = kernels[kid]
+    return not k.matmuls and not k.weights and kid[0] != "update"
+
+  target: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+  for kid, s in zip(assignment, sites):
+    if kid in target or not is_glue(kid):
+      continue
+    for key in s.in_keys:
+      src = producer.get(key)
+      if src is not None and src != kid and not is_glue(src) and kernels[src].count == kernels[kid].count:
+        target[kid] = src
+        break
+  out = []
+  for kid, k in kernels.items():
+    dst = target.get(kid)
+    if dst is None:
+      out.append(k)
+      continue
+    d = kernels[dst]
+    for key, val in k.vector.items():
+      acc = d.vector.setdefault(key, [0.0, 0.0])
+      acc[0] += val[0]
+      acc[1] += val[1]
+    for key, val in k.act_out.items():
+      d.act_out.setdefault(key, val)
+    d.out_shapes.extend(k.out_shapes)
+  return out
+
+
+def _merge_update_only(kernels: list[Kernel]) -> list[Kernel]:
+  """Fold kernels whose only work is batch-independent and that read no weights into ``weight_update``
+  (e.g. position tables that JAX hoisted out of a loop)."""
+  keep: list[Kernel] = []
+  moved: list[Kernel] = []
+  update: Kernel | None = None
+  for k in kernels:
+    if k.name == "weight_update" and k.count == 1:
+      update = k
+    only_update = not k.matmuls and all(key[0] == "update" for key in k.vector)
+    if k is not update and only_update and not k.weights:
+      moved.append(k)
+    else:
+      keep.append(k)
+  if not moved:
+    return keep
+  if update is None:
+    update = Kernel(name="weight_update", count=1, order=max((k.order for k in kernels), default=0) + 1)
+    keep.append(update)
+  for k in moved:
+    for key, val in k.vector.items():
+      acc = update.vector.setdefault(key, [0.0, 0.0])
+      acc[0] += val[0] * k.count
+      acc[1] += val[1] * k.count
+  return keep

@@ -1,0 +1,249 @@
+"""Cycles of a kernel on a ``width x height`` rectangle of PEs: the mesh-GEMM and vector models.
+
+**Matrix products** (``C[m x n] = A[m x k] @ B[k x n]``, in cycles of one PE):
+
+* The output is tiled over the rectangle (``m`` along one side, ``n`` along the other), each PE
+  owning an ``Xt x Yt`` tile; a dimension smaller than its side leaves PEs idle.
+* The contraction runs as ``k`` rank-1 updates: per ``k`` the PE issues ``min(Xt, Yt)`` AXPY
+  tensor instructions of length ``L = max(Xt, Yt)`` into SRAM accumulators. One instruction costs
+  ``max(ceil(L / lanes), L * acc_bytes / write_port, L * (in_bytes + acc_bytes) / read_ports)``
+  cycles plus the fixed ``instruction_overhead_cycles``: with FP32 accumulators a 16-bit AXPY is
+  bound by the 8-byte SRAM write port at half the FMAC rate.
+* The search also splits the contraction over ``c`` groups of the rectangle (``c`` a power of two),
+  then adds the partial tiles in a ``log2(c)``-level reduction over the fabric links (4 bytes per
+  cycle); this is what makes weight-gradient products (huge ``k`` = tokens) efficient.
+* Operands stream in along rows and columns at ``link_bytes`` per cycle (overlapped with compute);
+  the wave fills the rectangle in ``hop_latency * (width + height)`` cycles.
+* A mapping whose accumulator tile and operand buffers do not fit in a PE's SRAM is not allowed.
+* ``algorithm="meshgemm"`` instead fixes WaferLLM's MeshGEMM: a square ``P x P`` mesh, ``P``
+  compute-shift steps, vectors along ``m`` (their ``@fmach`` over the sequence tile), no split.
+
+**Batched products** (``instances > 1``, e.g. samples x heads in attention) are computed as one
+product with the instances stacked along ``m`` or ``n`` (whichever is faster), plus a serial
+latency per instance of ``hop_latency * max(width, height)`` cycles: every instance is a separate
+wave across the kernel's rectangle (its operands are not resident where the instance runs).
+
+**Element-wise, reductions, casts and data movement**: per equation, ``elements / min(PEs,
+elements)`` per PE at ``lanes`` per cycle (transcendentals ``transcendental_ops`` times), moves at
+the write port's bytes per cycle, reductions plus one traversal ``hop_latency * max(width,
+height)``, each plus ``instruction_overhead_cycles``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+from wafer.costmodel.calibration import Calibration
+from wafer.costmodel.graph import PHASES, Kernel
+from wafer.costmodel.hardware import Chip
+
+__all__ = ("Machine", "gemm_cycles", "kernel_cycles", "GemmPlan")
+
+ALGORITHMS = ("search", "meshgemm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+  """What a cost evaluation needs: the chip, the calibration and the numeric choices.
+
+  Attributes:
+    chip: the wafer.
+    calib: the calibration parameters.
+    acc_bits: accumulator width of matrix products (32 for Cerebras mixed precision).
+    algorithm: ``"search"`` (best mapping, as the Cerebras compiler explores layouts) or
+      ``"meshgemm"`` (WaferLLM's fixed MeshGEMM).
+  """
+
+  chip: Chip
+  calib: Calibration
+  acc_bits: int = 32
+  algorithm: str = "search"
+
+  @property
+  def sram_data_bytes(self) -> int:
+    """SRAM per PE available to tensors."""
+    return self.chip.sram_bytes_per_pe - self.calib.sram_reserved_bytes_per_pe
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmPlan:
+  """The chosen mapping of one product: cycles, split factor, tile and vector length."""
+
+  cycles: float
+  split: int
+  tile: tuple[int, int]
+  vector_length: int
+
+
+def _vec_cycles(length: int, lanes: int, in_b: float, acc_b: float, read_b: int, write_b: int) -> int:
+  return max(
+    math.ceil(length / lanes),
+    math.ceil(length * acc_b / write_b),
+    math.ceil(length * (in_b + acc_b) / read_b),
+  )
+
+
+@functools.lru_cache(maxsize=200_000)
+def _gemm(
+  m: int,
+  k: int,
+  n: int,
+  width: int,
+  height: int,
+  bits: int,
+  acc_bits: int,
+  lanes: int,
+  read_b: int,
+  write_b: int,
+  link_b: int,
+  alpha: float,
+  c_op: float,
+  sram: float,
+  algorithm: str,
+) -> GemmPlan:
+  in_b, acc_b = bits / 8, acc_bits / 8
+  if algorithm == "meshgemm":
+    p = max(1, min(width, height))
+    mt, nt = math.ceil(m / min(p, m)), math.ceil(n / min(p, n))
+    kt = math.ceil(k / p)
+    step_compute = kt * nt * (_vec_cycles(mt, lanes, in_b, acc_b, read_b, write_b) + c_op)
+    step_comm = math.ceil((mt * kt + kt * nt) * in_b / link_b) + 2 * alpha
+    cycles = p * max(step_compute, step_comm) + alpha * 2 * p
+    return GemmPlan(float(cycles), 1, (mt, nt), mt)
+  best: GemmPlan | None = None
+  pes = width * height
+  for rows_dim, cols_dim in ((m, n), (n, m)):
+    c = 1
+    while c <= max(1, min(k, pes)):
+      h, w, cc = height, width, c
+      while cc > 1:
+        if h >= w:
+          h = max(1, h // 2)
+        else:
+          w = max(1, w // 2)
+        cc //= 2
+      xt = math.ceil(rows_dim / min(h, rows_dim))
+      yt = math.ceil(cols_dim / min(w, cols_dim))
+      if xt * yt * acc_b + 2 * (xt + yt) * in_b <= sram:
+        kg = math.ceil(k / c)
+        length, short = max(xt, yt), min(xt, yt)
+        per_k = short * (_vec_cycles(length, lanes, in_b, acc_b, read_b, write_b) + c_op)
+        comm_k = math.ceil((xt + yt) * in_b / link_b)
+        cycles = kg * max(per_k, comm_k) + alpha * (h + w)
+        if c > 1:
+          tile = xt * yt
+          level = max(math.ceil(tile * acc_b / link_b), math.ceil(tile / lanes)) + c_op
+          cycles += math.ceil(math.log2(c)) * level + alpha * (height + width) / 2
+        if best is None or cycles < best.cycles:
+          best = GemmPlan(float(cycles), c, (xt, yt), length)
+      c *= 2
+  if best is None:  # no tile fits: report it as infinitely slow (the caller shrinks the batch)
+    return GemmPlan(math.inf, 1, (0, 0), 0)
+  return best
+
+
+def _in_passes(mi: int, ki: int, ni: int, common: tuple[object, ...]) -> GemmPlan:
+  """The product, computed in ``2^j`` passes over ``m`` or ``n`` when one pass's tiles do not fit in SRAM."""
+  plan = _gemm(mi, ki, ni, *common)
+  passes = 1
+  while math.isinf(plan.cycles) and passes < max(mi, ni):
+    passes *= 2
+    a = _gemm(math.ceil(mi / passes), ki, ni, *common)
+    b = _gemm(mi, ki, math.ceil(ni / passes), *common)
+    best = a if a.cycles <= b.cycles else b
+    plan = dataclasses.replace(best, cycles=best.cycles * passes)
+  return plan
+
+
+def gemm_cycles(
+  machine: Machine, m: float, k: float, n: float, width: int, height: int, bits: int, instances: float = 1.0
+) -> GemmPlan:
+  """Cycles of ``instances`` products ``[m x k] @ [k x n]`` on a ``width x height`` rectangle.
+
+  A product whose output tiles do not fit in SRAM runs in several passes over ``m`` or ``n``.
+  """
+  chip, calib = machine.chip, machine.calib
+  mi, ki, ni, inst = (max(1, math.ceil(v - 1e-9)) for v in (m, k, n, instances))
+  common = (
+    width,
+    height,
+    bits,
+    machine.acc_bits,
+    chip.lanes(bits),
+    chip.sram_read_bytes_per_cycle,
+    chip.sram_write_bytes_per_cycle,
+    chip.link_bytes_per_cycle,
+    chip.hop_latency_cycles,
+    calib.instruction_overhead_cycles,
+    machine.sram_data_bytes,
+    machine.algorithm,
+  )
+  if inst == 1:
+    return _in_passes(mi, ki, ni, common)
+  # Instances run one after another, so SRAM holds one instance's tiles; the compute of all of
+  # them is costed as one product stacked along m or n, plus one wave latency per instance.
+  stacked = common[:-2] + (math.inf, machine.algorithm)
+  a = _gemm(mi * inst, ki, ni, *stacked)
+  b = _gemm(mi, ki, ni * inst, *stacked)
+  plan = a if a.cycles <= b.cycles else b
+  single = _in_passes(mi, ki, ni, common)
+  extra = single.cycles / _gemm(mi, ki, ni, *stacked).cycles  # passes a single instance needs
+  latency = inst * chip.hop_latency_cycles * max(width, height)
+  return dataclasses.replace(plan, cycles=plan.cycles * max(1.0, extra) + latency)
+
+
+def vector_cycles(
+  machine: Machine, kind: str, elements: float, instructions: float, bits: int, width: int, height: int
+) -> float:
+  """Cycles of ``instructions`` non-matmul equations with ``elements`` in total on the rectangle."""
+  if instructions <= 0 or elements <= 0:
+    return 0.0
+  chip, calib = machine.chip, machine.calib
+  pes = width * height
+  per_instr = elements / instructions
+  used = max(1.0, min(pes, per_instr))
+  if kind == "move":
+    work = math.ceil(per_instr / used / chip.sram_write_bytes_per_cycle)
+  else:
+    ops = calib.transcendental_ops if kind == "transcendental" else 1.0
+    work = math.ceil(per_instr / used / chip.lanes(bits)) * ops
+  cycles = instructions * (work + calib.instruction_overhead_cycles)
+  if kind == "reduce":
+    cycles += instructions * chip.hop_latency_cycles * max(width, height)
+  return float(cycles)
+
+
+def kernel_cycles(
+  machine: Machine, kernel: Kernel, width: int, height: int, ratio: float, phases: Sequence[str] = PHASES
+) -> float:
+  """Cycles one instance of ``kernel`` takes on ``width x height`` PEs for ``ratio * b0`` samples.
+
+  ``phases`` selects forward, backward and/or the (batch-independent) update work. Results are
+  cached on the kernel.
+  """
+  cache: dict[tuple[object, ...], float] = kernel.__dict__.setdefault("_cycles_cache", {})
+  key = (machine, width, height, ratio, tuple(phases))
+  hit = cache.get(key)
+  if hit is not None:
+    return hit
+  total = 0.0
+  for mm in kernel.matmuls:
+    if mm.phase in phases:
+      total += gemm_cycles(
+        machine,
+        mm.m.at(ratio),
+        mm.k.at(ratio),
+        mm.n.at(ratio),
+        width,
+        height,
+        mm.bits,
+        mm.instances.at(ratio),
+      ).cycles
+  for (phase, kind, exponent, bits), (elements, instructions) in kernel.vector.items():
+    if phase in phases:
+      total += vector_cycles(machine, kind, elements * ratio**exponent, instructions, bits, width, height)
+  cache[key] = total
+  return total

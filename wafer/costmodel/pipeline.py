@@ -1,0 +1,232 @@
+"""Layer-pipelined mode: every kernel instance gets its own rectangle; samples stream through.
+
+For a wave of ``g`` samples (``g`` searched over powers of two up to the batch):
+
+* **Memory.** A kernel's rectangle must hold its weights and their optimizer state and gradient
+  (``weights x (state bytes per parameter + 4)``, the state ratio measured from the step's
+  non-batch arguments) and its boundary inputs for every wave in flight between its forward and
+  its backward pass (``2 x kernels downstream + 1`` waves; the kernel recomputes its internals).
+  That fixes a minimum area ``A_min = bytes / SRAM-for-tensors-per-PE``.
+* **Area.** The remaining PEs are shared in proportion to work: ``A_k = max(A_min_k, lambda * W_k)``,
+  with ``W_k`` = cycles x PEs of the kernel (refined twice after placement).
+* **Placement.** `wafer.costmodel.placement.pack` (shelves, snake order, no overlap).
+* **Throughput.** Kernel ``k`` needs ``C_k`` cycles per wave for its forward and backward pass on
+  its rectangle; fabric transfers to its neighbour carry ``2 x boundary bytes`` per wave over
+  ``min(width, height)`` links of 4 bytes per cycle. The slowest kernel sets the rate:
+  ``samples/s = f * g / max_k max(C_k, T_k)``, plus the per-step weight update (run in every
+  region at once) amortized over the batch, and the system's input bandwidth for the data.
+* **Not fitting** (the sum of minimum areas exceeds the rectangle, or no packing exists) is a
+  result with a reason, not an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from wafer.costmodel.graph import Graph, Kernel
+from wafer.costmodel.hardware import System
+from wafer.costmodel.mesh import Machine, kernel_cycles
+from wafer.costmodel.placement import Rect, pack
+
+__all__ = ("PipelineUnit", "PipelineResult", "layer_pipelined", "dataflow_units")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineUnit:
+  """One placed kernel instance.
+
+  Attributes:
+    kernel: the kernel's name; ``instance``: which of its ``count`` instances.
+    rect: where it sits.
+    compute_samples_per_sec, transmission_samples_per_sec: its rates alone.
+    memory_bytes: the bytes its rectangle holds.
+  """
+
+  kernel: str
+  instance: int
+  rect: Rect
+  compute_samples_per_sec: float
+  transmission_samples_per_sec: float
+  memory_bytes: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineResult:
+  """A layer-pipelined estimate, or why the model does not fit.
+
+  Attributes:
+    fits: whether every kernel got a rectangle.
+    reason: why not (empty when it fits).
+    wave: samples per pipeline wave.
+    samples_per_sec, compute_samples_per_sec, transmission_samples_per_sec: the rates.
+    units: placed kernel instances (empty when it does not fit).
+    memory_bytes: bytes all rectangles hold; ``needed_pes``: the minimum area in PEs.
+    update_s: per-step weight-update time (all regions at once).
+  """
+
+  fits: bool
+  reason: str
+  wave: int = 0
+  samples_per_sec: float = 0.0
+  compute_samples_per_sec: float = 0.0
+  transmission_samples_per_sec: float = 0.0
+  units: tuple[PipelineUnit, ...] = ()
+  memory_bytes: float = 0.0
+  needed_pes: int = 0
+  update_s: float = 0.0
+
+
+def dataflow_units(kernels: list[Kernel]) -> list[tuple[Kernel, int]]:
+  """Kernel instances in dataflow order: consecutive kernels of one loop (same ``count > 1``)
+  interleave by instance (``attn[0], mlp[0], attn[1], ...``)."""
+  units: list[tuple[Kernel, int]] = []
+  i = 0
+  while i < len(kernels):
+    j = i + 1
+    if kernels[i].count > 1:
+      while j < len(kernels) and kernels[j].count == kernels[i].count:
+        j += 1
+    segment = kernels[i:j]
+    for inst in range(segment[0].count):
+      units += [(k, inst) for k in segment]
+    i = j
+  return units
+
+
+def _memory(graph: Graph, units: list[tuple[Kernel, int]], ratio: float) -> list[float]:
+  per_param = graph.state_bytes_per_param() + 4.0  # weights + optimizer state + gradient accumulator
+  n = len(units)
+  out = []
+  for pos, (k, _) in enumerate(units):
+    in_flight = 2 * (n - 1 - pos) + 1
+    out.append(k.weight_elements() * per_param + k.activation_in_bytes(ratio) * in_flight)
+  return out
+
+
+def _evaluate(
+  graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, wave: int
+) -> PipelineResult:
+  f = machine.calib.clock_hz
+  sram = machine.sram_data_bytes
+  ratio = wave / graph.traced_batch
+  kernels = [k for k in graph.kernels if k.has_phase("fwd") or k.has_phase("bwd")]
+  units = dataflow_units(kernels)
+  memory = _memory(graph, units, ratio)
+  a_min = [max(1, math.ceil(m / sram)) for m in memory]
+  total = width * height
+  needed = sum(a_min)
+  if needed > total:
+    gb = sum(memory) / 1e9
+    weights = (
+      sum(k.weight_elements() * k.count for k in kernels) * (graph.state_bytes_per_param() + 4.0) / 1e9
+    )
+    return PipelineResult(
+      False,
+      f"needs {needed:,} PEs ({gb:.3g} GB: weights, optimizer state and gradients {weights:.3g} GB, "
+      f"activations in flight {gb - weights:.3g} GB) but the rectangle has {total:,} PEs "
+      f"({total * sram / 1e9:.3g} GB of SRAM for tensors)",
+      wave=wave,
+      memory_bytes=sum(memory),
+      needed_pes=needed,
+    )
+  # area in proportion to work, refined on the placed rectangles
+  side = max(1, int(math.sqrt(total / len(units))))
+  work = [kernel_cycles(machine, k, side, side, ratio, ("fwd", "bwd")) * side * side for k, _ in units]
+  rects: list[Rect] | None = None
+  labels = [k.name if k.count == 1 else f"{k.name}[{i}]" for k, i in units]
+  for _ in range(3):
+    areas = _water_fill(work, a_min, total)
+    placed = None
+    shrink = 1.0
+    while placed is None and shrink > 0.2:
+      placed = pack([max(a_min[j], areas[j] * shrink) for j in range(len(areas))], width, height, labels)
+      shrink *= 0.97
+    if placed is None:
+      break
+    rects = placed
+    work = [
+      kernel_cycles(machine, k, r.width, r.height, ratio, ("fwd", "bwd")) * r.area
+      for (k, _), r in zip(units, rects)
+    ]
+  if rects is None:
+    return PipelineResult(
+      False,
+      f"the {len(units)} kernel rectangles ({needed:,} PEs at least) cannot be packed "
+      f"without overlap on {width} x {height} PEs",
+      wave=wave,
+      memory_bytes=sum(memory),
+      needed_pes=needed,
+    )
+  placed_units = []
+  worst_compute = worst_transmit = 0.0
+  for (k, i), r, mem in zip(units, rects, memory):
+    cycles = kernel_cycles(machine, k, r.width, r.height, ratio, ("fwd", "bwd"))
+    transfer = 2 * k.activation_in_bytes(ratio) / (min(r.width, r.height) * machine.chip.link_bytes_per_cycle)
+    worst_compute = max(worst_compute, cycles)
+    worst_transmit = max(worst_transmit, transfer)
+    placed_units.append(
+      PipelineUnit(
+        k.name,
+        i,
+        r,
+        f * wave / cycles if cycles else math.inf,
+        f * wave / transfer if transfer else math.inf,
+        mem,
+      )
+    )
+  update_cycles = sum(kernel_cycles(machine, k, width, height, ratio, ("update",)) for k in graph.kernels)
+  update_s = update_cycles / f
+  compute = f * wave / worst_compute if worst_compute else math.inf
+  data_rate = (
+    system.io_bytes_per_sec / graph.input_bytes_per_sample if graph.input_bytes_per_sample else math.inf
+  )
+  transmit = min(f * wave / worst_transmit if worst_transmit else math.inf, data_rate)
+  rate = min(compute, transmit)
+  rate = 1.0 / (1.0 / rate + update_s / batch)
+  return PipelineResult(
+    True, "", wave, rate, compute, transmit, tuple(placed_units), sum(memory), needed, update_s
+  )
+
+
+def _water_fill(work: list[float], a_min: list[int], total: int) -> list[float]:
+  """``A_k = max(a_min_k, lam * work_k)`` with ``sum A_k = total`` (bisection on ``lam``)."""
+  if sum(work) <= 0:
+    return [total / len(work)] * len(work)
+  lo, hi = 0.0, total / min(w for w in work if w > 0) if any(w > 0 for w in work) else 1.0
+  for _ in range(60):
+    lam = 0.5 * (lo + hi)
+    if sum(max(a, lam * w) for a, w in zip(a_min, work)) > total:
+      hi = lam
+    else:
+      lo = lam
+  return [max(a, lo * w) for a, w in zip(a_min, work)]
+
+
+def layer_pipelined(
+  graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, wave: int | None = None
+) -> PipelineResult:
+  """The best pipeline wave size, or the reason the model does not fit (at wave 1).
+
+  Args:
+    graph: the extracted kernels.
+    machine: chip, calibration and numeric choices.
+    system: the CS-X system (input bandwidth).
+    width, height: the rectangle to place the kernels on.
+    batch: samples per step (the weight update is amortized over it).
+    wave: force this wave size.
+  """
+  waves = [wave] if wave else sorted({2**j for j in range(int(math.log2(batch)) + 1)} | {batch})
+  best: PipelineResult | None = None
+  first_fail: PipelineResult | None = None
+  for g in waves:
+    res = _evaluate(graph, machine, system, width, height, batch, g)
+    if not res.fits:
+      first_fail = first_fail or res
+      break  # larger waves need more memory
+    if best is None or res.samples_per_sec > best.samples_per_sec:
+      best = res
+  if best is None:
+    assert first_fail is not None
+    return first_fail
+  return best

@@ -1,0 +1,305 @@
+"""The estimate's result: `Report`, its kernel rows, and its text / JSON / files.
+
+``Report.to_text()`` follows the layout of Cerebras' ``compile_report.txt`` (an "Estimated Overall
+Performance" block, then one row per kernel with Samples/s, Compute Samples/s, Transmission
+Samples/s, Active PEs and Compute Utilization), followed by what the estimate assumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+from precision._table import Table
+from wafer.costmodel.calibration import Calibration
+from wafer.costmodel.placement import Rect
+
+__all__ = ("KernelRow", "Report")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelRow:
+  """One kernel (all its instances) in the report.
+
+  Attributes:
+    name: kernel name (scope path or op pattern).
+    count: instances (e.g. layers of a ``scan``).
+    samples_per_sec: the rate this kernel alone would allow (pipeline: its slowest instance;
+      weight streaming: the batch over the kernel's share of the step).
+    compute_samples_per_sec, transmission_samples_per_sec: the same for compute alone and for data
+      movement alone (fabric transfers, or weight streaming I/O).
+    active_pes: PEs of all its instances (weight streaming: the rectangle, time-shared).
+    compute_utilization: the fraction of its time it computes.
+    flops_per_sample: matrix-product FLOP per sample, all instances, forward + backward.
+    weight_bytes: parameter bytes of all instances (in the compute format).
+    time_share: its fraction of the step (weight streaming) or of the PEs (pipeline).
+  """
+
+  name: str
+  count: int
+  samples_per_sec: float
+  compute_samples_per_sec: float
+  transmission_samples_per_sec: float
+  active_pes: int
+  compute_utilization: float
+  flops_per_sample: float
+  weight_bytes: float
+  time_share: float
+
+  def to_dict(self) -> dict[str, Any]:
+    return {k: _jsonable(v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """A performance estimate of one step on a Cerebras system.
+
+  Attributes:
+    name: what was estimated (a workload name or the function's name).
+    system, system_name, chip: ``"wse2"``, ``"CS-2"``, ``"WSE-2"``.
+    mode: ``"pipeline"`` or ``"weight_streaming"``; ``mode_reason`` says how it was chosen.
+    fits: False when the model does not fit in ``mode`` (then the rates are 0 and ``reason`` says why).
+    batch_size: samples per step (all systems); ``num_csx``: systems in data parallel.
+    micro_batch_size: samples per micro-batch (weight streaming) or per pipeline wave.
+    samples_per_sec: the estimate: ``min`` of compute and transmission in a pipeline, the
+      overlapped step in weight streaming.
+    compute_samples_per_sec: the rate if data movement were free.
+    transmission_samples_per_sec: the rate if compute were free (fabric transfers, I/O).
+    active_pes: PEs doing work; ``total_pes``: PEs of the chip's fabric (per system).
+    compute_utilization: the fraction of time the active PEs compute.
+    flops_per_sample: matrix-product FLOP per sample (forward + backward), the model FLOPs.
+    peak_flops_per_sec: dense peak of all systems in the compute format at the calibrated clock.
+    step_time_s: seconds per step.
+    kernels: one row per kernel.
+    placement: kernel rectangles (pipeline), or the one rectangle all layers share (weight streaming).
+    grid: ``(width, height)`` of the usable rectangle; ``fabric``: of the whole fabric; ``offset``:
+      where the usable rectangle starts in the fabric.
+    alternatives: ``mode -> samples/s`` (or the reason it does not fit) for the other mode.
+    compute_format, accumulate_format: format names; ``clock_hz``: the clock used.
+    calibration: the parameters used.
+    details: mode-specific numbers (micro-batches, I/O seconds, memory...).
+    notes: approximations the estimate made.
+  """
+
+  name: str
+  system: str
+  system_name: str
+  chip: str
+  mode: str
+  mode_reason: str
+  fits: bool
+  reason: str
+  batch_size: int
+  num_csx: int
+  micro_batch_size: int
+  samples_per_sec: float
+  compute_samples_per_sec: float
+  transmission_samples_per_sec: float
+  active_pes: int
+  total_pes: int
+  compute_utilization: float
+  flops_per_sample: float
+  peak_flops_per_sec: float
+  step_time_s: float
+  kernels: tuple[KernelRow, ...]
+  placement: tuple[Rect, ...]
+  grid: tuple[int, int]
+  fabric: tuple[int, int]
+  offset: tuple[int, int]
+  alternatives: dict[str, Any]
+  compute_format: str
+  accumulate_format: str
+  clock_hz: float
+  calibration: Calibration
+  details: dict[str, Any]
+  notes: tuple[str, ...]
+
+  @property
+  def active_pes_fraction(self) -> float:
+    return self.active_pes / self.total_pes if self.total_pes else 0.0
+
+  @property
+  def model_flops_per_sec(self) -> float:
+    """Matrix-product FLOP per second achieved (all systems)."""
+    return self.samples_per_sec * self.flops_per_sample
+
+  @property
+  def flops_utilization(self) -> float:
+    """Achieved model FLOP/s over the dense peak (model FLOPs utilization)."""
+    return self.model_flops_per_sec / self.peak_flops_per_sec if self.peak_flops_per_sec else 0.0
+
+  @property
+  def tokens_per_sec(self) -> float | None:
+    seq = self.details.get("sequence_length")
+    return self.samples_per_sec * seq if seq else None
+
+  # -- outputs ----------------------------------------------------------------------------------
+  def kernel_table(self) -> Table:
+    """The per-kernel rows as a `Table` (Cerebras' columns plus the instance count and share)."""
+    share = "Step Share" if self.mode == "weight_streaming" else "PE Share"
+    rows = [
+      [
+        k.name + (f" (x{k.count})" if k.count > 1 else ""),
+        _rate(k.samples_per_sec),
+        _rate(k.compute_samples_per_sec),
+        _rate(k.transmission_samples_per_sec),
+        f"{k.active_pes:,}",
+        f"{100 * k.compute_utilization:.0f}%",
+        f"{100 * k.time_share:.1f}%",
+      ]
+      for k in self.kernels
+    ]
+    return Table(
+      [
+        "Kernel Name",
+        "Samples/s",
+        "Compute Samples/s",
+        "Transmission Samples/s",
+        "Active PEs",
+        "Compute Utilization",
+        share,
+      ],
+      rows,
+    )
+
+  def to_text(self) -> str:
+    """The report in the style of Cerebras' ``compile_report.txt``."""
+    lines = ["Estimated Overall Performance"]
+    lines += [
+      f" {label + ':':<30}{value}"
+      for label, value in (
+        ("Samples/s", _rate(self.samples_per_sec)),
+        ("Compute Samples/s", _rate(self.compute_samples_per_sec)),
+        ("Transmission Samples/s", _rate(self.transmission_samples_per_sec)),
+        ("Active PEs", f"{100 * self.active_pes_fraction:.0f}%"),
+        ("Compute Utilization", f"{100 * self.compute_utilization:.0f}%"),
+      )
+    ]
+    if not self.fits:
+      lines += ["", f" Does not fit in {_mode_name(self.mode)} mode: {self.reason}"]
+    lines += ["", str(self.kernel_table()), "", "Estimate details"]
+    d = self.details
+    usable = f"{self.grid[0]} x {self.grid[1]}"
+    lines.append(f" {'Model:':<16}{self.name}")
+    lines.append(
+      f" {'System:':<16}{self.num_csx} x {self.system_name} ({self.chip}, {usable} PEs used, "
+      f"{self.clock_hz / 1e9:g} GHz clock)"
+    )
+    lines.append(f" {'Mode:':<16}{_mode_name(self.mode)} ({self.mode_reason})")
+    if self.mode == "weight_streaming":
+      batch_line = (
+        f"{self.batch_size} per step ({self.batch_size // self.num_csx} per system); micro-batch "
+        f"{self.micro_batch_size} ({d.get('micro_batches', 1)} per step)"
+      )
+    else:
+      batch_line = f"{self.batch_size} per step; pipeline waves of {self.micro_batch_size}"
+    lines.append(f" {'Batch:':<16}{batch_line}")
+    lines.append(f" {'Formats:':<16}{self.compute_format} operands, {self.accumulate_format} accumulation")
+    lines.append(
+      f" {'Work:':<16}{self.flops_per_sample / 1e12:.4g} TFLOP per sample (matrix products, "
+      "forward + backward)"
+    )
+    lines.append(
+      f" {'Model FLOP/s:':<16}{self.model_flops_per_sec / 1e15:.3g} PFLOP/s = "
+      f"{100 * self.flops_utilization:.1f}% of the {self.peak_flops_per_sec / 1e15:.3g} PFLOP/s dense peak"
+    )
+    if self.tokens_per_sec:
+      lines.append(f" {'Tokens/s:':<16}{self.tokens_per_sec:,.0f}")
+    if self.fits:
+      if self.mode == "weight_streaming":
+        lines.append(
+          f" {'Step:':<16}{self.step_time_s:.4g} s (compute {d['compute_s']:.4g} s, weight and data "
+          f"I/O {d['io_s']:.4g} s, overlapped; boundary {d['boundary_s'] * 1e3:.3g} ms)"
+        )
+        lines.append(
+          f" {'Resident:':<16}{d['resident_bytes'] / 1e9:.3g} GB of activations between forward and backward"
+        )
+      else:
+        lines.append(
+          f" {'Step:':<16}{self.step_time_s:.4g} s; {len(self.placement)} rectangles hold "
+          f"{d['memory_bytes'] / 1e9:.3g} GB"
+        )
+    for mode, alt in self.alternatives.items():
+      text = _rate(alt) + " samples/s" if isinstance(alt, (int, float)) else f"does not fit: {alt}"
+      lines.append(f" {'Other mode:':<16}{_mode_name(mode)}: {text}")
+    for note in self.notes:
+      lines.append(f" {'Note:':<16}{note}")
+    return "\n".join(lines) + "\n"
+
+  def __str__(self) -> str:
+    return self.to_text()
+
+  def _repr_html_(self) -> str:
+    head = "".join(f"<li>{line.strip()}</li>" for line in self.to_text().split("\n\n")[0].splitlines()[1:])
+    return f"<b>Estimated Overall Performance</b><ul>{head}</ul>" + self.kernel_table()._repr_html_()
+
+  def to_dict(self) -> dict[str, Any]:
+    """Every field, JSON-ready (the rectangles as dicts)."""
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if field.name == "kernels":
+        value = [k.to_dict() for k in value]
+      elif field.name == "placement":
+        value = [r.to_dict() for r in value]
+      elif field.name == "calibration":
+        value = value.to_dict()
+      out[field.name] = _jsonable(value)
+    out["active_pes_fraction"] = self.active_pes_fraction
+    out["model_flops_per_sec"] = self.model_flops_per_sec
+    out["flops_utilization"] = self.flops_utilization
+    return out
+
+  def to_json(self, indent: int = 2) -> str:
+    return json.dumps(self.to_dict(), indent=indent)
+
+  def plot(self, path: str | os.PathLike[str]) -> str:
+    """Write a PNG of the placement on the wafer to ``path``; returns the path."""
+    from wafer.costmodel.placement_plot import plot_report  # matplotlib only when asked for
+
+    return plot_report(self, os.fspath(path))
+
+  def save(self, model_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """Write ``compile_report.txt``, ``compile_report.json`` and ``placement.png`` into ``model_dir``.
+
+    Returns:
+      ``{"text": path, "json": path, "png": path}``.
+    """
+    model_dir = os.fspath(model_dir)
+    os.makedirs(model_dir, exist_ok=True)
+    paths = {
+      "text": os.path.join(model_dir, "compile_report.txt"),
+      "json": os.path.join(model_dir, "compile_report.json"),
+      "png": os.path.join(model_dir, "placement.png"),
+    }
+    with open(paths["text"], "w") as fh:
+      fh.write(self.to_text())
+    with open(paths["json"], "w") as fh:
+      fh.write(self.to_json() + "\n")
+    self.plot(paths["png"])
+    return paths
+
+
+def _mode_name(mode: str) -> str:
+  return {"pipeline": "layer pipelined", "weight_streaming": "weight streaming"}.get(mode, mode)
+
+
+def _rate(v: float) -> str:
+  if math.isinf(v):
+    return "inf"
+  return f"{v:,.1f}" if v >= 100 else f"{v:.4g}"
+
+
+def _jsonable(v: Any) -> Any:
+  if isinstance(v, float):
+    return None if math.isinf(v) or math.isnan(v) else v
+  if isinstance(v, dict):
+    return {str(k): _jsonable(x) for k, x in v.items()}
+  if isinstance(v, (list, tuple)):
+    return [_jsonable(x) for x in v]
+  if dataclasses.is_dataclass(v) and not isinstance(v, type):
+    return _jsonable(dataclasses.asdict(v))
+  return v

@@ -1,0 +1,414 @@
+"""Walking a jaxpr into *sites*: the leaf equations with their scopes, loop multiplicity and costs.
+
+Used by `wafer.costmodel.graph`. The walk recurses through ``jit``/``pjit``, ``closed_call``,
+``custom_jvp``/``custom_vjp``, ``remat``, ``shard_map`` (times the mesh size), ``scan`` (times its
+length), ``while`` (the body once) and ``cond`` (the most expensive branch), tracks which values are
+parameters (through view ops such as transposes and casts) and which depend on the batch, and
+classifies each leaf equation: matrix product, element-wise, transcendental, reduction, cast,
+data movement, or no work (integer arithmetic, reshapes). A call that bitcasts a float to an integer
+and back (a *fake cast*, e.g. `precision.round`) is one cast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from jax.extend import core as jcore
+
+__all__ = ("Site", "Walker", "classify")
+
+# fmt: off
+_FREE = frozenset({
+    "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "stop_gradient", "bitcast_convert_type",
+    "sharding_constraint", "pvary", "optimization_barrier", "iota", "copy_p", "device_put", "name",
+    "mesh_cast", "reshard", "unreduced_psum", "create_token", "axis_index",
+})
+_TRANSCENDENTAL = frozenset({
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "erf", "erfc", "erf_inv", "sin", "cos",
+    "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "rsqrt",
+    "cbrt", "div", "pow", "lgamma", "digamma", "igamma", "igammac", "bessel_i0e", "bessel_i1e",
+})
+_REDUCE = frozenset({
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "cumsum", "cummax",
+    "cummin", "cumprod", "cumlogsumexp", "reduce_and", "reduce_or", "reduce_xor", "psum", "pmax", "pmin",
+})
+_MOVE = frozenset({
+    "transpose", "concatenate", "pad", "slice", "dynamic_slice", "dynamic_update_slice", "gather",
+    "scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter-max",
+    "select_and_scatter_add", "select_and_gather_add", "sort", "rev", "copy", "split", "all_gather",
+    "all_to_all", "ppermute", "reduce_scatter", "top_k",
+})
+# View-like ops: a parameter seen through them is still the same parameter (same root).
+_VIEW = frozenset({
+    "transpose", "reshape", "convert_element_type", "broadcast_in_dim", "squeeze", "expand_dims", "copy",
+    "copy_p", "bitcast_convert_type", "reduce_precision", "sharding_constraint", "pvary", "stop_gradient",
+})
+# fmt: on
+_CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+@dataclasses.dataclass
+class Site:
+  """One leaf equation in context. The walk yields sites in the same order for any batch size, so the
+  sites of two traces can be compared one to one."""
+
+  kind: str  # matmul, vector, transcendental, reduce, move, cast
+  scopes: tuple[str, ...]
+  transposed: bool
+  mult: int
+  in_keys: tuple[int, ...]
+  out_keys: tuple[int, ...]
+  measures: tuple[float, ...]  # matmul: (instances, m, k, n); move: (bytes,); else (elements,)
+  in_shapes: tuple[tuple[int, ...], ...]  # aligned with in_keys
+  out_shapes: tuple[tuple[int, ...], ...]  # aligned with out_keys
+  bits: int  # dtype bits of the data
+  weight_roots: tuple[int, ...] = ()  # roots of parameter operands
+  ops: float = 1.0  # vector ops per element (integer_pow)
+
+
+class Walker:
+  """Walks a closed jaxpr into `Site`s, tracking parameter roots through view ops."""
+
+  def __init__(self, n_invars: int, param_invars: Sequence[bool]):
+    self.sites: list[Site] = []
+    self.next_key = 0
+    self.root: dict[int, int] = {}  # key -> root key of a parameter
+    self.data: set[int] = set()  # keys that depend on the batch arguments
+    self.notes: set[str] = set()
+    self.alias: dict[int, int] = {}  # output of a no-cost op (reshape...) -> its data input
+    self.eqn_count = 0
+    self._fake_cast_cache: dict[int, bool] = {}
+    self.top_keys = [self._new() for _ in range(n_invars)]
+    for key, is_param in zip(self.top_keys, param_invars):
+      if is_param:
+        self.root[key] = key
+      else:
+        self.data.add(key)
+
+  def _new(self) -> int:
+    self.next_key += 1
+    return self.next_key
+
+  def walk(
+    self,
+    jaxpr: jcore.Jaxpr,
+    in_keys: Sequence[int | None],
+    scopes: tuple[str, ...],
+    transposed: bool,
+    mult: int,
+  ) -> list[int]:
+    env: dict[Any, int | None] = {}
+    for var, key in zip(jaxpr.invars, in_keys):
+      env[var] = key
+    for var in jaxpr.constvars:
+      env[var] = self._new()
+    for eqn in jaxpr.eqns:
+      self.eqn_count += 1
+      ins = tuple(None if isinstance(v, jcore.Literal) else env.get(v) for v in eqn.invars)
+      e_scopes, e_transposed = self._context(eqn, scopes, transposed)
+      outs = self._eqn(eqn, ins, e_scopes, e_transposed, mult)
+      for var, key in zip(eqn.outvars, outs):
+        env[var] = key
+    return [None if isinstance(v, jcore.Literal) else env.get(v) for v in jaxpr.outvars]
+
+  @staticmethod
+  def _context(eqn: Any, scopes: tuple[str, ...], transposed: bool) -> tuple[tuple[str, ...], bool]:
+    stack = getattr(eqn.source_info.name_stack, "stack", ())
+    names = list(scopes)
+    for item in stack:
+      kind = type(item).__name__
+      if kind == "Transform":
+        if item.name == "transpose":
+          transposed = True
+      elif item.name and "->" not in str(item.name):  # jnp.einsum names its call by its spec
+        names.append(str(item.name))
+    return tuple(names), transposed
+
+  def _fresh_outs(self, eqn: Any, ins: Sequence[int | None]) -> list[int]:
+    outs = [self._new() for _ in eqn.outvars]
+    if any(k in self.data for k in ins if k is not None):
+      self.data.update(outs)
+    return outs
+
+  # -- one equation ---------------------------------------------------------------------------
+  def _eqn(
+    self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
+  ) -> list[int]:
+    prim = eqn.primitive.name
+    params = eqn.params
+    if prim == "scan":
+      return self._scan(eqn, ins, scopes, transposed, mult)
+    if prim == "while":
+      return self._while(eqn, ins, scopes, transposed, mult)
+    if prim == "cond":
+      return self._cond(eqn, ins, scopes, transposed, mult)
+    inner = _call_jaxpr(params)
+    if inner is not None:
+      if self._is_fake_cast(eqn, inner):
+        outs = self._fresh_outs(eqn, ins)
+        self._propagate_root(ins, outs)
+        self._site(eqn, "cast", ins, outs, scopes, transposed, mult)
+        return outs
+      inner_mult = mult
+      if prim == "shard_map":
+        mesh = params.get("mesh")
+        inner_mult = mult * int(getattr(mesh, "size", 1) or 1)
+        self.notes.add("shard_map bodies are counted once per device of their mesh")
+      inner_jaxpr = inner.jaxpr if isinstance(inner, jcore.ClosedJaxpr) else inner
+      n = len(inner_jaxpr.invars)
+      keys = list(ins[-n:]) if n <= len(ins) else list(ins) + [None] * (n - len(ins))
+      res = self.walk(inner_jaxpr, keys, scopes, transposed, inner_mult)
+      outs = [k if k is not None else self._new() for k in res]
+      if any(k in self.data for k in ins if k is not None):
+        self.data.update(outs)
+      return outs
+    # generic higher-order primitive we do not know: walk every sub-jaxpr once
+    known = (
+      prim in _MOVE or prim in _REDUCE or prim in _TRANSCENDENTAL or prim.startswith(("reduce", "scatter"))
+    )
+    subs = list(jcore.jaxprs_in_params(params)) if not known and _has_subjaxprs(params) else []
+    outs = self._fresh_outs(eqn, ins)
+    for sub in subs:
+      self.notes.add(f"primitive {prim!r}: its sub-computations are counted once")
+      sub_j = sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
+      self.walk(sub_j, [None] * len(sub_j.invars), scopes, transposed, mult)
+    if subs:
+      return outs
+    kind = classify(eqn)
+    if prim in _VIEW:
+      self._propagate_root(ins, outs)
+    if kind is not None:
+      self._site(eqn, kind, ins, outs, scopes, transposed, mult)
+    else:
+      src = next((k for k in ins if k is not None), None)
+      if src is not None:
+        for o in outs:
+          self.alias[o] = self.alias.get(src, src)
+    return outs
+
+  def _propagate_root(self, ins: Sequence[int | None], outs: Sequence[int]) -> None:
+    roots = [self.root[k] for k in ins if k is not None and k in self.root]
+    if roots and not any(k in self.data for k in ins if k is not None):
+      for o in outs:
+        self.root[o] = roots[0]
+
+  def _site(
+    self,
+    eqn: Any,
+    kind: str,
+    ins: tuple[int | None, ...],
+    outs: Sequence[int],
+    scopes: tuple[str, ...],
+    transposed: bool,
+    mult: int,
+  ) -> None:
+    in_avals = [v.aval for v in eqn.invars]
+    out_avals = [v.aval for v in eqn.outvars]
+    pairs = [
+      (self.alias.get(k, k), tuple(getattr(v.aval, "shape", ())))
+      for k, v in zip(ins, eqn.invars)
+      if k is not None
+    ]
+    in_keys = tuple(k for k, _ in pairs)
+    in_shapes = tuple(sh for _, sh in pairs)
+    out_shapes = tuple(tuple(getattr(a, "shape", ())) for a in out_avals)
+    ops = 1.0
+    weight_roots: tuple[int, ...] = ()
+    if kind == "matmul":
+      measures = _matmul_measures(eqn)
+      weight_roots = tuple(self.root[k] for k in ins[:2] if k is not None and k in self.root)
+      bits = max(_bits(a) for a in in_avals[:2])
+    elif kind == "move":
+      measures = (float(sum(_nbytes(a) for a in out_avals)),)
+      bits = max((_bits(a) for a in out_avals), default=32)
+      weight_roots = tuple(self.root[k] for k in ins if k is not None and k in self.root)
+    else:
+      src = in_avals if kind == "reduce" else out_avals
+      measures = (float(max((_size(a) for a in src), default=0)),)
+      bits = max((_bits(a) for a in in_avals + out_avals if _is_float(a)), default=32)
+      weight_roots = tuple(self.root[k] for k in ins if k is not None and k in self.root)
+      if eqn.primitive.name == "integer_pow":
+        ops = float(max(1, abs(int(eqn.params.get("y", 2))) - 1))
+    self.sites.append(
+      Site(
+        kind,
+        scopes,
+        transposed,
+        mult,
+        in_keys,
+        tuple(outs),
+        measures,
+        in_shapes,
+        out_shapes,
+        bits,
+        weight_roots,
+        ops,
+      )
+    )
+
+  # -- control flow ---------------------------------------------------------------------------
+  def _scan(
+    self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
+  ) -> list[int]:
+    p = eqn.params
+    body = p["jaxpr"].jaxpr
+    n_consts, n_carry = p["num_consts"], p["num_carry"]
+    length = int(p["length"])
+    keys: list[int | None] = list(ins[: n_consts + n_carry])
+    for k in ins[n_consts + n_carry :]:  # xs: one slice per iteration, same parameter root
+      sliced = self._new()
+      if k is not None and k in self.root and k not in self.data:
+        self.root[sliced] = self.root[k]
+      if k is not None and k in self.data:
+        self.data.add(sliced)
+      keys.append(sliced)
+    if any(k in self.data for k in keys[: n_consts + n_carry] if k is not None):
+      self.data.update(k for k in keys[n_consts : n_consts + n_carry] if k is not None)
+    self.walk(body, keys, scopes, transposed, mult * max(length, 1))
+    return self._fresh_outs(eqn, ins)
+
+  def _while(
+    self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
+  ) -> list[int]:
+    p = eqn.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    body = p["body_jaxpr"].jaxpr
+    keys = list(ins[cn : cn + bn]) + list(ins[cn + bn :])
+    self.notes.add("while loops (unknown trip count) are counted as one iteration")
+    self.walk(body, keys, scopes, transposed, mult)
+    return self._fresh_outs(eqn, ins)
+
+  def _cond(
+    self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
+  ) -> list[int]:
+    branches = eqn.params["branches"]
+    best: list[Site] | None = None
+    best_cost = -1.0
+    saved = self.sites
+    for br in branches:
+      self.sites = []
+      self.walk(br.jaxpr, list(ins[1:]), scopes, transposed, mult)
+      cost = sum(s.mult * math.prod(s.measures) * (4.0 if s.kind == "matmul" else 1.0) for s in self.sites)
+      if cost > best_cost:
+        best, best_cost = self.sites, cost
+    self.sites = saved + (best or [])
+    if len(branches) > 1:
+      self.notes.add("cond: the most expensive branch is counted")
+    return self._fresh_outs(eqn, ins)
+
+  def _is_fake_cast(self, eqn: Any, inner: Any) -> bool:
+    """A call that maps one float array to one float array of the same shape through integer bits."""
+    if len(eqn.invars) < 1 or len(eqn.outvars) != 1:
+      return False
+    floats_in = [v for v in eqn.invars if _is_float(v.aval)]
+    if len(floats_in) != 1 or not _is_float(eqn.outvars[0].aval):
+      return False
+    if tuple(floats_in[0].aval.shape) != tuple(eqn.outvars[0].aval.shape):
+      return False
+    j = inner.jaxpr if isinstance(inner, jcore.ClosedJaxpr) else inner
+    key = id(j)
+    if key not in self._fake_cast_cache:
+      self._fake_cast_cache[key] = _contains_float_to_int_bitcast(j)
+    return self._fake_cast_cache[key]
+
+
+def _has_subjaxprs(params: dict[str, Any]) -> bool:
+  for v in params.values():
+    if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+      return True
+    if isinstance(v, (tuple, list)) and any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in v):
+      return True
+  return False
+
+
+def _call_jaxpr(params: dict[str, Any]) -> Any:
+  for name in _CALL_JAXPR_PARAMS:
+    v = params.get(name)
+    if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+      return v
+  return None
+
+
+def _contains_float_to_int_bitcast(jaxpr: jcore.Jaxpr) -> bool:
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "bitcast_convert_type":
+      src = eqn.invars[0].aval
+      if _is_float(src) and not _is_float(eqn.outvars[0].aval):
+        return True
+    inner = _call_jaxpr(eqn.params)
+    if inner is not None:
+      j = inner.jaxpr if isinstance(inner, jcore.ClosedJaxpr) else inner
+      if _contains_float_to_int_bitcast(j):
+        return True
+  return False
+
+
+def _is_float(aval: Any) -> bool:
+  dtype = getattr(aval, "dtype", None)
+  return dtype is not None and np.issubdtype(dtype, np.floating)
+
+
+def _bits(aval: Any) -> int:
+  dtype = getattr(aval, "dtype", None)
+  return 8 * np.dtype(dtype).itemsize if dtype is not None else 32
+
+
+def _size(aval: Any) -> int:
+  return int(math.prod(getattr(aval, "shape", ())))
+
+
+def _nbytes(aval: Any) -> int:
+  return _size(aval) * _bits(aval) // 8
+
+
+def classify(eqn: Any) -> str | None:
+  """The kind of work of a leaf equation, or None when it is not work."""
+  prim = eqn.primitive.name
+  if prim in ("dot_general", "conv_general_dilated"):
+    return "matmul"
+  if prim in _FREE:
+    return None
+  if not any(_is_float(v.aval) for v in eqn.invars):  # integer/bool arithmetic: index math, rounding bits
+    return None
+  if prim in _MOVE:
+    return "move"
+  if prim in _REDUCE:
+    return "reduce"
+  if prim in _TRANSCENDENTAL:
+    return "transcendental"
+  if prim == "convert_element_type":
+    return "cast" if _is_float(eqn.outvars[0].aval) else None
+  return "vector"
+
+
+def _matmul_measures(eqn: Any) -> tuple[float, float, float, float]:
+  """``(instances, m, k, n)`` of a ``dot_general`` or a convolution."""
+  lhs = eqn.invars[0].aval.shape
+  rhs = eqn.invars[1].aval.shape
+  if eqn.primitive.name == "dot_general":
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    batch = math.prod(lhs[d] for d in lb)
+    k = math.prod(lhs[d] for d in lc)
+    m = math.prod(lhs[d] for d in range(len(lhs)) if d not in lc and d not in lb)
+    n = math.prod(rhs[d] for d in range(len(rhs)) if d not in rc and d not in rb)
+    return float(batch), float(m), float(k), float(n)
+  # convolution as an implicit GEMM: m = N x output pixels, k = C_in/groups x window, n = C_out/groups
+  dn = eqn.params["dimension_numbers"]
+  out = eqn.outvars[0].aval.shape
+  groups = int(eqn.params.get("feature_group_count", 1)) * int(eqn.params.get("batch_group_count", 1))
+  lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
+  n_batch = out[out_spec[0]]
+  out_pixels = math.prod(out[d] for d in out_spec[2:])
+  c_in = lhs[lhs_spec[1]]
+  window = math.prod(rhs[d] for d in rhs_spec[2:])
+  c_out = rhs[rhs_spec[0]]
+  return (
+    float(groups),
+    float(n_batch * out_pixels),
+    float(c_in // max(groups, 1) * window),
+    float(c_out // max(groups, 1)),
+  )

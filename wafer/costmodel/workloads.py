@@ -1,0 +1,489 @@
+"""Built-in workloads: the published measurements of ``../shared/reference/wafer.md`` §2 as JAX steps.
+
+Each workload is a compact transformer written in plain JAX with `jax.named_scope` names (the
+kernels of the cost model), a ``lax.scan`` over its layers, and a train step of forward, backward
+and AdamW (with global-norm clipping, as the modelzoo configs use), or a forward pass for the
+inference row. They build abstract arguments only, so even GPT-3 175B costs no memory.
+
+>>> from wafer.costmodel import workloads
+>>> sorted(workloads.WORKLOADS)[:3]
+['esm2_35m', 'esm2_35m_cs3', 'gpt2_small']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = (
+  "TransformerConfig",
+  "Measurement",
+  "Workload",
+  "WORKLOADS",
+  "get_workload",
+  "train_step_fn",
+  "prefill_fn",
+  "init_params",
+  "adamw_init",
+  "adamw_update",
+  "AdamWState",
+  "accuracy",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Shape of a decoder/encoder transformer (pre-norm).
+
+  Attributes:
+    layers, d_model, heads, ffn, vocab, seq: the usual sizes (``ffn`` is the hidden width of the
+      MLP; SwiGLU has two such projections in).
+    kv_heads: key/value heads (grouped-query attention); None = ``heads``.
+    norm: ``"layernorm"`` (with bias) or ``"rmsnorm"``.
+    mlp: ``"gelu"`` or ``"swiglu"``.
+    positions: ``"learned"`` (a table of ``max_positions``), ``"rotary"`` or ``"none"``.
+    tied_embeddings: the LM head reuses the embedding table.
+    causal: causal attention mask (decoder) or bidirectional (encoder, e.g. ESM-2).
+    bias: biases in the projections.
+  """
+
+  layers: int
+  d_model: int
+  heads: int
+  ffn: int
+  vocab: int
+  seq: int
+  kv_heads: int | None = None
+  norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+  mlp: Literal["gelu", "swiglu"] = "gelu"
+  positions: Literal["learned", "rotary", "none"] = "learned"
+  max_positions: int = 2048
+  tied_embeddings: bool = True
+  causal: bool = True
+  bias: bool = True
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.heads
+
+  @property
+  def kv(self) -> int:
+    return self.kv_heads or self.heads
+
+
+def _expand(v: jax.Array, ndim: int) -> jax.Array:
+  """Broadcast a trailing-axis vector to ``ndim`` dimensions (rank promotion is explicit)."""
+  return jnp.reshape(v, (1,) * (ndim - v.ndim) + v.shape)
+
+
+def init_params(cfg: TransformerConfig, key: jax.Array, *, embeddings: bool = True) -> dict[str, Any]:
+  """Parameters (float32), layer weights stacked on a leading axis of size ``cfg.layers``."""
+  d, f, n_l = cfg.d_model, cfg.ffn, cfg.layers
+  qkv = (cfg.heads + 2 * cfg.kv) * cfg.head_dim
+  up = 2 * f if cfg.mlp == "swiglu" else f
+  keys = iter(jax.random.split(key, 16))
+
+  def normal(shape: tuple[int, ...], fan_in: int) -> jax.Array:
+    return jax.random.normal(next(keys), shape, jnp.float32) * (1.0 / math.sqrt(fan_in))
+
+  def norm_params(prefix: tuple[int, ...]) -> dict[str, jax.Array]:
+    out = {"scale": jnp.ones(prefix + (d,), jnp.float32)}
+    if cfg.norm == "layernorm":
+      out["bias"] = jnp.zeros(prefix + (d,), jnp.float32)
+    return out
+
+  layer: dict[str, Any] = {
+    "ln1": norm_params((n_l,)),
+    "ln2": norm_params((n_l,)),
+    "wqkv": normal((n_l, d, qkv), d),
+    "wo": normal((n_l, cfg.heads * cfg.head_dim, d), d),
+    "w_up": normal((n_l, d, up), d),
+    "w_down": normal((n_l, f, d), f),
+  }
+  if cfg.bias:
+    layer.update(
+      bqkv=jnp.zeros((n_l, qkv)),
+      bo=jnp.zeros((n_l, d)),
+      b_up=jnp.zeros((n_l, up)),
+      b_down=jnp.zeros((n_l, d)),
+    )
+  params: dict[str, Any] = {"layers": layer}
+  if embeddings:
+    params["embed"] = normal((cfg.vocab, d), 1)
+    if cfg.positions == "learned":
+      params["pos"] = normal((cfg.max_positions, d), 1)
+    params["ln_f"] = norm_params(())
+    if not cfg.tied_embeddings:
+      params["lm_head"] = normal((d, cfg.vocab), d)
+  return params
+
+
+def _norm(cfg: TransformerConfig, x: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
+  if cfg.norm == "rmsnorm":
+    y = x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+  else:
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
+    y = (x - mu) * lax.rsqrt(var + 1e-5)
+  y = y * _expand(p["scale"], x.ndim)
+  return y + _expand(p["bias"], x.ndim) if "bias" in p else y
+
+
+def _dense(x: jax.Array, w: jax.Array, b: jax.Array | None) -> jax.Array:
+  y = jnp.einsum("bsd,df->bsf", x, w)
+  return y if b is None else y + _expand(b, y.ndim)
+
+
+def _rotary(x: jax.Array) -> jax.Array:
+  """Rotary position embedding over the full head dimension of ``x[b, s, h, d]``."""
+  s, half = x.shape[1], x.shape[-1] // 2
+  freq = jnp.exp(jnp.arange(half, dtype=jnp.float32) * (-math.log(10000.0) / half))
+  angle = jnp.arange(s, dtype=jnp.float32)[:, None] * freq[None, :]
+  cos, sin = jnp.cos(angle)[None, :, None, :], jnp.sin(angle)[None, :, None, :]
+  x1, x2 = x[..., :half], x[..., half:]
+  return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def _layer(cfg: TransformerConfig, x: jax.Array, p: dict[str, Any]) -> jax.Array:
+  b, s, _ = x.shape
+  h, kv, dh = cfg.heads, cfg.kv, cfg.head_dim
+  with jax.named_scope("attn"):
+    y = _norm(cfg, x, p["ln1"])
+    qkv = _dense(y, p["wqkv"], p.get("bqkv"))
+    q = qkv[..., : h * dh].reshape(b, s, h, dh)
+    k = qkv[..., h * dh : (h + kv) * dh].reshape(b, s, kv, dh)
+    v = qkv[..., (h + kv) * dh :].reshape(b, s, kv, dh)
+    if cfg.positions == "rotary":
+      q, k = _rotary(q), _rotary(k)
+    if kv != h:
+      k, v = jnp.repeat(k, h // kv, axis=2), jnp.repeat(v, h // kv, axis=2)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(dh))
+    if cfg.causal:
+      mask = jnp.tril(jnp.ones((s, s), jnp.bool_))
+      scores = jnp.where(mask[None, None], scores, jnp.float32(-1e9))
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, h * dh)
+    x = x + _dense(out, p["wo"], p.get("bo"))
+  with jax.named_scope("mlp"):
+    y = _norm(cfg, x, p["ln2"])
+    u = _dense(y, p["w_up"], p.get("b_up"))
+    if cfg.mlp == "swiglu":
+      u = jax.nn.silu(u[..., : cfg.ffn]) * u[..., cfg.ffn :]
+    else:
+      u = jax.nn.gelu(u, approximate=True)
+    x = x + _dense(u, p["w_down"], p.get("b_down"))
+  return x
+
+
+def _layers(cfg: TransformerConfig, x: jax.Array, layer_params: dict[str, Any]) -> jax.Array:
+  with jax.named_scope("layers"):
+    x, _ = lax.scan(lambda c, p: (_layer(cfg, c, p), None), x, layer_params)
+  return x
+
+
+def loss_fn(cfg: TransformerConfig, params: dict[str, Any], tokens: jax.Array) -> jax.Array:
+  """Mean next-token (or masked-token) cross entropy of ``tokens[b, s]`` (int32)."""
+  with jax.named_scope("embed"):
+    x = jnp.take(params["embed"], tokens, axis=0)
+    if cfg.positions == "learned":
+      x = x + params["pos"][None, : tokens.shape[1]]
+  x = _layers(cfg, x, params["layers"])
+  with jax.named_scope("lm_head"):
+    x = _norm(cfg, x, params["ln_f"])
+    w = params["embed"].T if cfg.tied_embeddings else params["lm_head"]
+    logits = jnp.einsum("bsd,dv->bsv", x, w)
+  with jax.named_scope("loss"):
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    labels = jnp.roll(tokens, -1, axis=1) if cfg.causal else tokens
+    nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)
+    return jnp.mean(nll)
+
+
+class AdamWState(NamedTuple):
+  """AdamW state: the step count and the two moments (pytrees like the parameters)."""
+
+  count: jax.Array
+  mu: Any
+  nu: Any
+
+
+def adamw_init(params: Any) -> AdamWState:
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  return AdamWState(jnp.zeros((), jnp.int32), zeros, jax.tree.map(jnp.zeros_like, params))
+
+
+def adamw_update(
+  grads: Any,
+  state: AdamWState,
+  params: Any,
+  *,
+  lr: float = 1e-4,
+  b1: float = 0.9,
+  b2: float = 0.95,
+  eps: float = 1e-8,
+  weight_decay: float = 0.01,
+  max_norm: float = 1.0,
+) -> tuple[Any, AdamWState]:
+  """One AdamW step after global-norm clipping (modelzoo GPT-2: betas 0.9/0.95, ``max_gradient_norm: 1.0``).
+
+  Written out rather than taken from optax so that it traces under strict dtype promotion.
+  """
+  norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+  scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+  count = state.count + 1
+  t = count.astype(jnp.float32)
+  mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * (g * scale), state.mu, grads)
+  nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g * scale), state.nu, grads)
+  c1, c2 = 1 - jnp.power(b1, t), 1 - jnp.power(b2, t)
+  new = jax.tree.map(
+    lambda p, m, v: p - lr * ((m / c1) / (jnp.sqrt(v / c2) + eps) + weight_decay * p), params, mu, nu
+  )
+  return new, AdamWState(count, mu, nu)
+
+
+def train_step_fn(cfg: TransformerConfig) -> Callable[..., Any]:
+  """``step(params, opt_state, tokens) -> (params, opt_state, loss)``: forward, backward, AdamW."""
+
+  def step(
+    params: dict[str, Any], opt_state: AdamWState, tokens: jax.Array
+  ) -> tuple[Any, AdamWState, jax.Array]:
+    loss, grads = jax.value_and_grad(lambda p: loss_fn(cfg, p, tokens))(params)
+    params, opt_state = adamw_update(grads, opt_state, params)
+    return params, opt_state, loss
+
+  return step
+
+
+def prefill_fn(cfg: TransformerConfig) -> Callable[..., Any]:
+  """``prefill(layer_params, x[b, s, d]) -> hidden states``: the transformer layers, forward only."""
+
+  def prefill(layer_params: dict[str, Any], x: jax.Array) -> jax.Array:
+    return _layers(cfg, x, layer_params)
+
+  return prefill
+
+
+def train_example(cfg: TransformerConfig, batch: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  """The train step and abstract ``(params, opt_state, tokens)`` for ``batch`` sequences."""
+  params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+  opt_state = jax.eval_shape(adamw_init, params)
+  tokens = jax.ShapeDtypeStruct((batch, cfg.seq), jnp.int32)
+  return train_step_fn(cfg), (params, opt_state, tokens)
+
+
+def prefill_example(cfg: TransformerConfig, batch: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0), embeddings=False))["layers"]
+  x = jax.ShapeDtypeStruct((batch, cfg.seq, cfg.d_model), jnp.float32)
+  return prefill_fn(cfg), (params, x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+  """A published rate: ``value`` samples/s (a sample is one sequence), its id and source."""
+
+  id: str
+  value: float
+  what: str
+  source: str
+  held_out: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """A named workload: model, batch, the conditions it was measured under, and the measurement.
+
+  ``estimate_kwargs`` are the conditions of the measurement (system, mode, format, and for the
+  WaferLLM row the rectangle, its MeshGEMM kernels and its 1.1 GHz cycle conversion); they are
+  passed to `wafer.estimate` as they are.
+  """
+
+  name: str
+  description: str
+  config: TransformerConfig
+  batch_size: int
+  kind: Literal["train", "prefill"] = "train"
+  estimate_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+  measurement: Measurement | None = None
+
+  def example(self, batch: int | None = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """``(step_fn, abstract_args)`` at ``batch`` (default: the workload's batch)."""
+    b = self.batch_size if batch is None else batch
+    return (train_example if self.kind == "train" else prefill_example)(self.config, b)
+
+  def estimate(self, **overrides: Any) -> Any:
+    """`wafer.estimate` of this workload under its measurement conditions (``overrides`` win)."""
+    from wafer.costmodel.estimate import estimate
+
+    fn, args = self.example()
+    kwargs = dict(self.estimate_kwargs, name=self.name, **overrides)
+    return estimate(fn, *args, **kwargs)
+
+
+def accuracy(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+  """Predicted against measured for the workloads with a measurement (all, or ``names``).
+
+  Returns:
+    One dict per workload: ``id``, ``workload``, ``predicted`` and ``measured`` samples/s,
+    ``abs_log_ratio`` = ``|ln(predicted / measured)|``, ``held_out``, ``mode``, ``micro_batch``,
+    ``what``, ``source``.
+  """
+  rows = []
+  for w in WORKLOADS.values():
+    if w.measurement is None or (names is not None and w.name not in names):
+      continue
+    report = w.estimate()
+    m = w.measurement
+    rows.append(
+      {
+        "id": m.id,
+        "workload": w.name,
+        "predicted": report.samples_per_sec,
+        "measured": m.value,
+        "abs_log_ratio": abs(math.log(report.samples_per_sec / m.value)),
+        "held_out": m.held_out,
+        "mode": report.mode,
+        "micro_batch": report.micro_batch_size,
+        "what": m.what,
+        "source": m.source,
+      }
+    )
+  return rows
+
+
+GPT2_SMALL = TransformerConfig(layers=12, d_model=768, heads=12, ffn=3072, vocab=50257, seq=2048)
+LLAMA_7B = TransformerConfig(
+  layers=32,
+  d_model=4096,
+  heads=32,
+  ffn=11008,
+  vocab=32000,
+  seq=2048,
+  norm="rmsnorm",
+  mlp="swiglu",
+  positions="rotary",
+  tied_embeddings=False,
+  bias=False,
+)
+ESM2_35M = TransformerConfig(
+  layers=12, d_model=480, heads=20, ffn=1920, vocab=33, seq=1026, positions="rotary", causal=False
+)
+LLAMA3_8B = TransformerConfig(
+  layers=32,
+  d_model=4096,
+  heads=32,
+  kv_heads=8,
+  ffn=14336,
+  vocab=128256,
+  seq=4096,
+  norm="rmsnorm",
+  mlp="swiglu",
+  positions="rotary",
+  tied_embeddings=False,
+  bias=False,
+)
+GPT3_175B = TransformerConfig(layers=96, d_model=12288, heads=96, ffn=49152, vocab=50257, seq=2048)
+
+_WAFERLLM = {
+  "system": "wse2",
+  "mode": "weight_streaming",
+  "rect": (720, 720),
+  "compute_format": "float16",
+  "accumulate_format": "float16",
+  "gemm_algorithm": "meshgemm",
+}
+
+WORKLOADS: dict[str, Workload] = {
+  w.name: w
+  for w in (
+    Workload(
+      "gpt2_small",
+      "GPT-2 small (124M): 12 x d768, 12 heads, FFN 3072, seq 2048, tied embeddings",
+      GPT2_SMALL,
+      112,
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "V01",
+        494.4,
+        "1 x CS-2, R2.3.0, cbfloat16, 2024-03",
+        "argonne-lcf/ai-science-training-series old/2024-Spring/07_AITestbeds/Cerebras/gpt2.md",
+      ),
+    ),
+    Workload(
+      "llama_7b",
+      "LLaMA-7B: 32 x d4096, 32 heads, SwiGLU 11008, RMSNorm, rotary, vocab 32000, seq 2048",
+      LLAMA_7B,
+      99,
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "V06",
+        20.45,
+        "1 x CS-2, R2.1.1-2.3.0, cbfloat16, 2024-03-21",
+        "argonne-lcf ai-science-training-series llama2-7b.md; modelzoo params_llama_7b.yaml",
+      ),
+    ),
+    Workload(
+      "esm2_35m",
+      "ESM-2 t12 35M: 12 x d480, 20 heads, FFN 1920, rotary, bidirectional, vocab 33, seq 1026",
+      ESM2_35M,
+      2048,
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "V08",
+        585.9,
+        "1 x CS-2, R2.4.0, cbfloat16, 2024-08-02",
+        "argonne-lcf/user-guides @0ac28ced; modelzoo params_esm2_t12_35M_UR50D.yaml",
+      ),
+    ),
+    Workload(
+      "llama3_8b_prefill",
+      "LLaMA3-8B prefill of a 4096-token prompt, forward only, fp16, WaferLLM "
+      "MeshGEMM kernels on 720 x 720 PEs (tokens/s = samples/s x 4096)",
+      LLAMA3_8B,
+      1,
+      kind="prefill",
+      estimate_kwargs=dict(_WAFERLLM, clock_hz=1.1e9),
+      measurement=Measurement(
+        "V11",
+        27686.5 / 4096,
+        "WSE-2, WaferLLM CSL kernels; cycles converted at 1.1 GHz",
+        "WaferLLM OSDI'25 Table 3 (27,686.5 tok/s)",
+      ),
+    ),
+    Workload(
+      "esm2_35m_cs3",
+      "ESM-2 t12 35M on a CS-3 (same shapes as esm2_35m)",
+      ESM2_35M,
+      2048,
+      estimate_kwargs={"system": "wse3", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "H01",
+        989.1,
+        "1 x CS-3, R2.9.0, 2025-10 (GlobalRate after 400 steps)",
+        "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md (ESM-2)",
+        held_out=True,
+      ),
+    ),
+    Workload(
+      "gpt3_175b",
+      "GPT-3 175B: 96 x d12288, 96 heads, FFN 49152, seq 2048, vocab 50257",
+      GPT3_175B,
+      1536,
+      estimate_kwargs={"system": "wse2"},
+    ),
+  )
+}
+
+
+def get_workload(name: str) -> Workload:
+  """A built-in workload by name; unknown names list the known ones."""
+  if name not in WORKLOADS:
+    raise ValueError(f"workload={name!r} is not a built-in workload; allowed: {', '.join(sorted(WORKLOADS))}")
+  return WORKLOADS[name]
