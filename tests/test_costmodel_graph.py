@@ -214,3 +214,17 @@ def test_trace_errors_are_reported():
     extract(lambda x: x.reshape(7, -1), (sds(4, 4),), batch_argnums=(0,), compute_bits=16)
   with pytest.raises(TraceError, match="disagree on the batch size"):
     extract(lambda x, y: x, (sds(4, 2), sds(5, 2)), batch_argnums=(0, 1), compute_bits=16)
+
+
+def test_autocast_roundings_cost_one_cast_each():
+  n, d = 8, 32
+  policy = precision.Policy(compute="cbfloat16", level=0)
+  f = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+  g = extract(precision.autocast(f, policy), (sds(n, d), sds(d, d)), batch_argnums=(0,), compute_bits=16)
+  work: dict[str, float] = {}
+  for k in g.kernels:
+    for key, v in k.vector.items():
+      work[key[1]] = work.get(key[1], 0) + v[0]
+  # roundings: x (n*d), w (d*d), the product (n*d), tanh's result (n*d); tanh itself is not a cast
+  assert work["cast"] == 3 * n * d + d * d
+  assert sum(work.values()) - work["cast"] == n * d

@@ -6,7 +6,8 @@ length), ``while`` (the body once) and ``cond`` (the most expensive branch), tra
 parameters (through view ops such as transposes and casts) and which depend on the batch, and
 classifies each leaf equation: matrix product, element-wise, transcendental, reduction, cast,
 data movement, or no work (integer arithmetic, reshapes). A call that bitcasts a float to an integer
-and back (a *fake cast*, e.g. `precision.round`) is one cast.
+and back (a *fake cast*, e.g. stochastic `precision.round`) is one cast, and so is each
+``precision_round`` equation (nearest-even roundings, the ones `precision.autocast` inserts).
 """
 
 from __future__ import annotations
@@ -380,7 +381,7 @@ def classify(eqn: Any) -> str | None:
     return "reduce"
   if prim in _TRANSCENDENTAL:
     return "transcendental"
-  if prim == "convert_element_type":
+  if prim in ("convert_element_type", "precision_round"):  # precision_round: autocast's roundings
     return "cast" if _is_float(eqn.outvars[0].aval) else None
   return "vector"
 
