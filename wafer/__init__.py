@@ -1,13 +1,36 @@
 """wafer: the emulated Cerebras system (runtime, cost model, CLI). Imports `precision`.
 
-Today the package provides the cost model (`wafer.estimate`, returning a `wafer.Report`) and the
-``wafer`` console script (``wafer demo``, ``wafer estimate``); the training runtime and data
-pipelines arrive in later milestones.
+* `wafer.compile`: ahead-of-time compilation of a step whose graph must not change
+  (`StaticGraphError` otherwise), with step closures (`step_closure`, `add_step_closure`,
+  `checkpoint_closure`) that run on host values after a step;
+* `wafer.cluster`: ``num_csx`` data parallelism over JAX devices, fixed by the first compile;
+* `wafer.estimate`: the tiled wafer cost model, returning a `wafer.Report`;
+* the ``wafer`` console script (``wafer demo``, ``wafer estimate``).
 """
 
+from wafer.closures import add_step_closure as add_step_closure
+from wafer.closures import checkpoint_closure as checkpoint_closure
+from wafer.closures import step_closure as step_closure
+from wafer.cluster import ClusterConfigError as ClusterConfigError
+from wafer.compile import CompiledStep as CompiledStep
+from wafer.compile import StaticGraphError as StaticGraphError
+from wafer.compile import compile as compile  # noqa: A004 - the promised public name
+from wafer.compile import enable_compilation_cache as enable_compilation_cache
 from wafer.costmodel import Report as Report
 from wafer.costmodel import estimate as estimate
 
 __version__ = "0.1.0"
 
-__all__ = ("Report", "__version__", "estimate")
+__all__ = (
+    "ClusterConfigError",
+    "CompiledStep",
+    "Report",
+    "StaticGraphError",
+    "__version__",
+    "add_step_closure",
+    "checkpoint_closure",
+    "compile",
+    "enable_compilation_cache",
+    "estimate",
+    "step_closure",
+)

@@ -1,0 +1,183 @@
+"""wafer.compile: AOT, one graph only, StaticGraphError messages, step closures, num_csx."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import wafer
+from wafer import cluster
+
+
+def _step(params, batch):
+  loss = jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+  grads = jax.grad(lambda p: jnp.mean((batch["x"] @ p["w"] - batch["y"]) ** 2))(params)
+  return {"w": params["w"] - 0.1 * grads["w"]}, loss
+
+
+def _example(batch=8):
+  params = {"w": jnp.ones((4, 2))}
+  data = {"x": jnp.ones((batch, 4)), "y": jnp.zeros((batch, 2))}
+  return params, data
+
+
+def test_compiles_once_and_runs_that_graph():
+  params, data = _example()
+  step = wafer.compile(_step, params, data)
+  assert step.compilations == 1 and step.compiled is not None
+  new_params, loss = step(params, data)
+  want_params, want_loss = jax.jit(_step)(params, data)
+  np.testing.assert_array_equal(new_params["w"], want_params["w"])
+  assert float(loss) == float(want_loss)
+  assert "dot_general" in str(step.jaxpr)
+
+
+def test_shape_dtype_and_structure_changes_are_refused():
+  params, data = _example()
+  step = wafer.compile(_step, params, data)
+  with pytest.raises(wafer.StaticGraphError, match=r"args\[1\]\['x'\] is float32\[7, 4\].*float32\[8, 4\].*drop_remainder"):
+    step(params, _example(batch=7)[1])
+  with pytest.raises(wafer.StaticGraphError, match=r"bfloat16.*convert the argument"):
+    step(params, {"x": data["x"].astype(jnp.bfloat16), "y": data["y"]})
+  with pytest.raises(wafer.StaticGraphError, match="changed structure"):
+    step(params, {"x": data["x"], "y": data["y"], "z": data["y"]})
+
+
+def _branchy(params, batch):
+  loss = jnp.sum(batch["x"] @ params["w"])
+  if loss > 0:  # a Python branch on a traced value
+    loss = -loss
+  return params, loss
+
+
+def _fetchy(params, batch):
+  loss = jnp.sum(batch["x"] @ params["w"])
+  scale = float(loss)  # a value fetch
+  return params, loss * scale
+
+
+def _itemy(params, batch):
+  return params, jnp.sum(params["w"]).item()
+
+
+def _printy(params, batch):
+  loss = jnp.sum(batch["x"] @ params["w"])
+  print(f"loss is {loss}")
+  return params, loss
+
+
+def _asserty(params, batch):
+  assert jnp.all(params["w"] > 0)
+  return params, jnp.sum(params["w"])
+
+
+@pytest.mark.parametrize(
+    "fn, what, source, fix",
+    [
+      (_branchy, "Python control flow on a traced value", "if loss > 0:", "jnp.where"),
+      (_fetchy, "a value fetch inside the step", "scale = float(loss)", "step closure"),
+      (_itemy, "a value fetch inside the step", ".item()", "step closure"),
+      (_printy, "printing a traced value", 'print(f"loss is {loss}")', "jax.debug.print"),
+      (_asserty, "Python control flow on a traced value", "assert jnp.all", "lax.cond"),
+    ],
+)
+def test_tracing_errors_name_the_user_line_and_the_fix(fn, what, source, fix):
+  params, data = _example()
+  with pytest.raises(wafer.StaticGraphError) as info:
+    wafer.compile(fn, params, data)
+  message = str(info.value)
+  assert message.startswith(what)
+  assert f"{__file__}:" in message and source in message
+  assert fix in message
+  assert info.value.where.startswith(__file__)
+  assert "Traceback" not in message and "jax._src" not in message
+  reprs = []
+  jax.make_jaxpr(lambda v: reprs.append(repr(v)) or v)(1.0)  # tracer printing restored afterwards
+  assert "Tracer" in reprs[0]
+
+
+def test_validate_only_does_not_compile():
+  params, data = _example()
+  step = wafer.compile(_step, params, data, validate_only=True)
+  assert step.compiled is None and step.compilations == 0
+  assert "stablehlo" in step.lowered.as_text() or "func" in step.lowered.as_text()
+  with pytest.raises(RuntimeError, match="validate_only"):
+    step(params, data)
+  with pytest.raises(wafer.StaticGraphError):
+    wafer.compile(_branchy, params, data, validate_only=True)
+
+
+def test_step_closures_run_after_the_step_on_host_values():
+  seen = []
+
+  @wafer.step_closure
+  def log(loss, w, tag):
+    seen.append(("log", tag, type(loss), float(loss), w.shape))
+
+  @wafer.checkpoint_closure
+  def save(w):
+    seen.append(("save", float(w.sum())))
+
+  def step(params, batch):
+    new_params, loss = _step(params, batch)
+    log(loss, new_params["w"], tag="train")
+    save(new_params["w"])
+    return new_params, loss
+
+  params, data = _example()
+  compiled = wafer.compile(step, params, data)
+  assert compiled.has_closures and seen == []  # tracing queues, it does not run
+  new_params, loss = compiled(params, data)
+  assert seen == []  # the step does not wait for the host
+  compiled.run_closures()
+  assert seen == [("log", "train", np.ndarray, float(loss), (4, 2))]
+  compiled(params, data)
+  compiled.run_closures(checkpoint=True)
+  assert seen[-1] == ("save", float(new_params["w"].sum())) and len(seen) == 3
+  compiled.run_closures()  # nothing pending: no rerun
+  assert len(seen) == 3
+
+
+def test_closures_outside_a_step_run_at_once():
+  seen = []
+  wafer.add_step_closure(lambda v: seen.append(v), (jnp.float32(2.0),))
+  assert seen == [2.0] and isinstance(seen[0], np.ndarray)  # host values, not JAX arrays
+  with pytest.raises(ValueError, match="kind="):
+    wafer.add_step_closure(print, (), kind="sometimes")
+
+
+def test_data_parallel_num_csx_matches_one_device():
+  params, data = _example(batch=8)
+  one = wafer.compile(_step, params, data)
+  four = wafer.compile(_step, params, data, num_csx=4, batch_argnums=(1,))
+  p1, l1 = one(params, data)
+  p4, l4 = four(params, data)
+  np.testing.assert_allclose(p4["w"], p1["w"], rtol=1e-6)
+  np.testing.assert_allclose(l4, l1, rtol=1e-6)
+  assert len(four.compiled.input_shardings[0][1]["x"].device_set) == 4
+  with pytest.raises(cluster.ClusterConfigError, match="not divisible by num_csx=3"):
+    wafer.compile(_step, params, data, num_csx=3, batch_argnums=(1,))
+  with pytest.raises(cluster.ClusterConfigError, match="needs 8 JAX devices; this process has 4"):
+    cluster.mesh(8)
+
+
+def test_cluster_settings_are_fixed_by_the_first_lock(monkeypatch):
+  monkeypatch.setattr(cluster, "_LOCKED", [])
+  assert cluster.lock_cluster(2, 4) == cluster.ClusterSettings(2, 4)
+  assert cluster.lock_cluster(2, 4) == cluster.ClusterSettings(2, 4)
+  with pytest.raises(cluster.ClusterConfigError, match=r"fixed by the first compile.*num_csx=2.*got num_csx=1"):
+    cluster.lock_cluster(1, 4)
+  with pytest.raises(cluster.ClusterConfigError, match="num_csx=0; allowed: an int >= 1"):
+    cluster.lock_cluster(0)
+
+
+def test_compilation_cache_directory(tmp_path):
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+           "jax_persistent_cache_min_entry_size_bytes")  # fmt: skip
+  saved = {name: getattr(jax.config, name) for name in names}
+  try:
+    path = wafer.enable_compilation_cache(tmp_path / "cache")
+    assert path.is_dir() and jax.config.jax_compilation_cache_dir == str(path)
+  finally:
+    for name, value in saved.items():
+      jax.config.update(name, value)

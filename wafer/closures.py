@@ -1,0 +1,111 @@
+"""Step closures: host code that runs after a step, on that step's values.
+
+Inside a step compiled by `wafer.compile`, calling a `step_closure`-decorated function (or
+`add_step_closure`) does not run it: its array arguments become extra outputs of the compiled
+graph and the call is queued. After the step, `CompiledStep.run_closures()` (the executor calls
+it at log and activation steps) fetches those outputs to the host and calls the closures in the
+order they were queued, with NumPy values in place of the arrays; other arguments pass through.
+The step itself never waits for the host. Checkpoint closures run only at checkpoint steps.
+
+Outside a compiled step, a closure is called at once with host values.
+
+>>> import wafer
+>>> @wafer.step_closure
+... def log_loss(loss, step):
+...   print(f"step {int(step)}: loss {float(loss):.4f}")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+STEP, CHECKPOINT = "step", "checkpoint"
+
+
+@dataclasses.dataclass
+class QueuedClosure:
+  """A closure call recorded while tracing: ``fn(*args, **kwargs)`` with array leaves lifted out."""
+
+  fn: Callable[..., Any]
+  treedef: Any  # of (args, kwargs)
+  leaves: list[Any]  # non-array leaves; None where an array was lifted out
+  array_slots: list[int]  # positions in ``leaves`` of the lifted arrays
+  kind: str
+
+  def call(self, arrays: list[Any]) -> Any:
+    leaves = list(self.leaves)
+    for slot, value in zip(self.array_slots, arrays):
+      leaves[slot] = value
+    args, kwargs = jax.tree.unflatten(self.treedef, leaves)
+    return self.fn(*args, **kwargs)
+
+
+class _Collector:
+  def __init__(self) -> None:
+    self.closures: list[QueuedClosure] = []
+    self.arrays: list[Any] = []
+
+
+_ACTIVE: list[_Collector] = []
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[_Collector]:
+  """Collect the closures called while tracing a step (used by `wafer.compile`)."""
+  collector = _Collector()
+  _ACTIVE.append(collector)
+  try:
+    yield collector
+  finally:
+    _ACTIVE.pop()
+
+
+def add_step_closure(
+    fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None, *, kind: str = STEP
+) -> None:
+  """Queue ``fn(*args, **kwargs)`` to run after the step, on the step's values of ``args``.
+
+  Args:
+    fn: a host function (prints, logging, checks); its return value is discarded.
+    args, kwargs: may hold JAX arrays (traced values of the step); they arrive as NumPy arrays.
+    kind: ``"step"`` (log and activation steps) or ``"checkpoint"`` (checkpoint steps only).
+  """
+  if kind not in (STEP, CHECKPOINT):
+    raise ValueError(f"kind={kind!r}; allowed: 'step', 'checkpoint'")
+  kwargs = {} if kwargs is None else kwargs
+  leaves, treedef = jax.tree.flatten((tuple(args), kwargs))
+  if not _ACTIVE:  # eager: run now on host values
+    fn(*jax.device_get(tuple(args)), **jax.device_get(kwargs))
+    return
+  collector = _ACTIVE[-1]
+  slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))]
+  kept = [None if i in slots else leaf for i, leaf in enumerate(leaves)]
+  collector.arrays.extend(leaves[i] for i in slots)
+  collector.closures.append(QueuedClosure(fn, treedef, kept, slots, kind))
+
+
+def step_closure(fn: Callable[..., Any]) -> Callable[..., None]:
+  """Decorator: calls inside a compiled step are queued to run after it (see the module doc)."""
+
+  @functools.wraps(fn)
+  def queued(*args: Any, **kwargs: Any) -> None:
+    add_step_closure(fn, args, kwargs, kind=STEP)
+
+  return queued
+
+
+def checkpoint_closure(fn: Callable[..., Any]) -> Callable[..., None]:
+  """Decorator: like `step_closure`, but the body runs only at checkpoint steps."""
+
+  @functools.wraps(fn)
+  def queued(*args: Any, **kwargs: Any) -> None:
+    add_step_closure(fn, args, kwargs, kind=CHECKPOINT)
+
+  return queued
