@@ -7,7 +7,8 @@ it at log and activation steps) fetches those outputs to the host and calls the 
 order they were queued, with NumPy values in place of the arrays; other arguments pass through.
 The step itself never waits for the host. Checkpoint closures run only at checkpoint steps.
 
-Outside a compiled step, a closure is called at once with host values.
+Outside a compiled step, a closure is called at once with host values; inside another trace
+(a plain ``jax.jit``) it becomes a ``jax.debug.callback``, which runs on every call.
 
 >>> import wafer
 >>> @wafer.step_closure
@@ -81,8 +82,12 @@ def add_step_closure(
     raise ValueError(f"kind={kind!r}; allowed: 'step', 'checkpoint'")
   kwargs = {} if kwargs is None else kwargs
   leaves, treedef = jax.tree.flatten((tuple(args), kwargs))
-  if not _ACTIVE:  # eager: run now on host values
-    fn(*jax.device_get(tuple(args)), **jax.device_get(kwargs))
+  if not _ACTIVE:
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+      # traced outside wafer.compile (a plain jax.jit, the cost model): a host callback
+      jax.debug.callback(lambda a, k: fn(*a, **k), tuple(args), kwargs)
+    else:  # eager: run now on host values
+      fn(*jax.device_get(tuple(args)), **jax.device_get(kwargs))
     return
   collector = _ACTIVE[-1]
   slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))]

@@ -1,0 +1,133 @@
+"""The executor: counters, metrics, checkpoints, resume (also after SIGKILL), modes, errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from wafer import cluster
+from wafer.example import example_run
+from wafer.executor import ExecutorError, checkpoint_iterations, run, total_steps, RunSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def fresh_cluster(monkeypatch):
+  monkeypatch.setattr(cluster, "_LOCKED", [])
+
+
+def _run(model_dir, **overrides):
+  overrides.setdefault("progress", False)
+  return run(*example_run(str(model_dir), **overrides))
+
+
+def _records(model_dir):
+  return [json.loads(line) for line in (Path(model_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same_params(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_counters():
+  assert total_steps(RunSettings(num_steps=10), 0) == 10
+  assert total_steps(RunSettings(max_steps=10), 4) == 6
+  assert total_steps(RunSettings(num_steps=10, max_steps=12), 4) == 8
+  assert checkpoint_iterations(4, 0, 10) == {4, 8, 10}
+  assert checkpoint_iterations(4, 8, 10) == {10}
+  assert checkpoint_iterations(0, 0, 10) == set()
+  with pytest.raises(ExecutorError, match="One of num_epochs, num_steps, or max_steps must be provided"):
+    total_steps(RunSettings(), 0)
+  with pytest.raises(ExecutorError, match="Initial global step 12 already exceeds max step 10"):
+    total_steps(RunSettings(max_steps=10), 12)
+
+
+def test_train_writes_metrics_checkpoints_and_the_loss_falls(tmp_path, capsys):
+  summary = _run(tmp_path, num_steps=60, log_steps=10, checkpoint_steps=25)
+  records = _records(tmp_path)
+  assert [r["step"] for r in records] == [10, 20, 30, 40, 50, 60]
+  assert all({"step", "loss", "loss_scale", "samples_per_sec"} <= set(r) for r in records)
+  assert records[-1]["loss"] < 0.7 * records[0]["loss"]
+  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [25, 50, 60]
+  assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+  assert (tmp_path / "compile_report.txt").read_text().startswith("Estimated Overall Performance")
+  out = capsys.readouterr().out
+  assert "| Train Device=CPU, Step=60, Loss=" in out and "samples/sec, GlobalRate=" in out
+  assert "Training completed successfully!" in out
+  assert summary["final_step"] == 60
+
+
+def test_resume_continues_bit_for_bit(tmp_path):
+  whole = _run(tmp_path / "whole", max_steps=40, checkpoint_steps=10, log_steps=10)
+  _run(tmp_path / "parts", max_steps=25, checkpoint_steps=10, log_steps=5)
+  resumed = _run(tmp_path / "parts", max_steps=40, checkpoint_steps=10, log_steps=10)
+  assert resumed["final_step"] == 40
+  _same_params(resumed["params"], whole["params"])
+
+
+def test_sigkill_and_restart_end_with_identical_parameters(tmp_path):
+  script = str(ROOT / "tests" / "scripts" / "run_example.py")
+  env = {**os.environ, "PYTHONPATH": str(ROOT)}
+  steps = 200
+  subprocess.run([sys.executable, script, str(tmp_path / "whole"), str(steps), str(tmp_path / "whole.npz")],
+                 check=True, env=env, capture_output=True, timeout=300)  # fmt: skip
+  victim = subprocess.Popen([sys.executable, script, str(tmp_path / "killed"), str(steps), str(tmp_path / "x.npz")],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+  checkpoints = tmp_path / "killed" / "checkpoints"
+  deadline = time.time() + 120
+  while time.time() < deadline and not (checkpoints.exists() and len([p for p in checkpoints.iterdir()]) >= 3):
+    time.sleep(0.05)
+  victim.send_signal(signal.SIGKILL)
+  victim.wait()
+  assert not (tmp_path / "x.npz").exists()  # it really died before finishing
+  subprocess.run([sys.executable, script, str(tmp_path / "killed"), str(steps), str(tmp_path / "killed.npz")],
+                 check=True, env=env, capture_output=True, timeout=300)  # fmt: skip
+  whole, killed = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "killed.npz")
+  assert sorted(whole.files) == sorted(killed.files)
+  for name in whole.files:
+    np.testing.assert_array_equal(whole[name], killed[name])
+
+
+def test_eval_modes(tmp_path, capsys):
+  with pytest.raises(ExecutorError, match="No checkpoints were found for evaluation"):
+    _run(tmp_path, mode="eval_all")
+  _run(tmp_path, num_steps=20, checkpoint_steps=10, log_steps=10)
+  summary = _run(tmp_path, mode="eval_all")
+  assert sorted(summary["eval_all"]) == [10, 20] and all(0 <= v <= 1 for v in summary["eval_all"].values())
+  single = _run(tmp_path, mode="eval")
+  assert single["eval"] == summary["eval_all"][20]
+  assert "Avg Eval Accuracy:" in capsys.readouterr().out
+  both = _run(tmp_path / "tae", mode="train_and_eval", num_steps=20, eval_frequency=10, checkpoint_steps=10)
+  assert [step for step, _ in both["evals"]] == [10, 20]
+  with pytest.raises(ExecutorError, match="must be multiples of each other"):
+    _run(tmp_path / "bad", mode="train_and_eval", num_steps=20, eval_frequency=10, checkpoint_steps=3)
+
+
+def test_validate_and_compile_only(tmp_path, capsys):
+  _run(tmp_path / "v", num_steps=10, validate_only=True)
+  _run(tmp_path / "c", num_steps=10, compile_only=True)
+  out = capsys.readouterr().out
+  assert "Validation completed successfully" in out and "Compile completed successfully" in out
+  assert not (tmp_path / "c" / "metrics.jsonl").exists()
+  assert (tmp_path / "c" / "compile_report.txt").exists()
+
+
+def test_num_csx_runs_data_parallel_and_is_locked(tmp_path):
+  one = _run(tmp_path / "one", num_steps=10, log_steps=5)
+  cluster._LOCKED.clear()
+  two = _run(tmp_path / "two", num_steps=10, log_steps=5, num_csx=2)
+  for a, b in zip(jax.tree.leaves(one["params"]), jax.tree.leaves(two["params"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-2, atol=2e-3)  # cbfloat16 sums in another order
+  with pytest.raises(cluster.ClusterConfigError, match="fixed by the first compile"):
+    _run(tmp_path / "three", num_steps=10, num_csx=1)
+  with pytest.raises(ExecutorError, match="mode='fit'; allowed"):
+    _run(tmp_path / "four", num_steps=10, mode="fit", num_csx=2)
