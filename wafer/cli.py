@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,8 +58,7 @@ def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], di
   from wafer.costmodel import workloads
 
   if args.params is not None:
-    raise CommandError("--params is not available yet (the YAML config system is a later milestone); "
-                       f"use --workload, one of: {', '.join(sorted(workloads.WORKLOADS))}")
+    return _params_target(args)
   if args.workload is None:
     names = ", ".join(sorted(workloads.WORKLOADS))
     raise CommandError(f"say what to estimate: --workload NAME, one of: {names}")
@@ -71,6 +71,86 @@ def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], di
     raise CommandError(f"--batch_size {batch}; allowed: a positive integer")
   fn, example_args = w.example(batch)
   return fn, example_args, dict(w.estimate_kwargs), w.name
+
+
+def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
+  """The train step of a params file, at its batch size, with its state shapes."""
+  import dataclasses
+
+  import jax
+
+  from wafer import executor, runner
+  from wafer.config import load_params
+
+  params = load_params(args.params, list(args.overrides or ()))
+  p = runner.plan(params)
+  state = executor.TrainState(p.task.init_params(jax.random.key(0)), None, p.loss_scale, jax.numpy.int32(0))
+  state = dataclasses.replace(state, opt_state=p.optimizer.init(state.params))
+  batch = next(p.task.train_data(p.settings.seed))
+  if args.model_dir is None:
+    args.model_dir = p.settings.model_dir
+  kwargs = {"batch_size": p.task.batch_size, "num_csx": p.settings.num_csx, "policy": p.policy}
+  return executor.make_train_step(p.task, p.optimizer, p.policy), (state, batch), kwargs, p.task.name
+
+
+def _run(args: argparse.Namespace) -> int:
+  from wafer import runner
+  from wafer.example import EXAMPLE_PARAMS
+
+  overrides = list(args.overrides or ())
+  for flag in ("mode", "model_dir"):
+    value = getattr(args, flag)
+    if value is not None:
+      overrides.append(f"runconfig.{flag}={value}")
+  for flag in ("validate_only", "compile_only"):
+    if getattr(args, flag):
+      overrides.append(f"runconfig.{flag}=true")
+  if args.params is None:
+    import yaml
+
+    source: Any = yaml.safe_load(EXAMPLE_PARAMS)
+    print("No --params given: running the built-in example job (mlp_example, cbfloat16 with DLS).")
+  else:
+    source = args.params
+  try:
+    summary = runner.run_params(source, overrides)
+  except KeyboardInterrupt:
+    print("\nwafer run: interrupted; the last checkpoint in model_dir is where a rerun resumes.", file=sys.stderr)
+    return 130
+  except Exception as error:  # user-facing errors: the message, not a traceback
+    message = _user_error(error)
+    if message is None:
+      raise
+    print(f"wafer run: error: {message}", file=sys.stderr)
+    return 1
+  model_dir = Path(summary["model_dir"])
+  print("\nOutputs:")
+  for label, path in (("metrics", model_dir / "metrics.jsonl"), ("TensorBoard", model_dir / "tensorboard"),
+                      ("checkpoints", model_dir / "checkpoints"), ("compile report", model_dir / "compile_report.txt")):
+    if path.exists():
+      print(f"  {label:15s} {path}")
+  return 0
+
+
+def _user_error(error: BaseException) -> str | None:
+  """The message of an error the user can act on, or None for a bug (which keeps its traceback)."""
+  import precision
+  import wafer
+  from wafer import cluster, executor, registry
+  from wafer.config import ConfigError, format_config_error
+
+  if isinstance(error, ConfigError):
+    return format_config_error(error)
+  kinds: list[type] = [wafer.StaticGraphError, executor.ExecutorError, cluster.ClusterConfigError,
+                       registry.UnknownModelError, precision.PolicyError, precision.FormatError]
+  try:
+    from wafer.optim import OptimizerError
+    from wafer.schedules import ScheduleError
+
+    kinds += [OptimizerError, ScheduleError]
+  except ImportError:  # pragma: no cover
+    pass
+  return str(error) if isinstance(error, tuple(kinds)) else None
 
 
 def _estimate(args: argparse.Namespace) -> int:
@@ -91,6 +171,12 @@ def _estimate(args: argparse.Namespace) -> int:
     report = wafer.estimate(fn, *example_args, name=name, **kwargs)
   except (CommandError, EstimateError, TraceError) as exc:
     print(f"wafer estimate: error: {exc}", file=sys.stderr)
+    return 2
+  except Exception as exc:  # config, model and optimizer errors from --params
+    message = _user_error(exc)
+    if message is None:
+      raise
+    print(f"wafer estimate: error: {message}", file=sys.stderr)
     return 2
   print(report.to_text(), end="")
   if args.model_dir:
@@ -113,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "compile_report.json and placement.png there.")
   target = est.add_argument_group("what to estimate")
   target.add_argument("--workload", metavar="NAME", help="a built-in workload (see --list)")
-  target.add_argument("--params", metavar="FILE", help="a params YAML (not available yet)")
+  target.add_argument("--params", metavar="FILE", help="a params YAML: estimates its train step")
   target.add_argument("--list", action="store_true", help="list the built-in workloads and exit")
   est.add_argument("--system", help="wse2 (CS-2, default), wse3 (CS-3) or wse1 (CS-1)")
   est.add_argument("--mode", help="auto (default), pipeline or weight_streaming")
@@ -122,7 +208,21 @@ def build_parser() -> argparse.ArgumentParser:
   est.add_argument("--micro_batch_size", type=int, help="force the micro-batch (default: searched)")
   est.add_argument("--compute_format", help="compute format (default: cbfloat16)")
   est.add_argument("--model_dir", metavar="DIR", help="write the report files into DIR")
+  est.add_argument("overrides", nargs="*", metavar="key.path=value", help="overrides of --params keys")
   est.set_defaults(handler=_estimate)
+  run = commands.add_parser(
+      "run", help="train / evaluate a params file (default: the built-in example job)",
+      description="Compile the step once and run it: train, eval, train_and_eval or eval_all. Metrics go to "
+                  "model_dir/metrics.jsonl and TensorBoard; checkpoints to model_dir/checkpoints (a rerun "
+                  "resumes from the latest); the compile report to model_dir/compile_report.txt.")
+  run.add_argument("--params", metavar="FILE", help="a params YAML (modelzoo layout or trainer layout)")
+  run.add_argument("--mode", choices=("train", "eval", "train_and_eval", "eval_all"), help="runconfig.mode")
+  run.add_argument("--model_dir", metavar="DIR", help="runconfig.model_dir")
+  only = run.add_mutually_exclusive_group()
+  only.add_argument("--validate_only", action="store_true", help="trace and check the step; no compile, no run")
+  only.add_argument("--compile_only", action="store_true", help="compile and write the compile report; no run")
+  run.add_argument("overrides", nargs="*", metavar="key.path=value", help="e.g. runconfig.max_steps=10")
+  run.set_defaults(handler=_run)
   return parser
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 
 import precision
+from wafer import registry
 from wafer.executor import IndexedBatches, RunSettings, Task
 
 IN, HIDDEN, CLASSES = 32, 64, 8
@@ -67,6 +68,44 @@ def example_task(batch_size: int = 64, eval_batches: int = 4) -> Task:
       eval_metric_name="accuracy",
       batch_size=batch_size,
   )
+
+
+# The params file of the built-in job (modelzoo's legacy layout), run by `wafer run` without --params.
+EXAMPLE_PARAMS = """\
+train_input:
+  data_processor: SyntheticTeacher
+  batch_size: 64
+eval_input:
+  data_processor: SyntheticTeacher
+  batch_size: 64
+model:
+  name: mlp_example
+  mixed_precision: true
+  fp16_type: cbfloat16
+optimizer:
+  optimizer_type: SGD
+  momentum: 0.9
+  learning_rate: 0.05
+  loss_scaling_factor: dynamic
+runconfig:
+  mode: train
+  model_dir: ./model_dir
+  max_steps: 200
+  log_steps: 20
+  checkpoint_steps: 100
+  eval_steps: 4
+  seed: 1
+"""
+
+
+def build_task(params: Any) -> Task:
+  """The registry builder: the example task at the params file's batch sizes."""
+  batch = params.train_input.batch_size if params.train_input is not None else 64
+  eval_batches = params.runconfig.eval_steps or 4
+  return example_task(batch_size=batch, eval_batches=eval_batches)
+
+
+registry.register_model("mlp_example", build_task)
 
 
 def example_run(model_dir: str = "model_dir", num_steps: int = 200, **overrides: Any) -> tuple:

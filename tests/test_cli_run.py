@@ -1,0 +1,85 @@
+"""`wafer run` and `wafer estimate --params`: the built-in job, params files, and bad params files."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from wafer import cli, cluster
+from wafer.example import EXAMPLE_PARAMS
+
+
+@pytest.fixture(autouse=True)
+def fresh_cluster(monkeypatch):
+  monkeypatch.setattr(cluster, "_LOCKED", [])
+
+
+def _params_file(tmp_path, **changes):
+  data = yaml.safe_load(EXAMPLE_PARAMS)
+  for dotted, value in changes.items():
+    section, key = dotted.split("__")
+    if value is None:
+      data[section].pop(key, None)
+    else:
+      data[section][key] = value
+  path = tmp_path / "params.yaml"
+  path.write_text(yaml.safe_dump(data))
+  return path
+
+
+def test_run_without_params_runs_the_built_in_job(tmp_path, capsys):
+  rc = cli.main(["run", "--model_dir", str(tmp_path / "md"), "runconfig.max_steps=20", "runconfig.log_steps=10"])
+  out = capsys.readouterr().out
+  assert rc == 0, out
+  assert "built-in example job" in out and "| Train Device=CPU, Step=20" in out
+  records = [json.loads(line) for line in (tmp_path / "md" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records] == [10, 20]
+  assert "Outputs:" in out and "metrics.jsonl" in out and "compile_report.txt" in out
+
+
+def test_run_a_params_file_with_modes_and_overrides(tmp_path, capsys):
+  path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"), runconfig__max_steps=10)
+  assert cli.main(["run", "--params", str(path), "runconfig.checkpoint_steps=5"]) == 0
+  assert cli.main(["run", "--params", str(path), "--mode", "eval_all"]) == 0
+  out = capsys.readouterr().out
+  assert out.count("Avg Eval Accuracy") == 2  # checkpoints at 5 and 10
+  assert cli.main(["run", "--params", str(path), "--compile_only", "--model_dir", str(tmp_path / "c")]) == 0
+  assert (tmp_path / "c" / "compile_report.txt").exists() and not (tmp_path / "c" / "metrics.jsonl").exists()
+
+
+BAD_PARAMS = [
+    # (change to the example params, fragment of the error)
+    ({"runconfig__max_stesp": 10}, "did you mean 'max_steps'"),
+    ({"runconfig__log_steps": -1}, "runconfig.log_steps"),
+    ({"runconfig__mode": "fit"}, "runconfig.mode"),
+    ({"model__name": "mlp_exampel"}, "Did you mean 'mlp_example'"),
+    ({"model__fp16_type": "cbfloat61"}, "model.fp16_type"),
+    ({"optimizer__optimizer_type": "adamm"}, "optimizer_type"),
+    ({"optimizer__loss_scaling_factor": "sometimes"}, "loss_scaling_factor"),
+    ({"train_input__batch_size": 0}, "train_input.batch_size"),
+]
+
+
+@pytest.mark.parametrize("changes, fragment", BAD_PARAMS)
+def test_bad_params_files_get_short_errors(tmp_path, capsys, changes, fragment):
+  path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"), **changes)
+  rc = cli.main(["run", "--params", str(path)])
+  err = capsys.readouterr().err
+  assert rc == 1
+  assert fragment.lower() in err.lower(), err
+  assert "Traceback" not in err and len(err.splitlines()) < 15
+
+
+def test_batch_not_divisible_by_num_csx(tmp_path, capsys):
+  path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"), runconfig__num_csx=3)
+  assert cli.main(["run", "--params", str(path)]) == 1
+  assert "num_csx" in capsys.readouterr().err
+
+
+def test_estimate_a_params_file(tmp_path, capsys):
+  path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"))
+  assert cli.main(["estimate", "--params", str(path)]) == 0
+  out = capsys.readouterr().out
+  assert "Estimated Overall Performance" in out
+  assert (Path(tmp_path) / "md" / "compile_report.txt").exists() and (Path(tmp_path) / "md" / "placement.png").exists()
