@@ -154,8 +154,11 @@ def from_pydantic(errors: Iterable[dict[str, Any]], prefix: Loc, fields_at: Any)
       close = suggest(value, options) if isinstance(value, str) else None
       if close:
         msg += f"; did you mean {close!r}?"
+    elif kind in ("too_short", "too_long"):
+      n = e.get("ctx", {}).get("min_length" if kind == "too_short" else "max_length")
+      msg = f"must have {'at least' if kind == 'too_short' else 'at most'} {n} item(s)"
     else:
-      msg = msg.replace("Input should be", "must be").replace("input should be", "must be")
+      msg = re.sub(r"^\w+ should ", "must ", msg)
       if kind.endswith("_type") and value is not _MISSING:
         msg += f", not {type(value).__name__}"
     out.append(Problem(prefix + loc, msg, value))

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from wafer.config import trainer as _trainer
 from wafer.config.errors import ConfigError, Loc, Problem, dotted, from_pydantic, suggest, unknown_key_message
-from wafer.config.schema import MODES, SECTIONS, Params, section_schema
+from wafer.config.schema import MODES, SECTIONS, OpenSection, Params, section_schema
 
 
 class _Loader(yaml.SafeLoader):
@@ -62,7 +62,10 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Loc, int]
     where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
     problem = getattr(e, "problem", None) or str(e)
     context = getattr(e, "context", None)
-    detail = f"{problem} ({context})" if context and "duplicate" not in problem else problem
+    cmark = getattr(e, "context_mark", None)
+    if context and cmark is not None and mark is not None and cmark.line != mark.line:
+      context = f"{context} started at line {cmark.line + 1}"
+    detail = f"{problem} ({context})" if context else problem
     raise ConfigError(f"YAML syntax error: {detail}", where) from None
   lines: dict[Loc, int] = {}
   if node is not None:
@@ -173,6 +176,10 @@ def validate_params(data: Any, source: str | None = None, lines: Mapping[Loc, in
     if not isinstance(value, dict):
       problems.append(Problem((key,), "must be a mapping of keys", value))
       continue
+    if issubclass(schema, OpenSection):
+      found = schema.key_problems(value)
+      problems += [Problem((key, k), m, value[k]) for k, m in found.items()]
+      value = {k: v for k, v in value.items() if k not in found}
     try:
       sections[key] = schema.model_validate(value)
     except ValidationError as e:
@@ -189,16 +196,16 @@ def validate_params(data: Any, source: str | None = None, lines: Mapping[Loc, in
 
 def _locate(p: Problem, lines: Mapping[Loc, int], origins: Sequence[tuple[Loc, str]],
             renames: Sequence[tuple[Loc, Loc]] = ()) -> Problem:
-  """``p`` with the override it came from, or its path as written and its line in the file."""
-  for prefix, origin in origins:
-    if p.loc[: len(prefix)] == prefix:
-      return dataclasses.replace(p, source=origin)
+  """``p`` with its path as written, and the override it came from or its line in the file."""
   shown, lookup = p.shown_path, p.loc
   for prefix, written in renames:
     if p.loc[: len(prefix)] == prefix:
       lookup = written + p.loc[len(prefix):]
       shown = dotted(lookup)
       break
+  for prefix, origin in origins:
+    if p.loc[: len(prefix)] == prefix or lookup[: len(prefix)] == prefix:
+      return dataclasses.replace(p, source=origin, shown_path=shown)
   for n in range(len(lookup), 0, -1):
     if lookup[:n] in lines:
       return dataclasses.replace(p, line=lines[lookup[:n]], shown_path=shown)
@@ -241,10 +248,11 @@ def load_params(path: str | os.PathLike[str] | Mapping[str, Any], overrides: Seq
     for (loc, value), text in parsed:
       if loc[0] == "trainer":
         apply_override(data, loc, value, text)
+        origins.insert(0, (loc, f"override {text!r}"))
     try:
       data, v2_map = _trainer.convert_with_origins(data)
     except ConfigError as e:
-      raise ConfigError([_locate(p, lines, ()) for p in e.problems], source) from None
+      raise ConfigError([_locate(p, lines, origins) for p in e.problems], source) from None
     parsed = [item for item in parsed if item[0][0][0] != "trainer"]
   for (loc, value), text in parsed:
     if isinstance(data, dict) and loc[0] not in SECTIONS:

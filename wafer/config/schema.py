@@ -46,18 +46,27 @@ class OpenSection(Section):
   model_config = ConfigDict(extra="allow")
   _typo_cutoff: ClassVar[float] = 0.86
 
-  @model_validator(mode="before")
   @classmethod
-  def _reject_near_misses(cls, data: Any) -> Any:
+  def key_problems(cls, data: dict[str, Any]) -> dict[str, str]:
+    """``{key: message}`` for keys of ``data`` that are wrong before any typing (misspelled core keys)."""
     from wafer.config.errors import suggest
 
-    if isinstance(data, dict) and cls.model_config.get("extra") == "allow":
+    out = {}
+    if cls.model_config.get("extra") == "allow":
       core = list(cls.model_fields)
       for key in data:
-        if key not in core:
-          close = suggest(key, core, cutoff=cls._typo_cutoff)
-          if close:
-            raise ValueError(f"key {key!r} looks like a misspelling of {close!r}; did you mean {close!r}?")
+        close = suggest(key, core, cutoff=cls._typo_cutoff) if key not in core else None
+        if close:
+          out[key] = f"unknown key {key!r} looks like a misspelling of {close!r}; did you mean {close!r}?"
+    return out
+
+  @model_validator(mode="before")
+  @classmethod
+  def _reject_key_problems(cls, data: Any) -> Any:
+    if isinstance(data, dict):
+      problems = cls.key_problems(data)
+      if problems:
+        raise ValueError("; ".join(f"{k}: {m}" for k, m in problems.items()))
     return data
 
 
@@ -187,13 +196,13 @@ class ModelConfig(OpenSection):
   boundary_casting: bool = False
   tf_summary: bool = False
 
-  @model_validator(mode="before")
   @classmethod
-  def _no_precision_opt_level(cls, data: Any) -> Any:
-    if isinstance(data, dict) and "precision_opt_level" in data:
-      raise ValueError("precision_opt_level is not allowed under model; set runconfig.precision_opt_level "
-                       f"(0, 1 or 2) instead (got model.precision_opt_level={data['precision_opt_level']!r})")
-    return data
+  def key_problems(cls, data: dict[str, Any]) -> dict[str, str]:
+    out = super().key_problems(data)
+    if "precision_opt_level" in data:
+      out["precision_opt_level"] = ("precision_opt_level is not allowed under model; set "
+                                    "runconfig.precision_opt_level (0, 1 or 2) instead")
+    return out
 
 
 class InputConfig(OpenSection):
