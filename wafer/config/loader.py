@@ -170,7 +170,7 @@ def validate_params(data: Any, source: str | None = None, lines: Mapping[Loc, in
     if key not in SECTIONS:
       problems.append(Problem((key,), unknown_key_message(key, list(SECTIONS)) + " (top-level section)"))
       continue
-    if key == "runconfig" and value is None:
+    if value is None:  # an empty section (``eval_input:``) is an absent one
       continue
     schema = section_schema(key, value)
     if not isinstance(value, dict):
@@ -184,7 +184,7 @@ def validate_params(data: Any, source: str | None = None, lines: Mapping[Loc, in
       sections[key] = schema.model_validate(value)
     except ValidationError as e:
       problems += from_pydantic(e.errors(), (key,), lambda loc, s=schema: _fields_at(s, loc))
-  if "model" not in data:
+  if data.get("model") is None:
     problems.append(Problem(("model",), "required section is missing"))
   if not problems:
     params = Params(**sections, source=source)
