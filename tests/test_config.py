@@ -1,0 +1,394 @@
+"""The params-YAML config system: the modelzoo examples parse, overrides, the trainer layout, errors."""
+
+from __future__ import annotations
+
+import pathlib
+import textwrap
+
+import pytest
+import yaml
+from pydantic import ConfigDict
+
+import precision
+from wafer.config import (
+    ConfigError,
+    InputConfig,
+    ModelConfig,
+    Params,
+    format_config_error,
+    from_trainer_layout,
+    load_params,
+    parse_override,
+    register_input_schema,
+    register_model_schema,
+)
+from wafer.config.schema import unregister_schema
+
+DATA = pathlib.Path(__file__).parent / "data" / "params"
+EXAMPLES = ("bert_base_MSL128.yaml", "fc_mnist.yaml", "params_gpt2_small.yaml", "params_gpt3_111m.yaml")
+FC = DATA / "fc_mnist.yaml"
+
+MINIMAL = """\
+train_input:
+  batch_size: 8
+model:
+  name: tiny
+optimizer:
+  optimizer_type: SGD
+  learning_rate: 0.1
+runconfig:
+  max_steps: 10
+"""
+
+
+def write(tmp_path: pathlib.Path, text: str, name: str = "params.yaml") -> pathlib.Path:
+  path = tmp_path / name
+  path.write_text(textwrap.dedent(text))
+  return path
+
+
+def error_of(*args, **kwargs) -> str:
+  with pytest.raises(ConfigError) as info:
+    load_params(*args, **kwargs)
+  text = str(info.value)
+  assert "Traceback" not in text and "pydantic" not in text and "validation error" not in text, text
+  assert "For further information visit" not in text, text
+  return text
+
+
+# --- the examples of cerebras.md section 8 -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_modelzoo_examples_parse(name: str) -> None:
+  params = load_params(DATA / name)
+  assert isinstance(params, Params)
+  assert params.source == str(DATA / name)
+  assert params.runconfig.mode == "train"
+  assert params.train_input is not None and params.eval_input is not None
+  assert isinstance(params.policy(), precision.Policy)
+
+
+def test_bert_values() -> None:
+  p = load_params(DATA / "bert_base_MSL128.yaml")
+  assert p.train_input.batch_size == 3200 and p.eval_input.batch_size == 256
+  assert p.train_input.model_extra["max_predictions_per_seq"] == 20  # processor-specific, kept
+  assert p.model.model_extra["hidden_size"] == 768 and p.model.fp16_type == "cbfloat16"
+  assert p.optimizer.name == "adamw" and p.optimizer.decay == 0.01 and p.optimizer.dynamic_loss_scaling
+  assert [s["total_iters"] for s in p.optimizer.learning_rate] == [3200, 77600]
+  assert p.runconfig.max_steps == 72000 and p.runconfig.save_initial_checkpoint is True
+  policy = p.policy()
+  assert policy.compute.name == "cbfloat16" and policy.level == 1
+  assert "attention_softmax=round" in str(policy)  # POL 1 + cbfloat16 forces a 16-bit softmax
+
+
+def test_gpt2_values() -> None:
+  p = load_params(DATA / "params_gpt2_small.yaml")
+  assert p.optimizer.eps == 1e-8  # written "1e-8": a float (YAML 1.2), not the string PyYAML gives
+  assert p.optimizer.betas == [0.9, 0.95]
+  assert p.optimizer.initial_loss_scale == 2.0**31 and p.optimizer.max_loss_scale == 2.0**31
+
+
+def test_fc_mnist_values() -> None:
+  p = load_params(FC)
+  assert p.model.name == "fc_mnist" and p.optimizer.learning_rate == 0.001
+  assert p.train_input.drop_remainder is True
+  assert p.policy().compute.name == "bfloat16"  # the modelzoo Trainer's default half type
+
+
+# --- the trainer (v2) layout ----------------------------------------------------------------------
+
+
+def test_trainer_layout_converts_like_the_legacy_file() -> None:
+  v2 = load_params(DATA / "bert_base_MSL128_v2.yaml")
+  legacy = load_params(DATA / "bert_base_MSL128.yaml")
+  assert v2.runconfig.target_device == "CSX"
+  for key in ("max_steps", "log_steps", "checkpoint_steps", "seed", "model_dir", "save_initial_checkpoint",
+              "eval_steps", "eval_frequency"):
+    assert getattr(v2.runconfig, key) == getattr(legacy.runconfig, key), key
+  assert v2.model.name == "bert" and v2.model.fp16_type == "cbfloat16" and v2.model.mixed_precision
+  assert v2.optimizer.optimizer_type == "AdamW" and v2.optimizer.weight_decay == 0.01
+  assert v2.optimizer.loss_scaling_factor == "dynamic" and v2.optimizer.max_gradient_norm == 1.0
+  lr_v2, lr_legacy = v2.optimizer.learning_rate, legacy.optimizer.learning_rate
+  assert [s["scheduler"] for s in lr_v2] == ["LinearLR", "LinearLR"]
+  assert [{k: v for k, v in s.items() if k != "scheduler"} for s in lr_v2] == \
+      [{k: v for k, v in s.items() if k != "scheduler"} for s in lr_legacy]
+  assert v2.train_input.batch_size == 3200 and v2.eval_input.batch_size == 256
+  assert v2.policy() == legacy.policy()
+
+
+def test_trainer_converter_details() -> None:
+  data = {"trainer": {"init": {
+      "backend": {"backend_type": "CSX", "cluster_config": {"num_csx": 2, "num_workers_per_csx": 1}},
+      "model": {"name": "gpt3"},
+      "optimizer": {"SGD": {"lr": 0.5, "momentum": 0.9}},
+      "schedulers": [{"ChainedScheduler": {"schedulers": [{"ConstantLR": {"learning_rate": 1.0}},
+                                                          {"ExponentialLR": {"initial_learning_rate": 1.0}}]}}],
+      "precision": {"precision_opt_level": 0, "fp16_type": "float16", "log_loss_scale": True},
+      "loop": {"num_steps": 5, "grad_accum_steps": 2},
+      "callbacks": [{"ScopedTrainFlags": {"csx.performance.micro_batch_size": 2}}]},
+      "fit": {"train_dataloader": {"batch_size": 8}, "ckpt_path": "ckpt.mdl"}}}
+  out = from_trainer_layout(data)
+  assert out["runconfig"] == {"target_device": "CSX", "num_csx": 2, "num_workers_per_csx": 1,
+                              "precision_opt_level": 0, "num_steps": 5, "checkpoint_path": "ckpt.mdl",
+                              "mode": "train"}
+  assert out["optimizer"]["optimizer_type"] == "SGD" and out["optimizer"]["momentum"] == 0.9
+  assert [s["main_scheduler"] for s in out["optimizer"]["learning_rate"]] == ["chained", "chained"]
+  assert out["optimizer"]["grad_accum_steps"] == 2 and out["optimizer"]["log_loss_scale"] is True
+  assert out["train_input"] == {"batch_size": 8, "micro_batch_size": 2}
+  assert out["model"] == {"name": "gpt3", "fp16_type": "float16"}
+  params = load_params(data)
+  assert params.runconfig.num_csx == 2 and params.policy().level == 0
+
+
+def test_trainer_milestones_must_match_total_iters() -> None:
+  sched = {"SequentialLR": {"milestones": [10], "schedulers": [
+      {"LinearLR": {"initial_learning_rate": 0.0, "end_learning_rate": 1.0, "total_iters": 20}},
+      {"ConstantLR": {"learning_rate": 1.0}}]}}
+  data = {"trainer": {"init": {"model": {}, "optimizer": {"SGD": {}}, "schedulers": [sched]}}}
+  text = error_of(data)
+  assert "trainer.init.schedulers[0].SequentialLR.milestones" in text
+  assert "Expected SequentialLR to have milestones [20], but got [10]" in text
+
+
+def test_trainer_unconverted_keys_are_errors(tmp_path: pathlib.Path) -> None:
+  path = write(tmp_path, """\
+      trainer:
+        init:
+          model: {name: x}
+          loop: {max_stepz: 3}
+          callbacks:
+            - CheckLoss: {}
+          schedulers:
+            - LinearLR: {total_iters: 1}
+            - WeightDecayScheduler: {}
+        fit:
+          train_dataloader: {batch_size: 2}
+      """)
+  text = error_of(path)
+  assert "3 problems" in text
+  assert "trainer.init.loop.max_stepz: unknown key 'max_stepz'; did you mean 'max_steps'?" in text
+  assert "trainer.init.callbacks[0].CheckLoss: callback 'CheckLoss' is not converted" in text
+  assert "trainer.init.schedulers: only one learning-rate scheduler" in text
+
+
+def test_trainer_errors_are_shown_at_the_written_path(tmp_path: pathlib.Path) -> None:
+  text = error_of(DATA / "bert_base_MSL128_v2.yaml", ["trainer.init.loop.max_steps=0"])
+  assert "trainer.init.loop.max_steps (from override 'trainer.init.loop.max_steps=0')" in text
+  raw = (DATA / "bert_base_MSL128_v2.yaml").read_text().replace("fp16_type: cbfloat16", "fp16_type: cbfloat")
+  text = error_of(write(tmp_path, raw))
+  line = raw.splitlines().index("      fp16_type: cbfloat") + 1
+  assert f"line {line}: trainer.init.precision.fp16_type: must be one of" in text
+  assert "did you mean 'cbfloat16'?" in text
+
+
+# --- overrides ------------------------------------------------------------------------------------
+
+
+def test_overrides() -> None:
+  p = load_params(FC, ["runconfig.max_steps=10", "optimizer.learning_rate=0.1", "train_input.batch_size=8",
+                       "optimizer.betas=[0.8, 0.9]", "runconfig.seed=null", "eval_input.shuffle=true"])
+  assert p.runconfig.max_steps == 10 and p.optimizer.learning_rate == 0.1 and p.train_input.batch_size == 8
+  assert p.optimizer.betas == [0.8, 0.9] and p.runconfig.seed is None and p.eval_input.shuffle is True
+
+
+def test_override_into_a_list_and_new_section() -> None:
+  p = load_params(DATA / "bert_base_MSL128.yaml", ["optimizer.learning_rate.1.total_iters=100", "csconfig.x=1"])
+  assert p.optimizer.learning_rate[1]["total_iters"] == 100
+  assert p.csconfig is not None and not p.csconfig.use_cbfloat16
+  text = error_of(DATA / "bert_base_MSL128.yaml", ["optimizer.learning_rate.5.total_iters=1"])
+  assert "optimizer.learning_rate[5]" in text and "no element 5 in a list of 2" in text
+
+
+def test_parse_override_values() -> None:
+  assert parse_override("a.b=1e-3") == (("a", "b"), 1e-3)
+  assert parse_override("a.b=") == (("a", "b"), None)
+  assert parse_override("a.0.b=dynamic") == (("a", 0, "b"), "dynamic")
+  with pytest.raises(ConfigError, match="must look like key.path=value"):
+    parse_override("runconfig.max_steps")
+
+
+def test_unknown_override_paths_get_suggestions() -> None:
+  text = error_of(FC, ["runconfig.max_stesp=10"])
+  assert "runconfig.max_stesp (from override 'runconfig.max_stesp=10')" in text
+  assert "did you mean 'max_steps'?" in text
+  text = error_of(FC, ["runconfg.max_steps=10"])
+  assert "unknown key 'runconfg'; did you mean 'runconfig'?" in text
+
+
+def test_mode_argument() -> None:
+  assert load_params(FC, mode="eval").runconfig.mode == "eval"
+  text = error_of(FC, mode="evaluate")
+  assert "runconfig.mode (from --mode): must be one of 'train', 'eval', 'train_and_eval', 'eval_all'" in text
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+def test_misspelled_key_in_file(tmp_path: pathlib.Path) -> None:
+  path = write(tmp_path, MINIMAL.replace("max_steps: 10", "max_stesp: 10\n  max_steps: 10"))
+  text = error_of(path)
+  assert text == (f"{path}: line 9: runconfig.max_stesp: unknown key 'max_stesp'; did you mean 'max_steps'? "
+                  "(got 10)")
+
+
+def test_unknown_key_without_suggestion_lists_the_allowed(tmp_path: pathlib.Path) -> None:
+  text = error_of(write(tmp_path, MINIMAL + "  zzz: 1\n"))
+  assert "runconfig.zzz: unknown key 'zzz'; allowed keys: " in text and "max_steps" in text
+
+
+def test_wrong_type_and_range(tmp_path: pathlib.Path) -> None:
+  text = error_of(FC, ["runconfig.max_steps=ten", "train_input.batch_size=0", "runconfig.precision_opt_level=3",
+                       "runconfig.log_steps=1.5"])
+  assert "4 problems" in text
+  assert "runconfig.max_steps (from override 'runconfig.max_steps=ten'): must be a valid integer, not str (got 'ten')" \
+      in text
+  assert "train_input.batch_size (from override 'train_input.batch_size=0'): must be greater than or equal to 1" in text
+  assert "runconfig.precision_opt_level" in text and "must be less than or equal to 2 (got 3)" in text
+  assert "runconfig.log_steps" in text and "(got 1.5)" in text
+  # strict: no silent coercion of strings to numbers or booleans
+  error_of(FC, ["train_input.batch_size='8'"])
+  error_of(FC, ["train_input.shuffle='yes'"])
+
+
+def test_enum_value_suggestion() -> None:
+  text = error_of(FC, ["model.fp16_type=cbfloat"])
+  assert "model.fp16_type" in text and "must be one of 'float16', 'bfloat16', 'cbfloat16'" in text
+  assert "did you mean 'cbfloat16'?" in text and "(got 'cbfloat')" in text
+  text = error_of(FC, ["optimizer.optimizer_type=adamm"])
+  assert "unknown optimizer 'adamm'; did you mean 'Adam'?" in text
+
+
+def test_precision_opt_level_under_model_is_an_error(tmp_path: pathlib.Path) -> None:
+  path = write(tmp_path, MINIMAL.replace("  name: tiny\n", "  name: tiny\n  precision_opt_level: 1\n"))
+  text = error_of(path)
+  assert f"{path}: line 5: model.precision_opt_level: precision_opt_level is not allowed under model; " \
+         "set runconfig.precision_opt_level" in text
+
+
+def test_misspelled_core_key_in_an_open_section() -> None:
+  text = error_of(FC, ["model.mixed_precison=false"])
+  assert "model.mixed_precison" in text and "did you mean 'mixed_precision'?" in text
+  text = error_of(FC, ["train_input.batch_sise=2"])
+  assert "did you mean 'batch_size'?" in text
+
+
+def test_loss_scaling_factor_message() -> None:
+  text = error_of(FC, ["optimizer.loss_scaling_factor=auto"])
+  assert "Optimizer param 'loss_scaling_factor' must be a float, None, or 'dynamic'." in text
+  assert load_params(FC, ["optimizer.loss_scaling_factor=null"]).optimizer.loss_scaling_factor is None
+
+
+def test_both_clip_modes() -> None:
+  text = error_of(FC, ["optimizer.max_gradient_norm=1.0", "optimizer.max_gradient_value=2.0"])
+  assert "Gradients can be clipped by norm(=1.0) or by value(=2.0), but not both." in text
+  assert "must be greater than 0" in error_of(FC, ["optimizer.max_gradient_norm=0"])
+
+
+def test_batch_size_and_num_csx() -> None:
+  text = error_of(FC, ["runconfig.num_csx=3", "train_input.batch_size=8", "eval_input.batch_size=6"])
+  assert "train_input.batch_size" in text and "must be a multiple of runconfig.num_csx=3" in text
+  assert "eval_input" not in text
+  text = error_of(FC, ["runconfig.num_csx=8"])
+  assert "The number of CS devices (8) must be less than or equal to the model batch size (4)" in text
+  assert load_params(FC, ["runconfig.num_csx=2"]).runconfig.num_csx == 2
+
+
+def test_step_counts() -> None:
+  text = error_of(FC, ["runconfig.max_steps=null"])
+  assert "runconfig: One of num_epochs, num_steps, or max_steps must be provided" in text
+  assert "mutually exclusive" in error_of(FC, ["runconfig.num_steps=5", "runconfig.num_epochs=1"])
+  rc = load_params(FC, ["runconfig.num_steps=300"]).runconfig
+  assert rc.num_train_steps() == 300 and rc.num_train_steps(initial_step=900) == 100
+  with pytest.raises(ConfigError, match="Initial global step 1000 already exceeds max step 1000"):
+    rc.num_train_steps(initial_step=1000)
+  rc = load_params(FC, ["runconfig.num_epochs=2", "runconfig.max_steps=null"]).runconfig
+  assert rc.num_train_steps(dataloader_len=7) == 14
+
+
+def test_train_and_eval_checks() -> None:
+  text = error_of(FC, ["runconfig.mode=train_and_eval", "runconfig.checkpoint_steps=300",
+                       "runconfig.eval_frequency=200"])
+  assert "checkpoint_steps (300) and frequency of evaluation steps (200) must be multiples of each other." in text
+
+
+def test_cbfloat16_needs_dynamic_loss_scaling() -> None:
+  text = error_of(FC, ["model.fp16_type=cbfloat16"])
+  assert "optimizer.loss_scaling_factor: cbfloat16 requires dynamic loss scaling" in text
+  p = load_params(FC, ["model.fp16_type=cbfloat16", "optimizer.loss_scaling_factor=dynamic"])
+  assert p.policy().compute.name == "cbfloat16"
+
+
+def test_missing_sections(tmp_path: pathlib.Path) -> None:
+  text = error_of(write(tmp_path, "runconfig:\n  max_steps: 3\n"))
+  assert text.endswith("params.yaml: model: required section is missing")
+  assert "train_input: required for mode 'train'" in error_of(FC, ["train_input=null"])
+  assert "eval_input: required for mode 'eval'" in error_of(FC, ["eval_input=null"], mode="eval")
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path: pathlib.Path) -> None:
+  path = write(tmp_path, "model:\n  name: x\nrunconfig:\n  max_steps: [10\n  seed: 1\n")
+  text = error_of(path)
+  assert text.startswith(f"{path}:5:") and "YAML syntax error" in text and "started at line 4" in text
+
+
+def test_duplicate_keys_are_errors(tmp_path: pathlib.Path) -> None:
+  text = error_of(write(tmp_path, MINIMAL + "  max_steps: 20\n"))
+  assert ":10:3: YAML syntax error: duplicate key 'max_steps' (first at line 9)" in text
+
+
+def test_unreadable_and_empty_files(tmp_path: pathlib.Path) -> None:
+  assert "cannot read the params file" in error_of(tmp_path / "missing.yaml")
+  assert "the params file is empty" in error_of(write(tmp_path, "# nothing\n"))
+  assert "is a list, not a mapping" in error_of(write(tmp_path, "- 1\n"))
+
+
+def test_several_problems_one_per_line(tmp_path: pathlib.Path) -> None:
+  path = write(tmp_path, MINIMAL.replace("batch_size: 8", "batch_size: -1").replace("SGD", "SDG") + "  sed: 1\n")
+  text = error_of(path)
+  lines = text.splitlines()
+  assert lines[0] == f"{path}: 3 problems:"
+  assert len(lines) == 4 and all(line.startswith("  line ") for line in lines[1:])
+  assert "did you mean 'seed'?" in text and "did you mean 'SGD'?" in text
+
+
+def test_format_config_error() -> None:
+  with pytest.raises(ConfigError) as info:
+    load_params(FC, ["runconfig.max_stesp=1"])
+  out = format_config_error(info.value)
+  assert out.startswith("error: ") and "max_steps" in out and "Traceback" not in out
+  assert format_config_error(ValueError("x")) == "error: ValueError: x"
+
+
+# --- registered schemas ---------------------------------------------------------------------------
+
+
+class _TinyModel(ModelConfig):
+  model_config = ConfigDict(extra="forbid")
+  depth: int = 2
+  hidden_size: int = 8
+
+
+class _TinyInput(InputConfig):
+  model_config = ConfigDict(extra="forbid")
+  image_size: int = 28
+
+
+def test_registered_model_schema_closes_the_section(tmp_path: pathlib.Path) -> None:
+  register_model_schema("tiny", _TinyModel)
+  register_input_schema("TinyProcessor", _TinyInput)
+  try:
+    path = write(tmp_path, MINIMAL.replace("  batch_size: 8\n", "  batch_size: 8\n  data_processor: TinyProcessor\n"))
+    p = load_params(path, ["model.depth=4"])
+    assert isinstance(p.model, _TinyModel) and p.model.depth == 4 and isinstance(p.train_input, _TinyInput)
+    text = error_of(path, ["model.dept=4", "train_input.image_sise=3"])
+    assert "model.dept" in text and "did you mean 'depth'?" in text and "did you mean 'image_size'?" in text
+  finally:
+    unregister_schema("tiny")
+    unregister_schema("TinyProcessor")
+  assert load_params(write(tmp_path, MINIMAL), ["model.dept=4"]).model.model_extra == {"dept": 4}
+
+
+def test_fixtures_are_plain_yaml() -> None:
+  for name in EXAMPLES:
+    assert isinstance(yaml.safe_load((DATA / name).read_text()), dict)

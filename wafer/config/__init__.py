@@ -1,0 +1,50 @@
+"""The params YAML: typed, validated config objects, overrides and errors users can act on.
+
+Example::
+
+  from wafer.config import ConfigError, format_config_error, load_params
+
+  try:
+    params = load_params("params.yaml", ["runconfig.max_steps=10", "train_input.batch_size=8"])
+  except ConfigError as e:
+    print(format_config_error(e))   # file, line, key path, value, what is allowed
+  policy = params.policy()          # precision.Policy of the precision keys
+
+Files in modelzoo's legacy layout (``train_input``, ``eval_input``, ``model``, ``optimizer``,
+``runconfig``) are validated directly; files in the trainer (v2) layout are detected and
+converted (:func:`from_trainer_layout`; the module ``wafer.config.trainer`` lists what converts).
+"""
+
+from wafer.config.errors import ConfigError as ConfigError
+from wafer.config.errors import Problem as Problem
+from wafer.config.errors import format_config_error as format_config_error
+from wafer.config.loader import load_params as load_params
+from wafer.config.loader import parse_override as parse_override
+from wafer.config.loader import validate_params as validate_params
+from wafer.config.schema import CSConfig as CSConfig
+from wafer.config.schema import InputConfig as InputConfig
+from wafer.config.schema import ModelConfig as ModelConfig
+from wafer.config.schema import OptimizerConfig as OptimizerConfig
+from wafer.config.schema import Params as Params
+from wafer.config.schema import RunConfig as RunConfig
+from wafer.config.schema import register_input_schema as register_input_schema
+from wafer.config.schema import register_model_schema as register_model_schema
+from wafer.config.trainer import from_trainer_layout as from_trainer_layout
+
+__all__ = (
+    "CSConfig",
+    "ConfigError",
+    "InputConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "Params",
+    "Problem",
+    "RunConfig",
+    "format_config_error",
+    "from_trainer_layout",
+    "load_params",
+    "parse_override",
+    "register_input_schema",
+    "register_model_schema",
+    "validate_params",
+)

@@ -1,0 +1,273 @@
+"""Loading a params YAML: parse (with line numbers), apply overrides, convert, validate."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from wafer.config import trainer as _trainer
+from wafer.config.errors import ConfigError, Loc, Problem, dotted, from_pydantic, suggest, unknown_key_message
+from wafer.config.schema import MODES, SECTIONS, OpenSection, Params, section_schema
+
+
+class _Loader(yaml.SafeLoader):
+  """SafeLoader with YAML 1.2 floats (``1e-8`` is a float, not a string) and no duplicate keys."""
+
+
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+  loader.flatten_mapping(node)
+  seen: dict[Any, int] = {}
+  for key_node, _ in node.value:
+    key = loader.construct_object(key_node, deep=deep)
+    if key in seen:
+      raise yaml.constructor.ConstructorError(
+          None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+    seen[key] = key_node.start_mark.line
+  return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Loc, int]]:
+  """``(data, lines)``: the YAML document and the 1-based line of every key path.
+
+  Raises:
+    ConfigError: a syntax error or duplicate key, naming ``source`` and the line.
+  """
+  try:
+    node = yaml.compose(text, Loader=_Loader)
+    data = yaml.load(text, Loader=_Loader)
+  except yaml.YAMLError as e:
+    mark = getattr(e, "problem_mark", None)
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+    problem = getattr(e, "problem", None) or str(e)
+    context = getattr(e, "context", None)
+    cmark = getattr(e, "context_mark", None)
+    if context and cmark is not None and mark is not None and cmark.line != mark.line:
+      context = f"{context} started at line {cmark.line + 1}"
+    detail = f"{problem} ({context})" if context else problem
+    raise ConfigError(f"YAML syntax error: {detail}", where) from None
+  lines: dict[Loc, int] = {}
+  if node is not None:
+    _index_lines(node, (), lines)
+  return data, lines
+
+
+def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
+  if isinstance(node, yaml.MappingNode):
+    for key_node, value_node in node.value:
+      if isinstance(key_node, yaml.ScalarNode):
+        sub = loc + (key_node.value,)
+        lines.setdefault(sub, key_node.start_mark.line + 1)
+        _index_lines(value_node, sub, lines)
+  elif isinstance(node, yaml.SequenceNode):
+    for i, item in enumerate(node.value):
+      lines.setdefault(loc + (i,), item.start_mark.line + 1)
+      _index_lines(item, loc + (i,), lines)
+
+
+def parse_override(text: str) -> tuple[Loc, Any]:
+  """``'optimizer.learning_rate.0.total_iters=100'`` -> ``(('optimizer', 'learning_rate', 0, 'total_iters'), 100)``.
+
+  The value is parsed as YAML (``10`` int, ``0.1`` / ``1e-3`` float, ``true`` bool, ``null``,
+  ``[0.9, 0.95]`` list); integer path parts index lists.
+  """
+  key, sep, raw = text.partition("=")
+  key = key.strip()
+  if not sep or not key or any(not part for part in key.split(".")):
+    raise ConfigError(Problem((), "an override must look like key.path=value, e.g. runconfig.max_steps=10",
+                              text, source=f"override {text!r}"), "command line")
+  try:
+    value = yaml.load(raw, Loader=_Loader) if raw.strip() else None
+  except yaml.YAMLError as e:
+    raise ConfigError(Problem((), f"the value is not valid YAML: {getattr(e, 'problem', e)}", raw,
+                              source=f"override {text!r}"), "command line") from None
+  loc = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+  return loc, value
+
+
+def apply_override(data: dict[str, Any], loc: Loc, value: Any, text: str) -> None:
+  """Set ``data[loc] = value``, creating mappings on the way; list indices must exist."""
+  where = f"override {text!r}"
+  node: Any = data
+  for i, part in enumerate(loc[:-1]):
+    if isinstance(node, list):
+      if not isinstance(part, int) or not -len(node) <= part < len(node):
+        raise ConfigError(Problem(loc[: i + 1], f"no element {part!r} in a list of {len(node)}", source=where))
+      node = node[part]
+      continue
+    if not isinstance(node, dict):
+      raise ConfigError(Problem(loc[:i], "is not a mapping, so it has no key "
+                                f"{part!r}", node, source=where))
+    if node.get(part) is None:
+      node[part] = {}
+    node = node[part]
+  last = loc[-1]
+  if isinstance(node, list):
+    if not isinstance(last, int) or not -len(node) <= last < len(node):
+      raise ConfigError(Problem(loc, f"no element {last!r} in a list of {len(node)}", source=where))
+    node[last] = value
+  elif isinstance(node, dict):
+    node[last] = value
+  else:
+    raise ConfigError(Problem(loc[:-1], f"is not a mapping, so it has no key {last!r}", node, source=where))
+
+
+def _fields_at(schema: type[BaseModel], loc: Loc) -> list[str] | None:
+  """The keys a (nested) schema allows at ``loc`` inside it."""
+  for part in loc:
+    field = schema.model_fields.get(part) if isinstance(part, str) else None
+    ann = getattr(field, "annotation", None)
+    if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+      return None
+    schema = ann
+  return list(schema.model_fields)
+
+
+def validate_params(data: Any, source: str | None = None, lines: Mapping[Loc, int] | None = None,
+                    origins: Sequence[tuple[Loc, str]] = (),
+                    renames: Sequence[tuple[Loc, Loc]] = ()) -> Params:
+  """Validate a legacy-layout dict into :class:`Params`, reporting every problem at once.
+
+  Args:
+    data: the parsed YAML (legacy layout).
+    source: the file name for messages.
+    lines: key path -> line, from :func:`parse_yaml`.
+    origins: ``(loc prefix, origin)`` pairs: values under ``loc`` came from ``origin`` (an override).
+    renames: ``(legacy loc prefix, written loc prefix)`` pairs, for files converted from the
+      trainer layout: problems are shown at the key path the user wrote.
+
+  Raises:
+    ConfigError: listing every problem found.
+  """
+  lines = lines or {}
+  if not isinstance(data, dict):
+    what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
+    raise ConfigError(f"the params file is {what}; expected the sections {', '.join(SECTIONS)}", source)
+  problems: list[Problem] = []
+  sections: dict[str, Any] = {}
+  for key, value in data.items():
+    if key not in SECTIONS:
+      problems.append(Problem((key,), unknown_key_message(key, list(SECTIONS)) + " (top-level section)"))
+      continue
+    if value is None:  # an empty section (``eval_input:``) is an absent one
+      continue
+    schema = section_schema(key, value)
+    if not isinstance(value, dict):
+      problems.append(Problem((key,), "must be a mapping of keys", value))
+      continue
+    if issubclass(schema, OpenSection):
+      found = schema.key_problems(value)
+      problems += [Problem((key, k), m, value[k]) for k, m in found.items()]
+      value = {k: v for k, v in value.items() if k not in found}
+    try:
+      sections[key] = schema.model_validate(value)
+    except ValidationError as e:
+      problems += from_pydantic(e.errors(), (key,), lambda loc, s=schema: _fields_at(s, loc))
+  if data.get("model") is None:
+    problems.append(Problem(("model",), "required section is missing"))
+  if not problems:
+    params = Params(**sections, source=source)
+    problems = params.problems()
+  if problems:
+    raise ConfigError([_locate(p, lines, origins, renames) for p in problems], source)
+  return params
+
+
+def _locate(p: Problem, lines: Mapping[Loc, int], origins: Sequence[tuple[Loc, str]],
+            renames: Sequence[tuple[Loc, Loc]] = ()) -> Problem:
+  """``p`` with its path as written, and the override it came from or its line in the file."""
+  shown, lookup = p.shown_path, p.loc
+  for prefix, written in renames:
+    if p.loc[: len(prefix)] == prefix:
+      lookup = written + p.loc[len(prefix):]
+      shown = dotted(lookup)
+      break
+  for prefix, origin in origins:
+    if p.loc[: len(prefix)] == prefix or lookup[: len(prefix)] == prefix:
+      return dataclasses.replace(p, source=origin, shown_path=shown)
+  for n in range(len(lookup), 0, -1):
+    if lookup[:n] in lines:
+      return dataclasses.replace(p, line=lines[lookup[:n]], shown_path=shown)
+  return dataclasses.replace(p, shown_path=shown)
+
+
+def load_params(path: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str] = (),
+                mode: str | None = None) -> Params:
+  """Load and validate a params file.
+
+  Args:
+    path: a YAML file in modelzoo's legacy layout or the trainer (v2) layout (detected by its
+      top-level ``trainer`` key and converted with :func:`from_trainer_layout`); or an already
+      parsed mapping.
+    overrides: ``key.path=value`` strings, applied in order to the legacy layout (paths starting
+      with ``trainer.`` are applied to a trainer-layout file before conversion).
+    mode: sets ``runconfig.mode`` (the CLI's ``--mode``), checked like any other key.
+
+  Returns:
+    The validated :class:`Params`.
+
+  Raises:
+    ConfigError: an unreadable file, a YAML error (with its line), an unknown key (with a
+      suggestion), a wrong type or value, or a cross-key check; every problem at once.
+  """
+  if isinstance(path, Mapping):
+    source, data, lines = "<dict>", copy.deepcopy(dict(path)), {}
+  else:
+    source = os.fspath(path)
+    try:
+      with open(source, encoding="utf-8") as f:
+        text = f.read()
+    except OSError as e:
+      raise ConfigError(f"cannot read the params file: {e.strerror or e}", source) from None
+    data, lines = parse_yaml(text, source)
+  parsed = [(parse_override(o), o) for o in overrides]
+  origins: list[tuple[Loc, str]] = []
+  v2_map: list[tuple[Loc, Loc]] = []
+  if _trainer.is_trainer_layout(data):
+    for (loc, value), text in parsed:
+      if loc[0] == "trainer":
+        apply_override(data, loc, value, text)
+        origins.insert(0, (loc, f"override {text!r}"))
+    try:
+      data, v2_map = _trainer.convert_with_origins(data)
+    except ConfigError as e:
+      raise ConfigError([_locate(p, lines, origins) for p in e.problems], source) from None
+    parsed = [item for item in parsed if item[0][0][0] != "trainer"]
+  for (loc, value), text in parsed:
+    if isinstance(data, dict) and loc[0] not in SECTIONS:
+      raise ConfigError(Problem(loc[:1], unknown_key_message(loc[0], list(SECTIONS)) + " (top-level section)",
+                                source=f"override {text!r}"), source)
+    apply_override(data, loc, value, text)
+    origins.insert(0, (loc, f"override {text!r}"))
+  if mode is not None:
+    if isinstance(data, dict):
+      data.setdefault("runconfig", {})
+      if data["runconfig"] is None:
+        data["runconfig"] = {}
+      data["runconfig"]["mode"] = mode
+    origins.insert(0, (("runconfig", "mode"), "--mode"))
+  return validate_params(data, source, lines, origins, v2_map)
+
+
+__all__ = ("MODES", "apply_override", "load_params", "parse_override", "parse_yaml", "suggest", "validate_params")

@@ -1,0 +1,545 @@
+"""Typed sections of a modelzoo params file (legacy layout) and the checks across them.
+
+Sections ``runconfig`` and ``optimizer`` are closed: every key is typed and an unknown key is an
+error. ``model`` and ``train_input`` / ``eval_input`` differ per model and data processor: a
+typed common core, plus model- or processor-specific keys that are kept as they are (in
+``model_extra``) until a schema is registered for that model name or data processor
+(:func:`register_model_schema`, :func:`register_input_schema`); from then on those sections are
+closed too. An open section still rejects a key that looks like a misspelled core key.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from wafer.config.errors import Problem
+
+NonNegInt = Annotated[int, Field(ge=0)]
+PosInt = Annotated[int, Field(ge=1)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+MODES = ("train", "eval", "train_and_eval", "eval_all")
+TRAIN_MODES = ("train", "train_and_eval")
+EVAL_MODES = ("eval", "train_and_eval", "eval_all")
+FP16_TYPES = ("float16", "bfloat16", "cbfloat16")
+OPTIMIZER_TYPES = ("SGD", "Momentum", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "ASGD", "Lamb", "Lion",
+                   "NAdam", "RAdam", "RMSprop", "Rprop", "Adafactor")
+MIN_DLS_LOSS_SCALE = 2.0**-14
+
+
+class Section(BaseModel):
+  """Base of every section: strict types (no "8" -> 8), unknown keys forbidden."""
+
+  model_config = ConfigDict(extra="forbid", strict=True, protected_namespaces=(), frozen=False)
+
+
+class OpenSection(Section):
+  """A section whose unknown keys are model- or processor-specific and kept in ``model_extra``.
+
+  A key within ``_typo_cutoff`` similarity of a core key is rejected as a likely misspelling.
+  """
+
+  model_config = ConfigDict(extra="allow")
+  _typo_cutoff: ClassVar[float] = 0.86
+
+  @classmethod
+  def key_problems(cls, data: dict[str, Any]) -> dict[str, str]:
+    """``{key: message}`` for keys of ``data`` that are wrong before any typing (misspelled core keys)."""
+    from wafer.config.errors import suggest
+
+    out = {}
+    if cls.model_config.get("extra") == "allow":
+      core = list(cls.model_fields)
+      for key in data:
+        close = suggest(key, core, cutoff=cls._typo_cutoff) if key not in core else None
+        if close:
+          out[key] = f"unknown key {key!r} looks like a misspelling of {close!r}; did you mean {close!r}?"
+    return out
+
+  @model_validator(mode="before")
+  @classmethod
+  def _reject_key_problems(cls, data: Any) -> Any:
+    if isinstance(data, dict):
+      problems = cls.key_problems(data)
+      if problems:
+        raise ValueError("; ".join(f"{k}: {m}" for k, m in problems.items()))
+    return data
+
+
+class RunConfig(Section):
+  """``runconfig``: modelzoo's run keys (``runconfig_schema.yaml``), all typed.
+
+  Wafer extensions: ``activation_steps`` (closures run every N steps; modelzoo derives it from
+  ``log_steps`` when ``enable_act_frequency`` is set).
+  """
+
+  mode: Literal["train", "eval", "train_and_eval", "eval_all"] = "train"
+  model_dir: str = "./model_dir"
+  max_steps: PosInt | None = None
+  num_steps: PosInt | None = None
+  num_epochs: PosInt | None = None
+  steps_per_epoch: PosInt | None = None
+  log_steps: PosInt = 1
+  checkpoint_steps: NonNegInt | None = None
+  save_initial_checkpoint: bool = False
+  eval_steps: PosInt | None = None
+  eval_frequency: PosInt | None = None
+  seed: int | None = None
+  num_csx: PosInt = 1
+  num_workers_per_csx: NonNegInt = 0
+  num_wgt_servers: PosInt | None = None
+  num_act_servers: PosInt | None = None
+  compile_only: bool = False
+  validate_only: bool = False
+  compile_dir: str | None = None
+  precision_opt_level: Annotated[int, Field(ge=0, le=2)] = 1
+  checkpoint_path: str | None = None
+  load_checkpoint_states: str | None = None
+  disable_strict_checkpoint_loading: bool = False
+  autoload_last_checkpoint: bool = True
+  max_checkpoints: PosInt | None = None
+  enable_act_frequency: bool = False
+  activation_steps: PosInt | None = None
+  check_loss_values: bool = True
+  dump_activations: bool = False
+  log_input_summaries: bool = False
+  retrace_every_iteration: bool = False
+  lazy_initialization: bool = True
+  drop_data: bool = False
+  debug_args: dict[str, Any] | None = None
+  debug_args_path: str | None = None
+  ini: dict[str, Any] | None = None
+  target_device: Literal["CPU", "GPU", "CSX"] | None = None
+  mount_dirs: list[str] | None = None
+  python_paths: list[str] | None = None
+  job_labels: list[str] | None = None
+  job_priority: Literal["p1", "p2", "p3"] | None = None
+  job_time_sec: PosInt | None = None
+  logging: Any = None
+  summary_dir: str | None = None
+  op_profiler_config: dict[str, Any] | None = None
+  experimental_api: bool = False
+  transfer_processes: PosInt | None = None
+  disable_version_check: bool = False
+  enable_distributed: bool = False
+  dist_backend: str | None = None
+  dist_addr: str | None = None
+  init_method: str | None = None
+  sync_batchnorm: bool = False
+  compile_crd_memory_gi: PosFloat | None = None
+  execute_crd_memory_gi: PosFloat | None = None
+  wrk_memory_gi: PosFloat | None = None
+  act_memory_gi: PosFloat | None = None
+  cmd_memory_gi: PosFloat | None = None
+  wgt_memory_gi: PosFloat | None = None
+  # 1.x-era keys, accepted and ignored
+  show_debug_metrics: bool = False
+  save_losses: bool = False
+  use_cs_grad_accum: bool = False
+
+  def num_train_steps(self, initial_step: int = 0, dataloader_len: int | None = None) -> int:
+    """Steps to run from ``initial_step`` (cstorch's ``compute_num_steps``, cerebras.md §6).
+
+    The result is ``min(num_epochs * steps_per_epoch, num_steps, max_steps - initial_step)``
+    over the keys that are set; ``steps_per_epoch`` defaults to ``dataloader_len``.
+
+    Raises:
+      ConfigError: none of the keys set, an epoch count without a known epoch length, or a
+        ``max_steps`` already reached.
+    """
+    from wafer.config.errors import ConfigError
+
+    if self.num_epochs is None and self.num_steps is None and self.max_steps is None:
+      raise ConfigError(Problem(("runconfig",), "One of num_epochs, num_steps, or max_steps must be provided"))
+    candidates = []
+    if self.num_epochs is not None:
+      per_epoch = self.steps_per_epoch or dataloader_len
+      if per_epoch is None:
+        raise ConfigError(Problem(("runconfig", "num_epochs"), "needs runconfig.steps_per_epoch "
+                                  "(the dataloader's length is unknown)", self.num_epochs))
+      if dataloader_len is not None and self.steps_per_epoch is not None and self.steps_per_epoch > dataloader_len:
+        raise ConfigError(Problem(("runconfig", "steps_per_epoch"), f"is larger than the dataloader's length "
+                                  f"({dataloader_len})", self.steps_per_epoch))
+      candidates.append(self.num_epochs * per_epoch)
+    if self.num_steps is not None:
+      candidates.append(self.num_steps)
+    if self.max_steps is not None:
+      if initial_step >= self.max_steps:
+        raise ConfigError(Problem(("runconfig", "max_steps"),
+                                  f"Initial global step {initial_step} already exceeds max step {self.max_steps}."))
+      candidates.append(self.max_steps - initial_step)
+    return min(candidates)
+
+  @property
+  def effective_activation_steps(self) -> int | None:
+    """``activation_steps``, else ``log_steps`` when ``enable_act_frequency``, else None (every step)."""
+    if self.activation_steps is not None:
+      return self.activation_steps
+    return self.log_steps if self.enable_act_frequency else None
+
+
+class ModelConfig(OpenSection):
+  """``model``: the typed core every model shares; other keys are model-specific.
+
+  Register a closed schema for a model name with :func:`register_model_schema`.
+  """
+
+  name: str | None = None
+  mixed_precision: bool = True
+  fp16_type: Literal["float16", "bfloat16", "cbfloat16"] | None = None
+  use_bfloat16: bool | None = None
+  attention_softmax_fp32: bool | None = None
+  boundary_casting: bool = False
+  tf_summary: bool = False
+
+  @classmethod
+  def key_problems(cls, data: dict[str, Any]) -> dict[str, str]:
+    out = super().key_problems(data)
+    if "precision_opt_level" in data:
+      out["precision_opt_level"] = ("precision_opt_level is not allowed under model; set "
+                                    "runconfig.precision_opt_level (0, 1 or 2) instead")
+    return out
+
+
+class InputConfig(OpenSection):
+  """``train_input`` / ``eval_input``: the typed core; other keys are processor-specific.
+
+  Register a closed schema for a data processor with :func:`register_input_schema`.
+  """
+
+  data_processor: str | None = None
+  data_dir: str | list[str] | None = None
+  batch_size: PosInt
+  micro_batch_size: Any = "auto"
+  shuffle: bool = False
+  shuffle_seed: int | None = None
+  shuffle_buffer: PosInt | None = None
+  num_workers: NonNegInt = 0
+  prefetch_factor: PosInt | None = None
+  persistent_workers: bool = False
+  drop_last: bool = True
+  drop_last_batch: bool | None = None
+  max_sequence_length: PosInt | None = None
+  vocab_size: PosInt | None = None
+  vocab_file: str | None = None
+  split: str | None = None
+
+  @field_validator("data_dir", mode="before")
+  @classmethod
+  def _data_dir(cls, v: Any) -> Any:
+    if v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+      return v
+    raise ValueError("must be a path or a list of paths")
+
+  @field_validator("micro_batch_size", mode="before")
+  @classmethod
+  def _micro_batch_size(cls, v: Any) -> Any:
+    if v is None or v in ("auto", "explore") or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+      return v
+    if isinstance(v, dict) and set(v) == {"explore"} and isinstance(v["explore"], dict):
+      return v
+    raise ValueError("must be 'auto', 'explore', {explore: {min, max}}, a positive integer, or null")
+
+  @property
+  def drop_remainder(self) -> bool:
+    """Whether the last partial batch is dropped (``drop_last_batch`` wins over ``drop_last``)."""
+    return self.drop_last if self.drop_last_batch is None else self.drop_last_batch
+
+
+def _number(v: Any) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_lr(v: Any) -> Any:
+  """learning_rate: a number, one scheduler dict, or a list of them (validated by the schedules)."""
+  if _number(v):
+    if v < 0 or not math.isfinite(v):
+      raise ValueError("must be a finite number >= 0, a scheduler ({scheduler: Name, ...}) or a list of schedulers")
+    return float(v)
+  items = v if isinstance(v, list) else [v] if isinstance(v, dict) else None
+  if not items:
+    raise ValueError("must be a number, a scheduler ({scheduler: Name, ...}) or a list of schedulers")
+  for i, item in enumerate(items):
+    where = f"element {i}" if isinstance(v, list) else "the scheduler"
+    if not isinstance(item, dict) or not isinstance(item.get("scheduler"), str):
+      raise ValueError(f"{where} must be a mapping with a 'scheduler' name, e.g. "
+                       "{scheduler: Linear, initial_learning_rate: 0.0, end_learning_rate: 0.001, total_iters: 100}")
+  return v
+
+
+class OptimizerConfig(Section):
+  """``optimizer``: type, learning rate (kept as a structured value), clipping, loss scaling.
+
+  ``learning_rate`` is a float, one scheduler mapping or a list of them; the schedules module
+  validates scheduler names and arguments.
+  """
+
+  optimizer_type: str
+  learning_rate: Any = None
+  weight_decay: NonNegFloat | None = None
+  weight_decay_rate: NonNegFloat | None = None
+  max_gradient_norm: PosFloat | None = None
+  max_gradient_value: PosFloat | None = None
+  loss_scaling_factor: Any = 1.0
+  initial_loss_scale: PosFloat | None = None
+  steps_per_increase: PosInt = 2000
+  min_loss_scale: PosFloat | None = None
+  max_loss_scale: PosFloat | None = None
+  overflow_tolerance: NonNegFloat = 0.0
+  log_loss_scale: bool | None = None
+  betas: Annotated[list[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] | None = None
+  beta1: Annotated[float, Field(ge=0, lt=1)] | None = None
+  beta2: Annotated[float, Field(ge=0, lt=1)] | None = None
+  eps: PosFloat | None = None
+  epsilon: PosFloat | None = None
+  momentum: NonNegFloat | None = None
+  nesterov: bool = False
+  dampening: NonNegFloat | None = None
+  amsgrad: bool = False
+  correct_bias: bool = True
+  rho: NonNegFloat | None = None
+  alpha: NonNegFloat | None = None
+  centered: bool = False
+  lambd: NonNegFloat | None = None
+  t0: NonNegFloat | None = None
+  lr_decay: NonNegFloat | None = None
+  initial_accumulator_value: NonNegFloat | None = None
+  etas: list[float] | None = None
+  step_sizes: list[float] | None = None
+  decay_rate: float | None = None
+  clip_threshold: PosFloat | None = None
+  scale_parameter: bool | None = None
+  relative_step: bool | None = None
+  warmup_init: bool | None = None
+  grad_accum_steps: PosInt = 1
+  adjust_learning_rate: dict[str, float] | None = None
+  exclude_bias_from_weight_decay: bool | None = None
+  log_summaries: bool = False
+  disable_lr_steps_reset: bool = False
+
+  @field_validator("optimizer_type", mode="after")
+  @classmethod
+  def _optimizer_type(cls, v: str) -> str:
+    from wafer.config.errors import suggest
+
+    if v.lower() not in (o.lower() for o in OPTIMIZER_TYPES):
+      close = suggest(v, OPTIMIZER_TYPES)
+      hint = f"; did you mean {close!r}?" if close else ""
+      raise ValueError(f"unknown optimizer {v!r}{hint} Allowed (case-insensitive): {', '.join(OPTIMIZER_TYPES)}")
+    return v
+
+  @field_validator("learning_rate", mode="before")
+  @classmethod
+  def _learning_rate(cls, v: Any) -> Any:
+    return v if v is None else _check_lr(v)
+
+  @field_validator("loss_scaling_factor", mode="before")
+  @classmethod
+  def _loss_scaling_factor(cls, v: Any) -> Any:
+    if v is None or v == "dynamic" or (_number(v) and v > 0 and math.isfinite(v)):
+      return float(v) if _number(v) else v
+    raise ValueError("Optimizer param 'loss_scaling_factor' must be a float, None, or 'dynamic'.")
+
+  @property
+  def name(self) -> str:
+    """``optimizer_type`` lowercased (``AdamW`` -> ``adamw``)."""
+    return self.optimizer_type.lower()
+
+  @property
+  def dynamic_loss_scaling(self) -> bool:
+    return self.loss_scaling_factor == "dynamic"
+
+  @property
+  def decay(self) -> float:
+    """The weight decay (``weight_decay`` or the 1.x ``weight_decay_rate``), default 0."""
+    return self.weight_decay if self.weight_decay is not None else (self.weight_decay_rate or 0.0)
+
+  def problems(self) -> list[Problem]:
+    """Checks across optimizer keys (Cerebras' messages where it has one)."""
+    out = []
+    at = ("optimizer",)
+    if self.max_gradient_norm is not None and self.max_gradient_value is not None:
+      out.append(Problem(at + ("max_gradient_value",),
+                         f"Gradients can be clipped by norm(={self.max_gradient_norm}) or by value"
+                         f"(={self.max_gradient_value}), but not both. Do not set both `max_gradient_norm` "
+                         "and `max_gradient_value`."))
+    if self.weight_decay is not None and self.weight_decay_rate is not None:
+      out.append(Problem(at + ("weight_decay_rate",), "set only one of weight_decay and weight_decay_rate "
+                         "(the 1.x spelling)"))
+    if self.betas is not None and (self.beta1 is not None or self.beta2 is not None):
+      out.append(Problem(at + ("betas",), "set either betas or beta1/beta2, not both"))
+    if self.eps is not None and self.epsilon is not None:
+      out.append(Problem(at + ("epsilon",), "set only one of eps and epsilon"))
+    if self.learning_rate is None:
+      out.append(Problem(at + ("learning_rate",), "required key is missing (a number, a scheduler or a list)"))
+    if self.dynamic_loss_scaling and self.min_loss_scale is not None and self.min_loss_scale < MIN_DLS_LOSS_SCALE:
+      out.append(Problem(at + ("min_loss_scale",), "min_loss_scale too small: must be >= 2**-14 with dynamic "
+                         "loss scaling", self.min_loss_scale))
+    if (self.min_loss_scale is not None and self.max_loss_scale is not None
+        and self.min_loss_scale > self.max_loss_scale):
+      out.append(Problem(at + ("min_loss_scale",), f"must be <= max_loss_scale ({self.max_loss_scale})",
+                         self.min_loss_scale))
+    return out
+
+
+class CSConfig(OpenSection):
+  """``csconfig`` (1.x era): only ``use_cbfloat16`` is used; other keys are kept and ignored."""
+
+  use_cbfloat16: bool = False
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "train_input": InputConfig,
+    "eval_input": InputConfig,
+    "model": ModelConfig,
+    "optimizer": OptimizerConfig,
+    "runconfig": RunConfig,
+    "csconfig": CSConfig,
+}
+
+_MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {}
+_INPUT_SCHEMAS: dict[str, type[InputConfig]] = {}
+
+
+def register_model_schema(name: str, schema: type[ModelConfig]) -> None:
+  """Use ``schema`` (a closed :class:`ModelConfig` subclass) for ``model.name == name``.
+
+  Example::
+
+    class FCMnistModel(ModelConfig):
+      model_config = ConfigDict(extra="forbid")
+      depth: int = 10
+    register_model_schema("fc_mnist", FCMnistModel)
+  """
+  if not (isinstance(schema, type) and issubclass(schema, ModelConfig)):
+    raise TypeError(f"{schema!r} is not a ModelConfig subclass")
+  _MODEL_SCHEMAS[name.lower()] = schema
+
+
+def register_input_schema(data_processor: str, schema: type[InputConfig]) -> None:
+  """Use ``schema`` (an :class:`InputConfig` subclass) for ``*_input.data_processor == data_processor``."""
+  if not (isinstance(schema, type) and issubclass(schema, InputConfig)):
+    raise TypeError(f"{schema!r} is not an InputConfig subclass")
+  _INPUT_SCHEMAS[data_processor] = schema
+
+
+def unregister_schema(name: str) -> None:
+  """Forget a model or input schema registered under ``name`` (for tests)."""
+  _MODEL_SCHEMAS.pop(name.lower(), None)
+  _INPUT_SCHEMAS.pop(name, None)
+
+
+def section_schema(section: str, data: Any) -> type[Section]:
+  """The class that validates ``data`` as ``section`` (a registered schema when one matches)."""
+  if isinstance(data, dict):
+    if section == "model" and isinstance(data.get("name"), str):
+      return _MODEL_SCHEMAS.get(data["name"].lower(), ModelConfig)
+    if section in ("train_input", "eval_input") and isinstance(data.get("data_processor"), str):
+      return _INPUT_SCHEMAS.get(data["data_processor"], InputConfig)
+  return SECTIONS[section]
+
+
+class Params(BaseModel):
+  """A validated params file (modelzoo legacy layout). Build it with :func:`wafer.config.load_params`.
+
+  Attributes:
+    train_input, eval_input: the input sections (None when absent).
+    model: the model section (a registered schema's class when ``model.name`` has one).
+    optimizer: None when absent (eval-only files).
+    runconfig: run keys, defaults when absent.
+    csconfig: the 1.x ``csconfig`` section, when present.
+    source: the file it came from.
+  """
+
+  model_config = ConfigDict(extra="forbid", protected_namespaces=(), arbitrary_types_allowed=True)
+
+  train_input: InputConfig | None = None
+  eval_input: InputConfig | None = None
+  model: ModelConfig
+  optimizer: OptimizerConfig | None = None
+  runconfig: RunConfig = Field(default_factory=RunConfig)
+  csconfig: CSConfig | None = None
+  source: str | None = None
+
+  @property
+  def fp16_type(self) -> str | None:
+    """``model.fp16_type``, with the 1.x spellings (``use_bfloat16``, ``csconfig.use_cbfloat16``)."""
+    if self.model.fp16_type is not None:
+      return self.model.fp16_type
+    if self.csconfig is not None and self.csconfig.use_cbfloat16:
+      return "cbfloat16"
+    return None
+
+  def policy(self) -> Any:
+    """The :class:`precision.Policy` of the precision keys (``model.*``, ``runconfig.precision_opt_level``)."""
+    from precision import Policy
+
+    return Policy.from_config(
+        mixed_precision=self.model.mixed_precision,
+        fp16_type=self.fp16_type,
+        precision_opt_level=self.runconfig.precision_opt_level,
+        attention_softmax_fp32=self.model.attention_softmax_fp32,
+        use_bfloat16=self.model.use_bfloat16,
+    )
+
+  def problems(self) -> list[Problem]:
+    """Every check that spans keys or sections (each with Cerebras' message where it has one)."""
+    from precision import PolicyError
+
+    rc = self.runconfig
+    out: list[Problem] = []
+    mode = rc.mode
+    if mode in TRAIN_MODES:
+      if self.train_input is None:
+        out.append(Problem(("train_input",), f"required for mode {mode!r}"))
+      if self.optimizer is None:
+        out.append(Problem(("optimizer",), f"required for mode {mode!r}"))
+      if rc.num_epochs is None and rc.num_steps is None and rc.max_steps is None:
+        out.append(Problem(("runconfig",), "One of num_epochs, num_steps, or max_steps must be provided"))
+    if mode in EVAL_MODES and self.eval_input is None:
+      out.append(Problem(("eval_input",), f"required for mode {mode!r}"))
+    if rc.num_epochs is not None and rc.num_steps is not None:
+      out.append(Problem(("runconfig", "num_steps"), "num_epochs and num_steps are mutually exclusive; set one"))
+    if rc.compile_only and rc.validate_only:
+      out.append(Problem(("runconfig", "validate_only"), "compile_only and validate_only are mutually exclusive"))
+    if mode == "train_and_eval":
+      if rc.eval_frequency is None and rc.num_epochs is None:
+        out.append(Problem(("runconfig", "eval_frequency"),
+                           "eval_frequency or num_epochs must be specified for train_and_eval mode"))
+      c, f = rc.checkpoint_steps, rc.eval_frequency
+      if c and f and c % f and f % c:
+        out.append(Problem(("runconfig", "checkpoint_steps"),
+                           f"checkpoint_steps ({c}) and frequency of evaluation steps ({f}) must be multiples "
+                           "of each other."))
+    for name in ("train_input", "eval_input"):
+      section = getattr(self, name)
+      if section is None:
+        continue
+      b, n = section.batch_size, rc.num_csx
+      if b < n:
+        out.append(Problem((name, "batch_size"), f"The number of CS devices ({n}) must be less than or equal to "
+                           f"the model batch size ({b}); batch_size is the global batch", b))
+      elif b % n:
+        out.append(Problem((name, "batch_size"), f"must be a multiple of runconfig.num_csx={n} (batch_size is "
+                           f"the global batch, split evenly across systems); e.g. {b - b % n} or {b - b % n + n}",
+                           b))
+      elif isinstance(section.micro_batch_size, int) and (b // n) % section.micro_batch_size:
+        out.append(Problem((name, "micro_batch_size"), f"must divide the per-system batch "
+                           f"batch_size/num_csx = {b // n}", section.micro_batch_size))
+    if self.optimizer is not None:
+      out += self.optimizer.problems()
+      if (self.model.mixed_precision and self.fp16_type == "cbfloat16"
+          and not self.optimizer.dynamic_loss_scaling):
+        out.append(Problem(("optimizer", "loss_scaling_factor"),
+                           "cbfloat16 requires dynamic loss scaling, or gradients may underflow/overflow and "
+                           "produce NaNs; set optimizer.loss_scaling_factor: dynamic",
+                           self.optimizer.loss_scaling_factor))
+    try:
+      self.policy()
+    except PolicyError as e:
+      out.append(Problem(("model", "fp16_type"), str(e)))
+    return out
