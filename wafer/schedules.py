@@ -241,7 +241,8 @@ def cosine_annealing_lr(initial_learning_rate: float, T_max: int, eta_min: float
   i = _num(name, "initial_learning_rate", initial_learning_rate)
   T = _int(name, "T_max", T_max)
   lo = _num(name, "eta_min", eta_min)
-  return Schedule(name, lambda t: _cosine(i, lo, _tf(t) / _f32(T)), i)
+  # cos is 2*T_max-periodic in t: reduce t in integers first so large t keeps float32 accuracy
+  return Schedule(name, lambda t: _cosine(i, lo, _tf(t % (2 * T)) / _f32(T)), i)
 
 
 def cosine_annealing_warm_restarts(initial_learning_rate: float, T_0: int, T_mult: int = 1,
@@ -328,9 +329,9 @@ def cyclic_lr(base_lr: float, max_lr: float, step_size_up: int = 2000, step_size
   tot = up + down
 
   def fn(t: jax.Array) -> jax.Array:
-    ratio = _tf(t) / _f32(tot)
-    cycle = jnp.floor(1 + ratio)
-    x = 1 + ratio - cycle
+    # cycle = floor(1 + t/tot) and x = 1 + t/tot - cycle, from integers so large t stays exact
+    cycle = _tf(t // tot + 1)
+    x = _tf(t % tot) / _f32(tot)
     r = _f32(up / tot)
     f = jnp.where(x <= r, x / r, (x - 1) / (r - 1))
     if mode == "triangular":
@@ -528,7 +529,9 @@ def _make(name: str, args: dict[str, Any], path: str, reset_steps: bool) -> Sche
     if target in kwargs:
       raise ScheduleError(f"{path}: {name}: {key!r} repeats {target!r}; give only one of them")
     kwargs[target] = _coerce(target, value)
-  missing = [p for p, spec in params.items() if spec.default is inspect.Parameter.empty and p not in kwargs]
+  optional = {"milestones"} if name == "SequentialLR" else set()  # computed from total_iters
+  missing = [p for p, spec in params.items()
+             if spec.default is inspect.Parameter.empty and p not in kwargs and p not in optional]
   if missing:
     raise ScheduleError(f"{path}: {name}: missing required key(s) {', '.join(missing)}; "
                         f"allowed keys: {', '.join(params)}")
@@ -538,7 +541,8 @@ def _make(name: str, args: dict[str, Any], path: str, reset_steps: bool) -> Sche
       raise ScheduleError(f"{path}.schedulers={subs!r}: {name}: allowed: a non-empty list of schedulers")
     kwargs["schedulers"] = [_build_node(s, f"{path}.schedulers[{k}]", reset_steps) for k, s in enumerate(subs)]
     if name == "SequentialLR":
-      kwargs["milestones"] = _check_milestones(kwargs["schedulers"], kwargs.get("milestones"), path)
+      kwargs["milestones"] = _check_milestones(kwargs["schedulers"], kwargs.get("milestones"), path,
+                                               f"{path}.schedulers")
       kwargs["reset_steps"] = reset_steps
   try:
     return builder(**kwargs)
@@ -546,14 +550,14 @@ def _make(name: str, args: dict[str, Any], path: str, reset_steps: bool) -> Sche
     raise ScheduleError(f"{path}: {err}") from None
 
 
-def _check_milestones(scheds: list[Schedule], given: Any, path: str) -> list[int]:
+def _check_milestones(scheds: list[Schedule], given: Any, path: str, items_path: str) -> list[int]:
   """SequentialLR milestones: the cumulative ``total_iters`` of all but the last sub-scheduler."""
   totals = [s.total_iters for s in scheds[:-1]]
   computed = None if None in totals else [int(sum(totals[:k + 1])) for k in range(len(totals))]
   if given is None:
     if computed is None:
       k = totals.index(None)
-      raise ScheduleError(f"{path}.schedulers[{k}]: {scheds[k].name} has no total_iters, so SequentialLR "
+      raise ScheduleError(f"{items_path}[{k}]: {scheds[k].name} has no total_iters, so SequentialLR "
                           "cannot compute its milestones; add total_iters (steps) or give milestones")
     return computed
   if computed is not None and list(given) != computed:
@@ -584,7 +588,7 @@ def _build_list(items: list[Any], path: str, reset_steps: bool) -> Schedule:
     return scheds[0]
   if mains == {"chained"}:
     return chained_lr(scheds)
-  return sequential_lr(scheds, _check_milestones(scheds, None, path), reset_steps=reset_steps)
+  return sequential_lr(scheds, _check_milestones(scheds, None, path, path), reset_steps=reset_steps)
 
 
 def _build_node(node: Any, path: str, reset_steps: bool) -> Schedule:
