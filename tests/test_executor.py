@@ -91,6 +91,7 @@ def test_sigkill_and_restart_end_with_identical_parameters(tmp_path):
   assert not (tmp_path / "x.npz").exists()  # it really died before finishing
   subprocess.run([sys.executable, script, str(tmp_path / "killed"), str(steps), str(tmp_path / "killed.npz")],
                  check=True, env=env, capture_output=True, timeout=300)  # fmt: skip
+  assert any((tmp_path / "killed" / "compile_cache").iterdir())  # compiled artifacts persisted for reruns
   whole, killed = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "killed.npz")
   assert sorted(whole.files) == sorted(killed.files)
   for name in whole.files:

@@ -1,8 +1,11 @@
 """The ``wafer`` command line.
 
-``wafer demo`` prints the float formats and a rounding example; ``wafer estimate`` estimates a
-workload's rate on a Cerebras system and writes the compile report. The training runner
-(``wafer run``) and the input analyser join them as they are built.
+* ``wafer run [--params FILE] [--mode MODE] [--model_dir DIR] [--validate_only | --compile_only]
+  [key.path=value ...]``: train or evaluate (without ``--params``: the built-in example job);
+* ``wafer estimate (--params FILE | --workload NAME)``: the wafer cost model's compile report;
+* ``wafer demo``: the float formats and a rounding example.
+
+Errors the user can fix print one message (no traceback) and exit non-zero.
 """
 
 from __future__ import annotations
@@ -140,7 +143,8 @@ def _user_error(error: BaseException) -> str | None:
   from wafer.config import ConfigError, format_config_error
 
   if isinstance(error, ConfigError):
-    return format_config_error(error)
+    text = format_config_error(error)
+    return text[len("error: "):] if text.startswith("error: ") else text
   kinds: list[type] = [wafer.StaticGraphError, executor.ExecutorError, cluster.ClusterConfigError,
                        registry.UnknownModelError, precision.PolicyError, precision.FormatError]
   try:

@@ -269,6 +269,13 @@ def enable_compilation_cache(directory: str | os.PathLike) -> Path:
   """Use ``directory`` for JAX's persistent compilation cache (every compile is cached)."""
   path = Path(directory)
   path.mkdir(parents=True, exist_ok=True)
+  if jax.config.jax_compilation_cache_dir != str(path):
+    try:  # JAX opens its cache once per process; reopen it at the new directory
+      from jax._src import compilation_cache
+
+      compilation_cache.reset_cache()
+    except (ImportError, AttributeError):  # pragma: no cover - older/newer JAX without it
+      pass
   jax.config.update("jax_compilation_cache_dir", str(path))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
