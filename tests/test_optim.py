@@ -1,0 +1,193 @@
+"""Optimizers from the YAML against float64 references written here, clipping, weight decay, loss
+scaling and the conditional (skipped) update (``../shared/reference/cerebras.md`` section 3)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from precision.loss_scale import DynamicLossScale, StaticLossScale
+from wafer.optim import OptimizerError, apply_gradients, build_optimizer
+
+P0 = {"a": np.array([0.5, -1.0, 2.0]), "b": np.array([[0.25, -0.75], [1.5, 0.1]])}
+G0 = {"a": np.array([0.1, -0.3, 0.2]), "b": np.array([[0.05, 0.4], [-0.2, 0.3]])}
+G1 = {"a": np.array([-0.2, 0.1, 0.5]), "b": np.array([[0.3, -0.1], [0.2, 0.05]])}
+
+
+def f32(tree):
+  return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+
+
+def run(section, grads_seq, half="float32"):
+  """Apply ``grads_seq`` (gradients of the unscaled loss) through build_optimizer + apply_gradients."""
+  tx, ls = build_optimizer(section, half_dtype=half)
+  params, state, step = f32(P0), tx.init(f32(P0)), jnp.zeros((), jnp.int32)
+  fn = jax.jit(apply_gradients, static_argnums=0)
+  for g in grads_seq:
+    params, state, ls, step, _ = fn(tx, params, state, ls, step, ls.scale(f32(g)))
+  return jax.tree.map(np.asarray, params), state, ls, step
+
+
+def ref_adam(grads_seq, lr, b1, b2, eps, wd=0.0, decoupled=False, lamb=False, clip=None):
+  p = {k: v.copy() for k, v in P0.items()}
+  m = {k: np.zeros_like(v) for k, v in P0.items()}
+  v = {k: np.zeros_like(x) for k, x in P0.items()}
+  lrs = lr if isinstance(lr, list) else [lr] * len(grads_seq)
+  for k, (lr_k, g) in enumerate(zip(lrs, grads_seq), start=1):
+    g = {n: x.copy() for n, x in g.items()}
+    if clip is not None:
+      norm = np.sqrt(sum(np.sum(x * x) for x in g.values()))
+      g = {n: x * min(1.0, clip / (norm + 1e-6)) for n, x in g.items()}
+    for n in p:
+      gn = g[n] + (wd * p[n] if not decoupled else 0)
+      m[n] = b1 * m[n] + (1 - b1) * gn
+      v[n] = b2 * v[n] + (1 - b2) * gn * gn
+      u = (m[n] / (1 - b1**k)) / (np.sqrt(v[n] / (1 - b2**k)) + eps)
+      if decoupled:
+        u = u + wd * p[n]
+      if lamb:
+        pn, un = np.linalg.norm(p[n]), np.linalg.norm(u)
+        u = u * (pn / un if pn > 0 and un > 0 else 1.0)
+      p[n] = p[n] - lr_k * u
+  return p
+
+
+def ref_sgd(grads_seq, lrs, momentum=0.0, wd=0.0, value_clip=None):
+  p = {k: v.copy() for k, v in P0.items()}
+  buf = {k: np.zeros_like(v) for k, v in P0.items()}
+  for lr, g in zip(lrs, grads_seq):
+    for n in p:
+      gn = g[n] if value_clip is None else np.clip(g[n], -value_clip, value_clip)
+      gn = gn + wd * p[n]
+      buf[n] = momentum * buf[n] + gn
+      p[n] = p[n] - lr * buf[n]
+  return p
+
+
+def close(got, want, rtol=2e-6):
+  for n in want:
+    np.testing.assert_allclose(got[n], want[n], rtol=rtol, atol=1e-7)
+
+
+def test_sgd_with_value_clip_and_coupled_weight_decay() -> None:
+  sec = {"optimizer_type": "SGD", "learning_rate": 0.1, "weight_decay": 0.01, "max_gradient_value": 0.25}
+  got, *_ = run(sec, [G0, G1])
+  close(got, ref_sgd([G0, G1], [0.1, 0.1], wd=0.01, value_clip=0.25))
+
+
+def test_momentum_with_linear_schedule() -> None:
+  lr = {"scheduler": "Linear", "initial_learning_rate": 0.2, "end_learning_rate": 0.0, "total_iters": 4}
+  got, *_ = run({"optimizer_type": "momentum", "learning_rate": lr, "momentum": 0.8}, [G0, G1, G0])
+  close(got, ref_sgd([G0, G1, G0], [0.2, 0.15, 0.1], momentum=0.8))
+
+
+@pytest.mark.parametrize("kind", ["adam", "AdamW", "lamb"])
+def test_adam_family_two_steps_with_clipping_and_weight_decay(kind: str) -> None:
+  sec = {"optimizer_type": kind, "learning_rate": 0.01, "betas": [0.9, 0.95], "eps": 1e-8,
+         "weight_decay": 0.1, "max_gradient_norm": 0.3}
+  got, *_ = run(sec, [G0, G1])
+  want = ref_adam([G0, G1], 0.01, 0.9, 0.95, 1e-8, wd=0.1, decoupled=kind.lower() != "adam",
+                  lamb=kind == "lamb", clip=0.3)
+  close(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind,reference", [("adamw", optax.adamw), ("lamb", optax.lamb)])
+def test_matches_optax_under_standard_promotion(kind, reference) -> None:
+  got, *_ = run({"optimizer_type": kind, "learning_rate": 1e-2, "weight_decay": 0.05, "eps": 1e-7,
+                 "beta1": 0.8, "beta2": 0.99}, [G0, G1, G0])
+  with jax.numpy_dtype_promotion("standard"):
+    tx = reference(1e-2, b1=0.8, b2=0.99, eps=1e-7, weight_decay=0.05)
+    params = f32(P0)
+    state = tx.init(params)
+    for g in [G0, G1, G0]:
+      updates, state = tx.update(f32(g), state, params)
+      params = optax.apply_updates(params, updates)
+  close(got, jax.tree.map(np.asarray, params), rtol=2e-6)
+
+
+def test_skipped_step_keeps_params_state_and_step_and_dls_backs_off() -> None:
+  lr = {"scheduler": "Linear", "initial_learning_rate": 0.3, "end_learning_rate": 0.0, "total_iters": 3}
+  tx, ls = build_optimizer({"optimizer_type": "adamw", "learning_rate": lr, "loss_scaling_factor": "dynamic",
+                            "initial_loss_scale": 1024.0, "steps_per_increase": 2}, half_dtype="float16")
+  assert isinstance(ls, DynamicLossScale) and float(ls.loss_scale) == 1024.0
+  params, state, step = f32(P0), tx.init(f32(P0)), jnp.zeros((), jnp.int32)
+  fn = jax.jit(apply_gradients, static_argnums=0)
+  p1, s1, ls1, step1, ok = fn(tx, params, state, ls, step, ls.scale(f32(G0)))
+  assert bool(ok) and int(step1) == 1
+  bad = {"a": jnp.array([jnp.inf, 0.0, 0.0], jnp.float32), "b": f32(G1["b"])}
+  p2, s2, ls2, step2, ok2 = fn(tx, p1, s1, ls1, step1, bad)
+  assert not bool(ok2) and int(step2) == 1
+  for x, y in zip(jax.tree.leaves((p1, s1)), jax.tree.leaves((p2, s2))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert float(ls2.loss_scale) == 512.0 and int(ls2.num_skipped_steps) == 1
+  # the schedule was held: the next applied step uses lr(1), as if the overflow never happened
+  p3, s3, ls3, step3, _ = fn(tx, p2, s2, ls2, step2, ls2.scale(f32(G1)))
+  clean = run({"optimizer_type": "adamw", "learning_rate": lr}, [G0, G1])[0]
+  close(jax.tree.map(np.asarray, p3), clean, rtol=1e-6)
+  close(clean, ref_adam([G0, G1], [0.3, 0.2], 0.9, 0.999, 1e-6), rtol=1e-5)
+  assert int(step3) == 2
+  # DLS growth: after steps_per_increase + 1 = 3 clean steps since the back-off, the scale doubles
+  p, s, lsx, st = p3, s3, ls3, step3
+  scales = []
+  for g in [G0, G1]:
+    p, s, lsx, st, _ = fn(tx, p, s, lsx, st, lsx.scale(f32(g)))
+    scales.append(float(lsx.loss_scale))
+  assert scales == [512.0, 1024.0] and int(lsx.steps_since_rescale) == 0
+
+
+def test_loss_scaling_choices() -> None:
+  base = {"optimizer_type": "sgd", "learning_rate": 0.1}
+  _, ls = build_optimizer({**base, "loss_scaling_factor": "dynamic"}, half_dtype="bfloat16")
+  assert isinstance(ls, StaticLossScale) and float(ls.loss_scale) == 1.0
+  _, ls = build_optimizer({**base, "loss_scaling_factor": "dynamic"}, half_dtype="cbfloat16")
+  assert isinstance(ls, DynamicLossScale) and float(ls.loss_scale) == 2.0**31
+  _, ls = build_optimizer({**base, "loss_scaling_factor": 128.0}, half_dtype="float16")
+  assert isinstance(ls, StaticLossScale) and float(ls.loss_scale) == 128.0
+  _, ls = build_optimizer({**base, "loss_scaling_factor": None}, half_dtype="float16")
+  assert float(ls.loss_scale) == 1.0
+
+
+def test_bert_base_optimizer_section_builds_and_steps() -> None:
+  sec = {"optimizer_type": "AdamW", "weight_decay": 0.01, "loss_scaling_factor": "dynamic",
+         "max_gradient_norm": 1.0, "learning_rate": [
+             {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 0.0001767766952966369,
+              "total_iters": 3200},
+             {"scheduler": "Linear", "initial_learning_rate": 0.0001767766952966369, "end_learning_rate": 0.0,
+              "total_iters": 77600}]}
+  got, _, ls, step = run(sec, [G0, G1], half="cbfloat16")
+  # step 0 uses lr(0) = 0, step 1 uses lr(1) = peak / 3200
+  want = ref_adam([G0, G1], [0.0, 0.0001767766952966369 / 3200], 0.9, 0.999, 1e-6, wd=0.01, decoupled=True,
+                  clip=1.0)
+  assert int(step) == 2 and float(ls.loss_scale) == 2.0**31
+  close(got, want)
+
+
+ERRORS = [
+    ({"optimizer_type": "adamw", "learning_rate": 0.1, "max_gradient_norm": 1.0, "max_gradient_value": 0.5},
+     r"Gradients can be clipped by norm\(=1.0\) or by value\(=0.5\), but not both"),
+    ({"optimizer_type": "adamm", "learning_rate": 0.1}, r"optimizer_type='adamm'\. Did you mean 'adam'\?"),
+    ({"optimizer_type": "sgd", "learning_rate": 0.1, "weight_decai": 0.1},
+     r"unknown key 'weight_decai'\. Did you mean 'weight_decay'\?"),
+    ({"optimizer_type": "sgd", "learning_rate": 0.1, "loss_scaling_factor": "auto"},
+     r"must be a float, None, or 'dynamic'"),
+    ({"optimizer_type": "sgd", "learning_rate": 0.1, "max_gradient_norm": 0.0},
+     r"optimizer\.max_gradient_norm=0\.0; allowed: a number > 0"),
+    ({"optimizer_type": "adam", "learning_rate": 0.1, "betas": [0.9, 1.5]}, r"beta2=1\.5; allowed: a number in"),
+    ({"optimizer_type": "sgd", "learning_rate": {"scheduler": "Linear", "initial_learning_rate": 1.0}},
+     r"optimizer\.learning_rate: LinearLR: missing required key"),
+]
+
+
+@pytest.mark.parametrize("section,message", ERRORS)
+def test_errors(section, message: str) -> None:
+  with pytest.raises(ValueError, match=message):
+    build_optimizer(section, half_dtype="float16")
+
+
+def test_cbfloat16_requires_dynamic_loss_scaling() -> None:
+  with pytest.raises(OptimizerError, match="cbfloat16 needs dynamic loss scaling"):
+    build_optimizer({"optimizer_type": "sgd", "learning_rate": 0.1, "loss_scaling_factor": 1.0},
+                    half_dtype="cbfloat16")
