@@ -6,8 +6,9 @@
 * iterations ``0 .. num_steps-1`` (1-based "steps" in logs): ``num_steps`` and ``max_steps``
   follow Cerebras (``max_steps`` counts from step 0, so a resumed run does the remainder);
 * a log line, a ``metrics.jsonl`` record and TensorBoard scalars at every ``log_steps``-th step
-  and the final one, from values fetched by a step closure: the device is never synchronised on
-  other steps;
+  and the final one, from values fetched by a step closure; the step closures (the model's own
+  too) run at those steps and at every ``activation_steps``-th step, and checkpoint closures at
+  checkpoint steps: the device is never synchronised on other steps;
 * a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step, holding the parameters,
   optimizer state, loss-scale state, optimizer step and the data iterator's position.
 
@@ -306,9 +307,11 @@ def _train(task, settings, compiled, init, data, checkpoints, metrics, summary) 
     batch = next(data)
     state, _ = compiled(state, batch)
     done += 1
-    if done % log_every == 0 or done == last:
+    is_log = done % log_every == 0 or done == last
+    if is_log or (settings.activation_steps and done % settings.activation_steps == 0):
       _RECORDS.clear()
-      compiled.run_closures()
+      compiled.run_closures(checkpoint=done in marks)  # step closures: log and activation steps
+    if is_log:
       rec = _RECORDS[-1]
       now = time.perf_counter()
       rate = (done - window_step) * task.batch_size / max(now - window_time, 1e-9)
