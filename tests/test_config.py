@@ -322,8 +322,10 @@ def test_cbfloat16_needs_dynamic_loss_scaling() -> None:
 def test_missing_sections(tmp_path: pathlib.Path) -> None:
   text = error_of(write(tmp_path, "runconfig:\n  max_steps: 3\n"))
   assert text.endswith("params.yaml: model: required section is missing")
-  assert "train_input: required for mode 'train'" in error_of(FC, ["train_input=null"])
-  assert "eval_input: required for mode 'eval'" in error_of(FC, ["eval_input=null"], mode="eval")
+  assert "train_input (from override 'train_input=null'): required for mode 'train'" in \
+      error_of(FC, ["train_input=null"])
+  text = error_of(write(tmp_path, MINIMAL), mode="eval")
+  assert text.endswith("params.yaml: eval_input: required for mode 'eval'")
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path: pathlib.Path) -> None:
