@@ -238,6 +238,12 @@ def test_overrides() -> None:
   assert p.optimizer.betas == [0.8, 0.9] and p.runconfig.seed is None and p.eval_input.shuffle is True
 
 
+def test_integers_are_accepted_where_floats_are_expected() -> None:
+  p = load_params(FC, ["optimizer.weight_decay=0", "optimizer.max_gradient_norm=1", "optimizer.learning_rate=1"])
+  assert p.optimizer.weight_decay == 0.0 and p.optimizer.max_gradient_norm == 1.0
+  assert isinstance(p.optimizer.learning_rate, float)
+
+
 def test_override_into_a_list_and_new_section() -> None:
   p = load_params(
     DATA / "bert_base_MSL128.yaml", ["optimizer.learning_rate.1.total_iters=100", "csconfig.x=1"]
