@@ -11,18 +11,18 @@ from pydantic import ConfigDict
 
 import precision
 from wafer.config import (
-    ConfigError,
-    InputConfig,
-    ModelConfig,
-    Params,
-    format_config_error,
-    from_trainer_layout,
-    load_params,
-    parse_override,
-    register_input_schema,
-    register_model_schema,
+  ConfigError,
+  InputConfig,
+  ModelConfig,
+  Params,
+  format_config_error,
+  from_trainer_layout,
+  load_params,
+  parse_override,
+  register_input_schema,
+  register_model_schema,
 )
-from wafer.config.schema import unregister_schema
+from wafer.config.params import unregister_schema
 
 DATA = pathlib.Path(__file__).parent / "data" / "params"
 EXAMPLES = ("bert_base_MSL128.yaml", "fc_mnist.yaml", "params_gpt2_small.yaml", "params_gpt3_111m.yaml")
@@ -103,35 +103,63 @@ def test_trainer_layout_converts_like_the_legacy_file() -> None:
   v2 = load_params(DATA / "bert_base_MSL128_v2.yaml")
   legacy = load_params(DATA / "bert_base_MSL128.yaml")
   assert v2.runconfig.target_device == "CSX"
-  for key in ("max_steps", "log_steps", "checkpoint_steps", "seed", "model_dir", "save_initial_checkpoint",
-              "eval_steps", "eval_frequency"):
+  for key in (
+    "max_steps",
+    "log_steps",
+    "checkpoint_steps",
+    "seed",
+    "model_dir",
+    "save_initial_checkpoint",
+    "eval_steps",
+    "eval_frequency",
+  ):
     assert getattr(v2.runconfig, key) == getattr(legacy.runconfig, key), key
   assert v2.model.name == "bert" and v2.model.fp16_type == "cbfloat16" and v2.model.mixed_precision
   assert v2.optimizer.optimizer_type == "AdamW" and v2.optimizer.weight_decay == 0.01
   assert v2.optimizer.loss_scaling_factor == "dynamic" and v2.optimizer.max_gradient_norm == 1.0
   lr_v2, lr_legacy = v2.optimizer.learning_rate, legacy.optimizer.learning_rate
   assert [s["scheduler"] for s in lr_v2] == ["LinearLR", "LinearLR"]
-  assert [{k: v for k, v in s.items() if k != "scheduler"} for s in lr_v2] == \
-      [{k: v for k, v in s.items() if k != "scheduler"} for s in lr_legacy]
+  assert [{k: v for k, v in s.items() if k != "scheduler"} for s in lr_v2] == [
+    {k: v for k, v in s.items() if k != "scheduler"} for s in lr_legacy
+  ]
   assert v2.train_input.batch_size == 3200 and v2.eval_input.batch_size == 256
   assert v2.policy() == legacy.policy()
 
 
 def test_trainer_converter_details() -> None:
-  data = {"trainer": {"init": {
-      "backend": {"backend_type": "CSX", "cluster_config": {"num_csx": 2, "num_workers_per_csx": 1}},
-      "model": {"name": "gpt3"},
-      "optimizer": {"SGD": {"lr": 0.5, "momentum": 0.9}},
-      "schedulers": [{"ChainedScheduler": {"schedulers": [{"ConstantLR": {"learning_rate": 1.0}},
-                                                          {"ExponentialLR": {"initial_learning_rate": 1.0}}]}}],
-      "precision": {"precision_opt_level": 0, "fp16_type": "float16", "log_loss_scale": True},
-      "loop": {"num_steps": 5, "grad_accum_steps": 2},
-      "callbacks": [{"ScopedTrainFlags": {"csx.performance.micro_batch_size": 2}}]},
-      "fit": {"train_dataloader": {"batch_size": 8}, "ckpt_path": "ckpt.mdl"}}}
+  data = {
+    "trainer": {
+      "init": {
+        "backend": {"backend_type": "CSX", "cluster_config": {"num_csx": 2, "num_workers_per_csx": 1}},
+        "model": {"name": "gpt3"},
+        "optimizer": {"SGD": {"lr": 0.5, "momentum": 0.9}},
+        "schedulers": [
+          {
+            "ChainedScheduler": {
+              "schedulers": [
+                {"ConstantLR": {"learning_rate": 1.0}},
+                {"ExponentialLR": {"initial_learning_rate": 1.0}},
+              ]
+            }
+          }
+        ],
+        "precision": {"precision_opt_level": 0, "fp16_type": "float16", "log_loss_scale": True},
+        "loop": {"num_steps": 5, "grad_accum_steps": 2},
+        "callbacks": [{"ScopedTrainFlags": {"csx.performance.micro_batch_size": 2}}],
+      },
+      "fit": {"train_dataloader": {"batch_size": 8}, "ckpt_path": "ckpt.mdl"},
+    }
+  }
   out = from_trainer_layout(data)
-  assert out["runconfig"] == {"target_device": "CSX", "num_csx": 2, "num_workers_per_csx": 1,
-                              "precision_opt_level": 0, "num_steps": 5, "checkpoint_path": "ckpt.mdl",
-                              "mode": "train"}
+  assert out["runconfig"] == {
+    "target_device": "CSX",
+    "num_csx": 2,
+    "num_workers_per_csx": 1,
+    "precision_opt_level": 0,
+    "num_steps": 5,
+    "checkpoint_path": "ckpt.mdl",
+    "mode": "train",
+  }
   assert out["optimizer"]["optimizer_type"] == "SGD" and out["optimizer"]["momentum"] == 0.9
   assert [s["main_scheduler"] for s in out["optimizer"]["learning_rate"]] == ["chained", "chained"]
   assert out["optimizer"]["grad_accum_steps"] == 2 and out["optimizer"]["log_loss_scale"] is True
@@ -142,9 +170,15 @@ def test_trainer_converter_details() -> None:
 
 
 def test_trainer_milestones_must_match_total_iters() -> None:
-  sched = {"SequentialLR": {"milestones": [10], "schedulers": [
-      {"LinearLR": {"initial_learning_rate": 0.0, "end_learning_rate": 1.0, "total_iters": 20}},
-      {"ConstantLR": {"learning_rate": 1.0}}]}}
+  sched = {
+    "SequentialLR": {
+      "milestones": [10],
+      "schedulers": [
+        {"LinearLR": {"initial_learning_rate": 0.0, "end_learning_rate": 1.0, "total_iters": 20}},
+        {"ConstantLR": {"learning_rate": 1.0}},
+      ],
+    }
+  }
   data = {"trainer": {"init": {"model": {}, "optimizer": {"SGD": {}}, "schedulers": [sched]}}}
   text = error_of(data)
   assert "trainer.init.schedulers[0].SequentialLR.milestones" in text
@@ -152,7 +186,9 @@ def test_trainer_milestones_must_match_total_iters() -> None:
 
 
 def test_trainer_unconverted_keys_are_errors(tmp_path: pathlib.Path) -> None:
-  path = write(tmp_path, """\
+  path = write(
+    tmp_path,
+    """\
       trainer:
         init:
           model: {name: x}
@@ -164,7 +200,8 @@ def test_trainer_unconverted_keys_are_errors(tmp_path: pathlib.Path) -> None:
             - WeightDecayScheduler: {}
         fit:
           train_dataloader: {batch_size: 2}
-      """)
+      """,
+  )
   text = error_of(path)
   assert "3 problems" in text
   assert "trainer.init.loop.max_stepz: unknown key 'max_stepz'; did you mean 'max_steps'?" in text
@@ -186,14 +223,31 @@ def test_trainer_errors_are_shown_at_the_written_path(tmp_path: pathlib.Path) ->
 
 
 def test_overrides() -> None:
-  p = load_params(FC, ["runconfig.max_steps=10", "optimizer.learning_rate=0.1", "train_input.batch_size=8",
-                       "optimizer.betas=[0.8, 0.9]", "runconfig.seed=null", "eval_input.shuffle=true"])
+  p = load_params(
+    FC,
+    [
+      "runconfig.max_steps=10",
+      "optimizer.learning_rate=0.1",
+      "train_input.batch_size=8",
+      "optimizer.betas=[0.8, 0.9]",
+      "runconfig.seed=null",
+      "eval_input.shuffle=true",
+    ],
+  )
   assert p.runconfig.max_steps == 10 and p.optimizer.learning_rate == 0.1 and p.train_input.batch_size == 8
   assert p.optimizer.betas == [0.8, 0.9] and p.runconfig.seed is None and p.eval_input.shuffle is True
 
 
+def test_integers_are_accepted_where_floats_are_expected() -> None:
+  p = load_params(FC, ["optimizer.weight_decay=0", "optimizer.max_gradient_norm=1", "optimizer.learning_rate=1"])
+  assert p.optimizer.weight_decay == 0.0 and p.optimizer.max_gradient_norm == 1.0
+  assert isinstance(p.optimizer.learning_rate, float)
+
+
 def test_override_into_a_list_and_new_section() -> None:
-  p = load_params(DATA / "bert_base_MSL128.yaml", ["optimizer.learning_rate.1.total_iters=100", "csconfig.x=1"])
+  p = load_params(
+    DATA / "bert_base_MSL128.yaml", ["optimizer.learning_rate.1.total_iters=100", "csconfig.x=1"]
+  )
   assert p.optimizer.learning_rate[1]["total_iters"] == 100
   assert p.csconfig is not None and not p.csconfig.use_cbfloat16
   text = error_of(DATA / "bert_base_MSL128.yaml", ["optimizer.learning_rate.5.total_iters=1"])
@@ -228,8 +282,9 @@ def test_mode_argument() -> None:
 def test_misspelled_key_in_file(tmp_path: pathlib.Path) -> None:
   path = write(tmp_path, MINIMAL.replace("max_steps: 10", "max_stesp: 10\n  max_steps: 10"))
   text = error_of(path)
-  assert text == (f"{path}: line 9: runconfig.max_stesp: unknown key 'max_stesp'; did you mean 'max_steps'? "
-                  "(got 10)")
+  assert text == (
+    f"{path}: line 9: runconfig.max_stesp: unknown key 'max_stesp'; did you mean 'max_steps'? (got 10)"
+  )
 
 
 def test_unknown_key_without_suggestion_lists_the_allowed(tmp_path: pathlib.Path) -> None:
@@ -238,12 +293,24 @@ def test_unknown_key_without_suggestion_lists_the_allowed(tmp_path: pathlib.Path
 
 
 def test_wrong_type_and_range(tmp_path: pathlib.Path) -> None:
-  text = error_of(FC, ["runconfig.max_steps=ten", "train_input.batch_size=0", "runconfig.precision_opt_level=3",
-                       "runconfig.log_steps=1.5"])
+  text = error_of(
+    FC,
+    [
+      "runconfig.max_steps=ten",
+      "train_input.batch_size=0",
+      "runconfig.precision_opt_level=3",
+      "runconfig.log_steps=1.5",
+    ],
+  )
   assert "4 problems" in text
-  assert "runconfig.max_steps (from override 'runconfig.max_steps=ten'): must be a valid integer, not str (got 'ten')" \
-      in text
-  assert "train_input.batch_size (from override 'train_input.batch_size=0'): must be greater than or equal to 1" in text
+  assert (
+    "runconfig.max_steps (from override 'runconfig.max_steps=ten'): "
+    "must be a valid integer, not str (got 'ten')" in text
+  )
+  assert (
+    "train_input.batch_size (from override 'train_input.batch_size=0'): must be greater than or equal to 1"
+    in text
+  )
   assert "runconfig.precision_opt_level" in text and "must be less than or equal to 2 (got 3)" in text
   assert "runconfig.log_steps" in text and "(got 1.5)" in text
   # strict: no silent coercion of strings to numbers or booleans
@@ -262,8 +329,10 @@ def test_enum_value_suggestion() -> None:
 def test_precision_opt_level_under_model_is_an_error(tmp_path: pathlib.Path) -> None:
   path = write(tmp_path, MINIMAL.replace("  name: tiny\n", "  name: tiny\n  precision_opt_level: 1\n"))
   text = error_of(path)
-  assert f"{path}: line 5: model.precision_opt_level: precision_opt_level is not allowed under model; " \
-         "set runconfig.precision_opt_level" in text
+  assert (
+    f"{path}: line 5: model.precision_opt_level: precision_opt_level is not allowed under model; "
+    "set runconfig.precision_opt_level" in text
+  )
 
 
 def test_misspelled_core_key_in_an_open_section() -> None:
@@ -307,9 +376,12 @@ def test_step_counts() -> None:
 
 
 def test_train_and_eval_checks() -> None:
-  text = error_of(FC, ["runconfig.mode=train_and_eval", "runconfig.checkpoint_steps=300",
-                       "runconfig.eval_frequency=200"])
-  assert "checkpoint_steps (300) and frequency of evaluation steps (200) must be multiples of each other." in text
+  text = error_of(
+    FC, ["runconfig.mode=train_and_eval", "runconfig.checkpoint_steps=300", "runconfig.eval_frequency=200"]
+  )
+  assert (
+    "checkpoint_steps (300) and frequency of evaluation steps (200) must be multiples of each other." in text
+  )
 
 
 def test_cbfloat16_needs_dynamic_loss_scaling() -> None:
@@ -322,8 +394,11 @@ def test_cbfloat16_needs_dynamic_loss_scaling() -> None:
 def test_missing_sections(tmp_path: pathlib.Path) -> None:
   text = error_of(write(tmp_path, "runconfig:\n  max_steps: 3\n"))
   assert text.endswith("params.yaml: model: required section is missing")
-  assert "train_input: required for mode 'train'" in error_of(FC, ["train_input=null"])
-  assert "eval_input: required for mode 'eval'" in error_of(FC, ["eval_input=null"], mode="eval")
+  assert "train_input (from override 'train_input=null'): required for mode 'train'" in error_of(
+    FC, ["train_input=null"]
+  )
+  text = error_of(write(tmp_path, MINIMAL), mode="eval")
+  assert text.endswith("params.yaml: eval_input: required for mode 'eval'")
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path: pathlib.Path) -> None:
@@ -344,7 +419,9 @@ def test_unreadable_and_empty_files(tmp_path: pathlib.Path) -> None:
 
 
 def test_several_problems_one_per_line(tmp_path: pathlib.Path) -> None:
-  path = write(tmp_path, MINIMAL.replace("batch_size: 8", "batch_size: -1").replace("SGD", "SDG") + "  sed: 1\n")
+  path = write(
+    tmp_path, MINIMAL.replace("batch_size: 8", "batch_size: -1").replace("SGD", "SDG") + "  sed: 1\n"
+  )
   text = error_of(path)
   lines = text.splitlines()
   assert lines[0] == f"{path}: 3 problems:"
@@ -378,7 +455,9 @@ def test_registered_model_schema_closes_the_section(tmp_path: pathlib.Path) -> N
   register_model_schema("tiny", _TinyModel)
   register_input_schema("TinyProcessor", _TinyInput)
   try:
-    path = write(tmp_path, MINIMAL.replace("  batch_size: 8\n", "  batch_size: 8\n  data_processor: TinyProcessor\n"))
+    path = write(
+      tmp_path, MINIMAL.replace("  batch_size: 8\n", "  batch_size: 8\n  data_processor: TinyProcessor\n")
+    )
     p = load_params(path, ["model.depth=4"])
     assert isinstance(p.model, _TinyModel) and p.model.depth == 4 and isinstance(p.train_input, _TinyInput)
     text = error_of(path, ["model.dept=4", "train_input.image_sise=3"])

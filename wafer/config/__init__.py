@@ -21,30 +21,30 @@ from wafer.config.errors import format_config_error as format_config_error
 from wafer.config.loader import load_params as load_params
 from wafer.config.loader import parse_override as parse_override
 from wafer.config.loader import validate_params as validate_params
+from wafer.config.params import Params as Params
+from wafer.config.params import register_input_schema as register_input_schema
+from wafer.config.params import register_model_schema as register_model_schema
 from wafer.config.schema import CSConfig as CSConfig
 from wafer.config.schema import InputConfig as InputConfig
 from wafer.config.schema import ModelConfig as ModelConfig
 from wafer.config.schema import OptimizerConfig as OptimizerConfig
-from wafer.config.schema import Params as Params
 from wafer.config.schema import RunConfig as RunConfig
-from wafer.config.schema import register_input_schema as register_input_schema
-from wafer.config.schema import register_model_schema as register_model_schema
 from wafer.config.trainer import from_trainer_layout as from_trainer_layout
 
 __all__ = (
-    "CSConfig",
-    "ConfigError",
-    "InputConfig",
-    "ModelConfig",
-    "OptimizerConfig",
-    "Params",
-    "Problem",
-    "RunConfig",
-    "format_config_error",
-    "from_trainer_layout",
-    "load_params",
-    "parse_override",
-    "register_input_schema",
-    "register_model_schema",
-    "validate_params",
+  "CSConfig",
+  "ConfigError",
+  "InputConfig",
+  "ModelConfig",
+  "OptimizerConfig",
+  "Params",
+  "Problem",
+  "RunConfig",
+  "format_config_error",
+  "from_trainer_layout",
+  "load_params",
+  "parse_override",
+  "register_input_schema",
+  "register_model_schema",
+  "validate_params",
 )

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ValidationError
 
 from wafer.config import trainer as _trainer
 from wafer.config.errors import ConfigError, Loc, Problem, dotted, from_pydantic, suggest, unknown_key_message
-from wafer.config.schema import MODES, SECTIONS, OpenSection, Params, section_schema
+from wafer.config.params import SECTIONS, Params, section_schema
+from wafer.config.schema import MODES, OpenSection
 
 
 class _Loader(yaml.SafeLoader):
@@ -23,13 +24,16 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+  "tag:yaml.org,2002:float",
+  re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
                    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                    |[-+]?\.(?:inf|Inf|INF)
-                   |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."),
+                   |\.(?:nan|NaN|NAN))$""",
+    re.X,
+  ),
+  list("-+0123456789."),
 )
 
 
@@ -40,7 +44,8 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
     key = loader.construct_object(key_node, deep=deep)
     if key in seen:
       raise yaml.constructor.ConstructorError(
-          None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+        None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
+      )
     seen[key] = key_node.start_mark.line
   return loader.construct_mapping(node, deep=deep)
 
@@ -87,7 +92,10 @@ def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
 
 
 def parse_override(text: str) -> tuple[Loc, Any]:
-  """``'optimizer.learning_rate.0.total_iters=100'`` -> ``(('optimizer', 'learning_rate', 0, 'total_iters'), 100)``.
+  """A ``key.path=value`` override as ``(loc, value)``.
+
+  ``'optimizer.learning_rate.0.total_iters=100'`` gives
+  ``(('optimizer', 'learning_rate', 0, 'total_iters'), 100)``.
 
   The value is parsed as YAML (``10`` int, ``0.1`` / ``1e-3`` float, ``true`` bool, ``null``,
   ``[0.9, 0.95]`` list); integer path parts index lists.
@@ -95,13 +103,24 @@ def parse_override(text: str) -> tuple[Loc, Any]:
   key, sep, raw = text.partition("=")
   key = key.strip()
   if not sep or not key or any(not part for part in key.split(".")):
-    raise ConfigError(Problem((), "an override must look like key.path=value, e.g. runconfig.max_steps=10",
-                              text, source=f"override {text!r}"), "command line")
+    raise ConfigError(
+      Problem(
+        (),
+        "an override must look like key.path=value, e.g. runconfig.max_steps=10",
+        text,
+        source=f"override {text!r}",
+      ),
+      "command line",
+    )
   try:
     value = yaml.load(raw, Loader=_Loader) if raw.strip() else None
   except yaml.YAMLError as e:
-    raise ConfigError(Problem((), f"the value is not valid YAML: {getattr(e, 'problem', e)}", raw,
-                              source=f"override {text!r}"), "command line") from None
+    raise ConfigError(
+      Problem(
+        (), f"the value is not valid YAML: {getattr(e, 'problem', e)}", raw, source=f"override {text!r}"
+      ),
+      "command line",
+    ) from None
   loc = tuple(int(p) if p.isdigit() else p for p in key.split("."))
   return loc, value
 
@@ -113,12 +132,13 @@ def apply_override(data: dict[str, Any], loc: Loc, value: Any, text: str) -> Non
   for i, part in enumerate(loc[:-1]):
     if isinstance(node, list):
       if not isinstance(part, int) or not -len(node) <= part < len(node):
-        raise ConfigError(Problem(loc[: i + 1], f"no element {part!r} in a list of {len(node)}", source=where))
+        raise ConfigError(
+          Problem(loc[: i + 1], f"no element {part!r} in a list of {len(node)}", source=where)
+        )
       node = node[part]
       continue
     if not isinstance(node, dict):
-      raise ConfigError(Problem(loc[:i], "is not a mapping, so it has no key "
-                                f"{part!r}", node, source=where))
+      raise ConfigError(Problem(loc[:i], f"is not a mapping, so it has no key {part!r}", node, source=where))
     if node.get(part) is None:
       node[part] = {}
     node = node[part]
@@ -144,9 +164,13 @@ def _fields_at(schema: type[BaseModel], loc: Loc) -> list[str] | None:
   return list(schema.model_fields)
 
 
-def validate_params(data: Any, source: str | None = None, lines: Mapping[Loc, int] | None = None,
-                    origins: Sequence[tuple[Loc, str]] = (),
-                    renames: Sequence[tuple[Loc, Loc]] = ()) -> Params:
+def validate_params(
+  data: Any,
+  source: str | None = None,
+  lines: Mapping[Loc, int] | None = None,
+  origins: Sequence[tuple[Loc, str]] = (),
+  renames: Sequence[tuple[Loc, Loc]] = (),
+) -> Params:
   """Validate a legacy-layout dict into :class:`Params`, reporting every problem at once.
 
   Args:
@@ -194,13 +218,17 @@ def validate_params(data: Any, source: str | None = None, lines: Mapping[Loc, in
   return params
 
 
-def _locate(p: Problem, lines: Mapping[Loc, int], origins: Sequence[tuple[Loc, str]],
-            renames: Sequence[tuple[Loc, Loc]] = ()) -> Problem:
+def _locate(
+  p: Problem,
+  lines: Mapping[Loc, int],
+  origins: Sequence[tuple[Loc, str]],
+  renames: Sequence[tuple[Loc, Loc]] = (),
+) -> Problem:
   """``p`` with its path as written, and the override it came from or its line in the file."""
   shown, lookup = p.shown_path, p.loc
   for prefix, written in renames:
     if p.loc[: len(prefix)] == prefix:
-      lookup = written + p.loc[len(prefix):]
+      lookup = written + p.loc[len(prefix) :]
       shown = dotted(lookup)
       break
   for prefix, origin in origins:
@@ -212,8 +240,9 @@ def _locate(p: Problem, lines: Mapping[Loc, int], origins: Sequence[tuple[Loc, s
   return dataclasses.replace(p, shown_path=shown)
 
 
-def load_params(path: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str] = (),
-                mode: str | None = None) -> Params:
+def load_params(
+  path: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str] = (), mode: str | None = None
+) -> Params:
   """Load and validate a params file.
 
   Args:
@@ -256,8 +285,14 @@ def load_params(path: str | os.PathLike[str] | Mapping[str, Any], overrides: Seq
     parsed = [item for item in parsed if item[0][0][0] != "trainer"]
   for (loc, value), text in parsed:
     if isinstance(data, dict) and loc[0] not in SECTIONS:
-      raise ConfigError(Problem(loc[:1], unknown_key_message(loc[0], list(SECTIONS)) + " (top-level section)",
-                                source=f"override {text!r}"), source)
+      raise ConfigError(
+        Problem(
+          loc[:1],
+          unknown_key_message(loc[0], list(SECTIONS)) + " (top-level section)",
+          source=f"override {text!r}",
+        ),
+        source,
+      )
     apply_override(data, loc, value, text)
     origins.insert(0, (loc, f"override {text!r}"))
   if mode is not None:
@@ -270,4 +305,12 @@ def load_params(path: str | os.PathLike[str] | Mapping[str, Any], overrides: Seq
   return validate_params(data, source, lines, origins, v2_map)
 
 
-__all__ = ("MODES", "apply_override", "load_params", "parse_override", "parse_yaml", "suggest", "validate_params")
+__all__ = (
+  "MODES",
+  "apply_override",
+  "load_params",
+  "parse_override",
+  "parse_yaml",
+  "suggest",
+  "validate_params",
+)

@@ -1,4 +1,4 @@
-"""Typed sections of a modelzoo params file (legacy layout) and the checks across them.
+"""Typed sections of a modelzoo params file (legacy layout) and the checks within a section.
 
 Sections ``runconfig`` and ``optimizer`` are closed: every key is typed and an unknown key is an
 error. ``model`` and ``train_input`` / ``eval_input`` differ per model and data processor: a
@@ -26,8 +26,23 @@ MODES = ("train", "eval", "train_and_eval", "eval_all")
 TRAIN_MODES = ("train", "train_and_eval")
 EVAL_MODES = ("eval", "train_and_eval", "eval_all")
 FP16_TYPES = ("float16", "bfloat16", "cbfloat16")
-OPTIMIZER_TYPES = ("SGD", "Momentum", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "ASGD", "Lamb", "Lion",
-                   "NAdam", "RAdam", "RMSprop", "Rprop", "Adafactor")
+OPTIMIZER_TYPES = (
+  "SGD",
+  "Momentum",
+  "Adam",
+  "AdamW",
+  "Adamax",
+  "Adadelta",
+  "Adagrad",
+  "ASGD",
+  "Lamb",
+  "Lion",
+  "NAdam",
+  "RAdam",
+  "RMSprop",
+  "Rprop",
+  "Adafactor",
+)
 MIN_DLS_LOSS_SCALE = 2.0**-14
 
 
@@ -154,23 +169,43 @@ class RunConfig(Section):
     from wafer.config.errors import ConfigError
 
     if self.num_epochs is None and self.num_steps is None and self.max_steps is None:
-      raise ConfigError(Problem(("runconfig",), "One of num_epochs, num_steps, or max_steps must be provided"))
+      raise ConfigError(
+        Problem(("runconfig",), "One of num_epochs, num_steps, or max_steps must be provided")
+      )
     candidates = []
     if self.num_epochs is not None:
       per_epoch = self.steps_per_epoch or dataloader_len
       if per_epoch is None:
-        raise ConfigError(Problem(("runconfig", "num_epochs"), "needs runconfig.steps_per_epoch "
-                                  "(the dataloader's length is unknown)", self.num_epochs))
-      if dataloader_len is not None and self.steps_per_epoch is not None and self.steps_per_epoch > dataloader_len:
-        raise ConfigError(Problem(("runconfig", "steps_per_epoch"), f"is larger than the dataloader's length "
-                                  f"({dataloader_len})", self.steps_per_epoch))
+        raise ConfigError(
+          Problem(
+            ("runconfig", "num_epochs"),
+            "needs runconfig.steps_per_epoch (the dataloader's length is unknown)",
+            self.num_epochs,
+          )
+        )
+      if (
+        dataloader_len is not None
+        and self.steps_per_epoch is not None
+        and self.steps_per_epoch > dataloader_len
+      ):
+        raise ConfigError(
+          Problem(
+            ("runconfig", "steps_per_epoch"),
+            f"is larger than the dataloader's length ({dataloader_len})",
+            self.steps_per_epoch,
+          )
+        )
       candidates.append(self.num_epochs * per_epoch)
     if self.num_steps is not None:
       candidates.append(self.num_steps)
     if self.max_steps is not None:
       if initial_step >= self.max_steps:
-        raise ConfigError(Problem(("runconfig", "max_steps"),
-                                  f"Initial global step {initial_step} already exceeds max step {self.max_steps}."))
+        raise ConfigError(
+          Problem(
+            ("runconfig", "max_steps"),
+            f"Initial global step {initial_step} already exceeds max step {self.max_steps}.",
+          )
+        )
       candidates.append(self.max_steps - initial_step)
     return min(candidates)
 
@@ -200,8 +235,10 @@ class ModelConfig(OpenSection):
   def key_problems(cls, data: dict[str, Any]) -> dict[str, str]:
     out = super().key_problems(data)
     if "precision_opt_level" in data:
-      out["precision_opt_level"] = ("precision_opt_level is not allowed under model; set "
-                                    "runconfig.precision_opt_level (0, 1 or 2) instead")
+      out["precision_opt_level"] = (
+        "precision_opt_level is not allowed under model; set "
+        "runconfig.precision_opt_level (0, 1 or 2) instead"
+      )
     return out
 
 
@@ -258,7 +295,9 @@ def _check_lr(v: Any) -> Any:
   """learning_rate: a number, one scheduler dict, or a list of them (validated by the schedules)."""
   if _number(v):
     if v < 0 or not math.isfinite(v):
-      raise ValueError("must be a finite number >= 0, a scheduler ({scheduler: Name, ...}) or a list of schedulers")
+      raise ValueError(
+        "must be a finite number >= 0, a scheduler ({scheduler: Name, ...}) or a list of schedulers"
+      )
     return float(v)
   items = v if isinstance(v, list) else [v] if isinstance(v, dict) else None
   if not items:
@@ -266,8 +305,10 @@ def _check_lr(v: Any) -> Any:
   for i, item in enumerate(items):
     where = f"element {i}" if isinstance(v, list) else "the scheduler"
     if not isinstance(item, dict) or not isinstance(item.get("scheduler"), str):
-      raise ValueError(f"{where} must be a mapping with a 'scheduler' name, e.g. "
-                       "{scheduler: Linear, initial_learning_rate: 0.0, end_learning_rate: 0.001, total_iters: 100}")
+      raise ValueError(
+        f"{where} must be a mapping with a 'scheduler' name, e.g. "
+        "{scheduler: Linear, initial_learning_rate: 0.0, end_learning_rate: 0.001, total_iters: 100}"
+      )
   return v
 
 
@@ -329,7 +370,9 @@ class OptimizerConfig(Section):
     if v.lower() not in (o.lower() for o in OPTIMIZER_TYPES):
       close = suggest(v, OPTIMIZER_TYPES)
       hint = f"; did you mean {close!r}?" if close else ""
-      raise ValueError(f"unknown optimizer {v!r}{hint} Allowed (case-insensitive): {', '.join(OPTIMIZER_TYPES)}")
+      raise ValueError(
+        f"unknown optimizer {v!r}{hint} Allowed (case-insensitive): {', '.join(OPTIMIZER_TYPES)}"
+      )
     return v
 
   @field_validator("learning_rate", mode="before")
@@ -363,26 +406,50 @@ class OptimizerConfig(Section):
     out = []
     at = ("optimizer",)
     if self.max_gradient_norm is not None and self.max_gradient_value is not None:
-      out.append(Problem(at + ("max_gradient_value",),
-                         f"Gradients can be clipped by norm(={self.max_gradient_norm}) or by value"
-                         f"(={self.max_gradient_value}), but not both. Do not set both `max_gradient_norm` "
-                         "and `max_gradient_value`."))
+      out.append(
+        Problem(
+          at + ("max_gradient_value",),
+          f"Gradients can be clipped by norm(={self.max_gradient_norm}) or by value"
+          f"(={self.max_gradient_value}), but not both. Do not set both `max_gradient_norm` "
+          "and `max_gradient_value`.",
+        )
+      )
     if self.weight_decay is not None and self.weight_decay_rate is not None:
-      out.append(Problem(at + ("weight_decay_rate",), "set only one of weight_decay and weight_decay_rate "
-                         "(the 1.x spelling)"))
+      out.append(
+        Problem(
+          at + ("weight_decay_rate",), "set only one of weight_decay and weight_decay_rate (the 1.x spelling)"
+        )
+      )
     if self.betas is not None and (self.beta1 is not None or self.beta2 is not None):
       out.append(Problem(at + ("betas",), "set either betas or beta1/beta2, not both"))
     if self.eps is not None and self.epsilon is not None:
       out.append(Problem(at + ("epsilon",), "set only one of eps and epsilon"))
     if self.learning_rate is None:
-      out.append(Problem(at + ("learning_rate",), "required key is missing (a number, a scheduler or a list)"))
-    if self.dynamic_loss_scaling and self.min_loss_scale is not None and self.min_loss_scale < MIN_DLS_LOSS_SCALE:
-      out.append(Problem(at + ("min_loss_scale",), "min_loss_scale too small: must be >= 2**-14 with dynamic "
-                         "loss scaling", self.min_loss_scale))
-    if (self.min_loss_scale is not None and self.max_loss_scale is not None
-        and self.min_loss_scale > self.max_loss_scale):
-      out.append(Problem(at + ("min_loss_scale",), f"must be <= max_loss_scale ({self.max_loss_scale})",
-                         self.min_loss_scale))
+      out.append(
+        Problem(at + ("learning_rate",), "required key is missing (a number, a scheduler or a list)")
+      )
+    if (
+      self.dynamic_loss_scaling
+      and self.min_loss_scale is not None
+      and self.min_loss_scale < MIN_DLS_LOSS_SCALE
+    ):
+      out.append(
+        Problem(
+          at + ("min_loss_scale",),
+          "min_loss_scale too small: must be >= 2**-14 with dynamic loss scaling",
+          self.min_loss_scale,
+        )
+      )
+    if (
+      self.min_loss_scale is not None
+      and self.max_loss_scale is not None
+      and self.min_loss_scale > self.max_loss_scale
+    ):
+      out.append(
+        Problem(
+          at + ("min_loss_scale",), f"must be <= max_loss_scale ({self.max_loss_scale})", self.min_loss_scale
+        )
+      )
     return out
 
 
@@ -390,156 +457,3 @@ class CSConfig(OpenSection):
   """``csconfig`` (1.x era): only ``use_cbfloat16`` is used; other keys are kept and ignored."""
 
   use_cbfloat16: bool = False
-
-
-SECTIONS: dict[str, type[Section]] = {
-    "train_input": InputConfig,
-    "eval_input": InputConfig,
-    "model": ModelConfig,
-    "optimizer": OptimizerConfig,
-    "runconfig": RunConfig,
-    "csconfig": CSConfig,
-}
-
-_MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {}
-_INPUT_SCHEMAS: dict[str, type[InputConfig]] = {}
-
-
-def register_model_schema(name: str, schema: type[ModelConfig]) -> None:
-  """Use ``schema`` (a closed :class:`ModelConfig` subclass) for ``model.name == name``.
-
-  Example::
-
-    class FCMnistModel(ModelConfig):
-      model_config = ConfigDict(extra="forbid")
-      depth: int = 10
-    register_model_schema("fc_mnist", FCMnistModel)
-  """
-  if not (isinstance(schema, type) and issubclass(schema, ModelConfig)):
-    raise TypeError(f"{schema!r} is not a ModelConfig subclass")
-  _MODEL_SCHEMAS[name.lower()] = schema
-
-
-def register_input_schema(data_processor: str, schema: type[InputConfig]) -> None:
-  """Use ``schema`` (an :class:`InputConfig` subclass) for ``*_input.data_processor == data_processor``."""
-  if not (isinstance(schema, type) and issubclass(schema, InputConfig)):
-    raise TypeError(f"{schema!r} is not an InputConfig subclass")
-  _INPUT_SCHEMAS[data_processor] = schema
-
-
-def unregister_schema(name: str) -> None:
-  """Forget a model or input schema registered under ``name`` (for tests)."""
-  _MODEL_SCHEMAS.pop(name.lower(), None)
-  _INPUT_SCHEMAS.pop(name, None)
-
-
-def section_schema(section: str, data: Any) -> type[Section]:
-  """The class that validates ``data`` as ``section`` (a registered schema when one matches)."""
-  if isinstance(data, dict):
-    if section == "model" and isinstance(data.get("name"), str):
-      return _MODEL_SCHEMAS.get(data["name"].lower(), ModelConfig)
-    if section in ("train_input", "eval_input") and isinstance(data.get("data_processor"), str):
-      return _INPUT_SCHEMAS.get(data["data_processor"], InputConfig)
-  return SECTIONS[section]
-
-
-class Params(BaseModel):
-  """A validated params file (modelzoo legacy layout). Build it with :func:`wafer.config.load_params`.
-
-  Attributes:
-    train_input, eval_input: the input sections (None when absent).
-    model: the model section (a registered schema's class when ``model.name`` has one).
-    optimizer: None when absent (eval-only files).
-    runconfig: run keys, defaults when absent.
-    csconfig: the 1.x ``csconfig`` section, when present.
-    source: the file it came from.
-  """
-
-  model_config = ConfigDict(extra="forbid", protected_namespaces=(), arbitrary_types_allowed=True)
-
-  train_input: InputConfig | None = None
-  eval_input: InputConfig | None = None
-  model: ModelConfig
-  optimizer: OptimizerConfig | None = None
-  runconfig: RunConfig = Field(default_factory=RunConfig)
-  csconfig: CSConfig | None = None
-  source: str | None = None
-
-  @property
-  def fp16_type(self) -> str | None:
-    """``model.fp16_type``, with the 1.x spellings (``use_bfloat16``, ``csconfig.use_cbfloat16``)."""
-    if self.model.fp16_type is not None:
-      return self.model.fp16_type
-    if self.csconfig is not None and self.csconfig.use_cbfloat16:
-      return "cbfloat16"
-    return None
-
-  def policy(self) -> Any:
-    """The :class:`precision.Policy` of the precision keys (``model.*``, ``runconfig.precision_opt_level``)."""
-    from precision import Policy
-
-    return Policy.from_config(
-        mixed_precision=self.model.mixed_precision,
-        fp16_type=self.fp16_type,
-        precision_opt_level=self.runconfig.precision_opt_level,
-        attention_softmax_fp32=self.model.attention_softmax_fp32,
-        use_bfloat16=self.model.use_bfloat16,
-    )
-
-  def problems(self) -> list[Problem]:
-    """Every check that spans keys or sections (each with Cerebras' message where it has one)."""
-    from precision import PolicyError
-
-    rc = self.runconfig
-    out: list[Problem] = []
-    mode = rc.mode
-    if mode in TRAIN_MODES:
-      if self.train_input is None:
-        out.append(Problem(("train_input",), f"required for mode {mode!r}"))
-      if self.optimizer is None:
-        out.append(Problem(("optimizer",), f"required for mode {mode!r}"))
-      if rc.num_epochs is None and rc.num_steps is None and rc.max_steps is None:
-        out.append(Problem(("runconfig",), "One of num_epochs, num_steps, or max_steps must be provided"))
-    if mode in EVAL_MODES and self.eval_input is None:
-      out.append(Problem(("eval_input",), f"required for mode {mode!r}"))
-    if rc.num_epochs is not None and rc.num_steps is not None:
-      out.append(Problem(("runconfig", "num_steps"), "num_epochs and num_steps are mutually exclusive; set one"))
-    if rc.compile_only and rc.validate_only:
-      out.append(Problem(("runconfig", "validate_only"), "compile_only and validate_only are mutually exclusive"))
-    if mode == "train_and_eval":
-      if rc.eval_frequency is None and rc.num_epochs is None:
-        out.append(Problem(("runconfig", "eval_frequency"),
-                           "eval_frequency or num_epochs must be specified for train_and_eval mode"))
-      c, f = rc.checkpoint_steps, rc.eval_frequency
-      if c and f and c % f and f % c:
-        out.append(Problem(("runconfig", "checkpoint_steps"),
-                           f"checkpoint_steps ({c}) and frequency of evaluation steps ({f}) must be multiples "
-                           "of each other."))
-    for name in ("train_input", "eval_input"):
-      section = getattr(self, name)
-      if section is None:
-        continue
-      b, n = section.batch_size, rc.num_csx
-      if b < n:
-        out.append(Problem((name, "batch_size"), f"The number of CS devices ({n}) must be less than or equal to "
-                           f"the model batch size ({b}); batch_size is the global batch", b))
-      elif b % n:
-        out.append(Problem((name, "batch_size"), f"must be a multiple of runconfig.num_csx={n} (batch_size is "
-                           f"the global batch, split evenly across systems); e.g. {b - b % n} or {b - b % n + n}",
-                           b))
-      elif isinstance(section.micro_batch_size, int) and (b // n) % section.micro_batch_size:
-        out.append(Problem((name, "micro_batch_size"), f"must divide the per-system batch "
-                           f"batch_size/num_csx = {b // n}", section.micro_batch_size))
-    if self.optimizer is not None:
-      out += self.optimizer.problems()
-      if (self.model.mixed_precision and self.fp16_type == "cbfloat16"
-          and not self.optimizer.dynamic_loss_scaling):
-        out.append(Problem(("optimizer", "loss_scaling_factor"),
-                           "cbfloat16 requires dynamic loss scaling, or gradients may underflow/overflow and "
-                           "produce NaNs; set optimizer.loss_scaling_factor: dynamic",
-                           self.optimizer.loss_scaling_factor))
-    try:
-      self.policy()
-    except PolicyError as e:
-      out.append(Problem(("model", "fp16_type"), str(e)))
-    return out

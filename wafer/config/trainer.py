@@ -48,19 +48,51 @@ from typing import Any
 from wafer.config.errors import ConfigError, Loc, Problem, unknown_key_message
 
 _TRAINER_KEYS = ("init", "fit", "validate", "validate_all")
-_INIT_KEYS = ("backend", "device", "model_dir", "seed", "model", "optimizer", "schedulers", "precision", "loop",
-              "checkpoint", "logging", "callbacks")
+_INIT_KEYS = (
+  "backend",
+  "device",
+  "model_dir",
+  "seed",
+  "model",
+  "optimizer",
+  "schedulers",
+  "precision",
+  "loop",
+  "checkpoint",
+  "logging",
+  "callbacks",
+)
 _BACKEND_KEYS = ("backend_type", "cluster_config", "compile_only", "validate_only", "compile_dir")
-_CLUSTER = {"num_csx": "num_csx", "num_workers_per_csx": "num_workers_per_csx", "max_wgt_servers": "num_wgt_servers",
-            "max_act_per_csx": "num_act_servers", "mount_dirs": "mount_dirs", "python_paths": "python_paths",
-            "job_labels": "job_labels", "job_priority": "job_priority", "job_time_sec": "job_time_sec"}
+_CLUSTER = {
+  "num_csx": "num_csx",
+  "num_workers_per_csx": "num_workers_per_csx",
+  "max_wgt_servers": "num_wgt_servers",
+  "max_act_per_csx": "num_act_servers",
+  "mount_dirs": "mount_dirs",
+  "python_paths": "python_paths",
+  "job_labels": "job_labels",
+  "job_priority": "job_priority",
+  "job_time_sec": "job_time_sec",
+}
 _PRECISION_MODEL = {"enabled": "mixed_precision", "fp16_type": "fp16_type"}
-_PRECISION_OPT = ("loss_scaling_factor", "initial_loss_scale", "steps_per_increase", "min_loss_scale",
-                  "max_loss_scale", "max_gradient_norm", "max_gradient_value", "log_loss_scale")
+_PRECISION_OPT = (
+  "loss_scaling_factor",
+  "initial_loss_scale",
+  "steps_per_increase",
+  "min_loss_scale",
+  "max_loss_scale",
+  "max_gradient_norm",
+  "max_gradient_value",
+  "log_loss_scale",
+)
 _LOOP_RUN = ("max_steps", "num_steps", "num_epochs", "steps_per_epoch", "eval_frequency", "eval_steps")
-_CHECKPOINT = {"steps": "checkpoint_steps", "save_initial_checkpoint": "save_initial_checkpoint",
-               "autoload_last_checkpoint": "autoload_last_checkpoint", "max_checkpoints": "max_checkpoints",
-               "disable_strict_checkpoint_loading": "disable_strict_checkpoint_loading"}
+_CHECKPOINT = {
+  "steps": "checkpoint_steps",
+  "save_initial_checkpoint": "save_initial_checkpoint",
+  "autoload_last_checkpoint": "autoload_last_checkpoint",
+  "max_checkpoints": "max_checkpoints",
+  "disable_strict_checkpoint_loading": "disable_strict_checkpoint_loading",
+}
 _SCOPED = {"ScopedTrainFlags": "train_input", "ScopedValidateFlags": "eval_input"}
 _MICRO_BATCH = "csx.performance.micro_batch_size"
 _SEQUENTIAL = ("sequentiallr", "sequential")
@@ -107,7 +139,9 @@ class _Converter:
     if allowed is not None:
       for key in value:
         if key not in allowed:
-          self.bad(loc + (key,), unknown_key_message(key, allowed) + " (not converted from the trainer layout)")
+          self.bad(
+            loc + (key,), unknown_key_message(key, allowed) + " (not converted from the trainer layout)"
+          )
     return value
 
 
@@ -116,8 +150,11 @@ def convert_with_origins(data: dict[str, Any]) -> tuple[dict[str, Any], list[tup
   c = _Converter()
   for key in data:
     if key != "trainer":
-      c.bad((key,), "a trainer-layout file has only the top-level key 'trainer' (legacy sections such as "
-            "runconfig cannot be mixed in)")
+      c.bad(
+        (key,),
+        "a trainer-layout file has only the top-level key 'trainer' (legacy sections such as "
+        "runconfig cannot be mixed in)",
+      )
   trainer, tloc = data["trainer"], ("trainer",)
   if isinstance(trainer, list):
     if len(trainer) != 1 or not isinstance(trainer[0], dict) or set(trainer[0]) != {"trainer"}:
@@ -129,8 +166,15 @@ def convert_with_origins(data: dict[str, Any]) -> tuple[dict[str, Any], list[tup
   _convert_init(c, init, iloc)
   _convert_dataloaders(c, trainer, tloc)
   _convert_callbacks(c, init.get("callbacks"), iloc + ("callbacks",))
-  mode = "train" if "fit" in trainer else "eval" if "validate" in trainer else "eval_all" \
-      if "validate_all" in trainer else None
+  mode = (
+    "train"
+    if "fit" in trainer
+    else "eval"
+    if "validate" in trainer
+    else "eval_all"
+    if "validate_all" in trainer
+    else None
+  )
   if mode is not None:
     c.out.setdefault("runconfig", {}).setdefault("mode", mode)
   if c.problems:
@@ -168,13 +212,16 @@ def _convert_init(c: _Converter, init: dict[str, Any], iloc: Loc) -> None:
   if init.get("schedulers") is not None:
     _convert_schedulers(c, init["schedulers"], iloc + ("schedulers",))
   ploc = iloc + ("precision",)
-  precision = c.mapping(init.get("precision"), ploc, tuple(_PRECISION_MODEL) + _PRECISION_OPT +
-                        ("precision_opt_level",))
+  precision = c.mapping(
+    init.get("precision"), ploc, tuple(_PRECISION_MODEL) + _PRECISION_OPT + ("precision_opt_level",)
+  )
   for key, legacy in _PRECISION_MODEL.items():
     if key in precision:
       c.put(("model", legacy), precision[key], ploc + (key,))
   if "precision_opt_level" in precision:
-    c.put(("runconfig", "precision_opt_level"), precision["precision_opt_level"], ploc + ("precision_opt_level",))
+    c.put(
+      ("runconfig", "precision_opt_level"), precision["precision_opt_level"], ploc + ("precision_opt_level",)
+    )
   for key in _PRECISION_OPT:
     if key in precision:
       c.put(("optimizer", key), precision[key], ploc + (key,))
@@ -199,9 +246,11 @@ def _convert_init(c: _Converter, init: dict[str, Any], iloc: Loc) -> None:
 def _single(c: _Converter, value: Any, loc: Loc, what: str) -> tuple[str, dict[str, Any]] | None:
   """``{Name: {...}}`` -> ``(Name, {...})``."""
   if not isinstance(value, dict) or len(value) != 1:
-    c.bad(loc, f"must be a mapping with one key, the {what} name (e.g. {{AdamW: {{weight_decay: 0.01}}}})", value)
+    c.bad(
+      loc, f"must be a mapping with one key, the {what} name (e.g. {{AdamW: {{weight_decay: 0.01}}}})", value
+    )
     return None
-  (name, args), = value.items()
+  ((name, args),) = value.items()
   if args is None:
     args = {}
   if not isinstance(name, str) or not isinstance(args, dict):
@@ -235,8 +284,12 @@ def _scheduler(c: _Converter, value: Any, loc: Loc) -> dict[str, Any] | None:
 def _convert_schedulers(c: _Converter, value: Any, sloc: Loc) -> None:
   items = value if isinstance(value, list) else [value]
   if len(items) != 1:
-    c.bad(sloc, "only one learning-rate scheduler can be converted (wrap several in SequentialLR); "
-          "weight-decay and other schedulers are not converted", value)
+    c.bad(
+      sloc,
+      "only one learning-rate scheduler can be converted (wrap several in SequentialLR); "
+      "weight-decay and other schedulers are not converted",
+      value,
+    )
     return
   loc = sloc + (0,) if isinstance(value, list) else sloc
   item = _single(c, items[0], loc, "scheduler")
@@ -262,18 +315,23 @@ def _convert_schedulers(c: _Converter, value: Any, sloc: Loc) -> None:
   elif "milestones" in args:
     milestones = args["milestones"]
     if not isinstance(milestones, list) or len(milestones) != len(subs) - 1:
-      c.bad(loc + (name, "milestones"), f"must be a list of {len(subs) - 1} step(s), one per scheduler "
-            "boundary", milestones)
+      c.bad(
+        loc + (name, "milestones"),
+        f"must be a list of {len(subs) - 1} step(s), one per scheduler boundary",
+        milestones,
+      )
       return
     expected, total = [], 0
     for s in subs[:-1]:
       total += s.get("total_iters") if isinstance(s.get("total_iters"), int) else 0
       expected.append(total)
     if all(isinstance(s.get("total_iters"), int) for s in subs[:-1]) and expected != milestones:
-      c.bad(loc + (name, "milestones"), f"Expected {name} to have milestones {expected}, but got {milestones}")
+      c.bad(
+        loc + (name, "milestones"), f"Expected {name} to have milestones {expected}, but got {milestones}"
+      )
       return
     prev = 0
-    for s, m in zip(subs, milestones):
+    for s, m in zip(subs[:-1], milestones, strict=True):
       s.setdefault("total_iters", m - prev)
       prev = m
   c.put(("optimizer", "learning_rate"), subs if len(subs) > 1 else subs[0], loc + (name, "schedulers"))
@@ -286,9 +344,11 @@ def _convert_dataloaders(c: _Converter, trainer: dict[str, Any], tloc: Loc) -> N
   if "train_dataloader" in fit:
     loc = tloc + ("fit", "train_dataloader")
     c.put(("train_input",), c.mapping(fit["train_dataloader"], loc), loc)
-  candidates = [(tloc + ("fit", "val_dataloader"), fit.get("val_dataloader")),
-                (tloc + ("validate", "val_dataloader"), validate.get("val_dataloader")),
-                (tloc + ("validate_all", "val_dataloaders"), vall.get("val_dataloaders"))]
+  candidates = [
+    (tloc + ("fit", "val_dataloader"), fit.get("val_dataloader")),
+    (tloc + ("validate", "val_dataloader"), validate.get("val_dataloader")),
+    (tloc + ("validate_all", "val_dataloaders"), vall.get("val_dataloaders")),
+  ]
   chosen: tuple[Loc, Any] | None = None
   for loc, value in candidates:
     if value is None:
@@ -307,7 +367,9 @@ def _convert_dataloaders(c: _Converter, trainer: dict[str, Any], tloc: Loc) -> N
     if "ckpt_path" in section:
       c.put(("runconfig", "checkpoint_path"), section["ckpt_path"], loc + ("ckpt_path",))
   if vall.get("ckpt_paths") is not None:
-    c.bad(tloc + ("validate_all", "ckpt_paths"), "not converted: eval_all evaluates every checkpoint in model_dir")
+    c.bad(
+      tloc + ("validate_all", "ckpt_paths"), "not converted: eval_all evaluates every checkpoint in model_dir"
+    )
 
 
 def _convert_callbacks(c: _Converter, value: Any, loc: Loc) -> None:
@@ -322,13 +384,17 @@ def _convert_callbacks(c: _Converter, value: Any, loc: Loc) -> None:
       continue
     name, args = cb
     if name not in _SCOPED:
-      c.bad(loc + (i, name), f"callback {name!r} is not converted; convertible: {', '.join(_SCOPED)} "
-            f"with {_MICRO_BATCH}")
+      c.bad(
+        loc + (i, name),
+        f"callback {name!r} is not converted; convertible: {', '.join(_SCOPED)} with {_MICRO_BATCH}",
+      )
       continue
     for key, arg in args.items():
       if key != _MICRO_BATCH:
         c.bad(loc + (i, name, key), f"flag {key!r} is not converted; convertible: {_MICRO_BATCH}")
       elif _SCOPED[name] not in c.out:
-        c.bad(loc + (i, name, key), f"sets the micro batch of {_SCOPED[name]}, but there is no such dataloader")
+        c.bad(
+          loc + (i, name, key), f"sets the micro batch of {_SCOPED[name]}, but there is no such dataloader"
+        )
       else:
         c.put((_SCOPED[name], "micro_batch_size"), arg, loc + (i, name, key))

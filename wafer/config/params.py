@@ -1,0 +1,206 @@
+"""The whole params file (:class:`Params`), the checks across sections, and the schema registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from wafer.config.errors import Problem
+from wafer.config.schema import (
+  EVAL_MODES,
+  TRAIN_MODES,
+  CSConfig,
+  InputConfig,
+  ModelConfig,
+  OptimizerConfig,
+  RunConfig,
+  Section,
+)
+
+SECTIONS: dict[str, type[Section]] = {
+  "train_input": InputConfig,
+  "eval_input": InputConfig,
+  "model": ModelConfig,
+  "optimizer": OptimizerConfig,
+  "runconfig": RunConfig,
+  "csconfig": CSConfig,
+}
+
+_MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {}
+_INPUT_SCHEMAS: dict[str, type[InputConfig]] = {}
+
+
+def register_model_schema(name: str, schema: type[ModelConfig]) -> None:
+  """Use ``schema`` (a closed :class:`ModelConfig` subclass) for ``model.name == name``.
+
+  Example::
+
+    class FCMnistModel(ModelConfig):
+      model_config = ConfigDict(extra="forbid")
+      depth: int = 10
+    register_model_schema("fc_mnist", FCMnistModel)
+  """
+  if not (isinstance(schema, type) and issubclass(schema, ModelConfig)):
+    raise TypeError(f"{schema!r} is not a ModelConfig subclass")
+  _MODEL_SCHEMAS[name.lower()] = schema
+
+
+def register_input_schema(data_processor: str, schema: type[InputConfig]) -> None:
+  """Use ``schema`` (an :class:`InputConfig` subclass) for ``*_input.data_processor == data_processor``."""
+  if not (isinstance(schema, type) and issubclass(schema, InputConfig)):
+    raise TypeError(f"{schema!r} is not an InputConfig subclass")
+  _INPUT_SCHEMAS[data_processor] = schema
+
+
+def unregister_schema(name: str) -> None:
+  """Forget a model or input schema registered under ``name`` (for tests)."""
+  _MODEL_SCHEMAS.pop(name.lower(), None)
+  _INPUT_SCHEMAS.pop(name, None)
+
+
+def section_schema(section: str, data: Any) -> type[Section]:
+  """The class that validates ``data`` as ``section`` (a registered schema when one matches)."""
+  if isinstance(data, dict):
+    if section == "model" and isinstance(data.get("name"), str):
+      return _MODEL_SCHEMAS.get(data["name"].lower(), ModelConfig)
+    if section in ("train_input", "eval_input") and isinstance(data.get("data_processor"), str):
+      return _INPUT_SCHEMAS.get(data["data_processor"], InputConfig)
+  return SECTIONS[section]
+
+
+class Params(BaseModel):
+  """A validated params file (modelzoo legacy layout). Build it with :func:`wafer.config.load_params`.
+
+  Attributes:
+    train_input, eval_input: the input sections (None when absent).
+    model: the model section (a registered schema's class when ``model.name`` has one).
+    optimizer: None when absent (eval-only files).
+    runconfig: run keys, defaults when absent.
+    csconfig: the 1.x ``csconfig`` section, when present.
+    source: the file it came from.
+  """
+
+  model_config = ConfigDict(extra="forbid", protected_namespaces=(), arbitrary_types_allowed=True)
+
+  train_input: InputConfig | None = None
+  eval_input: InputConfig | None = None
+  model: ModelConfig
+  optimizer: OptimizerConfig | None = None
+  runconfig: RunConfig = Field(default_factory=RunConfig)
+  csconfig: CSConfig | None = None
+  source: str | None = None
+
+  @property
+  def fp16_type(self) -> str | None:
+    """``model.fp16_type``, with the 1.x spellings (``use_bfloat16``, ``csconfig.use_cbfloat16``)."""
+    if self.model.fp16_type is not None:
+      return self.model.fp16_type
+    if self.csconfig is not None and self.csconfig.use_cbfloat16:
+      return "cbfloat16"
+    return None
+
+  def policy(self) -> Any:
+    """The :class:`precision.Policy` of ``model.*`` and ``runconfig.precision_opt_level``."""
+    from precision import Policy
+
+    return Policy.from_config(
+      mixed_precision=self.model.mixed_precision,
+      fp16_type=self.fp16_type,
+      precision_opt_level=self.runconfig.precision_opt_level,
+      attention_softmax_fp32=self.model.attention_softmax_fp32,
+      use_bfloat16=self.model.use_bfloat16,
+    )
+
+  def problems(self) -> list[Problem]:
+    """Every check that spans keys or sections (each with Cerebras' message where it has one)."""
+    from precision import PolicyError
+
+    rc = self.runconfig
+    out: list[Problem] = []
+    mode = rc.mode
+    if mode in TRAIN_MODES:
+      if self.train_input is None:
+        out.append(Problem(("train_input",), f"required for mode {mode!r}"))
+      if self.optimizer is None:
+        out.append(Problem(("optimizer",), f"required for mode {mode!r}"))
+      if rc.num_epochs is None and rc.num_steps is None and rc.max_steps is None:
+        out.append(Problem(("runconfig",), "One of num_epochs, num_steps, or max_steps must be provided"))
+    if mode in EVAL_MODES and self.eval_input is None:
+      out.append(Problem(("eval_input",), f"required for mode {mode!r}"))
+    if rc.num_epochs is not None and rc.num_steps is not None:
+      out.append(
+        Problem(("runconfig", "num_steps"), "num_epochs and num_steps are mutually exclusive; set one")
+      )
+    if rc.compile_only and rc.validate_only:
+      out.append(
+        Problem(("runconfig", "validate_only"), "compile_only and validate_only are mutually exclusive")
+      )
+    if mode == "train_and_eval":
+      if rc.eval_frequency is None and rc.num_epochs is None:
+        out.append(
+          Problem(
+            ("runconfig", "eval_frequency"),
+            "eval_frequency or num_epochs must be specified for train_and_eval mode",
+          )
+        )
+      c, f = rc.checkpoint_steps, rc.eval_frequency
+      if c and f and c % f and f % c:
+        out.append(
+          Problem(
+            ("runconfig", "checkpoint_steps"),
+            f"checkpoint_steps ({c}) and frequency of evaluation steps ({f}) must be multiples "
+            "of each other.",
+          )
+        )
+    for name in ("train_input", "eval_input"):
+      section = getattr(self, name)
+      if section is None:
+        continue
+      b, n = section.batch_size, rc.num_csx
+      if b < n:
+        out.append(
+          Problem(
+            (name, "batch_size"),
+            f"The number of CS devices ({n}) must be less than or equal to "
+            f"the model batch size ({b}); batch_size is the global batch",
+            b,
+          )
+        )
+      elif b % n:
+        out.append(
+          Problem(
+            (name, "batch_size"),
+            f"must be a multiple of runconfig.num_csx={n} (batch_size is "
+            f"the global batch, split evenly across systems); e.g. {b - b % n} or {b - b % n + n}",
+            b,
+          )
+        )
+      elif isinstance(section.micro_batch_size, int) and (b // n) % section.micro_batch_size:
+        out.append(
+          Problem(
+            (name, "micro_batch_size"),
+            f"must divide the per-system batch batch_size/num_csx = {b // n}",
+            section.micro_batch_size,
+          )
+        )
+    if self.optimizer is not None:
+      out += self.optimizer.problems()
+      if (
+        self.model.mixed_precision
+        and self.fp16_type == "cbfloat16"
+        and not self.optimizer.dynamic_loss_scaling
+      ):
+        out.append(
+          Problem(
+            ("optimizer", "loss_scaling_factor"),
+            "cbfloat16 requires dynamic loss scaling, or gradients may underflow/overflow and "
+            "produce NaNs; set optimizer.loss_scaling_factor: dynamic",
+            self.optimizer.loss_scaling_factor,
+          )
+        )
+    try:
+      self.policy()
+    except PolicyError as e:
+      out.append(Problem(("model", "fp16_type"), str(e)))
+    return out
