@@ -103,7 +103,7 @@ def test_cli_lists_workloads(capsys):
     (["estimate", "--workload", "gpt2_small", "--batch_size", "0"], "--batch_size 0"),
     (["estimate", "--workload", "bert"], "--workload 'bert' is not a built-in workload"),
     (["estimate"], "--workload NAME"),
-    (["estimate", "--params", "params.yaml"], "--params is not available yet"),
+    (["estimate", "--params", "params.yaml"], "params.yaml: cannot read the params file"),
   ],
 )
 def test_cli_errors_print_a_message_not_a_traceback(argv, message, capsys):
