@@ -49,6 +49,7 @@ def test_counters():
     total_steps(RunSettings(), 0)
   with pytest.raises(ExecutorError, match="Initial global step 12 already exceeds max step 10"):
     total_steps(RunSettings(max_steps=10), 12)
+  assert total_steps(RunSettings(max_steps=10), 10) == 0  # a finished run: nothing to do
 
 
 def test_train_writes_metrics_checkpoints_and_the_loss_falls(tmp_path, capsys):
@@ -72,6 +73,9 @@ def test_resume_continues_bit_for_bit(tmp_path):
   resumed = _run(tmp_path / "parts", max_steps=40, checkpoint_steps=10, log_steps=10)
   assert resumed["final_step"] == 40
   _same_params(resumed["params"], whole["params"])
+  again = _run(tmp_path / "parts", max_steps=40, checkpoint_steps=10, log_steps=10)  # already done
+  assert again["final_step"] == 40 and again["losses"] == []
+  _same_params(again["params"], whole["params"])
 
 
 def test_sigkill_and_restart_end_with_identical_parameters(tmp_path):

@@ -145,7 +145,7 @@ def total_steps(settings: RunSettings, initial_step: int) -> int:
   if settings.num_steps is not None:
     candidates.append(settings.num_steps)
   if settings.max_steps is not None:
-    if initial_step >= settings.max_steps and settings.num_steps is None:
+    if initial_step > settings.max_steps:
       raise ExecutorError(f"Initial global step {initial_step} already exceeds max step {settings.max_steps}.")
     candidates.append(settings.max_steps - initial_step)
   if not candidates:
@@ -297,6 +297,11 @@ def _train(task, settings, compiled, init, data, checkpoints, metrics, summary) 
     data.set_state(meta["data"])
     print(f"Resuming from the checkpoint at step {done}.", flush=True)
   last = done + total_steps(settings, done)
+  if last == done:
+    print(f"Nothing to train: model_dir already holds the checkpoint of step {done} (max_steps). Raise "
+          "runconfig.max_steps to train further, or use another model_dir.", flush=True)
+    summary.update(final_step=done, losses=[], params=state.params)
+    return state
   marks = checkpoint_iterations(settings.checkpoint_steps, done, last)
   log_every = max(1, settings.log_steps)
   progress = _Progress(settings.progress and sys.stderr.isatty(), done, last)
