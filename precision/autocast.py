@@ -586,17 +586,24 @@ def _is_precision_round(call_jaxpr: jcore.ClosedJaxpr) -> bool:
   return info is not None and str(getattr(info, "func_src_info", "")).startswith("_round_with_vjp ")
 
 
+def _primal(p: _Pass, call: jcore.ClosedJaxpr, tags: Sequence[Tag | None], box: list) -> Callable[..., list[Any]]:
+  """A custom function's primal, evaluated with the pass; its output tags go to ``box``."""
+
+  def fun(*args: Any) -> list[Any]:
+    outs, out_tags = _interpret(p, call.jaxpr, call.consts, args, tags)
+    box.append(out_tags)
+    return outs
+
+  return fun
+
+
 def _custom_jvp(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
   params = eqn.params
   call = params["call_jaxpr"]
   num_consts = params["num_consts"]
   jvp_fun = params["jvp_jaxpr_fun"]
   box: list[list[Tag | None]] = []
-
-  def fun(*args: Any) -> list[Any]:
-    outs, out_tags = _interpret(p, call.jaxpr, call.consts, args, tags)
-    box.append(out_tags)
-    return outs
+  fun = _primal(p, call, tags, box)
 
   def jvp(*xs: Any) -> list[Any]:  # jax's lift_jvp, evaluating with the pass
     n = len(xs) // 2
@@ -634,11 +641,7 @@ def _custom_vjp(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -
   num_consts = params["num_consts"]
   fwd_thunk = params["fwd_jaxpr_thunk"]
   box: list[list[Tag | None]] = []
-
-  def fun(*args: Any) -> list[Any]:
-    outs, out_tags = _interpret(p, call.jaxpr, call.consts, args, tags)
-    box.append(out_tags)
-    return outs
+  fun = _primal(p, call, tags, box)
 
   def fwd(*args: Any) -> list[Any]:  # jax's lift_fwd, evaluating with the pass
     vals, nonzeros = args[::2], args[1::2]
