@@ -224,3 +224,12 @@ class GrainBatchSource:
     it, self._it = self._it, None
     if it is not None and hasattr(it, "close"):
       it.close()
+
+
+def one_pass(source: ArraySource, batch_size: int, drop_last: bool = True) -> Any:
+  """Eval batches: one pass in order, without shuffling (the executor's ``eval_data``).
+
+  With ``drop_last`` the incomplete last batch is dropped; otherwise it is kept (smaller).
+  """
+  ds = grain.MapDataset.range(len(source)).batch(batch_size, drop_remainder=drop_last)
+  return ds.map(lambda idx: source.gather(np.asarray(idx)))
