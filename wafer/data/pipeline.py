@@ -184,6 +184,10 @@ class GrainBatchSource:
   def _iterator(self) -> Any:
     ds = self.dataset[self.next_batch:].to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     if self.num_processes > 0:
+      from absl import flags  # grain's worker processes read absl flags; outside an absl app none are parsed
+
+      if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
       ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.num_processes,
                                                        per_worker_buffer_size=self.prefetch))
     return iter(ds)
