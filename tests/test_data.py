@@ -219,3 +219,16 @@ def test_digits_like_mnist():
   img = tr["x"][0].reshape(28, 28)
   assert img[:2].sum() == 0 and img[:, -2:].sum() == 0  # the padding
   assert set(np.unique(tr["label"])) == set(range(10))
+
+
+def test_analyze_input_measures_and_recommends():
+  from wafer.data.analyze import WorkerRate, measure_samples_per_s, recommend_workers
+
+  rates = measure_samples_per_s(lambda w: GrainBatchSource(_src(200), 8, num_workers_per_csx=w), [1, 2],
+                                seconds=0.05, warmup_batches=1)
+  assert [r.num_workers for r in rates] == [1, 2] and all(r.samples_per_s > 0 and r.batches > 0 for r in rates)
+  fake = [WorkerRate(1, 1000.0, 1, 1.0, 0.0), WorkerRate(2, 1900.0, 1, 1.0, 0.0), WorkerRate(4, 3000.0, 1, 1.0, 0.0)]
+  assert recommend_workers(fake, 1500.0)["num_workers_per_csx"] == 2
+  assert recommend_workers(fake, 500.0)["num_workers_per_csx"] == 1
+  worst = recommend_workers(fake, 5000.0)
+  assert worst["num_workers_per_csx"] == 4 and worst["input_bound"]
