@@ -232,3 +232,28 @@ def test_analyze_input_measures_and_recommends():
   assert recommend_workers(fake, 500.0)["num_workers_per_csx"] == 1
   worst = recommend_workers(fake, 5000.0)
   assert worst["num_workers_per_csx"] == 4 and worst["input_bound"]
+
+
+def test_processors_from_input_config(tmp_path):
+  from wafer.config.schema import InputConfig
+  from wafer.data import processors
+
+  cfg = InputConfig(data_processor="MNISTDataProcessor", batch_size=16, shuffle=True, num_workers=2)
+  src = processors.train_source(cfg, seed=3, num_csx=2)
+  assert src.num_workers == 4 and next(src)["x"].shape == (16, 784)
+  ev = list(processors.eval_batches(InputConfig(data_processor="MNISTDataProcessor", batch_size=100, split="val"),
+                                    seed=0))
+  assert len(ev) == 3 and all(b["x"].shape == (100, 784) for b in ev)
+  with pytest.raises(ValueError, match=r"number of CS devices \(4\) must be less than or equal to the model batch"):
+    processors.train_source(cfg.model_copy(update={"batch_size": 2}), seed=0, num_csx=4)
+  with pytest.raises(ValueError, match="did not return any values"):
+    processors.eval_batches(cfg.model_copy(update={"batch_size": 1000, "split": "val"}), seed=0)
+  with pytest.raises(ValueError, match="allowed: BertCSVDynamicMaskDataProcessor"):
+    processors.train_source(cfg.model_copy(update={"data_processor": "Nope"}), seed=0)
+  (tmp_path / "a.jsonl").write_text("".join(
+    json.dumps({"text": d}) + "\n" for d in _docs()))
+  bcfg = InputConfig(data_processor="BertCSVDynamicMaskDataProcessor", data_dir=str(tmp_path / "a.jsonl"),
+                     batch_size=4, max_sequence_length=32, vocab_size=200, shuffle=True)
+  b = next(processors.train_source(bcfg, seed=1, cache_dir=tmp_path / "cache"))
+  assert b["input_ids"].shape == (4, 32) and b["masked_lm_positions"].shape[0] == 4
+  assert any(f.startswith("bert-") for f in os.listdir(tmp_path / "cache"))

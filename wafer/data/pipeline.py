@@ -98,8 +98,10 @@ class _WorkerBatches(grain.MapDataset):
     self.drop_last = drop_last
     self.batches_per_epoch = self.shard_size // batch_size
     if drop_last and self.batches_per_epoch == 0:
-      raise ValueError(f"input worker {worker} of {num_workers} holds {self.shard_size} examples, fewer than "
-                       f"batch_size={batch_size}; use fewer workers, a smaller batch, or drop_last: false")
+      raise ValueError("Iterating the dataloader did not return any values. This is possibly because the dataset "
+                       f"is too small for the specified batch_size or drop_last settings: input worker {worker} of "
+                       f"{num_workers} holds {self.shard_size} examples, fewer than batch_size={batch_size}; use "
+                       "fewer workers, a smaller batch, or drop_last: false")
 
   def __len__(self) -> int:
     return sys.maxsize
