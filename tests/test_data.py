@@ -257,3 +257,40 @@ def test_processors_from_input_config(tmp_path):
   b = next(processors.train_source(bcfg, seed=1, cache_dir=tmp_path / "cache"))
   assert b["input_ids"].shape == (4, 32) and b["masked_lm_positions"].shape[0] == 4
   assert any(f.startswith("bert-") for f in os.listdir(tmp_path / "cache"))
+
+
+def test_executor_resumes_a_grain_pipeline_bit_for_bit(tmp_path, monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  import precision
+  from wafer import cluster
+  from wafer.data.sources import digits_batch_source
+  from wafer.executor import RunSettings, Task, run
+
+  monkeypatch.setattr(cluster, "_LOCKED", [])
+
+  def loss_fn(params, batch):
+    logits = batch["x"] @ params["w"] + params["b"][None]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+
+  task = Task(name="digits_linear", init_params=lambda key: {"w": jnp.zeros((784, 10)), "b": jnp.zeros(10)},
+              loss_fn=loss_fn, batch_size=32,
+              train_data=lambda seed: digits_batch_source(32, seed=seed, num_workers_per_csx=3))
+
+  def go(model_dir, max_steps):
+    monkeypatch.setattr(cluster, "_LOCKED", [])
+    settings = RunSettings(model_dir=str(model_dir), max_steps=max_steps, checkpoint_steps=6, log_steps=1,
+                           progress=False)
+    return run(task, settings, optax.sgd(0.1), precision.DynamicLossScale.create("float32"),
+               precision.Policy(compute="float32"))
+
+  whole = go(tmp_path / "whole", 12)
+  go(tmp_path / "parts", 6)
+  resumed = go(tmp_path / "parts", 12)
+  assert resumed["final_step"] == 12
+  for x, y in zip(jax.tree.leaves(whole["params"]), jax.tree.leaves(resumed["params"])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  losses = [json.loads(line)["loss"] for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+  assert losses[-1] < 0.8 * losses[0]
