@@ -294,3 +294,15 @@ def test_executor_resumes_a_grain_pipeline_bit_for_bit(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   losses = [json.loads(line)["loss"] for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
   assert losses[-1] < 0.8 * losses[0]
+
+
+def test_global_batch_split_across_systems():
+  n, bs = 48, 8  # 2 systems x 2 workers: 4 shards of 12, per-system batches of 4 -> 3 per worker per epoch
+  p = GrainBatchSource(_src(n), bs, seed=4, num_workers_per_csx=2, num_csx=2)
+  assert p.num_workers == 4 and all(w.batch_size == 4 for w in p.workers)
+  batches = [next(p)["id"] for _ in range(6)]  # one epoch: 6 steps x 8 = 48
+  assert sorted(np.concatenate(batches).tolist()) == list(range(n))
+  for k, b in enumerate(batches):  # system c's half comes from worker c * 2 + k % 2
+    assert set((b[:4] % 4).tolist()) == {k % 2} and set((b[4:] % 4).tolist()) == {2 + k % 2}
+  with pytest.raises(ValueError, match="not divisible by num_csx=3"):
+    GrainBatchSource(_src(n), 8, num_csx=3)

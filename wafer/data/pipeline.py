@@ -8,9 +8,11 @@ The model of the Cerebras input workers (``cerebras.md`` section 6):
 - Each worker shuffles its shard with its own seed, derived from the one run seed
   (:func:`worker_seeds`): runs are reproducible and workers differ. The shuffle is grain's
   index shuffle (``MapDataset.seed(s).shuffle()``), reshuffled every epoch.
-- A worker emits whole batches of the global batch size (fixed, ``drop_remainder``); the
-  consumer reads the workers in strict round-robin, so batch ``k`` is worker ``k % W``'s batch
-  ``k // W``. With ``drop_last`` each worker's epoch ends with its last full batch; without it
+- The global batch is split evenly across the ``num_csx`` systems, and each system's workers
+  (``num_workers_per_csx`` of them, ``P``) emit whole per-system batches of ``batch_size /
+  num_csx`` (fixed, ``drop_remainder``). Each system reads its workers in strict round-robin, so
+  step ``k``'s global batch is, for every system ``c``, batch ``k // P`` of its worker
+  ``c * P + k % P``, concatenated in system order (one worker's batch when ``num_csx`` is 1). With ``drop_last`` each worker's epoch ends with its last full batch; without it
   the worker's example stream runs on across the epoch boundary (nothing is dropped).
 - Training data repeats forever.
 
@@ -121,12 +123,14 @@ class _WorkerBatches(grain.MapDataset):
 
 
 class _RoundRobin(grain.MapDataset):
-  """Batch ``k`` = worker ``k % W``'s batch ``k // W``, gathered from the source."""
+  """Step ``k``: for each system ``c``, batch ``k // P`` of worker ``c * P + k % P``, concatenated."""
 
-  def __init__(self, source: ArraySource, workers: Sequence[_WorkerBatches]):
+  def __init__(self, source: ArraySource, workers: Sequence[_WorkerBatches], num_csx: int = 1):
     super().__init__([])
     self.source = source
     self.workers = list(workers)
+    self.num_csx = num_csx
+    self.per_csx = len(self.workers) // num_csx
 
   def __len__(self) -> int:
     return sys.maxsize
@@ -137,8 +141,10 @@ class _RoundRobin(grain.MapDataset):
   def __getitem__(self, index):
     if isinstance(index, slice):
       return self.slice(index)
-    w = len(self.workers)
-    return self.source.gather(self.workers[index % w][index // w])
+    p = self.per_csx
+    k, j = divmod(index, p)
+    idx = [self.workers[c * p + j][k] for c in range(self.num_csx)]
+    return self.source.gather(idx[0] if len(idx) == 1 else np.concatenate(idx))
 
 
 class GrainBatchSource:
@@ -162,6 +168,12 @@ class GrainBatchSource:
                prefetch: int = 4):
     if batch_size < 1:
       raise ValueError(f"batch_size must be a positive integer (got {batch_size})")
+    if num_csx < 1 or batch_size < num_csx:
+      raise ValueError(f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
+                       f"({batch_size}), as the batch is split across the CS devices.")
+    if batch_size % num_csx:
+      raise ValueError(f"batch_size {batch_size} is not divisible by num_csx={num_csx}: batch_size is the global "
+                       "batch, split evenly across systems.")
     self.source = source
     self.batch_size = int(batch_size)
     self.seed = int(seed)
@@ -171,11 +183,13 @@ class GrainBatchSource:
     self.num_processes = int(num_processes)
     self.prefetch = int(prefetch)
     self.seeds = worker_seeds(self.seed, self.num_workers)
+    self.num_csx = int(num_csx)
     self.workers = [
-      _WorkerBatches(len(source), w, self.num_workers, self.seeds[w], self.batch_size, shuffle, drop_last)
+      _WorkerBatches(len(source), w, self.num_workers, self.seeds[w], self.batch_size // self.num_csx, shuffle,
+                     drop_last)
       for w in range(self.num_workers)
     ]
-    self.dataset = _RoundRobin(source, self.workers)
+    self.dataset = _RoundRobin(source, self.workers, self.num_csx)
     self.next_batch = 0
     self._it: Any = None
 
@@ -205,7 +219,7 @@ class GrainBatchSource:
     return batch
 
   def _config(self) -> dict[str, Any]:
-    return {"seed": self.seed, "batch_size": self.batch_size, "num_workers": self.num_workers,
+    return {"seed": self.seed, "batch_size": self.batch_size, "num_workers": self.num_workers, "num_csx": self.num_csx,
             "shuffle": self.shuffle, "drop_last": self.drop_last, "num_examples": len(self.source),
             "source": self.source.fingerprint()}
 
