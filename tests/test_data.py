@@ -1,0 +1,308 @@
+"""Input pipelines: sharding, per-worker seeds, exact resume, sources and example creation."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from wafer.data import bert, text
+from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass, shard_indices, worker_seeds
+from wafer.data.sources import MASK_ID, NUM_SPECIAL, bert_features, digits_features
+
+
+def _src(n: int) -> ArraySource:
+  return ArraySource({"id": np.arange(n), "sq": np.arange(n)[:, None] * np.ones((1, 3), np.int64)})
+
+
+@pytest.mark.parametrize("n,workers", [(100, 1), (101, 3), (64, 4), (7, 7)])
+def test_shards_partition_the_examples(n, workers):
+  shards = [shard_indices(n, w, workers) for w in range(workers)]
+  assert sorted(np.concatenate(shards).tolist()) == list(range(n))
+  assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_each_example_once_per_epoch_across_workers(workers):
+  n, bs = 60, 5  # every shard divides into whole batches: an epoch is exactly n examples
+  p = GrainBatchSource(_src(n), bs, seed=3, num_workers_per_csx=workers)
+  per_epoch = n // bs
+  for _ in range(3):  # three epochs, each a permutation of the data
+    ids = np.concatenate([next(p)["id"] for _ in range(per_epoch)])
+    assert sorted(ids.tolist()) == list(range(n))
+
+
+def test_drop_last_drops_only_each_workers_remainder():
+  n, bs, workers = 23, 4, 2  # shards of 12 and 11: 3 and 2 batches per epoch
+  p = GrainBatchSource(_src(n), bs, seed=0, num_workers_per_csx=workers)
+  w0 = [p.workers[0][j] for j in range(3)]
+  assert len(set(np.concatenate(w0).tolist())) == 12 and set(np.concatenate(w0).tolist()) <= set(range(0, n, 2))
+  w1 = [p.workers[1][j] for j in range(2)]
+  assert len(set(np.concatenate(w1).tolist())) == 8 and set(np.concatenate(w1).tolist()) <= set(range(1, n, 2))
+  # without drop_last the stream runs across the epoch boundary: 24 examples = all 12 of worker 0, then 12 more
+  q = GrainBatchSource(_src(n), bs, seed=0, num_workers_per_csx=workers, drop_last=False)
+  first = np.concatenate([q.workers[0][j] for j in range(3)])
+  assert sorted(first.tolist()) == list(range(0, n, 2))
+
+
+def test_reshuffles_every_epoch_and_differs_from_unshuffled():
+  p = GrainBatchSource(_src(40), 40, seed=1)
+  e0, e1 = next(p)["id"], next(p)["id"]
+  assert sorted(e0.tolist()) == sorted(e1.tolist()) == list(range(40))
+  assert not np.array_equal(e0, e1) and not np.array_equal(e0, np.arange(40))
+  q = GrainBatchSource(_src(40), 40, seed=1, shuffle=False)
+  assert np.array_equal(next(q)["id"], np.arange(40))
+
+
+def test_worker_seeds_reproducible_and_distinct():
+  assert worker_seeds(7, 4) == worker_seeds(7, 4)
+  assert len(set(worker_seeds(7, 8))) == 8
+  assert worker_seeds(7, 4) != worker_seeds(8, 4)
+  assert all(0 <= s < 2**32 for s in worker_seeds(123456789012, 16))
+  # two workers of one run shuffle differently; the same run reproduces its batches
+  a = GrainBatchSource(_src(100), 10, seed=5, num_workers_per_csx=2)
+  b = GrainBatchSource(_src(100), 10, seed=5, num_workers_per_csx=2)
+  c = GrainBatchSource(_src(100), 10, seed=6, num_workers_per_csx=2)
+  ba, bb, bc = ([next(s)["id"] for _ in range(6)] for s in (a, b, c))
+  assert all(np.array_equal(x, y) for x, y in zip(ba, bb))
+  assert not all(np.array_equal(x, y) for x, y in zip(ba, bc))
+  order0 = np.argsort(np.argsort(ba[0]))  # rank pattern of worker 0's first batch vs worker 1's
+  order1 = np.argsort(np.argsort(ba[1]))
+  assert not np.array_equal(order0, order1)
+
+
+@pytest.mark.parametrize("workers,stop", [(1, 0), (1, 5), (3, 7), (4, 13)])
+def test_resume_reproduces_next_batches(workers, stop):
+  kw = dict(seed=11, num_workers_per_csx=workers)
+  ref = GrainBatchSource(_src(97), 8, **kw)
+  expected = [next(ref) for _ in range(stop + 10)][stop:]
+  run = GrainBatchSource(_src(97), 8, **kw)
+  for _ in range(stop):
+    next(run)
+  state = json.loads(json.dumps(run.get_state()))  # JSON round trip, as in a checkpoint
+  resumed = GrainBatchSource(_src(97), 8, **kw)
+  resumed.set_state(state)
+  got = [next(resumed) for _ in range(10)]
+  for e, g in zip(expected, got):
+    assert e.keys() == g.keys() and all(np.array_equal(e[k], g[k]) for k in e)
+  assert resumed.get_state()["next_batch"] == stop + 10
+
+
+def test_resume_refuses_another_pipeline():
+  a = GrainBatchSource(_src(50), 5, seed=1, num_workers_per_csx=2)
+  next(a)
+  with pytest.raises(ValueError, match="different pipeline.*num_workers"):
+    GrainBatchSource(_src(50), 5, seed=1, num_workers_per_csx=3).set_state(a.get_state())
+  with pytest.raises(ValueError, match="version"):
+    a.set_state({"step": 3})
+
+
+def test_fixed_batch_shapes_and_errors():
+  p = GrainBatchSource(_src(13), 4, seed=0, num_workers_per_csx=2)
+  for _ in range(20):
+    b = next(p)
+    assert b["id"].shape == (4,) and b["sq"].shape == (4, 3)
+  with pytest.raises(ValueError, match="fewer than batch_size"):
+    GrainBatchSource(_src(10), 8, num_workers_per_csx=2)
+  with pytest.raises(ValueError, match="differ in number of examples"):
+    ArraySource({"a": np.zeros(3), "b": np.zeros(4)})
+  assert [len(b["id"]) for b in one_pass(_src(10), 4, drop_last=False)] == [4, 4, 2]
+  assert [len(b["id"]) for b in one_pass(_src(10), 4)] == [4, 4]
+
+
+def test_worker_processes_do_not_change_the_output():
+  kw = dict(seed=2, num_workers_per_csx=2)
+  ref = GrainBatchSource(_src(64), 4, **kw)
+  expected = [next(ref)["id"] for _ in range(12)]
+  mp = GrainBatchSource(_src(64), 4, num_processes=2, **kw)
+  try:
+    mp.set_state(ref.get_state() | {"next_batch": 3})  # resume, with worker processes, at batch 3
+    got = expected[:3] + [next(mp)["id"] for _ in range(9)]
+  finally:
+    mp.close()
+  assert all(np.array_equal(e, g) for e, g in zip(expected, got))
+
+
+def _docs() -> list[str]:
+  return [f"Document {d} begins here. " + " ".join(
+    f"Sentence {i} of document {d} talks about topic {(i * d) % 7} and value {i + d}." for i in range(12))
+    for d in range(8)]
+
+
+def test_mlm_nsp_invariants():
+  tok = text.train_wordpiece(_docs(), 200)
+  docs = text.tokenize_documents(tok, _docs())
+  f = bert.create_mlm_nsp_examples(docs, msl=32, vocab_size=tok.get_vocab_size(), cls_id=2, sep_id=3, mask_id=4,
+                                   num_special=5, seed=0, dupe_factor=20)
+  n = len(f["input_ids"])
+  assert n > 100 and f["input_ids"].shape == (n, 32) and f["masked_lm_positions"].shape[0] == n
+  lengths = f["attention_mask"].sum(1)
+  assert np.all(f["input_ids"][:, 0] == 2)
+  assert np.all(f["input_ids"][np.arange(n), lengths - 1] == 3)
+  assert np.all(f["input_ids"][f["attention_mask"] == 0] == 0)
+  w = f["masked_lm_weights"]
+  num = w.sum(1)
+  assert np.all(num == np.minimum(f["masked_lm_positions"].shape[1], np.maximum(1, np.round(lengths * 0.15))))
+  assert abs(num.sum() / lengths.sum() - 0.15) < 0.03
+  pos, labels = f["masked_lm_positions"], f["masked_lm_labels"]
+  real = w > 0
+  assert np.all(pos[~real] == 0) and np.all(labels[~real] == 0)
+  assert np.all(labels[real] >= 5)  # never a special token
+  assert np.all(pos[real] < np.repeat(lengths[:, None], pos.shape[1], 1)[real])
+  got = f["input_ids"][np.arange(n)[:, None].repeat(pos.shape[1], 1)[real], pos[real]]
+  frac_mask = np.mean(got == MASK_ID)
+  frac_kept = np.mean(got == labels[real])
+  assert 0.75 < frac_mask < 0.85 and 0.07 < frac_kept < 0.16
+  # outside the masked positions, inputs are the tokens themselves (specials only at CLS/SEP/PAD)
+  masked = np.zeros_like(f["input_ids"], bool)
+  np.put_along_axis(masked, pos, real, axis=1)
+  unmasked = f["input_ids"][(~masked) & (f["attention_mask"] == 1)]
+  assert set(np.unique(unmasked[unmasked < NUM_SPECIAL]).tolist()) <= {2, 3}
+  nsp = f["next_sentence_label"]
+  assert 0.2 < nsp.mean() < 0.8
+  assert np.all((f["token_type_ids"] == 1).sum(1) > 0)
+
+
+def test_tokenizer_trains_and_caches(tmp_path):
+  tok = text.train_wordpiece(_docs(), 150, tmp_path)
+  files = os.listdir(tmp_path)
+  assert len(files) == 1 and files[0].startswith("wordpiece-150-")
+  assert [tok.token_to_id(t) for t in text.SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+  mtime = os.path.getmtime(tmp_path / files[0])
+  again = text.train_wordpiece(_docs(), 150, tmp_path)
+  assert os.path.getmtime(tmp_path / files[0]) == mtime
+  assert again.encode("sentence of document").ids == tok.encode("sentence of document").ids
+
+
+def test_hdf5_and_csv_round_trip(tmp_path):
+  tok = text.train_wordpiece(_docs(), 200)
+  f = bert.create_mlm_nsp_examples(text.tokenize_documents(tok, _docs()), msl=24, vocab_size=200, cls_id=2,
+                                   sep_id=3, mask_id=4, num_special=5, seed=1)
+  bert.write_hdf5(tmp_path / "a.h5", f)
+  bert.write_csv(tmp_path / "b.csv", f)
+  for got in (bert.read_hdf5(tmp_path / "a.h5"), bert.read_csv(tmp_path / "b.csv")):
+    assert all(np.array_equal(got[k], f[k]) and got[k].dtype == f[k].dtype for k in bert.FEATURES)
+  both = bert_features(tmp_path, msl=24)
+  assert len(both["input_ids"]) == 2 * len(f["input_ids"])
+  with pytest.raises(ValueError, match="max_sequence_length is 128"):
+    bert_features(tmp_path, msl=128)
+  (tmp_path / "c.csv").write_text("input_ids,attention_mask\n[1, 2],1 1\n")
+  with pytest.raises(ValueError, match=r"c\.csv: missing CSV columns \['token_type_ids'"):
+    bert.read_csv(tmp_path / "c.csv")
+
+
+def test_text_sources(tmp_path):
+  (tmp_path / "a.txt").write_text("One. Two.")
+  (tmp_path / "b.jsonl").write_text('{"text": "Three."}\n\n{"text": "Four."}\n')
+  assert text.read_documents(tmp_path) == ["Three.", "Four.", "One. Two."]
+  (tmp_path / "bad.jsonl").write_text('{"txt": 1}\n')
+  with pytest.raises(ValueError, match=r"bad\.jsonl:1: expected an object with a string 'text' field"):
+    text.read_jsonl(tmp_path / "bad.jsonl")
+  assert text.split_sentences("First one. Second one!\n\nThird\n=====\npart") == [
+    "First one.", "Second one!", "Third part"]
+
+
+def test_embedded_corpus_is_real_english():
+  docs = text.embedded_corpus()
+  assert len(docs) > 1000 and sum(map(len, docs)) > 500_000
+  joined = " ".join(docs[:200]).lower()
+  assert all(w in joined for w in (" the ", " is ", " of "))
+
+
+def test_digits_like_mnist():
+  tr, ev = digits_features("train"), digits_features("eval")
+  assert tr["x"].shape[1] == 784 and tr["x"].dtype == np.float32 and tr["label"].dtype == np.int32
+  assert len(tr["x"]) + len(ev["x"]) == 1797
+  assert 0.0 <= tr["x"].min() and tr["x"].max() == 1.0
+  img = tr["x"][0].reshape(28, 28)
+  assert img[:2].sum() == 0 and img[:, -2:].sum() == 0  # the padding
+  assert set(np.unique(tr["label"])) == set(range(10))
+
+
+def test_analyze_input_measures_and_recommends():
+  from wafer.data.analyze import WorkerRate, measure_samples_per_s, recommend_workers
+
+  rates = measure_samples_per_s(lambda w: GrainBatchSource(_src(200), 8, num_workers_per_csx=w), [1, 2],
+                                seconds=0.05, warmup_batches=1)
+  assert [r.num_workers for r in rates] == [1, 2] and all(r.samples_per_s > 0 and r.batches > 0 for r in rates)
+  fake = [WorkerRate(1, 1000.0, 1, 1.0, 0.0), WorkerRate(2, 1900.0, 1, 1.0, 0.0), WorkerRate(4, 3000.0, 1, 1.0, 0.0)]
+  assert recommend_workers(fake, 1500.0)["num_workers_per_csx"] == 2
+  assert recommend_workers(fake, 500.0)["num_workers_per_csx"] == 1
+  worst = recommend_workers(fake, 5000.0)
+  assert worst["num_workers_per_csx"] == 4 and worst["input_bound"]
+
+
+def test_processors_from_input_config(tmp_path):
+  from wafer.config.schema import InputConfig
+  from wafer.data import processors
+
+  cfg = InputConfig(data_processor="MNISTDataProcessor", batch_size=16, shuffle=True, num_workers=2)
+  src = processors.train_source(cfg, seed=3, num_csx=2)
+  assert src.num_workers == 4 and next(src)["x"].shape == (16, 784)
+  ev = list(processors.eval_batches(InputConfig(data_processor="MNISTDataProcessor", batch_size=100, split="val"),
+                                    seed=0))
+  assert len(ev) == 3 and all(b["x"].shape == (100, 784) for b in ev)
+  with pytest.raises(ValueError, match=r"number of CS devices \(4\) must be less than or equal to the model batch"):
+    processors.train_source(cfg.model_copy(update={"batch_size": 2}), seed=0, num_csx=4)
+  with pytest.raises(ValueError, match="did not return any values"):
+    processors.eval_batches(cfg.model_copy(update={"batch_size": 1000, "split": "val"}), seed=0)
+  with pytest.raises(ValueError, match="allowed: BertCSVDynamicMaskDataProcessor"):
+    processors.train_source(cfg.model_copy(update={"data_processor": "Nope"}), seed=0)
+  (tmp_path / "a.jsonl").write_text("".join(
+    json.dumps({"text": d}) + "\n" for d in _docs()))
+  bcfg = InputConfig(data_processor="BertCSVDynamicMaskDataProcessor", data_dir=str(tmp_path / "a.jsonl"),
+                     batch_size=4, max_sequence_length=32, vocab_size=200, shuffle=True)
+  b = next(processors.train_source(bcfg, seed=1, cache_dir=tmp_path / "cache"))
+  assert b["input_ids"].shape == (4, 32) and b["masked_lm_positions"].shape[0] == 4
+  assert any(f.startswith("bert-") for f in os.listdir(tmp_path / "cache"))
+
+
+def test_executor_resumes_a_grain_pipeline_bit_for_bit(tmp_path, monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  import precision
+  from wafer import cluster
+  from wafer.data.sources import digits_batch_source
+  from wafer.executor import RunSettings, Task, run
+
+  monkeypatch.setattr(cluster, "_LOCKED", [])
+
+  def loss_fn(params, batch):
+    logits = batch["x"] @ params["w"] + params["b"][None]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+
+  task = Task(name="digits_linear", init_params=lambda key: {"w": jnp.zeros((784, 10)), "b": jnp.zeros(10)},
+              loss_fn=loss_fn, batch_size=32,
+              train_data=lambda seed: digits_batch_source(32, seed=seed, num_workers_per_csx=3))
+
+  def go(model_dir, max_steps):
+    monkeypatch.setattr(cluster, "_LOCKED", [])
+    settings = RunSettings(model_dir=str(model_dir), max_steps=max_steps, checkpoint_steps=6, log_steps=1,
+                           progress=False)
+    return run(task, settings, optax.sgd(0.1), precision.DynamicLossScale.create("float32"),
+               precision.Policy(compute="float32"))
+
+  whole = go(tmp_path / "whole", 12)
+  go(tmp_path / "parts", 6)
+  resumed = go(tmp_path / "parts", 12)
+  assert resumed["final_step"] == 12
+  for x, y in zip(jax.tree.leaves(whole["params"]), jax.tree.leaves(resumed["params"])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  losses = [json.loads(line)["loss"] for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+  assert losses[-1] < 0.8 * losses[0]
+
+
+def test_global_batch_split_across_systems():
+  n, bs = 48, 8  # 2 systems x 2 workers: 4 shards of 12, per-system batches of 4 -> 3 per worker per epoch
+  p = GrainBatchSource(_src(n), bs, seed=4, num_workers_per_csx=2, num_csx=2)
+  assert p.num_workers == 4 and all(w.batch_size == 4 for w in p.workers)
+  batches = [next(p)["id"] for _ in range(6)]  # one epoch: 6 steps x 8 = 48
+  assert sorted(np.concatenate(batches).tolist()) == list(range(n))
+  for k, b in enumerate(batches):  # system c's half comes from worker c * 2 + k % 2
+    assert set((b[:4] % 4).tolist()) == {k % 2} and set((b[4:] % 4).tolist()) == {2 + k % 2}
+  with pytest.raises(ValueError, match="not divisible by num_csx=3"):
+    GrainBatchSource(_src(n), 8, num_csx=3)

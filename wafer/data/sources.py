@@ -1,0 +1,101 @@
+"""Ready-made sources: BERT MLM+NSP features (pre-tokenised, text, embedded) and the digits for fc_mnist.
+
+Every function returns a dict of NumPy arrays (first axis = examples) to wrap in an
+:class:`~wafer.data.pipeline.ArraySource`; :func:`bert_batch_source` and :func:`digits_batch_source`
+go on to the executor's ``BatchSource``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from wafer.data import bert, text
+from wafer.data.pipeline import ArraySource, GrainBatchSource
+
+CLS_ID, SEP_ID, MASK_ID, NUM_SPECIAL = 2, 3, 4, 5  # positions in text.SPECIAL_TOKENS
+
+
+def bert_features_from_text(docs: list[str], *, msl: int, vocab_size: int, cache_dir: str | os.PathLike | None,
+                            seed: int = 0, dupe_factor: int = 1) -> dict[str, np.ndarray]:
+  """Train (or load) the WordPiece tokenizer on ``docs``, then create MLM+NSP examples.
+
+  With a ``cache_dir`` the examples are cached there as HDF5 (keyed by the corpus hash, MSL,
+  vocabulary size, seed and dupe factor), so a second run skips tokenisation.
+  """
+  path = None
+  if cache_dir is not None:
+    key = f"{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-s{seed}-d{dupe_factor}"
+    path = os.path.join(os.fspath(cache_dir), f"bert-{key}.h5")
+    if os.path.isfile(path):
+      return bert.read_hdf5(path)
+  tok = text.train_wordpiece(docs, vocab_size, cache_dir)
+  feats = bert.create_mlm_nsp_examples(
+    text.tokenize_documents(tok, docs), msl=msl, vocab_size=tok.get_vocab_size(), cls_id=CLS_ID, sep_id=SEP_ID,
+    mask_id=MASK_ID, num_special=NUM_SPECIAL, seed=seed, dupe_factor=dupe_factor)
+  if path is not None:
+    tmp = path + ".tmp"
+    bert.write_hdf5(tmp, feats)
+    os.replace(tmp, path)
+  return feats
+
+
+def bert_features(data_dir: str | os.PathLike | None, *, msl: int, vocab_size: int = 8192,
+                  cache_dir: str | os.PathLike | None = None, seed: int = 0,
+                  dupe_factor: int = 1) -> dict[str, np.ndarray]:
+  """BERT features from pre-tokenised HDF5/CSV, from text (.txt / .jsonl), or the embedded corpus (None)."""
+  if data_dir is not None:
+    path = os.fspath(data_dir)
+    names = [path] if os.path.isfile(path) else (os.listdir(path) if os.path.isdir(path) else [])
+    if any(n.endswith((".h5", ".hdf5", ".csv")) for n in names):
+      feats = bert.read_features(path)
+      if feats["input_ids"].shape[1] != msl:
+        raise ValueError(f"{path}: sequences have length {feats['input_ids'].shape[1]}, but "
+                         f"max_sequence_length is {msl}")
+      return feats
+  return bert_features_from_text(text.read_documents(data_dir), msl=msl, vocab_size=vocab_size,
+                                 cache_dir=cache_dir, seed=seed, dupe_factor=dupe_factor)
+
+
+def digits_features(split: str = "train", eval_fraction: float = 0.2) -> dict[str, np.ndarray]:
+  """scikit-learn's bundled handwritten digits (1,797 images, 8x8), shaped like MNIST for fc_mnist.
+
+  Each 8x8 image (values 0..16) is upscaled 3x (nearest) to 24x24 and padded by 2 pixels to
+  28x28, as MNIST centres a 20x20 digit in 28x28; then flattened to 784 values in [0, 1].
+  A fixed permutation splits ``train`` from ``eval``.
+
+  Returns:
+    ``{"x": float32 [N, 784], "label": int32 [N]}``.
+  """
+  from sklearn.datasets import load_digits
+
+  if split not in ("train", "eval"):
+    raise ValueError(f"split must be 'train' or 'eval' (got {split!r})")
+  d = load_digits()
+  images = d.images.astype(np.float32) / 16.0
+  images = np.repeat(np.repeat(images, 3, axis=1), 3, axis=2)
+  images = np.pad(images, ((0, 0), (2, 2), (2, 2)))
+  order = np.random.default_rng(0).permutation(len(images))
+  n_eval = int(round(len(images) * eval_fraction))
+  idx = order[n_eval:] if split == "train" else order[:n_eval]
+  return {"x": images[idx].reshape(len(idx), 784), "label": d.target[idx].astype(np.int32)}
+
+
+def bert_batch_source(data_dir: str | os.PathLike | None, batch_size: int, *, msl: int = 128, seed: int = 0,
+                      num_workers_per_csx: int = 0, num_csx: int = 1, shuffle: bool = True, drop_last: bool = True,
+                      vocab_size: int = 8192, cache_dir: str | os.PathLike | None = None,
+                      num_processes: int = 0) -> GrainBatchSource:
+  """The BERT MLM+NSP training pipeline as the executor's ``BatchSource``."""
+  feats = bert_features(data_dir, msl=msl, vocab_size=vocab_size, cache_dir=cache_dir, seed=seed)
+  return GrainBatchSource(ArraySource(feats, name=str(data_dir or "embedded corpus")), batch_size, seed=seed,
+                          num_workers_per_csx=num_workers_per_csx, num_csx=num_csx, shuffle=shuffle,
+                          drop_last=drop_last, num_processes=num_processes)
+
+
+def digits_batch_source(batch_size: int, *, split: str = "train", seed: int = 0, num_workers_per_csx: int = 0,
+                        num_csx: int = 1, shuffle: bool = True, drop_last: bool = True) -> GrainBatchSource:
+  """fc_mnist's digits as the executor's ``BatchSource``."""
+  return GrainBatchSource(ArraySource(digits_features(split), name=f"digits/{split}"), batch_size, seed=seed,
+                          num_workers_per_csx=num_workers_per_csx, num_csx=num_csx, shuffle=shuffle,
+                          drop_last=drop_last)

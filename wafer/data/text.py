@@ -1,0 +1,172 @@
+"""Text sources, the embedded default corpus, and a locally trained WordPiece tokenizer.
+
+**Why this embedded corpus.** The default job must run on a fresh machine with no download.
+Every CPython installation ships English prose: the help topics of ``pydoc_data.topics`` (the
+language reference, about 0.8 MB) and the docstrings of the standard library. It is real,
+edited English (sentences, paragraphs, a technical vocabulary), which is what MLM and NSP need,
+unlike licence files or generated text. The docstrings are read with :mod:`ast` from the source
+files of a fixed list of modules, never by importing them (no side effects, and quick). The text
+depends on the Python version, so the cached tokenizer's name carries a hash of the corpus.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import re
+import sysconfig
+from collections.abc import Iterable, Sequence
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+# Well-documented pure-Python standard-library modules (files under the stdlib directory).
+_DOC_MODULES = (
+  "argparse", "ast", "asyncio/base_events", "asyncio/events", "asyncio/tasks", "base64", "bisect", "calendar",
+  "collections/__init__", "concurrent/futures/_base", "configparser", "contextlib", "copy", "csv", "dataclasses",
+  "datetime", "decimal", "difflib", "doctest", "email/message", "enum", "fractions", "ftplib", "functools",
+  "getopt", "gettext", "glob", "heapq", "http/client", "http/server", "imaplib", "inspect", "ipaddress",
+  "json/__init__", "json/decoder", "json/encoder", "logging/__init__", "logging/handlers", "mailbox",
+  "multiprocessing/pool", "numbers", "optparse", "os", "pathlib", "pdb", "pickle", "pickletools", "pprint",
+  "pydoc", "queue", "random", "shlex", "shutil", "smtplib", "socket", "socketserver", "statistics", "string",
+  "subprocess", "tarfile", "tempfile", "textwrap", "threading", "tkinter/__init__", "traceback", "typing",
+  "unittest/case", "unittest/mock", "urllib/parse", "urllib/request", "uuid", "warnings", "weakref",
+  "xml/dom/minidom", "xml/etree/ElementTree", "zipfile/__init__", "zipfile",
+)
+
+
+def _docstrings(path: str) -> list[str]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+  except (OSError, SyntaxError, UnicodeDecodeError):
+    return []
+  nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+  docs = [ast.get_docstring(n) for n in nodes]
+  return [d for d in docs if d and len(d) > 80]
+
+
+def embedded_corpus() -> list[str]:
+  """Documents of the embedded corpus: ``pydoc_data`` help topics, then standard-library docstrings."""
+  from pydoc_data.topics import topics
+
+  docs = [topics[k] for k in sorted(topics)]
+  stdlib = sysconfig.get_paths()["stdlib"]
+  for mod in _DOC_MODULES:
+    path = os.path.join(stdlib, mod + ".py")
+    if os.path.isfile(path):
+      docs.extend(_docstrings(path))
+  return docs
+
+
+def read_text_dir(path: str | os.PathLike) -> list[str]:
+  """Documents from a directory of ``*.txt`` files (one document per file, sorted by name)."""
+  path = os.fspath(path)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"text directory not found: {path}")
+  files = sorted(f for f in os.listdir(path) if f.endswith(".txt"))
+  if not files:
+    raise FileNotFoundError(f"no *.txt files in {path}")
+  docs = []
+  for name in files:
+    with open(os.path.join(path, name), encoding="utf-8") as f:
+      docs.append(f.read())
+  return docs
+
+
+def read_jsonl(path: str | os.PathLike, key: str = "text") -> list[str]:
+  """Documents from a JSONL file, one ``{"text": ...}`` object a line (blank lines skipped)."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"JSONL file not found: {path}")
+  docs = []
+  with open(path, encoding="utf-8") as f:
+    for line_no, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        obj = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{line_no}: not valid JSON: {e}") from e
+      if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
+        raise ValueError(f"{path}:{line_no}: expected an object with a string {key!r} field")
+      docs.append(obj[key])
+  return docs
+
+
+def read_documents(data_dir: str | os.PathLike | None) -> list[str]:
+  """Documents from ``data_dir``: a ``.jsonl`` file, a directory of ``.txt``/``.jsonl`` files, or None (embedded)."""
+  if data_dir is None:
+    return embedded_corpus()
+  path = os.fspath(data_dir)
+  if os.path.isfile(path):
+    if path.endswith(".jsonl"):
+      return read_jsonl(path)
+    if path.endswith(".txt"):
+      with open(path, encoding="utf-8") as f:
+        return [f.read()]
+    raise ValueError(f"{path}: text data must be a .txt or .jsonl file, or a directory of them")
+  if os.path.isdir(path):
+    jsonl = sorted(f for f in os.listdir(path) if f.endswith(".jsonl"))
+    docs = [d for f in jsonl for d in read_jsonl(os.path.join(path, f))]
+    if any(f.endswith(".txt") for f in os.listdir(path)):
+      docs += read_text_dir(path)
+    if not docs:
+      raise FileNotFoundError(f"no *.txt or *.jsonl files in {path}")
+    return docs
+  raise FileNotFoundError(f"text data not found: {path}")
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])|\n\s*\n")
+_RULE = re.compile(r"^([-=*~^_+#.:])\1{2,}$")  # reST heading underlines and rules
+
+
+def split_sentences(doc: str) -> list[str]:
+  """Sentences of a document: split after ``.!?`` before a capital, and at blank lines."""
+  sents = (" ".join(w for w in p.split() if not _RULE.match(w)) for p in _SENTENCE_END.split(doc))
+  return [s for s in sents if s]
+
+
+def corpus_hash(docs: Sequence[str]) -> str:
+  h = hashlib.sha256()
+  for d in docs:
+    h.update(d.encode("utf-8", "replace"))
+    h.update(b"\0")
+  return h.hexdigest()[:12]
+
+
+def train_wordpiece(docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None = None):
+  """A lowercase BERT WordPiece tokenizer trained on ``docs``, cached as ``cache_dir/wordpiece-V-HASH.json``.
+
+  Returns:
+    A ``tokenizers.Tokenizer``; ids 0..4 are ``[PAD] [UNK] [CLS] [SEP] [MASK]``.
+  """
+  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+  path = None
+  if cache_dir is not None:
+    path = os.path.join(os.fspath(cache_dir), f"wordpiece-{vocab_size}-{corpus_hash(docs)}.json")
+    if os.path.isfile(path):
+      return Tokenizer.from_file(path)
+  tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+  tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tok.decoder = decoders.WordPiece()
+  trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+  tok.train_from_iterator(docs, trainer=trainer)
+  if path is not None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    tok.save(tmp)
+    os.replace(tmp, path)
+  return tok
+
+
+def tokenize_documents(tok, docs: Iterable[str]) -> list[list[list[int]]]:
+  """Documents as lists of sentences of token ids."""
+  out = []
+  for doc in docs:
+    sents = split_sentences(doc)
+    if sents:
+      out.append([e.ids for e in tok.encode_batch(sents, add_special_tokens=False)])
+  return out
