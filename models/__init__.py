@@ -12,5 +12,6 @@ precision_opt_level 2, and at level 1 with cbfloat16).
 
 from models import bert as bert
 from models import fc_mnist as fc_mnist
+from models import gpt2 as gpt2
 
-__all__ = ("bert", "fc_mnist")
+__all__ = ("bert", "fc_mnist", "gpt2")

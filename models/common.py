@@ -67,6 +67,9 @@ def dot_product_attention(
 class MultiHeadAttention(nnx.Module):
   """Self-attention with separate q, k, v projections and an output projection.
 
+  ``use_bias`` is the q/k/v projections' bias; ``use_output_bias`` the output projection's
+  (defaults to ``use_bias``).
+
   Shapes: x float32[batch, seq, hidden], mask bool[batch, seq, seq] -> float32[batch, seq, hidden].
   """
 
@@ -77,6 +80,7 @@ class MultiHeadAttention(nnx.Module):
       *,
       dropout_rate: float,
       use_bias: bool = True,
+      use_output_bias: bool | None = None,
       kernel_init: Any,
       output_init: Any | None = None,
       rngs: nnx.Rngs,
@@ -90,7 +94,8 @@ class MultiHeadAttention(nnx.Module):
     self.key = nnx.Linear(hidden_size, hidden_size, **dense)
     self.value = nnx.Linear(hidden_size, hidden_size, **dense)
     self.output = nnx.Linear(
-      hidden_size, hidden_size, use_bias=use_bias, kernel_init=output_init or kernel_init,
+      hidden_size, hidden_size, use_bias=use_bias if use_output_bias is None else use_output_bias,
+      kernel_init=output_init or kernel_init,
       bias_init=bias_init, rngs=rngs,
     )
     self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
