@@ -13,5 +13,19 @@ precision_opt_level 2, and at level 1 with cbfloat16).
 from models import bert as bert
 from models import fc_mnist as fc_mnist
 from models import gpt2 as gpt2
+from models.common import abstract_parameter_count as abstract_parameter_count
+from models.common import parameter_count as parameter_count
+from models.zoo import abstract_model as abstract_model
+from models.zoo import build_model as build_model
+from models.zoo import loss_function as loss_function
 
-__all__ = ("bert", "fc_mnist", "gpt2")
+__all__ = (
+  "abstract_model",
+  "abstract_parameter_count",
+  "bert",
+  "build_model",
+  "fc_mnist",
+  "gpt2",
+  "loss_function",
+  "parameter_count",
+)
