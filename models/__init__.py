@@ -17,6 +17,7 @@ from models.common import abstract_parameter_count as abstract_parameter_count
 from models.common import parameter_count as parameter_count
 from models.zoo import abstract_model as abstract_model
 from models.zoo import build_model as build_model
+from models.zoo import functional as functional
 from models.zoo import loss_function as loss_function
 
 __all__ = (
@@ -25,6 +26,7 @@ __all__ = (
   "bert",
   "build_model",
   "fc_mnist",
+  "functional",
   "gpt2",
   "loss_function",
   "parameter_count",

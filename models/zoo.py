@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from models.bert.model import BertConfig, BertForPreTraining, bert_loss
@@ -51,3 +52,33 @@ def loss_function(config: ModelConfig) -> Loss:
 def abstract_model(config: ModelConfig) -> Any:
   """The model with abstract (shape-only) parameters: no memory, for counts and cost models."""
   return nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
+
+
+def functional(config: ModelConfig) -> tuple[Callable[[jax.Array], Any], Callable[[Any, Any], jax.Array]]:
+  """``(init_params, loss_fn)`` in the executor's `Task` form, with dropout off (eval mode).
+
+  ``init_params(key) -> nnx.State`` of the float32 ``nnx.Param`` leaves; ``loss_fn(params,
+  batch) -> float32 scalar``. Dropout is off because a pure ``loss_fn(params, batch)`` has no
+  per-step key; wiring one in (e.g. a ``dropout_key`` batch entry) is left to the Task builders.
+  """
+  template = nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
+  template.eval()
+  graphdef, _, abstract_rest = nnx.split(template, nnx.Param, ...)
+  loss = loss_function(config)
+
+  def init_params(key: jax.Array) -> Any:
+    model = build_model(config, rngs=nnx.Rngs(params=key, dropout=0))
+    model.eval()
+    return nnx.split(model, nnx.Param, ...)[1]
+
+  def concrete(leaf: jax.ShapeDtypeStruct) -> jax.Array:  # RNG stream keys and counts (unused in eval)
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      return jax.random.split(jax.random.key(0), leaf.shape) if leaf.shape else jax.random.key(0)
+    return jnp.zeros(leaf.shape, leaf.dtype)
+
+  rest = jax.tree.map(concrete, abstract_rest)
+
+  def loss_fn(params: Any, batch: Any) -> jax.Array:
+    return loss(nnx.merge(graphdef, params, rest), batch)
+
+  return init_params, loss_fn

@@ -288,3 +288,15 @@ def test_attention_softmax_fp32_maps_to_the_policy(level, fp16_type, softmax_fp3
     overrides.append(f"model.attention_softmax_fp32={str(softmax_fp32).lower()}")
   params = load_params(_config("bert", "params_bert_tiny.yaml"), overrides)
   assert params.policy().rule("attention_softmax") == rule
+
+
+def test_functional_form_for_the_executor():
+  """``(init_params, loss_fn)`` as `wafer.executor.Task` wants them: pure, keyed, float32 params."""
+  params, batch = _tiny("gpt2")
+  init_params, loss_fn = models.functional(params.model)
+  a, b = init_params(jax.random.key(0)), init_params(jax.random.key(1))
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(a))
+  assert sum(x.size for x in jax.tree.leaves(a)) == _count(params.model)
+  la, lb = jax.jit(loss_fn)(a, batch), jax.jit(loss_fn)(b, batch)
+  assert np.isfinite(float(la)) and float(la) != float(lb)
+  assert float(jax.jit(loss_fn)(a, batch)) == float(la)  # deterministic: dropout off
