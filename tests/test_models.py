@@ -91,7 +91,9 @@ PUBLISHED = [
 
 
 _COUNTS: dict[str, int] = {}
-_LOSS_KEYS = {"mlm_loss_weight", "mlm_loss_scaling", "loss_scaling", "loss_weight", "fp16_type", "mixed_precision"}
+_LOSS_KEYS = {
+  "mlm_loss_weight", "mlm_loss_scaling", "loss_scaling", "loss_weight", "fp16_type", "mixed_precision"
+}
 
 
 def _count(config) -> int:
@@ -239,7 +241,8 @@ def test_bert_is_post_ln_and_heads_are_tied():
   np.testing.assert_allclose(jnp.mean(hidden, axis=-1), 0.0, atol=1e-4)
   np.testing.assert_allclose(jnp.var(hidden, axis=-1), 1.0, rtol=1e-2)
   assert model.mlm_decoder is None  # the decoder is the word embedding matrix
-  mlm, nsp = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_lm_positions"])
+  ids, types, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+  mlm, nsp = model(ids, types, mask, batch["masked_lm_positions"])
   assert mlm.shape == (4, 5, 512) and nsp is not None and nsp.shape == (4, 2)
   no_nsp, _ = _tiny_model("bert", disable_nsp=True)
   assert no_nsp(batch["input_ids"])[1] is None
@@ -247,8 +250,7 @@ def test_bert_is_post_ln_and_heads_are_tied():
 
 def test_bert_mlm_loss_counts_only_masked_positions():
   model, batch = _tiny_model("bert", disable_nsp=True)
-  loss = models.loss_function(model_config := bert.BertConfig(mlm_loss_scaling="num_masked"))
-  del model_config
+  loss = models.loss_function(bert.BertConfig(mlm_loss_scaling="num_masked"))
   full = loss(model, batch)
   weights = batch["masked_lm_mask"].at[:, 3:].set(0.0)
   other_labels = batch["labels"].at[:, 3:].set(0)

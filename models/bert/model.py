@@ -107,7 +107,10 @@ class BertForPreTraining(nnx.Module):
     self.pooler_nonlinearity = c.pooler_nonlinearity or "tanh"
 
   def encode(
-      self, input_ids: jax.Array, token_type_ids: jax.Array | None = None, attention_mask: jax.Array | None = None
+      self,
+      input_ids: jax.Array,
+      token_type_ids: jax.Array | None = None,
+      attention_mask: jax.Array | None = None,
   ) -> jax.Array:
     """int32[batch, seq] inputs -> hidden states float32[batch, seq, hidden]."""
     positions = jnp.arange(input_ids.shape[1], dtype=jnp.int32)
@@ -169,7 +172,10 @@ def bert_loss(
   ``mlm_loss_weight`` ~ 1 / masked tokens per sequence). NSP: mean cross-entropy.
   """
   mlm_logits, nsp_logits = model(
-    batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"), batch.get("masked_lm_positions")
+    batch["input_ids"],
+    batch.get("token_type_ids"),
+    batch.get("attention_mask"),
+    batch.get("masked_lm_positions"),
   )
   weights = batch["masked_lm_mask"].astype(jnp.float32)
   mlm_sum = jnp.sum(cross_entropy(mlm_logits, batch["labels"]) * weights)

@@ -63,7 +63,9 @@ class GPT2Config(ModelConfig):
         return 0.02 / math.sqrt(2 * self.num_hidden_layers)
       return 0.02
     if spec.get("name") not in ("normal", "truncated_normal"):
-      raise ValueError(f"model.{which}.name: only normal and truncated_normal are supported, got {spec.get('name')!r}")
+      raise ValueError(
+        f"model.{which}.name: only normal and truncated_normal are supported, got {spec.get('name')!r}"
+      )
     return float(spec.get("std", 0.02))
 
 
