@@ -42,7 +42,7 @@ def truncated_normal(std: float) -> Any:
 
 
 def dot_product_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, dropout: nnx.Dropout | None = None
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, dropout: nnx.Dropout | None = None
 ) -> jax.Array:
   """Scaled dot-product attention.
 
@@ -74,29 +74,32 @@ class MultiHeadAttention(nnx.Module):
   """
 
   def __init__(
-      self,
-      hidden_size: int,
-      num_heads: int,
-      *,
-      dropout_rate: float,
-      use_bias: bool = True,
-      use_output_bias: bool | None = None,
-      kernel_init: Any,
-      output_init: Any | None = None,
-      rngs: nnx.Rngs,
+    self,
+    hidden_size: int,
+    num_heads: int,
+    *,
+    dropout_rate: float,
+    use_bias: bool = True,
+    use_output_bias: bool | None = None,
+    kernel_init: Any,
+    output_init: Any | None = None,
+    rngs: nnx.Rngs,
   ):
     if hidden_size % num_heads:
       raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
     self.num_heads = num_heads
     bias_init = nnx.initializers.zeros_init()
-    dense = dict(use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init, rngs=rngs)
+    dense = {"use_bias": use_bias, "kernel_init": kernel_init, "bias_init": bias_init, "rngs": rngs}
     self.query = nnx.Linear(hidden_size, hidden_size, **dense)
     self.key = nnx.Linear(hidden_size, hidden_size, **dense)
     self.value = nnx.Linear(hidden_size, hidden_size, **dense)
     self.output = nnx.Linear(
-      hidden_size, hidden_size, use_bias=use_bias if use_output_bias is None else use_output_bias,
+      hidden_size,
+      hidden_size,
+      use_bias=use_bias if use_output_bias is None else use_output_bias,
       kernel_init=output_init or kernel_init,
-      bias_init=bias_init, rngs=rngs,
+      bias_init=bias_init,
+      rngs=rngs,
     )
     self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
 

@@ -92,7 +92,12 @@ PUBLISHED = [
 
 _COUNTS: dict[str, int] = {}
 _LOSS_KEYS = {
-  "mlm_loss_weight", "mlm_loss_scaling", "loss_scaling", "loss_weight", "fp16_type", "mixed_precision"
+  "mlm_loss_weight",
+  "mlm_loss_scaling",
+  "loss_scaling",
+  "loss_weight",
+  "fp16_type",
+  "mixed_precision",
 }
 
 
@@ -231,6 +236,26 @@ def test_bert_attention_mask_hides_padding():
   a, b = model.encode(ids, types, mask), model.encode(changed, types, mask)
   np.testing.assert_allclose(a[:, :24], b[:, :24], rtol=1e-5, atol=1e-5)
   assert not np.allclose(model.encode(ids, types, None)[:, :24], model.encode(changed, types, None)[:, :24])
+
+
+def test_bert_layer_is_post_ln():
+  """``h = LN(x + Attn(x))``, ``out = LN(h + FFN(h))`` (the original BERT), not pre-LN."""
+  model, _ = _tiny_model("bert")
+  layer = model.layers[0]
+  x = jax.random.normal(jax.random.key(3), (2, 8, 128), jnp.float32)
+  h = layer.attention_norm(x + layer.attention(x, None))
+  expected = layer.ffn_norm(h + layer.ffn_out(jax.nn.gelu(layer.ffn_in(h), approximate=False)))
+  np.testing.assert_allclose(layer(x, None), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_gpt2_block_is_pre_ln():
+  model, _ = _tiny_model("gpt2")
+  block = model.layers[0]
+  x = jax.random.normal(jax.random.key(3), (2, 8, 128), jnp.float32)
+  mask = jnp.broadcast_to(jnp.tril(jnp.ones((8, 8), jnp.bool_))[None], (2, 8, 8))
+  h = x + block.attention(block.attention_norm(x), mask)
+  expected = h + block.ffn_out(jax.nn.gelu(block.ffn_in(block.ffn_norm(h)), approximate=False))
+  np.testing.assert_allclose(block(x, mask), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_bert_is_post_ln_and_heads_are_tied():

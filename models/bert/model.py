@@ -96,7 +96,8 @@ class BertForPreTraining(nnx.Module):
     self.mlm_dense = nnx.Linear(d, d, kernel_init=init, rngs=rngs)
     self.mlm_norm = nnx.LayerNorm(d, epsilon=c.layer_norm_epsilon, rngs=rngs)
     self.mlm_decoder = (
-      None if c.share_embedding_weights
+      None
+      if c.share_embedding_weights
       else nnx.Linear(d, c.vocab_size, use_bias=False, kernel_init=init, rngs=rngs)
     )
     self.mlm_bias = nnx.Param(jnp.zeros((c.vocab_size,), jnp.float32))
@@ -107,10 +108,10 @@ class BertForPreTraining(nnx.Module):
     self.pooler_nonlinearity = c.pooler_nonlinearity or "tanh"
 
   def encode(
-      self,
-      input_ids: jax.Array,
-      token_type_ids: jax.Array | None = None,
-      attention_mask: jax.Array | None = None,
+    self,
+    input_ids: jax.Array,
+    token_type_ids: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
   ) -> jax.Array:
     """int32[batch, seq] inputs -> hidden states float32[batch, seq, hidden]."""
     positions = jnp.arange(input_ids.shape[1], dtype=jnp.int32)
@@ -136,11 +137,11 @@ class BertForPreTraining(nnx.Module):
     return logits + bias.reshape((1,) * (logits.ndim - 1) + bias.shape)
 
   def __call__(
-      self,
-      input_ids: jax.Array,
-      token_type_ids: jax.Array | None = None,
-      attention_mask: jax.Array | None = None,
-      masked_lm_positions: jax.Array | None = None,
+    self,
+    input_ids: jax.Array,
+    token_type_ids: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+    masked_lm_positions: jax.Array | None = None,
   ) -> tuple[jax.Array, jax.Array | None]:
     """Returns (mlm_logits float32[batch, P, vocab], nsp_logits float32[batch, 2] or None)."""
     hidden = self.encode(input_ids, token_type_ids, attention_mask)
@@ -154,11 +155,11 @@ class BertForPreTraining(nnx.Module):
 
 
 def bert_loss(
-    model: BertForPreTraining,
-    batch: dict[str, jax.Array],
-    *,
-    mlm_loss_weight: float = 1.0,
-    mlm_loss_scaling: str = "num_masked",
+  model: BertForPreTraining,
+  batch: dict[str, jax.Array],
+  *,
+  mlm_loss_weight: float = 1.0,
+  mlm_loss_scaling: str = "num_masked",
 ) -> jax.Array:
   """MLM + NSP pre-training loss (float32 scalar).
 
@@ -191,14 +192,12 @@ def bert_loss(
 
 
 def random_batch(
-    key: jax.Array, batch_size: int, seq_len: int, vocab_size: int, max_predictions: int
+  key: jax.Array, batch_size: int, seq_len: int, vocab_size: int, max_predictions: int
 ) -> dict[str, jax.Array]:
   """A synthetic batch in the shape of modelzoo's BERT features (for tests and smoke runs)."""
   k1, k2, k3, k4 = jax.random.split(key, 4)
   input_ids = jax.random.randint(k1, (batch_size, seq_len), 0, vocab_size, jnp.int32)
-  positions = jnp.sort(
-    jax.random.permutation(k2, jnp.arange(seq_len, dtype=jnp.int32))[:max_predictions]
-  )
+  positions = jnp.sort(jax.random.permutation(k2, jnp.arange(seq_len, dtype=jnp.int32))[:max_predictions])
   positions = jnp.broadcast_to(positions[None], (batch_size, max_predictions))
   return {
     "input_ids": input_ids,

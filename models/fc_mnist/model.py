@@ -8,6 +8,7 @@ Shapes: images float32[batch, 784] (or [batch, 28, 28], flattened) -> logits flo
 
 from __future__ import annotations
 
+import itertools
 from typing import Literal
 
 import jax
@@ -51,7 +52,7 @@ class FCMnist(nnx.Module):
   def __init__(self, config: FCMnistConfig, *, rngs: nnx.Rngs):
     sizes = [config.input_size, *config.hidden_sizes()]
     self.activation_fn = config.activation_fn
-    self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:], strict=True)])
+    self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(sizes)])
     self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
     self.last_layer = nnx.Linear(sizes[-1], config.num_classes, rngs=rngs)
 

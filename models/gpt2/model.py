@@ -79,8 +79,14 @@ class GPT2Block(nnx.Module):
     attention_dropout = c.dropout_rate if c.attention_dropout_rate is None else c.attention_dropout_rate
     self.attention_norm = nnx.LayerNorm(d, epsilon=c.layer_norm_epsilon, rngs=rngs)
     self.attention = MultiHeadAttention(
-      d, c.num_heads, dropout_rate=attention_dropout, use_bias=c.use_projection_bias_in_attention,
-      use_output_bias=c.use_ffn_bias_in_attention, kernel_init=init, output_init=out_init, rngs=rngs,
+      d,
+      c.num_heads,
+      dropout_rate=attention_dropout,
+      use_bias=c.use_projection_bias_in_attention,
+      use_output_bias=c.use_ffn_bias_in_attention,
+      kernel_init=init,
+      output_init=out_init,
+      rngs=rngs,
     )
     self.ffn_norm = nnx.LayerNorm(d, epsilon=c.layer_norm_epsilon, rngs=rngs)
     self.ffn_in = nnx.Linear(d, c.filter_size, use_bias=c.use_ffn_bias, kernel_init=init, rngs=rngs)
@@ -107,7 +113,8 @@ class GPT2LMHeadModel(nnx.Module):
     self.layers = nnx.List([GPT2Block(c, rngs=rngs) for _ in range(c.num_hidden_layers)])
     self.final_norm = nnx.LayerNorm(d, epsilon=c.layer_norm_epsilon, rngs=rngs)
     self.lm_head = (
-      None if c.share_embedding_weights
+      None
+      if c.share_embedding_weights
       else nnx.Linear(d, c.vocab_size, use_bias=False, kernel_init=embed_init, rngs=rngs)
     )
     self.output_bias = nnx.Param(jnp.zeros((c.vocab_size,), jnp.float32)) if c.use_bias_in_output else None
@@ -128,11 +135,11 @@ class GPT2LMHeadModel(nnx.Module):
 
 
 def gpt2_loss(
-    model: GPT2LMHeadModel,
-    batch: dict[str, jax.Array],
-    *,
-    loss_scaling: str = "num_tokens",
-    loss_weight: float = 1.0,
+  model: GPT2LMHeadModel,
+  batch: dict[str, jax.Array],
+  *,
+  loss_scaling: str = "num_tokens",
+  loss_weight: float = 1.0,
 ) -> jax.Array:
   """Next-token cross-entropy (float32 scalar).
 
