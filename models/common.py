@@ -1,0 +1,128 @@
+"""Pieces shared by the reference models: attention, activations, initializers, counting.
+
+Every function is plain float32 JAX with no casts: mixed precision comes from
+`precision.autocast`, which classifies ops by data flow. In particular the softmax here is an
+``attention_softmax`` op for the policy (it follows a batched ``dot_general``), so modelzoo's
+``model.attention_softmax_fp32`` acts through ``Params.policy()`` (the ``attention_softmax``
+rule: "float32" or "round"), never through a cast in model code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+  "relu": jax.nn.relu,
+  "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+  "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+  "tanh": jnp.tanh,
+  "sigmoid": jax.nn.sigmoid,
+  "silu": jax.nn.silu,
+  "swish": jax.nn.silu,
+  "leaky_relu": jax.nn.leaky_relu,
+}
+
+
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+  """The activation function called ``name`` (modelzoo spelling, case-insensitive)."""
+  try:
+    return ACTIVATIONS[name.lower()]
+  except KeyError:
+    raise ValueError(f"unknown activation {name!r}; known: {', '.join(sorted(ACTIVATIONS))}") from None
+
+
+def truncated_normal(std: float) -> Any:
+  """Truncated normal at ±2 std (modelzoo's ``truncated_normal`` with ``a=-2std, b=2std``)."""
+  return nnx.initializers.truncated_normal(stddev=std, lower=-2.0, upper=2.0)
+
+
+def dot_product_attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, dropout: nnx.Dropout | None = None
+) -> jax.Array:
+  """Scaled dot-product attention.
+
+  Args:
+    q, k, v: float32[batch, seq, heads, head_dim].
+    mask: bool[batch, seq_q, seq_k] (True = attend) or None.
+    dropout: applied to the attention probabilities, when given.
+
+  Returns:
+    float32[batch, seq, heads, head_dim].
+  """
+  head_dim = q.shape[-1]
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(head_dim))
+  if mask is not None:
+    scores = jnp.where(mask[:, None, :, :], scores, jnp.float32(-1e4))
+  probs = jax.nn.softmax(scores, axis=-1)
+  if dropout is not None:
+    probs = dropout(probs)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+class MultiHeadAttention(nnx.Module):
+  """Self-attention with separate q, k, v projections and an output projection.
+
+  ``use_bias`` is the q/k/v projections' bias; ``use_output_bias`` the output projection's
+  (defaults to ``use_bias``).
+
+  Shapes: x float32[batch, seq, hidden], mask bool[batch, seq, seq] -> float32[batch, seq, hidden].
+  """
+
+  def __init__(
+    self,
+    hidden_size: int,
+    num_heads: int,
+    *,
+    dropout_rate: float,
+    use_bias: bool = True,
+    use_output_bias: bool | None = None,
+    kernel_init: Any,
+    output_init: Any | None = None,
+    rngs: nnx.Rngs,
+  ):
+    if hidden_size % num_heads:
+      raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
+    self.num_heads = num_heads
+    bias_init = nnx.initializers.zeros_init()
+    dense = {"use_bias": use_bias, "kernel_init": kernel_init, "bias_init": bias_init, "rngs": rngs}
+    self.query = nnx.Linear(hidden_size, hidden_size, **dense)
+    self.key = nnx.Linear(hidden_size, hidden_size, **dense)
+    self.value = nnx.Linear(hidden_size, hidden_size, **dense)
+    self.output = nnx.Linear(
+      hidden_size,
+      hidden_size,
+      use_bias=use_bias if use_output_bias is None else use_output_bias,
+      kernel_init=output_init or kernel_init,
+      bias_init=bias_init,
+      rngs=rngs,
+    )
+    self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+
+  def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
+    b, s, d = x.shape
+    h = self.num_heads
+    q, k, v = (proj(x).reshape(b, s, h, d // h) for proj in (self.query, self.key, self.value))
+    context = dot_product_attention(q, k, v, mask, self.dropout).reshape(b, s, d)
+    return self.output(context)
+
+
+def parameter_count(model: nnx.Module) -> int:
+  """Number of scalars in the model's ``nnx.Param`` leaves (works on `nnx.eval_shape` models)."""
+  return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def abstract_parameter_count(build: Callable[[], nnx.Module]) -> int:
+  """Parameter count of ``build()`` without materialising it (abstract shapes only)."""
+  return parameter_count(nnx.eval_shape(build))
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Per-position softmax cross-entropy: logits float32[..., vocab], labels int32[...] -> float32[...]."""
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  picked = jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)
+  return -picked[..., 0]

@@ -1,0 +1,70 @@
+"""fc_mnist: modelzoo's fully connected MNIST classifier, in Flax NNX.
+
+``depth`` hidden layers of ``hidden_size`` units (or one size per layer when ``hidden_size`` is
+a list), each ``activation_fn`` then dropout, and a final linear layer to 10 classes.
+
+Shapes: images float32[batch, 784] (or [batch, 28, 28], flattened) -> logits float32[batch, 10].
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from pydantic import ConfigDict, Field
+
+from models.common import activation, cross_entropy
+from wafer.config import ModelConfig
+
+NUM_CLASSES = 10
+INPUT_SIZE = 784
+
+
+class FCMnistConfig(ModelConfig):
+  """``model:`` of fc_mnist (closed: an unknown key is an error)."""
+
+  model_config = ConfigDict(extra="forbid")
+
+  name: str | None = "fc_mnist"
+  depth: int = Field(default=10, ge=1)
+  hidden_size: int | list[int] = 50
+  dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+  activation_fn: Literal["relu", "gelu", "tanh", "sigmoid", "silu", "leaky_relu"] = "relu"
+  to_float16: bool = False
+  input_size: int = Field(default=INPUT_SIZE, ge=1)
+  num_classes: int = Field(default=NUM_CLASSES, ge=2)
+
+  def hidden_sizes(self) -> list[int]:
+    """One width per hidden layer."""
+    if isinstance(self.hidden_size, list):
+      if len(self.hidden_size) != self.depth:
+        raise ValueError(f"hidden_size has {len(self.hidden_size)} entries, depth is {self.depth}")
+      return list(self.hidden_size)
+    return [self.hidden_size] * self.depth
+
+
+class FCMnist(nnx.Module):
+  """The MLP. Call with images float32[batch, 784] -> logits float32[batch, num_classes]."""
+
+  def __init__(self, config: FCMnistConfig, *, rngs: nnx.Rngs):
+    sizes = [config.input_size, *config.hidden_sizes()]
+    self.activation_fn = config.activation_fn
+    self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(sizes)])
+    self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+    self.last_layer = nnx.Linear(sizes[-1], config.num_classes, rngs=rngs)
+
+  def __call__(self, images: jax.Array) -> jax.Array:
+    x = images.reshape(images.shape[0], -1)
+    act = activation(self.activation_fn)
+    for layer in self.layers:
+      x = self.dropout(act(layer(x)))
+    return self.last_layer(x)
+
+
+def fc_mnist_loss(model: FCMnist, batch: dict[str, jax.Array]) -> jax.Array:
+  """Mean cross-entropy. ``batch``: ``images`` float32[b, 784], ``labels`` int32[b] -> float32 scalar."""
+  logits = model(batch["images"])
+  return jnp.mean(cross_entropy(logits, batch["labels"]))

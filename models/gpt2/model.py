@@ -1,0 +1,170 @@
+"""GPT-2 / GPT-3-style decoder LM in Flax NNX, following modelzoo's ``gpt2`` and ``gpt3`` models.
+
+Learned position embeddings, pre-LN blocks (``x + Drop(Attn(LN(x)))``, ``x + Drop(FFN(LN(x)))``),
+causal self-attention, a final LayerNorm and an output layer tied to the word embeddings
+(``share_embedding_weights``). The GPT-3 configs (Cerebras-GPT shapes) use the same model with
+dense attention. Float32 with no casts; precision comes from `precision.autocast`.
+
+Shapes: input_ids int32[batch, seq] -> logits float32[batch, seq, vocab].
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from pydantic import ConfigDict, Field
+
+from models.common import MultiHeadAttention, activation, cross_entropy, truncated_normal
+from wafer.config import ModelConfig
+
+
+class GPT2Config(ModelConfig):
+  """``model:`` of gpt2 / gpt3 (closed: an unknown key is an error). Defaults are GPT-2 small's."""
+
+  model_config = ConfigDict(extra="forbid")
+
+  name: str | None = "gpt2"
+  vocab_size: int = Field(default=50257, ge=1)
+  hidden_size: int = Field(default=768, ge=1)
+  num_hidden_layers: int = Field(default=12, ge=1)
+  num_heads: int = Field(default=12, ge=1)
+  filter_size: int = Field(default=3072, ge=1)
+  max_position_embeddings: int = Field(default=1024, ge=1)
+  position_embedding_type: Literal["learned"] = "learned"
+  share_embedding_weights: bool = True
+  dropout_rate: float = Field(default=0.1, ge=0.0, lt=1.0)
+  embedding_dropout_rate: float | None = Field(default=None, ge=0.0, lt=1.0)
+  attention_dropout_rate: float | None = Field(default=None, ge=0.0, lt=1.0)
+  layer_norm_epsilon: float = Field(default=1.0e-5, gt=0.0)
+  attention_type: Literal["scaled_dot_product"] = "scaled_dot_product"
+  use_projection_bias_in_attention: bool = True
+  use_ffn_bias_in_attention: bool = True
+  use_ffn_bias: bool = True
+  use_bias_in_output: bool = False
+  nonlinearity: Literal["gelu", "gelu_new", "relu", "silu"] = "gelu"
+  loss_scaling: Literal["num_tokens", "batch_size"] = "num_tokens"
+  loss_weight: float = Field(default=1.0, gt=0.0)
+  embedding_initializer: dict[str, Any] | None = None
+  initializer: dict[str, Any] | None = None
+  output_layer_initializer: dict[str, Any] | None = None
+
+  def initializer_std(self, which: str) -> float:
+    """The std of ``which`` (an initializer key), modelzoo's defaults when it is absent.
+
+    Only the ``std`` of a ``normal`` / ``truncated_normal`` spec is used (cut at ±2 std).
+    """
+    spec = getattr(self, which)
+    if spec is None:
+      if which == "output_layer_initializer":
+        return 0.02 / math.sqrt(2 * self.num_hidden_layers)
+      return 0.02
+    if spec.get("name") not in ("normal", "truncated_normal"):
+      raise ValueError(
+        f"model.{which}.name: only normal and truncated_normal are supported, got {spec.get('name')!r}"
+      )
+    return float(spec.get("std", 0.02))
+
+
+class GPT2Block(nnx.Module):
+  """Pre-LN decoder block. x float32[batch, seq, hidden], mask bool[batch, seq, seq] -> same as x."""
+
+  def __init__(self, c: GPT2Config, *, rngs: nnx.Rngs):
+    d = c.hidden_size
+    init = truncated_normal(c.initializer_std("initializer"))
+    out_init = truncated_normal(c.initializer_std("output_layer_initializer"))
+    attention_dropout = c.dropout_rate if c.attention_dropout_rate is None else c.attention_dropout_rate
+    self.attention_norm = nnx.LayerNorm(d, epsilon=c.layer_norm_epsilon, rngs=rngs)
+    self.attention = MultiHeadAttention(
+      d,
+      c.num_heads,
+      dropout_rate=attention_dropout,
+      use_bias=c.use_projection_bias_in_attention,
+      use_output_bias=c.use_ffn_bias_in_attention,
+      kernel_init=init,
+      output_init=out_init,
+      rngs=rngs,
+    )
+    self.ffn_norm = nnx.LayerNorm(d, epsilon=c.layer_norm_epsilon, rngs=rngs)
+    self.ffn_in = nnx.Linear(d, c.filter_size, use_bias=c.use_ffn_bias, kernel_init=init, rngs=rngs)
+    self.ffn_out = nnx.Linear(c.filter_size, d, use_bias=c.use_ffn_bias, kernel_init=out_init, rngs=rngs)
+    self.dropout = nnx.Dropout(c.dropout_rate, rngs=rngs)
+    self.nonlinearity = c.nonlinearity
+
+  def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+    x = x + self.dropout(self.attention(self.attention_norm(x), mask))
+    ffn = self.ffn_out(activation(self.nonlinearity)(self.ffn_in(self.ffn_norm(x))))
+    return x + self.dropout(ffn)
+
+
+class GPT2LMHeadModel(nnx.Module):
+  """The decoder LM: input_ids int32[batch, seq] -> logits float32[batch, seq, vocab]."""
+
+  def __init__(self, c: GPT2Config, *, rngs: nnx.Rngs):
+    d = c.hidden_size
+    embed_init = truncated_normal(c.initializer_std("embedding_initializer"))
+    self.word_embeddings = nnx.Embed(c.vocab_size, d, embedding_init=embed_init, rngs=rngs)
+    self.position_embeddings = nnx.Embed(c.max_position_embeddings, d, embedding_init=embed_init, rngs=rngs)
+    embedding_dropout = c.dropout_rate if c.embedding_dropout_rate is None else c.embedding_dropout_rate
+    self.embedding_dropout = nnx.Dropout(embedding_dropout, rngs=rngs)
+    self.layers = nnx.List([GPT2Block(c, rngs=rngs) for _ in range(c.num_hidden_layers)])
+    self.final_norm = nnx.LayerNorm(d, epsilon=c.layer_norm_epsilon, rngs=rngs)
+    self.lm_head = (
+      None
+      if c.share_embedding_weights
+      else nnx.Linear(d, c.vocab_size, use_bias=False, kernel_init=embed_init, rngs=rngs)
+    )
+    self.output_bias = nnx.Param(jnp.zeros((c.vocab_size,), jnp.float32)) if c.use_bias_in_output else None
+
+  def __call__(self, input_ids: jax.Array) -> jax.Array:
+    b, s = input_ids.shape
+    positions = jnp.arange(s, dtype=jnp.int32)
+    x = self.embedding_dropout(self.word_embeddings(input_ids) + self.position_embeddings(positions)[None])
+    causal = jnp.tril(jnp.ones((s, s), jnp.bool_))
+    mask = jnp.broadcast_to(causal[None], (b, s, s))
+    for layer in self.layers:
+      x = layer(x, mask)
+    x = self.final_norm(x)
+    logits = self.word_embeddings.attend(x) if self.lm_head is None else self.lm_head(x)
+    if self.output_bias is not None:
+      logits = logits + self.output_bias[...][None, None]
+    return logits
+
+
+def gpt2_loss(
+  model: GPT2LMHeadModel,
+  batch: dict[str, jax.Array],
+  *,
+  loss_scaling: str = "num_tokens",
+  loss_weight: float = 1.0,
+) -> jax.Array:
+  """Next-token cross-entropy (float32 scalar).
+
+  ``batch`` (modelzoo's GPT features): ``input_ids`` and ``labels`` int32[b, s] (labels are the
+  inputs shifted by one), ``attention_mask`` [b, s] (1 = the position counts in the loss; all
+  ones when absent). ``num_tokens``: ``sum(CE * mask) / sum(mask)``; ``batch_size``:
+  ``sum(CE * mask) * loss_weight / b``.
+  """
+  logits = model(batch["input_ids"])
+  ce = cross_entropy(logits, batch["labels"])
+  mask = batch.get("attention_mask")
+  weights = jnp.ones_like(ce) if mask is None else mask.astype(jnp.float32)
+  total = jnp.sum(ce * weights)
+  if loss_scaling == "num_tokens":
+    return total / jnp.maximum(jnp.sum(weights), jnp.float32(1.0))
+  if loss_scaling == "batch_size":
+    return total * jnp.float32(loss_weight / ce.shape[0])
+  raise ValueError(f"loss_scaling must be 'num_tokens' or 'batch_size', not {loss_scaling!r}")
+
+
+def random_batch(key: jax.Array, batch_size: int, seq_len: int, vocab_size: int) -> dict[str, jax.Array]:
+  """A synthetic batch in the shape of modelzoo's GPT features (labels = inputs shifted by one)."""
+  tokens = jax.random.randint(key, (batch_size, seq_len + 1), 0, vocab_size, jnp.int32)
+  return {
+    "input_ids": tokens[:, :-1],
+    "labels": tokens[:, 1:],
+    "attention_mask": jnp.ones((batch_size, seq_len), jnp.int32),
+  }
