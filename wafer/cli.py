@@ -85,6 +85,9 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
   from wafer import executor, runner
   from wafer.config import load_params
 
+  from wafer import registry
+
+  registry.load_plugins()  # model packages register their strict `model:` schemas on import
   params = load_params(args.params, list(args.overrides or ()))
   p = runner.plan(params)
   state = executor.TrainState(p.task.init_params(jax.random.key(0)), None, p.loss_scale, jax.numpy.int32(0))

@@ -65,5 +65,6 @@ def plan(params: Params) -> Plan:
 
 def run_params(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
   """Load, plan and run a params file; returns the executor's summary."""
+  registry.load_plugins()  # the model packages register their strict `model:` schemas on import
   p = plan(load_params(path, list(overrides)))
   return run(p.task, p.settings, p.optimizer, p.loss_scale, p.policy)
