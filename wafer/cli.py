@@ -83,13 +83,8 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
   import jax
 
   from wafer import executor, runner
-  from wafer.config import load_params
 
-  from wafer import registry
-
-  registry.load_plugins()  # model packages register their strict `model:` schemas on import
-  params = load_params(args.params, list(args.overrides or ()))
-  p = runner.plan(params)
+  p = runner.load_plan(args.params, list(args.overrides or ()))
   state = executor.TrainState(p.task.init_params(jax.random.key(0)), None, p.loss_scale, jax.numpy.int32(0))
   state = dataclasses.replace(state, opt_state=p.optimizer.init(state.params))
   batch = next(p.task.train_data(p.settings.seed))

@@ -63,8 +63,13 @@ def plan(params: Params) -> Plan:
   return Plan(params, task, settings_of(params), optimizer, loss_scale, policy)
 
 
+def load_plan(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> Plan:
+  """Load a params file (after the model packages registered their strict schemas) and plan it."""
+  registry.load_plugins()
+  return plan(load_params(path, list(overrides)))
+
+
 def run_params(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
   """Load, plan and run a params file; returns the executor's summary."""
-  registry.load_plugins()  # the model packages register their strict `model:` schemas on import
-  p = plan(load_params(path, list(overrides)))
+  p = load_plan(path, overrides)
   return run(p.task, p.settings, p.optimizer, p.loss_scale, p.policy)
