@@ -61,15 +61,30 @@ def functional(config: ModelConfig) -> tuple[Callable[[jax.Array], Any], Callabl
   batch) -> float32 scalar``. Dropout is off because a pure ``loss_fn(params, batch)`` has no
   per-step key; wiring one in (e.g. a ``dropout_key`` batch entry) is left to the Task builders.
   """
+  init_params = functools.partial(_init_params, config)
+  model_of = bind(config)
+  loss = loss_function(config)
+
+  def loss_fn(params: Any, batch: Any) -> jax.Array:
+    return loss(model_of(params), batch)
+
+  return init_params, loss_fn
+
+
+def _init_params(config: ModelConfig, key: jax.Array) -> Any:
+  model = build_model(config, rngs=nnx.Rngs(params=key, dropout=0))
+  model.eval()
+  return nnx.split(model, nnx.Param, ...)[1]
+
+
+def bind(config: ModelConfig) -> Callable[[Any], nnx.Module]:
+  """``model_of(params) -> nnx.Module`` (eval mode): the model around a pytree of its ``nnx.Param`` leaves.
+
+  Pure: usable inside jit and grad (``model_of(params)(inputs)``).
+  """
   template = nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
   template.eval()
   graphdef, _, abstract_rest = nnx.split(template, nnx.Param, ...)
-  loss = loss_function(config)
-
-  def init_params(key: jax.Array) -> Any:
-    model = build_model(config, rngs=nnx.Rngs(params=key, dropout=0))
-    model.eval()
-    return nnx.split(model, nnx.Param, ...)[1]
 
   def concrete(leaf: jax.ShapeDtypeStruct) -> jax.Array:  # RNG stream keys and counts (unused in eval)
     if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
@@ -78,7 +93,7 @@ def functional(config: ModelConfig) -> tuple[Callable[[jax.Array], Any], Callabl
 
   rest = jax.tree.map(concrete, abstract_rest)
 
-  def loss_fn(params: Any, batch: Any) -> jax.Array:
-    return loss(nnx.merge(graphdef, params, rest), batch)
+  def model_of(params: Any) -> nnx.Module:
+    return nnx.merge(graphdef, params, rest)
 
-  return init_params, loss_fn
+  return model_of

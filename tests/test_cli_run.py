@@ -28,14 +28,17 @@ def _params_file(tmp_path, **changes):
   return path
 
 
-def test_run_without_params_runs_the_built_in_job(tmp_path, capsys):
-  rc = cli.main(["run", "--model_dir", str(tmp_path / "md"), "runconfig.max_steps=20", "runconfig.log_steps=10"])
+def test_run_without_params_runs_the_embedded_default_job(tmp_path, capsys):
+  rc = cli.main(["run", "--model_dir", str(tmp_path / "md"), "runconfig.max_steps=4", "--mode", "train",
+                 "runconfig.log_steps=2"])
   out = capsys.readouterr().out
   assert rc == 0, out
-  assert "built-in example job" in out and "| Train Device=CPU, Step=20" in out
+  assert "embedded default job: BERT-tiny MLM+NSP" in out and "| Train Device=CPU, Step=4" in out
   records = [json.loads(line) for line in (tmp_path / "md" / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in records] == [10, 20]
+  assert [r["step"] for r in records] == [1, 2, 4]  # the first step, then every log_steps
+  assert "Training loss:" in out and "at step 1 ->" in out
   assert "Outputs:" in out and "metrics.jsonl" in out and "compile_report.txt" in out
+  assert any(f.startswith("wordpiece-8192-") for f in (tmp_path / "md" / "data_cache").iterdir() for f in [f.name])
 
 
 def test_run_a_params_file_with_modes_and_overrides(tmp_path, capsys):

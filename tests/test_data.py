@@ -213,12 +213,12 @@ def test_embedded_corpus_is_real_english():
 
 def test_digits_like_mnist():
   tr, ev = digits_features("train"), digits_features("eval")
-  assert tr["x"].shape[1] == 784 and tr["x"].dtype == np.float32 and tr["label"].dtype == np.int32
-  assert len(tr["x"]) + len(ev["x"]) == 1797
-  assert 0.0 <= tr["x"].min() and tr["x"].max() == 1.0
-  img = tr["x"][0].reshape(28, 28)
+  assert tr["images"].shape[1] == 784 and tr["images"].dtype == np.float32 and tr["labels"].dtype == np.int32
+  assert len(tr["images"]) + len(ev["images"]) == 1797
+  assert 0.0 <= tr["images"].min() and tr["images"].max() == 1.0
+  img = tr["images"][0].reshape(28, 28)
   assert img[:2].sum() == 0 and img[:, -2:].sum() == 0  # the padding
-  assert set(np.unique(tr["label"])) == set(range(10))
+  assert set(np.unique(tr["labels"])) == set(range(10))
 
 
 def test_analyze_input_measures_and_recommends():
@@ -240,10 +240,10 @@ def test_processors_from_input_config(tmp_path):
 
   cfg = InputConfig(data_processor="MNISTDataProcessor", batch_size=16, shuffle=True, num_workers=2)
   src = processors.train_source(cfg, seed=3, num_csx=2)
-  assert src.num_workers == 4 and next(src)["x"].shape == (16, 784)
+  assert src.num_workers == 4 and next(src)["images"].shape == (16, 784)
   ev = list(processors.eval_batches(InputConfig(data_processor="MNISTDataProcessor", batch_size=100, split="val"),
                                     seed=0))
-  assert len(ev) == 3 and all(b["x"].shape == (100, 784) for b in ev)
+  assert len(ev) == 3 and all(b["images"].shape == (100, 784) for b in ev)
   with pytest.raises(ValueError, match=r"number of CS devices \(4\) must be less than or equal to the model batch"):
     processors.train_source(cfg.model_copy(update={"batch_size": 2}), seed=0, num_csx=4)
   with pytest.raises(ValueError, match="did not return any values"):
@@ -272,8 +272,8 @@ def test_executor_resumes_a_grain_pipeline_bit_for_bit(tmp_path, monkeypatch):
   monkeypatch.setattr(cluster, "_LOCKED", [])
 
   def loss_fn(params, batch):
-    logits = batch["x"] @ params["w"] + params["b"][None]
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+    logits = batch["images"] @ params["w"] + params["b"][None]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
 
   task = Task(name="digits_linear", init_params=lambda key: {"w": jnp.zeros((784, 10)), "b": jnp.zeros(10)},
               loss_fn=loss_fn, batch_size=32,

@@ -1,8 +1,10 @@
 """The ``wafer`` command line.
 
 * ``wafer run [--params FILE] [--mode MODE] [--model_dir DIR] [--validate_only | --compile_only]
-  [key.path=value ...]``: train or evaluate (without ``--params``: the built-in example job);
+  [key.path=value ...]``: train or evaluate (without ``--params``: the embedded default job, BERT-tiny);
 * ``wafer estimate (--params FILE | --workload NAME)``: the wafer cost model's compile report;
+* ``wafer analyze-input --params FILE``: input pipeline samples/s with 1..N workers against the
+  model's consumption; recommends ``num_workers_per_csx``;
 * ``wafer demo``: the float formats and a rounding example.
 
 Errors the user can fix print one message (no traceback) and exit non-zero.
@@ -95,8 +97,7 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
 
 
 def _run(args: argparse.Namespace) -> int:
-  from wafer import runner
-  from wafer.example import EXAMPLE_PARAMS
+  from wafer import registry, runner
 
   overrides = list(args.overrides or ())
   for flag in ("mode", "model_dir"):
@@ -107,10 +108,18 @@ def _run(args: argparse.Namespace) -> int:
     if getattr(args, flag):
       overrides.append(f"runconfig.{flag}=true")
   if args.params is None:
-    import yaml
+    job = registry.default_job()
+    if job is not None:
+      source: Any = job[0]
+      print(f"No --params given: running the embedded default job: {job[1]}.\n  params: {job[0]}", flush=True)
+    else:  # the models package is not installed
+      import yaml
 
-    source: Any = yaml.safe_load(EXAMPLE_PARAMS)
-    print("No --params given: running the built-in example job (mlp_example, cbfloat16 with DLS).")
+      from wafer.example import EXAMPLE_PARAMS
+
+      source = yaml.safe_load(EXAMPLE_PARAMS)
+      print("No --params given and no model package installed: running the built-in example job "
+            "(mlp_example, cbfloat16 with DLS).", flush=True)
   else:
     source = args.params
   try:
@@ -125,6 +134,12 @@ def _run(args: argparse.Namespace) -> int:
     print(f"wafer run: error: {message}", file=sys.stderr)
     return 1
   model_dir = Path(summary["model_dir"])
+  losses = summary.get("losses") or []
+  if losses:
+    (s0, l0), (s1, l1) = losses[0], losses[-1]
+    print(f"\nTraining loss: {l0:.4f} at step {s0} -> {l1:.4f} at step {s1}")
+  for step, value in summary.get("evals") or []:
+    print(f"Eval {summary.get('eval_metric', 'loss')} at step {step}: {value:.4f}")
   print("\nOutputs:")
   for label, path in (("metrics", model_dir / "metrics.jsonl"), ("TensorBoard", model_dir / "tensorboard"),
                       ("checkpoints", model_dir / "checkpoints"), ("compile report", model_dir / "compile_report.txt")):
@@ -139,12 +154,13 @@ def _user_error(error: BaseException) -> str | None:
   import wafer
   from wafer import cluster, executor, registry
   from wafer.config import ConfigError, format_config_error
+  from wafer.data import DataError
 
   if isinstance(error, ConfigError):
     text = format_config_error(error)
     return text[len("error: "):] if text.startswith("error: ") else text
   kinds: list[type] = [wafer.StaticGraphError, executor.ExecutorError, cluster.ClusterConfigError,
-                       registry.UnknownModelError, precision.PolicyError, precision.FormatError]
+                       registry.UnknownModelError, precision.PolicyError, precision.FormatError, DataError]
   try:
     from wafer.optim import OptimizerError
     from wafer.schedules import ScheduleError
@@ -189,6 +205,28 @@ def _estimate(args: argparse.Namespace) -> int:
   return 0
 
 
+def _analyze_input(args: argparse.Namespace) -> int:
+  from wafer import input_analyzer, runner
+
+  try:
+    plan = runner.load_plan(args.params, list(args.overrides or ()))
+    print(f"Measuring the input pipeline of {plan.task.name} ({args.seconds:g} s per worker count)...", flush=True)
+    analysis = input_analyzer.analyze(plan, worker_counts=args.workers, seconds=args.seconds, consumer=args.consumer)
+  except input_analyzer.InputAnalysisError as exc:
+    print(f"wafer analyze-input: error: {exc}", file=sys.stderr)
+    return 2
+  except Exception as exc:  # config, model and data errors
+    message = _user_error(exc)
+    if message is None:
+      raise
+    print(f"wafer analyze-input: error: {message}", file=sys.stderr)
+    return 2
+  print(analysis.to_text(), end="")
+  path = input_analyzer.save(analysis, args.model_dir or plan.settings.model_dir)
+  print(f"wrote {path}")
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="wafer", description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -212,8 +250,22 @@ def build_parser() -> argparse.ArgumentParser:
   est.add_argument("--model_dir", metavar="DIR", help="write the report files into DIR")
   est.add_argument("overrides", nargs="*", metavar="key.path=value", help="overrides of --params keys")
   est.set_defaults(handler=_estimate)
+  ana = commands.add_parser(
+      "analyze-input", help="measure the input pipeline with 1..N workers and recommend num_workers_per_csx",
+      description="Measure the params file's training input pipeline (samples/s with 1, 2, 4, ... input worker "
+                  "processes), compare it with the rate the model consumes (the wafer cost model's estimate, or "
+                  "the step rate measured here) and recommend runconfig.num_workers_per_csx. Writes "
+                  "model_dir/input_analysis.json.")
+  ana.add_argument("--params", metavar="FILE", required=True, help="a params YAML")
+  ana.add_argument("--workers", type=int, nargs="+", metavar="N", help="worker counts (default: 1, 2, 4, ... CPUs)")
+  ana.add_argument("--seconds", type=float, default=2.0, help="seconds measured per worker count (default 2)")
+  ana.add_argument("--consumer", choices=("costmodel", "measured"), default="costmodel",
+                   help="consumption rate: the wafer cost model's estimate (default) or the step rate measured here")
+  ana.add_argument("--model_dir", metavar="DIR", help="where input_analysis.json goes (default: runconfig.model_dir)")
+  ana.add_argument("overrides", nargs="*", metavar="key.path=value", help="overrides of --params keys")
+  ana.set_defaults(handler=_analyze_input)
   run = commands.add_parser(
-      "run", help="train / evaluate a params file (default: the built-in example job)",
+      "run", help="train / evaluate a params file (default: the embedded BERT-tiny job)",
       description="Compile the step once and run it: train, eval, train_and_eval or eval_all. Metrics go to "
                   "model_dir/metrics.jsonl and TensorBoard; checkpoints to model_dir/checkpoints (a rerun "
                   "resumes from the latest); the compile report to model_dir/compile_report.txt.")
@@ -230,7 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
   parser = build_parser()
-  args = parser.parse_args(argv)
+  args, extra = parser.parse_known_args(argv)
+  # key.path=value overrides may come before or after options (argparse stops at the first option)
+  if extra:
+    if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+      args.overrides = list(args.overrides or ()) + extra
+    else:
+      parser.error(f"unrecognized arguments: {' '.join(extra)}")
   if not hasattr(args, "handler"):
     parser.print_help(sys.stderr)
     return 2

@@ -5,8 +5,8 @@
 
 * iterations ``0 .. num_steps-1`` (1-based "steps" in logs): ``num_steps`` and ``max_steps``
   follow Cerebras (``max_steps`` counts from step 0, so a resumed run does the remainder);
-* a log line, a ``metrics.jsonl`` record and TensorBoard scalars at every ``log_steps``-th step
-  and the final one, from values fetched by a step closure; the step closures (the model's own
+* a log line, a ``metrics.jsonl`` record and TensorBoard scalars at every ``log_steps``-th step,
+  the final one, and step 1 of a run that starts from scratch (the initial loss is on record), from values fetched by a step closure; the step closures (the model's own
   too) run at those steps and at every ``activation_steps``-th step, and checkpoint closures at
   checkpoint steps: the device is never synchronised on other steps;
 * a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step, holding the parameters,
@@ -244,14 +244,16 @@ def run(
   init = dataclasses.replace(init, opt_state=optimizer.init(init.params))
   checkpoints = _Checkpoints(model_dir, settings.max_checkpoints)
   data = task.train_data(settings.seed)
-  example_batch = next(task.train_data(settings.seed))
+  start = data.get_state()
+  example_batch = next(data)  # the compile's example; then rewind, so the data is built once
+  data.set_state(start)
   step_fn = make_train_step(task, optimizer, policy)
   batch_arg = (1,) if settings.num_csx > 1 else ()
   compiled = wafer.compile(
       step_fn, init, example_batch, num_csx=settings.num_csx, batch_argnums=batch_arg,
       validate_only=settings.validate_only,
   )  # fmt: skip
-  summary: dict[str, Any] = {"model_dir": str(model_dir), "task": task.name}
+  summary: dict[str, Any] = {"model_dir": str(model_dir), "task": task.name, "eval_metric": task.eval_metric_name}
   _write_compile_report(step_fn, init, example_batch, task, settings, model_dir, summary)
   if settings.validate_only or settings.compile_only:
     print(f"{'Validation' if settings.validate_only else 'Compile'} completed successfully ({task.name}).")
@@ -289,9 +291,12 @@ def _latest(checkpoints: _Checkpoints, init: TrainState) -> tuple[TrainState, in
   return state, int(meta["iteration"])
 
 
-def _train(task, settings, compiled, init, data, checkpoints, metrics, summary) -> TrainState:
+def _train(task, settings, compiled, init, data, checkpoints, metrics, summary, resumed=None) -> TrainState:
+  """Train from the latest checkpoint (or ``init``); ``resumed=(state, step)`` continues in-process."""
   state, done = init, 0
-  if checkpoints.steps():
+  if resumed is not None:
+    state, done = resumed
+  elif checkpoints.steps():
     state, meta = checkpoints.restore(checkpoints.steps()[-1], init)
     done = int(meta["iteration"])
     data.set_state(meta["data"])
@@ -300,7 +305,8 @@ def _train(task, settings, compiled, init, data, checkpoints, metrics, summary) 
   if last == done:
     print(f"Nothing to train: model_dir already holds the checkpoint of step {done} (max_steps). Raise "
           "runconfig.max_steps to train further, or use another model_dir.", flush=True)
-    summary.update(final_step=done, losses=[], params=state.params)
+    summary.update(final_step=done, params=state.params)
+    summary.setdefault("losses", [])
     return state
   marks = checkpoint_iterations(settings.checkpoint_steps, done, last)
   log_every = max(1, settings.log_steps)
@@ -312,7 +318,7 @@ def _train(task, settings, compiled, init, data, checkpoints, metrics, summary) 
     batch = next(data)
     state, _ = compiled(state, batch)
     done += 1
-    is_log = done % log_every == 0 or done == last
+    is_log = done % log_every == 0 or done == last or (done == 1 and resumed is None)
     if is_log or (settings.activation_steps and done % settings.activation_steps == 0):
       _RECORDS.clear()
       compiled.run_closures(checkpoint=done in marks)  # step closures: log and activation steps
@@ -335,7 +341,8 @@ def _train(task, settings, compiled, init, data, checkpoints, metrics, summary) 
   elapsed = time.perf_counter() - start_time
   samples = (done - start_step) * task.batch_size
   print(f"Training completed successfully! Processed {samples} sample(s) in {elapsed:.2f} seconds.", flush=True)
-  summary.update(final_step=done, losses=losses, params=state.params)
+  summary.update(final_step=done, params=state.params)
+  summary["losses"] = summary.get("losses", []) + losses
   return state
 
 
@@ -351,11 +358,13 @@ def _train_and_eval(task, settings, compiled, init, data, checkpoints, metrics, 
   _, done = _latest(checkpoints, init)
   end = done + total_steps(settings, done)
   summary["evals"] = []
+  resumed = None
   while done < end:
     target = min(done + freq, end)
     eval_settings = dataclasses.replace(settings, num_steps=target - done, checkpoint_steps=settings.checkpoint_steps or freq)
-    state = _train(task, eval_settings, compiled, init, data, checkpoints, metrics, summary)
+    state = _train(task, eval_settings, compiled, init, data, checkpoints, metrics, summary, resumed)
     done = target
+    resumed = (state, done)
     summary["evals"].append((done, _evaluate(task, settings, state.params, done, metrics)))
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 _BUILDERS: dict[str, Callable[[Any], Any]] = {}
-PLUGIN_PACKAGES = ("models",)
+PLUGIN_PACKAGES = ("wafer.example", "models")
 
 
 class UnknownModelError(ValueError):
@@ -45,6 +45,20 @@ def get_model(name: str) -> Callable[[Any], Any]:
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownModelError(f"model.name: unknown model {name!r}.{hint} Registered models: {', '.join(known)}")
   return found
+
+
+_DEFAULT_JOB: list[tuple[str, str]] = []
+
+
+def register_default_job(params_path: str, description: str) -> None:
+  """The params file ``wafer run`` runs without ``--params`` (a model package registers it)."""
+  _DEFAULT_JOB[:] = [(params_path, description)]
+
+
+def default_job() -> tuple[str, str] | None:
+  """``(params path, one-line description)`` of the registered default job, or None."""
+  load_plugins()
+  return _DEFAULT_JOB[0] if _DEFAULT_JOB else None
 
 
 def registered() -> list[str]:

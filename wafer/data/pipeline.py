@@ -193,6 +193,12 @@ class GrainBatchSource:
     self.next_batch = 0
     self._it: Any = None
 
+  def with_workers(self, *, num_workers_per_csx: int, num_processes: int = 0) -> GrainBatchSource:
+    """The same pipeline (examples, batch, seed, shuffle) with other worker counts, at position 0."""
+    return GrainBatchSource(self.source, self.batch_size, seed=self.seed, num_workers_per_csx=num_workers_per_csx,
+                            num_csx=self.num_csx, shuffle=self.shuffle, drop_last=self.drop_last,
+                            num_processes=num_processes, prefetch=self.prefetch)
+
   def batch_at(self, k: int) -> dict[str, np.ndarray]:
     """Batch number ``k`` (random access; what the iterator yields at position ``k``)."""
     return self.dataset[k]

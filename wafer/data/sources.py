@@ -18,21 +18,23 @@ CLS_ID, SEP_ID, MASK_ID, NUM_SPECIAL = 2, 3, 4, 5  # positions in text.SPECIAL_T
 
 
 def bert_features_from_text(docs: list[str], *, msl: int, vocab_size: int, cache_dir: str | os.PathLike | None,
-                            seed: int = 0, dupe_factor: int = 1) -> dict[str, np.ndarray]:
+                            seed: int = 0, dupe_factor: int = 1, split: str | None = None) -> dict[str, np.ndarray]:
   """Train (or load) the WordPiece tokenizer on ``docs``, then create MLM+NSP examples.
 
-  With a ``cache_dir`` the examples are cached there as HDF5 (keyed by the corpus hash, MSL,
-  vocabulary size, seed and dupe factor), so a second run skips tokenisation.
+  The tokenizer is trained on all of ``docs``; the examples come from the documents of
+  ``split`` (:func:`wafer.data.text.split_documents`; None: all). With a ``cache_dir`` the
+  examples are cached there as HDF5 (keyed by the corpus hash, MSL, vocabulary size, seed,
+  dupe factor and split), so a second run skips tokenisation.
   """
   path = None
   if cache_dir is not None:
-    key = f"{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-s{seed}-d{dupe_factor}"
+    key = f"{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-s{seed}-d{dupe_factor}-{split or 'all'}"
     path = os.path.join(os.fspath(cache_dir), f"bert-{key}.h5")
     if os.path.isfile(path):
       return bert.read_hdf5(path)
   tok = text.train_wordpiece(docs, vocab_size, cache_dir)
   feats = bert.create_mlm_nsp_examples(
-    text.tokenize_documents(tok, docs), msl=msl, vocab_size=tok.get_vocab_size(), cls_id=CLS_ID, sep_id=SEP_ID,
+    text.tokenize_documents(tok, text.split_documents(docs, split)), msl=msl, vocab_size=tok.get_vocab_size(), cls_id=CLS_ID, sep_id=SEP_ID,
     mask_id=MASK_ID, num_special=NUM_SPECIAL, seed=seed, dupe_factor=dupe_factor)
   if path is not None:
     tmp = path + ".tmp"
@@ -43,19 +45,26 @@ def bert_features_from_text(docs: list[str], *, msl: int, vocab_size: int, cache
 
 def bert_features(data_dir: str | os.PathLike | None, *, msl: int, vocab_size: int = 8192,
                   cache_dir: str | os.PathLike | None = None, seed: int = 0,
-                  dupe_factor: int = 1) -> dict[str, np.ndarray]:
-  """BERT features from pre-tokenised HDF5/CSV, from text (.txt / .jsonl), or the embedded corpus (None)."""
+                  dupe_factor: int = 1, split: str | None = None) -> dict[str, np.ndarray]:
+  """BERT features from pre-tokenised HDF5/CSV, from text (.txt / .jsonl), or the embedded corpus (None).
+
+  ``split`` (``train`` / ``eval`` / None) selects documents of a text corpus; pre-tokenised data
+  is split by its files (point ``data_dir`` at the split's directory).
+  """
   if data_dir is not None:
     path = os.fspath(data_dir)
     names = [path] if os.path.isfile(path) else (os.listdir(path) if os.path.isdir(path) else [])
     if any(n.endswith((".h5", ".hdf5", ".csv")) for n in names):
+      if split is not None:
+        raise ValueError(f"{path}: split={split!r} selects documents of a text corpus; pre-tokenised data is "
+                         "split by its files: remove split and point data_dir at that split's files")
       feats = bert.read_features(path)
       if feats["input_ids"].shape[1] != msl:
         raise ValueError(f"{path}: sequences have length {feats['input_ids'].shape[1]}, but "
                          f"max_sequence_length is {msl}")
       return feats
   return bert_features_from_text(text.read_documents(data_dir), msl=msl, vocab_size=vocab_size,
-                                 cache_dir=cache_dir, seed=seed, dupe_factor=dupe_factor)
+                                 cache_dir=cache_dir, seed=seed, dupe_factor=dupe_factor, split=split)
 
 
 def digits_features(split: str = "train", eval_fraction: float = 0.2) -> dict[str, np.ndarray]:
@@ -66,7 +75,7 @@ def digits_features(split: str = "train", eval_fraction: float = 0.2) -> dict[st
   A fixed permutation splits ``train`` from ``eval``.
 
   Returns:
-    ``{"x": float32 [N, 784], "label": int32 [N]}``.
+    ``{"images": float32 [N, 784], "labels": int32 [N]}`` (fc_mnist's batch keys).
   """
   from sklearn.datasets import load_digits
 
@@ -79,7 +88,7 @@ def digits_features(split: str = "train", eval_fraction: float = 0.2) -> dict[st
   order = np.random.default_rng(0).permutation(len(images))
   n_eval = int(round(len(images) * eval_fraction))
   idx = order[n_eval:] if split == "train" else order[:n_eval]
-  return {"x": images[idx].reshape(len(idx), 784), "label": d.target[idx].astype(np.int32)}
+  return {"images": images[idx].reshape(len(idx), 784), "labels": d.target[idx].astype(np.int32)}
 
 
 def bert_batch_source(data_dir: str | os.PathLike | None, batch_size: int, *, msl: int = 128, seed: int = 0,

@@ -127,6 +127,25 @@ def split_sentences(doc: str) -> list[str]:
   return [s for s in sents if s]
 
 
+EVAL_EVERY = 20  # every 20th document of a text corpus is held out for evaluation
+SPLITS = ("train", "eval")
+
+
+def split_documents(docs: Sequence[str], split: str | None) -> list[str]:
+  """The documents of ``split``: ``eval`` holds every :data:`EVAL_EVERY`-th document (indices
+  ``EVAL_EVERY-1, 2*EVAL_EVERY-1, ...``), ``train`` the others, None all of them."""
+  if split is None:
+    return list(docs)
+  if split not in SPLITS:
+    raise ValueError(f"split={split!r}; allowed: train, eval (also val, test, validation), or no split key")
+  held = [i % EVAL_EVERY == EVAL_EVERY - 1 for i in range(len(docs))]
+  chosen = [d for d, h in zip(docs, held) if h == (split == "eval")]
+  if not chosen:
+    raise ValueError(f"split={split!r}: the corpus of {len(docs)} document(s) has none for this split (every "
+                     f"{EVAL_EVERY}th document is held out for eval); give eval its own data_dir")
+  return chosen
+
+
 def corpus_hash(docs: Sequence[str]) -> str:
   h = hashlib.sha256()
   for d in docs:

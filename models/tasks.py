@@ -1,0 +1,192 @@
+"""Registry builders: a validated params file -> the executor's `wafer.executor.Task` of each model.
+
+Each builder joins three things a params file names:
+
+* the model (``model:``) as a pure ``(init_params, loss_fn)`` pair from `models.functional`;
+* the training data (``train_input:``) as a `wafer.data.GrainBatchSource`, built by the
+  ``data_processor`` named there (`wafer.data.processors`), with ``runconfig.num_csx`` and
+  ``runconfig.num_workers_per_csx`` input workers;
+* the eval data (``eval_input:``), one pass in order, and the eval metric (loss for the language
+  models, accuracy for fc_mnist).
+
+Tokenizers and tokenised examples are cached under ``model_dir/data_cache`` (a second run in
+the same model_dir starts at once). The data is built once per run: the executor takes its
+example batch from the same source and rewinds it.
+
+Data features are renamed to the model's batch keys here (the BERT files use Google's TF names
+``masked_lm_labels`` / ``masked_lm_weights``; the model takes modelzoo's PyTorch names ``labels``
+/ ``masked_lm_mask``). Dropout is off: the executor's ``loss_fn(params, batch)`` carries no
+per-step random key (see `models.functional`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.bert.model import BertConfig
+from models.fc_mnist.model import FCMnistConfig
+from models.gpt2.model import GPT2Config
+from models.zoo import bind, functional
+from wafer import registry
+from wafer.data import DataError, processors
+from wafer.executor import Task
+
+Batch = Mapping[str, Any]
+
+
+class DataConfigError(DataError):
+  """The data a params file names does not fit its model; the message says what to change."""
+
+
+def data_cache_dir(params: Any) -> Path:
+  """Where tokenizers and tokenised examples are cached: ``model_dir/data_cache``."""
+  return Path(params.runconfig.model_dir) / "data_cache"
+
+
+def _input_section(params: Any, which: str, processors_allowed: tuple[str, ...], model: str) -> Any:
+  cfg = getattr(params, which)
+  if cfg is None:
+    return None
+  if cfg.data_processor not in processors_allowed:
+    raise DataConfigError(
+      f"{which}.data_processor: {cfg.data_processor!r} does not feed the {model} model; allowed: "
+      f"{', '.join(processors_allowed)}")
+  return cfg
+
+
+def _check_tokens(features: Mapping[str, np.ndarray], vocab_size: int, msl_limit: int, where: str) -> None:
+  """Token ids must index the embedding table, and sequences must fit the position table."""
+  ids = features["input_ids"]
+  top = int(ids.max()) if ids.size else 0
+  if top >= vocab_size:
+    raise DataConfigError(
+      f"{where}: token id {top} is outside model.vocab_size={vocab_size}; set model.vocab_size to at least "
+      f"{top + 1}, or tokenise with a vocabulary of at most {vocab_size} ids ({where}.vocab_size)")
+  if ids.shape[1] > msl_limit:
+    raise DataConfigError(
+      f"{where}: sequences of {ids.shape[1]} tokens exceed model.max_position_embeddings={msl_limit}; lower "
+      f"{where}.max_sequence_length or raise max_position_embeddings")
+
+
+def _with_vocab(cfg: Any, vocab_size: int) -> Any:
+  """The input section with the tokenizer's vocabulary defaulting to the model's."""
+  if cfg is None or getattr(cfg, "vocab_size", None) is not None:
+    return cfg
+  return cfg.model_copy(update={"vocab_size": vocab_size})
+
+
+def _data(params: Any, train_cfg: Any, eval_cfg: Any, check: Callable[[Mapping[str, np.ndarray], str], None]
+          ) -> tuple[Callable[[int], Any], Callable[[], Any] | None]:
+  """``(train_data(seed), eval_data())`` of the executor's Task; eval data is built once, lazily."""
+  rc = params.runconfig
+  cache = data_cache_dir(params)
+
+  def train_data(seed: int) -> Any:
+    source = processors.train_source(train_cfg, seed=seed, num_csx=rc.num_csx,
+                                     num_workers_per_csx=rc.num_workers_per_csx, cache_dir=cache)
+    check(source.source.features, "train_input")
+    return source
+
+  if eval_cfg is None:
+    return train_data, None
+  held: list[Any] = []
+
+  def eval_data() -> Any:
+    if not held:
+      source = processors.eval_source(eval_cfg, seed=1 if rc.seed is None else rc.seed, num_csx=rc.num_csx,
+                                      cache_dir=cache)
+      check(source.features, "eval_input")
+      held.append(processors.one_pass(source, eval_cfg.batch_size, eval_cfg.drop_remainder))
+    return held[0]
+
+  return train_data, eval_data
+
+
+def _bert_batch(batch: Batch) -> dict[str, Any]:
+  """The data's feature names -> `models.bert.bert_loss`'s batch keys."""
+  renamed = {"masked_lm_labels": "labels", "masked_lm_weights": "masked_lm_mask"}
+  return {renamed.get(k, k): v for k, v in batch.items()}
+
+
+def bert_task(params: Any) -> Task:
+  """BERT MLM+NSP pre-training on ``train_input`` (the embedded corpus when it names no data_dir)."""
+  model: BertConfig = params.model
+  allowed = processors.BERT_PROCESSORS
+  train_cfg = _with_vocab(_input_section(params, "train_input", allowed, "bert"), model.vocab_size)
+  eval_cfg = _with_vocab(_input_section(params, "eval_input", allowed, "bert"), model.vocab_size)
+  if train_cfg is None:
+    raise DataConfigError("train_input: missing; the bert model needs a train_input section with a data_processor")
+  init_params, loss = functional(model)
+
+  def loss_fn(p: Any, batch: Batch) -> jax.Array:
+    return loss(p, _bert_batch(batch))
+
+  def check(features: Mapping[str, np.ndarray], where: str) -> None:
+    _check_tokens(features, model.vocab_size, model.max_position_embeddings, where)
+
+  train_data, eval_data = _data(params, train_cfg, eval_cfg, check)
+  return Task(name=f"bert (L={model.num_hidden_layers}, H={model.hidden_size})", init_params=init_params,
+              loss_fn=loss_fn, train_data=train_data, batch_size=train_cfg.batch_size, eval_data=eval_data)
+
+
+def gpt_task(params: Any) -> Task:
+  """GPT-2 / GPT-3 next-token training on ``train_input`` (the embedded corpus when no data_dir)."""
+  model: GPT2Config = params.model
+  allowed = processors.GPT_PROCESSORS
+  train_cfg = _with_vocab(_input_section(params, "train_input", allowed, "gpt"), model.vocab_size)
+  eval_cfg = _with_vocab(_input_section(params, "eval_input", allowed, "gpt"), model.vocab_size)
+  if train_cfg is None:
+    raise DataConfigError("train_input: missing; the gpt model needs a train_input section with a data_processor")
+  init_params, loss_fn = functional(model)
+
+  def check(features: Mapping[str, np.ndarray], where: str) -> None:
+    _check_tokens(features, model.vocab_size, model.max_position_embeddings, where)
+
+  train_data, eval_data = _data(params, train_cfg, eval_cfg, check)
+  return Task(name=f"{model.name or 'gpt2'} (L={model.num_hidden_layers}, H={model.hidden_size})",
+              init_params=init_params, loss_fn=loss_fn, train_data=train_data, batch_size=train_cfg.batch_size,
+              eval_data=eval_data)
+
+
+def fc_mnist_task(params: Any) -> Task:
+  """fc_mnist on the handwritten digits (scikit-learn's, shaped as MNIST); eval metric: accuracy."""
+  model: FCMnistConfig = params.model
+  allowed = processors.MNIST_PROCESSORS
+  train_cfg = _input_section(params, "train_input", allowed, "fc_mnist")
+  eval_cfg = _input_section(params, "eval_input", allowed, "fc_mnist")
+  if train_cfg is None:
+    raise DataConfigError("train_input: missing; fc_mnist needs a train_input section (MNISTDataProcessor)")
+  if eval_cfg is not None and eval_cfg.split is None:
+    eval_cfg = eval_cfg.model_copy(update={"split": "val"})
+  init_params, loss_fn = functional(model)
+  model_of = bind(model)
+
+  def accuracy(p: Any, batch: Batch) -> jax.Array:
+    logits = model_of(p)(batch["images"])
+    return jnp.mean((jnp.argmax(logits, axis=-1) == batch["labels"]).astype(jnp.float32))
+
+  def check(features: Mapping[str, np.ndarray], where: str) -> None:
+    width = features["images"].reshape(len(features["images"]), -1).shape[1]
+    if width != model.input_size:
+      raise DataConfigError(f"{where}: images have {width} pixels, model.input_size is {model.input_size}")
+
+  train_data, eval_data = _data(params, train_cfg, eval_cfg, check)
+  return Task(name="fc_mnist", init_params=init_params, loss_fn=loss_fn, train_data=train_data,
+              batch_size=train_cfg.batch_size, eval_data=eval_data, eval_metric=accuracy,
+              eval_metric_name="accuracy")
+
+
+DEFAULT_JOB = Path(__file__).parent / "bert" / "configs" / "params_bert_tiny_default.yaml"
+
+registry.register_model("bert", bert_task)
+registry.register_model("gpt2", gpt_task)
+registry.register_model("gpt3", gpt_task)
+registry.register_model("fc_mnist", fc_mnist_task)
+registry.register_default_job(
+  str(DEFAULT_JOB), "BERT-tiny MLM+NSP on the embedded corpus (Python's own docs), cbfloat16 with dynamic loss scaling")

@@ -1,0 +1,117 @@
+"""The reference models wired to real data through the registry and the executor (issue 5).
+
+Every run here goes the way a user's does: params YAML -> `wafer.runner.run_params` -> registry
+builder (`models.tasks`) -> grain pipeline -> compiled step -> metrics.jsonl. The data is real:
+the embedded corpus (Python's own English documentation) for BERT and GPT, and scikit-learn's
+bundled handwritten digits for fc_mnist.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import precision
+from tests.tolerances import LOSS_CURVE
+from wafer import cluster, registry, runner
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_JOB = ROOT / "models" / "bert" / "configs" / "params_bert_tiny_default.yaml"
+FC_MNIST = ROOT / "models" / "fc_mnist" / "configs" / "params_fc_mnist.yaml"
+CURVE_STEPS = 24
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cluster(monkeypatch):
+  monkeypatch.setattr(cluster, "_LOCKED", [])
+
+
+def _losses(model_dir: Path) -> dict[int, float]:
+  lines = (model_dir / "metrics.jsonl").read_text().splitlines()
+  return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+def _run(path: Path, model_dir: Path, *overrides: str) -> dict:
+  cluster._LOCKED.clear()
+  return runner.run_params(path, [f"runconfig.model_dir={model_dir}", *overrides])
+
+
+def test_registry_has_every_model_and_the_default_job():
+  assert {"bert", "gpt2", "gpt3", "fc_mnist"} <= set(registry.registered())
+  path, description = registry.default_job()
+  assert Path(path) == DEFAULT_JOB and "BERT-tiny" in description
+  plan = runner.load_plan(path)
+  assert plan.params.model.name == "bert" and plan.params.train_input.data_dir is None  # the embedded corpus
+  assert plan.policy.compute == precision.cbfloat16 and plan.params.optimizer.loss_scaling_factor == "dynamic"
+
+
+@pytest.fixture(scope="module")
+def bert_curves(tmp_path_factory):
+  """BERT-tiny (the default job's config) for CURVE_STEPS steps, in float32 and in cbfloat16."""
+  out = {}
+  for name, mixed in (("float32", "false"), ("cbfloat16", "true")):
+    model_dir = tmp_path_factory.mktemp(f"bert_{name}")
+    cluster._LOCKED.clear()
+    runner.run_params(DEFAULT_JOB, [f"runconfig.model_dir={model_dir}", "runconfig.mode=train",
+                                    f"runconfig.max_steps={CURVE_STEPS}", "runconfig.log_steps=1",
+                                    f"model.mixed_precision={mixed}"])
+    out[name] = _losses(model_dir)
+  return out
+
+
+def test_bert_tiny_learns_the_embedded_corpus(bert_curves):
+  for name, curve in bert_curves.items():
+    losses = [curve[s] for s in sorted(curve)]
+    assert len(losses) == CURVE_STEPS
+    first, last = np.mean(losses[:4]), np.mean(losses[-4:])
+    assert last < first - 1.0, (name, losses)  # from ~9.7 (ln 8192 + ln 2) down by well over a nat
+
+
+def test_cbfloat16_tracks_float32_loss_curve(bert_curves):
+  f32, cb16 = bert_curves["float32"], bert_curves["cbfloat16"]
+  steps = sorted(f32)
+  rel = np.array([abs(cb16[s] - f32[s]) / abs(f32[s]) for s in steps])
+  tol = LOSS_CURVE["cbfloat16"]
+  assert rel.max() <= tol.rtol, (tol.reason, rel)
+  # rounding happened: the curves are not the float32 one
+  assert rel.max() > 2.0**-12, rel
+
+
+def test_fc_mnist_learns_the_digits(tmp_path):
+  summary = _run(FC_MNIST, tmp_path, "runconfig.max_steps=60", "runconfig.log_steps=1", "train_input.batch_size=32",
+                 "optimizer.learning_rate=0.05", "optimizer.momentum=0.9", "runconfig.mode=train_and_eval",
+                 "runconfig.eval_frequency=60", "runconfig.checkpoint_steps=60", "eval_input.batch_size=32")
+  losses = list(_losses(tmp_path).values())
+  assert np.mean(losses[-5:]) < 0.85 * np.mean(losses[:5]), losses
+  (step, accuracy), = summary["evals"]
+  assert step == 60 and accuracy > 0.2  # chance is 0.1
+
+
+def test_data_errors_name_the_section(tmp_path):
+  from wafer.data import DataError
+
+  with pytest.raises(DataError, match=r"train_input \(BertCSVDynamicMaskDataProcessor, data_dir='.*nowhere'\).*not found"):
+    _run(DEFAULT_JOB, tmp_path, f"train_input.data_dir={tmp_path / 'nowhere'}", "runconfig.max_steps=1")
+  with pytest.raises(DataError, match=r"train_input.data_processor: 'MNISTDataProcessor' does not feed the bert "
+                                      r"model; allowed: BertCSVDynamicMaskDataProcessor"):
+    _run(DEFAULT_JOB, tmp_path, "train_input.data_processor=MNISTDataProcessor", "runconfig.max_steps=1")
+  with pytest.raises(DataError, match=r"token id \d+ is outside model.vocab_size=100; set model.vocab_size to at "
+                                      r"least"):
+    _run(DEFAULT_JOB, tmp_path, "model.vocab_size=100", "train_input.vocab_size=8192", "runconfig.max_steps=1")
+
+
+def test_analyze_input_recommends_workers(tmp_path, capsys):
+  from wafer import cli
+
+  rc = cli.main(["analyze-input", "--params", str(FC_MNIST), "--workers", "1", "2", "--seconds", "0.3",
+                 "--consumer", "measured", "--model_dir", str(tmp_path)])
+  out = capsys.readouterr().out
+  assert rc == 0, out
+  report = json.loads((tmp_path / "input_analysis.json").read_text())
+  assert [r["num_workers"] for r in report["rates"]] == [1, 2]
+  assert all(r["samples_per_s"] > 0 for r in report["rates"]) and report["consumption_samples_per_s"] > 0
+  assert report["recommendation"]["num_workers_per_csx"] in (1, 2)
+  assert "Recommendation: runconfig.num_workers_per_csx:" in out and "measured step rate" in out

@@ -1,0 +1,135 @@
+"""``wafer analyze-input --params FILE``: can the input pipeline feed the model? (cf. cs_input_analyzer)
+
+1. Build the params file's training pipeline once (`wafer.runner.load_plan`), then measure its
+   samples/s with 1..N input workers, each a grain worker process
+   (`wafer.data.analyze.measure_samples_per_s`). The batches do not depend on the number of
+   processes, only the speed does.
+2. The rate the model consumes samples: the wafer cost model's estimate for the params file's
+   train step (``consumer="costmodel"``, the default: what a CS system would ask for), or the
+   measured step rate of the compiled step on this machine (``consumer="measured"``).
+3. Recommend ``num_workers_per_csx``: the fewest workers whose rate is at least ``headroom``
+   (1.2) times the consumption (`wafer.data.analyze.recommend_workers`).
+
+The analysis is written to ``model_dir/input_analysis.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from precision._table import Table
+from wafer.data.analyze import WorkerRate, measure_samples_per_s, recommend_workers
+from wafer.data.pipeline import GrainBatchSource
+
+CONSUMERS = ("costmodel", "measured")
+
+
+class InputAnalysisError(ValueError):
+  """The params file's pipeline cannot be analysed; the message says why and what to do."""
+
+
+def default_worker_counts(cpus: int | None = None) -> list[int]:
+  """1, 2, 4, ... up to the machine's CPU count (at least 1 and 2)."""
+  cpus = max(2, cpus or os.cpu_count() or 2)
+  counts, w = [], 1
+  while w <= cpus:
+    counts.append(w)
+    w *= 2
+  return counts
+
+
+@dataclasses.dataclass
+class InputAnalysis:
+  """What ``wafer analyze-input`` found (``to_dict`` is what it writes as JSON)."""
+
+  model: str
+  batch_size: int
+  num_csx: int
+  examples: int
+  rates: list[WorkerRate]
+  consumer: str
+  consumption_samples_per_s: float
+  recommendation: dict[str, Any]
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"model": self.model, "batch_size": self.batch_size, "num_csx": self.num_csx, "examples": self.examples,
+            "rates": [dataclasses.asdict(r) for r in self.rates], "consumer": self.consumer,
+            "consumption_samples_per_s": self.consumption_samples_per_s, "recommendation": self.recommendation}
+
+  def table(self) -> Table:
+    need = self.consumption_samples_per_s
+    rows = [[r.num_workers, f"{r.samples_per_s:,.0f}", f"{r.samples_per_s / need:,.1f}x" if need > 0 else "-",
+             f"{r.first_batch_s:.2f}"] for r in self.rates]
+    return Table(["workers", "samples/s", "vs consumption", "start-up s"], rows,
+                 title=f"Input pipeline of {self.model} ({self.examples:,} examples, batch {self.batch_size})")
+
+  def to_text(self) -> str:
+    source = "wafer cost model estimate" if self.consumer == "costmodel" else "measured step rate on this machine"
+    rec = self.recommendation
+    verdict = "INPUT-BOUND" if rec["input_bound"] else "keeps up"
+    return (f"{self.table()}\n\nModel consumes {self.consumption_samples_per_s:,.1f} samples/s ({source}).\n"
+            f"Recommendation: runconfig.num_workers_per_csx: {rec['num_workers_per_csx']}  ({verdict}: "
+            f"{rec['reason']})\n")
+
+
+def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> float:
+  """Samples/s the train step of ``plan`` consumes: the cost-model estimate, or measured here."""
+  from wafer import executor
+
+  if consumer not in CONSUMERS:
+    raise InputAnalysisError(f"consumer={consumer!r}; allowed: {', '.join(CONSUMERS)}")
+  state = executor.TrainState(plan.task.init_params(jax.random.key(0)), None, plan.loss_scale, jax.numpy.int32(0))
+  state = dataclasses.replace(state, opt_state=plan.optimizer.init(state.params))
+  step_fn = executor.make_train_step(plan.task, plan.optimizer, plan.policy)
+  if consumer == "costmodel":
+    import wafer
+
+    report = wafer.estimate(step_fn, state, batch, batch_size=plan.task.batch_size, num_csx=plan.settings.num_csx,
+                            policy=plan.policy, name=plan.task.name)
+    return float(report.samples_per_sec)
+  step = jax.jit(step_fn)
+  state, loss = step(state, batch)  # compile and warm up
+  jax.block_until_ready(loss)
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    state, loss = step(state, batch)
+  jax.block_until_ready(loss)
+  return steps * plan.task.batch_size / (time.perf_counter() - t0)
+
+
+def analyze(plan: Any, *, worker_counts: Sequence[int] | None = None, seconds: float = 2.0,
+            consumer: str = "costmodel", headroom: float = 1.2) -> InputAnalysis:
+  """Measure the pipeline of ``plan`` (a `wafer.runner.Plan`) and recommend ``num_workers_per_csx``."""
+  counts = sorted(set(worker_counts or default_worker_counts()))
+  if not counts or counts[0] < 1:
+    raise InputAnalysisError(f"worker counts must be positive integers (got {list(worker_counts or [])})")
+  base = plan.task.train_data(plan.settings.seed)
+  if not isinstance(base, GrainBatchSource):
+    raise InputAnalysisError(f"model {plan.task.name!r} does not read its data through a grain pipeline "
+                             f"({type(base).__name__}); analyze-input measures wafer.data.GrainBatchSource pipelines")
+  batch = base.batch_at(0)
+
+  def make(w: int) -> GrainBatchSource:
+    return base.with_workers(num_workers_per_csx=w, num_processes=w)
+
+  rates = measure_samples_per_s(make, counts, seconds=seconds)
+  need = consumption_rate(plan, batch, consumer)
+  return InputAnalysis(model=plan.task.name, batch_size=plan.task.batch_size, num_csx=plan.settings.num_csx,
+                       examples=len(base.source), rates=rates, consumer=consumer, consumption_samples_per_s=need,
+                       recommendation=recommend_workers(rates, need, headroom=headroom))
+
+
+def save(analysis: InputAnalysis, model_dir: str | os.PathLike) -> Path:
+  """Write ``model_dir/input_analysis.json``."""
+  path = Path(model_dir) / "input_analysis.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(analysis.to_dict(), indent=2) + "\n")
+  return path
