@@ -208,8 +208,11 @@ def _estimate(args: argparse.Namespace) -> int:
 def _analyze_input(args: argparse.Namespace) -> int:
   from wafer import input_analyzer, runner
 
+  overrides = list(args.overrides or ())
+  if args.model_dir is not None:
+    overrides.append(f"runconfig.model_dir={args.model_dir}")
   try:
-    plan = runner.load_plan(args.params, list(args.overrides or ()))
+    plan = runner.load_plan(args.params, overrides)
     print(f"Measuring the input pipeline of {plan.task.name} ({args.seconds:g} s per worker count)...", flush=True)
     analysis = input_analyzer.analyze(plan, worker_counts=args.workers, seconds=args.seconds, consumer=args.consumer)
   except input_analyzer.InputAnalysisError as exc:
@@ -222,7 +225,7 @@ def _analyze_input(args: argparse.Namespace) -> int:
     print(f"wafer analyze-input: error: {message}", file=sys.stderr)
     return 2
   print(analysis.to_text(), end="")
-  path = input_analyzer.save(analysis, args.model_dir or plan.settings.model_dir)
+  path = input_analyzer.save(analysis, plan.settings.model_dir)
   print(f"wrote {path}")
   return 0
 
