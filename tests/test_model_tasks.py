@@ -115,3 +115,33 @@ def test_analyze_input_recommends_workers(tmp_path, capsys):
   assert all(r["samples_per_s"] > 0 for r in report["rates"]) and report["consumption_samples_per_s"] > 0
   assert report["recommendation"]["num_workers_per_csx"] in (1, 2)
   assert "Recommendation: runconfig.num_workers_per_csx:" in out and "measured step rate" in out
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+  import gzip
+
+  header = bytes([0, 0, 8, array.ndim]) + np.asarray(array.shape, ">i4").tobytes()
+  with gzip.open(path, "wb") as f:
+    f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_mnist_idx_files_in_data_dir(tmp_path):
+  from wafer.config.schema import InputConfig
+  from wafer.data import DataError, processors
+
+  rng = np.random.default_rng(0)
+  for prefix, n in (("train", 40), ("t10k", 12)):
+    _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+    _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+  cfg = InputConfig(data_processor="MNISTDataProcessor", data_dir=str(tmp_path), batch_size=8)
+  batch = next(processors.train_source(cfg, seed=0))
+  assert batch["images"].shape == (8, 784) and batch["images"].max() <= 1.0 and batch["labels"].dtype == np.int32
+  assert len(processors.eval_source(cfg, seed=0)) == 12
+  with pytest.raises(DataError, match=r"no train-images-idx3-ubyte\[.gz\] in .*remove data_dir to use "
+                                      r"scikit-learn's bundled digits"):
+    processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / "empty")}), seed=0)
+  (tmp_path / "bad").mkdir()
+  (tmp_path / "bad" / "train-images-idx3-ubyte").write_bytes(b"\x01\x02\x03\x04")
+  (tmp_path / "bad" / "train-labels-idx1-ubyte").write_bytes(b"\x01\x02\x03\x04")
+  with pytest.raises(DataError, match="not an IDX file"):
+    processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / "bad")}), seed=0)

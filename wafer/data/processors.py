@@ -6,8 +6,9 @@ data_processor                      data
 ``BertCSVDynamicMaskDataProcessor``  BERT MLM+NSP: pre-tokenised CSV/HDF5 in ``data_dir``; or
 ``BertHDF5DataProcessor``            .txt/.jsonl text there (tokenised and masked here); or,
 ``BertMLMNSPDataProcessor``          with no ``data_dir``, the embedded corpus
-``MNISTDataProcessor``               scikit-learn's bundled digits shaped as MNIST (``split``:
-                                     ``train``, or ``val``/``eval``/``test`` for the held-out part)
+``MNISTDataProcessor``               MNIST's IDX files in ``data_dir``; without one, scikit-learn's
+                                     bundled digits shaped as MNIST (``split``: ``train``, or
+                                     ``val``/``eval``/``test`` for the held-out part)
 ==================================  ===========================================================
 
 Keys read: ``batch_size`` (global, across ``num_csx``), ``shuffle``, ``shuffle_seed`` (default:
@@ -74,7 +75,11 @@ def _features(cfg: Any, cache_dir: str | os.PathLike | None, seed: int, eval_spl
                                  cache_dir=cache_dir, seed=seed, split=text_split(cfg, eval_split))
   if name in MNIST_PROCESSORS:
     split = (cfg.split or ("val" if eval_split else "train")).lower()
-    return sources.digits_features("train" if split == "train" else "eval")
+    split = "train" if split == "train" else "eval"
+    if cfg.data_dir is not None:
+      data_dir = cfg.data_dir[0] if isinstance(cfg.data_dir, list) and len(cfg.data_dir) == 1 else cfg.data_dir
+      return sources.mnist_features(data_dir, split)
+    return sources.digits_features(split)
   raise ValueError(f"data_processor {name!r} is not one wafer provides; allowed: {', '.join(PROCESSORS)}")
 
 

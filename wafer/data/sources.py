@@ -91,6 +91,49 @@ def digits_features(split: str = "train", eval_fraction: float = 0.2) -> dict[st
   return {"images": images[idx].reshape(len(idx), 784), "labels": d.target[idx].astype(np.int32)}
 
 
+MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+               "eval": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+def _read_idx(path: str) -> np.ndarray:
+  """One IDX file (MNIST's format: magic 0x0000 0x08 ndim, big-endian int32 dims, uint8 data)."""
+  import gzip
+
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rb") as f:
+    raw = f.read()
+  if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+    raise ValueError(f"{path}: not an IDX file of unsigned bytes (magic {raw[:4].hex()!r}, expected 000008xx)")
+  ndim = raw[3]
+  dims = tuple(int(d) for d in np.frombuffer(raw, ">i4", count=ndim, offset=4))
+  data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
+  if data.size != int(np.prod(dims)):
+    raise ValueError(f"{path}: header says {dims} = {int(np.prod(dims))} values, the file holds {data.size}")
+  return data.reshape(dims)
+
+
+def mnist_features(data_dir: str | os.PathLike, split: str = "train") -> dict[str, np.ndarray]:
+  """MNIST from its IDX files in ``data_dir`` (``train-*`` for train, ``t10k-*`` for eval; ``.gz`` or not).
+
+  Returns:
+    ``{"images": float32 [N, 784] in [0, 1], "labels": int32 [N]}``.
+  """
+  if split not in MNIST_FILES:
+    raise ValueError(f"split must be 'train' or 'eval' (got {split!r})")
+  paths = []
+  for stem in MNIST_FILES[split]:
+    found = [os.path.join(data_dir, stem + ext) for ext in ("", ".gz") if os.path.isfile(os.path.join(data_dir, stem + ext))]
+    if not found:
+      raise FileNotFoundError(f"no {stem}[.gz] in {os.fspath(data_dir)}: MNISTDataProcessor reads MNIST's IDX files "
+                              "there; remove data_dir to use scikit-learn's bundled digits instead")
+    paths.append(found[0])
+  images, labels = _read_idx(paths[0]), _read_idx(paths[1])
+  if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+    raise ValueError(f"{paths[0]}, {paths[1]}: expected images [N, 28, 28] and labels [N]; got {images.shape}, "
+                     f"{labels.shape}")
+  return {"images": images.reshape(len(images), -1).astype(np.float32) / 255.0, "labels": labels.astype(np.int32)}
+
+
 def bert_batch_source(data_dir: str | os.PathLike | None, batch_size: int, *, msl: int = 128, seed: int = 0,
                       num_workers_per_csx: int = 0, num_csx: int = 1, shuffle: bool = True, drop_last: bool = True,
                       vocab_size: int = 8192, cache_dir: str | os.PathLike | None = None,
