@@ -38,7 +38,7 @@ def test_run_without_params_runs_the_embedded_default_job(tmp_path, capsys):
   assert [r["step"] for r in records] == [1, 2, 4]  # the first step, then every log_steps
   assert "Training loss:" in out and "at step 1 ->" in out
   assert "Outputs:" in out and "metrics.jsonl" in out and "compile_report.txt" in out
-  assert any(f.startswith("wordpiece-8192-") for f in (tmp_path / "md" / "data_cache").iterdir() for f in [f.name])
+  assert any(f.startswith("bert-bpe-8192-") for f in (tmp_path / "md" / "data_cache").iterdir() for f in [f.name])
 
 
 def test_run_a_params_file_with_modes_and_overrides(tmp_path, capsys):

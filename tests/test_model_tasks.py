@@ -76,8 +76,8 @@ def test_cbfloat16_tracks_float32_loss_curve(bert_curves):
   rel = np.array([abs(cb16[s] - f32[s]) / abs(f32[s]) for s in steps])
   tol = LOSS_CURVE["cbfloat16"]
   assert rel.max() <= tol.rtol, (tol.reason, rel)
-  # rounding happened: the curves are not the float32 one
-  assert rel.max() > 2.0**-12, rel
+  # rounding happened: the cbfloat16 curve is not the float32 one
+  assert rel.max() > 2.0**-16 and np.count_nonzero(rel) > len(rel) // 2, rel
 
 
 def test_fc_mnist_learns_the_digits(tmp_path):

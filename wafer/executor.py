@@ -243,16 +243,21 @@ def run(
   init = TrainState(task.init_params(key), None, loss_scale, jnp.asarray(0, jnp.int32))
   init = dataclasses.replace(init, opt_state=optimizer.init(init.params))
   checkpoints = _Checkpoints(model_dir, settings.max_checkpoints)
+  print(f"Preparing the training data of {task.name}...", flush=True)
+  t0 = time.perf_counter()
   data = task.train_data(settings.seed)
   start = data.get_state()
   example_batch = next(data)  # the compile's example; then rewind, so the data is built once
   data.set_state(start)
   step_fn = make_train_step(task, optimizer, policy)
   batch_arg = (1,) if settings.num_csx > 1 else ()
+  t1 = time.perf_counter()
+  print(f"Data ready in {t1 - t0:.1f} s. Compiling the train step ({policy})...", flush=True)
   compiled = wafer.compile(
       step_fn, init, example_batch, num_csx=settings.num_csx, batch_argnums=batch_arg,
       validate_only=settings.validate_only,
   )  # fmt: skip
+  print(f"Compiled in {time.perf_counter() - t1:.1f} s.", flush=True)
   summary: dict[str, Any] = {"model_dir": str(model_dir), "task": task.name, "eval_metric": task.eval_metric_name}
   _write_compile_report(step_fn, init, example_batch, task, settings, model_dir, summary)
   if settings.validate_only or settings.compile_only:

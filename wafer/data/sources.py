@@ -19,7 +19,7 @@ CLS_ID, SEP_ID, MASK_ID, NUM_SPECIAL = 2, 3, 4, 5  # positions in text.SPECIAL_T
 
 def bert_features_from_text(docs: list[str], *, msl: int, vocab_size: int, cache_dir: str | os.PathLike | None,
                             seed: int = 0, dupe_factor: int = 1, split: str | None = None) -> dict[str, np.ndarray]:
-  """Train (or load) the WordPiece tokenizer on ``docs``, then create MLM+NSP examples.
+  """Train (or load) BERT's tokenizer (`wafer.data.text.train_bert_tokenizer`) on ``docs``, then create MLM+NSP examples.
 
   The tokenizer is trained on all of ``docs``; the examples come from the documents of
   ``split`` (:func:`wafer.data.text.split_documents`; None: all). With a ``cache_dir`` the
@@ -32,7 +32,9 @@ def bert_features_from_text(docs: list[str], *, msl: int, vocab_size: int, cache
     path = os.path.join(os.fspath(cache_dir), f"bert-{key}.h5")
     if os.path.isfile(path):
       return bert.read_hdf5(path)
-  tok = text.train_wordpiece(docs, vocab_size, cache_dir)
+  print(f"Tokenising {len(docs):,} documents (subword BPE, {vocab_size} ids) into MSL-{msl} MLM+NSP examples"
+        f"{f'; cached in {cache_dir}' if cache_dir is not None else ''}...", flush=True)
+  tok = text.train_bert_tokenizer(docs, vocab_size, cache_dir)
   feats = bert.create_mlm_nsp_examples(
     text.tokenize_documents(tok, text.split_documents(docs, split)), msl=msl, vocab_size=tok.get_vocab_size(), cls_id=CLS_ID, sep_id=SEP_ID,
     mask_id=MASK_ID, num_special=NUM_SPECIAL, seed=seed, dupe_factor=dupe_factor)

@@ -1,4 +1,4 @@
-"""Text sources, the embedded default corpus, and a locally trained WordPiece tokenizer.
+"""Text sources, the embedded default corpus, and a locally trained subword tokenizer.
 
 **Why this embedded corpus.** The default job must run on a fresh machine with no download.
 Every CPython installation ships English prose: the help topics of ``pydoc_data.topics`` (the
@@ -154,24 +154,33 @@ def corpus_hash(docs: Sequence[str]) -> str:
   return h.hexdigest()[:12]
 
 
-def train_wordpiece(docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None = None):
-  """A lowercase BERT WordPiece tokenizer trained on ``docs``, cached as ``cache_dir/wordpiece-V-HASH.json``.
+def train_bert_tokenizer(docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None = None):
+  """BERT's subword tokenizer trained on ``docs``, cached as ``cache_dir/bert-bpe-V-HASH.json``.
+
+  BERT's lowercasing normalizer and pre-tokenizer (words and punctuation marks split apart), then
+  BPE merges within words, with ``vocab_size`` ids at most. Subwords carry no ``##`` marker, so
+  ``decode`` separates every token by a space (nothing in training decodes).
+
+  Why BPE and not WordPiece: ``tokenizers``' WordPiece trainer is not deterministic (the ids of
+  its ``##`` continuation tokens follow hash-map order, and merge ties are broken by id;
+  huggingface/tokenizers#1794): two trainings on the same text give different vocabularies,
+  so two fresh runs would see different data. This BPE trains the same vocabulary every time
+  (tested).
 
   Returns:
     A ``tokenizers.Tokenizer``; ids 0..4 are ``[PAD] [UNK] [CLS] [SEP] [MASK]``.
   """
-  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+  from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
   path = None
   if cache_dir is not None:
-    path = os.path.join(os.fspath(cache_dir), f"wordpiece-{vocab_size}-{corpus_hash(docs)}.json")
+    path = os.path.join(os.fspath(cache_dir), f"bert-bpe-{vocab_size}-{corpus_hash(docs)}.json")
     if os.path.isfile(path):
       return Tokenizer.from_file(path)
-  tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+  tok = Tokenizer(models.BPE(unk_token="[UNK]"))
   tok.normalizer = normalizers.BertNormalizer(lowercase=True)
   tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-  tok.decoder = decoders.WordPiece()
-  trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
   tok.train_from_iterator(docs, trainer=trainer)
   if path is not None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
