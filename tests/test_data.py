@@ -180,8 +180,9 @@ def test_tokenizer_training_is_deterministic():
   """Two trainings on the embedded corpus give one vocabulary (tokenizers' WordPiece trainer fails this:
   huggingface/tokenizers#1794), so two fresh runs of the default job see the same data."""
   docs = text.embedded_corpus()
-  vocabs = [text.train_bert_tokenizer(docs, 8192).get_vocab() for _ in range(3)]
-  assert len(vocabs[0]) == 8192 and vocabs[1] == vocabs[0] and vocabs[2] == vocabs[0]
+  for train in (text.train_bert_tokenizer, text.train_bpe):  # BERT's and GPT's
+    vocabs = [train(docs, 8192).get_vocab() for _ in range(3)]
+    assert len(vocabs[0]) == 8192 and vocabs[1] == vocabs[0] and vocabs[2] == vocabs[0], train.__name__
 
 
 def test_hdf5_and_csv_round_trip(tmp_path):

@@ -80,6 +80,20 @@ def test_cbfloat16_tracks_float32_loss_curve(bert_curves):
   assert rel.max() > 2.0**-16 and np.count_nonzero(rel) > len(rel) // 2, rel
 
 
+GPT2_TINY = ROOT / "models" / "gpt2" / "configs" / "params_gpt2_tiny.yaml"
+
+
+def test_gpt2_tiny_learns_the_embedded_corpus(tmp_path):
+  summary = _run(GPT2_TINY, tmp_path, "runconfig.max_steps=30", "runconfig.log_steps=1", "runconfig.mode=train_and_eval",
+                 "runconfig.eval_frequency=30", "runconfig.checkpoint_steps=30", "runconfig.eval_steps=2",
+                 "model.vocab_size=4096")  # the tokenizer's vocabulary follows the model's
+  losses = list(_losses(tmp_path).values())
+  assert len(losses) == 30 and abs(losses[0] - np.log(4096)) < 1.0  # starts near uniform over the vocabulary
+  assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
+  (step, eval_loss), = summary["evals"]
+  assert step == 30 and eval_loss < losses[0] - 1.0  # held-out documents
+
+
 def test_fc_mnist_learns_the_digits(tmp_path):
   summary = _run(FC_MNIST, tmp_path, "runconfig.max_steps=60", "runconfig.log_steps=1", "train_input.batch_size=32",
                  "optimizer.learning_rate=0.05", "optimizer.momentum=0.9", "runconfig.mode=train_and_eval",

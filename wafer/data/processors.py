@@ -6,6 +6,9 @@ data_processor                      data
 ``BertCSVDynamicMaskDataProcessor``  BERT MLM+NSP: pre-tokenised CSV/HDF5 in ``data_dir``; or
 ``BertHDF5DataProcessor``            .txt/.jsonl text there (tokenised and masked here); or,
 ``BertMLMNSPDataProcessor``          with no ``data_dir``, the embedded corpus
+``GptHDF5DataProcessor``             GPT next-token: modelzoo GPT HDF5 (``data`` [N, 3, MSL]) in
+``GptHDF5MapDataProcessor``          ``data_dir``; or .txt/.jsonl text there (byte-level BPE
+``GptTextDataProcessor``             trained here, ids < ``vocab_size``); or the embedded corpus
 ``MNISTDataProcessor``               MNIST's IDX files in ``data_dir``; without one, scikit-learn's
                                      bundled digits shaped as MNIST (``split``: ``train``, or
                                      ``val``/``eval``/``test`` for the held-out part)
@@ -42,7 +45,8 @@ def _section_error(section: str, cfg: Any, error: Exception) -> DataError:
 
 BERT_PROCESSORS = ("BertCSVDynamicMaskDataProcessor", "BertHDF5DataProcessor", "BertMLMNSPDataProcessor")
 MNIST_PROCESSORS = ("MNISTDataProcessor",)
-PROCESSORS = BERT_PROCESSORS + MNIST_PROCESSORS
+GPT_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor", "GptTextDataProcessor")
+PROCESSORS = BERT_PROCESSORS + MNIST_PROCESSORS + GPT_PROCESSORS
 
 
 def check_batch_size(batch_size: int, num_csx: int) -> None:
@@ -73,6 +77,12 @@ def _features(cfg: Any, cache_dir: str | os.PathLike | None, seed: int, eval_spl
       raise ValueError(f"{name}: data_dir must be one path (got {len(data_dir)})")
     return sources.bert_features(data_dir, msl=cfg.max_sequence_length or 128, vocab_size=cfg.vocab_size or 8192,
                                  cache_dir=cache_dir, seed=seed, split=text_split(cfg, eval_split))
+  if name in GPT_PROCESSORS:
+    data_dir = cfg.data_dir[0] if isinstance(cfg.data_dir, list) and len(cfg.data_dir) == 1 else cfg.data_dir
+    if isinstance(data_dir, list):
+      raise ValueError(f"{name}: data_dir must be one path (got {len(data_dir)})")
+    return sources.gpt_features(data_dir, msl=cfg.max_sequence_length or 128, vocab_size=cfg.vocab_size or 8192,
+                                cache_dir=cache_dir, split=text_split(cfg, eval_split))
   if name in MNIST_PROCESSORS:
     split = (cfg.split or ("val" if eval_split else "train")).lower()
     split = "train" if split == "train" else "eval"

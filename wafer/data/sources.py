@@ -1,4 +1,4 @@
-"""Ready-made sources: BERT MLM+NSP features (pre-tokenised, text, embedded) and the digits for fc_mnist.
+"""Ready-made sources: BERT MLM+NSP and GPT LM features (pre-tokenised, text, embedded), and digits for fc_mnist.
 
 Every function returns a dict of NumPy arrays (first axis = examples) to wrap in an
 :class:`~wafer.data.pipeline.ArraySource`; :func:`bert_batch_source` and :func:`digits_batch_source`
@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from wafer.data import bert, text
+from wafer.data import bert, gpt, text
 from wafer.data.pipeline import ArraySource, GrainBatchSource
 
 CLS_ID, SEP_ID, MASK_ID, NUM_SPECIAL = 2, 3, 4, 5  # positions in text.SPECIAL_TOKENS
@@ -67,6 +67,58 @@ def bert_features(data_dir: str | os.PathLike | None, *, msl: int, vocab_size: i
       return feats
   return bert_features_from_text(text.read_documents(data_dir), msl=msl, vocab_size=vocab_size,
                                  cache_dir=cache_dir, seed=seed, dupe_factor=dupe_factor, split=split)
+
+
+def gpt_features_from_text(docs: list[str], *, msl: int, vocab_size: int,
+                           cache_dir: str | os.PathLike | None, split: str | None = None) -> dict[str, np.ndarray]:
+  """Train (or load) the byte-level BPE tokenizer on ``docs``, then create next-token examples.
+
+  Token ids are ``< vocab_size`` (the requested size: the trainer may stop short of it on a small
+  corpus), and ``<|endoftext|>`` (id :data:`text.EOT`) ends every document. The tokenizer is
+  trained on all of ``docs``; the examples come from the documents of ``split``
+  (:func:`wafer.data.text.split_documents`; None: all). With a ``cache_dir`` the examples are
+  cached there as GPT HDF5, keyed by the corpus hash, MSL, vocabulary size and split.
+  """
+  path = None
+  if cache_dir is not None:
+    key = f"{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-{split or 'all'}"
+    path = os.path.join(os.fspath(cache_dir), f"gpt-{key}.h5")
+    if os.path.isfile(path):
+      return gpt.read_hdf5(path)
+  print(f"Tokenising {len(docs):,} documents (byte-level BPE, {vocab_size} ids) into MSL-{msl} next-token examples"
+        f"{f'; cached in {cache_dir}' if cache_dir is not None else ''}...", flush=True)
+  tok = text.train_bpe(docs, vocab_size, cache_dir)
+  ids = [e.ids for e in tok.encode_batch(text.split_documents(docs, split), add_special_tokens=False)]
+  feats = gpt.create_lm_examples(ids, msl=msl, eot_id=text.EOT)
+  if path is not None:
+    tmp = path + ".tmp"
+    gpt.write_hdf5(tmp, feats)
+    os.replace(tmp, path)
+  return feats
+
+
+def gpt_features(data_dir: str | os.PathLike | None, *, msl: int, vocab_size: int = 8192,
+                 cache_dir: str | os.PathLike | None = None, split: str | None = None) -> dict[str, np.ndarray]:
+  """GPT features from pre-tokenised HDF5, from text (.txt / .jsonl), or the embedded corpus (None).
+
+  Pre-tokenised data is used as it is (its ids come from its own tokenizer, so ``vocab_size`` is
+  not applied; it is split by its files); text is tokenised here with ids ``< vocab_size``, and
+  ``split`` selects its documents (:func:`gpt_features_from_text`).
+  """
+  if data_dir is not None:
+    path = os.fspath(data_dir)
+    names = [path] if os.path.isfile(path) else (os.listdir(path) if os.path.isdir(path) else [])
+    if any(n.endswith((".h5", ".hdf5")) for n in names):
+      if split is not None:
+        raise ValueError(f"{path}: split={split!r} selects documents of a text corpus; pre-tokenised data is "
+                         "split by its files: remove split and point data_dir at that split's files")
+      feats = gpt.read_features(path)
+      if feats["input_ids"].shape[1] != msl:
+        raise ValueError(f"{path}: sequences have length {feats['input_ids'].shape[1]}, but "
+                         f"max_sequence_length is {msl}")
+      return feats
+  return gpt_features_from_text(text.read_documents(data_dir), msl=msl, vocab_size=vocab_size, cache_dir=cache_dir,
+                                split=split)
 
 
 def digits_features(split: str = "train", eval_fraction: float = 0.2) -> dict[str, np.ndarray]:

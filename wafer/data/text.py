@@ -20,6 +20,8 @@ import sysconfig
 from collections.abc import Iterable, Sequence
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+EOT_TOKEN = "<|endoftext|>"
+EOT = 0  # id of EOT_TOKEN in the tokenizers of train_bpe
 
 # Well-documented pure-Python standard-library modules (files under the stdlib directory).
 _DOC_MODULES = (
@@ -182,6 +184,44 @@ def train_bert_tokenizer(docs: Sequence[str], vocab_size: int, cache_dir: str | 
   tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
   tok.train_from_iterator(docs, trainer=trainer)
+  if path is not None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    tok.save(tmp)
+    os.replace(tmp, path)
+  return tok
+
+
+def train_bpe(docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None = None):
+  """A GPT-2 style byte-level BPE tokenizer trained on ``docs``, cached as ``cache_dir/bpe-V-HASH.json``.
+
+  The 256 byte symbols are always in the vocabulary, so every text encodes without an unknown
+  token; ``vocab_size`` must therefore be at least 257 (the bytes and ``<|endoftext|>``). The
+  trainer may stop below ``vocab_size`` on a small corpus: ids are always ``< vocab_size``.
+
+  Returns:
+    A ``tokenizers.Tokenizer``; id 0 (:data:`EOT`) is ``<|endoftext|>``.
+  """
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  if vocab_size < len(alphabet) + 1:
+    raise ValueError(f"BPE vocab_size must be at least {len(alphabet) + 1} (the {len(alphabet)} byte symbols and "
+                     f"{EOT_TOKEN}); got {vocab_size}")
+  path = None
+  if cache_dir is not None:
+    path = os.path.join(os.fspath(cache_dir), f"bpe-{vocab_size}-{corpus_hash(docs)}.json")
+    if os.path.isfile(path):
+      return Tokenizer.from_file(path)
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TOKEN], initial_alphabet=alphabet,
+                                show_progress=False)
+  tok.train_from_iterator(docs, trainer=trainer)
+  if tok.token_to_id(EOT_TOKEN) != EOT or tok.get_vocab_size() > vocab_size:
+    raise RuntimeError(f"BPE training gave {EOT_TOKEN} id {tok.token_to_id(EOT_TOKEN)} and "
+                       f"{tok.get_vocab_size()} tokens; expected id {EOT} and at most {vocab_size}")
   if path is not None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
