@@ -308,8 +308,7 @@ def _train(task, settings, compiled, init, data, checkpoints, metrics, summary, 
     print(f"Resuming from the checkpoint at step {done}.", flush=True)
   last = done + total_steps(settings, done)
   if last == done:
-    print(f"Nothing to train: model_dir already holds the checkpoint of step {done} (max_steps). Raise "
-          "runconfig.max_steps to train further, or use another model_dir.", flush=True)
+    _nothing_to_train(done)
     summary.update(final_step=done, params=state.params)
     summary.setdefault("losses", [])
     return state
@@ -351,6 +350,11 @@ def _train(task, settings, compiled, init, data, checkpoints, metrics, summary, 
   return state
 
 
+def _nothing_to_train(done: int) -> None:
+  print(f"Nothing to train: model_dir already holds the checkpoint of step {done} (max_steps). Raise "
+        "runconfig.max_steps to train further, or use another model_dir.", flush=True)
+
+
 def _train_and_eval(task, settings, compiled, init, data, checkpoints, metrics, summary) -> None:
   freq = settings.eval_frequency
   if not isinstance(freq, int) or freq <= 0:
@@ -363,6 +367,8 @@ def _train_and_eval(task, settings, compiled, init, data, checkpoints, metrics, 
   _, done = _latest(checkpoints, init)
   end = done + total_steps(settings, done)
   summary["evals"] = []
+  if end == done:
+    _nothing_to_train(done)
   resumed = None
   while done < end:
     target = min(done + freq, end)

@@ -32,11 +32,12 @@ def bert_features_from_text(docs: list[str], *, msl: int, vocab_size: int, cache
     path = os.path.join(os.fspath(cache_dir), f"bert-{key}.h5")
     if os.path.isfile(path):
       return bert.read_hdf5(path)
-  print(f"Tokenising {len(docs):,} documents (subword BPE, {vocab_size} ids) into MSL-{msl} MLM+NSP examples"
-        f"{f'; cached in {cache_dir}' if cache_dir is not None else ''}...", flush=True)
+  chosen = text.split_documents(docs, split)
+  print(f"Tokenising {len(chosen):,} documents{f' ({split} split)' if split else ''} (subword BPE, {vocab_size} ids) "
+        f"into MSL-{msl} MLM+NSP examples{f'; cached in {cache_dir}' if cache_dir is not None else ''}...", flush=True)
   tok = text.train_bert_tokenizer(docs, vocab_size, cache_dir)
   feats = bert.create_mlm_nsp_examples(
-    text.tokenize_documents(tok, text.split_documents(docs, split)), msl=msl, vocab_size=tok.get_vocab_size(), cls_id=CLS_ID, sep_id=SEP_ID,
+    text.tokenize_documents(tok, chosen), msl=msl, vocab_size=tok.get_vocab_size(), cls_id=CLS_ID, sep_id=SEP_ID,
     mask_id=MASK_ID, num_special=NUM_SPECIAL, seed=seed, dupe_factor=dupe_factor)
   if path is not None:
     tmp = path + ".tmp"
@@ -85,10 +86,12 @@ def gpt_features_from_text(docs: list[str], *, msl: int, vocab_size: int,
     path = os.path.join(os.fspath(cache_dir), f"gpt-{key}.h5")
     if os.path.isfile(path):
       return gpt.read_hdf5(path)
-  print(f"Tokenising {len(docs):,} documents (byte-level BPE, {vocab_size} ids) into MSL-{msl} next-token examples"
-        f"{f'; cached in {cache_dir}' if cache_dir is not None else ''}...", flush=True)
+  chosen = text.split_documents(docs, split)
+  print(f"Tokenising {len(chosen):,} documents{f' ({split} split)' if split else ''} (byte-level BPE, {vocab_size} "
+        f"ids) into MSL-{msl} next-token examples{f'; cached in {cache_dir}' if cache_dir is not None else ''}...",
+        flush=True)
   tok = text.train_bpe(docs, vocab_size, cache_dir)
-  ids = [e.ids for e in tok.encode_batch(text.split_documents(docs, split), add_special_tokens=False)]
+  ids = [e.ids for e in tok.encode_batch(chosen, add_special_tokens=False)]
   feats = gpt.create_lm_examples(ids, msl=msl, eot_id=text.EOT)
   if path is not None:
     tmp = path + ".tmp"
