@@ -15,8 +15,13 @@ example batch from the same source and rewinds it.
 
 Data features are renamed to the model's batch keys here (the BERT files use Google's TF names
 ``masked_lm_labels`` / ``masked_lm_weights``; the model takes modelzoo's PyTorch names ``labels``
-/ ``masked_lm_mask``). Dropout is off: the executor's ``loss_fn(params, batch)`` carries no
-per-step random key (see `models.functional`).
+/ ``masked_lm_mask``).
+
+Dropout: when the ``model:`` section has a non-zero dropout rate, every training batch carries a
+``dropout_key`` (uint32[batch, 2], a function of the run seed and the batch number; see
+`wafer.data.GrainBatchSource`), and the loss runs the model in train mode with dropout drawn from
+it (`models.functional`). A resumed run draws the same masks. Eval batches carry no key: eval
+runs without dropout.
 """
 
 from __future__ import annotations
@@ -81,15 +86,25 @@ def _with_vocab(cfg: Any, vocab_size: int) -> Any:
   return cfg.model_copy(update={"vocab_size": vocab_size})
 
 
+DROPOUT_KEYS = ("dropout_rate", "attention_dropout_rate", "embedding_dropout_rate", "dropout")
+
+
+def uses_dropout(model: Any) -> bool:
+  """Whether any dropout rate of a ``model:`` section is non-zero."""
+  return any((getattr(model, k, None) or 0.0) > 0.0 for k in DROPOUT_KEYS)
+
+
 def _data(params: Any, train_cfg: Any, eval_cfg: Any, check: Callable[[Mapping[str, np.ndarray], str], None]
           ) -> tuple[Callable[[int], Any], Callable[[], Any] | None]:
   """``(train_data(seed), eval_data())`` of the executor's Task; eval data is built once, lazily."""
   rc = params.runconfig
   cache = data_cache_dir(params)
+  key_feature = "dropout_key" if uses_dropout(params.model) else None
 
   def train_data(seed: int) -> Any:
     source = processors.train_source(train_cfg, seed=seed, num_csx=rc.num_csx,
-                                     num_workers_per_csx=rc.num_workers_per_csx, cache_dir=cache)
+                                     num_workers_per_csx=rc.num_workers_per_csx, cache_dir=cache,
+                                     key_feature=key_feature)
     check(source.source.features, "train_input")
     return source
 

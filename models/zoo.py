@@ -55,18 +55,24 @@ def abstract_model(config: ModelConfig) -> Any:
 
 
 def functional(config: ModelConfig) -> tuple[Callable[[jax.Array], Any], Callable[[Any, Any], jax.Array]]:
-  """``(init_params, loss_fn)`` in the executor's `Task` form, with dropout off (eval mode).
+  """``(init_params, loss_fn)`` in the executor's `Task` form.
 
   ``init_params(key) -> nnx.State`` of the float32 ``nnx.Param`` leaves; ``loss_fn(params,
-  batch) -> float32 scalar``. Dropout is off because a pure ``loss_fn(params, batch)`` has no
-  per-step key; wiring one in (e.g. a ``dropout_key`` batch entry) is left to the Task builders.
+  batch) -> float32 scalar``. Dropout follows the batch: with a ``dropout_key`` entry (uint32[2]
+  raw key data, or uint32[batch, 2] with the step's key on every row, as
+  `wafer.data.GrainBatchSource` makes it) the model runs in train mode with dropout drawn from
+  that key; without one it runs in eval mode (no dropout).
   """
   init_params = functools.partial(_init_params, config)
   model_of = bind(config)
   loss = loss_function(config)
 
   def loss_fn(params: Any, batch: Any) -> jax.Array:
-    return loss(model_of(params), batch)
+    key = batch.get("dropout_key") if hasattr(batch, "get") else None
+    model_batch = {k: v for k, v in batch.items() if k != "dropout_key"} if key is not None else batch
+    if key is not None and not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 2:
+      key = key[0]
+    return loss(model_of(params, dropout_key=key), model_batch)
 
   return init_params, loss_fn
 
@@ -77,10 +83,12 @@ def _init_params(config: ModelConfig, key: jax.Array) -> Any:
   return nnx.split(model, nnx.Param, ...)[1]
 
 
-def bind(config: ModelConfig) -> Callable[[Any], nnx.Module]:
-  """``model_of(params) -> nnx.Module`` (eval mode): the model around a pytree of its ``nnx.Param`` leaves.
+def bind(config: ModelConfig) -> Callable[..., nnx.Module]:
+  """``model_of(params, dropout_key=None) -> nnx.Module`` around a pytree of ``nnx.Param`` leaves.
 
-  Pure: usable inside jit and grad (``model_of(params)(inputs)``).
+  Without ``dropout_key`` the model is in eval mode (no dropout). With one (a typed
+  ``jax.random`` key or a uint32[2] raw key) it is in train mode, and dropout layer ``i`` draws
+  from ``fold_in(dropout_key, i)``. Pure: usable inside jit and grad (``model_of(params)(x)``).
   """
   template = nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
   template.eval()
@@ -92,8 +100,25 @@ def bind(config: ModelConfig) -> Callable[[Any], nnx.Module]:
     return jnp.zeros(leaf.shape, leaf.dtype)
 
   rest = jax.tree.map(concrete, abstract_rest)
+  leaves, treedef = jax.tree.flatten(abstract_rest)
 
-  def model_of(params: Any) -> nnx.Module:
-    return nnx.merge(graphdef, params, rest)
+  def keyed(dropout_key: jax.Array) -> Any:
+    if not jax.dtypes.issubdtype(dropout_key.dtype, jax.dtypes.prng_key):
+      dropout_key = jax.random.wrap_key_data(jnp.asarray(dropout_key, jnp.uint32))
+    out = []
+    for i, leaf in enumerate(leaves):
+      if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        k = jax.random.fold_in(dropout_key, i)
+        out.append(jax.random.split(k, leaf.shape) if leaf.shape else k)
+      else:
+        out.append(jnp.zeros(leaf.shape, leaf.dtype))
+    return jax.tree.unflatten(treedef, out)
+
+  def model_of(params: Any, dropout_key: jax.Array | None = None) -> nnx.Module:
+    if dropout_key is None:
+      return nnx.merge(graphdef, params, rest)
+    model = nnx.merge(graphdef, params, keyed(dropout_key))
+    model.train()
+    return model
 
   return model_of

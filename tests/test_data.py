@@ -315,3 +315,21 @@ def test_global_batch_split_across_systems():
     assert set((b[:4] % 4).tolist()) == {k % 2} and set((b[4:] % 4).tolist()) == {2 + k % 2}
   with pytest.raises(ValueError, match="not divisible by num_csx=3"):
     GrainBatchSource(_src(n), 8, num_csx=3)
+
+
+def test_per_step_dropout_keys_follow_the_batch_number():
+  from wafer.data.pipeline import step_key
+
+  src = GrainBatchSource(_src(64), 8, seed=5, num_workers_per_csx=2, num_csx=2, key_feature="dropout_key")
+  batches = [next(src) for _ in range(6)]
+  for k, b in enumerate(batches):
+    keys = b["dropout_key"]
+    assert keys.shape == (8, 2) and keys.dtype == np.uint32
+    assert np.all(keys == step_key(5, k)[None])  # the step's key on every row (splits across num_csx)
+  assert len({tuple(b["dropout_key"][0]) for b in batches}) == 6  # a new key every step
+  state = {"version": 1, "next_batch": 3, "pipeline": src.get_state()["pipeline"]}
+  resumed = GrainBatchSource(_src(64), 8, seed=5, num_workers_per_csx=2, num_csx=2, key_feature="dropout_key")
+  resumed.set_state(state)
+  np.testing.assert_array_equal(next(resumed)["dropout_key"], batches[3]["dropout_key"])
+  assert "dropout_key" not in GrainBatchSource(_src(64), 8, seed=5).batch_at(0)
+  assert not np.array_equal(step_key(5, 0), step_key(6, 0))

@@ -327,3 +327,27 @@ def test_functional_form_for_the_executor():
   la, lb = jax.jit(loss_fn)(a, batch), jax.jit(loss_fn)(b, batch)
   assert np.isfinite(float(la)) and float(la) != float(lb)
   assert float(jax.jit(loss_fn)(a, batch)) == float(la)  # deterministic: dropout off
+
+
+def test_dropout_follows_the_batch_key():
+  """models.functional: a ``dropout_key`` in the batch turns dropout on (train mode), reproducibly."""
+  import models
+  from models.bert import random_batch
+  from wafer.config import load_params
+
+  path = pathlib.Path(__file__).resolve().parent.parent / "models" / "bert" / "configs" / "params_bert_tiny_default.yaml"
+  on = load_params(path)
+  off = load_params(path, ["model.dropout_rate=0.0", "model.attention_dropout_rate=0.0"])
+  init, loss = models.functional(on.model)
+  _, loss_off = models.functional(off.model)
+  params = init(jax.random.key(0))
+  batch = random_batch(jax.random.key(1), 4, 32, on.model.vocab_size, 5)
+  key = np.tile(np.array([7, 9], np.uint32), (4, 1))
+  other = np.tile(np.array([7, 10], np.uint32), (4, 1))
+  plain = float(loss(params, batch))
+  dropped = float(jax.jit(loss)(params, {**batch, "dropout_key": key}))
+  assert dropped != plain and dropped == float(loss(params, {**batch, "dropout_key": key}))
+  assert float(loss(params, {**batch, "dropout_key": other})) != dropped
+  assert float(loss_off(params, {**batch, "dropout_key": key})) == float(loss_off(params, batch)) == plain
+  grads = jax.grad(loss)(params, {**batch, "dropout_key": key})
+  assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))

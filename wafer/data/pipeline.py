@@ -122,15 +122,23 @@ class _WorkerBatches(grain.MapDataset):
     return np.asarray(self.indices._getitems(list(range(start, start + self.batch_size))), np.int64)
 
 
+def step_key(seed: int, step: int) -> np.ndarray:
+  """uint32[2] raw ``jax.random`` key data of batch ``step`` of a run seeded ``seed`` (NumPy, no JAX)."""
+  return np.random.SeedSequence([int(seed) % 2**63, int(step)]).generate_state(2, np.uint32)
+
+
 class _RoundRobin(grain.MapDataset):
   """Step ``k``: for each system ``c``, batch ``k // P`` of worker ``c * P + k % P``, concatenated."""
 
-  def __init__(self, source: ArraySource, workers: Sequence[_WorkerBatches], num_csx: int = 1):
+  def __init__(self, source: ArraySource, workers: Sequence[_WorkerBatches], num_csx: int = 1,
+               key_feature: str | None = None, seed: int = 0):
     super().__init__([])
     self.source = source
     self.workers = list(workers)
     self.num_csx = num_csx
     self.per_csx = len(self.workers) // num_csx
+    self.key_feature = key_feature
+    self.seed = seed
 
   def __len__(self) -> int:
     return sys.maxsize
@@ -144,7 +152,11 @@ class _RoundRobin(grain.MapDataset):
     p = self.per_csx
     k, j = divmod(index, p)
     idx = [self.workers[c * p + j][k] for c in range(self.num_csx)]
-    return self.source.gather(idx[0] if len(idx) == 1 else np.concatenate(idx))
+    batch = self.source.gather(idx[0] if len(idx) == 1 else np.concatenate(idx))
+    if self.key_feature is not None:
+      rows = sum(len(i) for i in idx)
+      batch[self.key_feature] = np.tile(step_key(self.seed, index), (rows, 1))
+    return batch
 
 
 class GrainBatchSource:
@@ -161,11 +173,16 @@ class GrainBatchSource:
     num_processes: grain worker processes that compute batches in parallel (0: in-process). The
       output does not depend on it.
     prefetch: per-process buffer size.
+    key_feature: if set, every batch also holds, under this name, a per-step random key: uint32
+      [batch_size, 2], the raw key data :func:`step_key` ``(seed, k)`` repeated on every row (a
+      batch axis, so that it splits across ``num_csx`` like the other features). Models draw
+      dropout from it; it depends only on the seed and the batch number, so a resumed run
+      draws the same masks.
   """
 
   def __init__(self, source: ArraySource, batch_size: int, *, seed: int = 0, num_workers_per_csx: int = 0,
                num_csx: int = 1, shuffle: bool = True, drop_last: bool = True, num_processes: int = 0,
-               prefetch: int = 4):
+               prefetch: int = 4, key_feature: str | None = None):
     if batch_size < 1:
       raise ValueError(f"batch_size must be a positive integer (got {batch_size})")
     if num_csx < 1 or batch_size < num_csx:
@@ -189,7 +206,8 @@ class GrainBatchSource:
                      drop_last)
       for w in range(self.num_workers)
     ]
-    self.dataset = _RoundRobin(source, self.workers, self.num_csx)
+    self.key_feature = key_feature
+    self.dataset = _RoundRobin(source, self.workers, self.num_csx, key_feature, self.seed)
     self.next_batch = 0
     self._it: Any = None
 
@@ -197,7 +215,7 @@ class GrainBatchSource:
     """The same pipeline (examples, batch, seed, shuffle) with other worker counts, at position 0."""
     return GrainBatchSource(self.source, self.batch_size, seed=self.seed, num_workers_per_csx=num_workers_per_csx,
                             num_csx=self.num_csx, shuffle=self.shuffle, drop_last=self.drop_last,
-                            num_processes=num_processes, prefetch=self.prefetch)
+                            num_processes=num_processes, prefetch=self.prefetch, key_feature=self.key_feature)
 
   def batch_at(self, k: int) -> dict[str, np.ndarray]:
     """Batch number ``k`` (random access; what the iterator yields at position ``k``)."""

@@ -95,8 +95,10 @@ def _features(cfg: Any, cache_dir: str | os.PathLike | None, seed: int, eval_spl
 
 def train_source(cfg: Any, *, seed: int, num_csx: int = 1, num_workers_per_csx: int = 0,
                  cache_dir: str | os.PathLike | None = None, num_processes: int = 0,
-                 section: str = "train_input") -> GrainBatchSource:
+                 section: str = "train_input", key_feature: str | None = None) -> GrainBatchSource:
   """The training ``BatchSource`` of an ``InputConfig``: fixed global batches, repeating forever.
+
+  ``key_feature`` adds a per-step random key to every batch (see `GrainBatchSource`).
 
   Raises:
     DataError: the data cannot be read or does not fit the batch and worker settings; the
@@ -109,7 +111,7 @@ def train_source(cfg: Any, *, seed: int, num_csx: int = 1, num_workers_per_csx: 
     workers = num_workers_per_csx or cfg.num_workers
     return GrainBatchSource(ArraySource(feats, name=f"{cfg.data_processor}:{cfg.data_dir}"), cfg.batch_size,
                             seed=data_seed, num_workers_per_csx=workers, num_csx=num_csx, shuffle=cfg.shuffle,
-                            drop_last=cfg.drop_remainder, num_processes=num_processes)
+                            drop_last=cfg.drop_remainder, num_processes=num_processes, key_feature=key_feature)
   except DataError:
     raise
   except (ValueError, OSError) as error:
