@@ -228,3 +228,19 @@ def test_autocast_roundings_cost_one_cast_each():
   # roundings: x (n*d), w (d*d), the product (n*d), tanh's result (n*d); tanh itself is not a cast
   assert work["cast"] == 3 * n * d + d * d
   assert sum(work.values()) - work["cast"] == n * d
+
+
+def test_prng_keys_in_the_step_and_in_its_arguments():
+  """Dropout-style steps: typed PRNG keys (extended dtypes) inside the step and among its arguments."""
+  import wafer
+
+  def step(w, x, key):
+    mask = jax.random.bernoulli(jax.random.fold_in(key, 1), 0.9, x.shape)
+    return jnp.sum(jnp.where(mask, x, 0.0) @ w)
+
+  w, x = jnp.ones((64, 64)), jnp.ones((16, 64))
+  report = wafer.estimate(jax.grad(step), w, x, jax.random.key(0), batch_size=16, batch_argnums=1)
+  assert report.samples_per_sec > 0
+  raw = wafer.estimate(jax.grad(lambda w, x, k: step(w, x, jax.random.wrap_key_data(k))), w, x,
+                       jax.random.key_data(jax.random.key(0)), batch_size=16, batch_argnums=1)
+  assert raw.samples_per_sec > 0

@@ -38,6 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from wafer.costmodel import walk
 from wafer.costmodel.walk import Site, Walker
 
 __all__ = ("Size", "Matmul", "Kernel", "Graph", "extract", "TraceError", "PHASES")
@@ -336,7 +337,7 @@ def extract(
   state_bytes = 0.0
   for i, a in enumerate(args):
     for leaf in jax.tree.leaves(a):
-      nbytes = math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+      nbytes = math.prod(leaf.shape) * walk.itemsize(leaf.dtype)
       if i in batch_argnums:
         input_bytes += nbytes / b0
       else:

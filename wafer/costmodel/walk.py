@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from jax.extend import core as jcore
 
@@ -349,13 +350,21 @@ def _contains_float_to_int_bitcast(jaxpr: jcore.Jaxpr) -> bool:
 
 
 def _is_float(aval: Any) -> bool:
-  dtype = getattr(aval, "dtype", None)
-  return dtype is not None and np.issubdtype(dtype, np.floating)
+  dtype = getattr(aval, "dtype", None)  # jax.dtypes knows extended dtypes (PRNG keys), NumPy does not
+  return dtype is not None and jax.dtypes.issubdtype(dtype, np.floating)
+
+
+def itemsize(dtype: Any) -> int:
+  """Bytes per element, for NumPy dtypes and JAX's extended ones (a threefry key is 2 x uint32)."""
+  try:
+    return np.dtype(dtype).itemsize
+  except TypeError:
+    return int(getattr(dtype, "itemsize", 8))
 
 
 def _bits(aval: Any) -> int:
   dtype = getattr(aval, "dtype", None)
-  return 8 * np.dtype(dtype).itemsize if dtype is not None else 32
+  return 8 * itemsize(dtype) if dtype is not None else 32
 
 
 def _size(aval: Any) -> int:
