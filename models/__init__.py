@@ -9,7 +9,7 @@ rounds them. ``model.attention_softmax_fp32`` reaches the attention softmax only
 ``Params.policy()`` (the policy's ``attention_softmax`` rule; modelzoo forces it off at
 precision_opt_level 2, and at level 1 with cbfloat16).
 
-Importing it also registers the models' executor tasks (`models.tasks`) with `wafer.registry`
+Importing it also registers the models' executor tasks (`models.registry`) with `wafer.registry`
 (``bert``, ``gpt2``, ``gpt3``, ``fc_mnist``) and the embedded default job `wafer run` runs
 without ``--params`` (``models/bert/configs/params_bert_tiny_default.yaml``).
 """
@@ -17,7 +17,7 @@ without ``--params`` (``models/bert/configs/params_bert_tiny_default.yaml``).
 from models import bert as bert
 from models import fc_mnist as fc_mnist
 from models import gpt2 as gpt2
-from models import tasks as tasks
+from models import registry as registry
 from models.common import abstract_parameter_count as abstract_parameter_count
 from models.common import parameter_count as parameter_count
 from models.zoo import abstract_model as abstract_model
@@ -35,5 +35,5 @@ __all__ = (
   "gpt2",
   "loss_function",
   "parameter_count",
-  "tasks",
+  "registry",
 )

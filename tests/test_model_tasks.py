@@ -1,7 +1,7 @@
 """The reference models wired to real data through the registry and the executor (issue 5).
 
 Every run here goes the way a user's does: params YAML -> `wafer.runner.run_params` -> registry
-builder (`models.tasks`) -> grain pipeline -> compiled step -> metrics.jsonl. The data is real:
+builder (`models.registry`) -> grain pipeline -> compiled step -> metrics.jsonl. The data is real:
 the embedded corpus (Python's own English documentation) for BERT and GPT, and scikit-learn's
 bundled handwritten digits for fc_mnist.
 """
@@ -92,6 +92,10 @@ def test_gpt2_tiny_learns_the_embedded_corpus(tmp_path):
   assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
   (step, eval_loss), = summary["evals"]
   assert step == 30 and eval_loss < losses[0] - 1.0  # held-out documents
+  # a fresh run in another model_dir (its own tokenizer and examples) reproduces the losses exactly
+  _run(GPT2_TINY, tmp_path / "again", "runconfig.max_steps=3", "runconfig.log_steps=1", "runconfig.mode=train",
+       "model.vocab_size=4096")
+  assert list(_losses(tmp_path / "again").values()) == losses[:3]
 
 
 def test_fc_mnist_learns_the_digits(tmp_path):
@@ -102,6 +106,52 @@ def test_fc_mnist_learns_the_digits(tmp_path):
   assert np.mean(losses[-5:]) < 0.85 * np.mean(losses[:5]), losses
   (step, accuracy), = summary["evals"]
   assert step == 60 and accuracy > 0.2  # chance is 0.1
+
+
+FAST = ("train_input.batch_size=32", "optimizer.learning_rate=0.05", "optimizer.momentum=0.9", "runconfig.log_steps=1",
+        "model.mixed_precision=false")
+
+
+def test_first_step_trains_on_batch_zero(tmp_path):
+  """The executor takes its compile example from the source and rewinds it: step 1 sees batch 0."""
+  import jax
+
+  from wafer.data.processors import train_source
+
+  _run(FC_MNIST, tmp_path, *FAST, "runconfig.max_steps=1")
+  plan = runner.load_plan(FC_MNIST, [f"runconfig.model_dir={tmp_path}", *FAST])
+  batch0 = train_source(plan.params.train_input, seed=plan.settings.seed).batch_at(0)
+  expected = float(plan.task.loss_fn(plan.task.init_params(jax.random.key(plan.settings.seed)), batch0))
+  assert _losses(tmp_path)[1] == pytest.approx(expected, rel=1e-6)
+
+
+def test_resume_eval_all_and_two_systems_on_real_data(tmp_path, capsys):
+  straight = _run(FC_MNIST, tmp_path / "straight", *FAST, "runconfig.max_steps=20")
+  _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.max_steps=10", "runconfig.checkpoint_steps=10")
+  resumed = _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.max_steps=20", "runconfig.checkpoint_steps=10")
+  assert resumed["final_step"] == 20 and "Resuming from the checkpoint at step 10." in capsys.readouterr().out
+  for x, y in zip(_leaves(straight["params"]), _leaves(resumed["params"])):
+    np.testing.assert_array_equal(x, y)
+  evals = _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.mode=eval_all")["eval_all"]
+  assert sorted(evals) == [10, 20] and all(0.0 <= a <= 1.0 for a in evals.values())
+  two = _run(FC_MNIST, tmp_path / "two", *FAST, "runconfig.max_steps=3", "runconfig.num_csx=2")
+  assert two["final_step"] == 3 and len(_losses(tmp_path / "two")) == 3
+  from wafer.executor import ExecutorError
+
+  with pytest.raises(ExecutorError, match=r"Cannot resume from the checkpoint of step 20: .*batch_size.*use a new "
+                                          r"model_dir"):
+    _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.max_steps=30", "train_input.batch_size=16")
+  with pytest.raises(ExecutorError, match=r"checkpoint of step 20 .* does not fit this model: params/last_layer/"
+                                          r"kernel: checkpoint \(50, 10\), model \(40, 10\)"):
+    _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.mode=eval", "model.hidden_size=40")
+  _run(FC_MNIST, tmp_path / "empty", *FAST, "runconfig.mode=eval")
+  assert "Warning: no checkpoint in" in capsys.readouterr().out
+
+
+def _leaves(tree) -> list:
+  import jax
+
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
 def test_data_errors_name_the_section(tmp_path):
@@ -115,6 +165,8 @@ def test_data_errors_name_the_section(tmp_path):
   with pytest.raises(DataError, match=r"token id \d+ is outside model.vocab_size=100; set model.vocab_size to at "
                                       r"least"):
     _run(DEFAULT_JOB, tmp_path, "model.vocab_size=100", "train_input.vocab_size=8192", "runconfig.max_steps=1")
+  with pytest.raises(DataError, match=r"split='bogus'; allowed: train, or val, eval, test, validation"):
+    _run(FC_MNIST, tmp_path, "train_input.split=bogus", "runconfig.max_steps=1")
 
 
 def test_analyze_input_recommends_workers(tmp_path, capsys):
@@ -127,8 +179,12 @@ def test_analyze_input_recommends_workers(tmp_path, capsys):
   report = json.loads((tmp_path / "input_analysis.json").read_text())
   assert [r["num_workers"] for r in report["rates"]] == [1, 2]
   assert all(r["samples_per_s"] > 0 for r in report["rates"]) and report["consumption_samples_per_s"] > 0
-  assert report["recommendation"]["num_workers_per_csx"] in (1, 2)
-  assert "Recommendation: runconfig.num_workers_per_csx:" in out and "measured step rate" in out
+  from wafer.data.analyze import WorkerRate, recommend_workers
+
+  rates = [WorkerRate(**r) for r in report["rates"]]
+  assert report["recommendation"] == recommend_workers(rates, report["consumption_samples_per_s"])
+  assert f"Recommendation: runconfig.num_workers_per_csx: {report['recommendation']['num_workers_per_csx']}" in out
+  assert "measured step rate" in out
 
 
 def _write_idx(path: Path, array: np.ndarray) -> None:

@@ -138,8 +138,14 @@ def _run(args: argparse.Namespace) -> int:
   if losses:
     (s0, l0), (s1, l1) = losses[0], losses[-1]
     print(f"\nTraining loss: {l0:.4f} at step {s0} -> {l1:.4f} at step {s1}")
-  for step, value in summary.get("evals") or []:
-    print(f"Eval {summary.get('eval_metric', 'loss')} at step {step}: {value:.4f}")
+  name = summary.get("eval_metric", "loss")
+  evals = list(summary.get("evals") or []) + list((summary.get("eval_all") or {}).items())
+  if "eval" in summary:
+    evals.append((summary.get("eval_step", "latest"), summary["eval"]))
+  if evals and not losses:
+    print()
+  for step, value in evals:
+    print(f"Eval {name} at step {step}: {value:.4f}")
   print("\nOutputs:")
   for label, path in (("metrics", model_dir / "metrics.jsonl"), ("TensorBoard", model_dir / "tensorboard"),
                       ("checkpoints", model_dir / "checkpoints"), ("compile report", model_dir / "compile_report.txt")):
@@ -217,13 +223,13 @@ def _analyze_input(args: argparse.Namespace) -> int:
     analysis = input_analyzer.analyze(plan, worker_counts=args.workers, seconds=args.seconds, consumer=args.consumer)
   except input_analyzer.InputAnalysisError as exc:
     print(f"wafer analyze-input: error: {exc}", file=sys.stderr)
-    return 2
+    return 1
   except Exception as exc:  # config, model and data errors
     message = _user_error(exc)
     if message is None:
       raise
     print(f"wafer analyze-input: error: {message}", file=sys.stderr)
-    return 2
+    return 1
   print(analysis.to_text(), end="")
   path = input_analyzer.save(analysis, plan.settings.model_dir)
   print(f"wrote {path}")

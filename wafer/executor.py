@@ -172,10 +172,15 @@ class _Checkpoints:
     self.manager = ocp.CheckpointManager(
         model_dir.resolve() / "checkpoints",
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True),
+        item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
     )
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
+
+  def close(self) -> None:
+    """Finish pending work and stop orbax's threads (a run that fails mid-restore leaves none behind)."""
+    self.manager.close()
 
   def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> None:
     ocp = self._ocp
@@ -186,10 +191,45 @@ class _Checkpoints:
 
   def restore(self, step: int, like: TrainState) -> tuple[TrainState, dict[str, Any]]:
     ocp = self._ocp
+    mismatch = _shape_mismatch(self.manager.item_metadata(step)["state"], like)
+    if mismatch is not None:  # checked before orbax starts reading: a failed read leaves its threads behind
+      raise ExecutorError(
+          f"The checkpoint of step {step} in {self.manager.directory} does not fit this model: {mismatch}. The "
+          "model keys (sizes, vocab_size, layers) and the optimizer must be the ones the checkpoint was written "
+          "with; restore them, or use a new model_dir."
+      )
     restored = self.manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
     )
     return restored.state, restored.meta
+
+
+def _path_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """``{"a/b/0/value": shape}`` for the array leaves of a pytree (checkpoint metadata or live state)."""
+  def name(entry: Any) -> str:
+    for attr in ("key", "name", "idx"):
+      if hasattr(entry, attr):
+        return str(getattr(entry, attr))
+    return str(entry)
+
+  leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
+  out = {}
+  for path, leaf in leaves:
+    if hasattr(leaf, "shape"):
+      key = "/".join(name(e) for e in path)
+      out[key.removesuffix("/value")] = tuple(leaf.shape)  # an nnx Variable's array is saved as .../value
+  return out
+
+
+def _shape_mismatch(saved: Any, like: Any) -> str | None:
+  """How the checkpoint's arrays differ from the model's, or None when they fit."""
+  have, want = _path_shapes(saved), _path_shapes(like)
+  if set(have) == set(want):
+    diffs = [f"{p}: checkpoint {have[p]}, model {want[p]}" for p in sorted(want) if have[p] != want[p]]
+    return "; ".join(diffs[:3]) + (f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else "") if diffs else None
+  if sorted(have.values()) != sorted(want.values()):  # paths spelled differently: compare the shapes
+    return f"the checkpoint holds {len(have)} arrays, the model's state {len(want)}, with different shapes"
+  return None
 
 
 class _Metrics:
@@ -242,7 +282,6 @@ def run(
   key = jax.random.key(settings.seed)
   init = TrainState(task.init_params(key), None, loss_scale, jnp.asarray(0, jnp.int32))
   init = dataclasses.replace(init, opt_state=optimizer.init(init.params))
-  checkpoints = _Checkpoints(model_dir, settings.max_checkpoints)
   print(f"Preparing the training data of {task.name}...", flush=True)
   t0 = time.perf_counter()
   data = task.train_data(settings.seed)
@@ -263,13 +302,18 @@ def run(
   if settings.validate_only or settings.compile_only:
     print(f"{'Validation' if settings.validate_only else 'Compile'} completed successfully ({task.name}).")
     return summary
+  checkpoints = _Checkpoints(model_dir, settings.max_checkpoints)
   metrics = _Metrics(model_dir, jax.devices()[0].platform.upper())
   try:
     if settings.mode == "train":
       _train(task, settings, compiled, init, data, checkpoints, metrics, summary)
     elif settings.mode == "eval":
       state, step = _latest(checkpoints, init)
+      if not checkpoints.steps():
+        print(f"Warning: no checkpoint in {model_dir / 'checkpoints'}: evaluating the initial (untrained) weights.",
+              flush=True)
       summary["eval"] = _evaluate(task, settings, state.params, step, metrics)
+      summary["eval_step"] = step
     elif settings.mode == "eval_all":
       steps = checkpoints.steps()
       if not steps:
@@ -282,9 +326,12 @@ def run(
         state, _ = checkpoints.restore(step, init)
         summary["eval_all"][step] = _evaluate(task, settings, state.params, step, metrics)
     else:
+      if task.eval_data is not None:
+        task.eval_data()  # build the eval data now, not in the middle of the training log
       _train_and_eval(task, settings, compiled, init, data, checkpoints, metrics, summary)
   finally:
     metrics.close()
+    checkpoints.close()
   return summary
 
 
@@ -296,15 +343,27 @@ def _latest(checkpoints: _Checkpoints, init: TrainState) -> tuple[TrainState, in
   return state, int(meta["iteration"])
 
 
-def _train(task, settings, compiled, init, data, checkpoints, metrics, summary, resumed=None) -> TrainState:
-  """Train from the latest checkpoint (or ``init``); ``resumed=(state, step)`` continues in-process."""
+def _train(task, settings, compiled, init, data, checkpoints, metrics, summary, resumed=None,
+           run_end=None) -> TrainState:
+  """Train from the latest checkpoint (or ``init``); ``resumed=(state, step)`` continues in-process.
+
+  ``run_end``: the last step of the whole run when this is one segment of train_and_eval.
+  """
   state, done = init, 0
   if resumed is not None:
     state, done = resumed
   elif checkpoints.steps():
     state, meta = checkpoints.restore(checkpoints.steps()[-1], init)
     done = int(meta["iteration"])
-    data.set_state(meta["data"])
+    try:
+      data.set_state(meta["data"])
+    except ValueError as error:
+      raise ExecutorError(
+          f"Cannot resume from the checkpoint of step {done}: {error}. Batch k of a run depends on the batch "
+          "size, the number of input workers (num_workers_per_csx x num_csx; workers shard the data), the "
+          "shuffle settings and the data; restore the settings the checkpoint was written with, or use a new "
+          "model_dir."
+      ) from error
     print(f"Resuming from the checkpoint at step {done}.", flush=True)
   last = done + total_steps(settings, done)
   if last == done:
@@ -344,7 +403,11 @@ def _train(task, settings, compiled, init, data, checkpoints, metrics, summary, 
   progress.close()
   elapsed = time.perf_counter() - start_time
   samples = (done - start_step) * task.batch_size
-  print(f"Training completed successfully! Processed {samples} sample(s) in {elapsed:.2f} seconds.", flush=True)
+  if run_end is not None and done < run_end:
+    print(f"Trained to step {done} of {run_end} ({samples} sample(s) in {elapsed:.2f} seconds); evaluating.",
+          flush=True)
+  else:
+    print(f"Training completed successfully! Processed {samples} sample(s) in {elapsed:.2f} seconds.", flush=True)
   summary.update(final_step=done, params=state.params)
   summary["losses"] = summary.get("losses", []) + losses
   return state
@@ -373,7 +436,7 @@ def _train_and_eval(task, settings, compiled, init, data, checkpoints, metrics, 
   while done < end:
     target = min(done + freq, end)
     eval_settings = dataclasses.replace(settings, num_steps=target - done, checkpoint_steps=settings.checkpoint_steps or freq)
-    state = _train(task, eval_settings, compiled, init, data, checkpoints, metrics, summary, resumed)
+    state = _train(task, eval_settings, compiled, init, data, checkpoints, metrics, summary, resumed, end)
     done = target
     resumed = (state, done)
     summary["evals"].append((done, _evaluate(task, settings, state.params, done, metrics)))

@@ -2,8 +2,10 @@
 
 1. Build the params file's training pipeline once (`wafer.runner.load_plan`), then measure its
    samples/s with 1..N input workers, each a grain worker process
-   (`wafer.data.analyze.measure_samples_per_s`). The batches do not depend on the number of
-   processes, only the speed does.
+   (`wafer.data.analyze.measure_samples_per_s`). The number of *processes* changes only the
+   speed; the number of *workers* also shards the data, so it changes the batch order: set it
+   before the first run of a model_dir (a checkpoint resumes only with the worker count it was
+   written with).
 2. The rate the model consumes samples: the wafer cost model's estimate for the params file's
    train step (``consumer="costmodel"``, the default: what a CS system would ask for), or the
    measured step rate of the compiled step on this machine (``consumer="measured"``).
@@ -30,6 +32,7 @@ from wafer.data.analyze import WorkerRate, measure_samples_per_s, recommend_work
 from wafer.data.pipeline import GrainBatchSource
 
 CONSUMERS = ("costmodel", "measured")
+HEADROOM = 1.2  # a pipeline "keeps up" at this multiple of the consumption rate
 
 
 class InputAnalysisError(ValueError):
@@ -75,9 +78,12 @@ class InputAnalysis:
     source = "wafer cost model estimate" if self.consumer == "costmodel" else "measured step rate on this machine"
     rec = self.recommendation
     verdict = "INPUT-BOUND" if rec["input_bound"] else "keeps up"
-    return (f"{self.table()}\n\nModel consumes {self.consumption_samples_per_s:,.1f} samples/s ({source}).\n"
+    return (f"{self.table()}\n\nModel consumes {self.consumption_samples_per_s:,.1f} samples/s ({source}); "
+            f"a pipeline keeps up at {HEADROOM:g}x that (headroom).\n"
             f"Recommendation: runconfig.num_workers_per_csx: {rec['num_workers_per_csx']}  ({verdict}: "
-            f"{rec['reason']})\n")
+            f"{rec['reason']})\n"
+            "Set it before the first run of a model_dir: workers shard the data, so checkpoints resume only with "
+            "the worker count they were written with.\n")
 
 
 def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> float:
@@ -106,7 +112,7 @@ def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> fl
 
 
 def analyze(plan: Any, *, worker_counts: Sequence[int] | None = None, seconds: float = 2.0,
-            consumer: str = "costmodel", headroom: float = 1.2) -> InputAnalysis:
+            consumer: str = "costmodel", headroom: float = HEADROOM) -> InputAnalysis:
   """Measure the pipeline of ``plan`` (a `wafer.runner.Plan`) and recommend ``num_workers_per_csx``."""
   counts = sorted(set(worker_counts or default_worker_counts()))
   if not counts or counts[0] < 1:

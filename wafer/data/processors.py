@@ -58,12 +58,15 @@ def check_batch_size(batch_size: int, num_csx: int) -> None:
                      f"({batch_size}), as the batch is split across the CS devices.")
 
 
+EVAL_SPLITS = ("val", "eval", "test", "validation")
+
+
 def text_split(cfg: Any, eval_split: bool) -> str | None:
   """Which documents of a text corpus to use: ``cfg.split``; else, for the embedded corpus (no
   ``data_dir``), ``train`` for training and ``eval`` for evaluation; else all of them."""
   if cfg.split is not None:
     split = cfg.split.lower()
-    return "eval" if split in ("val", "eval", "test", "validation") else split
+    return "eval" if split in EVAL_SPLITS else split
   if cfg.data_dir is None:
     return "eval" if eval_split else "train"
   return None
@@ -85,6 +88,8 @@ def _features(cfg: Any, cache_dir: str | os.PathLike | None, seed: int, eval_spl
                                 cache_dir=cache_dir, split=text_split(cfg, eval_split))
   if name in MNIST_PROCESSORS:
     split = (cfg.split or ("val" if eval_split else "train")).lower()
+    if split not in ("train",) + EVAL_SPLITS:
+      raise ValueError(f"split={cfg.split!r}; allowed: train, or {', '.join(EVAL_SPLITS)} for the held-out part")
     split = "train" if split == "train" else "eval"
     if cfg.data_dir is not None:
       data_dir = cfg.data_dir[0] if isinstance(cfg.data_dir, list) and len(cfg.data_dir) == 1 else cfg.data_dir

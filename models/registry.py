@@ -1,4 +1,7 @@
-"""Registry builders: a validated params file -> the executor's `wafer.executor.Task` of each model.
+"""The model registry: ``model.name`` -> a builder of the executor's `wafer.executor.Task`.
+
+Registered with `wafer.registry` on import (``bert``, ``gpt2``, ``gpt3``, ``fc_mnist``), with the
+embedded default job that ``wafer run`` runs without ``--params``.
 
 Each builder joins three things a params file names:
 
@@ -110,6 +113,11 @@ def _data(params: Any, train_cfg: Any, eval_cfg: Any, check: Callable[[Mapping[s
 
   if eval_cfg is None:
     return train_data, None
+  if (eval_cfg.data_dir is not None and eval_cfg.data_dir == train_cfg.data_dir and eval_cfg.split is None
+      and train_cfg.split is None):
+    print(f"Note: train_input and eval_input read the same data_dir ({eval_cfg.data_dir}) without a split, so "
+          "eval measures training data. For text, split: train / split: eval hold out every 20th document.",
+          flush=True)
   held: list[Any] = []
 
   def eval_data() -> Any:
