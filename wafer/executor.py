@@ -225,7 +225,8 @@ def _shape_mismatch(saved: Any, like: Any) -> str | None:
   """How the checkpoint's arrays differ from the model's, or None when they fit."""
   have, want = _path_shapes(saved), _path_shapes(like)
   if set(have) == set(want):
-    diffs = [f"{p}: checkpoint {have[p]}, model {want[p]}" for p in sorted(want) if have[p] != want[p]]
+    params_first = sorted(want, key=lambda p: (not p.startswith("params"), p))
+    diffs = [f"{p}: checkpoint {have[p]}, model {want[p]}" for p in params_first if have[p] != want[p]]
     return "; ".join(diffs[:3]) + (f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else "") if diffs else None
   if sorted(have.values()) != sorted(want.values()):  # paths spelled differently: compare the shapes
     return f"the checkpoint holds {len(have)} arrays, the model's state {len(want)}, with different shapes"
