@@ -34,6 +34,7 @@ from typing import Any
 from wafer.data import sources
 from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass
 
+
 class DataError(ValueError):
   """An input section names data that cannot be read or does not fit; the message says which and why."""
 

@@ -33,7 +33,7 @@ def bert_features_from_text(docs: list[str], *, msl: int, vocab_size: int, cache
     if os.path.isfile(path):
       return bert.read_hdf5(path)
   chosen = text.split_documents(docs, split)
-  print(f"Tokenising {len(chosen):,} documents{f' ({split} split)' if split else ''} (subword BPE, {vocab_size} ids) "
+  print(f"Tokenising {len(chosen):,} documents{f' of the {split} split' if split else ''} (subword BPE, {vocab_size} ids) "
         f"into MSL-{msl} MLM+NSP examples{f'; cached in {cache_dir}' if cache_dir is not None else ''}...", flush=True)
   tok = text.train_bert_tokenizer(docs, vocab_size, cache_dir)
   feats = bert.create_mlm_nsp_examples(
@@ -87,7 +87,7 @@ def gpt_features_from_text(docs: list[str], *, msl: int, vocab_size: int,
     if os.path.isfile(path):
       return gpt.read_hdf5(path)
   chosen = text.split_documents(docs, split)
-  print(f"Tokenising {len(chosen):,} documents{f' ({split} split)' if split else ''} (byte-level BPE, {vocab_size} "
+  print(f"Tokenising {len(chosen):,} documents{f' of the {split} split' if split else ''} (byte-level BPE, {vocab_size} "
         f"ids) into MSL-{msl} next-token examples{f'; cached in {cache_dir}' if cache_dir is not None else ''}...",
         flush=True)
   tok = text.train_bpe(docs, vocab_size, cache_dir)
