@@ -156,6 +156,22 @@ def corpus_hash(docs: Sequence[str]) -> str:
   return h.hexdigest()[:12]
 
 
+def _cached_tokenizer(cache_dir: str | os.PathLike | None, name: str, train):
+  """``cache_dir/name`` if it exists; else ``train()``, saved there atomically (tmp file + rename)."""
+  from tokenizers import Tokenizer
+
+  if cache_dir is None:
+    return train()
+  path = os.path.join(os.fspath(cache_dir), name)
+  if os.path.isfile(path):
+    return Tokenizer.from_file(path)
+  tok = train()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tok.save(path + ".tmp")
+  os.replace(path + ".tmp", path)
+  return tok
+
+
 def train_bert_tokenizer(docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None = None):
   """BERT's subword tokenizer trained on ``docs``, cached as ``cache_dir/bert-bpe-V-HASH.json``.
 
@@ -174,22 +190,15 @@ def train_bert_tokenizer(docs: Sequence[str], vocab_size: int, cache_dir: str | 
   """
   from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-  path = None
-  if cache_dir is not None:
-    path = os.path.join(os.fspath(cache_dir), f"bert-bpe-{vocab_size}-{corpus_hash(docs)}.json")
-    if os.path.isfile(path):
-      return Tokenizer.from_file(path)
-  tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-  tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
-  tok.train_from_iterator(docs, trainer=trainer)
-  if path is not None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    tok.save(tmp)
-    os.replace(tmp, path)
-  return tok
+  def train():
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    tok.train_from_iterator(docs, trainer=trainer)
+    return tok
+
+  return _cached_tokenizer(cache_dir, f"bert-bpe-{vocab_size}-{corpus_hash(docs)}.json", train)
 
 
 def train_bpe(docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None = None):
@@ -208,26 +217,20 @@ def train_bpe(docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike
   if vocab_size < len(alphabet) + 1:
     raise ValueError(f"BPE vocab_size must be at least {len(alphabet) + 1} (the {len(alphabet)} byte symbols and "
                      f"{EOT_TOKEN}); got {vocab_size}")
-  path = None
-  if cache_dir is not None:
-    path = os.path.join(os.fspath(cache_dir), f"bpe-{vocab_size}-{corpus_hash(docs)}.json")
-    if os.path.isfile(path):
-      return Tokenizer.from_file(path)
-  tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TOKEN], initial_alphabet=alphabet,
-                                show_progress=False)
-  tok.train_from_iterator(docs, trainer=trainer)
-  if tok.token_to_id(EOT_TOKEN) != EOT or tok.get_vocab_size() > vocab_size:
-    raise RuntimeError(f"BPE training gave {EOT_TOKEN} id {tok.token_to_id(EOT_TOKEN)} and "
-                       f"{tok.get_vocab_size()} tokens; expected id {EOT} and at most {vocab_size}")
-  if path is not None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    tok.save(tmp)
-    os.replace(tmp, path)
-  return tok
+
+  def train():
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TOKEN], initial_alphabet=alphabet,
+                                  show_progress=False)
+    tok.train_from_iterator(docs, trainer=trainer)
+    if tok.token_to_id(EOT_TOKEN) != EOT or tok.get_vocab_size() > vocab_size:
+      raise RuntimeError(f"BPE training gave {EOT_TOKEN} id {tok.token_to_id(EOT_TOKEN)} and "
+                         f"{tok.get_vocab_size()} tokens; expected id {EOT} and at most {vocab_size}")
+    return tok
+
+  return _cached_tokenizer(cache_dir, f"bpe-{vocab_size}-{corpus_hash(docs)}.json", train)
 
 
 def tokenize_documents(tok, docs: Iterable[str]) -> list[list[list[int]]]:
