@@ -73,29 +73,30 @@ def text_split(cfg: Any, eval_split: bool) -> str | None:
   return None
 
 
+def _data_dir(cfg: Any) -> str | None:
+  """``cfg.data_dir`` as one path (a one-element list is unwrapped; longer lists are an error)."""
+  data_dir = cfg.data_dir[0] if isinstance(cfg.data_dir, list) and len(cfg.data_dir) == 1 else cfg.data_dir
+  if isinstance(data_dir, list):
+    raise ValueError(f"{cfg.data_processor}: data_dir must be one path (got {len(data_dir)})")
+  return data_dir
+
+
 def _features(cfg: Any, cache_dir: str | os.PathLike | None, seed: int, eval_split: bool = False) -> dict:
   name = cfg.data_processor
   if name in BERT_PROCESSORS:
-    data_dir = cfg.data_dir[0] if isinstance(cfg.data_dir, list) and len(cfg.data_dir) == 1 else cfg.data_dir
-    if isinstance(data_dir, list):
-      raise ValueError(f"{name}: data_dir must be one path (got {len(data_dir)})")
-    return sources.bert_features(data_dir, msl=cfg.max_sequence_length or 128, vocab_size=cfg.vocab_size or 8192,
-                                 cache_dir=cache_dir, seed=seed, split=text_split(cfg, eval_split))
+    return sources.bert_features(_data_dir(cfg), msl=cfg.max_sequence_length or 128,
+                                 vocab_size=cfg.vocab_size or 8192, cache_dir=cache_dir, seed=seed,
+                                 split=text_split(cfg, eval_split))
   if name in GPT_PROCESSORS:
-    data_dir = cfg.data_dir[0] if isinstance(cfg.data_dir, list) and len(cfg.data_dir) == 1 else cfg.data_dir
-    if isinstance(data_dir, list):
-      raise ValueError(f"{name}: data_dir must be one path (got {len(data_dir)})")
-    return sources.gpt_features(data_dir, msl=cfg.max_sequence_length or 128, vocab_size=cfg.vocab_size or 8192,
+    return sources.gpt_features(_data_dir(cfg), msl=cfg.max_sequence_length or 128, vocab_size=cfg.vocab_size or 8192,
                                 cache_dir=cache_dir, split=text_split(cfg, eval_split))
   if name in MNIST_PROCESSORS:
     split = (cfg.split or ("val" if eval_split else "train")).lower()
     if split not in ("train",) + EVAL_SPLITS:
       raise ValueError(f"split={cfg.split!r}; allowed: train, or {', '.join(EVAL_SPLITS)} for the held-out part")
     split = "train" if split == "train" else "eval"
-    if cfg.data_dir is not None:
-      data_dir = cfg.data_dir[0] if isinstance(cfg.data_dir, list) and len(cfg.data_dir) == 1 else cfg.data_dir
-      return sources.mnist_features(data_dir, split)
-    return sources.digits_features(split)
+    data_dir = _data_dir(cfg)
+    return sources.digits_features(split) if data_dir is None else sources.mnist_features(data_dir, split)
   raise ValueError(f"data_processor {name!r} is not one wafer provides; allowed: {', '.join(PROCESSORS)}")
 
 

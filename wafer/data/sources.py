@@ -8,13 +8,59 @@ go on to the executor's ``BatchSource``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 
 from wafer.data import bert, gpt, text
 from wafer.data.pipeline import ArraySource, GrainBatchSource
 
+Features = dict[str, np.ndarray]
 CLS_ID, SEP_ID, MASK_ID, NUM_SPECIAL = 2, 3, 4, 5  # positions in text.SPECIAL_TOKENS
+
+
+def _cached_features(cache_dir: str | os.PathLike | None, name: str, read: Callable[[str], Features],
+                     write: Callable[[str, Features], None], build: Callable[[], Features]) -> Features:
+  """``cache_dir/name`` if it exists; else ``build()``, written there atomically (tmp file + rename)."""
+  if cache_dir is None:
+    return build()
+  path = os.path.join(os.fspath(cache_dir), name)
+  if os.path.isfile(path):
+    return read(path)
+  feats = build()
+  write(path + ".tmp", feats)
+  os.replace(path + ".tmp", path)
+  return feats
+
+
+def _announce(docs: list[str], split: str | None, tokenizer: str, examples: str,
+              cache_dir: str | os.PathLike | None) -> list[str]:
+  """The documents of ``split``, after a progress line saying what is about to be tokenised."""
+  chosen = text.split_documents(docs, split)
+  print(f"Tokenising {len(chosen):,} documents{f' of the {split} split' if split else ''} ({tokenizer}) into "
+        f"{examples} examples{f'; cached in {cache_dir}' if cache_dir is not None else ''}...", flush=True)
+  return chosen
+
+
+def _pretokenised(data_dir: str | os.PathLike | None, suffixes: tuple[str, ...], read: Callable[[str], Features],
+                  msl: int, split: str | None) -> Features | None:
+  """Pre-tokenised features when ``data_dir`` is (or holds) a file with one of ``suffixes``, else None (text).
+
+  Checks the sequence length against ``msl``; a ``split`` is an error (pre-tokenised data is split by files).
+  """
+  if data_dir is None:
+    return None
+  path = os.fspath(data_dir)
+  names = [path] if os.path.isfile(path) else (os.listdir(path) if os.path.isdir(path) else [])
+  if not any(n.endswith(suffixes) for n in names):
+    return None
+  if split is not None:
+    raise ValueError(f"{path}: split={split!r} selects documents of a text corpus; pre-tokenised data is "
+                     "split by its files: remove split and point data_dir at that split's files")
+  feats = read(path)
+  if feats["input_ids"].shape[1] != msl:
+    raise ValueError(f"{path}: sequences have length {feats['input_ids'].shape[1]}, but max_sequence_length is {msl}")
+  return feats
 
 
 def bert_features_from_text(docs: list[str], *, msl: int, vocab_size: int, cache_dir: str | os.PathLike | None,
@@ -26,24 +72,15 @@ def bert_features_from_text(docs: list[str], *, msl: int, vocab_size: int, cache
   examples are cached there as HDF5 (keyed by the corpus hash, MSL, vocabulary size, seed,
   dupe factor and split), so a second run skips tokenisation.
   """
-  path = None
-  if cache_dir is not None:
-    key = f"{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-s{seed}-d{dupe_factor}-{split or 'all'}"
-    path = os.path.join(os.fspath(cache_dir), f"bert-{key}.h5")
-    if os.path.isfile(path):
-      return bert.read_hdf5(path)
-  chosen = text.split_documents(docs, split)
-  print(f"Tokenising {len(chosen):,} documents{f' of the {split} split' if split else ''} (subword BPE, {vocab_size} ids) "
-        f"into MSL-{msl} MLM+NSP examples{f'; cached in {cache_dir}' if cache_dir is not None else ''}...", flush=True)
-  tok = text.train_bert_tokenizer(docs, vocab_size, cache_dir)
-  feats = bert.create_mlm_nsp_examples(
-    text.tokenize_documents(tok, chosen), msl=msl, vocab_size=tok.get_vocab_size(), cls_id=CLS_ID, sep_id=SEP_ID,
-    mask_id=MASK_ID, num_special=NUM_SPECIAL, seed=seed, dupe_factor=dupe_factor)
-  if path is not None:
-    tmp = path + ".tmp"
-    bert.write_hdf5(tmp, feats)
-    os.replace(tmp, path)
-  return feats
+  def build() -> dict[str, np.ndarray]:
+    chosen = _announce(docs, split, f"subword BPE, {vocab_size} ids", f"MSL-{msl} MLM+NSP", cache_dir)
+    tok = text.train_bert_tokenizer(docs, vocab_size, cache_dir)
+    return bert.create_mlm_nsp_examples(
+      text.tokenize_documents(tok, chosen), msl=msl, vocab_size=tok.get_vocab_size(), cls_id=CLS_ID, sep_id=SEP_ID,
+      mask_id=MASK_ID, num_special=NUM_SPECIAL, seed=seed, dupe_factor=dupe_factor)
+
+  key = f"bert-{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-s{seed}-d{dupe_factor}-{split or 'all'}.h5"
+  return _cached_features(cache_dir, key, bert.read_hdf5, bert.write_hdf5, build)
 
 
 def bert_features(data_dir: str | os.PathLike | None, *, msl: int, vocab_size: int = 8192,
@@ -54,18 +91,9 @@ def bert_features(data_dir: str | os.PathLike | None, *, msl: int, vocab_size: i
   ``split`` (``train`` / ``eval`` / None) selects documents of a text corpus; pre-tokenised data
   is split by its files (point ``data_dir`` at the split's directory).
   """
-  if data_dir is not None:
-    path = os.fspath(data_dir)
-    names = [path] if os.path.isfile(path) else (os.listdir(path) if os.path.isdir(path) else [])
-    if any(n.endswith((".h5", ".hdf5", ".csv")) for n in names):
-      if split is not None:
-        raise ValueError(f"{path}: split={split!r} selects documents of a text corpus; pre-tokenised data is "
-                         "split by its files: remove split and point data_dir at that split's files")
-      feats = bert.read_features(path)
-      if feats["input_ids"].shape[1] != msl:
-        raise ValueError(f"{path}: sequences have length {feats['input_ids'].shape[1]}, but "
-                         f"max_sequence_length is {msl}")
-      return feats
+  feats = _pretokenised(data_dir, (".h5", ".hdf5", ".csv"), bert.read_features, msl, split)
+  if feats is not None:
+    return feats
   return bert_features_from_text(text.read_documents(data_dir), msl=msl, vocab_size=vocab_size,
                                  cache_dir=cache_dir, seed=seed, dupe_factor=dupe_factor, split=split)
 
@@ -80,24 +108,14 @@ def gpt_features_from_text(docs: list[str], *, msl: int, vocab_size: int,
   (:func:`wafer.data.text.split_documents`; None: all). With a ``cache_dir`` the examples are
   cached there as GPT HDF5, keyed by the corpus hash, MSL, vocabulary size and split.
   """
-  path = None
-  if cache_dir is not None:
-    key = f"{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-{split or 'all'}"
-    path = os.path.join(os.fspath(cache_dir), f"gpt-{key}.h5")
-    if os.path.isfile(path):
-      return gpt.read_hdf5(path)
-  chosen = text.split_documents(docs, split)
-  print(f"Tokenising {len(chosen):,} documents{f' of the {split} split' if split else ''} (byte-level BPE, {vocab_size} "
-        f"ids) into MSL-{msl} next-token examples{f'; cached in {cache_dir}' if cache_dir is not None else ''}...",
-        flush=True)
-  tok = text.train_bpe(docs, vocab_size, cache_dir)
-  ids = [e.ids for e in tok.encode_batch(chosen, add_special_tokens=False)]
-  feats = gpt.create_lm_examples(ids, msl=msl, eot_id=text.EOT)
-  if path is not None:
-    tmp = path + ".tmp"
-    gpt.write_hdf5(tmp, feats)
-    os.replace(tmp, path)
-  return feats
+  def build() -> dict[str, np.ndarray]:
+    chosen = _announce(docs, split, f"byte-level BPE, {vocab_size} ids", f"MSL-{msl} next-token", cache_dir)
+    tok = text.train_bpe(docs, vocab_size, cache_dir)
+    ids = [e.ids for e in tok.encode_batch(chosen, add_special_tokens=False)]
+    return gpt.create_lm_examples(ids, msl=msl, eot_id=text.EOT)
+
+  key = f"gpt-{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-{split or 'all'}.h5"
+  return _cached_features(cache_dir, key, gpt.read_hdf5, gpt.write_hdf5, build)
 
 
 def gpt_features(data_dir: str | os.PathLike | None, *, msl: int, vocab_size: int = 8192,
@@ -108,18 +126,9 @@ def gpt_features(data_dir: str | os.PathLike | None, *, msl: int, vocab_size: in
   not applied; it is split by its files); text is tokenised here with ids ``< vocab_size``, and
   ``split`` selects its documents (:func:`gpt_features_from_text`).
   """
-  if data_dir is not None:
-    path = os.fspath(data_dir)
-    names = [path] if os.path.isfile(path) else (os.listdir(path) if os.path.isdir(path) else [])
-    if any(n.endswith((".h5", ".hdf5")) for n in names):
-      if split is not None:
-        raise ValueError(f"{path}: split={split!r} selects documents of a text corpus; pre-tokenised data is "
-                         "split by its files: remove split and point data_dir at that split's files")
-      feats = gpt.read_features(path)
-      if feats["input_ids"].shape[1] != msl:
-        raise ValueError(f"{path}: sequences have length {feats['input_ids'].shape[1]}, but "
-                         f"max_sequence_length is {msl}")
-      return feats
+  feats = _pretokenised(data_dir, (".h5", ".hdf5"), gpt.read_features, msl, split)
+  if feats is not None:
+    return feats
   return gpt_features_from_text(text.read_documents(data_dir), msl=msl, vocab_size=vocab_size, cache_dir=cache_dir,
                                 split=split)
 
