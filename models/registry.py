@@ -137,44 +137,35 @@ def _bert_batch(batch: Batch) -> dict[str, Any]:
   return {renamed.get(k, k): v for k, v in batch.items()}
 
 
-def bert_task(params: Any) -> Task:
-  """BERT MLM+NSP pre-training on ``train_input`` (the embedded corpus when it names no data_dir)."""
-  model: BertConfig = params.model
-  allowed = processors.BERT_PROCESSORS
-  train_cfg = _with_vocab(_input_section(params, "train_input", allowed, "bert"), model.vocab_size)
-  eval_cfg = _with_vocab(_input_section(params, "eval_input", allowed, "bert"), model.vocab_size)
+def _language_model_task(params: Any, allowed: tuple[str, ...], kind: str, name: str,
+                         adapt: Callable[[Batch], Batch] | None = None) -> Task:
+  """BERT's and GPT's task: token data checked against the model's vocabulary and positions."""
+  model = params.model
+  train_cfg = _with_vocab(_input_section(params, "train_input", allowed, kind), model.vocab_size)
+  eval_cfg = _with_vocab(_input_section(params, "eval_input", allowed, kind), model.vocab_size)
   if train_cfg is None:
-    raise DataConfigError("train_input: missing; the bert model needs a train_input section with a data_processor")
+    raise DataConfigError(f"train_input: missing; the {kind} model needs a train_input section with a data_processor")
   init_params, loss = functional(model)
-
-  def loss_fn(p: Any, batch: Batch) -> jax.Array:
-    return loss(p, _bert_batch(batch))
+  loss_fn = loss if adapt is None else (lambda p, batch: loss(p, adapt(batch)))
 
   def check(features: Mapping[str, np.ndarray], where: str) -> None:
     _check_tokens(features, model.vocab_size, model.max_position_embeddings, where)
 
   train_data, eval_data = _data(params, train_cfg, eval_cfg, check)
-  return Task(name=f"bert (L={model.num_hidden_layers}, H={model.hidden_size})", init_params=init_params,
+  return Task(name=f"{name} (L={model.num_hidden_layers}, H={model.hidden_size})", init_params=init_params,
               loss_fn=loss_fn, train_data=train_data, batch_size=train_cfg.batch_size, eval_data=eval_data)
+
+
+def bert_task(params: Any) -> Task:
+  """BERT MLM+NSP pre-training on ``train_input`` (the embedded corpus when it names no data_dir)."""
+  model: BertConfig = params.model
+  return _language_model_task(params, processors.BERT_PROCESSORS, "bert", model.name or "bert", _bert_batch)
 
 
 def gpt_task(params: Any) -> Task:
   """GPT-2 / GPT-3 next-token training on ``train_input`` (the embedded corpus when no data_dir)."""
   model: GPT2Config = params.model
-  allowed = processors.GPT_PROCESSORS
-  train_cfg = _with_vocab(_input_section(params, "train_input", allowed, "gpt"), model.vocab_size)
-  eval_cfg = _with_vocab(_input_section(params, "eval_input", allowed, "gpt"), model.vocab_size)
-  if train_cfg is None:
-    raise DataConfigError("train_input: missing; the gpt model needs a train_input section with a data_processor")
-  init_params, loss_fn = functional(model)
-
-  def check(features: Mapping[str, np.ndarray], where: str) -> None:
-    _check_tokens(features, model.vocab_size, model.max_position_embeddings, where)
-
-  train_data, eval_data = _data(params, train_cfg, eval_cfg, check)
-  return Task(name=f"{model.name or 'gpt2'} (L={model.num_hidden_layers}, H={model.hidden_size})",
-              init_params=init_params, loss_fn=loss_fn, train_data=train_data, batch_size=train_cfg.batch_size,
-              eval_data=eval_data)
+  return _language_model_task(params, processors.GPT_PROCESSORS, "gpt", model.name or "gpt2")
 
 
 def fc_mnist_task(params: Any) -> Task:
