@@ -80,15 +80,12 @@ def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], di
 
 def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
   """The train step of a params file, at its batch size, with its state shapes."""
-  import dataclasses
-
   import jax
 
   from wafer import executor, runner
 
   p = runner.load_plan(args.params, list(args.overrides or ()))
-  state = executor.TrainState(p.task.init_params(jax.random.key(0)), None, p.loss_scale, jax.numpy.int32(0))
-  state = dataclasses.replace(state, opt_state=p.optimizer.init(state.params))
+  state = executor.initial_state(p.task, p.optimizer, p.loss_scale, jax.random.key(0))
   batch = next(p.task.train_data(p.settings.seed))
   if args.model_dir is None:
     args.model_dir = p.settings.model_dir

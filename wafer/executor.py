@@ -111,6 +111,12 @@ class TrainState:
   step: jax.Array  # int32 optimizer step: the schedule's t; held on skipped steps
 
 
+def initial_state(task: Task, optimizer: optax.GradientTransformation, loss_scale: Any, key: jax.Array) -> TrainState:
+  """Step 0: ``task.init_params(key)``, the optimizer's initial state, ``loss_scale``, step 0 (int32)."""
+  params = task.init_params(key)
+  return TrainState(params, optimizer.init(params), loss_scale, jnp.asarray(0, jnp.int32))
+
+
 def make_train_step(task: Task, optimizer: optax.GradientTransformation, policy: precision.Policy) -> Callable:
   """The step: scaled loss -> gradients (autocast) -> unscale -> skip-or-update -> DLS adjust."""
   loss_fn = precision.autocast(task.loss_fn, policy) if policy.is_mixed else task.loss_fn
@@ -281,8 +287,7 @@ def run(
   model_dir.mkdir(parents=True, exist_ok=True)
   wafer.enable_compilation_cache(model_dir / "compile_cache")
   key = jax.random.key(settings.seed)
-  init = TrainState(task.init_params(key), None, loss_scale, jnp.asarray(0, jnp.int32))
-  init = dataclasses.replace(init, opt_state=optimizer.init(init.params))
+  init = initial_state(task, optimizer, loss_scale, key)
   print(f"Preparing the training data of {task.name}...", flush=True)
   t0 = time.perf_counter()
   data = task.train_data(settings.seed)

@@ -92,8 +92,7 @@ def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> fl
 
   if consumer not in CONSUMERS:
     raise InputAnalysisError(f"consumer={consumer!r}; allowed: {', '.join(CONSUMERS)}")
-  state = executor.TrainState(plan.task.init_params(jax.random.key(0)), None, plan.loss_scale, jax.numpy.int32(0))
-  state = dataclasses.replace(state, opt_state=plan.optimizer.init(state.params))
+  state = executor.initial_state(plan.task, plan.optimizer, plan.loss_scale, jax.random.key(0))
   step_fn = executor.make_train_step(plan.task, plan.optimizer, plan.policy)
   if consumer == "costmodel":
     import wafer
