@@ -94,12 +94,6 @@ def bind(config: ModelConfig) -> Callable[..., nnx.Module]:
   template.eval()
   graphdef, _, abstract_rest = nnx.split(template, nnx.Param, ...)
 
-  def concrete(leaf: jax.ShapeDtypeStruct) -> jax.Array:  # RNG stream keys and counts (unused in eval)
-    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-      return jax.random.split(jax.random.key(0), leaf.shape) if leaf.shape else jax.random.key(0)
-    return jnp.zeros(leaf.shape, leaf.dtype)
-
-  rest = jax.tree.map(concrete, abstract_rest)
   leaves, treedef = jax.tree.flatten(abstract_rest)
 
   def keyed(dropout_key: jax.Array) -> Any:
@@ -113,6 +107,8 @@ def bind(config: ModelConfig) -> Callable[..., nnx.Module]:
       else:
         out.append(jnp.zeros(leaf.shape, leaf.dtype))
     return jax.tree.unflatten(treedef, out)
+
+  rest = keyed(jax.random.key(0))  # RNG stream keys and counts of eval mode (unused: no dropout)
 
   def model_of(params: Any, dropout_key: jax.Array | None = None) -> nnx.Module:
     if dropout_key is None:

@@ -28,11 +28,10 @@ from typing import Any
 import jax
 
 from precision._table import Table
-from wafer.data.analyze import WorkerRate, measure_samples_per_s, recommend_workers
+from wafer.data.analyze import HEADROOM, WorkerRate, measure_samples_per_s, recommend_workers
 from wafer.data.pipeline import GrainBatchSource
 
 CONSUMERS = ("costmodel", "measured")
-HEADROOM = 1.2  # a pipeline "keeps up" at this multiple of the consumption rate
 
 
 class InputAnalysisError(ValueError):

@@ -14,6 +14,8 @@ from typing import Any
 
 from wafer.data.pipeline import GrainBatchSource
 
+HEADROOM = 1.2  # a pipeline "keeps up" at this multiple of the consumption rate
+
 
 @dataclasses.dataclass
 class WorkerRate:
@@ -57,7 +59,7 @@ def measure_samples_per_s(make_source: Callable[[int], GrainBatchSource], worker
 
 
 def recommend_workers(rates: Sequence[WorkerRate], consumption_samples_per_s: float, *,
-                      headroom: float = 1.2) -> dict[str, Any]:
+                      headroom: float = HEADROOM) -> dict[str, Any]:
   """The fewest workers whose rate is at least ``headroom`` times the consumption rate.
 
   Returns:
