@@ -23,7 +23,7 @@ from models import bert, gpt2
 from models.fc_mnist import FCMnistConfig
 from wafer.config import ConfigError, load_params
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "models").glob("*/configs/*.yaml"))
 CONFIG_DIR = {name: ROOT / "models" / name / "configs" for name in ("bert", "gpt2", "fc_mnist")}
 
@@ -335,7 +335,7 @@ def test_dropout_follows_the_batch_key():
   from models.bert import random_batch
   from wafer.config import load_params
 
-  path = pathlib.Path(__file__).resolve().parent.parent / "models" / "bert" / "configs" / "params_bert_tiny_default.yaml"
+  path = ROOT / "models" / "bert" / "configs" / "params_bert_tiny_default.yaml"
   on = load_params(path)
   off = load_params(path, ["model.dropout_rate=0.0", "model.attention_dropout_rate=0.0"])
   init, loss = models.functional(on.model)

@@ -8,7 +8,7 @@ import pytest
 
 import precision
 import wafer
-from tests.costmodel_helpers import batch_args, mlp_params, mlp_train_step, sds
+from tests.wafer.costmodel.helpers import batch_args, mlp_params, mlp_train_step, sds
 from wafer.costmodel import EstimateError
 from wafer.costmodel.placement import overlaps, pack
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import wafer
-from tests.costmodel_helpers import batch_args, mlp_params, mlp_train_step
+from tests.wafer.costmodel.helpers import batch_args, mlp_params, mlp_train_step
 from wafer.cli import main
 
 FILES = ("compile_report.txt", "compile_report.json", "placement.png")

@@ -18,7 +18,7 @@ import precision
 from tests.tolerances import LOSS_CURVE
 from wafer import cluster, registry, runner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_JOB = ROOT / "models" / "bert" / "configs" / "params_bert_tiny_default.yaml"
 FC_MNIST = ROOT / "models" / "fc_mnist" / "configs" / "params_fc_mnist.yaml"
 CURVE_STEPS = 24

@@ -24,7 +24,7 @@ from wafer.config import (
 )
 from wafer.config.params import unregister_schema
 
-DATA = pathlib.Path(__file__).parent / "data" / "params"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "params"
 EXAMPLES = ("bert_base_MSL128.yaml", "fc_mnist.yaml", "params_gpt2_small.yaml", "params_gpt3_111m.yaml")
 FC = DATA / "fc_mnist.yaml"
 

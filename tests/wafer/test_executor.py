@@ -16,7 +16,7 @@ from wafer import cluster
 from wafer.example import example_run
 from wafer.executor import ExecutorError, checkpoint_iterations, run, total_steps, RunSettings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ from flax import linen as nn
 from jax import lax
 
 import precision
-from tests.costmodel_helpers import batch_args, mlp_params, mlp_train_step, sds
+from tests.wafer.costmodel.helpers import batch_args, mlp_params, mlp_train_step, sds
 from wafer.costmodel import extract
 from wafer.costmodel.workloads import get_workload
 
