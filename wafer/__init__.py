@@ -18,6 +18,7 @@ from wafer.compile import compile as compile  # noqa: A004 - the promised public
 from wafer.compile import enable_compilation_cache as enable_compilation_cache
 from wafer.costmodel import Report as Report
 from wafer.costmodel import estimate as estimate
+from wafer.errors import WaferError as WaferError
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,7 @@ __all__ = (
     "CompiledStep",
     "Report",
     "StaticGraphError",
+    "WaferError",
     "__version__",
     "add_step_closure",
     "checkpoint_closure",

@@ -19,10 +19,12 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from wafer.errors import WaferError
+
 AXIS = "csx"
 
 
-class ClusterConfigError(ValueError):
+class ClusterConfigError(WaferError, ValueError):
   """Cluster settings that cannot be used or that changed after the first compile."""
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from wafer import closures as _closures
 from wafer.cluster import data_parallel_shardings
+from wafer.errors import WaferError
 
 _INTERNAL_DIRS = tuple(
     str(Path(m.__file__).resolve().parent) + os.sep
@@ -37,7 +38,7 @@ _INTERNAL_DIRS = tuple(
 ) + (str(Path(__file__).resolve().parent) + os.sep,)
 
 
-class StaticGraphError(Exception):
+class StaticGraphError(WaferError):
   """The step's graph would change, or the step reads values while it is traced.
 
   Attributes:

@@ -36,9 +36,10 @@ import precision
 import wafer
 from wafer import cluster
 from wafer.closures import add_step_closure
+from wafer.errors import WaferError
 
 
-class ExecutorError(ValueError):
+class ExecutorError(WaferError, ValueError):
   """Settings or state that the executor cannot run with; the message says what to change."""
 
 

@@ -30,11 +30,12 @@ import jax
 from precision._table import Table
 from wafer.data.analyze import HEADROOM, WorkerRate, measure_samples_per_s, recommend_workers
 from wafer.data.pipeline import GrainBatchSource
+from wafer.errors import WaferError
 
 CONSUMERS = ("costmodel", "measured")
 
 
-class InputAnalysisError(ValueError):
+class InputAnalysisError(WaferError, ValueError):
   """The params file's pipeline cannot be analysed; the message says why and what to do."""
 
 

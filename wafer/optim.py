@@ -38,6 +38,7 @@ import optax
 
 from precision.formats import FloatFormat, get_format
 from precision.loss_scale import DynamicLossScale, StaticLossScale, all_finite, select_tree
+from wafer.errors import WaferError
 from wafer.schedules import Schedule, build_schedule
 
 __all__ = ("OptimizerError", "StepResult", "apply_gradients", "build_optimizer", "clip_by_global_norm",
@@ -55,7 +56,7 @@ KEYS = ("optimizer_type", "learning_rate", "weight_decay", "weight_decay_rate", 
 DEFAULT_EPS = 1e-6
 
 
-class OptimizerError(ValueError):
+class OptimizerError(WaferError, ValueError):
   """A bad ``optimizer`` section; the message names the key path, the value and what is allowed."""
 
 

@@ -12,11 +12,13 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from wafer.errors import WaferError
+
 _BUILDERS: dict[str, Callable[[Any], Any]] = {}
 PLUGIN_PACKAGES = ("wafer.example", "models")
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(WaferError, ValueError):
   """``model.name`` names no registered model."""
 
 

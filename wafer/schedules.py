@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from wafer.errors import WaferError
+
 __all__ = (
     "SCHEDULERS",
     "Schedule",
@@ -52,7 +54,7 @@ __all__ = (
 )
 
 
-class ScheduleError(ValueError):
+class ScheduleError(WaferError, ValueError):
   """A scheduler given arguments Cerebras would reject; the message names the scheduler, the
   argument, the bad value and what is allowed."""
 

@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from wafer.errors import WaferError
+
 Loc = tuple[str | int, ...]
 
 _MISSING = object()
@@ -76,7 +78,7 @@ class Problem:
     return f"{where}: {self.message}{value}"
 
 
-class ConfigError(ValueError):
+class ConfigError(WaferError, ValueError):
   """A params file (or an override) is wrong. The message is meant for the user, as is.
 
   Attributes:

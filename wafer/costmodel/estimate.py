@@ -16,6 +16,7 @@ from wafer.costmodel.pipeline import PipelineResult, layer_pipelined
 from wafer.costmodel.placement import Rect
 from wafer.costmodel.report import KernelRow, Report
 from wafer.costmodel.streaming import StreamingResult, weight_streaming
+from wafer.errors import WaferError
 
 __all__ = ("estimate", "estimate_graph", "EstimateError", "MODES")
 
@@ -28,7 +29,7 @@ _MODE_ALIASES = {
 }
 
 
-class EstimateError(ValueError):
+class EstimateError(WaferError, ValueError):
   """An argument of `estimate` that cannot be used; the message names it and what is allowed."""
 
 

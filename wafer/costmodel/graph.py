@@ -40,13 +40,14 @@ import numpy as np
 
 from wafer.costmodel import walk
 from wafer.costmodel.walk import Site, Walker
+from wafer.errors import WaferError
 
 __all__ = ("Size", "Matmul", "Kernel", "Graph", "extract", "TraceError", "PHASES")
 
 PHASES = ("fwd", "bwd", "update")
 
 
-class TraceError(ValueError):
+class TraceError(WaferError, ValueError):
   """The step could not be traced or its batch could not be identified."""
 
 

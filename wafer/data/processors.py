@@ -33,9 +33,10 @@ from typing import Any
 
 from wafer.data import sources
 from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass
+from wafer.errors import WaferError
 
 
-class DataError(ValueError):
+class DataError(WaferError, ValueError):
   """An input section names data that cannot be read or does not fit; the message says which and why."""
 
 
