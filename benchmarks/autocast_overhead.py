@@ -43,8 +43,10 @@ from models.encoder import Encoder, EncoderConfig, parameter_count, token_loss
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"step": 1.15, "compile": 1.3}
 SIZES = {
-    "base": EncoderConfig(),
-    "small": EncoderConfig(vocab_size=8192, hidden_size=256, num_hidden_layers=2, num_heads=4, filter_size=1024),
+  "base": EncoderConfig(),
+  "small": EncoderConfig(
+    vocab_size=8192, hidden_size=256, num_hidden_layers=2, num_heads=4, filter_size=1024
+  ),
 }
 
 
@@ -66,9 +68,9 @@ def build_steps(config: EncoderConfig, policy: precision.Policy) -> tuple[dict[s
     return step
 
   steps = {
-      "float32": make_step(jax.value_and_grad(loss)),
-      "grad(autocast)": make_step(jax.value_and_grad(precision.autocast(loss, policy))),
-      "autocast(grad)": make_step(precision.autocast(jax.value_and_grad(loss), policy)),
+    "float32": make_step(jax.value_and_grad(loss)),
+    "grad(autocast)": make_step(jax.value_and_grad(precision.autocast(loss, policy))),
+    "autocast(grad)": make_step(precision.autocast(jax.value_and_grad(loss), policy)),
   }
   return steps, (params, opt_state), parameter_count(model)
 
@@ -89,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
   key = jax.random.key(0)
   tokens = jax.random.randint(key, (args.batch, args.seq), 0, config.vocab_size, jnp.int32)
   targets = jnp.roll(tokens, 1, axis=1)
-  print(f"encoder {args.size}: {n_params / 1e6:.1f}M parameters, batch {args.batch} x seq {args.seq}; "
-        f"policy {policy}; {jax.devices()[0].platform}")
+  print(
+    f"encoder {args.size}: {n_params / 1e6:.1f}M parameters, batch {args.batch} x seq {args.seq}; "
+    f"policy {policy}; {jax.devices()[0].platform}"
+  )
 
   compiled, compile_s = {}, {}
   for name, step in steps.items():
@@ -109,38 +113,44 @@ def main(argv: list[str] | None = None) -> int:
       start = time.perf_counter()
       jax.block_until_ready(compiled[name](params, opt_state, tokens, targets))
       times[name].append(time.perf_counter() - start)
-    print(f"  round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {times[n][-1]:.3f} s" for n in names), flush=True)
+    print(
+      f"  round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {times[n][-1]:.3f} s" for n in names), flush=True
+    )
 
   base_step = statistics.median(times["float32"])
   results = {}
-  print(f"\n{'variant':15s} {'median step s':>14s} {'step ratio':>11s} {'compile s':>10s} {'compile ratio':>14s}")
+  print(
+    f"\n{'variant':15s} {'median step s':>14s} {'step ratio':>11s} {'compile s':>10s} {'compile ratio':>14s}"
+  )
   for name in names:
     step_s = statistics.median(times[name])
     results[name] = {
-        "median_step_s": step_s,
-        "step_times_s": times[name],
-        "step_ratio": step_s / base_step,
-        "compile_s": compile_s[name],
-        "compile_ratio": compile_s[name] / compile_s["float32"],
+      "median_step_s": step_s,
+      "step_times_s": times[name],
+      "step_ratio": step_s / base_step,
+      "compile_s": compile_s[name],
+      "compile_ratio": compile_s[name] / compile_s["float32"],
     }
-    print(f"{name:15s} {step_s:14.4f} {step_s / base_step:11.3f} {compile_s[name]:10.2f} "
-          f"{compile_s[name] / compile_s['float32']:14.3f}")
+    print(
+      f"{name:15s} {step_s:14.4f} {step_s / base_step:11.3f} {compile_s[name]:10.2f} "
+      f"{compile_s[name] / compile_s['float32']:14.3f}"
+    )
   print(f"targets: step ratio <= {TARGETS['step']}, compile ratio <= {TARGETS['compile']}")
 
   report = {
-      "benchmark": "autocast_overhead",
-      "size": args.size,
-      "parameters": n_params,
-      "batch": args.batch,
-      "seq": args.seq,
-      "policy": str(policy),
-      "rounds": args.rounds,
-      "platform": jax.devices()[0].platform,
-      "device": str(jax.devices()[0].device_kind),
-      "machine": platform.machine(),
-      "jax": jax.__version__,
-      "targets": TARGETS,
-      "results": results,
+    "benchmark": "autocast_overhead",
+    "size": args.size,
+    "parameters": n_params,
+    "batch": args.batch,
+    "seq": args.seq,
+    "policy": str(policy),
+    "rounds": args.rounds,
+    "platform": jax.devices()[0].platform,
+    "device": str(jax.devices()[0].device_kind),
+    "machine": platform.machine(),
+    "jax": jax.__version__,
+    "targets": TARGETS,
+    "results": results,
   }
   output = args.output or RESULTS / f"autocast_overhead_{args.size}_{jax.devices()[0].platform}.json"
   output.parent.mkdir(parents=True, exist_ok=True)

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import precision
-from precision.testing import gfloat_format_info, reference_dtype, same_floats
 from precision import _kernel
+from precision.testing import gfloat_format_info, reference_dtype, same_floats
 
 CHUNK_BITS = 24
 CHUNK = 1 << CHUNK_BITS
@@ -94,7 +94,9 @@ def make_checker(fmt: precision.FloatFormat, mode: str, gfloat_numpy: bool, inte
   return (lambda i: int(both(jnp.uint32(i * CHUNK)))), "gfloat round_ndarray (under jax.jit)"
 
 
-def run(formats: list[str], modes: list[str], chunks: int, gfloat_numpy: bool, integer_only: bool) -> list[dict]:
+def run(
+  formats: list[str], modes: list[str], chunks: int, gfloat_numpy: bool, integer_only: bool
+) -> list[dict]:
   rows = []
   for name in formats:
     fmt = precision.get_format(name)
@@ -106,16 +108,28 @@ def run(formats: list[str], modes: list[str], chunks: int, gfloat_numpy: bool, i
         mismatches += check(i)
         if (i + 1) % 32 == 0 or i + 1 == chunks:
           print(
-              f"  {fmt.name} {mode}: {i + 1}/{chunks} chunks, {mismatches} mismatches, "
-              f"{time.perf_counter() - t0:.0f} s",
-              file=sys.stderr, flush=True,
+            f"  {fmt.name} {mode}: {i + 1}/{chunks} chunks, {mismatches} mismatches, "
+            f"{time.perf_counter() - t0:.0f} s",
+            file=sys.stderr,
+            flush=True,
           )
       seconds = time.perf_counter() - t0
-      rows.append(dict(format=fmt.name, mode=mode, kernel="integer_only" if integer_only else "default",
-                       reference=reference, inputs=chunks * CHUNK,
-                       mismatches=mismatches, seconds=round(seconds, 1)))
-      print(f"{fmt.name:10s} {mode:13s} vs {reference}: {mismatches} mismatches in "
-            f"{chunks * CHUNK} inputs ({seconds:.1f} s)", flush=True)
+      rows.append(
+        dict(
+          format=fmt.name,
+          mode=mode,
+          kernel="integer_only" if integer_only else "default",
+          reference=reference,
+          inputs=chunks * CHUNK,
+          mismatches=mismatches,
+          seconds=round(seconds, 1),
+        )
+      )
+      print(
+        f"{fmt.name:10s} {mode:13s} vs {reference}: {mismatches} mismatches in "
+        f"{chunks * CHUNK} inputs ({seconds:.1f} s)",
+        flush=True,
+      )
   return rows
 
 
@@ -123,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--formats", default="cbfloat16,bfloat16", help="comma-separated format names")
   parser.add_argument("--modes", default="nearest_even", help="nearest_even and/or toward_zero")
-  parser.add_argument("--chunks", type=int, default=N_CHUNKS, help=f"check the first N of {N_CHUNKS} chunks of 2^24")
+  parser.add_argument(
+    "--chunks", type=int, default=N_CHUNKS, help=f"check the first N of {N_CHUNKS} chunks of 2^24"
+  )
   parser.add_argument("--gfloat-numpy", action="store_true", help="run gfloat on NumPy instead of JAX (slow)")
   parser.add_argument("--integer-only", action="store_true", help="check the pure-integer kernel path")
   parser.add_argument("--out", type=Path, default=RESULTS / "exhaustive_check.json")
@@ -146,9 +162,20 @@ def main(argv: list[str] | None = None) -> int:
   seconds = time.perf_counter() - t0
   print(f"total: {total} mismatches ({seconds:.1f} s)")
   args.out.parent.mkdir(parents=True, exist_ok=True)
-  args.out.write_text(json.dumps(
-      dict(benchmark="exhaustive_check", jax=jax.__version__, devices=str(jax.devices()),
-           total_mismatches=total, seconds=round(seconds, 1), rows=rows), indent=2) + "\n")
+  args.out.write_text(
+    json.dumps(
+      dict(
+        benchmark="exhaustive_check",
+        jax=jax.__version__,
+        devices=str(jax.devices()),
+        total_mismatches=total,
+        seconds=round(seconds, 1),
+        rows=rows,
+      ),
+      indent=2,
+    )
+    + "\n"
+  )
   return 1 if total else 0
 
 

@@ -30,9 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wafer.data import bert  # noqa: E402
-from wafer.data.analyze import measure_samples_per_s  # noqa: E402
-from wafer.data.pipeline import ArraySource, GrainBatchSource  # noqa: E402
+from wafer.data import bert
+from wafer.data.analyze import measure_samples_per_s
+from wafer.data.pipeline import ArraySource, GrainBatchSource
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 20_000
@@ -48,10 +48,15 @@ def synthetic_features(n: int, msl: int = 128, mmp: int = 20, vocab: int = 30522
   a_len = lengths // 2
   tt = ((np.arange(msl)[None, :] > a_len[:, None]) & (mask == 1)).astype(np.int32)
   pos = np.sort(rng.integers(1, msl // 2, size=(n, mmp)), axis=1).astype(np.int32)
-  return {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt, "masked_lm_positions": pos,
-          "masked_lm_labels": rng.integers(5, vocab, size=(n, mmp), dtype=np.int32),
-          "masked_lm_weights": np.ones((n, mmp), np.float32),
-          "next_sentence_label": rng.integers(0, 2, size=n, dtype=np.int32)}
+  return {
+    "input_ids": ids,
+    "attention_mask": mask,
+    "token_type_ids": tt,
+    "masked_lm_positions": pos,
+    "masked_lm_labels": rng.integers(5, vocab, size=(n, mmp), dtype=np.int32),
+    "masked_lm_weights": np.ones((n, mmp), np.float32),
+    "next_sentence_label": rng.integers(0, 2, size=n, dtype=np.int32),
+  }
 
 
 def main() -> None:
@@ -75,8 +80,10 @@ def main() -> None:
     load_s = time.perf_counter() - t
   source = ArraySource(feats, name=str(args.data or "synthetic"))
   msl = feats["input_ids"].shape[1]
-  print(f"data: {args.data or 'synthetic HDF5'}: {len(source):,} examples, MSL {msl}, read in {load_s:.2f} s; "
-        f"batch {args.batch}; {os.cpu_count()} CPUs")
+  print(
+    f"data: {args.data or 'synthetic HDF5'}: {len(source):,} examples, MSL {msl}, read in {load_s:.2f} s; "
+    f"batch {args.batch}; {os.cpu_count()} CPUs"
+  )
 
   rows = []
   for procs in ("workers", 0):
@@ -87,24 +94,45 @@ def main() -> None:
         return GrainBatchSource(source, args.batch, seed=1, num_workers_per_csx=w, num_processes=n_proc)
 
       (r,) = measure_samples_per_s(make, [w], seconds=args.seconds, warmup_batches=args.warmup)
-      rows.append({"workers": w, "processes": n_proc, "samples_per_s": round(r.samples_per_s),
-                   "batches": r.batches, "seconds": round(r.seconds, 3), "startup_s": round(r.first_batch_s, 3),
-                   "meets_target": r.samples_per_s >= TARGET})
-      print(f"  workers={w} processes={n_proc}: {r.samples_per_s:>10,.0f} samples/s  (startup {r.first_batch_s:.2f} s)")
+      rows.append(
+        {
+          "workers": w,
+          "processes": n_proc,
+          "samples_per_s": round(r.samples_per_s),
+          "batches": r.batches,
+          "seconds": round(r.seconds, 3),
+          "startup_s": round(r.first_batch_s, 3),
+          "meets_target": r.samples_per_s >= TARGET,
+        }
+      )
+      print(
+        f"  workers={w} processes={n_proc}: {r.samples_per_s:>10,.0f} samples/s  (startup {r.first_batch_s:.2f} s)"
+      )
 
   # baseline measured in this run: one worker computed in the consumer's process (no worker processes)
   base = next(r["samples_per_s"] for r in rows if r["processes"] == 0 and r["workers"] == min(args.workers))
   for r in rows:
     r["ratio_vs_in_process_1_worker"] = round(r["samples_per_s"] / base, 3)
-  print(f"\n| workers | processes | samples/s | vs in-process, {min(args.workers)} worker | >= {TARGET:,} |"
-        "\n|---:|---:|---:|---:|:---:|")
+  print(
+    f"\n| workers | processes | samples/s | vs in-process, {min(args.workers)} worker | >= {TARGET:,} |"
+    "\n|---:|---:|---:|---:|:---:|"
+  )
   for r in rows:
-    print(f"| {r['workers']} | {r['processes']} | {r['samples_per_s']:,} | {r['ratio_vs_in_process_1_worker']:.2f}x | "
-          f"{'yes' if r['meets_target'] else 'no'} |")
+    print(
+      f"| {r['workers']} | {r['processes']} | {r['samples_per_s']:,} | {r['ratio_vs_in_process_1_worker']:.2f}x | "
+      f"{'yes' if r['meets_target'] else 'no'} |"
+    )
   report = {
-    "benchmark": "input_pipeline", "target_samples_per_s": TARGET, "msl": int(msl), "batch": args.batch,
-    "examples": len(source), "data": args.data or "synthetic", "cpus": os.cpu_count(),
-    "machine": platform.machine(), "python": platform.python_version(), "results": rows,
+    "benchmark": "input_pipeline",
+    "target_samples_per_s": TARGET,
+    "msl": int(msl),
+    "batch": args.batch,
+    "examples": len(source),
+    "data": args.data or "synthetic",
+    "cpus": os.cpu_count(),
+    "machine": platform.machine(),
+    "python": platform.python_version(),
+    "results": rows,
   }
   output = args.output or RESULTS / "input_pipeline.json"
   output.parent.mkdir(parents=True, exist_ok=True)

@@ -62,21 +62,30 @@ def candidates(key: jax.Array, skip_slow: bool) -> dict[str, tuple[Callable, str
   """name -> (function of the input, 'jax' or 'numpy' for which array it takes)."""
   cb, bf = precision.cbfloat16, precision.bfloat16
   out: dict[str, tuple[Callable, str]] = {
-      "precision cbfloat16 nearest_even": (jax.jit(lambda x: precision.round(x, cb)), "jax"),
-      "precision cbfloat16 stochastic": (jax.jit(lambda x: precision.round(x, cb, "stochastic", key=key)), "jax"),
-      "precision cbfloat16 toward_zero": (jax.jit(lambda x: precision.round(x, cb, "toward_zero")), "jax"),
-      "precision bfloat16 nearest_even": (jax.jit(lambda x: precision.round(x, bf)), "jax"),
-      "precision bfloat16 stochastic": (jax.jit(lambda x: precision.round(x, bf, "stochastic", key=key)), "jax"),
-      "precision cbfloat16 stochastic, threefry bits": (
-          jax.jit(lambda x: precision.round(x, cb, "stochastic", rbits=jax.random.bits(key, x.shape, jnp.uint32))),
-          "jax",
+    "precision cbfloat16 nearest_even": (jax.jit(lambda x: precision.round(x, cb)), "jax"),
+    "precision cbfloat16 stochastic": (
+      jax.jit(lambda x: precision.round(x, cb, "stochastic", key=key)),
+      "jax",
+    ),
+    "precision cbfloat16 toward_zero": (jax.jit(lambda x: precision.round(x, cb, "toward_zero")), "jax"),
+    "precision bfloat16 nearest_even": (jax.jit(lambda x: precision.round(x, bf)), "jax"),
+    "precision bfloat16 stochastic": (
+      jax.jit(lambda x: precision.round(x, bf, "stochastic", key=key)),
+      "jax",
+    ),
+    "precision cbfloat16 stochastic, threefry bits": (
+      jax.jit(
+        lambda x: precision.round(x, cb, "stochastic", rbits=jax.random.bits(key, x.shape, jnp.uint32))
       ),
-      "lax.reduce_precision(6, 9) (flushes subnormals)": (
-          jax.jit(lambda x: jax.lax.reduce_precision(x, 6, 9)), "jax"
-      ),
-      "gfloat cbfloat16 (jax.jit)": (gfloat_jit(cb), "jax"),
-      "gfloat bfloat16 (jax.jit)": (gfloat_jit(bf), "jax"),
-      "ml_dtypes bfloat16 cast (NumPy)": (lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), "numpy"),
+      "jax",
+    ),
+    "lax.reduce_precision(6, 9) (flushes subnormals)": (
+      jax.jit(lambda x: jax.lax.reduce_precision(x, 6, 9)),
+      "jax",
+    ),
+    "gfloat cbfloat16 (jax.jit)": (gfloat_jit(cb), "jax"),
+    "gfloat bfloat16 (jax.jit)": (gfloat_jit(bf), "jax"),
+    "ml_dtypes bfloat16 cast (NumPy)": (lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), "numpy"),
   }
   if not skip_slow:
     out["gfloat cbfloat16 (NumPy)"] = (lambda x: gfloat.round_ndarray(gfloat_format_info(cb), x), "numpy")
@@ -110,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
   baseline(x).block_until_ready()
   # Sanity: the timed kernels give the references' results on this input (bitwise, NaN == NaN).
   for ours, reference in [
-      (precision.round(x, "bf16"), baseline(x)),
-      (precision.round(x, "cb16"), gfloat_jit(precision.cbfloat16)(x)),
+    (precision.round(x, "bf16"), baseline(x)),
+    (precision.round(x, "cb16"), gfloat_jit(precision.cbfloat16)(x)),
   ]:
     if not same_floats(ours, reference).all():
       raise SystemExit("benchmark input: precision.round disagrees with its reference; not timing it")
@@ -134,26 +143,44 @@ def main(argv: list[str] | None = None) -> int:
           base_t.append(timed(baseline, x))
     ratios = [b / c for b, c in zip(base_t, cand_t)]
     row = dict(
-        candidate=name,
-        values_per_s_median=n / statistics.median(cand_t),
-        values_per_s_best=n / min(cand_t),
-        baseline_values_per_s_median=n / statistics.median(base_t),
-        ratio_median=statistics.median(ratios),
-        ratio_best=min(base_t) / min(cand_t),
-        rounds=rounds,
+      candidate=name,
+      values_per_s_median=n / statistics.median(cand_t),
+      values_per_s_best=n / min(cand_t),
+      baseline_values_per_s_median=n / statistics.median(base_t),
+      ratio_median=statistics.median(ratios),
+      ratio_best=min(base_t) / min(cand_t),
+      rounds=rounds,
     )
     if name in TARGETS:
       row["target"] = TARGETS[name]
       row["meets_target"] = row["ratio_median"] >= TARGETS[name]
     rows.append(row)
-    mark = "" if name not in TARGETS else (" (target %.1fx: %s)" % (TARGETS[name], "met" if row["meets_target"] else "MISSED"))
-    print(f"{name:50s} {row['values_per_s_median'] / 1e6:11.0f} {row['ratio_median']:14.2f}x "
-          f"{row['ratio_best']:12.2f}x{mark}", flush=True)
+    mark = (
+      ""
+      if name not in TARGETS
+      else (f" (target {TARGETS[name]:.1f}x: {'met' if row['meets_target'] else 'MISSED'})")
+    )
+    print(
+      f"{name:50s} {row['values_per_s_median'] / 1e6:11.0f} {row['ratio_median']:14.2f}x "
+      f"{row['ratio_best']:12.2f}x{mark}",
+      flush=True,
+    )
 
   args.out.parent.mkdir(parents=True, exist_ok=True)
-  args.out.write_text(json.dumps(
-      dict(benchmark="rounding", values=n, baseline="jit x.astype(bfloat16).astype(float32)",
-           jax=jax.__version__, devices=str(jax.devices()), rows=rows), indent=2) + "\n")
+  args.out.write_text(
+    json.dumps(
+      dict(
+        benchmark="rounding",
+        values=n,
+        baseline="jit x.astype(bfloat16).astype(float32)",
+        jax=jax.__version__,
+        devices=str(jax.devices()),
+        rows=rows,
+      ),
+      indent=2,
+    )
+    + "\n"
+  )
   print(f"wrote {args.out}")
   return 0
 

@@ -64,7 +64,8 @@ def _input_section(params: Any, which: str, processors_allowed: tuple[str, ...],
   if cfg.data_processor not in processors_allowed:
     raise DataConfigError(
       f"{which}.data_processor: {cfg.data_processor!r} does not feed the {model} model; allowed: "
-      f"{', '.join(processors_allowed)}")
+      f"{', '.join(processors_allowed)}"
+    )
   return cfg
 
 
@@ -75,11 +76,13 @@ def _check_tokens(features: Mapping[str, np.ndarray], vocab_size: int, msl_limit
   if top >= vocab_size:
     raise DataConfigError(
       f"{where}: token id {top} is outside model.vocab_size={vocab_size}; set model.vocab_size to at least "
-      f"{top + 1}, or tokenise with a vocabulary of at most {vocab_size} ids ({where}.vocab_size)")
+      f"{top + 1}, or tokenise with a vocabulary of at most {vocab_size} ids ({where}.vocab_size)"
+    )
   if ids.shape[1] > msl_limit:
     raise DataConfigError(
       f"{where}: sequences of {ids.shape[1]} tokens exceed model.max_position_embeddings={msl_limit}; lower "
-      f"{where}.max_sequence_length or raise max_position_embeddings")
+      f"{where}.max_sequence_length or raise max_position_embeddings"
+    )
 
 
 def _with_vocab(cfg: Any, vocab_size: int) -> Any:
@@ -97,33 +100,46 @@ def uses_dropout(model: Any) -> bool:
   return any((getattr(model, k, None) or 0.0) > 0.0 for k in DROPOUT_KEYS)
 
 
-def _data(params: Any, train_cfg: Any, eval_cfg: Any, check: Callable[[Mapping[str, np.ndarray], str], None]
-          ) -> tuple[Callable[[int], Any], Callable[[], Any] | None]:
+def _data(
+  params: Any, train_cfg: Any, eval_cfg: Any, check: Callable[[Mapping[str, np.ndarray], str], None]
+) -> tuple[Callable[[int], Any], Callable[[], Any] | None]:
   """``(train_data(seed), eval_data())`` of the executor's Task; eval data is built once, lazily."""
   rc = params.runconfig
   cache = data_cache_dir(params)
   key_feature = "dropout_key" if uses_dropout(params.model) else None
 
   def train_data(seed: int) -> Any:
-    source = processors.train_source(train_cfg, seed=seed, num_csx=rc.num_csx,
-                                     num_workers_per_csx=rc.num_workers_per_csx, cache_dir=cache,
-                                     key_feature=key_feature)
+    source = processors.train_source(
+      train_cfg,
+      seed=seed,
+      num_csx=rc.num_csx,
+      num_workers_per_csx=rc.num_workers_per_csx,
+      cache_dir=cache,
+      key_feature=key_feature,
+    )
     check(source.source.features, "train_input")
     return source
 
   if eval_cfg is None:
     return train_data, None
-  if (eval_cfg.data_dir is not None and eval_cfg.data_dir == train_cfg.data_dir and eval_cfg.split is None
-      and train_cfg.split is None):
-    print(f"Note: train_input and eval_input read the same data_dir ({eval_cfg.data_dir}) without a split, so "
-          "eval measures training data. For text, split: train / split: eval hold out every 20th document.",
-          flush=True)
+  if (
+    eval_cfg.data_dir is not None
+    and eval_cfg.data_dir == train_cfg.data_dir
+    and eval_cfg.split is None
+    and train_cfg.split is None
+  ):
+    print(
+      f"Note: train_input and eval_input read the same data_dir ({eval_cfg.data_dir}) without a split, so "
+      "eval measures training data. For text, split: train / split: eval hold out every 20th document.",
+      flush=True,
+    )
   held: list[Any] = []
 
   def eval_data() -> Any:
     if not held:
-      source = processors.eval_source(eval_cfg, seed=1 if rc.seed is None else rc.seed, num_csx=rc.num_csx,
-                                      cache_dir=cache)
+      source = processors.eval_source(
+        eval_cfg, seed=1 if rc.seed is None else rc.seed, num_csx=rc.num_csx, cache_dir=cache
+      )
       check(source.features, "eval_input")
       held.append(processors.one_pass(source, eval_cfg.batch_size, eval_cfg.drop_remainder))
     return held[0]
@@ -137,14 +153,17 @@ def _bert_batch(batch: Batch) -> dict[str, Any]:
   return {renamed.get(k, k): v for k, v in batch.items()}
 
 
-def _language_model_task(params: Any, allowed: tuple[str, ...], kind: str, name: str,
-                         adapt: Callable[[Batch], Batch] | None = None) -> Task:
+def _language_model_task(
+  params: Any, allowed: tuple[str, ...], kind: str, name: str, adapt: Callable[[Batch], Batch] | None = None
+) -> Task:
   """BERT's and GPT's task: token data checked against the model's vocabulary and positions."""
   model = params.model
   train_cfg = _with_vocab(_input_section(params, "train_input", allowed, kind), model.vocab_size)
   eval_cfg = _with_vocab(_input_section(params, "eval_input", allowed, kind), model.vocab_size)
   if train_cfg is None:
-    raise DataConfigError(f"train_input: missing; the {kind} model needs a train_input section with a data_processor")
+    raise DataConfigError(
+      f"train_input: missing; the {kind} model needs a train_input section with a data_processor"
+    )
   init_params, loss = functional(model)
   loss_fn = loss if adapt is None else (lambda p, batch: loss(p, adapt(batch)))
 
@@ -152,8 +171,14 @@ def _language_model_task(params: Any, allowed: tuple[str, ...], kind: str, name:
     _check_tokens(features, model.vocab_size, model.max_position_embeddings, where)
 
   train_data, eval_data = _data(params, train_cfg, eval_cfg, check)
-  return Task(name=f"{name} (L={model.num_hidden_layers}, H={model.hidden_size})", init_params=init_params,
-              loss_fn=loss_fn, train_data=train_data, batch_size=train_cfg.batch_size, eval_data=eval_data)
+  return Task(
+    name=f"{name} (L={model.num_hidden_layers}, H={model.hidden_size})",
+    init_params=init_params,
+    loss_fn=loss_fn,
+    train_data=train_data,
+    batch_size=train_cfg.batch_size,
+    eval_data=eval_data,
+  )
 
 
 def bert_task(params: Any) -> Task:
@@ -191,9 +216,16 @@ def fc_mnist_task(params: Any) -> Task:
       raise DataConfigError(f"{where}: images have {width} pixels, model.input_size is {model.input_size}")
 
   train_data, eval_data = _data(params, train_cfg, eval_cfg, check)
-  return Task(name="fc_mnist", init_params=init_params, loss_fn=loss_fn, train_data=train_data,
-              batch_size=train_cfg.batch_size, eval_data=eval_data, eval_metric=accuracy,
-              eval_metric_name="accuracy")
+  return Task(
+    name="fc_mnist",
+    init_params=init_params,
+    loss_fn=loss_fn,
+    train_data=train_data,
+    batch_size=train_cfg.batch_size,
+    eval_data=eval_data,
+    eval_metric=accuracy,
+    eval_metric_name="accuracy",
+  )
 
 
 DEFAULT_JOB = Path(__file__).parent / "bert" / "configs" / "params_bert_tiny_default.yaml"
@@ -203,4 +235,6 @@ registry.register_model("gpt2", gpt_task)
 registry.register_model("gpt3", gpt_task)
 registry.register_model("fc_mnist", fc_mnist_task)
 registry.register_default_job(
-  str(DEFAULT_JOB), "BERT-tiny MLM+NSP on the embedded corpus (Python's own docs), cbfloat16 with dynamic loss scaling")
+  str(DEFAULT_JOB),
+  "BERT-tiny MLM+NSP on the embedded corpus (Python's own docs), cbfloat16 with dynamic loss scaling",
+)

@@ -84,11 +84,11 @@ class Constants:
   half_quantum_bits: int  # bit pattern of q / 2 (zero when q/2 is not a float32)
   quantum_exponent: int  # log2(q) = 1 - bias - m
   overflow_threshold_bits: int  # bit pattern of max + ulp(max)/2: from here on (ties included) nearest
-                                # rounding overflows in IEEE formats (finite_only: only above it)
+  # rounding overflows in IEEE formats (finite_only: only above it)
   scaled_subnormals: bool  # nearest_even may round the subnormal range as round(|x| / q) * q
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def constants(fmt: FloatFormat) -> Constants:
   m = fmt.mantissa_bits
   shift_normal = 23 - m
@@ -96,20 +96,20 @@ def constants(fmt: FloatFormat) -> Constants:
   largest_d = sub_offset - 1  # reached at E <= 1
   variable = fmt.subnormals and largest_d > shift_normal
   return Constants(
-      shift_normal=shift_normal,
-      sub_offset=sub_offset,
-      variable_shift=variable,
-      # d >= 24, or d == 23 for float32 subnormal inputs (q = 2^-126): below one quantum.
-      tiny_path=variable and largest_d >= 23,
-      max_bits=float_to_bits(fmt.max),
-      min_normal_bits=float_to_bits(fmt.min_normal),
-      quantum_bits=float_to_bits(2.0 ** (fmt.emin - m)),
-      half_quantum_bits=float_to_bits(2.0 ** (fmt.emin - m - 1)) if fmt.emin - m > -149 else 0,
-      quantum_exponent=fmt.emin - m,
-      overflow_threshold_bits=float_to_bits(fmt.max + 2.0 ** (fmt.emax - m - 1)) if fmt.bits < 32 else _INF,
-      # Safe when q/2 and every subnormal result are float32 normals, so that flushing float32
-      # subnormals (XLA on CPU does) only touches inputs below q/2, which round to 0 anyway.
-      scaled_subnormals=variable and fmt.emin - m >= -125,
+    shift_normal=shift_normal,
+    sub_offset=sub_offset,
+    variable_shift=variable,
+    # d >= 24, or d == 23 for float32 subnormal inputs (q = 2^-126): below one quantum.
+    tiny_path=variable and largest_d >= 23,
+    max_bits=float_to_bits(fmt.max),
+    min_normal_bits=float_to_bits(fmt.min_normal),
+    quantum_bits=float_to_bits(2.0 ** (fmt.emin - m)),
+    half_quantum_bits=float_to_bits(2.0 ** (fmt.emin - m - 1)) if fmt.emin - m > -149 else 0,
+    quantum_exponent=fmt.emin - m,
+    overflow_threshold_bits=float_to_bits(fmt.max + 2.0 ** (fmt.emax - m - 1)) if fmt.bits < 32 else _INF,
+    # Safe when q/2 and every subnormal result are float32 normals, so that flushing float32
+    # subnormals (XLA on CPU does) only touches inputs below q/2, which round to 0 anyway.
+    scaled_subnormals=variable and fmt.emin - m >= -125,
   )
 
 
@@ -152,7 +152,7 @@ def _kept_shift(a: jax.Array, c: Constants) -> jax.Array | int:
 
 
 def round_magnitude(
-    a: jax.Array, fmt: FloatFormat, mode: str, rbits: jax.Array | None, integer_only: bool = False
+  a: jax.Array, fmt: FloatFormat, mode: str, rbits: jax.Array | None, integer_only: bool = False
 ) -> jax.Array:
   """Round magnitude bits ``a`` (finite or inf; NaN handled by the caller) to ``fmt``.
 
@@ -187,9 +187,7 @@ def round_magnitude(
     if c.tiny_path:
       # Below q the rounding above is wrong, but never above q, and at or above q it never
       # goes below q: so values above q/2 take max(rounded, q), the rest 0 (q/2 ties to 0).
-      rounded = jnp.where(
-          a > _u32(c.half_quantum_bits), jnp.maximum(rounded, _u32(c.quantum_bits)), _u32(0)
-      )
+      rounded = jnp.where(a > _u32(c.half_quantum_bits), jnp.maximum(rounded, _u32(c.quantum_bits)), _u32(0))
     return rounded
 
   if mode != "stochastic":
@@ -217,7 +215,7 @@ def round_magnitude(
 
 
 def round_bits(
-    x: jax.Array, fmt: FloatFormat, mode: str, rbits: jax.Array | None, integer_only: bool = False
+  x: jax.Array, fmt: FloatFormat, mode: str, rbits: jax.Array | None, integer_only: bool = False
 ) -> jax.Array:
   """float32 ``x`` -> float32 values of ``fmt`` (see the module docstring for the rules).
 

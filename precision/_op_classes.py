@@ -64,14 +64,14 @@ CONTROL_FLOW = (
 
 PRIMITIVE_CLASSES: dict[str, str] = {}
 for _cls, _names in (
-    ("matmul", MATMUL_PRIMITIVES),
-    ("elementwise", _ELEMENTWISE),
-    ("transcendental", _TRANSCENDENTAL),
-    ("reduction", _REDUCTION),
-    ("exact", _EXACT),
-    ("data_movement", _DATA_MOVEMENT),
-    ("cast", _CAST),
-    ("control_flow", CONTROL_FLOW),
+  ("matmul", MATMUL_PRIMITIVES),
+  ("elementwise", _ELEMENTWISE),
+  ("transcendental", _TRANSCENDENTAL),
+  ("reduction", _REDUCTION),
+  ("exact", _EXACT),
+  ("data_movement", _DATA_MOVEMENT),
+  ("cast", _CAST),
+  ("control_flow", CONTROL_FLOW),
 ):
   for _name in _names:
     PRIMITIVE_CLASSES[_name] = _cls

@@ -16,7 +16,7 @@ class Table:
   """
 
   def __init__(
-      self, columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "", footer: str = ""
+    self, columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "", footer: str = ""
   ):
     self.title = title
     self.footer = footer
@@ -45,15 +45,18 @@ class Table:
 
   def _repr_html_(self) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in self.rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in self.rows)
     caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
     footer = f"<p>{html.escape(self.footer)}</p>" if self.footer else ""
     return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{footer}"
 
   def to_dict(self) -> dict[str, Any]:
-    return {"title": self.title, "footer": self.footer, "columns": list(self.columns), "rows": [list(r) for r in self.rows]}
+    return {
+      "title": self.title,
+      "footer": self.footer,
+      "columns": list(self.columns),
+      "rows": [list(r) for r in self.rows],
+    }
 
 
 def _cell(value: Any) -> str:

@@ -65,11 +65,11 @@ _RAW = Tag(RAW)
 
 
 def autocast(
-    fn: Callable[..., Any],
-    policy: Policy | str,
-    *,
-    static_argnums: int | Sequence[int] = (),
-    static_argnames: str | Sequence[str] = (),
+  fn: Callable[..., Any],
+  policy: Policy | str,
+  *,
+  static_argnums: int | Sequence[int] = (),
+  static_argnames: str | Sequence[str] = (),
 ) -> Callable[..., Any]:
   """``fn`` with ``policy``'s mixed-precision numerics inserted; same signature, same dtypes.
 
@@ -151,9 +151,9 @@ def _trace(fn: Callable[..., Any], statics: _Statics, args: tuple, kwargs: dict)
   for leaf in flat:
     if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex, jax.ShapeDtypeStruct)):
       raise TypeError(
-          f"autocast({getattr(fn, '__name__', fn)!r}) got a {type(leaf).__name__} argument ({leaf!r:.60}); "
-          "arguments must be arrays or pytrees of arrays. Mark non-array arguments with "
-          "static_argnums= or static_argnames=, as with jax.jit."
+        f"autocast({getattr(fn, '__name__', fn)!r}) got a {type(leaf).__name__} argument ({leaf!r:.60}); "
+        "arguments must be arrays or pytrees of arrays. Mark non-array arguments with "
+        "static_argnums= or static_argnames=, as with jax.jit."
       )
   out_tree_box: list[Any] = []
 
@@ -244,7 +244,7 @@ def _literal_tag(p: _Pass, literal: Any) -> Tag | None:
 
 
 def _interpret(
-    p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], args: Sequence[Any], tags: Sequence[Tag | None]
+  p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], args: Sequence[Any], tags: Sequence[Tag | None]
 ) -> tuple[list[Any], list[Tag | None]]:
   """Evaluate ``jaxpr`` on ``args`` at the current trace, applying the policy's rules."""
   env: dict[Any, tuple[Any, Tag | None]] = {}
@@ -279,7 +279,7 @@ def _bind(eqn: Any, values: Sequence[Any], **param_updates: Any) -> list[Any]:
 
 
 def _apply(
-    p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None], memo: dict[Any, jax.Array]
+  p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None], memo: dict[Any, jax.Array]
 ) -> tuple[list[Any], list[Tag | None]]:
   name = eqn.primitive.name
   handler = _CONTROL_FLOW.get(name)
@@ -289,7 +289,9 @@ def _apply(
   op_class = PRIMITIVE_CLASSES.get(name, "unknown")
   if not any(_is_f32(a) for a in out_avals):
     outs = _bind(eqn, values)
-    p.log.record(name, "integer" if op_class != "cast" else "cast", untouched=sum(_size(a) for a in out_avals))
+    p.log.record(
+      name, "integer" if op_class != "cast" else "cast", untouched=sum(_size(a) for a in out_avals)
+    )
     return outs, [None] * len(outs)
   if op_class == "matmul":
     return _matmul(p, eqn, values, tags, memo)
@@ -312,7 +314,9 @@ def _apply(
   return outs, [_RAW if _is_f32(a) else None for a in out_avals]
 
 
-def _value_op(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None], op_class: str) -> tuple[list, list]:
+def _value_op(
+  p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None], op_class: str
+) -> tuple[list, list]:
   """Elementwise, transcendental, reduction and exact ops: round or keep the result."""
   name = eqn.primitive.name
   out_avals = [v.aval for v in eqn.outvars]
@@ -348,7 +352,7 @@ def _is_attention_matmul(eqn: Any) -> bool:
 
 
 def _matmul(
-    p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None], memo: dict[Any, jax.Array]
+  p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None], memo: dict[Any, jax.Array]
 ) -> tuple[list, list]:
   name = eqn.primitive.name
   out_aval = eqn.outvars[0].aval
@@ -407,7 +411,9 @@ def _chunking(eqn: Any, block: int) -> tuple[int, int, int] | None:
   return None if count <= 1 else (j, length, count)
 
 
-def _mixed_dot(p: _Pass, operands: list[Any], params: dict, chunks: tuple[int, int, int]) -> tuple[jax.Array, int]:
+def _mixed_dot(
+  p: _Pass, operands: list[Any], params: dict, chunks: tuple[int, int, int]
+) -> tuple[jax.Array, int]:
   """dot_general with per-chunk float32 sums added in the compute format.
 
   ``result = r(...r(r(s_0) + r(s_1)) + ... + r(s_{n-1}))``, ``s_i`` the float32 sum of chunk
@@ -437,11 +443,11 @@ def _mixed_dot(p: _Pass, operands: list[Any], params: dict, chunks: tuple[int, i
   new_lb = (la,) + shift(lb, la)
   new_rb = (ra,) + shift(rb, ra)
   partial = jax.lax.dot_general(
-      lhs,
-      rhs,
-      ((new_lc, new_rc), (new_lb, new_rb)),
-      precision=params.get("precision"),
-      preferred_element_type=jnp.float32,
+    lhs,
+    rhs,
+    ((new_lc, new_rc), (new_lb, new_rb)),
+    precision=params.get("precision"),
+    preferred_element_type=jnp.float32,
   )
   total = p.round(partial[0])
   for i in range(1, count):
@@ -453,7 +459,7 @@ def _mixed_dot(p: _Pass, operands: list[Any], params: dict, chunks: tuple[int, i
 
 
 def _retrace(
-    p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], tags: Sequence[Tag | None]
+  p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], tags: Sequence[Tag | None]
 ) -> tuple[jcore.Jaxpr, list[Any], list[Tag | None], CastLog]:
   """Trace the transformed ``jaxpr`` to a new jaxpr (constvars hold the new constants)."""
   child = p.child()
@@ -465,12 +471,14 @@ def _retrace(
     return outs
 
   in_avals = [v.aval for v in jaxpr.invars]
-  new_jaxpr, _, new_consts = _pe.trace_to_jaxpr_dynamic(lu.wrap_init(body, debug_info=jaxpr.debug_info), in_avals)
+  new_jaxpr, _, new_consts = _pe.trace_to_jaxpr_dynamic(
+    lu.wrap_init(body, debug_info=jaxpr.debug_info), in_avals
+  )
   return new_jaxpr, list(new_consts), box[-1], child.log
 
 
 def _fixed_point(
-    p: _Pass, closed: jcore.ClosedJaxpr, head: list[Tag | None], carry: list[Tag | None], tail: list[Tag | None]
+  p: _Pass, closed: jcore.ClosedJaxpr, head: list[Tag | None], carry: list[Tag | None], tail: list[Tag | None]
 ) -> tuple[jcore.Jaxpr, list[Any], list[Tag | None], list[Tag | None], CastLog]:
   """Retrace a loop body until the carried tags are stable (each pass can only widen them)."""
   while True:
@@ -502,8 +510,8 @@ def _scan(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tupl
   new_jaxpr, consts, carry, out_tags, log = _fixed_point(p, params["jaxpr"], head, carry, tail)
   p.log.merge(log, times=params["length"])
   updates: dict[str, Any] = {
-      "jaxpr": jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(new_jaxpr), ()),
-      "num_consts": n_consts + len(consts),
+    "jaxpr": jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(new_jaxpr), ()),
+    "num_consts": n_consts + len(consts),
   }
   if "linear" in params:
     updates["linear"] = (False,) * len(consts) + tuple(params["linear"])
@@ -523,12 +531,12 @@ def _while(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tup
   p.log.merge(cond_log)
   p.log.while_loops += 1
   outs = _bind(
-      eqn,
-      [*cond_new, *cond_consts, *body_new, *body_consts, *init],
-      cond_jaxpr=jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(cond_jaxpr), ()),
-      body_jaxpr=jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(body_jaxpr), ()),
-      cond_nconsts=nc + len(cond_new),
-      body_nconsts=nb + len(body_new),
+    eqn,
+    [*cond_new, *cond_consts, *body_new, *body_consts, *init],
+    cond_jaxpr=jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(cond_jaxpr), ()),
+    body_jaxpr=jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(body_jaxpr), ()),
+    cond_nconsts=nc + len(cond_new),
+    body_nconsts=nb + len(body_new),
   )
   return outs, carry
 
@@ -570,12 +578,12 @@ def _shard_map(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) ->
     return tuple(outs)
 
   mapped = jax.shard_map(
-      body,
-      mesh=params["mesh"],
-      in_specs=tuple(params["in_specs"]),
-      out_specs=tuple(params["out_specs"]),
-      axis_names=set(params.get("newly_manual_axes", ())) or set(),
-      check_vma=params.get("check_vma", True),
+    body,
+    mesh=params["mesh"],
+    in_specs=tuple(params["in_specs"]),
+    out_specs=tuple(params["out_specs"]),
+    axis_names=set(params.get("newly_manual_axes", ())) or set(),
+    check_vma=params.get("check_vma", True),
   )
   outs = list(mapped(*values))
   return outs, box[-1]
@@ -586,7 +594,9 @@ def _is_precision_round(call_jaxpr: jcore.ClosedJaxpr) -> bool:
   return info is not None and str(getattr(info, "func_src_info", "")).startswith("_round_with_vjp ")
 
 
-def _primal(p: _Pass, call: jcore.ClosedJaxpr, tags: Sequence[Tag | None], box: list) -> Callable[..., list[Any]]:
+def _primal(
+  p: _Pass, call: jcore.ClosedJaxpr, tags: Sequence[Tag | None], box: list
+) -> Callable[..., list[Any]]:
   """A custom function's primal, evaluated with the pass; its output tags go to ``box``."""
 
   def fun(*args: Any) -> list[Any]:
@@ -616,15 +626,15 @@ def _custom_jvp(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -
     box.append(out_tags[: len(out_zeros)])
     out_primals, nonzero_out = out[: len(out_zeros)], iter(out[len(out_zeros) :])
     out_tangents = [
-        SymbolicZero(jax.typeof(x).to_tangent_aval()) if z else next(nonzero_out)
-        for x, z in zip(out_primals, out_zeros)
+      SymbolicZero(jax.typeof(x).to_tangent_aval()) if z else next(nonzero_out)
+      for x, z in zip(out_primals, out_zeros)
     ]
     return [*out_primals, *out_tangents]
 
   params_bind = eqn.primitive.get_bind_params(params)
   params_bind["subfuns"] = (
-      lu.wrap_init(fun, debug_info=call.jaxpr.debug_info),
-      lu.wrap_init(jvp, debug_info=jvp_fun.debug_info),
+    lu.wrap_init(fun, debug_info=call.jaxpr.debug_info),
+    lu.wrap_init(jvp, debug_info=jvp_fun.debug_info),
   )
   outs = eqn.primitive.bind(*values, **params_bind)
   out_tags = box[-1] if box else [_RAW if _is_f32(v.aval) else None for v in eqn.outvars]
@@ -655,9 +665,9 @@ def _custom_vjp(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -
   params_bind = eqn.primitive.get_bind_params(params)
   fun_w, _, bwd = params_bind["subfuns"]
   params_bind["subfuns"] = (
-      lu.wrap_init(fun, debug_info=call.jaxpr.debug_info),
-      lu.wrap_init(fwd, debug_info=fwd_thunk.debug_info),
-      lu.wrap_init(functools.partial(_autocast_bwd, p, bwd), debug_info=bwd.debug_info),
+    lu.wrap_init(fun, debug_info=call.jaxpr.debug_info),
+    lu.wrap_init(fwd, debug_info=fwd_thunk.debug_info),
+    lu.wrap_init(functools.partial(_autocast_bwd, p, bwd), debug_info=bwd.debug_info),
   )
   outs = eqn.primitive.bind(*values, **params_bind)
   n_out = len(eqn.outvars)
@@ -677,7 +687,9 @@ def _autocast_bwd(p: _Pass, bwd: Any, *args: Any) -> list[Any]:
     return [r for r in res if not isinstance(r, _ad.Zero)]
 
   in_avals = [jax.typeof(a) for a in args]
-  jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(lu.wrap_init(arrays_only, debug_info=bwd.debug_info), in_avals)
+  jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(
+    lu.wrap_init(arrays_only, debug_info=bwd.debug_info), in_avals
+  )
   arg_tags = [_RAW if _is_f32(a) else None for a in in_avals]
   outs, _ = _interpret(p, jaxpr, consts, args, arg_tags)
   it = iter(outs)
@@ -685,16 +697,16 @@ def _autocast_bwd(p: _Pass, bwd: Any, *args: Any) -> list[Any]:
 
 
 _CONTROL_FLOW: dict[str, Callable[..., tuple[list, list]]] = {
-    "jit": _inline,
-    "pjit": _inline,
-    "closed_call": _inline,
-    "core_call": _inline,
-    "remat2": _remat,
-    "checkpoint": _remat,
-    "scan": _scan,
-    "while": _while,
-    "cond": _cond,
-    "shard_map": _shard_map,
-    "custom_jvp_call": _custom_jvp,
-    "custom_vjp_call": _custom_vjp,
+  "jit": _inline,
+  "pjit": _inline,
+  "closed_call": _inline,
+  "core_call": _inline,
+  "remat2": _remat,
+  "checkpoint": _remat,
+  "scan": _scan,
+  "while": _while,
+  "cond": _cond,
+  "shard_map": _shard_map,
+  "custom_jvp_call": _custom_jvp,
+  "custom_vjp_call": _custom_vjp,
 }

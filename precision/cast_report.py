@@ -45,7 +45,7 @@ class CastLog:
     self.while_loops = 0
 
   def record(
-      self, primitive: str, op_class: str, *, rounded: int = 0, kept_float32: int = 0, untouched: int = 0
+    self, primitive: str, op_class: str, *, rounded: int = 0, kept_float32: int = 0, untouched: int = 0
   ) -> None:
     counts = CastCounts(1, rounded, kept_float32, untouched)
     self.by_primitive.setdefault(primitive, CastCounts()).add(counts)
@@ -86,7 +86,7 @@ class CastReport:
 
   @classmethod
   def from_log(cls, policy: Any, log: CastLog) -> CastReport:
-    order = lambda d: dict(sorted(d.items(), key=lambda kv: (-kv[1].rounded, kv[0])))  # noqa: E731
+    order = lambda d: dict(sorted(d.items(), key=lambda kv: (-kv[1].rounded, kv[0])))
     return cls(str(policy), order(log.by_primitive), order(log.by_class), dict(log.unknown), log.while_loops)
 
   @property
@@ -112,10 +112,10 @@ class CastReport:
     if self.while_loops:
       notes.append(f"{self.while_loops} while loop(s): bodies counted once per iteration.")
     return Table(
-        [f"op {by}", "equations", "values rounded", "kept float32", "untouched"],
-        rows,
-        title=f"autocast cast report ({self.policy}); counts are tensor elements per call",
-        footer=" ".join(notes),
+      [f"op {by}", "equations", "values rounded", "kept float32", "untouched"],
+      rows,
+      title=f"autocast cast report ({self.policy}); counts are tensor elements per call",
+      footer=" ".join(notes),
     )
 
   def __str__(self) -> str:
@@ -129,10 +129,10 @@ class CastReport:
   def to_dict(self) -> dict[str, Any]:
     """Plain ``dict``/``int``/``str`` data (JSON-serialisable)."""
     return {
-        "policy": self.policy,
-        "by_class": {k: dataclasses.asdict(v) for k, v in self.by_class.items()},
-        "by_primitive": {k: dataclasses.asdict(v) for k, v in self.by_primitive.items()},
-        "unknown_primitives": dict(self.unknown_primitives),
-        "while_loops": self.while_loops,
-        "total": dataclasses.asdict(self.total),
+      "policy": self.policy,
+      "by_class": {k: dataclasses.asdict(v) for k, v in self.by_class.items()},
+      "by_primitive": {k: dataclasses.asdict(v) for k, v in self.by_primitive.items()},
+      "unknown_primitives": dict(self.unknown_primitives),
+      "while_loops": self.while_loops,
+      "total": dataclasses.asdict(self.total),
     }

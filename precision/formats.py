@@ -107,13 +107,15 @@ class FloatFormat:
     if self.overflow not in _OVERFLOWS:
       raise FormatError(f"{where}: overflow={self.overflow!r}; allowed: {', '.join(_OVERFLOWS)}")
     if m == 23 and (e, self.bias) != (8, 127):
-      raise FormatError(f"{where}: mantissa_bits=23 is float32 itself (exponent_bits=8, bias=127); use at most 22")
+      raise FormatError(
+        f"{where}: mantissa_bits=23 is float32 itself (exponent_bits=8, bias=127); use at most 22"
+      )
     if self.emax > 127:
       raise FormatError(f"{where}: largest exponent {self.emax} exceeds float32's 127; raise the bias")
     if self.emin < -126:
       raise FormatError(
-          f"{where}: smallest normal 2^{self.emin} is below float32's 2^-126 (bias {self.bias}); "
-          f"use a bias of at most {self.bias + self.emin + 126}"
+        f"{where}: smallest normal 2^{self.emin} is below float32's 2^-126 (bias {self.bias}); "
+        f"use a bias of at most {self.bias + self.emin + 126}"
       )
 
   # ---- derived quantities (Python floats; all exact powers of two or sums of them) ----
@@ -174,9 +176,9 @@ class FloatFormat:
     binade = jnp.where(a == 0, self.emin, jnp.clip(lead, self.emin, self.emax))
     spacing_exponent = binade - self.mantissa_bits  # >= -149 for every valid format
     bits = jnp.where(
-        spacing_exponent >= -126,
-        (spacing_exponent + 127).astype(jnp.uint32) << 23,
-        jnp.uint32(1) << jnp.maximum(spacing_exponent + 149, 0).astype(jnp.uint32),
+      spacing_exponent >= -126,
+      (spacing_exponent + 127).astype(jnp.uint32) << 23,
+      jnp.uint32(1) << jnp.maximum(spacing_exponent + 149, 0).astype(jnp.uint32),
     )
     spacing = jax.lax.bitcast_convert_type(bits, jnp.float32)
     return jnp.where(biased < 255, spacing, jnp.float32(jnp.nan))
@@ -195,17 +197,17 @@ class FloatFormat:
   def summary(self) -> dict[str, Any]:
     """The format's fields and derived values as a plain dict."""
     return {
-        "name": self.name,
-        "bits": self.bits,
-        "layout": f"1-{self.exponent_bits}-{self.mantissa_bits}",
-        "bias": self.bias,
-        "subnormals": self.subnormals,
-        "specials": self.specials,
-        "overflow": self.overflow,
-        "max": self.max,
-        "min_normal": self.min_normal,
-        "min_subnormal": self.min_subnormal,
-        "eps": self.eps,
+      "name": self.name,
+      "bits": self.bits,
+      "layout": f"1-{self.exponent_bits}-{self.mantissa_bits}",
+      "bias": self.bias,
+      "subnormals": self.subnormals,
+      "specials": self.specials,
+      "overflow": self.overflow,
+      "max": self.max,
+      "min_normal": self.min_normal,
+      "min_subnormal": self.min_subnormal,
+      "eps": self.eps,
     }
 
   def describe(self) -> Table:
@@ -240,36 +242,36 @@ def format_table(formats: Iterable[FloatFormat | str] | None = None) -> Table:
 # ---- predefined formats ----
 
 float32 = FloatFormat(
-    "float32", 8, 23, notes="IEEE 754 binary32; rounding to it changes nothing but NaNs (quieted)."
+  "float32", 8, 23, notes="IEEE 754 binary32; rounding to it changes nothing but NaNs (quieted)."
 )
 bfloat16 = FloatFormat("bfloat16", 8, 7, notes="Brain float; bit-exact with ml_dtypes.bfloat16.")
 float16 = FloatFormat("float16", 5, 10, notes="IEEE 754 binary16; bit-exact with numpy.float16.")
 cbfloat16 = FloatFormat(
-    "cbfloat16",
-    6,
-    9,
-    bias=31,
-    notes=(
-        "Cerebras CB16. Documented: 1 sign, 6 exponent, 9 mantissa bits; 'double the range of "
-        "fp16'. Inferred (unpublished; see cerebras.md section 1): bias 31, subnormals, inf/NaN "
-        "at exponent 63, overflow to inf, round to nearest even. Change any inferred part "
-        "with cbfloat16.replace(bias=..., subnormals=..., specials=..., overflow=...)."
-    ),
+  "cbfloat16",
+  6,
+  9,
+  bias=31,
+  notes=(
+    "Cerebras CB16. Documented: 1 sign, 6 exponent, 9 mantissa bits; 'double the range of "
+    "fp16'. Inferred (unpublished; see cerebras.md section 1): bias 31, subnormals, inf/NaN "
+    "at exponent 63, overflow to inf, round to nearest even. Change any inferred part "
+    "with cbfloat16.replace(bias=..., subnormals=..., specials=..., overflow=...)."
+  ),
 )
 float8_e4m3fn = FloatFormat(
-    "float8_e4m3fn", 4, 3, specials="finite_only", notes="OCP FP8 E4M3; bit-exact with ml_dtypes."
+  "float8_e4m3fn", 4, 3, specials="finite_only", notes="OCP FP8 E4M3; bit-exact with ml_dtypes."
 )
 float8_e5m2 = FloatFormat("float8_e5m2", 5, 2, notes="OCP FP8 E5M2; bit-exact with ml_dtypes.")
 
 PREDEFINED: tuple[FloatFormat, ...] = (float32, bfloat16, float16, cbfloat16, float8_e4m3fn, float8_e5m2)
 
 _ALIASES: dict[str, tuple[str, ...]] = {
-    "float32": ("f32", "fp32", "single"),
-    "bfloat16": ("bf16",),
-    "float16": ("f16", "fp16", "half"),
-    "cbfloat16": ("cb16", "cbf16"),
-    "float8_e4m3fn": ("e4m3fn", "f8e4m3fn", "fp8_e4m3fn", "e4m3"),
-    "float8_e5m2": ("e5m2", "f8e5m2", "fp8_e5m2"),
+  "float32": ("f32", "fp32", "single"),
+  "bfloat16": ("bf16",),
+  "float16": ("f16", "fp16", "half"),
+  "cbfloat16": ("cb16", "cbf16"),
+  "float8_e4m3fn": ("e4m3fn", "f8e4m3fn", "fp8_e4m3fn", "e4m3"),
+  "float8_e5m2": ("e5m2", "f8e5m2", "fp8_e5m2"),
 }
 _REGISTRY: dict[str, FloatFormat] = {}
 
@@ -312,8 +314,8 @@ def get_format(name: FloatFormat | str | Any) -> FloatFormat:
     close = difflib.get_close_matches(name.lower(), known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     listing = "; ".join(
-        f"{f.name} ({', '.join(a for a in sorted(_REGISTRY) if _REGISTRY[a] is f and a != f.name)})"
-        for f in dict.fromkeys(_REGISTRY.values())
+      f"{f.name} ({', '.join(a for a in sorted(_REGISTRY) if _REGISTRY[a] is f and a != f.name)})"
+      for f in dict.fromkeys(_REGISTRY.values())
     )
     raise FormatError(f"unknown float format {name!r}.{hint} Known formats: {listing}")
   return found

@@ -113,13 +113,13 @@ class DynamicLossScale:
 
   @classmethod
   def create(
-      cls,
-      half_dtype: FloatFormat | str = "float16",
-      initial_loss_scale: float | None = None,
-      steps_per_increase: int = 2000,
-      min_loss_scale: float | None = None,
-      max_loss_scale: float | None = None,
-      overflow_tolerance: float = 0.0,
+    cls,
+    half_dtype: FloatFormat | str = "float16",
+    initial_loss_scale: float | None = None,
+    steps_per_increase: int = 2000,
+    min_loss_scale: float | None = None,
+    max_loss_scale: float | None = None,
+    overflow_tolerance: float = 0.0,
   ) -> DynamicLossScale:
     """The state before the first step, with the defaults of ``half_dtype``'s format.
 
@@ -139,18 +139,22 @@ class DynamicLossScale:
       raise ValueError(f"initial_loss_scale={initial!r}; allowed: a positive float")
     if overflow_tolerance < 0:
       raise ValueError(f"overflow_tolerance={overflow_tolerance!r}; allowed: >= 0")
-    if isinstance(steps_per_increase, bool) or not isinstance(steps_per_increase, int) or steps_per_increase < 1:
+    if (
+      isinstance(steps_per_increase, bool)
+      or not isinstance(steps_per_increase, int)
+      or steps_per_increase < 1
+    ):
       raise ValueError(f"steps_per_increase={steps_per_increase!r}; allowed: an int >= 1")
     zero = jnp.asarray(0, jnp.int32)
     return cls(
-        loss_scale=jnp.asarray(min(max_scale, initial), jnp.float32),
-        steps_since_rescale=zero,
-        overflows_since_rescale=zero,
-        num_skipped_steps=zero,
-        steps_per_increase=steps_per_increase,
-        min_loss_scale=min_scale,
-        max_loss_scale=max_scale,
-        overflow_tolerance=float(overflow_tolerance),
+      loss_scale=jnp.asarray(min(max_scale, initial), jnp.float32),
+      steps_since_rescale=zero,
+      overflows_since_rescale=zero,
+      num_skipped_steps=zero,
+      steps_per_increase=steps_per_increase,
+      min_loss_scale=min_scale,
+      max_loss_scale=max_scale,
+      overflow_tolerance=float(overflow_tolerance),
     )
 
   scale = StaticLossScale.scale
@@ -172,26 +176,26 @@ class DynamicLossScale:
     overflows = jnp.where(grow, 0, overflows)
     scale = jnp.clip(scale, jnp.float32(self.min_loss_scale), jnp.float32(self.max_loss_scale))
     return dataclasses.replace(
-        self,
-        loss_scale=scale,
-        steps_since_rescale=steps,
-        overflows_since_rescale=overflows,
-        num_skipped_steps=self.num_skipped_steps + overflow,
+      self,
+      loss_scale=scale,
+      steps_since_rescale=steps,
+      overflows_since_rescale=overflows,
+      num_skipped_steps=self.num_skipped_steps + overflow,
     )
 
   def state_dict(self) -> dict[str, jax.Array]:
     """The checkpointed state, under Cerebras' names."""
     return {
-        "loss_scale": self.loss_scale,
-        "steps_since_rescale": self.steps_since_rescale,
-        "overflows_since_rescale": self.overflows_since_rescale,
-        "num_skipped_steps": self.num_skipped_steps,
+      "loss_scale": self.loss_scale,
+      "steps_since_rescale": self.steps_since_rescale,
+      "overflows_since_rescale": self.overflows_since_rescale,
+      "num_skipped_steps": self.num_skipped_steps,
     }
 
 
 jax.tree_util.register_dataclass(StaticLossScale, data_fields=["loss_scale"], meta_fields=[])
 jax.tree_util.register_dataclass(
-    DynamicLossScale,
-    data_fields=["loss_scale", "steps_since_rescale", "overflows_since_rescale", "num_skipped_steps"],
-    meta_fields=["steps_per_increase", "min_loss_scale", "max_loss_scale", "overflow_tolerance"],
+  DynamicLossScale,
+  data_fields=["loss_scale", "steps_since_rescale", "overflows_since_rescale", "num_skipped_steps"],
+  meta_fields=["steps_per_increase", "min_loss_scale", "max_loss_scale", "overflow_tolerance"],
 )

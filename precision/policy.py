@@ -87,30 +87,30 @@ MATMUL_TREATMENTS = ("float32_accumulate", "mixed_accumulate", "float32")
 VALUE_TREATMENTS = ("round", "float32")
 
 LEVEL_RULES: dict[int, dict[str, str]] = {
-    0: {
-        "matmul": "float32_accumulate",
-        "attention_matmul": "float32_accumulate",
-        "elementwise": "round",
-        "transcendental": "float32",
-        "reduction": "float32",
-        "attention_softmax": "float32",
-    },
-    1: {
-        "matmul": "mixed_accumulate",
-        "attention_matmul": "float32_accumulate",
-        "elementwise": "round",
-        "transcendental": "float32",
-        "reduction": "float32",
-        "attention_softmax": "float32",
-    },
-    2: {
-        "matmul": "mixed_accumulate",
-        "attention_matmul": "mixed_accumulate",
-        "elementwise": "round",
-        "transcendental": "float32",
-        "reduction": "float32",
-        "attention_softmax": "round",
-    },
+  0: {
+    "matmul": "float32_accumulate",
+    "attention_matmul": "float32_accumulate",
+    "elementwise": "round",
+    "transcendental": "float32",
+    "reduction": "float32",
+    "attention_softmax": "float32",
+  },
+  1: {
+    "matmul": "mixed_accumulate",
+    "attention_matmul": "float32_accumulate",
+    "elementwise": "round",
+    "transcendental": "float32",
+    "reduction": "float32",
+    "attention_softmax": "float32",
+  },
+  2: {
+    "matmul": "mixed_accumulate",
+    "attention_matmul": "mixed_accumulate",
+    "elementwise": "round",
+    "transcendental": "float32",
+    "reduction": "float32",
+    "attention_softmax": "round",
+  },
 }
 
 DEFAULT_ACCUMULATION_BLOCK = 1024
@@ -158,8 +158,10 @@ class Policy:
       object.__setattr__(self, field, get_format(getattr(self, field)))
     if isinstance(self.level, bool) or self.level not in LEVELS:
       raise PolicyError(f"level={self.level!r}: the precision optimisation level must be 0, 1 or 2")
-    if isinstance(self.accumulation_block, bool) or not isinstance(self.accumulation_block, int) or (
-        self.accumulation_block < 1
+    if (
+      isinstance(self.accumulation_block, bool)
+      or not isinstance(self.accumulation_block, int)
+      or (self.accumulation_block < 1)
     ):
       raise PolicyError(f"accumulation_block={self.accumulation_block!r}; allowed: an int >= 1")
     overrides = dict(self.rules)
@@ -236,12 +238,12 @@ class Policy:
 
   @classmethod
   def from_config(
-      cls,
-      mixed_precision: bool = True,
-      fp16_type: str | None = None,
-      precision_opt_level: int | None = None,
-      attention_softmax_fp32: bool | None = None,
-      use_bfloat16: bool | None = None,
+    cls,
+    mixed_precision: bool = True,
+    fp16_type: str | None = None,
+    precision_opt_level: int | None = None,
+    attention_softmax_fp32: bool | None = None,
+    use_bfloat16: bool | None = None,
   ) -> Policy:
     """The policy of a modelzoo params file's keys.
 

@@ -7,7 +7,6 @@ take and return NumPy arrays.
 
 from __future__ import annotations
 
-import builtins
 import functools
 from typing import Any, Literal
 
@@ -26,14 +25,14 @@ GradMode = Literal["cast", "straight_through"]
 _GRAD_MODES = ("cast", "straight_through")
 
 
-def round(  # noqa: A001 - the name is the promised public API
-    x: Any,
-    fmt: FloatFormat | str,
-    mode: RoundingMode = "nearest_even",
-    key: jax.Array | None = None,
-    *,
-    rbits: jax.Array | None = None,
-    grad: GradMode = "cast",
+def round(
+  x: Any,
+  fmt: FloatFormat | str,
+  mode: RoundingMode = "nearest_even",
+  key: jax.Array | None = None,
+  *,
+  rbits: jax.Array | None = None,
+  grad: GradMode = "cast",
 ) -> jax.Array:
   """Round ``x`` to the nearest values of ``fmt``; returns float32 of ``x``'s shape.
 
@@ -109,8 +108,8 @@ def decode(bits: Any, fmt: FloatFormat | str) -> Any:
   array = bits if isinstance(bits, jax.Array) else np.asarray(bits)
   if not jnp.issubdtype(array.dtype, jnp.integer):
     raise TypeError(
-        f"decode takes integer bit patterns (uint8/uint16/uint32); got dtype {array.dtype}. "
-        "To round floats, use precision.round or precision.encode."
+      f"decode takes integer bit patterns (uint8/uint16/uint32); got dtype {array.dtype}. "
+      "To round floats, use precision.round or precision.encode."
     )
   return _mirror_input_kind(bits, _decode_jit(jnp.asarray(array).astype(jnp.uint32), fmt))
 
@@ -134,18 +133,22 @@ def _as_float32(x: Any, fmt: FloatFormat, fn: str) -> jax.Array:
   """
   if isinstance(x, jax.Array):  # tracers included
     if not jnp.issubdtype(x.dtype, jnp.floating):
-      raise TypeError(f"{fn} takes floating-point values; got dtype {x.dtype}. Convert with .astype(float32).")
+      raise TypeError(
+        f"{fn} takes floating-point values; got dtype {x.dtype}. Convert with .astype(float32)."
+      )
     if jnp.finfo(x.dtype).bits > 32:
       raise TypeError(
-          f"{fn} takes float32 (or narrower) JAX arrays; got {x.dtype}. Pass a NumPy array (narrowed "
-          "without double rounding) or convert explicitly."
+        f"{fn} takes float32 (or narrower) JAX arrays; got {x.dtype}. Pass a NumPy array (narrowed "
+        "without double rounding) or convert explicitly."
       )
     return x.astype(jnp.float32)
   array = np.asarray(x)
   floating = jnp.issubdtype(array.dtype, jnp.floating)
   integer_scalar = jnp.issubdtype(array.dtype, jnp.integer) and array.ndim == 0
   if array.dtype == np.bool_ or not (floating or integer_scalar):
-    raise TypeError(f"{fn} takes floating-point values; got dtype {array.dtype}. Convert with .astype(float32).")
+    raise TypeError(
+      f"{fn} takes floating-point values; got dtype {array.dtype}. Convert with .astype(float32)."
+    )
   if floating and jnp.finfo(array.dtype).bits <= 32:
     return jnp.asarray(array.astype(np.float32))  # exact
   wide = array.astype(np.float64)
@@ -175,8 +178,8 @@ def _noise(x: jax.Array, mode: str, key: Any, rbits: Any) -> tuple[jax.Array | N
     return None, None
   if (key is None) == (rbits is None):
     raise ValueError(
-        "mode='stochastic' needs exactly one of key=jax.random.key(seed) or rbits=<uint32 array "
-        f"of shape {x.shape}>"
+      "mode='stochastic' needs exactly one of key=jax.random.key(seed) or rbits=<uint32 array "
+      f"of shape {x.shape}>"
     )
   if rbits is not None:
     rbits = jnp.asarray(rbits)
@@ -187,8 +190,8 @@ def _noise(x: jax.Array, mode: str, key: Any, rbits: Any) -> tuple[jax.Array | N
   typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
   if (typed and key.shape != ()) or (not typed and (key.dtype != jnp.uint32 or key.shape != (2,))):
     raise ValueError(
-        f"key must be one PRNG key (jax.random.key(0) or jax.random.PRNGKey(0)); got {key.dtype}{list(key.shape)}. "
-        "Split batched keys first, or vmap over them."
+      f"key must be one PRNG key (jax.random.key(0) or jax.random.PRNGKey(0)); got {key.dtype}{list(key.shape)}. "
+      "Split batched keys first, or vmap over them."
     )
   return jax.random.bits(key, (2,), jnp.uint32), None
 
@@ -218,8 +221,8 @@ def _round_bwd(fmt, mode, grad, noise, g):
     return g, no_cotangent
   seed, rbits = noise
   backward_noise = (
-      None if seed is None else _kernel.derive_seed(seed),
-      None if rbits is None else _kernel.derive_bits(rbits),
+    None if seed is None else _kernel.derive_seed(seed),
+    None if rbits is None else _kernel.derive_bits(rbits),
   )
   # Through the custom VJP again, so that higher derivatives keep cast semantics too.
   return _round_with_vjp(g, backward_noise, fmt, mode, grad), no_cotangent
@@ -237,8 +240,8 @@ round_p = jcore.Primitive("precision_round")
 round_p.def_impl(lambda x, *, fmt, mode: _round_jit(x, (None, None), fmt, mode))
 round_p.def_abstract_eval(lambda x, *, fmt, mode: x)
 mlir.register_lowering(
-    round_p,
-    mlir.lower_fun(lambda x, *, fmt, mode: _kernel.round_bits(x, fmt, mode, None), multiple_results=False),
+  round_p,
+  mlir.lower_fun(lambda x, *, fmt, mode: _kernel.round_bits(x, fmt, mode, None), multiple_results=False),
 )
 ad.deflinear2(round_p, lambda ct, x, *, fmt, mode: [round_p.bind(ct, fmt=fmt, mode=mode)])
 batching.defvectorized(round_p)

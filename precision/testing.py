@@ -15,11 +15,11 @@ import numpy as np
 from precision.formats import FloatFormat, get_format
 
 _REFERENCE_DTYPES = {
-    "float32": np.float32,
-    "bfloat16": ml_dtypes.bfloat16,
-    "float16": np.float16,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-    "float8_e5m2": ml_dtypes.float8_e5m2,
+  "float32": np.float32,
+  "bfloat16": ml_dtypes.bfloat16,
+  "float16": np.float16,
+  "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+  "float8_e5m2": ml_dtypes.float8_e5m2,
 }
 
 
@@ -40,8 +40,8 @@ def assert_same_floats(actual: Any, expected: Any, context: str = "") -> None:
   if not same.all():
     bits_a, bits_e = actual.view(np.uint32), expected.view(np.uint32)
     detail = ", ".join(
-        f"#{i}: got {actual.flat[i]!r} (0x{bits_a.flat[i]:08x}), want {expected.flat[i]!r} (0x{bits_e.flat[i]:08x})"
-        for i in np.flatnonzero(~same)[:5]
+      f"#{i}: got {actual.flat[i]!r} (0x{bits_a.flat[i]:08x}), want {expected.flat[i]!r} (0x{bits_e.flat[i]:08x})"
+      for i in np.flatnonzero(~same)[:5]
     )
     raise AssertionError(f"{context}: {(~same).sum()} of {same.size} differ; {detail}")
 
@@ -61,7 +61,14 @@ def gfloat_format_info(fmt: FloatFormat | str) -> Any:
   if fmt.specials != "ieee" or not fmt.subnormals:
     raise ValueError(f"{fmt.name}: only IEEE-like formats with subnormals map to gfloat here")
   return gfloat.FormatInfo(
-      fmt.name, k=fmt.bits, precision=fmt.mantissa_bits + 1, bias=fmt.bias, is_signed=True,
-      domain=gfloat.Domain.Extended, has_nz=True, num_high_nans=2**fmt.mantissa_bits - 1,
-      has_subnormals=True, is_twos_complement=False,
+    fmt.name,
+    k=fmt.bits,
+    precision=fmt.mantissa_bits + 1,
+    bias=fmt.bias,
+    is_signed=True,
+    domain=gfloat.Domain.Extended,
+    has_nz=True,
+    num_high_nans=2**fmt.mantissa_bits - 1,
+    has_subnormals=True,
+    is_twos_complement=False,
   )

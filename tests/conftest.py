@@ -12,10 +12,10 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=4".strip()
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import settings  # noqa: E402
+import jax
+import numpy as np
+import pytest
+from hypothesis import settings
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -63,14 +63,13 @@ def format_max(exponent_bits: int, mantissa_bits: int, bias: int, specials: str)
   e_top = _e_top(exponent_bits, specials)
   m = mantissa_bits
   if specials == "ieee":
-    significand = 2.0 - 2.0 ** -m
+    significand = 2.0 - 2.0**-m
   else:
     significand = 2.0 - 2.0 ** (1 - m)
   return float(np.ldexp(significand, e_top - bias))
 
 
-def _round_magnitude(a: np.ndarray, mantissa_bits: int, emin: int, subnormals: bool,
-                     mode: str) -> np.ndarray:
+def _round_magnitude(a: np.ndarray, mantissa_bits: int, emin: int, subnormals: bool, mode: str) -> np.ndarray:
   """Rounds finite positive float64 magnitudes ``a`` to the grid (no upper limit)."""
   _, p = np.frexp(a)
   k = p.astype(np.int64) - 1  # floor(log2 a)
@@ -88,8 +87,16 @@ def _round_magnitude(a: np.ndarray, mantissa_bits: int, emin: int, subnormals: b
   return r
 
 
-def _round_f64(x64: np.ndarray, exponent_bits: int, mantissa_bits: int, bias: int,
-               subnormals: bool, specials: str, overflow: str, mode: str) -> np.ndarray:
+def _round_f64(
+  x64: np.ndarray,
+  exponent_bits: int,
+  mantissa_bits: int,
+  bias: int,
+  subnormals: bool,
+  specials: str,
+  overflow: str,
+  mode: str,
+) -> np.ndarray:
   """Rounds a float64 array (holding float32 values); returns float64 results."""
   emin = 1 - bias
   vmax = format_max(exponent_bits, mantissa_bits, bias, specials)
@@ -116,8 +123,16 @@ def _round_f64(x64: np.ndarray, exponent_bits: int, mantissa_bits: int, bias: in
   return np.copysign(out_mag, x64)
 
 
-def oracle_round(x: np.ndarray, exponent_bits: int, mantissa_bits: int, bias: int,
-                 subnormals: bool, specials: str, overflow: str, mode: str) -> np.ndarray:
+def oracle_round(
+  x: np.ndarray,
+  exponent_bits: int,
+  mantissa_bits: int,
+  bias: int,
+  subnormals: bool,
+  specials: str,
+  overflow: str,
+  mode: str,
+) -> np.ndarray:
   """Rounds float32 ``x`` (any shape) to the format; returns float32 of the same shape."""
   _check(exponent_bits, mantissa_bits, specials)
   if mode not in _MODES:
@@ -129,9 +144,9 @@ def oracle_round(x: np.ndarray, exponent_bits: int, mantissa_bits: int, bias: in
   out = np.empty(flat.shape, dtype=np.float32)
   for start in range(0, flat.size, _CHUNK):
     with np.errstate(invalid="ignore"):  # signalling NaN inputs
-      x64 = flat[start:start + _CHUNK].astype(np.float64)
+      x64 = flat[start : start + _CHUNK].astype(np.float64)
     r = _round_f64(x64, exponent_bits, mantissa_bits, bias, subnormals, specials, overflow, mode)
-    out[start:start + _CHUNK] = r.astype(np.float32)
+    out[start : start + _CHUNK] = r.astype(np.float32)
   return out.reshape(x.shape)
 
 
@@ -146,8 +161,15 @@ def _code_dtype(exponent_bits: int, mantissa_bits: int) -> type:
   return np.uint64
 
 
-def oracle_encode(x: np.ndarray, exponent_bits: int, mantissa_bits: int, bias: int,
-                  subnormals: bool, specials: str, overflow: str) -> np.ndarray:
+def oracle_encode(
+  x: np.ndarray,
+  exponent_bits: int,
+  mantissa_bits: int,
+  bias: int,
+  subnormals: bool,
+  specials: str,
+  overflow: str,
+) -> np.ndarray:
   """Rounds float32 ``x`` (nearest_even) and returns the integer codes of the format."""
   _check(exponent_bits, mantissa_bits, specials)
   if overflow not in _OVERFLOWS:
@@ -167,7 +189,7 @@ def oracle_encode(x: np.ndarray, exponent_bits: int, mantissa_bits: int, bias: i
   out = np.empty(flat.shape, dtype=_code_dtype(e, m))
   for start in range(0, flat.size, _CHUNK):
     with np.errstate(invalid="ignore"):  # signalling NaN inputs
-      x64 = flat[start:start + _CHUNK].astype(np.float64)
+      x64 = flat[start : start + _CHUNK].astype(np.float64)
     r = _round_f64(x64, e, m, bias, subnormals, specials, overflow, "nearest_even")
     v = np.abs(r)
     code = np.zeros(v.shape, dtype=np.int64)
@@ -192,12 +214,13 @@ def oracle_encode(x: np.ndarray, exponent_bits: int, mantissa_bits: int, bias: i
     code[np.isinf(v)] = inf_code
     code[np.isnan(v)] = nan_code
     code |= np.where(np.signbit(r), sign_bit, 0)
-    out[start:start + _CHUNK] = code.astype(out.dtype)
+    out[start : start + _CHUNK] = code.astype(out.dtype)
   return out.reshape(x.shape)
 
 
-def oracle_decode(codes: np.ndarray, exponent_bits: int, mantissa_bits: int, bias: int,
-                  subnormals: bool, specials: str) -> np.ndarray:
+def oracle_decode(
+  codes: np.ndarray, exponent_bits: int, mantissa_bits: int, bias: int, subnormals: bool, specials: str
+) -> np.ndarray:
   """Decodes integer codes of the format into float32 values (same shape)."""
   _check(exponent_bits, mantissa_bits, specials)
   e, m = exponent_bits, mantissa_bits
@@ -245,10 +268,31 @@ if __name__ == "__main__":
   bits = rng.integers(0, 1 << 32, size=n, dtype=np.uint64).astype(np.uint32)
   tie_bits = bits & np.uint32(0xFFFF0000) | (rng.integers(0, 4, size=n, dtype=np.uint32) << 14)
   small = rng.uniform(-600.0, 600.0, size=n).astype(np.float32)
-  specials_in = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 448.0, 464.0, 465.0, -480.0,
-                          65504.0, 65519.99, 65520.0, 2.0 ** -24, 2.0 ** -25, 2.0 ** -26,
-                          3.0 * 2.0 ** -26, 2.0 ** -133, 2.0 ** -134, 2.0 ** -149],
-                         dtype=np.float32)
+  specials_in = np.array(
+    [
+      0.0,
+      -0.0,
+      np.inf,
+      -np.inf,
+      np.nan,
+      -np.nan,
+      448.0,
+      464.0,
+      465.0,
+      -480.0,
+      65504.0,
+      65519.99,
+      65520.0,
+      2.0**-24,
+      2.0**-25,
+      2.0**-26,
+      3.0 * 2.0**-26,
+      2.0**-133,
+      2.0**-134,
+      2.0**-149,
+    ],
+    dtype=np.float32,
+  )
   x = np.concatenate([bits.view(np.float32), tie_bits.view(np.float32), small, specials_in])
 
   cases = [
@@ -283,17 +327,19 @@ if __name__ == "__main__":
 
   # Second, independent method for small formats: enumerate the positive grid
   # (codes in order, extended by one step above max) and round by searching it.
-  def _grid_round(x: np.ndarray, e_: int, m_: int, b_: int, sub_: bool, sp_: str, ov_: str,
-                  mode_: str) -> np.ndarray:
+  def _grid_round(
+    x: np.ndarray, e_: int, m_: int, b_: int, sub_: bool, sp_: str, ov_: str, mode_: str
+  ) -> np.ndarray:
     emin_ = 1 - b_
     n_codes = (1 << (e_ + m_)) + 1  # every positive code plus one beyond
     codes_ = np.arange(n_codes, dtype=np.int64)
     ex_, f_ = codes_ >> m_, codes_ & ((1 << m_) - 1)
-    grid = np.where(ex_ == 0, f_ * 2.0 ** (emin_ - m_),
-                    (1.0 + f_ / 2.0 ** m_) * 2.0 ** (ex_ - b_).astype(np.float64))
+    grid = np.where(
+      ex_ == 0, f_ * 2.0 ** (emin_ - m_), (1.0 + f_ / 2.0**m_) * 2.0 ** (ex_ - b_).astype(np.float64)
+    )
     vmax_ = format_max(e_, m_, b_, sp_)
     last = int(np.searchsorted(grid, vmax_)) + 1  # grid[:last+1] includes one step above max
-    grid, codes_ = grid[:last + 1], codes_[:last + 1]
+    grid, codes_ = grid[: last + 1], codes_[: last + 1]
     with np.errstate(invalid="ignore"):
       x64 = x.astype(np.float64)
     a = np.abs(x64)
@@ -313,17 +359,17 @@ if __name__ == "__main__":
     beyond = grid[-1] + (grid[-1] - grid[-2])
     r = np.where(af >= beyond, np.inf, r)  # far above: certainly overflowed
     if not sub_:
-      small = af < 2.0 ** emin_
-      thresh = 2.0 ** emin_ - 2.0 ** (emin_ - 2 - m_)
+      small = af < 2.0**emin_
+      thresh = 2.0**emin_ - 2.0 ** (emin_ - 2 - m_)
       up = (af >= thresh) if mode_ == "nearest_even" else np.zeros_like(small)
-      r = np.where(small, np.where(up, 2.0 ** emin_, 0.0), r)
+      r = np.where(small, np.where(up, 2.0**emin_, 0.0), r)
     over = r > vmax_
     if ov_ == "saturate" or mode_ == "toward_zero":
       r = np.where(over, vmax_, r)
     else:
       r = np.where(over, np.inf if sp_ == "ieee" else np.nan, r)
     res[fin] = r
-    res[np.isinf(a)] = (vmax_ if ov_ == "saturate" else (np.inf if sp_ == "ieee" else np.nan))
+    res[np.isinf(a)] = vmax_ if ov_ == "saturate" else (np.inf if sp_ == "ieee" else np.nan)
     return np.copysign(res, x64).astype(np.float32)
 
   def _probe_values(e_: int, m_: int, b_: int, sp_: str) -> np.ndarray:
@@ -333,19 +379,25 @@ if __name__ == "__main__":
     g = np.append(g, 2 * g[-1] - g[-2])
     mids = (g[:-1] + g[1:]) / 2
     emin_ = 1 - b_
-    ftz_edge = [2.0 ** emin_ * (1 - 2.0 ** (-m_ - k)) for k in (1, 2, 3)]  # flush-to-zero edge
+    ftz_edge = [2.0**emin_ * (1 - 2.0 ** (-m_ - k)) for k in (1, 2, 3)]  # flush-to-zero edge
     pts = np.concatenate([g, mids, g / 2, g * 0.75, mids * 0.5, ftz_edge]).astype(np.float32)
-    pts = np.concatenate([pts, np.nextafter(pts, np.float32(np.inf)),
-                          np.nextafter(pts, np.float32(-np.inf))])
-    lg = rng.uniform(-b_ - m_ - 5, 2 ** e_ - b_ + 2, size=50_000)
-    rnd = (2.0 ** lg).astype(np.float32)
-    v = np.concatenate([pts, rnd, np.float32([np.inf, np.nan, 2.0 ** -149, 1e38])])
+    pts = np.concatenate([pts, np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(-np.inf))])
+    lg = rng.uniform(-b_ - m_ - 5, 2**e_ - b_ + 2, size=50_000)
+    rnd = (2.0**lg).astype(np.float32)
+    v = np.concatenate([pts, rnd, np.float32([np.inf, np.nan, 2.0**-149, 1e38])])
     return np.concatenate([v, -v])
 
   total_bad = 0
-  for fmt in [(4, 3, 7, "finite_only"), (5, 2, 15, "ieee"), (3, 2, 3, "ieee"), (2, 1, 1, "ieee"),
-              (3, 4, 2, "finite_only"), (5, 10, 15, "ieee"), (6, 9, 31, "ieee"),
-              (4, 3, 11, "ieee")]:
+  for fmt in [
+    (4, 3, 7, "finite_only"),
+    (5, 2, 15, "ieee"),
+    (3, 2, 3, "ieee"),
+    (2, 1, 1, "ieee"),
+    (3, 4, 2, "finite_only"),
+    (5, 10, 15, "ieee"),
+    (6, 9, 31, "ieee"),
+    (4, 3, 11, "ieee"),
+  ]:
     e_, m_, b_, sp_ = fmt
     xs = _probe_values(e_, m_, b_, sp_)
     for sub_ in (True, False):
@@ -360,7 +412,16 @@ if __name__ == "__main__":
   nan_in = np.float32([np.nan, -np.nan])
   print("bf16 NaN codes:", [hex(c) for c in oracle_encode(nan_in, 8, 7, 127, True, "ieee", "inf")])
   print("f16 NaN codes:", [hex(c) for c in oracle_encode(nan_in, 5, 10, 15, True, "ieee", "inf")])
-  print("e4m3fn NaN/overflow codes:", [hex(c) for c in oracle_encode(
-      np.float32([np.nan, -np.nan, 500.0, -np.inf]), 4, 3, 7, True, "finite_only", "inf")])
-  print("e4m3fn saturate 500, -inf:", oracle_round(np.float32([500.0, -np.inf]), 4, 3, 7, True,
-                                                   "finite_only", "saturate", "nearest_even"))
+  print(
+    "e4m3fn NaN/overflow codes:",
+    [
+      hex(c)
+      for c in oracle_encode(
+        np.float32([np.nan, -np.nan, 500.0, -np.inf]), 4, 3, 7, True, "finite_only", "inf"
+      )
+    ],
+  )
+  print(
+    "e4m3fn saturate 500, -inf:",
+    oracle_round(np.float32([500.0, -np.inf]), 4, 3, 7, True, "finite_only", "saturate", "nearest_even"),
+  )

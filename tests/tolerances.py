@@ -22,11 +22,11 @@ def _unit_roundoff(fmt: precision.FloatFormat) -> float:
 
 
 ONE_ROUNDING: dict[str, Tolerance] = {
-    f.name: Tolerance(
-        rtol=_unit_roundoff(f),
-        reason=f"nearest rounding in the normal range errs by at most half an ulp: u = 2^-{f.mantissa_bits + 1}",
-    )
-    for f in precision.formats.PREDEFINED
+  f.name: Tolerance(
+    rtol=_unit_roundoff(f),
+    reason=f"nearest rounding in the normal range errs by at most half an ulp: u = 2^-{f.mantissa_bits + 1}",
+  )
+  for f in precision.formats.PREDEFINED
 }
 
 # Stochastic rounding: the sample mean of n independent roundings of x has standard deviation
@@ -52,20 +52,20 @@ class ModelTolerance:
 def _transformer_tolerance(f: precision.FloatFormat) -> ModelTolerance:
   u = _unit_roundoff(f)
   return ModelTolerance(
-      loss_rtol=2 * u,
-      grad_rtol=8 * u,
-      reason=(
-          f"a 2-layer encoder under autocast({f.name}), u = 2^-{f.mantissa_bits + 1}: the loss is a mean "
-          "over tokens whose rounding errors (a few u each) largely cancel; measured <= 0.11u at levels "
-          "0-2, bound 2u. Each gradient passes through ~10 roundings per layer on its way back; "
-          "measured 3.3u-4.4u (norm-wise, all parameters), bound 8u."
-      ),
+    loss_rtol=2 * u,
+    grad_rtol=8 * u,
+    reason=(
+      f"a 2-layer encoder under autocast({f.name}), u = 2^-{f.mantissa_bits + 1}: the loss is a mean "
+      "over tokens whose rounding errors (a few u each) largely cancel; measured <= 0.11u at levels "
+      "0-2, bound 2u. Each gradient passes through ~10 roundings per layer on its way back; "
+      "measured 3.3u-4.4u (norm-wise, all parameters), bound 8u."
+    ),
   )
 
 
 # One row per compute format: autocast of a small NNX transformer against float32.
 AUTOCAST_TRANSFORMER: dict[str, ModelTolerance] = {
-    name: _transformer_tolerance(precision.get_format(name)) for name in ("cbfloat16", "bfloat16", "float16")
+  name: _transformer_tolerance(precision.get_format(name)) for name in ("cbfloat16", "bfloat16", "float16")
 }
 
 
@@ -78,14 +78,14 @@ class CurveTolerance:
 # Whole training runs: BERT-tiny (the default job's config) for 24 AdamW steps from the same
 # initial parameters on the same batches, mixed precision against float32.
 LOSS_CURVE: dict[str, CurveTolerance] = {
-    "cbfloat16": CurveTolerance(
-        rtol=_unit_roundoff(precision.cbfloat16),
-        reason=(
-            "max over the steps: u = 2^-10 (not an error that accumulates). Both runs see the same batches and dropout masks and start from the "
-            "same weights, so a step's loss differs by the rounding of that step's forward pass (<= 0.11u "
-            "for the encoder, see AUTOCAST_TRANSFORMER) plus the drift of the weights, which AdamW keeps "
-            "small while the rounded gradients point the same way. Measured with dropout 0.1: max 0.15u "
-            "over 24 steps (median 0.02u), still 0.15u over 60 steps; without dropout 0.17u and 0.24u."
-        ),
+  "cbfloat16": CurveTolerance(
+    rtol=_unit_roundoff(precision.cbfloat16),
+    reason=(
+      "max over the steps: u = 2^-10 (not an error that accumulates). Both runs see the same batches and dropout masks and start from the "
+      "same weights, so a step's loss differs by the rounding of that step's forward pass (<= 0.11u "
+      "for the encoder, see AUTOCAST_TRANSFORMER) plus the drift of the weights, which AdamW keeps "
+      "small while the rounded gradients point the same way. Measured with dropout 0.1: max 0.15u "
+      "over 24 steps (median 0.02u), still 0.15u over 60 steps; without dropout 0.17u and 0.24u."
     ),
+  ),
 }

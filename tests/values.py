@@ -59,9 +59,21 @@ def special_values(fmt: precision.FloatFormat) -> np.ndarray:
   f32 = np.finfo(np.float32)
   with np.errstate(over="ignore"):  # float32's own threshold is beyond float32: it becomes inf
     base = np.array(
-        [0.0, np.inf, fmt.max, threshold, fmt.min_normal, fmt.min_subnormal, half_sub,
-         largest_subnormal, 1.0, f32.max, f32.smallest_subnormal, f32.smallest_normal],
-        np.float32,
+      [
+        0.0,
+        np.inf,
+        fmt.max,
+        threshold,
+        fmt.min_normal,
+        fmt.min_subnormal,
+        half_sub,
+        largest_subnormal,
+        1.0,
+        f32.max,
+        f32.smallest_subnormal,
+        f32.smallest_normal,
+      ],
+      np.float32,
     )
   nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0x7F803FFF], np.uint32)
   values = np.concatenate([base, neighbours(base)])

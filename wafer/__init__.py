@@ -14,7 +14,7 @@ from wafer.closures import step_closure as step_closure
 from wafer.cluster import ClusterConfigError as ClusterConfigError
 from wafer.compile import CompiledStep as CompiledStep
 from wafer.compile import StaticGraphError as StaticGraphError
-from wafer.compile import compile as compile  # noqa: A004 - the promised public name
+from wafer.compile import compile as compile
 from wafer.compile import enable_compilation_cache as enable_compilation_cache
 from wafer.costmodel import Report as Report
 from wafer.costmodel import estimate as estimate
@@ -23,16 +23,16 @@ from wafer.errors import WaferError as WaferError
 __version__ = "0.1.0"
 
 __all__ = (
-    "ClusterConfigError",
-    "CompiledStep",
-    "Report",
-    "StaticGraphError",
-    "WaferError",
-    "__version__",
-    "add_step_closure",
-    "checkpoint_closure",
-    "compile",
-    "enable_compilation_cache",
-    "estimate",
-    "step_closure",
+  "ClusterConfigError",
+  "CompiledStep",
+  "Report",
+  "StaticGraphError",
+  "WaferError",
+  "__version__",
+  "add_step_closure",
+  "checkpoint_closure",
+  "compile",
+  "enable_compilation_cache",
+  "estimate",
+  "step_closure",
 )

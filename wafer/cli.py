@@ -115,14 +115,19 @@ def _run(args: argparse.Namespace) -> int:
       from wafer.example import EXAMPLE_PARAMS
 
       source = yaml.safe_load(EXAMPLE_PARAMS)
-      print("No --params given and no model package installed: running the built-in example job "
-            "(mlp_example, cbfloat16 with DLS).", flush=True)
+      print(
+        "No --params given and no model package installed: running the built-in example job "
+        "(mlp_example, cbfloat16 with DLS).",
+        flush=True,
+      )
   else:
     source = args.params
   try:
     summary = runner.run_params(source, overrides)
   except KeyboardInterrupt:
-    print("\nwafer run: interrupted; the last checkpoint in model_dir is where a rerun resumes.", file=sys.stderr)
+    print(
+      "\nwafer run: interrupted; the last checkpoint in model_dir is where a rerun resumes.", file=sys.stderr
+    )
     return 130
   except Exception as error:  # user-facing errors: the message, not a traceback
     message = _user_error(error)
@@ -144,8 +149,12 @@ def _run(args: argparse.Namespace) -> int:
   for step, value in evals:
     print(f"Eval {name} at step {step}: {value:.4f}")
   print("\nOutputs:")
-  for label, path in (("metrics", model_dir / "metrics.jsonl"), ("TensorBoard", model_dir / "tensorboard"),
-                      ("checkpoints", model_dir / "checkpoints"), ("compile report", model_dir / "compile_report.txt")):
+  for label, path in (
+    ("metrics", model_dir / "metrics.jsonl"),
+    ("TensorBoard", model_dir / "tensorboard"),
+    ("checkpoints", model_dir / "checkpoints"),
+    ("compile report", model_dir / "compile_report.txt"),
+  ):
     if path.exists():
       print(f"  {label:15s} {path}")
   return 0
@@ -161,9 +170,16 @@ def _user_error(error: BaseException) -> str | None:
 
   if isinstance(error, ConfigError):
     text = format_config_error(error)
-    return text[len("error: "):] if text.startswith("error: ") else text
-  kinds: list[type] = [wafer.StaticGraphError, executor.ExecutorError, cluster.ClusterConfigError,
-                       registry.UnknownModelError, precision.PolicyError, precision.FormatError, DataError]
+    return text.removeprefix("error: ")
+  kinds: list[type] = [
+    wafer.StaticGraphError,
+    executor.ExecutorError,
+    cluster.ClusterConfigError,
+    registry.UnknownModelError,
+    precision.PolicyError,
+    precision.FormatError,
+    DataError,
+  ]
   try:
     from wafer.optim import OptimizerError
     from wafer.schedules import ScheduleError
@@ -179,8 +195,10 @@ def _estimate(args: argparse.Namespace) -> int:
   from wafer.costmodel import EstimateError, TraceError, workloads
 
   if args.list:
-    rows = [[w.name, w.batch_size, w.measurement.value if w.measurement else "", w.description]
-            for w in workloads.WORKLOADS.values()]
+    rows = [
+      [w.name, w.batch_size, w.measurement.value if w.measurement else "", w.description]
+      for w in workloads.WORKLOADS.values()
+    ]
     print(Table(["workload", "batch", "measured samples/s", "description"], rows, title="Built-in workloads"))
     return 0
   try:
@@ -216,8 +234,12 @@ def _analyze_input(args: argparse.Namespace) -> int:
     overrides.append(f"runconfig.model_dir={args.model_dir}")
   try:
     plan = runner.load_plan(args.params, overrides)
-    print(f"Measuring the input pipeline of {plan.task.name} ({args.seconds:g} s per worker count)...", flush=True)
-    analysis = input_analyzer.analyze(plan, worker_counts=args.workers, seconds=args.seconds, consumer=args.consumer)
+    print(
+      f"Measuring the input pipeline of {plan.task.name} ({args.seconds:g} s per worker count)...", flush=True
+    )
+    analysis = input_analyzer.analyze(
+      plan, worker_counts=args.workers, seconds=args.seconds, consumer=args.consumer
+    )
   except input_analyzer.InputAnalysisError as exc:
     print(f"wafer analyze-input: error: {exc}", file=sys.stderr)
     return 1
@@ -239,10 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
   demo = commands.add_parser("demo", help="print the float formats and a rounding example")
   demo.set_defaults(handler=_demo)
   est = commands.add_parser(
-      "estimate", help="estimate samples/s on a Cerebras system and write the compile report",
-      description="Estimate a step's rate on a Cerebras system (layer pipelined or weight streaming) and "
-                  "print a compile report; with --model_dir, also write compile_report.txt, "
-                  "compile_report.json and placement.png there.")
+    "estimate",
+    help="estimate samples/s on a Cerebras system and write the compile report",
+    description="Estimate a step's rate on a Cerebras system (layer pipelined or weight streaming) and "
+    "print a compile report; with --model_dir, also write compile_report.txt, "
+    "compile_report.json and placement.png there.",
+  )
   target = est.add_argument_group("what to estimate")
   target.add_argument("--workload", metavar="NAME", help="a built-in workload (see --list)")
   target.add_argument("--params", metavar="FILE", help="a params YAML: estimates its train step")
@@ -257,30 +281,46 @@ def build_parser() -> argparse.ArgumentParser:
   est.add_argument("overrides", nargs="*", metavar="key.path=value", help="overrides of --params keys")
   est.set_defaults(handler=_estimate)
   ana = commands.add_parser(
-      "analyze-input", help="measure the input pipeline with 1..N workers and recommend num_workers_per_csx",
-      description="Measure the params file's training input pipeline (samples/s with 1, 2, 4, ... input worker "
-                  "processes), compare it with the rate the model consumes (the wafer cost model's estimate, or "
-                  "the step rate measured here) and recommend runconfig.num_workers_per_csx. Writes "
-                  "model_dir/input_analysis.json.")
+    "analyze-input",
+    help="measure the input pipeline with 1..N workers and recommend num_workers_per_csx",
+    description="Measure the params file's training input pipeline (samples/s with 1, 2, 4, ... input worker "
+    "processes), compare it with the rate the model consumes (the wafer cost model's estimate, or "
+    "the step rate measured here) and recommend runconfig.num_workers_per_csx. Writes "
+    "model_dir/input_analysis.json.",
+  )
   ana.add_argument("--params", metavar="FILE", required=True, help="a params YAML")
-  ana.add_argument("--workers", type=int, nargs="+", metavar="N", help="worker counts (default: 1, 2, 4, ... CPUs)")
+  ana.add_argument(
+    "--workers", type=int, nargs="+", metavar="N", help="worker counts (default: 1, 2, 4, ... CPUs)"
+  )
   ana.add_argument("--seconds", type=float, default=2.0, help="seconds measured per worker count (default 2)")
-  ana.add_argument("--consumer", choices=("costmodel", "measured"), default="costmodel",
-                   help="consumption rate: the wafer cost model's estimate (default) or the step rate measured here")
-  ana.add_argument("--model_dir", metavar="DIR", help="where input_analysis.json goes (default: runconfig.model_dir)")
+  ana.add_argument(
+    "--consumer",
+    choices=("costmodel", "measured"),
+    default="costmodel",
+    help="consumption rate: the wafer cost model's estimate (default) or the step rate measured here",
+  )
+  ana.add_argument(
+    "--model_dir", metavar="DIR", help="where input_analysis.json goes (default: runconfig.model_dir)"
+  )
   ana.add_argument("overrides", nargs="*", metavar="key.path=value", help="overrides of --params keys")
   ana.set_defaults(handler=_analyze_input)
   run = commands.add_parser(
-      "run", help="train / evaluate a params file (default: the embedded BERT-tiny job)",
-      description="Compile the step once and run it: train, eval, train_and_eval or eval_all. Metrics go to "
-                  "model_dir/metrics.jsonl and TensorBoard; checkpoints to model_dir/checkpoints (a rerun "
-                  "resumes from the latest); the compile report to model_dir/compile_report.txt.")
+    "run",
+    help="train / evaluate a params file (default: the embedded BERT-tiny job)",
+    description="Compile the step once and run it: train, eval, train_and_eval or eval_all. Metrics go to "
+    "model_dir/metrics.jsonl and TensorBoard; checkpoints to model_dir/checkpoints (a rerun "
+    "resumes from the latest); the compile report to model_dir/compile_report.txt.",
+  )
   run.add_argument("--params", metavar="FILE", help="a params YAML (modelzoo layout or trainer layout)")
   run.add_argument("--mode", choices=("train", "eval", "train_and_eval", "eval_all"), help="runconfig.mode")
   run.add_argument("--model_dir", metavar="DIR", help="runconfig.model_dir")
   only = run.add_mutually_exclusive_group()
-  only.add_argument("--validate_only", action="store_true", help="trace and check the step; no compile, no run")
-  only.add_argument("--compile_only", action="store_true", help="compile and write the compile report; no run")
+  only.add_argument(
+    "--validate_only", action="store_true", help="trace and check the step; no compile, no run"
+  )
+  only.add_argument(
+    "--compile_only", action="store_true", help="compile and write the compile report; no run"
+  )
   run.add_argument("overrides", nargs="*", metavar="key.path=value", help="e.g. runconfig.max_steps=10")
   run.set_defaults(handler=_run)
   return parser

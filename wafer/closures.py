@@ -69,7 +69,7 @@ def collecting() -> Iterator[_Collector]:
 
 
 def add_step_closure(
-    fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None, *, kind: str = STEP
+  fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None, *, kind: str = STEP
 ) -> None:
   """Queue ``fn(*args, **kwargs)`` to run after the step, on the step's values of ``args``.
 

@@ -41,7 +41,11 @@ def lock_cluster(num_csx: int = 1, num_workers_per_csx: int = 0) -> ClusterSetti
   """Fix the cluster settings for this process, or check them against the fixed ones."""
   if isinstance(num_csx, bool) or not isinstance(num_csx, int) or num_csx < 1:
     raise ClusterConfigError(f"num_csx={num_csx!r}; allowed: an int >= 1")
-  if isinstance(num_workers_per_csx, bool) or not isinstance(num_workers_per_csx, int) or num_workers_per_csx < 0:
+  if (
+    isinstance(num_workers_per_csx, bool)
+    or not isinstance(num_workers_per_csx, int)
+    or num_workers_per_csx < 0
+  ):
     raise ClusterConfigError(f"num_workers_per_csx={num_workers_per_csx!r}; allowed: an int >= 0")
   wanted = ClusterSettings(num_csx, num_workers_per_csx)
   if not _LOCKED:
@@ -49,9 +53,9 @@ def lock_cluster(num_csx: int = 1, num_workers_per_csx: int = 0) -> ClusterSetti
   elif _LOCKED[0] != wanted:
     fixed = _LOCKED[0]
     raise ClusterConfigError(
-        f"the cluster settings are fixed by the first compile in this process (num_csx={fixed.num_csx}, "
-        f"num_workers_per_csx={fixed.num_workers_per_csx}); got num_csx={num_csx}, "
-        f"num_workers_per_csx={num_workers_per_csx}. Start a new process to change them."
+      f"the cluster settings are fixed by the first compile in this process (num_csx={fixed.num_csx}, "
+      f"num_workers_per_csx={fixed.num_workers_per_csx}); got num_csx={num_csx}, "
+      f"num_workers_per_csx={num_workers_per_csx}. Start a new process to change them."
     )
   return _LOCKED[0]
 
@@ -66,8 +70,8 @@ def mesh(num_csx: int) -> jax.sharding.Mesh:
   devices = jax.devices()
   if num_csx > len(devices):
     raise ClusterConfigError(
-        f"num_csx={num_csx} needs {num_csx} JAX devices; this process has {len(devices)}. On CPU, set "
-        f"XLA_FLAGS=--xla_force_host_platform_device_count={num_csx} before JAX starts."
+      f"num_csx={num_csx} needs {num_csx} JAX devices; this process has {len(devices)}. On CPU, set "
+      f"XLA_FLAGS=--xla_force_host_platform_device_count={num_csx} before JAX starts."
     )
   return jax.sharding.Mesh(np.asarray(devices[:num_csx]), (AXIS,))
 
@@ -93,8 +97,8 @@ def data_parallel_shardings(example_args: Sequence[Any], batch_argnums: Sequence
       size = np.shape(leaf)[0] if np.ndim(leaf) else None
       if size is None or size % num_csx:
         raise ClusterConfigError(
-            f"batch_size {size} is not divisible by num_csx={num_csx}: the global batch is split evenly "
-            "across systems. Choose a batch_size that is a multiple of num_csx."
+          f"batch_size {size} is not divisible by num_csx={num_csx}: the global batch is split evenly "
+          "across systems. Choose a batch_size that is a multiple of num_csx."
         )
     shardings.append(jax.tree.map(lambda _: split, arg))
   return tuple(shardings)

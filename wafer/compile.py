@@ -32,9 +32,9 @@ from wafer.cluster import data_parallel_shardings
 from wafer.errors import WaferError
 
 _INTERNAL_DIRS = tuple(
-    str(Path(m.__file__).resolve().parent) + os.sep
-    for m in (jax, np, contextlib)
-    if getattr(m, "__file__", None)
+  str(Path(m.__file__).resolve().parent) + os.sep
+  for m in (jax, np, contextlib)
+  if getattr(m, "__file__", None)
 ) + (str(Path(__file__).resolve().parent) + os.sep,)
 
 
@@ -51,25 +51,25 @@ class StaticGraphError(WaferError):
 
 
 _FIXES = {
-    "control_flow": (
-        "Python control flow on a traced value",
-        "The step is traced once and compiled; a Python `if`, `while` or `assert` on a traced value "
-        "cannot be decided then.",
-        "use jnp.where(cond, a, b) or jax.lax.cond / jax.lax.while_loop for data-dependent choices; "
-        "check values on the host in a step closure (@wafer.step_closure).",
-    ),
-    "value_fetch": (
-        "a value fetch inside the step",
-        "float(x), int(x), x.item() and np.asarray(x) need the value, which does not exist while "
-        "the step is traced (tensor-to-scalar decay).",
-        "keep the value as an array (jnp ops), or read it after the step in a step closure: "
-        "@wafer.step_closure def log(loss): print(float(loss)).",
-    ),
-    "print": (
-        "printing a traced value inside the step",
-        "The step's Python body runs once, at trace time, when values do not exist.",
-        "print from a step closure (@wafer.step_closure), or use jax.debug.print for a debug run.",
-    ),
+  "control_flow": (
+    "Python control flow on a traced value",
+    "The step is traced once and compiled; a Python `if`, `while` or `assert` on a traced value "
+    "cannot be decided then.",
+    "use jnp.where(cond, a, b) or jax.lax.cond / jax.lax.while_loop for data-dependent choices; "
+    "check values on the host in a step closure (@wafer.step_closure).",
+  ),
+  "value_fetch": (
+    "a value fetch inside the step",
+    "float(x), int(x), x.item() and np.asarray(x) need the value, which does not exist while "
+    "the step is traced (tensor-to-scalar decay).",
+    "keep the value as an array (jnp ops), or read it after the step in a step closure: "
+    "@wafer.step_closure def log(loss): print(float(loss)).",
+  ),
+  "print": (
+    "printing a traced value inside the step",
+    "The step's Python body runs once, at trace time, when values do not exist.",
+    "print from a step closure (@wafer.step_closure), or use jax.debug.print for a debug run.",
+  ),
 }
 
 
@@ -130,7 +130,9 @@ class CompiledStep:
     compilations: how many XLA compilations this object did (1, or 0 with validate_only).
   """
 
-  def __init__(self, fn: Callable, example_args: tuple, traced: Any, lowered: Any, compiled: Any, collector: Any):
+  def __init__(
+    self, fn: Callable, example_args: tuple, traced: Any, lowered: Any, compiled: Any, collector: Any
+  ):
     leaves_with_paths, self._in_tree = jax.tree_util.tree_flatten_with_path(example_args)
     self._paths = [jax.tree_util.keystr(p) for p, _ in leaves_with_paths]
     self.in_avals = [_aval(x) for _, x in leaves_with_paths]
@@ -153,23 +155,23 @@ class CompiledStep:
     leaves_with_paths, tree = jax.tree_util.tree_flatten_with_path(args)
     if tree != self._in_tree:
       raise StaticGraphError(
-          "the step's arguments changed structure since it was compiled.\n"
-          f"  compiled: {self._in_tree}\n  got:      {tree}\n"
-          "The graph is compiled once and must not change: pass the same pytrees (same keys, same "
-          "number of leaves) every step."
+        "the step's arguments changed structure since it was compiled.\n"
+        f"  compiled: {self._in_tree}\n  got:      {tree}\n"
+        "The graph is compiled once and must not change: pass the same pytrees (same keys, same "
+        "number of leaves) every step."
       )
-    for (path, leaf), want, name in zip(leaves_with_paths, self.in_avals, self._paths):
+    for (_path, leaf), want, name in zip(leaves_with_paths, self.in_avals, self._paths):
       got = _aval(leaf)
       if got.shape != want.shape or got.dtype != want.dtype:
         hint = (
-            "use fixed batches: drop the last partial batch (drop_remainder=True / drop_last: True)"
-            if got.dtype == want.dtype and got.ndim == want.ndim
-            else "convert the argument to the compiled dtype and shape before the call"
+          "use fixed batches: drop the last partial batch (drop_remainder=True / drop_last: True)"
+          if got.dtype == want.dtype and got.ndim == want.ndim
+          else "convert the argument to the compiled dtype and shape before the call"
         )
         raise StaticGraphError(
-            f"argument args{name} is {got.dtype}{list(got.shape)}; the compiled step takes "
-            f"{want.dtype}{list(want.shape)}. A different shape or dtype would need a second "
-            f"compile, which a wafer run does not allow. Fix: {hint}."
+          f"argument args{name} is {got.dtype}{list(got.shape)}; the compiled step takes "
+          f"{want.dtype}{list(want.shape)}. A different shape or dtype would need a second "
+          f"compile, which a wafer run does not allow. Fix: {hint}."
         )
 
   def __call__(self, *args: Any) -> Any:
@@ -207,13 +209,13 @@ def _aval(x: Any) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def compile(  # noqa: A001 - the promised public name
-    step_fn: Callable[..., Any],
-    *example_args: Any,
-    donate_argnums: int | Sequence[int] = (),
-    num_csx: int = 1,
-    batch_argnums: Sequence[int] = (),
-    validate_only: bool = False,
+def compile(
+  step_fn: Callable[..., Any],
+  *example_args: Any,
+  donate_argnums: int | Sequence[int] = (),
+  num_csx: int = 1,
+  batch_argnums: Sequence[int] = (),
+  validate_only: bool = False,
 ) -> CompiledStep:
   """Trace, lower and compile ``step_fn`` for arguments shaped like ``example_args``.
 
@@ -281,4 +283,3 @@ def enable_compilation_cache(directory: str | os.PathLike) -> Path:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   return path
-

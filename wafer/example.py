@@ -36,8 +36,11 @@ def init_params(key: jax.Array) -> dict[str, Any]:
   sizes = [(IN, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, CLASSES)]
   keys = jax.random.split(key, len(sizes))
   return {
-      f"layer{i}": {"w": jax.random.normal(k, s, jnp.float32) / np.sqrt(s[0]), "b": jnp.zeros(s[1], jnp.float32)}
-      for i, (k, s) in enumerate(zip(keys, sizes))
+    f"layer{i}": {
+      "w": jax.random.normal(k, s, jnp.float32) / np.sqrt(s[0]),
+      "b": jnp.zeros(s[1], jnp.float32),
+    }
+    for i, (k, s) in enumerate(zip(keys, sizes))
   }
 
 
@@ -59,14 +62,14 @@ def accuracy(params: dict[str, Any], batch: dict[str, Any]) -> jax.Array:
 
 def example_task(batch_size: int = 64, eval_batches: int = 4) -> Task:
   return Task(
-      name="mlp_example",
-      init_params=init_params,
-      loss_fn=loss_fn,
-      train_data=lambda seed: IndexedBatches(lambda step: _batch(seed, step, batch_size)),
-      eval_data=lambda: (_batch(10_000, i, batch_size) for i in range(eval_batches)),
-      eval_metric=accuracy,
-      eval_metric_name="accuracy",
-      batch_size=batch_size,
+    name="mlp_example",
+    init_params=init_params,
+    loss_fn=loss_fn,
+    train_data=lambda seed: IndexedBatches(lambda step: _batch(seed, step, batch_size)),
+    eval_data=lambda: (_batch(10_000, i, batch_size) for i in range(eval_batches)),
+    eval_metric=accuracy,
+    eval_metric_name="accuracy",
+    batch_size=batch_size,
   )
 
 
@@ -114,4 +117,10 @@ def example_run(model_dir: str = "model_dir", num_steps: int = 200, **overrides:
   for key, value in overrides.items():
     setattr(settings, key, value)
   policy = precision.Policy(compute="cbfloat16", level=1)
-  return example_task(), settings, optax.sgd(0.05, momentum=0.9), precision.DynamicLossScale.create("cbfloat16"), policy
+  return (
+    example_task(),
+    settings,
+    optax.sgd(0.05, momentum=0.9),
+    precision.DynamicLossScale.create("cbfloat16"),
+    policy,
+  )

@@ -112,13 +112,17 @@ class TrainState:
   step: jax.Array  # int32 optimizer step: the schedule's t; held on skipped steps
 
 
-def initial_state(task: Task, optimizer: optax.GradientTransformation, loss_scale: Any, key: jax.Array) -> TrainState:
+def initial_state(
+  task: Task, optimizer: optax.GradientTransformation, loss_scale: Any, key: jax.Array
+) -> TrainState:
   """Step 0: ``task.init_params(key)``, the optimizer's initial state, ``loss_scale``, step 0 (int32)."""
   params = task.init_params(key)
   return TrainState(params, optimizer.init(params), loss_scale, jnp.asarray(0, jnp.int32))
 
 
-def make_train_step(task: Task, optimizer: optax.GradientTransformation, policy: precision.Policy) -> Callable:
+def make_train_step(
+  task: Task, optimizer: optax.GradientTransformation, policy: precision.Policy
+) -> Callable:
   """The step: scaled loss -> gradients (autocast) -> unscale -> skip-or-update -> DLS adjust."""
   loss_fn = precision.autocast(task.loss_fn, policy) if policy.is_mixed else task.loss_fn
 
@@ -130,7 +134,7 @@ def make_train_step(task: Task, optimizer: optax.GradientTransformation, policy:
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     params, opt_state, step = precision.select_tree(
-        finite, (params, opt_state, state.step + 1), (state.params, state.opt_state, state.step)
+      finite, (params, opt_state, state.step + 1), (state.params, state.opt_state, state.step)
     )
     loss = scaled / ls.loss_scale
     add_step_closure(_record, (loss, ls.loss_scale, state.step, finite))
@@ -143,7 +147,9 @@ _RECORDS: list[dict[str, Any]] = []
 
 
 def _record(loss: Any, loss_scale: Any, step: Any, finite: Any) -> None:
-  _RECORDS.append({"loss": float(loss), "loss_scale": float(loss_scale), "opt_step": int(step), "finite": bool(finite)})
+  _RECORDS.append(
+    {"loss": float(loss), "loss_scale": float(loss_scale), "opt_step": int(step), "finite": bool(finite)}
+  )
 
 
 def total_steps(settings: RunSettings, initial_step: int) -> int:
@@ -153,7 +159,9 @@ def total_steps(settings: RunSettings, initial_step: int) -> int:
     candidates.append(settings.num_steps)
   if settings.max_steps is not None:
     if initial_step > settings.max_steps:
-      raise ExecutorError(f"Initial global step {initial_step} already exceeds max step {settings.max_steps}.")
+      raise ExecutorError(
+        f"Initial global step {initial_step} already exceeds max step {settings.max_steps}."
+      )
     candidates.append(settings.max_steps - initial_step)
   if not candidates:
     raise ExecutorError("One of num_epochs, num_steps, or max_steps must be provided (runconfig).")
@@ -177,9 +185,11 @@ class _Checkpoints:
 
     self._ocp = ocp
     self.manager = ocp.CheckpointManager(
-        model_dir.resolve() / "checkpoints",
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True),
-        item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
+      model_dir.resolve() / "checkpoints",
+      options=ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
+      ),
+      item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
     )
 
   def steps(self) -> list[int]:
@@ -192,7 +202,9 @@ class _Checkpoints:
   def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> None:
     ocp = self._ocp
     self.manager.save(
-        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+      force=True,
     )
     self.manager.wait_until_finished()
 
@@ -201,18 +213,19 @@ class _Checkpoints:
     mismatch = _shape_mismatch(self.manager.item_metadata(step)["state"], like)
     if mismatch is not None:  # checked before orbax starts reading: a failed read leaves its threads behind
       raise ExecutorError(
-          f"The checkpoint of step {step} in {self.manager.directory} does not fit this model: {mismatch}. The "
-          "model keys (sizes, vocab_size, layers) and the optimizer must be the ones the checkpoint was written "
-          "with; restore them, or use a new model_dir."
+        f"The checkpoint of step {step} in {self.manager.directory} does not fit this model: {mismatch}. The "
+        "model keys (sizes, vocab_size, layers) and the optimizer must be the ones the checkpoint was written "
+        "with; restore them, or use a new model_dir."
       )
     restored = self.manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
+      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
     )
     return restored.state, restored.meta
 
 
 def _path_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   """``{"a/b/0/value": shape}`` for the array leaves of a pytree (checkpoint metadata or live state)."""
+
   def name(entry: Any) -> str:
     for attr in ("key", "name", "idx"):
       if hasattr(entry, attr):
@@ -234,7 +247,9 @@ def _shape_mismatch(saved: Any, like: Any) -> str | None:
   if set(have) == set(want):
     params_first = sorted(want, key=lambda p: (not p.startswith("params"), p))
     diffs = [f"{p}: checkpoint {have[p]}, model {want[p]}" for p in params_first if have[p] != want[p]]
-    return "; ".join(diffs[:3]) + (f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else "") if diffs else None
+    return (
+      "; ".join(diffs[:3]) + (f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else "") if diffs else None
+    )
   if sorted(have.values()) != sorted(want.values()):  # paths spelled differently: compare the shapes
     return f"the checkpoint holds {len(have)} arrays, the model's state {len(want)}, with different shapes"
   return None
@@ -269,11 +284,11 @@ class _Metrics:
 
 
 def run(
-    task: Task,
-    settings: RunSettings,
-    optimizer: optax.GradientTransformation,
-    loss_scale: Any,
-    policy: precision.Policy,
+  task: Task,
+  settings: RunSettings,
+  optimizer: optax.GradientTransformation,
+  loss_scale: Any,
+  policy: precision.Policy,
 ) -> dict[str, Any]:
   """Run ``settings.mode``; returns a summary (final step, losses, eval metric, paths)."""
   if settings.mode not in MODES:
@@ -281,8 +296,8 @@ def run(
   cluster.lock_cluster(settings.num_csx, settings.num_workers_per_csx)
   if task.batch_size % settings.num_csx:
     raise ExecutorError(
-        f"batch_size {task.batch_size} is not divisible by num_csx={settings.num_csx}: batch_size is the global "
-        "batch, split evenly across systems."
+      f"batch_size {task.batch_size} is not divisible by num_csx={settings.num_csx}: batch_size is the global "
+      "batch, split evenly across systems."
     )
   model_dir = Path(settings.model_dir)
   model_dir.mkdir(parents=True, exist_ok=True)
@@ -304,7 +319,11 @@ def run(
       validate_only=settings.validate_only,
   )  # fmt: skip
   print(f"Compiled in {time.perf_counter() - t1:.1f} s.", flush=True)
-  summary: dict[str, Any] = {"model_dir": str(model_dir), "task": task.name, "eval_metric": task.eval_metric_name}
+  summary: dict[str, Any] = {
+    "model_dir": str(model_dir),
+    "task": task.name,
+    "eval_metric": task.eval_metric_name,
+  }
   _write_compile_report(step_fn, init, example_batch, task, settings, model_dir, summary)
   if settings.validate_only or settings.compile_only:
     print(f"{'Validation' if settings.validate_only else 'Compile'} completed successfully ({task.name}).")
@@ -317,16 +336,18 @@ def run(
     elif settings.mode == "eval":
       state, step = _latest(checkpoints, init)
       if not checkpoints.steps():
-        print(f"Warning: no checkpoint in {model_dir / 'checkpoints'}: evaluating the initial (untrained) weights.",
-              flush=True)
+        print(
+          f"Warning: no checkpoint in {model_dir / 'checkpoints'}: evaluating the initial (untrained) weights.",
+          flush=True,
+        )
       summary["eval"] = _evaluate(task, settings, state.params, step, metrics)
       summary["eval_step"] = step
     elif settings.mode == "eval_all":
       steps = checkpoints.steps()
       if not steps:
         raise ExecutorError(
-            "No checkpoints were found for evaluation. Please ensure that the model directory "
-            f'"{model_dir}" contains at least one valid checkpoint.'
+          "No checkpoints were found for evaluation. Please ensure that the model directory "
+          f'"{model_dir}" contains at least one valid checkpoint.'
         )
       summary["eval_all"] = {}
       for step in steps:
@@ -350,8 +371,9 @@ def _latest(checkpoints: _Checkpoints, init: TrainState) -> tuple[TrainState, in
   return state, int(meta["iteration"])
 
 
-def _train(task, settings, compiled, init, data, checkpoints, metrics, summary, resumed=None,
-           run_end=None) -> TrainState:
+def _train(
+  task, settings, compiled, init, data, checkpoints, metrics, summary, resumed=None, run_end=None
+) -> TrainState:
   """Train from the latest checkpoint (or ``init``); ``resumed=(state, step)`` continues in-process.
 
   ``run_end``: the last step of the whole run when this is one segment of train_and_eval.
@@ -366,10 +388,10 @@ def _train(task, settings, compiled, init, data, checkpoints, metrics, summary, 
       data.set_state(meta["data"])
     except ValueError as error:
       raise ExecutorError(
-          f"Cannot resume from the checkpoint of step {done}: {error}. Batch k of a run depends on the batch "
-          "size, the number of input workers (num_workers_per_csx x num_csx; workers shard the data), the "
-          "shuffle settings and the data; restore the settings the checkpoint was written with, or use a new "
-          "model_dir."
+        f"Cannot resume from the checkpoint of step {done}: {error}. Batch k of a run depends on the batch "
+        "size, the number of input workers (num_workers_per_csx x num_csx; workers shard the data), the "
+        "shuffle settings and the data; restore the settings the checkpoint was written with, or use a new "
+        "model_dir."
       ) from error
     print(f"Resuming from the checkpoint at step {done}.", flush=True)
   last = done + total_steps(settings, done)
@@ -411,18 +433,25 @@ def _train(task, settings, compiled, init, data, checkpoints, metrics, summary, 
   elapsed = time.perf_counter() - start_time
   samples = (done - start_step) * task.batch_size
   if run_end is not None and done < run_end:
-    print(f"Trained to step {done} of {run_end} ({samples} sample(s) in {elapsed:.2f} seconds); evaluating.",
-          flush=True)
+    print(
+      f"Trained to step {done} of {run_end} ({samples} sample(s) in {elapsed:.2f} seconds); evaluating.",
+      flush=True,
+    )
   else:
-    print(f"Training completed successfully! Processed {samples} sample(s) in {elapsed:.2f} seconds.", flush=True)
+    print(
+      f"Training completed successfully! Processed {samples} sample(s) in {elapsed:.2f} seconds.", flush=True
+    )
   summary.update(final_step=done, params=state.params)
   summary["losses"] = summary.get("losses", []) + losses
   return state
 
 
 def _nothing_to_train(done: int) -> None:
-  print(f"Nothing to train: model_dir already holds the checkpoint of step {done} (max_steps). Raise "
-        "runconfig.max_steps to train further, or use another model_dir.", flush=True)
+  print(
+    f"Nothing to train: model_dir already holds the checkpoint of step {done} (max_steps). Raise "
+    "runconfig.max_steps to train further, or use another model_dir.",
+    flush=True,
+  )
 
 
 def _train_and_eval(task, settings, compiled, init, data, checkpoints, metrics, summary) -> None:
@@ -431,8 +460,8 @@ def _train_and_eval(task, settings, compiled, init, data, checkpoints, metrics, 
     raise ExecutorError(f"`eval_frequency` must be a positive integer, got {freq}")
   if settings.checkpoint_steps and freq % settings.checkpoint_steps and settings.checkpoint_steps % freq:
     raise ExecutorError(
-        f"checkpoint_steps ({settings.checkpoint_steps}) and frequency of evaluation steps ({freq}) must be "
-        "multiples of each other."
+      f"checkpoint_steps ({settings.checkpoint_steps}) and frequency of evaluation steps ({freq}) must be "
+      "multiples of each other."
     )
   _, done = _latest(checkpoints, init)
   end = done + total_steps(settings, done)
@@ -442,7 +471,9 @@ def _train_and_eval(task, settings, compiled, init, data, checkpoints, metrics, 
   resumed = None
   while done < end:
     target = min(done + freq, end)
-    eval_settings = dataclasses.replace(settings, num_steps=target - done, checkpoint_steps=settings.checkpoint_steps or freq)
+    eval_settings = dataclasses.replace(
+      settings, num_steps=target - done, checkpoint_steps=settings.checkpoint_steps or freq
+    )
     state = _train(task, eval_settings, compiled, init, data, checkpoints, metrics, summary, resumed, end)
     done = target
     resumed = (state, done)
@@ -460,10 +491,14 @@ def _evaluate(task: Task, settings: RunSettings, params: Any, step: int, metrics
       break
     values.append(evaluate(params, batch))
   if not values:
-    raise ExecutorError("Iterating the eval data did not return any values: the dataset is too small for the batch size.")
+    raise ExecutorError(
+      "Iterating the eval data did not return any values: the dataset is too small for the batch size."
+    )
   value = float(np.mean(jax.device_get(values)))
   name = task.eval_metric_name
-  metrics.write({"step": step, f"eval/{name}": value}, f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})")
+  metrics.write(
+    {"step": step, f"eval/{name}": value}, f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})"
+  )
   return value
 
 

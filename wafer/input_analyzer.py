@@ -63,27 +63,48 @@ class InputAnalysis:
   recommendation: dict[str, Any]
 
   def to_dict(self) -> dict[str, Any]:
-    return {"model": self.model, "batch_size": self.batch_size, "num_csx": self.num_csx, "examples": self.examples,
-            "rates": [dataclasses.asdict(r) for r in self.rates], "consumer": self.consumer,
-            "consumption_samples_per_s": self.consumption_samples_per_s, "recommendation": self.recommendation}
+    return {
+      "model": self.model,
+      "batch_size": self.batch_size,
+      "num_csx": self.num_csx,
+      "examples": self.examples,
+      "rates": [dataclasses.asdict(r) for r in self.rates],
+      "consumer": self.consumer,
+      "consumption_samples_per_s": self.consumption_samples_per_s,
+      "recommendation": self.recommendation,
+    }
 
   def table(self) -> Table:
     need = self.consumption_samples_per_s
-    rows = [[r.num_workers, f"{r.samples_per_s:,.0f}", f"{r.samples_per_s / need:,.1f}x" if need > 0 else "-",
-             f"{r.first_batch_s:.2f}"] for r in self.rates]
-    return Table(["workers", "samples/s", "vs consumption", "start-up s"], rows,
-                 title=f"Input pipeline of {self.model} ({self.examples:,} examples, batch {self.batch_size})")
+    rows = [
+      [
+        r.num_workers,
+        f"{r.samples_per_s:,.0f}",
+        f"{r.samples_per_s / need:,.1f}x" if need > 0 else "-",
+        f"{r.first_batch_s:.2f}",
+      ]
+      for r in self.rates
+    ]
+    return Table(
+      ["workers", "samples/s", "vs consumption", "start-up s"],
+      rows,
+      title=f"Input pipeline of {self.model} ({self.examples:,} examples, batch {self.batch_size})",
+    )
 
   def to_text(self) -> str:
-    source = "wafer cost model estimate" if self.consumer == "costmodel" else "measured step rate on this machine"
+    source = (
+      "wafer cost model estimate" if self.consumer == "costmodel" else "measured step rate on this machine"
+    )
     rec = self.recommendation
     verdict = "INPUT-BOUND" if rec["input_bound"] else "keeps up"
-    return (f"{self.table()}\n\nModel consumes {self.consumption_samples_per_s:,.1f} samples/s ({source}); "
-            f"a pipeline keeps up at {HEADROOM:g}x that (headroom).\n"
-            f"Recommendation: runconfig.num_workers_per_csx: {rec['num_workers_per_csx']}  ({verdict}: "
-            f"{rec['reason']})\n"
-            "Set it before the first run of a model_dir: workers shard the data, so checkpoints resume only with "
-            "the worker count they were written with.\n")
+    return (
+      f"{self.table()}\n\nModel consumes {self.consumption_samples_per_s:,.1f} samples/s ({source}); "
+      f"a pipeline keeps up at {HEADROOM:g}x that (headroom).\n"
+      f"Recommendation: runconfig.num_workers_per_csx: {rec['num_workers_per_csx']}  ({verdict}: "
+      f"{rec['reason']})\n"
+      "Set it before the first run of a model_dir: workers shard the data, so checkpoints resume only with "
+      "the worker count they were written with.\n"
+    )
 
 
 def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> float:
@@ -97,8 +118,15 @@ def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> fl
   if consumer == "costmodel":
     import wafer
 
-    report = wafer.estimate(step_fn, state, batch, batch_size=plan.task.batch_size, num_csx=plan.settings.num_csx,
-                            policy=plan.policy, name=plan.task.name)
+    report = wafer.estimate(
+      step_fn,
+      state,
+      batch,
+      batch_size=plan.task.batch_size,
+      num_csx=plan.settings.num_csx,
+      policy=plan.policy,
+      name=plan.task.name,
+    )
     return float(report.samples_per_sec)
   step = jax.jit(step_fn)
   state, loss = step(state, batch)  # compile and warm up
@@ -110,16 +138,24 @@ def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> fl
   return steps * plan.task.batch_size / (time.perf_counter() - t0)
 
 
-def analyze(plan: Any, *, worker_counts: Sequence[int] | None = None, seconds: float = 2.0,
-            consumer: str = "costmodel", headroom: float = HEADROOM) -> InputAnalysis:
+def analyze(
+  plan: Any,
+  *,
+  worker_counts: Sequence[int] | None = None,
+  seconds: float = 2.0,
+  consumer: str = "costmodel",
+  headroom: float = HEADROOM,
+) -> InputAnalysis:
   """Measure the pipeline of ``plan`` (a `wafer.runner.Plan`) and recommend ``num_workers_per_csx``."""
   counts = sorted(set(worker_counts or default_worker_counts()))
   if not counts or counts[0] < 1:
     raise InputAnalysisError(f"worker counts must be positive integers (got {list(worker_counts or [])})")
   base = plan.task.train_data(plan.settings.seed)
   if not isinstance(base, GrainBatchSource):
-    raise InputAnalysisError(f"model {plan.task.name!r} does not read its data through a grain pipeline "
-                             f"({type(base).__name__}); analyze-input measures wafer.data.GrainBatchSource pipelines")
+    raise InputAnalysisError(
+      f"model {plan.task.name!r} does not read its data through a grain pipeline "
+      f"({type(base).__name__}); analyze-input measures wafer.data.GrainBatchSource pipelines"
+    )
   batch = base.batch_at(0)
 
   def make(w: int) -> GrainBatchSource:
@@ -127,9 +163,16 @@ def analyze(plan: Any, *, worker_counts: Sequence[int] | None = None, seconds: f
 
   rates = measure_samples_per_s(make, counts, seconds=seconds)
   need = consumption_rate(plan, batch, consumer)
-  return InputAnalysis(model=plan.task.name, batch_size=plan.task.batch_size, num_csx=plan.settings.num_csx,
-                       examples=len(base.source), rates=rates, consumer=consumer, consumption_samples_per_s=need,
-                       recommendation=recommend_workers(rates, need, headroom=headroom))
+  return InputAnalysis(
+    model=plan.task.name,
+    batch_size=plan.task.batch_size,
+    num_csx=plan.settings.num_csx,
+    examples=len(base.source),
+    rates=rates,
+    consumer=consumer,
+    consumption_samples_per_s=need,
+    recommendation=recommend_workers(rates, need, headroom=headroom),
+  )
 
 
 def save(analysis: InputAnalysis, model_dir: str | os.PathLike) -> Path:

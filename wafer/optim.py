@@ -41,16 +41,40 @@ from precision.loss_scale import DynamicLossScale, StaticLossScale, all_finite, 
 from wafer.errors import WaferError
 from wafer.schedules import Schedule, build_schedule
 
-__all__ = ("OptimizerError", "StepResult", "apply_gradients", "build_optimizer", "clip_by_global_norm",
-           "scale_by_adam")
+__all__ = (
+  "OptimizerError",
+  "StepResult",
+  "apply_gradients",
+  "build_optimizer",
+  "clip_by_global_norm",
+  "scale_by_adam",
+)
 
 log = logging.getLogger(__name__)
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "lamb")
-KEYS = ("optimizer_type", "learning_rate", "weight_decay", "weight_decay_rate", "max_gradient_norm",
-        "max_gradient_value", "betas", "beta1", "beta2", "eps", "momentum", "nesterov", "correct_bias",
-        "loss_scaling_factor", "initial_loss_scale", "steps_per_increase", "min_loss_scale", "max_loss_scale",
-        "disable_lr_steps_reset", "log_summaries")
+KEYS = (
+  "optimizer_type",
+  "learning_rate",
+  "weight_decay",
+  "weight_decay_rate",
+  "max_gradient_norm",
+  "max_gradient_value",
+  "betas",
+  "beta1",
+  "beta2",
+  "eps",
+  "momentum",
+  "nesterov",
+  "correct_bias",
+  "loss_scaling_factor",
+  "initial_loss_scale",
+  "steps_per_increase",
+  "min_loss_scale",
+  "max_loss_scale",
+  "disable_lr_steps_reset",
+  "log_summaries",
+)
 # ASSUMPTION: cstorch's Adam/AdamW/Lamb default eps is 1e-6 (HF-style); the configs in cerebras.md
 # section 8 that care set eps explicitly.
 DEFAULT_EPS = 1e-6
@@ -60,7 +84,9 @@ class OptimizerError(WaferError, ValueError):
   """A bad ``optimizer`` section; the message names the key path, the value and what is allowed."""
 
 
-def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = DEFAULT_EPS) -> optax.GradientTransformation:
+def scale_by_adam(
+  b1: float = 0.9, b2: float = 0.999, eps: float = DEFAULT_EPS
+) -> optax.GradientTransformation:
   """``m_hat / (sqrt(v_hat) + eps)`` (see module docstring), float32-exact under strict promotion.
 
   The state is ``optax.ScaleByAdamState(count, mu, nu)``, so it checkpoints like optax's.
@@ -68,9 +94,13 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = DEFAULT_EPS) 
 
   def init(params: Any) -> optax.ScaleByAdamState:
     zeros = jax.tree.map(jnp.zeros_like, params)
-    return optax.ScaleByAdamState(count=jnp.zeros((), jnp.int32), mu=zeros, nu=jax.tree.map(jnp.zeros_like, params))
+    return optax.ScaleByAdamState(
+      count=jnp.zeros((), jnp.int32), mu=zeros, nu=jax.tree.map(jnp.zeros_like, params)
+    )
 
-  def update(updates: Any, state: optax.ScaleByAdamState, params: Any = None) -> tuple[Any, optax.ScaleByAdamState]:
+  def update(
+    updates: Any, state: optax.ScaleByAdamState, params: Any = None
+  ) -> tuple[Any, optax.ScaleByAdamState]:
     del params
     count = state.count + 1
     k = count.astype(jnp.float32)
@@ -85,7 +115,8 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = DEFAULT_EPS) 
     mu = jax.tree.map(lambda m, g: c(b1, g) * m + c(1 - b1, g) * g, state.mu, updates)
     nu = jax.tree.map(lambda v, g: c(b2, g) * v + c(1 - b2, g) * g * g, state.nu, updates)
     out = jax.tree.map(
-        lambda m, v: (m / bc1.astype(m.dtype)) / (jnp.sqrt(v / bc2.astype(v.dtype)) + c(eps, v)), mu, nu)
+      lambda m, v: (m / bc1.astype(m.dtype)) / (jnp.sqrt(v / bc2.astype(v.dtype)) + c(eps, v)), mu, nu
+    )
     return out, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
 
   return optax.GradientTransformation(init, update)
@@ -97,7 +128,9 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
   def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
     del params
     leaves = jax.tree.leaves(updates)
-    norm = jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)) if leaves else jnp.float32(0)
+    norm = (
+      jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)) if leaves else jnp.float32(0)
+    )
     coef = jnp.minimum(jnp.float32(max_norm) / (norm + jnp.float32(1e-6)), jnp.float32(1))
     return jax.tree.map(lambda g: g * coef.astype(g.dtype), updates), state
 
@@ -108,8 +141,15 @@ def _fail(path: str, key: str, value: Any, allowed: str) -> OptimizerError:
   return OptimizerError(f"{path}.{key}={value!r}; allowed: {allowed}")
 
 
-def _number(section: dict[str, Any], key: str, path: str, default: float | None, *, positive: bool = False,
-            unit: bool = False) -> float | None:
+def _number(
+  section: dict[str, Any],
+  key: str,
+  path: str,
+  default: float | None,
+  *,
+  positive: bool = False,
+  unit: bool = False,
+) -> float | None:
   value = section.get(key, default)
   if value is None:
     return None
@@ -132,16 +172,22 @@ def _number(section: dict[str, Any], key: str, path: str, default: float | None,
 def _loss_scale(section: dict[str, Any], fmt: FloatFormat, path: str) -> StaticLossScale | DynamicLossScale:
   factor = section.get("loss_scaling_factor", 1.0)
   dynamic = isinstance(factor, str) and factor.lower() == "dynamic"
-  if not dynamic and factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))):
-    raise OptimizerError(f"{path}.loss_scaling_factor={factor!r}: Optimizer param 'loss_scaling_factor' must be "
-                         "a float, None, or 'dynamic'.")
+  if (
+    not dynamic and factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)))
+  ):
+    raise OptimizerError(
+      f"{path}.loss_scaling_factor={factor!r}: Optimizer param 'loss_scaling_factor' must be "
+      "a float, None, or 'dynamic'."
+    )
   if fmt.name == "bfloat16":
     if dynamic or factor not in (None, 1.0):
       log.info("No need to use loss scaling when half dtype is bfloat16. Disabling gradient scaling.")
     return StaticLossScale.create(1.0)
   if fmt.name == "cbfloat16" and not dynamic:
-    raise OptimizerError(f"{path}.loss_scaling_factor={factor!r}: cbfloat16 needs dynamic loss scaling, or "
-                         "gradients may underflow or overflow and produce NaNs; set loss_scaling_factor: dynamic")
+    raise OptimizerError(
+      f"{path}.loss_scaling_factor={factor!r}: cbfloat16 needs dynamic loss scaling, or "
+      "gradients may underflow or overflow and produce NaNs; set loss_scaling_factor: dynamic"
+    )
   if not dynamic:
     try:
       return StaticLossScale.create(1.0 if factor is None else float(factor))
@@ -150,9 +196,12 @@ def _loss_scale(section: dict[str, Any], fmt: FloatFormat, path: str) -> StaticL
   spi = section.get("steps_per_increase", 2000)
   try:
     return DynamicLossScale.create(
-        fmt, initial_loss_scale=_number(section, "initial_loss_scale", path, None, positive=True),
-        steps_per_increase=spi, min_loss_scale=_number(section, "min_loss_scale", path, None, positive=True),
-        max_loss_scale=_number(section, "max_loss_scale", path, None, positive=True))
+      fmt,
+      initial_loss_scale=_number(section, "initial_loss_scale", path, None, positive=True),
+      steps_per_increase=spi,
+      min_loss_scale=_number(section, "min_loss_scale", path, None, positive=True),
+      max_loss_scale=_number(section, "max_loss_scale", path, None, positive=True),
+    )
   except ValueError as err:
     raise OptimizerError(f"{path}: {err}") from None
 
@@ -167,9 +216,9 @@ def _betas(section: dict[str, Any], path: str) -> tuple[float, float]:
   return _number(pair, "beta1", path, None, unit=True), _number(pair, "beta2", path, None, unit=True)
 
 
-def build_optimizer(optimizer_section: dict[str, Any], *, half_dtype: FloatFormat | str = "float16",
-                    path: str = "optimizer") -> tuple[optax.GradientTransformation,
-                                                      StaticLossScale | DynamicLossScale]:
+def build_optimizer(
+  optimizer_section: dict[str, Any], *, half_dtype: FloatFormat | str = "float16", path: str = "optimizer"
+) -> tuple[optax.GradientTransformation, StaticLossScale | DynamicLossScale]:
   """The optax transformation and the initial loss-scale state for an ``optimizer`` section.
 
   Args:
@@ -195,12 +244,16 @@ def build_optimizer(optimizer_section: dict[str, Any], *, half_dtype: FloatForma
   if kind not in OPTIMIZERS:
     close = difflib.get_close_matches(str(raw_type).lower(), OPTIMIZERS, n=1, cutoff=0.6)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise OptimizerError(f"{path}.optimizer_type={raw_type!r}.{hint} Allowed (case-insensitive): "
-                         f"{', '.join(OPTIMIZERS)}")
+    raise OptimizerError(
+      f"{path}.optimizer_type={raw_type!r}.{hint} Allowed (case-insensitive): {', '.join(OPTIMIZERS)}"
+    )
   if "learning_rate" not in section:
     raise OptimizerError(f"{path}: missing required key 'learning_rate'")
-  schedule: Schedule = build_schedule(section["learning_rate"], path=f"{path}.learning_rate",
-                                      disable_lr_steps_reset=bool(section.get("disable_lr_steps_reset", False)))
+  schedule: Schedule = build_schedule(
+    section["learning_rate"],
+    path=f"{path}.learning_rate",
+    disable_lr_steps_reset=bool(section.get("disable_lr_steps_reset", False)),
+  )
   if "weight_decay" in section and "weight_decay_rate" in section:
     raise OptimizerError(f"{path}: give either weight_decay or weight_decay_rate (1.x name), not both")
   wd_key = "weight_decay_rate" if "weight_decay_rate" in section else "weight_decay"
@@ -208,8 +261,10 @@ def build_optimizer(optimizer_section: dict[str, Any], *, half_dtype: FloatForma
   norm = _number(section, "max_gradient_norm", path, None, positive=True)
   value = _number(section, "max_gradient_value", path, None, positive=True)
   if norm is not None and value is not None:
-    raise OptimizerError(f"{path}: Gradients can be clipped by norm(={norm}) or by value(={value}), but not both. "
-                         "Do not set both `max_gradient_norm` and `max_gradient_value`.")
+    raise OptimizerError(
+      f"{path}: Gradients can be clipped by norm(={norm}) or by value(={value}), but not both. "
+      "Do not set both `max_gradient_norm` and `max_gradient_value`."
+    )
   eps = _number(section, "eps", path, DEFAULT_EPS, positive=True)
   if section.get("correct_bias", True) is not True:
     raise _fail(path, "correct_bias", section["correct_bias"], "true (bias correction is always applied)")
@@ -248,8 +303,14 @@ class StepResult(NamedTuple):
   grads_finite: jax.Array
 
 
-def apply_gradients(tx: optax.GradientTransformation, params: Any, opt_state: Any,
-                    loss_scale: StaticLossScale | DynamicLossScale, step: jax.Array, grads: Any) -> StepResult:
+def apply_gradients(
+  tx: optax.GradientTransformation,
+  params: Any,
+  opt_state: Any,
+  loss_scale: StaticLossScale | DynamicLossScale,
+  step: jax.Array,
+  grads: Any,
+) -> StepResult:
   """Cerebras' optimizer step with a conditional update, jit-safe.
 
   ``grads`` are the gradients of the **scaled** loss (``loss_scale.scale(loss)``); they are

@@ -45,7 +45,9 @@ def get_model(name: str) -> Callable[[Any], Any]:
     known = sorted(_BUILDERS)
     close = difflib.get_close_matches(str(name).lower(), known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise UnknownModelError(f"model.name: unknown model {name!r}.{hint} Registered models: {', '.join(known)}")
+    raise UnknownModelError(
+      f"model.name: unknown model {name!r}.{hint} Registered models: {', '.join(known)}"
+    )
   return found
 
 

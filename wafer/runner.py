@@ -29,21 +29,21 @@ def settings_of(params: Params) -> RunSettings:
   rc = params.runconfig
   activation = rc.activation_steps or (rc.log_steps if rc.enable_act_frequency else None)
   return RunSettings(
-      mode=rc.mode,
-      model_dir=rc.model_dir,
-      num_steps=rc.num_steps,
-      max_steps=rc.max_steps,
-      log_steps=rc.log_steps,
-      checkpoint_steps=rc.checkpoint_steps or 0,
-      activation_steps=activation,
-      eval_steps=rc.eval_steps,
-      eval_frequency=rc.eval_frequency,
-      seed=1 if rc.seed is None else rc.seed,
-      num_csx=rc.num_csx,
-      num_workers_per_csx=rc.num_workers_per_csx,
-      compile_only=rc.compile_only,
-      validate_only=rc.validate_only,
-      max_checkpoints=rc.max_checkpoints,
+    mode=rc.mode,
+    model_dir=rc.model_dir,
+    num_steps=rc.num_steps,
+    max_steps=rc.max_steps,
+    log_steps=rc.log_steps,
+    checkpoint_steps=rc.checkpoint_steps or 0,
+    activation_steps=activation,
+    eval_steps=rc.eval_steps,
+    eval_frequency=rc.eval_frequency,
+    seed=1 if rc.seed is None else rc.seed,
+    num_csx=rc.num_csx,
+    num_workers_per_csx=rc.num_workers_per_csx,
+    compile_only=rc.compile_only,
+    validate_only=rc.validate_only,
+    max_checkpoints=rc.max_checkpoints,
   )
 
 

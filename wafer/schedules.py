@@ -30,27 +30,27 @@ import optax
 from wafer.errors import WaferError
 
 __all__ = (
-    "SCHEDULERS",
-    "Schedule",
-    "ScheduleError",
-    "build_schedule",
-    "chained_lr",
-    "constant_lr",
-    "cosine_annealing_lr",
-    "cosine_annealing_warm_restarts",
-    "cosine_decay_lr",
-    "cyclic_lr",
-    "exponential_lr",
-    "inverse_exponential_time_decay_lr",
-    "inverse_square_root_decay_lr",
-    "linear_lr",
-    "multi_step_lr",
-    "multiplicative_lr",
-    "one_cycle_lr",
-    "piecewise_constant_lr",
-    "polynomial_lr",
-    "sequential_lr",
-    "step_lr",
+  "SCHEDULERS",
+  "Schedule",
+  "ScheduleError",
+  "build_schedule",
+  "chained_lr",
+  "constant_lr",
+  "cosine_annealing_lr",
+  "cosine_annealing_warm_restarts",
+  "cosine_decay_lr",
+  "cyclic_lr",
+  "exponential_lr",
+  "inverse_exponential_time_decay_lr",
+  "inverse_square_root_decay_lr",
+  "linear_lr",
+  "multi_step_lr",
+  "multiplicative_lr",
+  "one_cycle_lr",
+  "piecewise_constant_lr",
+  "polynomial_lr",
+  "sequential_lr",
+  "step_lr",
 )
 
 
@@ -113,7 +113,8 @@ def _int(name: str, key: str, value: Any, minimum: int = 1) -> int:
 
 def _milestones(name: str, key: str, value: Any) -> tuple[int, ...]:
   if not isinstance(value, (list, tuple)) or not all(
-      isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in value):
+    isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in value
+  ):
     raise _err(name, key, value, "a list of ints >= 0")
   if any(b <= a for a, b in zip(value, value[1:])):
     raise _err(name, key, value, "strictly increasing ints")
@@ -152,8 +153,15 @@ def constant_lr(learning_rate: float, total_iters: int | None = None) -> Schedul
   return Schedule("ConstantLR", lambda t: jnp.zeros(t.shape, jnp.float32) + _f32(lr), lr, total_iters)
 
 
-def polynomial_lr(initial_learning_rate: float, end_learning_rate: float, total_iters: int,
-                  power: float = 1.0, cycle: bool = False, *, name: str = "PolynomialLR") -> Schedule:
+def polynomial_lr(
+  initial_learning_rate: float,
+  end_learning_rate: float,
+  total_iters: int,
+  power: float = 1.0,
+  cycle: bool = False,
+  *,
+  name: str = "PolynomialLR",
+) -> Schedule:
   """PolynomialLR: ``e`` if ``t >= T``, else ``(1 - t/(T*a))^power * (i - e) + e``.
 
   ``a = 1``, or ``ceil((t+1)/T)`` with ``cycle``. Cerebras applies the ``t >= T`` guard even when
@@ -178,14 +186,16 @@ def polynomial_lr(initial_learning_rate: float, end_learning_rate: float, total_
   return Schedule(name, fn, i, T)
 
 
-def linear_lr(initial_learning_rate: float, end_learning_rate: float, total_iters: int,
-              cycle: bool = False) -> Schedule:
+def linear_lr(
+  initial_learning_rate: float, end_learning_rate: float, total_iters: int, cycle: bool = False
+) -> Schedule:
   """LinearLR: `polynomial_lr` with ``power = 1``: ``i + (e - i) * min(t, T) / T``."""
   return polynomial_lr(initial_learning_rate, end_learning_rate, total_iters, 1.0, cycle, name="LinearLR")
 
 
-def exponential_lr(initial_learning_rate: float, total_iters: int, decay_rate: float,
-                   staircase: bool = False) -> Schedule:
+def exponential_lr(
+  initial_learning_rate: float, total_iters: int, decay_rate: float, staircase: bool = False
+) -> Schedule:
   """ExponentialLR: ``i * decay_rate^(t/T)``, the exponent floored with ``staircase``; no clamp."""
   name = "ExponentialLR"
   i = _num(name, "initial_learning_rate", initial_learning_rate)
@@ -200,8 +210,13 @@ def exponential_lr(initial_learning_rate: float, total_iters: int, decay_rate: f
   return Schedule(name, fn, i, T)
 
 
-def inverse_exponential_time_decay_lr(initial_learning_rate: float, step_exponent: float, total_iters: int,
-                                      decay_rate: float, staircase: bool = False) -> Schedule:
+def inverse_exponential_time_decay_lr(
+  initial_learning_rate: float,
+  step_exponent: float,
+  total_iters: int,
+  decay_rate: float,
+  staircase: bool = False,
+) -> Schedule:
   """InverseExponentialTimeDecayLR: ``i / (1 + decay_rate * r)``, ``r = t^step_exponent / T``,
   floored with ``staircase``."""
   name = "InverseExponentialTimeDecayLR"
@@ -218,8 +233,9 @@ def inverse_exponential_time_decay_lr(initial_learning_rate: float, step_exponen
   return Schedule(name, fn, i, T)
 
 
-def inverse_square_root_decay_lr(initial_learning_rate: float = 1.0, scale: float = 1.0,
-                                 warmup_steps: int = 1) -> Schedule:
+def inverse_square_root_decay_lr(
+  initial_learning_rate: float = 1.0, scale: float = 1.0, warmup_steps: int = 1
+) -> Schedule:
   """InverseSquareRootDecayLR: ``i * scale / sqrt(max(t, warmup_steps))``."""
   name = "InverseSquareRootDecayLR"
   i = _num(name, "initial_learning_rate", initial_learning_rate)
@@ -247,8 +263,9 @@ def cosine_annealing_lr(initial_learning_rate: float, T_max: int, eta_min: float
   return Schedule(name, lambda t: _cosine(i, lo, _tf(t % (2 * T)) / _f32(T)), i)
 
 
-def cosine_annealing_warm_restarts(initial_learning_rate: float, T_0: int, T_mult: int = 1,
-                                   eta_min: float = 0.0) -> Schedule:
+def cosine_annealing_warm_restarts(
+  initial_learning_rate: float, T_0: int, T_mult: int = 1, eta_min: float = 0.0
+) -> Schedule:
   """CosineAnnealingWarmRestarts with Cerebras' ``T_cur``, reproduced for parity.
 
   ``lr = eta_min + (i - eta_min) * (1 + cos(pi * T_cur / T_0)) / 2`` with ``T_cur = t`` for
@@ -302,15 +319,23 @@ def piecewise_constant_lr(learning_rates: Sequence[float], milestones: Sequence[
   name = "PiecewiseConstantLR"
   ms = _milestones(name, "milestones", milestones)
   if not isinstance(learning_rates, (list, tuple)) or len(learning_rates) != len(ms) + 1:
-    raise _err(name, "learning_rates", learning_rates,
-               f"a list of len(milestones) + 1 = {len(ms) + 1} numbers")
+    raise _err(
+      name, "learning_rates", learning_rates, f"a list of len(milestones) + 1 = {len(ms) + 1} numbers"
+    )
   lrs = [_num(name, "learning_rates", v) for v in learning_rates]
   table = jnp.asarray(lrs, jnp.float32)
   return Schedule(name, lambda t: table[_count_at_or_below(ms, t)], lrs[0])
 
 
-def cyclic_lr(base_lr: float, max_lr: float, step_size_up: int = 2000, step_size_down: int | None = None,
-              mode: str = "triangular", gamma: float = 1.0, scale_mode: str = "cycle") -> Schedule:
+def cyclic_lr(
+  base_lr: float,
+  max_lr: float,
+  step_size_up: int = 2000,
+  step_size_down: int | None = None,
+  mode: str = "triangular",
+  gamma: float = 1.0,
+  scale_mode: str = "cycle",
+) -> Schedule:
   """CyclicLR: ``base + (max - base) * f * scale``.
 
   ``tot = up + down``, ``r = up / tot``, ``cycle = floor(1 + t/tot)``, ``x = 1 + t/tot - cycle``,
@@ -347,9 +372,15 @@ def cyclic_lr(base_lr: float, max_lr: float, step_size_up: int = 2000, step_size
   return Schedule(name, fn, lo)
 
 
-def one_cycle_lr(initial_learning_rate: float, max_lr: float, total_steps: int = 1000, pct_start: float = 0.3,
-                 final_div_factor: float = 1e4, three_phase: bool = False,
-                 anneal_strategy: str = "cos") -> Schedule:
+def one_cycle_lr(
+  initial_learning_rate: float,
+  max_lr: float,
+  total_steps: int = 1000,
+  pct_start: float = 0.3,
+  final_div_factor: float = 1e4,
+  three_phase: bool = False,
+  anneal_strategy: str = "cos",
+) -> Schedule:
   """OneCycleLR: anneal ``i -> max_lr -> min`` (``min = i / final_div_factor``) over phases.
 
   Phase ends are ``[pct*N - 1, N - 1]``, or ``[pct*N - 1, 2*pct*N - 2, N - 1]`` with
@@ -376,7 +407,9 @@ def one_cycle_lr(initial_learning_rate: float, max_lr: float, total_steps: int =
     values = [i, hi, lo]
   starts = [0.0, *ends[:-1]]
   if any(e <= s for s, e in zip(starts, ends)):
-    raise _err(name, "pct_start", pct_start, f"a value giving phases of at least one step for total_steps={n}")
+    raise _err(
+      name, "pct_start", pct_start, f"a value giving phases of at least one step for total_steps={n}"
+    )
 
   def anneal(start: float, end: float, p: jax.Array) -> jax.Array:
     if anneal_strategy == "cos":
@@ -394,8 +427,9 @@ def one_cycle_lr(initial_learning_rate: float, max_lr: float, total_steps: int =
   return Schedule(name, fn, i, n)
 
 
-def sequential_lr(schedulers: Sequence[Schedule], milestones: Sequence[int],
-                  reset_steps: bool = True) -> Schedule:
+def sequential_lr(
+  schedulers: Sequence[Schedule], milestones: Sequence[int], reset_steps: bool = True
+) -> Schedule:
   """SequentialLR: ``sched_0(t)`` for ``t < m_0``; ``sched_{j+1}(max(0, t - m_j))`` for ``t >= m_j``.
 
   Like ``optax.join_schedules``, with the local step clamped at 0. ``reset_steps=False`` (legacy
@@ -406,12 +440,17 @@ def sequential_lr(schedulers: Sequence[Schedule], milestones: Sequence[int],
   if not scheds or not all(isinstance(s, Schedule) for s in scheds):
     raise _err(name, "schedulers", schedulers, "a non-empty list of schedulers")
   if not isinstance(milestones, (list, tuple)) or not all(
-      isinstance(m, int) and not isinstance(m, bool) for m in milestones):
+    isinstance(m, int) and not isinstance(m, bool) for m in milestones
+  ):
     raise _err(name, "milestones", milestones, "a list of ints")
   ms = _milestones(name, "milestones", milestones)
   if len(ms) != len(scheds) - 1:
-    raise _err(name, "milestones", list(ms),
-               f"len(schedulers) - 1 = {len(scheds) - 1} milestones for {len(scheds)} schedulers")
+    raise _err(
+      name,
+      "milestones",
+      list(ms),
+      f"len(schedulers) - 1 = {len(scheds) - 1} milestones for {len(scheds)} schedulers",
+    )
 
   def fn(t: jax.Array) -> jax.Array:
     out = scheds[0](t)
@@ -436,8 +475,12 @@ def chained_lr(schedulers: Sequence[Schedule]) -> Schedule:
       raise _err(name, "schedulers", s.name, "chainable schedulers (OneCycleLR is not chainable)")
   for s in scheds[1:]:
     if s.initial_value == 0:
-      raise _err(name, "schedulers", f"{s.name} with initial value 0",
-                 "schedulers after the first with a non-zero initial value (the chain divides by it)")
+      raise _err(
+        name,
+        "schedulers",
+        f"{s.name} with initial value 0",
+        "schedulers after the first with a non-zero initial value (the chain divides by it)",
+      )
 
   def fn(t: jax.Array) -> jax.Array:
     out = scheds[0](t)
@@ -451,31 +494,38 @@ def chained_lr(schedulers: Sequence[Schedule]) -> Schedule:
 # ----------------------------------------------------------------------------- the YAML builder
 
 SCHEDULERS: dict[str, Callable[..., Schedule]] = {
-    "ConstantLR": constant_lr,
-    "LinearLR": linear_lr,
-    "PolynomialLR": polynomial_lr,
-    "ExponentialLR": exponential_lr,
-    "InverseExponentialTimeDecayLR": inverse_exponential_time_decay_lr,
-    "InverseSquareRootDecayLR": inverse_square_root_decay_lr,
-    "CosineDecayLR": cosine_decay_lr,
-    "CosineAnnealingLR": cosine_annealing_lr,
-    "CosineAnnealingWarmRestarts": cosine_annealing_warm_restarts,
-    "StepLR": step_lr,
-    "MultiStepLR": multi_step_lr,
-    "MultiplicativeLR": multiplicative_lr,
-    "PiecewiseConstantLR": piecewise_constant_lr,
-    "CyclicLR": cyclic_lr,
-    "OneCycleLR": one_cycle_lr,
-    "SequentialLR": sequential_lr,
-    "ChainedScheduler": chained_lr,
+  "ConstantLR": constant_lr,
+  "LinearLR": linear_lr,
+  "PolynomialLR": polynomial_lr,
+  "ExponentialLR": exponential_lr,
+  "InverseExponentialTimeDecayLR": inverse_exponential_time_decay_lr,
+  "InverseSquareRootDecayLR": inverse_square_root_decay_lr,
+  "CosineDecayLR": cosine_decay_lr,
+  "CosineAnnealingLR": cosine_annealing_lr,
+  "CosineAnnealingWarmRestarts": cosine_annealing_warm_restarts,
+  "StepLR": step_lr,
+  "MultiStepLR": multi_step_lr,
+  "MultiplicativeLR": multiplicative_lr,
+  "PiecewiseConstantLR": piecewise_constant_lr,
+  "CyclicLR": cyclic_lr,
+  "OneCycleLR": one_cycle_lr,
+  "SequentialLR": sequential_lr,
+  "ChainedScheduler": chained_lr,
 }
 """Cerebras class name -> builder; the builder's keyword arguments are the YAML keys."""
 
 _NAME_ALIASES = {"chainedlr": "ChainedScheduler"}
 _LOWER_NAMES = {n.lower(): n for n in SCHEDULERS} | _NAME_ALIASES
 # 1.x YAML keys -> the class argument they stand for.
-_LEGACY_KEYS = {"steps": "total_iters", "decay_steps": "total_iters", "t_max": "T_max", "t_0": "T_0",
-                "t_mult": "T_mult", "values": "learning_rates", "boundaries": "milestones"}
+_LEGACY_KEYS = {
+  "steps": "total_iters",
+  "decay_steps": "total_iters",
+  "t_max": "T_max",
+  "t_0": "T_0",
+  "t_mult": "T_mult",
+  "values": "learning_rates",
+  "boundaries": "milestones",
+}
 _STRING_KEYS = frozenset({"mode", "scale_mode", "anneal_strategy"})
 _INTERNAL_ARGS = frozenset({"name", "reset_steps"})
 
@@ -494,13 +544,19 @@ def _resolve_name(name: Any, path: str) -> str:
       if candidate in _LOWER_NAMES:
         return _LOWER_NAMES[candidate]
   hint = _did_you_mean(name, [*SCHEDULERS, "ChainedLR"]) if isinstance(name, str) else ""
-  raise ScheduleError(f"{path}: Invalid lr_scheduler type {name!r}.{hint} Expected one of "
-                      f"[{', '.join(SCHEDULERS)}] (case-insensitive, the 'LR' suffix optional)")
+  raise ScheduleError(
+    f"{path}: Invalid lr_scheduler type {name!r}.{hint} Expected one of "
+    f"[{', '.join(SCHEDULERS)}] (case-insensitive, the 'LR' suffix optional)"
+  )
 
 
 def _is_v2_item(node: Any) -> bool:
-  return isinstance(node, dict) and len(node) == 1 and "scheduler" not in node and (
-      isinstance(next(iter(node.values())), dict) or next(iter(node.values())) is None)
+  return (
+    isinstance(node, dict)
+    and len(node) == 1
+    and "scheduler" not in node
+    and (isinstance(next(iter(node.values())), dict) or next(iter(node.values())) is None)
+  )
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -523,28 +579,39 @@ def _make(name: str, args: dict[str, Any], path: str, reset_steps: bool) -> Sche
     if target == "param_group_tags" or target == "adjust_learning_rate":
       if value is None:
         continue
-      raise ScheduleError(f"{path}.{key}={value!r}: {name}: not supported (wafer has one param group); "
-                          "allowed: null or leave it out")
+      raise ScheduleError(
+        f"{path}.{key}={value!r}: {name}: not supported (wafer has one param group); "
+        "allowed: null or leave it out"
+      )
     if target not in params:
-      raise ScheduleError(f"{path}: {name}: unknown key {key!r}.{_did_you_mean(key, list(params))} "
-                          f"Allowed keys: {', '.join(params)}")
+      raise ScheduleError(
+        f"{path}: {name}: unknown key {key!r}.{_did_you_mean(key, list(params))} "
+        f"Allowed keys: {', '.join(params)}"
+      )
     if target in kwargs:
       raise ScheduleError(f"{path}: {name}: {key!r} repeats {target!r}; give only one of them")
     kwargs[target] = _coerce(target, value)
   optional = {"milestones"} if name == "SequentialLR" else set()  # computed from total_iters
-  missing = [p for p, spec in params.items()
-             if spec.default is inspect.Parameter.empty and p not in kwargs and p not in optional]
+  missing = [
+    p
+    for p, spec in params.items()
+    if spec.default is inspect.Parameter.empty and p not in kwargs and p not in optional
+  ]
   if missing:
-    raise ScheduleError(f"{path}: {name}: missing required key(s) {', '.join(missing)}; "
-                        f"allowed keys: {', '.join(params)}")
+    raise ScheduleError(
+      f"{path}: {name}: missing required key(s) {', '.join(missing)}; allowed keys: {', '.join(params)}"
+    )
   if name in ("SequentialLR", "ChainedScheduler"):
     subs = kwargs["schedulers"]
     if not isinstance(subs, list) or not subs:
       raise ScheduleError(f"{path}.schedulers={subs!r}: {name}: allowed: a non-empty list of schedulers")
-    kwargs["schedulers"] = [_build_node(s, f"{path}.schedulers[{k}]", reset_steps) for k, s in enumerate(subs)]
+    kwargs["schedulers"] = [
+      _build_node(s, f"{path}.schedulers[{k}]", reset_steps) for k, s in enumerate(subs)
+    ]
     if name == "SequentialLR":
-      kwargs["milestones"] = _check_milestones(kwargs["schedulers"], kwargs.get("milestones"), path,
-                                               f"{path}.schedulers")
+      kwargs["milestones"] = _check_milestones(
+        kwargs["schedulers"], kwargs.get("milestones"), path, f"{path}.schedulers"
+      )
       kwargs["reset_steps"] = reset_steps
   try:
     return builder(**kwargs)
@@ -555,12 +622,14 @@ def _make(name: str, args: dict[str, Any], path: str, reset_steps: bool) -> Sche
 def _check_milestones(scheds: list[Schedule], given: Any, path: str, items_path: str) -> list[int]:
   """SequentialLR milestones: the cumulative ``total_iters`` of all but the last sub-scheduler."""
   totals = [s.total_iters for s in scheds[:-1]]
-  computed = None if None in totals else [int(sum(totals[:k + 1])) for k in range(len(totals))]
+  computed = None if None in totals else [int(sum(totals[: k + 1])) for k in range(len(totals))]
   if given is None:
     if computed is None:
       k = totals.index(None)
-      raise ScheduleError(f"{items_path}[{k}]: {scheds[k].name} has no total_iters, so SequentialLR "
-                          "cannot compute its milestones; add total_iters (steps) or give milestones")
+      raise ScheduleError(
+        f"{items_path}[{k}]: {scheds[k].name} has no total_iters, so SequentialLR "
+        "cannot compute its milestones; add total_iters (steps) or give milestones"
+      )
     return computed
   if computed is not None and list(given) != computed:
     raise ScheduleError(f"{path}: Expected SequentialLR to have milestones {computed}, but got {list(given)}")
@@ -572,19 +641,30 @@ def _build_list(items: list[Any], path: str, reset_steps: bool) -> Schedule:
   if not items:
     raise ScheduleError(f"{path}=[]: allowed: a number, a scheduler, or a non-empty list of schedulers")
   if all(_is_v2_item(item) for item in items) and len(items) > 1:
-    raise ScheduleError(f"{path}: {len(items)} top-level schedulers; allowed: one (wrap several in "
-                        "SequentialLR: {schedulers: [...]} or ChainedScheduler: {schedulers: [...]})")
+    raise ScheduleError(
+      f"{path}: {len(items)} top-level schedulers; allowed: one (wrap several in "
+      "SequentialLR: {schedulers: [...]} or ChainedScheduler: {schedulers: [...]})"
+    )
   mains = set()
   for k, item in enumerate(items):
     if isinstance(item, dict) and item.get("main_scheduler") is not None:
       raw = str(item["main_scheduler"]).lower()
-      kind = {"chained": "chained", "chainedlr": "chained", "chainedscheduler": "chained",
-              "sequential": "sequential", "sequentiallr": "sequential"}.get(raw)
+      kind = {
+        "chained": "chained",
+        "chainedlr": "chained",
+        "chainedscheduler": "chained",
+        "sequential": "sequential",
+        "sequentiallr": "sequential",
+      }.get(raw)
       if kind is None:
-        raise ScheduleError(f"{path}[{k}].main_scheduler={item['main_scheduler']!r}: allowed: chained | sequential")
+        raise ScheduleError(
+          f"{path}[{k}].main_scheduler={item['main_scheduler']!r}: allowed: chained | sequential"
+        )
       mains.add(kind)
   if len(mains) > 1:
-    raise ScheduleError(f"{path}: conflicting main_scheduler values {sorted(mains)}; allowed: one kind per list")
+    raise ScheduleError(
+      f"{path}: conflicting main_scheduler values {sorted(mains)}; allowed: one kind per list"
+    )
   scheds = [_build_node(item, f"{path}[{k}]", reset_steps) for k, item in enumerate(items)]
   if len(scheds) == 1:
     return scheds[0]
@@ -606,15 +686,18 @@ def _build_node(node: Any, path: str, reset_steps: bool) -> Schedule:
     args = {k: v for k, v in node.items() if k not in ("scheduler", "main_scheduler")}
     return _make(_resolve_name(node["scheduler"], f"{path}.scheduler"), args, path, reset_steps)
   if _is_v2_item(node):
-    (raw, args), = node.items()
+    ((raw, args),) = node.items()
     name = _resolve_name(raw, path)
     return _make(name, args or {}, f"{path}.{raw}", reset_steps)
-  raise ScheduleError(f"{path}={node!r}: allowed: a number, {{scheduler: NAME, ...}}, {{NAME: {{...}}}}, "
-                      "or a list of schedulers")
+  raise ScheduleError(
+    f"{path}={node!r}: allowed: a number, {{scheduler: NAME, ...}}, {{NAME: {{...}}}}, "
+    "or a list of schedulers"
+  )
 
 
-def build_schedule(spec: Any, *, path: str = "optimizer.learning_rate",
-                   disable_lr_steps_reset: bool = False) -> Schedule:
+def build_schedule(
+  spec: Any, *, path: str = "optimizer.learning_rate", disable_lr_steps_reset: bool = False
+) -> Schedule:
   """A `Schedule` from the YAML, either layout.
 
   * legacy ``optimizer.learning_rate``: a number (ConstantLR); ``{scheduler: NAME, ...args}``; a

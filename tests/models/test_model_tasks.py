@@ -55,9 +55,16 @@ def bert_curves(tmp_path_factory):
   for name, mixed in (("float32", "false"), ("cbfloat16", "true")):
     model_dir = tmp_path_factory.mktemp(f"bert_{name}")
     cluster._LOCKED.clear()
-    runner.run_params(DEFAULT_JOB, [f"runconfig.model_dir={model_dir}", "runconfig.mode=train",
-                                    f"runconfig.max_steps={CURVE_STEPS}", "runconfig.log_steps=1",
-                                    f"model.mixed_precision={mixed}"])
+    runner.run_params(
+      DEFAULT_JOB,
+      [
+        f"runconfig.model_dir={model_dir}",
+        "runconfig.mode=train",
+        f"runconfig.max_steps={CURVE_STEPS}",
+        "runconfig.log_steps=1",
+        f"model.mixed_precision={mixed}",
+      ],
+    )
     out[name] = _losses(model_dir)
   return out
 
@@ -84,32 +91,61 @@ GPT2_TINY = ROOT / "models" / "gpt2" / "configs" / "params_gpt2_tiny.yaml"
 
 
 def test_gpt2_tiny_learns_the_embedded_corpus(tmp_path):
-  summary = _run(GPT2_TINY, tmp_path, "runconfig.max_steps=30", "runconfig.log_steps=1", "runconfig.mode=train_and_eval",
-                 "runconfig.eval_frequency=30", "runconfig.checkpoint_steps=30", "runconfig.eval_steps=2",
-                 "model.vocab_size=4096")  # the tokenizer's vocabulary follows the model's
+  summary = _run(
+    GPT2_TINY,
+    tmp_path,
+    "runconfig.max_steps=30",
+    "runconfig.log_steps=1",
+    "runconfig.mode=train_and_eval",
+    "runconfig.eval_frequency=30",
+    "runconfig.checkpoint_steps=30",
+    "runconfig.eval_steps=2",
+    "model.vocab_size=4096",
+  )  # the tokenizer's vocabulary follows the model's
   losses = list(_losses(tmp_path).values())
   assert len(losses) == 30 and abs(losses[0] - np.log(4096)) < 1.0  # starts near uniform over the vocabulary
   assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
-  (step, eval_loss), = summary["evals"]
+  ((step, eval_loss),) = summary["evals"]
   assert step == 30 and eval_loss < losses[0] - 1.0  # held-out documents
   # a fresh run in another model_dir (its own tokenizer and examples) reproduces the losses exactly
-  _run(GPT2_TINY, tmp_path / "again", "runconfig.max_steps=3", "runconfig.log_steps=1", "runconfig.mode=train",
-       "model.vocab_size=4096")
+  _run(
+    GPT2_TINY,
+    tmp_path / "again",
+    "runconfig.max_steps=3",
+    "runconfig.log_steps=1",
+    "runconfig.mode=train",
+    "model.vocab_size=4096",
+  )
   assert list(_losses(tmp_path / "again").values()) == losses[:3]
 
 
 def test_fc_mnist_learns_the_digits(tmp_path):
-  summary = _run(FC_MNIST, tmp_path, "runconfig.max_steps=60", "runconfig.log_steps=1", "train_input.batch_size=32",
-                 "optimizer.learning_rate=0.05", "optimizer.momentum=0.9", "runconfig.mode=train_and_eval",
-                 "runconfig.eval_frequency=60", "runconfig.checkpoint_steps=60", "eval_input.batch_size=32")
+  summary = _run(
+    FC_MNIST,
+    tmp_path,
+    "runconfig.max_steps=60",
+    "runconfig.log_steps=1",
+    "train_input.batch_size=32",
+    "optimizer.learning_rate=0.05",
+    "optimizer.momentum=0.9",
+    "runconfig.mode=train_and_eval",
+    "runconfig.eval_frequency=60",
+    "runconfig.checkpoint_steps=60",
+    "eval_input.batch_size=32",
+  )
   losses = list(_losses(tmp_path).values())
   assert np.mean(losses[-5:]) < 0.85 * np.mean(losses[:5]), losses
-  (step, accuracy), = summary["evals"]
+  ((step, accuracy),) = summary["evals"]
   assert step == 60 and accuracy > 0.2  # chance is 0.1
 
 
-FAST = ("train_input.batch_size=32", "optimizer.learning_rate=0.05", "optimizer.momentum=0.9", "runconfig.log_steps=1",
-        "model.mixed_precision=false")
+FAST = (
+  "train_input.batch_size=32",
+  "optimizer.learning_rate=0.05",
+  "optimizer.momentum=0.9",
+  "runconfig.log_steps=1",
+  "model.mixed_precision=false",
+)
 
 
 def test_first_step_trains_on_batch_zero(tmp_path):
@@ -128,7 +164,9 @@ def test_first_step_trains_on_batch_zero(tmp_path):
 def test_resume_eval_all_and_two_systems_on_real_data(tmp_path, capsys):
   straight = _run(FC_MNIST, tmp_path / "straight", *FAST, "runconfig.max_steps=20")
   _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.max_steps=10", "runconfig.checkpoint_steps=10")
-  resumed = _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.max_steps=20", "runconfig.checkpoint_steps=10")
+  resumed = _run(
+    FC_MNIST, tmp_path / "parts", *FAST, "runconfig.max_steps=20", "runconfig.checkpoint_steps=10"
+  )
   assert resumed["final_step"] == 20 and "Resuming from the checkpoint at step 10." in capsys.readouterr().out
   for x, y in zip(_leaves(straight["params"]), _leaves(resumed["params"])):
     np.testing.assert_array_equal(x, y)
@@ -138,11 +176,17 @@ def test_resume_eval_all_and_two_systems_on_real_data(tmp_path, capsys):
   assert two["final_step"] == 3 and len(_losses(tmp_path / "two")) == 3
   from wafer.executor import ExecutorError
 
-  with pytest.raises(ExecutorError, match=r"Cannot resume from the checkpoint of step 20: .*batch_size.*use a new "
-                                          r"model_dir"):
+  with pytest.raises(
+    ExecutorError,
+    match=r"Cannot resume from the checkpoint of step 20: .*batch_size.*use a new "
+    r"model_dir",
+  ):
     _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.max_steps=30", "train_input.batch_size=16")
-  with pytest.raises(ExecutorError, match=r"checkpoint of step 20 .* does not fit this model: params/last_layer/"
-                                          r"kernel: checkpoint \(50, 10\), model \(40, 10\)"):
+  with pytest.raises(
+    ExecutorError,
+    match=r"checkpoint of step 20 .* does not fit this model: params/last_layer/"
+    r"kernel: checkpoint \(50, 10\), model \(40, 10\)",
+  ):
     _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.mode=eval", "model.hidden_size=40")
   _run(FC_MNIST, tmp_path / "empty", *FAST, "runconfig.mode=eval")
   assert "Warning: no checkpoint in" in capsys.readouterr().out
@@ -157,14 +201,24 @@ def _leaves(tree) -> list:
 def test_data_errors_name_the_section(tmp_path):
   from wafer.data import DataError
 
-  with pytest.raises(DataError, match=r"train_input \(BertCSVDynamicMaskDataProcessor, data_dir='.*nowhere'\).*not found"):
+  with pytest.raises(
+    DataError, match=r"train_input \(BertCSVDynamicMaskDataProcessor, data_dir='.*nowhere'\).*not found"
+  ):
     _run(DEFAULT_JOB, tmp_path, f"train_input.data_dir={tmp_path / 'nowhere'}", "runconfig.max_steps=1")
-  with pytest.raises(DataError, match=r"train_input.data_processor: 'MNISTDataProcessor' does not feed the bert "
-                                      r"model; allowed: BertCSVDynamicMaskDataProcessor"):
+  with pytest.raises(
+    DataError,
+    match=r"train_input.data_processor: 'MNISTDataProcessor' does not feed the bert "
+    r"model; allowed: BertCSVDynamicMaskDataProcessor",
+  ):
     _run(DEFAULT_JOB, tmp_path, "train_input.data_processor=MNISTDataProcessor", "runconfig.max_steps=1")
-  with pytest.raises(DataError, match=r"token id \d+ is outside model.vocab_size=100; set model.vocab_size to at "
-                                      r"least"):
-    _run(DEFAULT_JOB, tmp_path, "model.vocab_size=100", "train_input.vocab_size=8192", "runconfig.max_steps=1")
+  with pytest.raises(
+    DataError,
+    match=r"token id \d+ is outside model.vocab_size=100; set model.vocab_size to at "
+    r"least",
+  ):
+    _run(
+      DEFAULT_JOB, tmp_path, "model.vocab_size=100", "train_input.vocab_size=8192", "runconfig.max_steps=1"
+    )
   with pytest.raises(DataError, match=r"split='bogus'; allowed: train, or val, eval, test, validation"):
     _run(FC_MNIST, tmp_path, "train_input.split=bogus", "runconfig.max_steps=1")
 
@@ -172,8 +226,22 @@ def test_data_errors_name_the_section(tmp_path):
 def test_analyze_input_recommends_workers(tmp_path, capsys):
   from wafer import cli
 
-  rc = cli.main(["analyze-input", "--params", str(FC_MNIST), "--workers", "1", "2", "--seconds", "0.3",
-                 "--consumer", "measured", "--model_dir", str(tmp_path)])
+  rc = cli.main(
+    [
+      "analyze-input",
+      "--params",
+      str(FC_MNIST),
+      "--workers",
+      "1",
+      "2",
+      "--seconds",
+      "0.3",
+      "--consumer",
+      "measured",
+      "--model_dir",
+      str(tmp_path),
+    ]
+  )
   out = capsys.readouterr().out
   assert rc == 0, out
   report = json.loads((tmp_path / "input_analysis.json").read_text())
@@ -183,7 +251,9 @@ def test_analyze_input_recommends_workers(tmp_path, capsys):
 
   rates = [WorkerRate(**r) for r in report["rates"]]
   assert report["recommendation"] == recommend_workers(rates, report["consumption_samples_per_s"])
-  assert f"Recommendation: runconfig.num_workers_per_csx: {report['recommendation']['num_workers_per_csx']}" in out
+  assert (
+    f"Recommendation: runconfig.num_workers_per_csx: {report['recommendation']['num_workers_per_csx']}" in out
+  )
   assert "measured step rate" in out
 
 
@@ -205,10 +275,15 @@ def test_mnist_idx_files_in_data_dir(tmp_path):
     _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
   cfg = InputConfig(data_processor="MNISTDataProcessor", data_dir=str(tmp_path), batch_size=8)
   batch = next(processors.train_source(cfg, seed=0))
-  assert batch["images"].shape == (8, 784) and batch["images"].max() <= 1.0 and batch["labels"].dtype == np.int32
+  assert (
+    batch["images"].shape == (8, 784) and batch["images"].max() <= 1.0 and batch["labels"].dtype == np.int32
+  )
   assert len(processors.eval_source(cfg, seed=0)) == 12
-  with pytest.raises(DataError, match=r"no train-images-idx3-ubyte\[.gz\] in .*remove data_dir to use "
-                                      r"scikit-learn's bundled digits"):
+  with pytest.raises(
+    DataError,
+    match=r"no train-images-idx3-ubyte\[.gz\] in .*remove data_dir to use "
+    r"scikit-learn's bundled digits",
+  ):
     processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / "empty")}), seed=0)
   (tmp_path / "bad").mkdir()
   (tmp_path / "bad" / "train-images-idx3-ubyte").write_bytes(b"\x01\x02\x03\x04")

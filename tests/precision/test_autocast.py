@@ -65,7 +65,9 @@ def test_matmul_error_bound_against_float64_at_levels_0_and_1():
   b0 = ((2 * u + u * u) + (1 + u) ** 2 * (g32 + u * (1 + g32))) * a
   chunks = k // block
   g32b = _gamma(block - 1, u32)
-  b1 = ((2 * u + u * u) + (1 + u) ** 2 * (g32b + u * (1 + g32b) + _gamma(chunks - 1, u) * (1 + u) * (1 + g32b))) * a
+  b1 = (
+    (2 * u + u * u) + (1 + u) ** 2 * (g32b + u * (1 + g32b) + _gamma(chunks - 1, u) * (1 + u) * (1 + g32b))
+  ) * a
   assert np.all(np.abs(y0 - exact) <= b0)
   assert np.all(np.abs(y1 - exact) <= b1)
   # Rounding happened: every result is a cbfloat16 value, most differ from float32's, and the
@@ -143,7 +145,7 @@ def test_attention_softmax_float32_at_level_1_and_16_bit_at_level_2(level):
 
 def test_rule_overrides_change_the_numerics():
   x = _normal(11, (64,), 3.0)
-  f = lambda v: jnp.exp(v) * v  # noqa: E731
+  f = lambda v: jnp.exp(v) * v
   default = precision.autocast(f, _level(1))(x)
   _same(default, r(jnp.exp(x) * x))  # exp kept in float32, the product rounded
   rounded = precision.autocast(f, _level(1, rules={"transcendental": "round"}))(x)
@@ -183,7 +185,7 @@ def test_scan_rnn():
   args = (_normal(13, (3, 8)), _normal(14, (5, 3, 4)), _normal(15, (8, 8), 0.4), _normal(16, (4, 8), 0.4))
   auto = precision.autocast(rnn, _level(0))
   _same(auto(*args), by_hand(*args))
-  loss = lambda f: lambda *a: jnp.sum(f(*a)[0] ** 2)  # noqa: E731
+  loss = lambda f: lambda *a: jnp.sum(f(*a)[0] ** 2)
   _same(jax.grad(loss(auto), argnums=(0, 2))(*args), jax.grad(loss(by_hand), argnums=(0, 2))(*args))
 
 
@@ -215,8 +217,8 @@ def test_custom_vjp_keeps_its_rule_and_autocasts_it():
   by_hand_half_square.defvjp(lambda x: (r(r(x * x) * 0.5), x), lambda x, g: (r(r(g * x) * 3.0),))
 
   w = _normal(19, (16,))
-  f = lambda x: jnp.sum(half_square(x) * w)  # noqa: E731
-  hand = lambda x: jnp.sum(r(by_hand_half_square(x) * w))  # noqa: E731
+  f = lambda x: jnp.sum(half_square(x) * w)
+  hand = lambda x: jnp.sum(r(by_hand_half_square(x) * w))
   x = _normal(20, (16,))
   auto = precision.autocast(f, _level(0))
   _same(auto(x), hand(x))
@@ -245,7 +247,7 @@ def test_custom_jvp_and_checkpoint():
 
 
 def test_forward_mode_and_second_derivatives():
-  f = lambda v: jnp.sum(jnp.tanh(v) ** 3)  # noqa: E731
+  f = lambda v: jnp.sum(jnp.tanh(v) ** 3)
   auto = precision.autocast(f, _level(0))
   x = _normal(23, (8,))
   primal, tangent = jax.jvp(auto, (x,), (jnp.ones_like(x),))
@@ -276,7 +278,9 @@ def test_pytrees_kwargs_static_arguments_and_output_format():
     return {"y": getattr(jnp, activation)(x @ params["w"]) * scale, "n": jnp.int32(3)}
 
   params, x = {"w": _normal(28, (4, 4))}, _normal(29, (2, 4))
-  auto = precision.autocast(f, precision.Policy(compute="cb16", output="bf16", level=0), static_argnames="activation")
+  auto = precision.autocast(
+    f, precision.Policy(compute="cb16", output="bf16", level=0), static_argnames="activation"
+  )
   out = auto(params, x, scale=jnp.float32(3.0), activation="tanh")
   _same(out["y"], precision.round(r(r(jnp.tanh(r(r(x) @ r(params["w"])))) * 3.0), "bf16"))
   assert out["n"].dtype == jnp.int32 and auto.policy.output is precision.bfloat16
@@ -286,7 +290,9 @@ def test_pytrees_kwargs_static_arguments_and_output_format():
 
 def test_float32_compute_and_non_float32_values_are_untouched():
   x = _normal(30, (8, 8))
-  _same(precision.autocast(_attention, "c=f32")(x[None], x[None], x[None]), _attention(x[None], x[None], x[None]))
+  _same(
+    precision.autocast(_attention, "c=f32")(x[None], x[None], x[None]), _attention(x[None], x[None], x[None])
+  )
   xb = x.astype(jnp.bfloat16)
   got = precision.autocast(lambda v: jnp.tanh(v @ v) * 3, "c=cb16")(xb)
   assert got.dtype == jnp.bfloat16
@@ -312,9 +318,9 @@ def test_unknown_primitives_pass_through_and_are_reported():
   mystery.def_impl(lambda x: x * 3.0)
   mystery.def_abstract_eval(lambda x: x)
   jax.interpreters.mlir.register_lowering(
-      mystery, jax.interpreters.mlir.lower_fun(lambda x: x * 3.0, multiple_results=False)
+    mystery, jax.interpreters.mlir.lower_fun(lambda x: x * 3.0, multiple_results=False)
   )
-  f = lambda x: jnp.tanh(mystery.bind(x))  # noqa: E731
+  f = lambda x: jnp.tanh(mystery.bind(x))
   x = _normal(33, (8,))
   _same(precision.autocast(f, _level(0))(x), r(jnp.tanh(x * 3.0)))  # mystery ran unrounded
   report = precision.cast_report(f, _level(0), x)
@@ -337,15 +343,20 @@ def test_cast_report_counts():
   assert report.by_class["matmul"].rounded == dot.rounded
   assert report.unknown_primitives == {}
   as_dict = report.to_dict()
-  assert as_dict["by_primitive"]["tanh"] == {"equations": 1, "rounded": 256, "kept_float32": 0, "untouched": 0}
+  assert as_dict["by_primitive"]["tanh"] == {
+    "equations": 1,
+    "rounded": 256,
+    "kept_float32": 0,
+    "untouched": 0,
+  }
   assert as_dict["total"]["rounded"] == report.total.rounded
   text = str(report)
   assert "values rounded" in text and "dot_general" in text and "matmul" in text
 
 
 def test_cast_report_scales_scan_bodies_by_their_length():
-  step = lambda h, x: (jnp.tanh(h + x), h)  # noqa: E731
-  f = lambda h, xs: jax.lax.scan(step, h, xs)[0]  # noqa: E731
+  step = lambda h, x: (jnp.tanh(h + x), h)
+  f = lambda h, xs: jax.lax.scan(step, h, xs)[0]
   report = precision.cast_report(f, _level(0), jnp.zeros(4), jnp.zeros((7, 4)))
   assert report.by_primitive["tanh"].equations == 7
   assert report.by_primitive["tanh"].rounded == 7 * 4

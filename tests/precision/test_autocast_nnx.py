@@ -11,7 +11,12 @@ from models.encoder import Encoder, EncoderConfig, token_loss
 from tests.tolerances import AUTOCAST_TRANSFORMER
 
 CONFIG = EncoderConfig(
-    vocab_size=128, max_position_embeddings=32, hidden_size=64, num_hidden_layers=2, num_heads=4, filter_size=128
+  vocab_size=128,
+  max_position_embeddings=32,
+  hidden_size=64,
+  num_hidden_layers=2,
+  num_heads=4,
+  filter_size=128,
 )
 
 
@@ -32,7 +37,11 @@ def _flat(tree):
   return jnp.concatenate([x.ravel() for x in jax.tree.leaves(tree)])
 
 
-CASES = [(fmt, transform, 1) for fmt in sorted(AUTOCAST_TRANSFORMER) for transform in ("grad(autocast)", "autocast(grad)")]
+CASES = [
+  (fmt, transform, 1)
+  for fmt in sorted(AUTOCAST_TRANSFORMER)
+  for transform in ("grad(autocast)", "autocast(grad)")
+]
 CASES += [("cbfloat16", "grad(autocast)", 0), ("cbfloat16", "grad(autocast)", 2)]
 
 

@@ -12,7 +12,9 @@ import precision
 from precision.formats import FormatError
 from precision.testing import gfloat_format_info, reference_dtype
 
-ML_DTYPES = {f.name: reference_dtype(f) for f in precision.formats.PREDEFINED if reference_dtype(f) is not None}
+ML_DTYPES = {
+  f.name: reference_dtype(f) for f in precision.formats.PREDEFINED if reference_dtype(f) is not None
+}
 
 
 @pytest.mark.parametrize("name", sorted(ML_DTYPES))
@@ -40,7 +42,10 @@ def test_cbfloat16_derived_values():
   assert cb.has_inf and cb.subnormals and cb.overflow == "inf"
   fi = gfloat_format_info(cb)
   assert (fi.max, fi.smallest_normal, fi.smallest_subnormal, fi.eps) == (
-      cb.max, cb.min_normal, cb.min_subnormal, cb.eps,
+    cb.max,
+    cb.min_normal,
+    cb.min_subnormal,
+    cb.eps,
   )
 
 
@@ -56,10 +61,19 @@ def test_cbfloat16_docstring_says_what_is_documented_and_inferred():
 
 
 @pytest.mark.parametrize(
-    "alias, name",
-    [("cb16", "cbfloat16"), ("CBF16", "cbfloat16"), ("bf16", "bfloat16"), ("fp16", "float16"),
-     ("half", "float16"), ("f32", "float32"), ("fp32", "float32"), ("e4m3fn", "float8_e4m3fn"),
-     ("e5m2", "float8_e5m2"), (" cbfloat16 ", "cbfloat16")],
+  "alias, name",
+  [
+    ("cb16", "cbfloat16"),
+    ("CBF16", "cbfloat16"),
+    ("bf16", "bfloat16"),
+    ("fp16", "float16"),
+    ("half", "float16"),
+    ("f32", "float32"),
+    ("fp32", "float32"),
+    ("e4m3fn", "float8_e4m3fn"),
+    ("e5m2", "float8_e5m2"),
+    (" cbfloat16 ", "cbfloat16"),
+  ],
 )
 def test_get_format_aliases(alias, name):
   assert precision.get_format(alias).name == name
@@ -84,22 +98,22 @@ def test_unknown_format_lists_known_names_and_suggests():
 
 
 @pytest.mark.parametrize(
-    "kwargs, fragment",
-    [
-        (dict(exponent_bits=9, mantissa_bits=7), "exponent_bits=9"),
-        (dict(exponent_bits=1, mantissa_bits=7), "exponent_bits=1"),
-        (dict(exponent_bits=5, mantissa_bits=0), "mantissa_bits=0"),
-        (dict(exponent_bits=5, mantissa_bits=24), "mantissa_bits=24"),
-        (dict(exponent_bits=5, mantissa_bits=2, specials="none"), "specials='none'"),
-        (dict(exponent_bits=5, mantissa_bits=2, overflow="wrap"), "overflow='wrap'"),
-        (dict(exponent_bits=8, mantissa_bits=7, bias=100), "exceeds float32"),
-        (dict(exponent_bits=8, mantissa_bits=7, bias=130), "below float32's 2^-126"),
-        (dict(exponent_bits=8, mantissa_bits=7, bias=130, subnormals=False), "below float32's 2^-126"),
-        (dict(exponent_bits=7, mantissa_bits=23, bias=63), "float32 itself"),
-        (dict(exponent_bits=5, mantissa_bits=2, subnormals="no"), "subnormals='no'"),
-        (dict(exponent_bits=True, mantissa_bits=2), "exponent_bits=True"),
-        (dict(exponent_bits=5, mantissa_bits=2.5), "mantissa_bits=2.5"),
-    ],
+  "kwargs, fragment",
+  [
+    (dict(exponent_bits=9, mantissa_bits=7), "exponent_bits=9"),
+    (dict(exponent_bits=1, mantissa_bits=7), "exponent_bits=1"),
+    (dict(exponent_bits=5, mantissa_bits=0), "mantissa_bits=0"),
+    (dict(exponent_bits=5, mantissa_bits=24), "mantissa_bits=24"),
+    (dict(exponent_bits=5, mantissa_bits=2, specials="none"), "specials='none'"),
+    (dict(exponent_bits=5, mantissa_bits=2, overflow="wrap"), "overflow='wrap'"),
+    (dict(exponent_bits=8, mantissa_bits=7, bias=100), "exceeds float32"),
+    (dict(exponent_bits=8, mantissa_bits=7, bias=130), "below float32's 2^-126"),
+    (dict(exponent_bits=8, mantissa_bits=7, bias=130, subnormals=False), "below float32's 2^-126"),
+    (dict(exponent_bits=7, mantissa_bits=23, bias=63), "float32 itself"),
+    (dict(exponent_bits=5, mantissa_bits=2, subnormals="no"), "subnormals='no'"),
+    (dict(exponent_bits=True, mantissa_bits=2), "exponent_bits=True"),
+    (dict(exponent_bits=5, mantissa_bits=2.5), "mantissa_bits=2.5"),
+  ],
 )
 def test_invalid_formats_say_what_is_allowed(kwargs, fragment):
   with pytest.raises(FormatError, match=re.escape(fragment)):

@@ -43,7 +43,12 @@ def test_injected_overflows_give_the_hand_computed_scales():
   final, scales, skipped = run_sequence(ls, flags)
   assert scales == expected
   assert skipped == [0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 3]
-  assert set(final.state_dict()) == {"loss_scale", "steps_since_rescale", "overflows_since_rescale", "num_skipped_steps"}
+  assert set(final.state_dict()) == {
+    "loss_scale",
+    "steps_since_rescale",
+    "overflows_since_rescale",
+    "num_skipped_steps",
+  }
 
 
 def test_doubles_on_the_2001st_clean_step_and_clamps():
@@ -65,14 +70,14 @@ def test_overflow_tolerance():
 
 
 @pytest.mark.parametrize(
-    "kwargs, fragment",
-    [
-        (dict(min_loss_scale=2.0**-15), "too small"),
-        (dict(overflow_tolerance=-1.0), "overflow_tolerance"),
-        (dict(steps_per_increase=0), "steps_per_increase"),
-        (dict(min_loss_scale=4.0, max_loss_scale=2.0), "exceeds max_loss_scale"),
-        (dict(half_dtype="fp17"), "unknown float format"),
-    ],
+  "kwargs, fragment",
+  [
+    (dict(min_loss_scale=2.0**-15), "too small"),
+    (dict(overflow_tolerance=-1.0), "overflow_tolerance"),
+    (dict(steps_per_increase=0), "steps_per_increase"),
+    (dict(min_loss_scale=4.0, max_loss_scale=2.0), "exceeds max_loss_scale"),
+    (dict(half_dtype="fp17"), "unknown float format"),
+  ],
 )
 def test_bad_settings_are_explained(kwargs, fragment):
   with pytest.raises(ValueError, match=fragment):
@@ -122,7 +127,7 @@ def _train(loss_scale, steps=60, skip_nonfinite=True):
   y = x @ jnp.asarray([1.0, -2.0, 3.0, 0.5]) + 40.0
   params = {"w": jnp.zeros(4), "b": jnp.zeros(())}
   opt = optax.sgd(0.05)
-  loss_fn = lambda p: jnp.mean((x @ p["w"] + p["b"] - y) ** 2)  # noqa: E731
+  loss_fn = lambda p: jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
   half_loss = precision.autocast(loss_fn, precision.Policy(compute="float16"))
 
   @jax.jit
@@ -131,7 +136,7 @@ def _train(loss_scale, steps=60, skip_nonfinite=True):
     finite = precision.all_finite(grads) if skip_nonfinite else jnp.asarray(True)
     updates, new_opt_state = opt.update(grads, opt_state, params)
     params, opt_state = precision.select_tree(
-        finite, (optax.apply_updates(params, updates), new_opt_state), (params, opt_state)
+      finite, (optax.apply_updates(params, updates), new_opt_state), (params, opt_state)
     )
     return params, opt_state, ls.adjust(finite), loss_fn(params)
 

@@ -11,7 +11,12 @@ from precision.policy import LEVEL_RULES, PolicyError
 
 def test_defaults_and_format_resolution():
   p = precision.Policy()
-  assert (p.param, p.compute, p.output, p.level) == (precision.float32, precision.cbfloat16, precision.float32, 1)
+  assert (p.param, p.compute, p.output, p.level) == (
+    precision.float32,
+    precision.cbfloat16,
+    precision.float32,
+    1,
+  )
   q = precision.Policy(param=precision.float32, compute="bf16", output="f32", level=0)
   assert q.compute is precision.bfloat16
   assert hash(q) == hash(precision.Policy(compute="bfloat16", level=0))  # usable as a jit static
@@ -39,15 +44,15 @@ def test_rule_overrides():
 
 
 @pytest.mark.parametrize(
-    "kwargs, fragment",
-    [
-        ({"level": 3}, "must be 0, 1 or 2"),
-        ({"level": True}, "must be 0, 1 or 2"),
-        ({"rules": {"softmax": "round"}}, "unknown op class 'softmax'. Did you mean 'attention_softmax'?"),
-        ({"rules": {"matmul": "round"}}, "allowed for matmul: float32_accumulate, mixed_accumulate, float32"),
-        ({"rules": {"reduction": "bf16"}}, "allowed for reduction: round, float32"),
-        ({"accumulation_block": 0}, "accumulation_block=0; allowed: an int >= 1"),
-    ],
+  "kwargs, fragment",
+  [
+    ({"level": 3}, "must be 0, 1 or 2"),
+    ({"level": True}, "must be 0, 1 or 2"),
+    ({"rules": {"softmax": "round"}}, "unknown op class 'softmax'. Did you mean 'attention_softmax'?"),
+    ({"rules": {"matmul": "round"}}, "allowed for matmul: float32_accumulate, mixed_accumulate, float32"),
+    ({"rules": {"reduction": "bf16"}}, "allowed for reduction: round, float32"),
+    ({"accumulation_block": 0}, "accumulation_block=0; allowed: an int >= 1"),
+  ],
 )
 def test_bad_settings_say_what_is_allowed(kwargs, fragment):
   with pytest.raises(PolicyError, match=None) as info:
@@ -64,7 +69,7 @@ def test_parse():
   p = precision.Policy.parse("p=f32,c=cb16,o=f32")
   assert p == precision.Policy(compute="cbfloat16")
   assert precision.Policy.parse("params=float32, compute=bf16, output=bf16, level=2") == precision.Policy(
-      compute="bfloat16", output="bfloat16", level=2
+    compute="bfloat16", output="bfloat16", level=2
   )
   assert precision.Policy.parse(str(p)) == p  # str round-trips
   with pytest.raises(PolicyError, match="unknown key 'compte'. Did you mean 'compute'"):
@@ -83,13 +88,16 @@ def test_from_config_modelzoo_keys():
   assert p.compute is precision.bfloat16 and p.level == 1 and p.rule("attention_softmax") == "float32"
   # Modelzoo forces attention_softmax_fp32 off at level 1 with cbfloat16, and at level 2.
   assert precision.Policy.from_config(fp16_type="cbfloat16").rule("attention_softmax") == "round"
-  assert precision.Policy.from_config(fp16_type="float16", precision_opt_level=2).rule("attention_softmax") == "round"
-  assert precision.Policy.from_config(fp16_type="cbfloat16", precision_opt_level=0).rule("attention_softmax") == (
-      "float32"
+  assert (
+    precision.Policy.from_config(fp16_type="float16", precision_opt_level=2).rule("attention_softmax")
+    == "round"
   )
-  assert precision.Policy.from_config(fp16_type="float16", attention_softmax_fp32=False).rule("attention_softmax") == (
-      "round"
-  )
+  assert precision.Policy.from_config(fp16_type="cbfloat16", precision_opt_level=0).rule(
+    "attention_softmax"
+  ) == ("float32")
+  assert precision.Policy.from_config(fp16_type="float16", attention_softmax_fp32=False).rule(
+    "attention_softmax"
+  ) == ("round")
   assert precision.Policy.from_config(use_bfloat16=True).compute is precision.bfloat16
   assert not precision.Policy.from_config(mixed_precision=False).is_mixed
   with pytest.raises(PolicyError, match=r"must be an integer in range \[0, 3\)"):

@@ -74,7 +74,7 @@ def test_stochastic_rounding_is_unbiased(fmt, x, seed):
   step = float(f.ulp(np.float32(lo)))
   p = abs(float(x32) - lo) / step
   draws = np.asarray(
-      precision.round(jnp.full((n,), x32), f, "stochastic", key=jax.random.key(seed)), np.float64
+    precision.round(jnp.full((n,), x32), f, "stochastic", key=jax.random.key(seed)), np.float64
   )
   assert set(np.unique(draws).tolist()) <= {lo, lo + np.copysign(step, float(x32))}
   assert abs(draws.mean() - float(x32)) <= sr_mean_bound(step, p, n)
@@ -84,6 +84,6 @@ def test_stochastic_rounding_probability_is_exact_given_the_bits():
   # With all 2^16 values of the top 16 random bits (low 16 bits zero), a value whose discarded
   # fraction is k / 2^14 (cbfloat16 keeps 9 of 23 fraction bits) rounds up exactly k*4 times.
   x = np.float32(1.0 + 5 * 2.0**-23)  # k = 5 (in units of 2^-14 of a step)
-  rbits = (np.arange(2**16, dtype=np.uint32) << 16)
+  rbits = np.arange(2**16, dtype=np.uint32) << 16
   r = np.asarray(precision.round(np.full(2**16, x), "cb16", "stochastic", rbits=jnp.asarray(rbits)))
   assert (r > 1.0).sum() == 5 * 4

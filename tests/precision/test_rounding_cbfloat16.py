@@ -32,7 +32,7 @@ def gfloat_round(x, fmt, mode, rbits=None):
   with np.errstate(all="ignore"):
     if mode == "stochastic":
       out = gfloat.round_ndarray(
-          gfloat_info(fmt), x, gfloat.RoundMode.Stochastic, sat=sat, srbits=rbits.astype(np.int64), srnumbits=32
+        gfloat_info(fmt), x, gfloat.RoundMode.Stochastic, sat=sat, srbits=rbits.astype(np.int64), srnumbits=32
       )
     else:
       out = gfloat.round_ndarray(gfloat_info(fmt), x, GFLOAT_MODES[mode], sat=sat)
@@ -41,7 +41,7 @@ def gfloat_round(x, fmt, mode, rbits=None):
 
 def oracle_round(x, fmt, mode):
   return oracle.oracle_round(
-      x, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.subnormals, fmt.specials, fmt.overflow, mode
+    x, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.subnormals, fmt.specials, fmt.overflow, mode
   )
 
 
@@ -72,7 +72,13 @@ def test_round_matches_gfloat_and_oracle(kind, mode):
     V.assert_same_floats(got, expected, f"cbfloat16 {mode} on {kind}")
 
 
-SR_FORMATS = [CB16, precision.bfloat16, precision.float16, CB16.replace(overflow="saturate"), CB16.replace(bias=30)]
+SR_FORMATS = [
+  CB16,
+  precision.bfloat16,
+  precision.float16,
+  CB16.replace(overflow="saturate"),
+  CB16.replace(bias=30),
+]
 
 
 @pytest.mark.parametrize("fmt", SR_FORMATS, ids=lambda f: f.name)
@@ -116,10 +122,10 @@ def test_encode_matches_oracle_and_gfloat(kind):
 
 
 VARIANTS = {
-    "saturate": CB16.replace(overflow="saturate"),
-    "bias30": CB16.replace(bias=30),
-    "no_subnormals": CB16.replace(subnormals=False),
-    "finite_only": CB16.replace(specials="finite_only"),
+  "saturate": CB16.replace(overflow="saturate"),
+  "bias30": CB16.replace(bias=30),
+  "no_subnormals": CB16.replace(subnormals=False),
+  "finite_only": CB16.replace(specials="finite_only"),
 }
 
 
@@ -134,8 +140,8 @@ def test_inferred_parts_are_configurable(variant, mode):
   for got in V.round_both_ways(x, fmt, mode):
     V.assert_same_floats(got, expected, f"{fmt.name} {mode}")
   np.testing.assert_array_equal(
-      np.asarray(precision.encode(x, fmt)),
-      oracle.oracle_encode(x, 6, 9, fmt.bias, fmt.subnormals, fmt.specials, fmt.overflow),
+    np.asarray(precision.encode(x, fmt)),
+    oracle.oracle_encode(x, 6, 9, fmt.bias, fmt.subnormals, fmt.specials, fmt.overflow),
   )
   # The variant changes results somewhere (it is not silently the default format).
   assert (V.bits_of(np.asarray(precision.round(x, CB16, mode))) != V.bits_of(got)).any()
@@ -144,22 +150,24 @@ def test_inferred_parts_are_configurable(variant, mode):
 def test_no_subnormals_matches_xla_reduce_precision():
   # XLA's ReducePrecision rounds at normal precision and flushes results below min_normal.
   fmt = VARIANTS["no_subnormals"]
-  x = np.concatenate([V.exhaustive_candidates(fmt), value_set("random_in_range"), value_set("random_patterns")])
+  x = np.concatenate(
+    [V.exhaustive_candidates(fmt), value_set("random_in_range"), value_set("random_patterns")]
+  )
   expected = np.asarray(jax.jit(lambda v: jax.lax.reduce_precision(v, 6, 9))(x))
   V.assert_same_floats(precision.round(x, fmt), expected, "round vs lax.reduce_precision(6, 9)")
 
 
 CUSTOM = [
-    precision.FloatFormat("e3m4", 3, 4),
-    precision.FloatFormat("e4m3_ieee", 4, 3),
-    precision.FloatFormat("e5m7", 5, 7),
-    precision.FloatFormat("e8m3", 8, 3),  # subnormal quantum 2^-129 is itself a float32 subnormal
-    precision.FloatFormat("e7m12_sat", 7, 12, overflow="saturate"),
-    precision.FloatFormat("e8m10_nosub", 8, 10, subnormals=False),
-    precision.FloatFormat("e2m1_fn", 2, 1, specials="finite_only"),
-    precision.FloatFormat("e7m10_q126", 7, 10, bias=117),  # bias + m == 127: q is float32's 2^-126
-    precision.FloatFormat("e8m22", 8, 22),  # q = 2^-148
-    precision.FloatFormat("e5m6_bias2", 5, 6, bias=2),  # large values, q = 2^-7
+  precision.FloatFormat("e3m4", 3, 4),
+  precision.FloatFormat("e4m3_ieee", 4, 3),
+  precision.FloatFormat("e5m7", 5, 7),
+  precision.FloatFormat("e8m3", 8, 3),  # subnormal quantum 2^-129 is itself a float32 subnormal
+  precision.FloatFormat("e7m12_sat", 7, 12, overflow="saturate"),
+  precision.FloatFormat("e8m10_nosub", 8, 10, subnormals=False),
+  precision.FloatFormat("e2m1_fn", 2, 1, specials="finite_only"),
+  precision.FloatFormat("e7m10_q126", 7, 10, bias=117),  # bias + m == 127: q is float32's 2^-126
+  precision.FloatFormat("e8m22", 8, 22),  # q = 2^-148
+  precision.FloatFormat("e5m6_bias2", 5, 6, bias=2),  # large values, q = 2^-7
 ]
 
 
@@ -174,13 +182,13 @@ def test_every_format_matches_the_oracle(fmt, mode):
     V.assert_same_floats(got, expected, f"{fmt.name} {mode}")
   if mode == "nearest_even":
     oracle_codes = oracle.oracle_encode(
-        x, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.subnormals, fmt.specials, fmt.overflow
+      x, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.subnormals, fmt.specials, fmt.overflow
     )
     np.testing.assert_array_equal(np.asarray(precision.encode(x, fmt)), oracle_codes)
     if fmt.bits <= 16:
       codes = V.all_codes(fmt)
       expected_values = oracle.oracle_decode(
-          codes, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.subnormals, fmt.specials
+        codes, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.subnormals, fmt.specials
       )
       V.assert_same_floats(precision.decode(codes, fmt), expected_values, f"decode {fmt.name}")
 
@@ -194,8 +202,14 @@ def test_float64_inputs_are_rounded_once(fmt):
   nudged = np.concatenate([x32 * (1 + 2.0**-40), x32 * (1 - 2.0**-40), x32 + 2.0**-1070])
   wide = np.concatenate([nudged, rng.standard_normal(2**16) * 2.0 ** rng.uniform(-45, 40, 2**16)])
   expected = oracle._round_f64(
-      wide, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.subnormals, fmt.specials, fmt.overflow,
-      "nearest_even",
+    wide,
+    fmt.exponent_bits,
+    fmt.mantissa_bits,
+    fmt.bias,
+    fmt.subnormals,
+    fmt.specials,
+    fmt.overflow,
+    "nearest_even",
   ).astype(np.float32)
   V.assert_same_floats(precision.round(wide, fmt), expected, f"{fmt.name} from float64")
   naive = np.asarray(precision.round(wide.astype(np.float32), fmt))

@@ -82,7 +82,9 @@ def test_special_values(name):
   x = V.special_values(fmt)
   check_round_and_encode(x, name)
   # Spelled out, independent of the reference:
-  r = np.asarray(precision.round(np.array([0.0, -0.0, fmt.max, -fmt.max, fmt.min_subnormal / 2], np.float32), fmt))
+  r = np.asarray(
+    precision.round(np.array([0.0, -0.0, fmt.max, -fmt.max, fmt.min_subnormal / 2], np.float32), fmt)
+  )
   assert list(V.bits_of(r[:2])) == [0, 0x8000_0000]
   assert r[2] == fmt.max and r[3] == -fmt.max and r[4] == 0.0
   above = np.nextafter(np.float32(V.overflow_threshold(fmt)), np.float32(0))

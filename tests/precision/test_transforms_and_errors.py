@@ -38,7 +38,9 @@ def test_cast_gradient_matches_jax_dtype_cast():
 def test_higher_order_gradients_keep_cast_semantics(fmt):
   # d2/dx2 round(x)^2 with cast semantics = 2, as for a JAX dtype cast.
   for grad in ("cast", "straight_through"):
-    second = jax.grad(jax.grad(lambda v: precision.round(v, fmt, grad=grad) ** 2))(jnp.float32(1.3))
+    second = jax.grad(jax.grad(lambda v, grad=grad: precision.round(v, fmt, grad=grad) ** 2))(
+      jnp.float32(1.3)
+    )
     assert float(second) == 2.0
   cast = jax.grad(jax.grad(lambda v: v.astype(jnp.bfloat16).astype(jnp.float32) ** 2))(jnp.float32(1.3))
   assert float(cast) == 2.0
@@ -160,29 +162,29 @@ def test_inputs_and_outputs():
 
 
 @pytest.mark.parametrize(
-    "call, error, fragment",
-    [
-        (lambda: precision.round(jnp.ones(2), "cb17"), FormatError, "Did you mean 'cb16'"),
-        (lambda: precision.round(jnp.ones(2), "cb16", "nearest"), ValueError, "'nearest_even'"),
-        (lambda: precision.round(jnp.ones(2), "cb16", grad="ste"), ValueError, "'straight_through'"),
-        (lambda: precision.round(jnp.ones(2), "cb16", "stochastic"), ValueError, "needs exactly one of key"),
-        (lambda: precision.round(jnp.ones(2), "cb16", key=jax.random.key(0)), ValueError, "deterministic"),
-        (
-            lambda: precision.round(jnp.ones(2), "cb16", "stochastic", key=jax.random.split(jax.random.key(0))),
-            ValueError,
-            "one PRNG key",
-        ),
-        (
-            lambda: precision.round(jnp.ones(2), "cb16", "stochastic", rbits=jnp.zeros(3, jnp.uint32)),
-            ValueError,
-            "rbits must be uint32 of shape",
-        ),
-        (lambda: precision.round(jnp.arange(3), "cb16"), TypeError, "floating-point"),
-        (lambda: precision.round(np.arange(3), "cb16"), TypeError, "floating-point"),
-        (lambda: precision.round([True, False], "cb16"), TypeError, "floating-point"),
-        (lambda: precision.round(jnp.ones(2), None), FormatError, "no float format given"),
-        (lambda: precision.decode(np.ones(2, np.float32), "cb16"), TypeError, "integer bit patterns"),
-    ],
+  "call, error, fragment",
+  [
+    (lambda: precision.round(jnp.ones(2), "cb17"), FormatError, "Did you mean 'cb16'"),
+    (lambda: precision.round(jnp.ones(2), "cb16", "nearest"), ValueError, "'nearest_even'"),
+    (lambda: precision.round(jnp.ones(2), "cb16", grad="ste"), ValueError, "'straight_through'"),
+    (lambda: precision.round(jnp.ones(2), "cb16", "stochastic"), ValueError, "needs exactly one of key"),
+    (lambda: precision.round(jnp.ones(2), "cb16", key=jax.random.key(0)), ValueError, "deterministic"),
+    (
+      lambda: precision.round(jnp.ones(2), "cb16", "stochastic", key=jax.random.split(jax.random.key(0))),
+      ValueError,
+      "one PRNG key",
+    ),
+    (
+      lambda: precision.round(jnp.ones(2), "cb16", "stochastic", rbits=jnp.zeros(3, jnp.uint32)),
+      ValueError,
+      "rbits must be uint32 of shape",
+    ),
+    (lambda: precision.round(jnp.arange(3), "cb16"), TypeError, "floating-point"),
+    (lambda: precision.round(np.arange(3), "cb16"), TypeError, "floating-point"),
+    (lambda: precision.round([True, False], "cb16"), TypeError, "floating-point"),
+    (lambda: precision.round(jnp.ones(2), None), FormatError, "no float format given"),
+    (lambda: precision.decode(np.ones(2, np.float32), "cb16"), TypeError, "integer bit patterns"),
+  ],
 )
 def test_errors_say_what_was_wrong_and_what_is_allowed(call, error, fragment):
   with pytest.raises(error, match=fragment):

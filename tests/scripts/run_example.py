@@ -10,7 +10,7 @@ from wafer.executor import run
 
 model_dir, max_steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 task, settings, optimizer, loss_scale, policy = example_run(
-    model_dir, num_steps=None, max_steps=max_steps, checkpoint_steps=5, log_steps=5, progress=False
+  model_dir, num_steps=None, max_steps=max_steps, checkpoint_steps=5, log_steps=5, progress=False
 )
 summary = run(task, settings, optimizer, loss_scale, policy)
 leaves = jax.tree_util.tree_flatten_with_path(summary["params"])[0]

@@ -29,8 +29,17 @@ def _params_file(tmp_path, **changes):
 
 
 def test_run_without_params_runs_the_embedded_default_job(tmp_path, capsys):
-  rc = cli.main(["run", "--model_dir", str(tmp_path / "md"), "runconfig.max_steps=4", "--mode", "train",
-                 "runconfig.log_steps=2"])
+  rc = cli.main(
+    [
+      "run",
+      "--model_dir",
+      str(tmp_path / "md"),
+      "runconfig.max_steps=4",
+      "--mode",
+      "train",
+      "runconfig.log_steps=2",
+    ]
+  )
   out = capsys.readouterr().out
   assert rc == 0, out
   assert "embedded default job: BERT-tiny MLM+NSP" in out and "| Train Device=CPU, Step=4" in out
@@ -38,7 +47,9 @@ def test_run_without_params_runs_the_embedded_default_job(tmp_path, capsys):
   assert [r["step"] for r in records] == [1, 2, 4]  # the first step, then every log_steps
   assert "Training loss:" in out and "at step 1 ->" in out
   assert "Outputs:" in out and "metrics.jsonl" in out and "compile_report.txt" in out
-  assert any(f.startswith("bert-bpe-8192-") for f in (tmp_path / "md" / "data_cache").iterdir() for f in [f.name])
+  assert any(
+    f.startswith("bert-bpe-8192-") for f in (tmp_path / "md" / "data_cache").iterdir() for f in [f.name]
+  )
 
 
 def test_run_a_params_file_with_modes_and_overrides(tmp_path, capsys):
@@ -52,15 +63,15 @@ def test_run_a_params_file_with_modes_and_overrides(tmp_path, capsys):
 
 
 BAD_PARAMS = [
-    # (change to the example params, fragment of the error)
-    ({"runconfig__max_stesp": 10}, "did you mean 'max_steps'"),
-    ({"runconfig__log_steps": -1}, "runconfig.log_steps"),
-    ({"runconfig__mode": "fit"}, "runconfig.mode"),
-    ({"model__name": "mlp_exampel"}, "Did you mean 'mlp_example'"),
-    ({"model__fp16_type": "cbfloat61"}, "model.fp16_type"),
-    ({"optimizer__optimizer_type": "adamm"}, "optimizer_type"),
-    ({"optimizer__loss_scaling_factor": "sometimes"}, "loss_scaling_factor"),
-    ({"train_input__batch_size": 0}, "train_input.batch_size"),
+  # (change to the example params, fragment of the error)
+  ({"runconfig__max_stesp": 10}, "did you mean 'max_steps'"),
+  ({"runconfig__log_steps": -1}, "runconfig.log_steps"),
+  ({"runconfig__mode": "fit"}, "runconfig.mode"),
+  ({"model__name": "mlp_exampel"}, "Did you mean 'mlp_example'"),
+  ({"model__fp16_type": "cbfloat61"}, "model.fp16_type"),
+  ({"optimizer__optimizer_type": "adamm"}, "optimizer_type"),
+  ({"optimizer__loss_scaling_factor": "sometimes"}, "loss_scaling_factor"),
+  ({"train_input__batch_size": 0}, "train_input.batch_size"),
 ]
 
 
@@ -85,4 +96,6 @@ def test_estimate_a_params_file(tmp_path, capsys):
   assert cli.main(["estimate", "--params", str(path)]) == 0
   out = capsys.readouterr().out
   assert "Estimated Overall Performance" in out
-  assert (Path(tmp_path) / "md" / "compile_report.txt").exists() and (Path(tmp_path) / "md" / "placement.png").exists()
+  assert (Path(tmp_path) / "md" / "compile_report.txt").exists() and (
+    Path(tmp_path) / "md" / "placement.png"
+  ).exists()

@@ -35,7 +35,9 @@ def test_compiles_once_and_runs_that_graph():
 def test_shape_dtype_and_structure_changes_are_refused():
   params, data = _example()
   step = wafer.compile(_step, params, data)
-  with pytest.raises(wafer.StaticGraphError, match=r"args\[1\]\['x'\] is float32\[7, 4\].*float32\[8, 4\].*drop_remainder"):
+  with pytest.raises(
+    wafer.StaticGraphError, match=r"args\[1\]\['x'\] is float32\[7, 4\].*float32\[8, 4\].*drop_remainder"
+  ):
     step(params, _example(batch=7)[1])
   with pytest.raises(wafer.StaticGraphError, match=r"bfloat16.*convert the argument"):
     step(params, {"x": data["x"].astype(jnp.bfloat16), "y": data["y"]})
@@ -72,14 +74,14 @@ def _asserty(params, batch):
 
 
 @pytest.mark.parametrize(
-    "fn, what, source, fix",
-    [
-      (_branchy, "Python control flow on a traced value", "if loss > 0:", "jnp.where"),
-      (_fetchy, "a value fetch inside the step", "scale = float(loss)", "step closure"),
-      (_itemy, "a value fetch inside the step", ".item()", "step closure"),
-      (_printy, "printing a traced value", 'print(f"loss is {loss}")', "jax.debug.print"),
-      (_asserty, "Python control flow on a traced value", "assert jnp.all", "lax.cond"),
-    ],
+  "fn, what, source, fix",
+  [
+    (_branchy, "Python control flow on a traced value", "if loss > 0:", "jnp.where"),
+    (_fetchy, "a value fetch inside the step", "scale = float(loss)", "step closure"),
+    (_itemy, "a value fetch inside the step", ".item()", "step closure"),
+    (_printy, "printing a traced value", 'print(f"loss is {loss}")', "jax.debug.print"),
+    (_asserty, "Python control flow on a traced value", "assert jnp.all", "lax.cond"),
+  ],
 )
 def test_tracing_errors_name_the_user_line_and_the_fix(fn, what, source, fix):
   params, data = _example()
@@ -165,7 +167,9 @@ def test_cluster_settings_are_fixed_by_the_first_lock(monkeypatch):
   monkeypatch.setattr(cluster, "_LOCKED", [])
   assert cluster.lock_cluster(2, 4) == cluster.ClusterSettings(2, 4)
   assert cluster.lock_cluster(2, 4) == cluster.ClusterSettings(2, 4)
-  with pytest.raises(cluster.ClusterConfigError, match=r"fixed by the first compile.*num_csx=2.*got num_csx=1"):
+  with pytest.raises(
+    cluster.ClusterConfigError, match=r"fixed by the first compile.*num_csx=2.*got num_csx=1"
+  ):
     cluster.lock_cluster(1, 4)
   with pytest.raises(cluster.ClusterConfigError, match="num_csx=0; allowed: an int >= 1"):
     cluster.lock_cluster(0)

@@ -239,7 +239,9 @@ def test_overrides() -> None:
 
 
 def test_integers_are_accepted_where_floats_are_expected() -> None:
-  p = load_params(FC, ["optimizer.weight_decay=0", "optimizer.max_gradient_norm=1", "optimizer.learning_rate=1"])
+  p = load_params(
+    FC, ["optimizer.weight_decay=0", "optimizer.max_gradient_norm=1", "optimizer.learning_rate=1"]
+  )
   assert p.optimizer.weight_decay == 0.0 and p.optimizer.max_gradient_norm == 1.0
   assert isinstance(p.optimizer.learning_rate, float)
 

@@ -38,9 +38,13 @@ def test_drop_last_drops_only_each_workers_remainder():
   n, bs, workers = 23, 4, 2  # shards of 12 and 11: 3 and 2 batches per epoch
   p = GrainBatchSource(_src(n), bs, seed=0, num_workers_per_csx=workers)
   w0 = [p.workers[0][j] for j in range(3)]
-  assert len(set(np.concatenate(w0).tolist())) == 12 and set(np.concatenate(w0).tolist()) <= set(range(0, n, 2))
+  assert len(set(np.concatenate(w0).tolist())) == 12 and set(np.concatenate(w0).tolist()) <= set(
+    range(0, n, 2)
+  )
   w1 = [p.workers[1][j] for j in range(2)]
-  assert len(set(np.concatenate(w1).tolist())) == 8 and set(np.concatenate(w1).tolist()) <= set(range(1, n, 2))
+  assert len(set(np.concatenate(w1).tolist())) == 8 and set(np.concatenate(w1).tolist()) <= set(
+    range(1, n, 2)
+  )
   # without drop_last the stream runs across the epoch boundary: 24 examples = all 12 of worker 0, then 12 more
   q = GrainBatchSource(_src(n), bs, seed=0, num_workers_per_csx=workers, drop_last=False)
   first = np.concatenate([q.workers[0][j] for j in range(3)])
@@ -126,16 +130,29 @@ def test_worker_processes_do_not_change_the_output():
 
 
 def _docs() -> list[str]:
-  return [f"Document {d} begins here. " + " ".join(
-    f"Sentence {i} of document {d} talks about topic {(i * d) % 7} and value {i + d}." for i in range(12))
-    for d in range(8)]
+  return [
+    f"Document {d} begins here. "
+    + " ".join(
+      f"Sentence {i} of document {d} talks about topic {(i * d) % 7} and value {i + d}." for i in range(12)
+    )
+    for d in range(8)
+  ]
 
 
 def test_mlm_nsp_invariants():
   tok = text.train_bert_tokenizer(_docs(), 200)
   docs = text.tokenize_documents(tok, _docs())
-  f = bert.create_mlm_nsp_examples(docs, msl=32, vocab_size=tok.get_vocab_size(), cls_id=2, sep_id=3, mask_id=4,
-                                   num_special=5, seed=0, dupe_factor=20)
+  f = bert.create_mlm_nsp_examples(
+    docs,
+    msl=32,
+    vocab_size=tok.get_vocab_size(),
+    cls_id=2,
+    sep_id=3,
+    mask_id=4,
+    num_special=5,
+    seed=0,
+    dupe_factor=20,
+  )
   n = len(f["input_ids"])
   assert n > 100 and f["input_ids"].shape == (n, 32) and f["masked_lm_positions"].shape[0] == n
   lengths = f["attention_mask"].sum(1)
@@ -187,8 +204,16 @@ def test_tokenizer_training_is_deterministic():
 
 def test_hdf5_and_csv_round_trip(tmp_path):
   tok = text.train_bert_tokenizer(_docs(), 200)
-  f = bert.create_mlm_nsp_examples(text.tokenize_documents(tok, _docs()), msl=24, vocab_size=200, cls_id=2,
-                                   sep_id=3, mask_id=4, num_special=5, seed=1)
+  f = bert.create_mlm_nsp_examples(
+    text.tokenize_documents(tok, _docs()),
+    msl=24,
+    vocab_size=200,
+    cls_id=2,
+    sep_id=3,
+    mask_id=4,
+    num_special=5,
+    seed=1,
+  )
   bert.write_hdf5(tmp_path / "a.h5", f)
   bert.write_csv(tmp_path / "b.csv", f)
   for got in (bert.read_hdf5(tmp_path / "a.h5"), bert.read_csv(tmp_path / "b.csv")):
@@ -210,7 +235,10 @@ def test_text_sources(tmp_path):
   with pytest.raises(ValueError, match=r"bad\.jsonl:1: expected an object with a string 'text' field"):
     text.read_jsonl(tmp_path / "bad.jsonl")
   assert text.split_sentences("First one. Second one!\n\nThird\n=====\npart") == [
-    "First one.", "Second one!", "Third part"]
+    "First one.",
+    "Second one!",
+    "Third part",
+  ]
 
 
 def test_embedded_corpus_is_real_english():
@@ -233,10 +261,17 @@ def test_digits_like_mnist():
 def test_analyze_input_measures_and_recommends():
   from wafer.data.analyze import WorkerRate, measure_samples_per_s, recommend_workers
 
-  rates = measure_samples_per_s(lambda w: GrainBatchSource(_src(200), 8, num_workers_per_csx=w), [1, 2],
-                                seconds=0.05, warmup_batches=1)
-  assert [r.num_workers for r in rates] == [1, 2] and all(r.samples_per_s > 0 and r.batches > 0 for r in rates)
-  fake = [WorkerRate(1, 1000.0, 1, 1.0, 0.0), WorkerRate(2, 1900.0, 1, 1.0, 0.0), WorkerRate(4, 3000.0, 1, 1.0, 0.0)]
+  rates = measure_samples_per_s(
+    lambda w: GrainBatchSource(_src(200), 8, num_workers_per_csx=w), [1, 2], seconds=0.05, warmup_batches=1
+  )
+  assert [r.num_workers for r in rates] == [1, 2] and all(
+    r.samples_per_s > 0 and r.batches > 0 for r in rates
+  )
+  fake = [
+    WorkerRate(1, 1000.0, 1, 1.0, 0.0),
+    WorkerRate(2, 1900.0, 1, 1.0, 0.0),
+    WorkerRate(4, 3000.0, 1, 1.0, 0.0),
+  ]
   assert recommend_workers(fake, 1500.0)["num_workers_per_csx"] == 2
   assert recommend_workers(fake, 500.0)["num_workers_per_csx"] == 1
   worst = recommend_workers(fake, 5000.0)
@@ -250,19 +285,29 @@ def test_processors_from_input_config(tmp_path):
   cfg = InputConfig(data_processor="MNISTDataProcessor", batch_size=16, shuffle=True, num_workers=2)
   src = processors.train_source(cfg, seed=3, num_csx=2)
   assert src.num_workers == 4 and next(src)["images"].shape == (16, 784)
-  ev = list(processors.eval_batches(InputConfig(data_processor="MNISTDataProcessor", batch_size=100, split="val"),
-                                    seed=0))
+  ev = list(
+    processors.eval_batches(
+      InputConfig(data_processor="MNISTDataProcessor", batch_size=100, split="val"), seed=0
+    )
+  )
   assert len(ev) == 3 and all(b["images"].shape == (100, 784) for b in ev)
-  with pytest.raises(ValueError, match=r"number of CS devices \(4\) must be less than or equal to the model batch"):
+  with pytest.raises(
+    ValueError, match=r"number of CS devices \(4\) must be less than or equal to the model batch"
+  ):
     processors.train_source(cfg.model_copy(update={"batch_size": 2}), seed=0, num_csx=4)
   with pytest.raises(ValueError, match="did not return any values"):
     processors.eval_batches(cfg.model_copy(update={"batch_size": 1000, "split": "val"}), seed=0)
   with pytest.raises(ValueError, match="allowed: BertCSVDynamicMaskDataProcessor"):
     processors.train_source(cfg.model_copy(update={"data_processor": "Nope"}), seed=0)
-  (tmp_path / "a.jsonl").write_text("".join(
-    json.dumps({"text": d}) + "\n" for d in _docs()))
-  bcfg = InputConfig(data_processor="BertCSVDynamicMaskDataProcessor", data_dir=str(tmp_path / "a.jsonl"),
-                     batch_size=4, max_sequence_length=32, vocab_size=200, shuffle=True)
+  (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in _docs()))
+  bcfg = InputConfig(
+    data_processor="BertCSVDynamicMaskDataProcessor",
+    data_dir=str(tmp_path / "a.jsonl"),
+    batch_size=4,
+    max_sequence_length=32,
+    vocab_size=200,
+    shuffle=True,
+  )
   b = next(processors.train_source(bcfg, seed=1, cache_dir=tmp_path / "cache"))
   assert b["input_ids"].shape == (4, 32) and b["masked_lm_positions"].shape[0] == 4
   assert any(f.startswith("bert-") for f in os.listdir(tmp_path / "cache"))
@@ -284,16 +329,26 @@ def test_executor_resumes_a_grain_pipeline_bit_for_bit(tmp_path, monkeypatch):
     logits = batch["images"] @ params["w"] + params["b"][None]
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
 
-  task = Task(name="digits_linear", init_params=lambda key: {"w": jnp.zeros((784, 10)), "b": jnp.zeros(10)},
-              loss_fn=loss_fn, batch_size=32,
-              train_data=lambda seed: digits_batch_source(32, seed=seed, num_workers_per_csx=3))
+  task = Task(
+    name="digits_linear",
+    init_params=lambda key: {"w": jnp.zeros((784, 10)), "b": jnp.zeros(10)},
+    loss_fn=loss_fn,
+    batch_size=32,
+    train_data=lambda seed: digits_batch_source(32, seed=seed, num_workers_per_csx=3),
+  )
 
   def go(model_dir, max_steps):
     monkeypatch.setattr(cluster, "_LOCKED", [])
-    settings = RunSettings(model_dir=str(model_dir), max_steps=max_steps, checkpoint_steps=6, log_steps=1,
-                           progress=False)
-    return run(task, settings, optax.sgd(0.1), precision.DynamicLossScale.create("float32"),
-               precision.Policy(compute="float32"))
+    settings = RunSettings(
+      model_dir=str(model_dir), max_steps=max_steps, checkpoint_steps=6, log_steps=1, progress=False
+    )
+    return run(
+      task,
+      settings,
+      optax.sgd(0.1),
+      precision.DynamicLossScale.create("float32"),
+      precision.Policy(compute="float32"),
+    )
 
   whole = go(tmp_path / "whole", 12)
   go(tmp_path / "parts", 6)
@@ -301,7 +356,9 @@ def test_executor_resumes_a_grain_pipeline_bit_for_bit(tmp_path, monkeypatch):
   assert resumed["final_step"] == 12
   for x, y in zip(jax.tree.leaves(whole["params"]), jax.tree.leaves(resumed["params"])):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  losses = [json.loads(line)["loss"] for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+  losses = [
+    json.loads(line)["loss"] for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
+  ]
   assert losses[-1] < 0.8 * losses[0]
 
 

@@ -14,9 +14,13 @@ from wafer.data.sources import gpt_features
 
 
 def _docs() -> list[str]:
-  return [f"Document {d} begins here. " + " ".join(
-    f"Sentence {i} of document {d} talks about topic {(i * d) % 7} and value {i + d}." for i in range(12))
-    for d in range(8)]
+  return [
+    f"Document {d} begins here. "
+    + " ".join(
+      f"Sentence {i} of document {d} talks about topic {(i * d) % 7} and value {i + d}." for i in range(12)
+    )
+    for d in range(8)
+  ]
 
 
 def test_windows_are_exact_shifts_of_one_stream():
@@ -63,7 +67,9 @@ def test_bad_hdf5_files(tmp_path):
     gpt.read_hdf5(tmp_path / "nodata.h5")
   with h5py.File(tmp_path / "shape.h5", "w") as h:
     h.create_dataset("data", data=np.zeros((2, 2, 4), np.int32))
-  with pytest.raises(ValueError, match=r"shape\.h5: dataset 'data' has shape \[2, 2, 4\].*expected .*\[N, 3, MSL\]"):
+  with pytest.raises(
+    ValueError, match=r"shape\.h5: dataset 'data' has shape \[2, 2, 4\].*expected .*\[N, 3, MSL\]"
+  ):
     gpt.read_hdf5(tmp_path / "shape.h5")
   (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError, match=r"no pre-tokenised GPT data \(\*\.h5, \*\.hdf5\) in .*empty"):
@@ -108,16 +114,25 @@ def test_processors_build_a_gpt_source(tmp_path):
 
   for i, d in enumerate(_docs()):
     (tmp_path / f"{i}.txt").write_text(d)
-  cfg = InputConfig(data_processor="GptHDF5MapDataProcessor", data_dir=str(tmp_path), batch_size=4,
-                    max_sequence_length=16, vocab_size=300, shuffle=True)
+  cfg = InputConfig(
+    data_processor="GptHDF5MapDataProcessor",
+    data_dir=str(tmp_path),
+    batch_size=4,
+    max_sequence_length=16,
+    vocab_size=300,
+    shuffle=True,
+  )
   src = processors.train_source(cfg, seed=1, cache_dir=tmp_path / "cache")
   for _ in range(3):
     b = next(src)
     assert set(b) == set(gpt.FEATURES)
     assert all(v.shape == (4, 16) and v.dtype == np.int32 for v in b.values())
     assert np.array_equal(b["labels"][:, :-1], b["input_ids"][:, 1:]) and b["input_ids"].max() < 300
-  ev = list(processors.eval_batches(cfg.model_copy(update={"data_processor": "GptTextDataProcessor"}), seed=0,
-                                    cache_dir=tmp_path / "cache"))
+  ev = list(
+    processors.eval_batches(
+      cfg.model_copy(update={"data_processor": "GptTextDataProcessor"}), seed=0, cache_dir=tmp_path / "cache"
+    )
+  )
   assert ev and all(b["input_ids"].shape == (4, 16) for b in ev)
   assert "GptHDF5DataProcessor" in processors.PROCESSORS
 

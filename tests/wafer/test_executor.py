@@ -14,7 +14,7 @@ import pytest
 
 from wafer import cluster
 from wafer.example import example_run
-from wafer.executor import ExecutorError, checkpoint_iterations, run, total_steps, RunSettings
+from wafer.executor import ExecutorError, RunSettings, checkpoint_iterations, run, total_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,9 @@ def test_sigkill_and_restart_end_with_identical_parameters(tmp_path):
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
   checkpoints = tmp_path / "killed" / "checkpoints"
   deadline = time.time() + 120
-  while time.time() < deadline and not (checkpoints.exists() and len([p for p in checkpoints.iterdir()]) >= 3):
+  while time.time() < deadline and not (
+    checkpoints.exists() and len([p for p in checkpoints.iterdir()]) >= 3
+  ):
     time.sleep(0.05)
   victim.send_signal(signal.SIGKILL)
   victim.wait()
@@ -131,7 +133,9 @@ def test_num_csx_runs_data_parallel_and_is_locked(tmp_path):
   cluster._LOCKED.clear()
   two = _run(tmp_path / "two", num_steps=10, log_steps=5, num_csx=2)
   for a, b in zip(jax.tree.leaves(one["params"]), jax.tree.leaves(two["params"])):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-2, atol=2e-3)  # cbfloat16 sums in another order
+    np.testing.assert_allclose(
+      np.asarray(a), np.asarray(b), rtol=2e-2, atol=2e-3
+    )  # cbfloat16 sums in another order
   with pytest.raises(cluster.ClusterConfigError, match="fixed by the first compile"):
     _run(tmp_path / "three", num_steps=10, num_csx=1)
   with pytest.raises(ExecutorError, match="mode='fit'; allowed"):

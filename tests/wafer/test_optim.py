@@ -86,18 +86,34 @@ def test_momentum_with_linear_schedule() -> None:
 
 @pytest.mark.parametrize("kind", ["adam", "AdamW", "lamb"])
 def test_adam_family_two_steps_with_clipping_and_weight_decay(kind: str) -> None:
-  sec = {"optimizer_type": kind, "learning_rate": 0.01, "betas": [0.9, 0.95], "eps": 1e-8,
-         "weight_decay": 0.1, "max_gradient_norm": 0.3}
+  sec = {
+    "optimizer_type": kind,
+    "learning_rate": 0.01,
+    "betas": [0.9, 0.95],
+    "eps": 1e-8,
+    "weight_decay": 0.1,
+    "max_gradient_norm": 0.3,
+  }
   got, *_ = run(sec, [G0, G1])
-  want = ref_adam([G0, G1], 0.01, 0.9, 0.95, 1e-8, wd=0.1, decoupled=kind.lower() != "adam",
-                  lamb=kind == "lamb", clip=0.3)
+  want = ref_adam(
+    [G0, G1], 0.01, 0.9, 0.95, 1e-8, wd=0.1, decoupled=kind.lower() != "adam", lamb=kind == "lamb", clip=0.3
+  )
   close(got, want, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kind,reference", [("adamw", optax.adamw), ("lamb", optax.lamb)])
 def test_matches_optax_under_standard_promotion(kind, reference) -> None:
-  got, *_ = run({"optimizer_type": kind, "learning_rate": 1e-2, "weight_decay": 0.05, "eps": 1e-7,
-                 "beta1": 0.8, "beta2": 0.99}, [G0, G1, G0])
+  got, *_ = run(
+    {
+      "optimizer_type": kind,
+      "learning_rate": 1e-2,
+      "weight_decay": 0.05,
+      "eps": 1e-7,
+      "beta1": 0.8,
+      "beta2": 0.99,
+    },
+    [G0, G1, G0],
+  )
   with jax.numpy_dtype_promotion("standard"):
     tx = reference(1e-2, b1=0.8, b2=0.99, eps=1e-7, weight_decay=0.05)
     params = f32(P0)
@@ -110,8 +126,16 @@ def test_matches_optax_under_standard_promotion(kind, reference) -> None:
 
 def test_skipped_step_keeps_params_state_and_step_and_dls_backs_off() -> None:
   lr = {"scheduler": "Linear", "initial_learning_rate": 0.3, "end_learning_rate": 0.0, "total_iters": 3}
-  tx, ls = build_optimizer({"optimizer_type": "adamw", "learning_rate": lr, "loss_scaling_factor": "dynamic",
-                            "initial_loss_scale": 1024.0, "steps_per_increase": 2}, half_dtype="float16")
+  tx, ls = build_optimizer(
+    {
+      "optimizer_type": "adamw",
+      "learning_rate": lr,
+      "loss_scaling_factor": "dynamic",
+      "initial_loss_scale": 1024.0,
+      "steps_per_increase": 2,
+    },
+    half_dtype="float16",
+  )
   assert isinstance(ls, DynamicLossScale) and float(ls.loss_scale) == 1024.0
   params, state, step = f32(P0), tx.init(f32(P0)), jnp.zeros((), jnp.int32)
   fn = jax.jit(apply_gradients, static_argnums=0)
@@ -151,33 +175,61 @@ def test_loss_scaling_choices() -> None:
 
 
 def test_bert_base_optimizer_section_builds_and_steps() -> None:
-  sec = {"optimizer_type": "AdamW", "weight_decay": 0.01, "loss_scaling_factor": "dynamic",
-         "max_gradient_norm": 1.0, "learning_rate": [
-             {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 0.0001767766952966369,
-              "total_iters": 3200},
-             {"scheduler": "Linear", "initial_learning_rate": 0.0001767766952966369, "end_learning_rate": 0.0,
-              "total_iters": 77600}]}
+  sec = {
+    "optimizer_type": "AdamW",
+    "weight_decay": 0.01,
+    "loss_scaling_factor": "dynamic",
+    "max_gradient_norm": 1.0,
+    "learning_rate": [
+      {
+        "scheduler": "Linear",
+        "initial_learning_rate": 0.0,
+        "end_learning_rate": 0.0001767766952966369,
+        "total_iters": 3200,
+      },
+      {
+        "scheduler": "Linear",
+        "initial_learning_rate": 0.0001767766952966369,
+        "end_learning_rate": 0.0,
+        "total_iters": 77600,
+      },
+    ],
+  }
   got, _, ls, step = run(sec, [G0, G1], half="cbfloat16")
   # step 0 uses lr(0) = 0, step 1 uses lr(1) = peak / 3200
-  want = ref_adam([G0, G1], [0.0, 0.0001767766952966369 / 3200], 0.9, 0.999, 1e-6, wd=0.01, decoupled=True,
-                  clip=1.0)
+  want = ref_adam(
+    [G0, G1], [0.0, 0.0001767766952966369 / 3200], 0.9, 0.999, 1e-6, wd=0.01, decoupled=True, clip=1.0
+  )
   assert int(step) == 2 and float(ls.loss_scale) == 2.0**31
   close(got, want)
 
 
 ERRORS = [
-    ({"optimizer_type": "adamw", "learning_rate": 0.1, "max_gradient_norm": 1.0, "max_gradient_value": 0.5},
-     r"Gradients can be clipped by norm\(=1.0\) or by value\(=0.5\), but not both"),
-    ({"optimizer_type": "adamm", "learning_rate": 0.1}, r"optimizer_type='adamm'\. Did you mean 'adam'\?"),
-    ({"optimizer_type": "sgd", "learning_rate": 0.1, "weight_decai": 0.1},
-     r"unknown key 'weight_decai'\. Did you mean 'weight_decay'\?"),
-    ({"optimizer_type": "sgd", "learning_rate": 0.1, "loss_scaling_factor": "auto"},
-     r"must be a float, None, or 'dynamic'"),
-    ({"optimizer_type": "sgd", "learning_rate": 0.1, "max_gradient_norm": 0.0},
-     r"optimizer\.max_gradient_norm=0\.0; allowed: a number > 0"),
-    ({"optimizer_type": "adam", "learning_rate": 0.1, "betas": [0.9, 1.5]}, r"beta2=1\.5; allowed: a number in"),
-    ({"optimizer_type": "sgd", "learning_rate": {"scheduler": "Linear", "initial_learning_rate": 1.0}},
-     r"optimizer\.learning_rate: LinearLR: missing required key"),
+  (
+    {"optimizer_type": "adamw", "learning_rate": 0.1, "max_gradient_norm": 1.0, "max_gradient_value": 0.5},
+    r"Gradients can be clipped by norm\(=1.0\) or by value\(=0.5\), but not both",
+  ),
+  ({"optimizer_type": "adamm", "learning_rate": 0.1}, r"optimizer_type='adamm'\. Did you mean 'adam'\?"),
+  (
+    {"optimizer_type": "sgd", "learning_rate": 0.1, "weight_decai": 0.1},
+    r"unknown key 'weight_decai'\. Did you mean 'weight_decay'\?",
+  ),
+  (
+    {"optimizer_type": "sgd", "learning_rate": 0.1, "loss_scaling_factor": "auto"},
+    r"must be a float, None, or 'dynamic'",
+  ),
+  (
+    {"optimizer_type": "sgd", "learning_rate": 0.1, "max_gradient_norm": 0.0},
+    r"optimizer\.max_gradient_norm=0\.0; allowed: a number > 0",
+  ),
+  (
+    {"optimizer_type": "adam", "learning_rate": 0.1, "betas": [0.9, 1.5]},
+    r"beta2=1\.5; allowed: a number in",
+  ),
+  (
+    {"optimizer_type": "sgd", "learning_rate": {"scheduler": "Linear", "initial_learning_rate": 1.0}},
+    r"optimizer\.learning_rate: LinearLR: missing required key",
+  ),
 ]
 
 
@@ -189,5 +241,6 @@ def test_errors(section, message: str) -> None:
 
 def test_cbfloat16_requires_dynamic_loss_scaling() -> None:
   with pytest.raises(OptimizerError, match="cbfloat16 needs dynamic loss scaling"):
-    build_optimizer({"optimizer_type": "sgd", "learning_rate": 0.1, "loss_scaling_factor": 1.0},
-                    half_dtype="cbfloat16")
+    build_optimizer(
+      {"optimizer_type": "sgd", "learning_rate": 0.1, "loss_scaling_factor": 1.0}, half_dtype="cbfloat16"
+    )

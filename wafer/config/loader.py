@@ -31,7 +31,7 @@ _Loader.add_implicit_resolver(
                    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                    |[-+]?\.(?:inf|Inf|INF)
                    |\.(?:nan|NaN|NAN))$""",
-    re.X,
+    re.VERBOSE,
   ),
   list("-+0123456789."),
 )

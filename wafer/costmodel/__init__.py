@@ -31,16 +31,16 @@ from wafer.costmodel.report import Report as Report
 
 __all__ = (
   "CALIBRATION",
+  "MODES",
+  "SYSTEMS",
   "Calibration",
   "Chip",
   "EstimateError",
   "Graph",
   "Kernel",
   "KernelRow",
-  "MODES",
   "Rect",
   "Report",
-  "SYSTEMS",
   "System",
   "TraceError",
   "estimate",

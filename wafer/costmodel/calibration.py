@@ -23,7 +23,7 @@ from typing import Any
 
 from precision._table import Table
 
-__all__ = ("Calibration", "CALIBRATION")
+__all__ = ("CALIBRATION", "Calibration")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Calibration:
     if self.clock_hz <= 0:
       raise ValueError(f"Calibration.clock_hz={self.clock_hz!r}; allowed: a positive frequency in Hz")
 
-  def replace(self, **changes: Any) -> "Calibration":
+  def replace(self, **changes: Any) -> Calibration:
     """A copy with some parameters changed, e.g. ``CALIBRATION.replace(clock_hz=1.1e9)``."""
     return dataclasses.replace(self, **changes)
 

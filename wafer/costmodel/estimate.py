@@ -18,7 +18,7 @@ from wafer.costmodel.report import KernelRow, Report
 from wafer.costmodel.streaming import StreamingResult, weight_streaming
 from wafer.errors import WaferError
 
-__all__ = ("estimate", "estimate_graph", "EstimateError", "MODES")
+__all__ = ("MODES", "EstimateError", "estimate", "estimate_graph")
 
 MODES = ("auto", "pipeline", "weight_streaming")
 _MODE_ALIASES = {

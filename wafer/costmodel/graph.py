@@ -36,13 +36,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from wafer.costmodel import walk
 from wafer.costmodel.walk import Site, Walker
 from wafer.errors import WaferError
 
-__all__ = ("Size", "Matmul", "Kernel", "Graph", "extract", "TraceError", "PHASES")
+__all__ = ("PHASES", "Graph", "Kernel", "Matmul", "Size", "TraceError", "extract")
 
 PHASES = ("fwd", "bwd", "update")
 

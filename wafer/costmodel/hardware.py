@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ("Chip", "System", "SYSTEMS", "get_system", "system_names")
+__all__ = ("SYSTEMS", "Chip", "System", "get_system", "system_names")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,7 +40,7 @@ from wafer.costmodel.calibration import Calibration
 from wafer.costmodel.graph import PHASES, Kernel
 from wafer.costmodel.hardware import Chip
 
-__all__ = ("Machine", "gemm_cycles", "kernel_cycles", "GemmPlan")
+__all__ = ("GemmPlan", "Machine", "gemm_cycles", "kernel_cycles")
 
 ALGORITHMS = ("search", "meshgemm")
 

@@ -29,7 +29,7 @@ from wafer.costmodel.hardware import System
 from wafer.costmodel.mesh import Machine, kernel_cycles
 from wafer.costmodel.placement import Rect, pack
 
-__all__ = ("PipelineUnit", "PipelineResult", "layer_pipelined", "dataflow_units")
+__all__ = ("PipelineResult", "PipelineUnit", "dataflow_units", "layer_pipelined")
 
 
 @dataclasses.dataclass(frozen=True)

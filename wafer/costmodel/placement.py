@@ -13,7 +13,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-__all__ = ("Rect", "pack", "overlaps")
+__all__ = ("Rect", "overlaps", "pack")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ("plot_report",)
 
 
-def _figure():  # noqa: ANN202 - matplotlib types
+def _figure():
   import matplotlib
 
   matplotlib.use("Agg", force=False)
@@ -25,7 +25,7 @@ def _figure():  # noqa: ANN202 - matplotlib types
   return plt
 
 
-def plot_report(report: "Report", path: str) -> str:
+def plot_report(report: Report, path: str) -> str:
   """Draw ``report``'s placement into ``path`` (PNG)."""
   plt = _figure()
   from matplotlib.patches import Patch, Rectangle

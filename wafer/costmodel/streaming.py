@@ -29,7 +29,7 @@ from wafer.costmodel.graph import Graph
 from wafer.costmodel.hardware import System
 from wafer.costmodel.mesh import Machine, kernel_cycles
 
-__all__ = ("StreamingKernel", "StreamingResult", "weight_streaming", "micro_batch_candidates")
+__all__ = ("StreamingKernel", "StreamingResult", "micro_batch_candidates", "weight_streaming")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class StreamingResult:
 
 def micro_batch_candidates(batch: int, limit: int = 24) -> list[int]:
   """Divisors of ``batch``, thinned to about ``limit`` roughly log-spaced values (``batch`` included)."""
-  divs = [d for d in range(1, int(math.isqrt(batch)) + 1) if batch % d == 0]
+  divs = [d for d in range(1, math.isqrt(batch) + 1) if batch % d == 0]
   divs = sorted(set(divs + [batch // d for d in divs]))
   if len(divs) <= limit:
     return divs

@@ -22,18 +22,18 @@ import jax.numpy as jnp
 from jax import lax
 
 __all__ = (
-  "TransformerConfig",
-  "Measurement",
-  "Workload",
   "WORKLOADS",
-  "get_workload",
-  "train_step_fn",
-  "prefill_fn",
-  "init_params",
+  "AdamWState",
+  "Measurement",
+  "TransformerConfig",
+  "Workload",
+  "accuracy",
   "adamw_init",
   "adamw_update",
-  "AdamWState",
-  "accuracy",
+  "get_workload",
+  "init_params",
+  "prefill_fn",
+  "train_step_fn",
 )
 
 

@@ -28,9 +28,14 @@ class WorkerRate:
   first_batch_s: float
 
 
-def measure_samples_per_s(make_source: Callable[[int], GrainBatchSource], worker_counts: Sequence[int], *,
-                          seconds: float = 3.0, warmup_batches: int = 4, batch_size: int | None = None
-                          ) -> list[WorkerRate]:
+def measure_samples_per_s(
+  make_source: Callable[[int], GrainBatchSource],
+  worker_counts: Sequence[int],
+  *,
+  seconds: float = 3.0,
+  warmup_batches: int = 4,
+  batch_size: int | None = None,
+) -> list[WorkerRate]:
   """Samples/s of the pipeline ``make_source(num_workers)`` for each worker count.
 
   The first ``warmup_batches`` (worker start-up included) are not timed; their time is reported
@@ -58,8 +63,9 @@ def measure_samples_per_s(make_source: Callable[[int], GrainBatchSource], worker
   return out
 
 
-def recommend_workers(rates: Sequence[WorkerRate], consumption_samples_per_s: float, *,
-                      headroom: float = HEADROOM) -> dict[str, Any]:
+def recommend_workers(
+  rates: Sequence[WorkerRate], consumption_samples_per_s: float, *, headroom: float = HEADROOM
+) -> dict[str, Any]:
   """The fewest workers whose rate is at least ``headroom`` times the consumption rate.
 
   Returns:
@@ -71,10 +77,16 @@ def recommend_workers(rates: Sequence[WorkerRate], consumption_samples_per_s: fl
   need = consumption_samples_per_s * headroom
   for r in sorted(rates, key=lambda r: r.num_workers):
     if r.samples_per_s >= need:
-      return {"num_workers_per_csx": r.num_workers, "input_bound": False,
-              "reason": f"{r.num_workers} worker(s) give {r.samples_per_s:,.0f} samples/s >= {headroom:g} x "
-                        f"{consumption_samples_per_s:,.0f} consumed"}
+      return {
+        "num_workers_per_csx": r.num_workers,
+        "input_bound": False,
+        "reason": f"{r.num_workers} worker(s) give {r.samples_per_s:,.0f} samples/s >= {headroom:g} x "
+        f"{consumption_samples_per_s:,.0f} consumed",
+      }
   best = max(rates, key=lambda r: r.samples_per_s)
-  return {"num_workers_per_csx": best.num_workers, "input_bound": True,
-          "reason": f"no worker count keeps up: the best, {best.num_workers}, gives {best.samples_per_s:,.0f} "
-                    f"samples/s < {need:,.0f} needed; training will wait on input"}
+  return {
+    "num_workers_per_csx": best.num_workers,
+    "input_bound": True,
+    "reason": f"no worker count keeps up: the best, {best.num_workers}, gives {best.samples_per_s:,.0f} "
+    f"samples/s < {need:,.0f} needed; training will wait on input",
+  }

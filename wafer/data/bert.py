@@ -32,8 +32,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-FEATURES = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_positions", "masked_lm_labels",
-            "masked_lm_weights", "next_sentence_label")
+FEATURES = (
+  "input_ids",
+  "attention_mask",
+  "token_type_ids",
+  "masked_lm_positions",
+  "masked_lm_labels",
+  "masked_lm_weights",
+  "next_sentence_label",
+)
 _FLOAT_FEATURES = ("masked_lm_weights",)
 
 
@@ -42,10 +49,21 @@ def max_predictions(msl: int, mask_rate: float = 0.15) -> int:
   return max(1, int(round(msl * mask_rate)) + 1) if msl not in (128, 512) else {128: 20, 512: 80}[msl]
 
 
-def create_mlm_nsp_examples(documents: Sequence[Sequence[Sequence[int]]], *, msl: int, vocab_size: int,
-                            cls_id: int, sep_id: int, mask_id: int, num_special: int, seed: int = 0,
-                            mask_rate: float = 0.15, mmp: int | None = None, dupe_factor: int = 1,
-                            short_seq_prob: float = 0.1) -> dict[str, np.ndarray]:
+def create_mlm_nsp_examples(
+  documents: Sequence[Sequence[Sequence[int]]],
+  *,
+  msl: int,
+  vocab_size: int,
+  cls_id: int,
+  sep_id: int,
+  mask_id: int,
+  num_special: int,
+  seed: int = 0,
+  mask_rate: float = 0.15,
+  mmp: int | None = None,
+  dupe_factor: int = 1,
+  short_seq_prob: float = 0.1,
+) -> dict[str, np.ndarray]:
   """BERT pre-training examples (as Google's ``create_pretraining_data.py``) from tokenised text.
 
   Sentence pairs: ``A`` is one or more consecutive sentences of a document; ``B`` continues it
@@ -122,7 +140,7 @@ def create_mlm_nsp_examples(documents: Sequence[Sequence[Sequence[int]]], *, msl
   for r, (a, b, is_random) in enumerate(rows):
     tokens = np.array([cls_id, *a, sep_id, *b, sep_id], np.int32)
     length = len(tokens)
-    out["token_type_ids"][r, len(a) + 2:length] = 1
+    out["token_type_ids"][r, len(a) + 2 : length] = 1
     out["attention_mask"][r, :length] = 1
     out["next_sentence_label"][r] = is_random
     candidates = np.flatnonzero(tokens >= num_special)
@@ -143,7 +161,9 @@ def create_mlm_nsp_examples(documents: Sequence[Sequence[Sequence[int]]], *, msl
 def _check(features: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
   missing = [k for k in FEATURES if k not in features]
   if missing:
-    raise ValueError(f"{where}: missing BERT features {missing}; found {sorted(features)}; expected {list(FEATURES)}")
+    raise ValueError(
+      f"{where}: missing BERT features {missing}; found {sorted(features)}; expected {list(FEATURES)}"
+    )
   return {k: np.asarray(features[k], np.float32 if k in _FLOAT_FEATURES else np.int32) for k in FEATURES}
 
 
@@ -166,8 +186,10 @@ def read_hdf5(path: str | os.PathLike) -> dict[str, np.ndarray]:
   with h5py.File(path, "r") as f:
     missing = [k for k in FEATURES if k not in f]
     if missing:
-      raise ValueError(f"{path}: missing HDF5 datasets {missing}; found {sorted(f.keys())}; "
-                       f"expected one dataset per feature: {list(FEATURES)}")
+      raise ValueError(
+        f"{path}: missing HDF5 datasets {missing}; found {sorted(f.keys())}; "
+        f"expected one dataset per feature: {list(FEATURES)}"
+      )
     return _check({k: f[k][()] for k in FEATURES}, str(path))
 
 
@@ -210,15 +232,20 @@ def read_csv(path: str | os.PathLike) -> dict[str, np.ndarray]:
   lengths = {k: {len(v) for v in cols[k]} for k in FEATURES if k != "next_sentence_label"}
   ragged = {k: sorted(v) for k, v in lengths.items() if len(v) > 1}
   if ragged:
-    raise ValueError(f"{path}: sequences of one column must all have the same length; lengths found: {ragged}")
+    raise ValueError(
+      f"{path}: sequences of one column must all have the same length; lengths found: {ragged}"
+    )
   return _check({k: np.array(v) for k, v in cols.items()}, str(path))
 
 
 def read_features(data_dir: str | os.PathLike) -> dict[str, np.ndarray]:
   """Every ``*.h5``/``*.hdf5``/``*.csv`` file in ``data_dir`` (or that one file), concatenated."""
   path = os.fspath(data_dir)
-  files = [path] if os.path.isfile(path) else sorted(
-    os.path.join(path, f) for f in os.listdir(path) if f.endswith((".h5", ".hdf5", ".csv")))
+  files = (
+    [path]
+    if os.path.isfile(path)
+    else sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith((".h5", ".hdf5", ".csv")))
+  )
   if not files:
     raise FileNotFoundError(f"no pre-tokenised BERT data (*.h5, *.hdf5, *.csv) in {path}")
   parts = [read_csv(f) if f.endswith(".csv") else read_hdf5(f) for f in files]

@@ -30,8 +30,9 @@ FEATURES = ("input_ids", "attention_mask", "labels")  # in the order of the HDF5
 DATASET = "data"
 
 
-def create_lm_examples(documents_token_ids: Sequence[Sequence[int]], *, msl: int,
-                       eot_id: int) -> dict[str, np.ndarray]:
+def create_lm_examples(
+  documents_token_ids: Sequence[Sequence[int]], *, msl: int, eot_id: int
+) -> dict[str, np.ndarray]:
   """Next-token examples from tokenised documents (layout in the module docstring).
 
   Args:
@@ -48,19 +49,26 @@ def create_lm_examples(documents_token_ids: Sequence[Sequence[int]], *, msl: int
   stream = np.concatenate(parts) if parts else np.zeros(0, np.int64)
   n = len(stream) // (msl + 1)
   if n == 0:
-    raise ValueError(f"the corpus gives no examples: {len(stream)} tokens ({len(documents_token_ids)} documents, "
-                     f"an end-of-text token after each), but one example at msl={msl} needs {msl + 1}")
+    raise ValueError(
+      f"the corpus gives no examples: {len(stream)} tokens ({len(documents_token_ids)} documents, "
+      f"an end-of-text token after each), but one example at msl={msl} needs {msl + 1}"
+    )
   if stream.min() < 0 or stream.max() > np.iinfo(np.int32).max:
     raise ValueError(f"token ids must lie in [0, 2**31) (found {stream.min()}..{stream.max()})")
   windows = stream[: n * (msl + 1)].reshape(n, msl + 1).astype(np.int32)
-  return {"input_ids": np.ascontiguousarray(windows[:, :-1]), "labels": np.ascontiguousarray(windows[:, 1:]),
-          "attention_mask": np.ones((n, msl), np.int32)}
+  return {
+    "input_ids": np.ascontiguousarray(windows[:, :-1]),
+    "labels": np.ascontiguousarray(windows[:, 1:]),
+    "attention_mask": np.ones((n, msl), np.int32),
+  }
 
 
 def _check(features: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
   missing = [k for k in FEATURES if k not in features]
   if missing:
-    raise ValueError(f"{where}: missing GPT features {missing}; found {sorted(features)}; expected {list(FEATURES)}")
+    raise ValueError(
+      f"{where}: missing GPT features {missing}; found {sorted(features)}; expected {list(FEATURES)}"
+    )
   out = {k: np.asarray(features[k]) for k in FEATURES}
   shapes = {k: v.shape for k, v in out.items()}
   if len(set(shapes.values())) != 1 or out["input_ids"].ndim != 2:
@@ -85,12 +93,16 @@ def read_hdf5(path: str | os.PathLike) -> dict[str, np.ndarray]:
     raise FileNotFoundError(f"GPT HDF5 file not found: {path}")
   with h5py.File(path, "r") as f:
     if DATASET not in f or not isinstance(f[DATASET], h5py.Dataset):
-      raise ValueError(f"{path}: no HDF5 dataset {DATASET!r}; found {sorted(f.keys())}; expected {DATASET!r} of "
-                       "shape [N, 3, MSL] (channels input_ids, input_mask, labels)")
+      raise ValueError(
+        f"{path}: no HDF5 dataset {DATASET!r}; found {sorted(f.keys())}; expected {DATASET!r} of "
+        "shape [N, 3, MSL] (channels input_ids, input_mask, labels)"
+      )
     ds = f[DATASET]
     if ds.ndim != 3 or ds.shape[1] != 3 or not np.issubdtype(ds.dtype, np.integer):
-      raise ValueError(f"{path}: dataset {DATASET!r} has shape {list(ds.shape)} and dtype {ds.dtype}; expected an "
-                       "integer array of shape [N, 3, MSL] (channels input_ids, input_mask, labels)")
+      raise ValueError(
+        f"{path}: dataset {DATASET!r} has shape {list(ds.shape)} and dtype {ds.dtype}; expected an "
+        "integer array of shape [N, 3, MSL] (channels input_ids, input_mask, labels)"
+      )
     data = ds[()]
   return _check({k: data[:, i] for i, k in enumerate(FEATURES)}, str(path))
 

@@ -81,15 +81,25 @@ def shard_indices(num_examples: int, worker: int, num_workers: int) -> np.ndarra
 def total_workers(num_workers_per_csx: int, num_csx: int = 1) -> int:
   """Input workers in all: ``num_workers_per_csx * num_csx``, and one when it is 0."""
   if num_workers_per_csx < 0 or num_csx < 1:
-    raise ValueError(f"num_workers_per_csx must be >= 0 and num_csx >= 1 (got {num_workers_per_csx}, {num_csx})")
+    raise ValueError(
+      f"num_workers_per_csx must be >= 0 and num_csx >= 1 (got {num_workers_per_csx}, {num_csx})"
+    )
   return max(1, num_workers_per_csx) * num_csx
 
 
 class _WorkerBatches(grain.MapDataset):
   """Worker ``w``'s batches of example indices: grain shards, shuffles and repeats the indices."""
 
-  def __init__(self, num_examples: int, worker: int, num_workers: int, seed: int, batch_size: int,
-               shuffle: bool, drop_last: bool):
+  def __init__(
+    self,
+    num_examples: int,
+    worker: int,
+    num_workers: int,
+    seed: int,
+    batch_size: int,
+    shuffle: bool,
+    drop_last: bool,
+  ):
     indices = grain.MapDataset.range(num_examples)[worker::num_workers]
     super().__init__([])
     self.shard_size = len(indices)
@@ -100,10 +110,12 @@ class _WorkerBatches(grain.MapDataset):
     self.drop_last = drop_last
     self.batches_per_epoch = self.shard_size // batch_size
     if drop_last and self.batches_per_epoch == 0:
-      raise ValueError("Iterating the dataloader did not return any values. This is possibly because the dataset "
-                       f"is too small for the specified batch_size or drop_last settings: input worker {worker} of "
-                       f"{num_workers} holds {self.shard_size} examples, fewer than batch_size={batch_size}; use "
-                       "fewer workers, a smaller batch, or drop_last: false")
+      raise ValueError(
+        "Iterating the dataloader did not return any values. This is possibly because the dataset "
+        f"is too small for the specified batch_size or drop_last settings: input worker {worker} of "
+        f"{num_workers} holds {self.shard_size} examples, fewer than batch_size={batch_size}; use "
+        "fewer workers, a smaller batch, or drop_last: false"
+      )
 
   def __len__(self) -> int:
     return sys.maxsize
@@ -130,8 +142,14 @@ def step_key(seed: int, step: int) -> np.ndarray:
 class _RoundRobin(grain.MapDataset):
   """Step ``k``: for each system ``c``, batch ``k // P`` of worker ``c * P + k % P``, concatenated."""
 
-  def __init__(self, source: ArraySource, workers: Sequence[_WorkerBatches], num_csx: int = 1,
-               key_feature: str | None = None, seed: int = 0):
+  def __init__(
+    self,
+    source: ArraySource,
+    workers: Sequence[_WorkerBatches],
+    num_csx: int = 1,
+    key_feature: str | None = None,
+    seed: int = 0,
+  ):
     super().__init__([])
     self.source = source
     self.workers = list(workers)
@@ -180,17 +198,32 @@ class GrainBatchSource:
       draws the same masks.
   """
 
-  def __init__(self, source: ArraySource, batch_size: int, *, seed: int = 0, num_workers_per_csx: int = 0,
-               num_csx: int = 1, shuffle: bool = True, drop_last: bool = True, num_processes: int = 0,
-               prefetch: int = 4, key_feature: str | None = None):
+  def __init__(
+    self,
+    source: ArraySource,
+    batch_size: int,
+    *,
+    seed: int = 0,
+    num_workers_per_csx: int = 0,
+    num_csx: int = 1,
+    shuffle: bool = True,
+    drop_last: bool = True,
+    num_processes: int = 0,
+    prefetch: int = 4,
+    key_feature: str | None = None,
+  ):
     if batch_size < 1:
       raise ValueError(f"batch_size must be a positive integer (got {batch_size})")
     if num_csx < 1 or batch_size < num_csx:
-      raise ValueError(f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
-                       f"({batch_size}), as the batch is split across the CS devices.")
+      raise ValueError(
+        f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
+        f"({batch_size}), as the batch is split across the CS devices."
+      )
     if batch_size % num_csx:
-      raise ValueError(f"batch_size {batch_size} is not divisible by num_csx={num_csx}: batch_size is the global "
-                       "batch, split evenly across systems.")
+      raise ValueError(
+        f"batch_size {batch_size} is not divisible by num_csx={num_csx}: batch_size is the global "
+        "batch, split evenly across systems."
+      )
     self.source = source
     self.batch_size = int(batch_size)
     self.seed = int(seed)
@@ -202,8 +235,9 @@ class GrainBatchSource:
     self.seeds = worker_seeds(self.seed, self.num_workers)
     self.num_csx = int(num_csx)
     self.workers = [
-      _WorkerBatches(len(source), w, self.num_workers, self.seeds[w], self.batch_size // self.num_csx, shuffle,
-                     drop_last)
+      _WorkerBatches(
+        len(source), w, self.num_workers, self.seeds[w], self.batch_size // self.num_csx, shuffle, drop_last
+      )
       for w in range(self.num_workers)
     ]
     self.key_feature = key_feature
@@ -213,23 +247,35 @@ class GrainBatchSource:
 
   def with_workers(self, *, num_workers_per_csx: int, num_processes: int = 0) -> GrainBatchSource:
     """The same pipeline (examples, batch, seed, shuffle) with other worker counts, at position 0."""
-    return GrainBatchSource(self.source, self.batch_size, seed=self.seed, num_workers_per_csx=num_workers_per_csx,
-                            num_csx=self.num_csx, shuffle=self.shuffle, drop_last=self.drop_last,
-                            num_processes=num_processes, prefetch=self.prefetch, key_feature=self.key_feature)
+    return GrainBatchSource(
+      self.source,
+      self.batch_size,
+      seed=self.seed,
+      num_workers_per_csx=num_workers_per_csx,
+      num_csx=self.num_csx,
+      shuffle=self.shuffle,
+      drop_last=self.drop_last,
+      num_processes=num_processes,
+      prefetch=self.prefetch,
+      key_feature=self.key_feature,
+    )
 
   def batch_at(self, k: int) -> dict[str, np.ndarray]:
     """Batch number ``k`` (random access; what the iterator yields at position ``k``)."""
     return self.dataset[k]
 
   def _iterator(self) -> Any:
-    ds = self.dataset[self.next_batch:].to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+    ds = self.dataset[self.next_batch :].to_iter_dataset(
+      grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+    )
     if self.num_processes > 0:
       from absl import flags  # grain's worker processes read absl flags; outside an absl app none are parsed
 
       if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
-      ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.num_processes,
-                                                       per_worker_buffer_size=self.prefetch))
+      ds = ds.mp_prefetch(
+        grain.MultiprocessingOptions(num_workers=self.num_processes, per_worker_buffer_size=self.prefetch)
+      )
     return iter(ds)
 
   def __iter__(self) -> GrainBatchSource:
@@ -243,9 +289,16 @@ class GrainBatchSource:
     return batch
 
   def _config(self) -> dict[str, Any]:
-    return {"seed": self.seed, "batch_size": self.batch_size, "num_workers": self.num_workers, "num_csx": self.num_csx,
-            "shuffle": self.shuffle, "drop_last": self.drop_last, "num_examples": len(self.source),
-            "source": self.source.fingerprint()}
+    return {
+      "seed": self.seed,
+      "batch_size": self.batch_size,
+      "num_workers": self.num_workers,
+      "num_csx": self.num_csx,
+      "shuffle": self.shuffle,
+      "drop_last": self.drop_last,
+      "num_examples": len(self.source),
+      "source": self.source.fingerprint(),
+    }
 
   def get_state(self) -> dict[str, Any]:
     """JSON-serialisable position: the next batch number, and the pipeline it is valid for."""
@@ -254,7 +307,9 @@ class GrainBatchSource:
   def set_state(self, state: dict[str, Any]) -> None:
     """Resume at ``state['next_batch']``; the pipeline must be the one that saved the state."""
     if state.get("version") != STATE_VERSION or "next_batch" not in state:
-      raise ValueError(f"input pipeline state: expected version {STATE_VERSION} with 'next_batch', got {state!r}")
+      raise ValueError(
+        f"input pipeline state: expected version {STATE_VERSION} with 'next_batch', got {state!r}"
+      )
     saved = state.get("pipeline", {})
     mine = self._config()
     diff = {k: (saved.get(k), mine[k]) for k in mine if saved.get(k) != mine[k]}

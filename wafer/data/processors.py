@@ -56,8 +56,10 @@ def check_batch_size(batch_size: int, num_csx: int) -> None:
   if num_csx < 1:
     raise ValueError(f"num_csx must be a positive integer (got {num_csx})")
   if batch_size < num_csx:
-    raise ValueError(f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
-                     f"({batch_size}), as the batch is split across the CS devices.")
+    raise ValueError(
+      f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
+      f"({batch_size}), as the batch is split across the CS devices."
+    )
 
 
 EVAL_SPLITS = ("val", "eval", "test", "validation")
@@ -85,25 +87,45 @@ def _data_dir(cfg: Any) -> str | None:
 def _features(cfg: Any, cache_dir: str | os.PathLike | None, seed: int, eval_split: bool = False) -> dict:
   name = cfg.data_processor
   if name in BERT_PROCESSORS:
-    return sources.bert_features(_data_dir(cfg), msl=cfg.max_sequence_length or 128,
-                                 vocab_size=cfg.vocab_size or 8192, cache_dir=cache_dir, seed=seed,
-                                 split=text_split(cfg, eval_split))
+    return sources.bert_features(
+      _data_dir(cfg),
+      msl=cfg.max_sequence_length or 128,
+      vocab_size=cfg.vocab_size or 8192,
+      cache_dir=cache_dir,
+      seed=seed,
+      split=text_split(cfg, eval_split),
+    )
   if name in GPT_PROCESSORS:
-    return sources.gpt_features(_data_dir(cfg), msl=cfg.max_sequence_length or 128, vocab_size=cfg.vocab_size or 8192,
-                                cache_dir=cache_dir, split=text_split(cfg, eval_split))
+    return sources.gpt_features(
+      _data_dir(cfg),
+      msl=cfg.max_sequence_length or 128,
+      vocab_size=cfg.vocab_size or 8192,
+      cache_dir=cache_dir,
+      split=text_split(cfg, eval_split),
+    )
   if name in MNIST_PROCESSORS:
     split = (cfg.split or ("val" if eval_split else "train")).lower()
     if split not in ("train",) + EVAL_SPLITS:
-      raise ValueError(f"split={cfg.split!r}; allowed: train, or {', '.join(EVAL_SPLITS)} for the held-out part")
+      raise ValueError(
+        f"split={cfg.split!r}; allowed: train, or {', '.join(EVAL_SPLITS)} for the held-out part"
+      )
     split = "train" if split == "train" else "eval"
     data_dir = _data_dir(cfg)
     return sources.digits_features(split) if data_dir is None else sources.mnist_features(data_dir, split)
   raise ValueError(f"data_processor {name!r} is not one wafer provides; allowed: {', '.join(PROCESSORS)}")
 
 
-def train_source(cfg: Any, *, seed: int, num_csx: int = 1, num_workers_per_csx: int = 0,
-                 cache_dir: str | os.PathLike | None = None, num_processes: int = 0,
-                 section: str = "train_input", key_feature: str | None = None) -> GrainBatchSource:
+def train_source(
+  cfg: Any,
+  *,
+  seed: int,
+  num_csx: int = 1,
+  num_workers_per_csx: int = 0,
+  cache_dir: str | os.PathLike | None = None,
+  num_processes: int = 0,
+  section: str = "train_input",
+  key_feature: str | None = None,
+) -> GrainBatchSource:
   """The training ``BatchSource`` of an ``InputConfig``: fixed global batches, repeating forever.
 
   ``key_feature`` adds a per-step random key to every batch (see `GrainBatchSource`).
@@ -117,33 +139,51 @@ def train_source(cfg: Any, *, seed: int, num_csx: int = 1, num_workers_per_csx: 
     data_seed = seed if cfg.shuffle_seed is None else cfg.shuffle_seed
     feats = _features(cfg, cache_dir, data_seed)
     workers = num_workers_per_csx or cfg.num_workers
-    return GrainBatchSource(ArraySource(feats, name=f"{cfg.data_processor}:{cfg.data_dir}"), cfg.batch_size,
-                            seed=data_seed, num_workers_per_csx=workers, num_csx=num_csx, shuffle=cfg.shuffle,
-                            drop_last=cfg.drop_remainder, num_processes=num_processes, key_feature=key_feature)
+    return GrainBatchSource(
+      ArraySource(feats, name=f"{cfg.data_processor}:{cfg.data_dir}"),
+      cfg.batch_size,
+      seed=data_seed,
+      num_workers_per_csx=workers,
+      num_csx=num_csx,
+      shuffle=cfg.shuffle,
+      drop_last=cfg.drop_remainder,
+      num_processes=num_processes,
+      key_feature=key_feature,
+    )
   except DataError:
     raise
   except (ValueError, OSError) as error:
     raise _section_error(section, cfg, error) from error
 
 
-def eval_source(cfg: Any, *, seed: int, num_csx: int = 1, cache_dir: str | os.PathLike | None = None,
-                section: str = "eval_input") -> ArraySource:
+def eval_source(
+  cfg: Any,
+  *,
+  seed: int,
+  num_csx: int = 1,
+  cache_dir: str | os.PathLike | None = None,
+  section: str = "eval_input",
+) -> ArraySource:
   """The eval examples of an ``InputConfig`` (checked against its batch size); errors as `train_source`."""
   try:
     check_batch_size(cfg.batch_size, num_csx)
     data_seed = seed if cfg.shuffle_seed is None else cfg.shuffle_seed
-    src = ArraySource(_features(cfg, cache_dir, data_seed, eval_split=True),
-                      name=f"{cfg.data_processor}:{cfg.data_dir}")
+    src = ArraySource(
+      _features(cfg, cache_dir, data_seed, eval_split=True), name=f"{cfg.data_processor}:{cfg.data_dir}"
+    )
   except (ValueError, OSError) as error:
     raise _section_error(section, cfg, error) from error
   if cfg.drop_remainder and len(src) < cfg.batch_size:
-    raise DataError(f"{section}: Iterating the dataloader did not return any values. This is possibly because the "
-                    f"dataset is too small for the specified batch_size ({cfg.batch_size}, {len(src)} examples) or "
-                    "drop_last settings.")
+    raise DataError(
+      f"{section}: Iterating the dataloader did not return any values. This is possibly because the "
+      f"dataset is too small for the specified batch_size ({cfg.batch_size}, {len(src)} examples) or "
+      "drop_last settings."
+    )
   return src
 
 
 def eval_batches(cfg: Any, *, seed: int, num_csx: int = 1, cache_dir: str | os.PathLike | None = None) -> Any:
   """Eval batches of an ``InputConfig``: one pass in order (the executor's ``eval_data()``)."""
-  return one_pass(eval_source(cfg, seed=seed, num_csx=num_csx, cache_dir=cache_dir), cfg.batch_size,
-                  cfg.drop_remainder)
+  return one_pass(
+    eval_source(cfg, seed=seed, num_csx=num_csx, cache_dir=cache_dir), cfg.batch_size, cfg.drop_remainder
+  )

@@ -25,16 +25,83 @@ EOT = 0  # id of EOT_TOKEN in the tokenizers of train_bpe
 
 # Well-documented pure-Python standard-library modules (files under the stdlib directory).
 _DOC_MODULES = (
-  "argparse", "ast", "asyncio/base_events", "asyncio/events", "asyncio/tasks", "base64", "bisect", "calendar",
-  "collections/__init__", "concurrent/futures/_base", "configparser", "contextlib", "copy", "csv", "dataclasses",
-  "datetime", "decimal", "difflib", "doctest", "email/message", "enum", "fractions", "ftplib", "functools",
-  "getopt", "gettext", "glob", "heapq", "http/client", "http/server", "imaplib", "inspect", "ipaddress",
-  "json/__init__", "json/decoder", "json/encoder", "logging/__init__", "logging/handlers", "mailbox",
-  "multiprocessing/pool", "numbers", "optparse", "os", "pathlib", "pdb", "pickle", "pickletools", "pprint",
-  "pydoc", "queue", "random", "shlex", "shutil", "smtplib", "socket", "socketserver", "statistics", "string",
-  "subprocess", "tarfile", "tempfile", "textwrap", "threading", "tkinter/__init__", "traceback", "typing",
-  "unittest/case", "unittest/mock", "urllib/parse", "urllib/request", "uuid", "warnings", "weakref",
-  "xml/dom/minidom", "xml/etree/ElementTree", "zipfile/__init__", "zipfile",
+  "argparse",
+  "ast",
+  "asyncio/base_events",
+  "asyncio/events",
+  "asyncio/tasks",
+  "base64",
+  "bisect",
+  "calendar",
+  "collections/__init__",
+  "concurrent/futures/_base",
+  "configparser",
+  "contextlib",
+  "copy",
+  "csv",
+  "dataclasses",
+  "datetime",
+  "decimal",
+  "difflib",
+  "doctest",
+  "email/message",
+  "enum",
+  "fractions",
+  "ftplib",
+  "functools",
+  "getopt",
+  "gettext",
+  "glob",
+  "heapq",
+  "http/client",
+  "http/server",
+  "imaplib",
+  "inspect",
+  "ipaddress",
+  "json/__init__",
+  "json/decoder",
+  "json/encoder",
+  "logging/__init__",
+  "logging/handlers",
+  "mailbox",
+  "multiprocessing/pool",
+  "numbers",
+  "optparse",
+  "os",
+  "pathlib",
+  "pdb",
+  "pickle",
+  "pickletools",
+  "pprint",
+  "pydoc",
+  "queue",
+  "random",
+  "shlex",
+  "shutil",
+  "smtplib",
+  "socket",
+  "socketserver",
+  "statistics",
+  "string",
+  "subprocess",
+  "tarfile",
+  "tempfile",
+  "textwrap",
+  "threading",
+  "tkinter/__init__",
+  "traceback",
+  "typing",
+  "unittest/case",
+  "unittest/mock",
+  "urllib/parse",
+  "urllib/request",
+  "uuid",
+  "warnings",
+  "weakref",
+  "xml/dom/minidom",
+  "xml/etree/ElementTree",
+  "zipfile/__init__",
+  "zipfile",
 )
 
 
@@ -44,7 +111,9 @@ def _docstrings(path: str) -> list[str]:
       tree = ast.parse(f.read())
   except (OSError, SyntaxError, UnicodeDecodeError):
     return []
-  nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+  nodes = [tree] + [
+    n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+  ]
   docs = [ast.get_docstring(n) for n in nodes]
   return [d for d in docs if d and len(d) > 80]
 
@@ -143,8 +212,10 @@ def split_documents(docs: Sequence[str], split: str | None) -> list[str]:
   held = [i % EVAL_EVERY == EVAL_EVERY - 1 for i in range(len(docs))]
   chosen = [d for d, h in zip(docs, held) if h == (split == "eval")]
   if not chosen:
-    raise ValueError(f"split={split!r}: the corpus of {len(docs)} document(s) has none for this split (every "
-                     f"{EVAL_EVERY}th document is held out for eval); give eval its own data_dir")
+    raise ValueError(
+      f"split={split!r}: the corpus of {len(docs)} document(s) has none for this split (every "
+      f"{EVAL_EVERY}th document is held out for eval); give eval its own data_dir"
+    )
   return chosen
 
 
@@ -194,7 +265,9 @@ def train_bert_tokenizer(docs: Sequence[str], vocab_size: int, cache_dir: str | 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
     tok.train_from_iterator(docs, trainer=trainer)
     return tok
 
@@ -215,19 +288,24 @@ def train_bpe(docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike
 
   alphabet = pre_tokenizers.ByteLevel.alphabet()
   if vocab_size < len(alphabet) + 1:
-    raise ValueError(f"BPE vocab_size must be at least {len(alphabet) + 1} (the {len(alphabet)} byte symbols and "
-                     f"{EOT_TOKEN}); got {vocab_size}")
+    raise ValueError(
+      f"BPE vocab_size must be at least {len(alphabet) + 1} (the {len(alphabet)} byte symbols and "
+      f"{EOT_TOKEN}); got {vocab_size}"
+    )
 
   def train():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TOKEN], initial_alphabet=alphabet,
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=[EOT_TOKEN], initial_alphabet=alphabet, show_progress=False
+    )
     tok.train_from_iterator(docs, trainer=trainer)
     if tok.token_to_id(EOT_TOKEN) != EOT or tok.get_vocab_size() > vocab_size:
-      raise RuntimeError(f"BPE training gave {EOT_TOKEN} id {tok.token_to_id(EOT_TOKEN)} and "
-                         f"{tok.get_vocab_size()} tokens; expected id {EOT} and at most {vocab_size}")
+      raise RuntimeError(
+        f"BPE training gave {EOT_TOKEN} id {tok.token_to_id(EOT_TOKEN)} and "
+        f"{tok.get_vocab_size()} tokens; expected id {EOT} and at most {vocab_size}"
+      )
     return tok
 
   return _cached_tokenizer(cache_dir, f"bpe-{vocab_size}-{corpus_hash(docs)}.json", train)

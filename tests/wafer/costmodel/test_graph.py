@@ -219,7 +219,7 @@ def test_trace_errors_are_reported():
 def test_autocast_roundings_cost_one_cast_each():
   n, d = 8, 32
   policy = precision.Policy(compute="cbfloat16", level=0)
-  f = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+  f = lambda x, w: jnp.tanh(x @ w)
   g = extract(precision.autocast(f, policy), (sds(n, d), sds(d, d)), batch_argnums=(0,), compute_bits=16)
   work: dict[str, float] = {}
   for k in g.kernels:
@@ -241,6 +241,12 @@ def test_prng_keys_in_the_step_and_in_its_arguments():
   w, x = jnp.ones((64, 64)), jnp.ones((16, 64))
   report = wafer.estimate(jax.grad(step), w, x, jax.random.key(0), batch_size=16, batch_argnums=1)
   assert report.samples_per_sec > 0
-  raw = wafer.estimate(jax.grad(lambda w, x, k: step(w, x, jax.random.wrap_key_data(k))), w, x,
-                       jax.random.key_data(jax.random.key(0)), batch_size=16, batch_argnums=1)
+  raw = wafer.estimate(
+    jax.grad(lambda w, x, k: step(w, x, jax.random.wrap_key_data(k))),
+    w,
+    x,
+    jax.random.key_data(jax.random.key(0)),
+    batch_size=16,
+    batch_argnums=1,
+  )
   assert raw.samples_per_sec > 0
