@@ -82,6 +82,7 @@ class Report:
     calibration: the parameters used.
     details: mode-specific numbers (micro-batches, I/O seconds, memory...).
     notes: approximations the estimate made.
+    batch_arguments: the step's arguments taken as the batch (axis 0 = samples).
   """
 
   name: str
@@ -116,6 +117,7 @@ class Report:
   calibration: Calibration
   details: dict[str, Any]
   notes: tuple[str, ...]
+  batch_arguments: tuple[str, ...] = ()
 
   @property
   def active_pes_fraction(self) -> float:
@@ -197,6 +199,8 @@ class Report:
     else:
       batch_line = f"{self.batch_size} per step; pipeline waves of {self.micro_batch_size}"
     lines.append(f" {'Batch:':<16}{batch_line}")
+    if self.batch_arguments:
+      lines.append(f" {'Batch args:':<16}{', '.join(self.batch_arguments)}")
     lines.append(f" {'Formats:':<16}{self.compute_format} operands, {self.accumulate_format} accumulation")
     lines.append(
       f" {'Work:':<16}{self.flops_per_sample / 1e12:.4g} TFLOP per sample (matrix products, "
