@@ -9,7 +9,7 @@ from typing import Any
 
 import precision
 from wafer.costmodel import graph as graph_mod
-from wafer.costmodel.calibration import CALIBRATION, Calibration
+from wafer.costmodel.calibration import ACCURACY, CALIBRATION, Calibration
 from wafer.costmodel.hardware import System, get_system
 from wafer.costmodel.mesh import ALGORITHMS, Machine
 from wafer.costmodel.pipeline import PipelineResult, layer_pipelined
@@ -246,7 +246,7 @@ def estimate_graph(
   if mode in ("auto", "weight_streaming"):
     ws = weight_streaming(graph, machine, sys_, width, height, per_system, num_csx, micro_batch_size)
 
-  chosen, reason, alternatives = _choose(mode, pipe, ws, num_csx)
+  chosen, reason, alternatives = _choose(mode, pipe, ws, num_csx, graph.param_elements)
   common = dict(
     name=name,
     system=sys_.key,
@@ -271,6 +271,7 @@ def estimate_graph(
     alternatives=alternatives,
     mode_reason=reason,
     batch_arguments=graph.batch_arguments,
+    accuracy=ACCURACY,
   )
   notes = list(graph.notes) + notes_extra
   if not graph.training:
@@ -385,8 +386,15 @@ def _sequence_length(args: Sequence[Any], argnums: Sequence[int]) -> int | None:
 
 
 def _choose(
-  mode: str, pipe: PipelineResult | None, ws: StreamingResult | str | None, num_csx: int
+  mode: str, pipe: PipelineResult | None, ws: StreamingResult | str | None, num_csx: int, params: int
 ) -> tuple[str, str, dict[str, Any]]:
+  """The mode, a sentence saying which mode Cerebras would use and why, and the other mode's rate.
+
+  Cerebras' rule (``../shared/reference/wafer.md`` §4): layer pipelined when the whole model, its
+  optimizer state and the activations in flight fit in the wafer's SRAM (a single system; "below
+  ~1B parameters"), weight streaming otherwise or for several systems; where both fit, the faster.
+  """
+  size = f"{params / 1e6:,.0f}M parameters"
   if mode == "pipeline":
     alt: dict[str, Any] = {}
     return "pipeline", "requested", alt
@@ -394,16 +402,38 @@ def _choose(
     return "weight_streaming", "requested", {}
   ws_rate = None if ws is None or isinstance(ws, str) else ws.step_s
   if pipe is None:
-    return "weight_streaming", f"auto: layer pipelined runs on one system, num_csx={num_csx}", {}
+    return (
+      "weight_streaming",
+      f"Cerebras would stream weights: {num_csx} systems run data parallel only in weight streaming",
+      {},
+    )
   if not pipe.fits:
-    return "weight_streaming", "auto: layer pipelined does not fit", {"pipeline": pipe.reason}
+    return (
+      "weight_streaming",
+      f"Cerebras would stream weights: layer pipelined does not fit ({size}; {pipe.reason})",
+      {"pipeline": pipe.reason},
+    )
   if ws_rate is None:
-    return "pipeline", "auto: weight streaming does not fit", {"weight_streaming": ws}
+    return (
+      "pipeline",
+      f"Cerebras would pipeline the layers: weight streaming does not fit ({ws})",
+      {"weight_streaming": ws},
+    )
   assert isinstance(ws, StreamingResult)
   batch_rate = ws.micro_batch * ws.n_micro / ws.step_s
   if pipe.samples_per_sec >= batch_rate:
-    return "pipeline", "auto: the faster mode that fits", {"weight_streaming": batch_rate}
-  return "weight_streaming", "auto: the faster mode that fits", {"pipeline": pipe.samples_per_sec}
+    return (
+      "pipeline",
+      f"Cerebras would pipeline the layers: the model ({size}) fits on the wafer and pipelined is "
+      f"{pipe.samples_per_sec / batch_rate:.2f}x faster than weight streaming",
+      {"weight_streaming": batch_rate},
+    )
+  return (
+    "weight_streaming",
+    f"Cerebras would stream weights: the model ({size}) fits layer pipelined, but weight streaming "
+    f"is {batch_rate / pipe.samples_per_sec:.2f}x faster at this batch",
+    {"pipeline": pipe.samples_per_sec},
+  )
 
 
 def _pipeline_report(

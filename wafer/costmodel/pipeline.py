@@ -182,7 +182,7 @@ def _evaluate(
       )
     )
   update_cycles = sum(kernel_cycles(machine, k, width, height, ratio, ("update",)) for k in graph.kernels)
-  update_s = update_cycles / f
+  update_s = update_cycles / f + (machine.calib.step_overhead_s if graph.training else 0.0)
   compute = f * wave / worst_compute if worst_compute else math.inf
   data_rate = (
     system.io_bytes_per_sec / graph.input_bytes_per_sample if graph.input_bytes_per_sample else math.inf
