@@ -337,7 +337,7 @@ def _argnums(
     raise EstimateError("estimate needs example arguments: estimate(step_fn, *example_args, ...)")
   if batch_argnums is None:
     axes = [_leading_axes(a) for a in args]
-    last = next((i for i in reversed(range(n_args)) if axes[i]), None)
+    last = next((i for i in reversed(range(n_args)) if axes[i] and None not in axes[i]), None)
     if last is None:
       raise EstimateError(
         "none of the example arguments holds an array, so there is no batch to cost; pass arrays or "
@@ -347,7 +347,7 @@ def _argnums(
     if b is None or any(a != b for a in axes[last]):
       raise EstimateError(
         f"the last argument with arrays, {names[last]}, is taken as the batch but its arrays do not "
-        f"share an axis 0 (axis 0 sizes {sorted({a for a in axes[last] if a is not None})}, or a scalar); "
+        f"share an axis 0 (axis 0 sizes {sorted(set(axes[last]))}); "
         "pass batch_argnums= naming the data arguments"
       )
     return tuple(i for i in range(n_args) if axes[i] and all(a == b for a in axes[i]))

@@ -594,9 +594,27 @@ def _merge_glue(
       continue
     for key in s.in_keys:
       src = producer.get(key)
-      if src is not None and src != kid and not is_glue(src) and kernels[src].count == kernels[kid].count:
+      if src is not None and src != kid and kernels[src].count == kernels[kid].count:
         target[kid] = src
         break
+  for kid in list(target):  # glue fed by glue: follow the chain to a kernel with work
+    seen = {kid}
+    dst = target[kid]
+    while dst in target and dst not in seen:
+      seen.add(dst)
+      dst = target[dst]
+    if is_glue(dst):
+      del target[kid]
+    else:
+      target[kid] = dst
+  # glue fed by nothing that costs (e.g. a sum over a constant mask): the kernel before it
+  working = sorted((k.order, kid) for kid, k in kernels.items() if not is_glue(kid) and kid[0] != "update")
+  for kid, k in kernels.items():
+    if is_glue(kid) and kid not in target:
+      same = [w for o, w in working if kernels[w].count == k.count]
+      before = [w for o, w in working if o <= k.order and kernels[w].count == k.count]
+      if same:
+        target[kid] = before[-1] if before else same[0]
   out = []
   for kid, k in kernels.items():
     dst = target.get(kid)

@@ -190,13 +190,21 @@ def _layers(cfg: TransformerConfig, x: jax.Array, layer_params: dict[str, Any]) 
   return x
 
 
-def loss_fn(cfg: TransformerConfig, params: dict[str, Any], tokens: jax.Array) -> jax.Array:
-  """Mean next-token (or masked-token) cross entropy of ``tokens[b, s]`` (int32)."""
+def loss_fn(
+  cfg: TransformerConfig,
+  params: dict[str, Any],
+  tokens: jax.Array,
+  layers: Callable[[jax.Array, dict[str, Any]], jax.Array] | None = None,
+) -> jax.Array:
+  """Mean next-token (or masked-token) cross entropy of ``tokens[b, s]`` (int32).
+
+  ``layers(x, layer_params) -> x`` runs the transformer layers (default: a ``lax.scan``).
+  """
   with jax.named_scope("embed"):
     x = jnp.take(params["embed"], tokens, axis=0)
     if cfg.positions == "learned":
       x = x + params["pos"][None, : tokens.shape[1]]
-  x = _layers(cfg, x, params["layers"])
+  x = _layers(cfg, x, params["layers"]) if layers is None else layers(x, params["layers"])
   if cfg.predictions is not None:  # MLM: only the masked positions (shape-equivalent to a gather)
     x, tokens = x[:, : cfg.predictions], tokens[:, : cfg.predictions]
   with jax.named_scope("lm_head"):
