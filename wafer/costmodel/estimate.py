@@ -394,7 +394,7 @@ def _choose(
   optimizer state and the activations in flight fit in the wafer's SRAM (a single system; "below
   ~1B parameters"), weight streaming otherwise or for several systems; where both fit, the faster.
   """
-  size = f"{params / 1e6:.3g}M parameters"
+  size = f"{params / 1e9:.3g}B parameters" if params >= 1e9 else f"{params / 1e6:.3g}M parameters"
   if mode == "pipeline":
     alt: dict[str, Any] = {}
     return "pipeline", "requested", alt

@@ -86,6 +86,12 @@ def _vec_cycles(length: int, lanes: int, in_b: float, acc_b: float, read_b: int,
   )
 
 
+def _issue(work: float, c_op: float, overlap: bool) -> float:
+  """Cycles of one tensor instruction: its vector work plus the fixed setup, or, where hardware
+  microthreads set up the next instruction while this one runs (WSE-3), the longer of the two."""
+  return max(work, c_op) if overlap else work + c_op
+
+
 @functools.lru_cache(maxsize=200_000)
 def _gemm(
   m: int,
@@ -101,6 +107,7 @@ def _gemm(
   link_b: int,
   alpha: float,
   c_op: float,
+  overlap: bool,
   sram: float,
   algorithm: str,
 ) -> GemmPlan:
@@ -109,7 +116,7 @@ def _gemm(
     p = max(1, min(width, height))
     mt, nt = math.ceil(m / min(p, m)), math.ceil(n / min(p, n))
     kt = math.ceil(k / p)
-    step_compute = kt * nt * (_vec_cycles(mt, lanes, in_b, acc_b, read_b, write_b) + c_op)
+    step_compute = kt * nt * _issue(_vec_cycles(mt, lanes, in_b, acc_b, read_b, write_b), c_op, overlap)
     step_comm = math.ceil((mt * kt + kt * nt) * in_b / link_b) + 2 * alpha
     cycles = p * max(step_compute, step_comm) + alpha * 2 * p
     return GemmPlan(float(cycles), 1, (mt, nt), mt)
@@ -130,12 +137,12 @@ def _gemm(
       if xt * yt * acc_b + 2 * (xt + yt) * in_b <= sram:
         kg = math.ceil(k / c)
         length, short = max(xt, yt), min(xt, yt)
-        per_k = short * (_vec_cycles(length, lanes, in_b, acc_b, read_b, write_b) + c_op)
+        per_k = short * _issue(_vec_cycles(length, lanes, in_b, acc_b, read_b, write_b), c_op, overlap)
         comm_k = math.ceil((xt + yt) * in_b / link_b)
         cycles = kg * max(per_k, comm_k) + alpha * (h + w)
         if c > 1:
           tile = xt * yt
-          level = max(math.ceil(tile * acc_b / link_b), math.ceil(tile / lanes)) + c_op
+          level = _issue(max(math.ceil(tile * acc_b / link_b), math.ceil(tile / lanes)), c_op, overlap)
           cycles += math.ceil(math.log2(c)) * level + alpha * (height + width) / 2
         if best is None or cycles < best.cycles:
           best = GemmPlan(float(cycles), c, (xt, yt), length)
@@ -173,6 +180,7 @@ def _streamed(
   link_b: int,
   alpha: float,
   c_op: float,
+  overlap: bool,
   sram: float,
   max_lanes: int,
 ) -> GemmPlan:
@@ -196,7 +204,7 @@ def _streamed(
       if at * bt * acc_b + 2 * (at + bt) * in_b > sram:
         continue
       length, short = max(at, bt), min(at, bt)
-      per_token = short * (_vec_cycles(length, lanes, in_b, acc_b, read_b, write_b) + c_op)
+      per_token = short * _issue(_vec_cycles(length, lanes, in_b, acc_b, read_b, write_b), c_op, overlap)
       comm = math.ceil((at + bt) * in_b / link_b)
       cycles = math.ceil(tokens / g) * max(per_token, comm) + alpha * (w + h)
       if best is None or cycles < best.cycles:
@@ -243,6 +251,7 @@ def gemm_cycles(
       chip.link_bytes_per_cycle,
       chip.hop_latency_cycles,
       calib.instruction_overhead_cycles,
+      chip.overlapped_setup,
       machine.sram_data_bytes,
       int(calib.max_lanes),
     )
@@ -257,6 +266,7 @@ def gemm_cycles(
     chip.link_bytes_per_cycle,
     chip.hop_latency_cycles,
     calib.instruction_overhead_cycles,
+    chip.overlapped_setup,
     machine.sram_data_bytes,
     machine.algorithm,
   )
@@ -315,7 +325,7 @@ def vector_cycles(
   else:
     ops = calib.transcendental_ops if kind == "transcendental" else 1.0
     work = math.ceil(per_instr / used / chip.lanes(bits)) * ops
-  cycles = instructions * (work + calib.instruction_overhead_cycles)
+  cycles = instructions * _issue(work, calib.instruction_overhead_cycles, chip.overlapped_setup)
   if kind == "reduce":
     cycles += instructions * chip.hop_latency_cycles * max(width, height)
   return float(cycles)
