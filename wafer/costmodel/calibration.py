@@ -145,4 +145,4 @@ class Accuracy:
   command: str = "python benchmarks/costmodel_accuracy.py"
 
 
-ACCURACY = Accuracy(points=8, median=0.445, worst=1.327, band=(0.36, 3.77))
+ACCURACY = Accuracy(points=8, median=0.582, worst=1.327, band=(0.36, 3.77))
