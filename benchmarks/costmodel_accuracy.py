@@ -85,7 +85,9 @@ def _rate(cell: tuple[float, ...], batch: int, update: float, fixed: float) -> f
   return batch / (step + params * update + training * fixed) if params or training else rate
 
 
-def _fit(table: dict[Any, Any], points: list[tuple[Any, Any]], use: list[int]) -> tuple[tuple[Any, ...], float]:
+def _fit(
+  table: dict[Any, Any], points: list[tuple[Any, Any]], use: list[int]
+) -> tuple[tuple[Any, ...], float]:
   """The grid point (clock, overhead, lanes, update) with the least sum of squared log errors on ``use``."""
   best, best_cost = None, math.inf
   for key, row in table.items():

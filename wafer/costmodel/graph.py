@@ -232,7 +232,9 @@ def _abstract(args: tuple[Any, ...], names: Sequence[str]) -> tuple[Any, ...]:
       "allowed: arrays, jax.ShapeDtypeStruct or Python numbers (bind other values with functools.partial)"
     )
 
-  return tuple(jax.tree_util.tree_map_with_path(lambda p, x: conv(p, x, n), a) for a, n in zip(args, names))
+  return tuple(
+    jax.tree_util.tree_map_with_path(lambda p, x, n=n: conv(p, x, n), a) for a, n in zip(args, names)
+  )
 
 
 def _double_batch(tree: Any) -> Any:
@@ -251,7 +253,9 @@ def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int], names: Seq
   for i in batch_argnums:
     leaves = jax.tree_util.tree_leaves_with_path(args[i])
     if not leaves:
-      raise TraceError(f"batch argument {names[i]!r} holds no arrays; name only data arguments in batch_argnums")
+      raise TraceError(
+        f"batch argument {names[i]!r} holds no arrays; name only data arguments in batch_argnums"
+      )
     for path, leaf in leaves:
       where = names[i] + jax.tree_util.keystr(path)
       shape = getattr(leaf, "shape", None)

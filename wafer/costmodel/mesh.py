@@ -275,7 +275,9 @@ def gemm_cycles(
   return _batched(mi, ki, ni, inst, width, height, common)
 
 
-def _batched(m: int, k: int, n: int, inst: int, width: int, height: int, common: tuple[object, ...]) -> GemmPlan:
+def _batched(
+  m: int, k: int, n: int, inst: int, width: int, height: int, common: tuple[object, ...]
+) -> GemmPlan:
   """``inst`` independent products (samples x heads): parallel work. The rectangle is split into
   ``g`` groups (``g`` a power of two, searched); each group computes ``ceil(inst / g)`` instances one
   after another on its sub-rectangle, the operand wave of the next instance following the last

@@ -125,8 +125,14 @@ def _evaluate(
   needed = sum(a_min)
   if needed > total:
     gb = sum(memory) / 1e9
-    weights = sum(memory[j] - units[j][0].activation_in_bytes(ratio) * (
-      2 * (len(units) - 1 - j) + 1 if graph.training else 1) for j in range(len(units))) / 1e9
+    weights = (
+      sum(
+        memory[j]
+        - units[j][0].activation_in_bytes(ratio) * (2 * (len(units) - 1 - j) + 1 if graph.training else 1)
+        for j in range(len(units))
+      )
+      / 1e9
+    )
     return PipelineResult(
       False,
       f"needs {needed:,} PEs ({gb:.3g} GB: weights, optimizer state and gradients {weights:.3g} GB, "

@@ -48,7 +48,9 @@ def test_the_quoted_accuracy_is_the_benchmarks_leave_one_out(bench):
 def test_the_benchmark_rows_are_the_published_points(bench, rows):
   assert {r["id"] for r in bench["rows"]} == {r["id"] for r in rows}
   for b in bench["rows"]:
-    assert b["leave_one_out_abs_log_ratio"] == pytest.approx(abs(math.log(b["leave_one_out"] / b["measured"])))
+    assert b["leave_one_out_abs_log_ratio"] == pytest.approx(
+      abs(math.log(b["leave_one_out"] / b["measured"]))
+    )
 
 
 def test_the_measured_conditions_are_used(rows):

@@ -124,7 +124,9 @@ def test_per_sample_keys_are_batch_arguments_a_shared_key_is_not():
     y = jnp.einsum("bd,df->bf", jnp.where(drop, x + noise, 0.0), params)
     return jax.grad(lambda p: jnp.mean(jnp.einsum("bd,df->bf", x, p) * y))(params)
 
-  r = wafer.estimate(step, sds(64, 32), sds(16, 64), jax.random.split(jax.random.key(0), 16), jax.random.key(1))
+  r = wafer.estimate(
+    step, sds(64, 32), sds(16, 64), jax.random.split(jax.random.key(0), 16), jax.random.key(1)
+  )
   assert r.batch_arguments == ("x", "sample_keys")
 
 
