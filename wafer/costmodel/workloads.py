@@ -7,7 +7,7 @@ inference row. They build abstract arguments only, so even GPT-3 175B costs no m
 
 >>> from wafer.costmodel import workloads
 >>> sorted(workloads.WORKLOADS)[:3]
-['esm2_35m', 'esm2_35m_cs3', 'gpt2_small']
+['bert_large_pipelined', 'bert_large_ws2048', 'bert_large_ws512']
 """
 
 from __future__ import annotations
