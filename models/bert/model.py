@@ -74,9 +74,11 @@ class BertLayer(nnx.Module):
     self.nonlinearity = c.encoder_nonlinearity
 
   def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
-    x = self.attention_norm(x + self.dropout(self.attention(x, mask)))
-    ffn = self.ffn_out(activation(self.nonlinearity)(self.ffn_in(x)))
-    return self.ffn_norm(x + self.dropout(ffn))
+    with jax.named_scope("attention"):  # kernel names for the wafer cost model
+      x = self.attention_norm(x + self.dropout(self.attention(x, mask)))
+    with jax.named_scope("ffn"):
+      ffn = self.ffn_out(activation(self.nonlinearity)(self.ffn_in(x)))
+      return self.ffn_norm(x + self.dropout(ffn))
 
 
 class BertForPreTraining(nnx.Module):
@@ -114,23 +116,29 @@ class BertForPreTraining(nnx.Module):
     attention_mask: jax.Array | None = None,
   ) -> jax.Array:
     """int32[batch, seq] inputs -> hidden states float32[batch, seq, hidden]."""
-    positions = jnp.arange(input_ids.shape[1], dtype=jnp.int32)
-    x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
-    if self.token_type_embeddings is not None:
-      if token_type_ids is None:
-        token_type_ids = jnp.zeros_like(input_ids)
-      x = x + self.token_type_embeddings(token_type_ids)
-    x = self.embedding_dropout(self.embedding_norm(x))
+    with jax.named_scope("embeddings"):
+      positions = jnp.arange(input_ids.shape[1], dtype=jnp.int32)
+      x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
+      if self.token_type_embeddings is not None:
+        if token_type_ids is None:
+          token_type_ids = jnp.zeros_like(input_ids)
+        x = x + self.token_type_embeddings(token_type_ids)
+      x = self.embedding_dropout(self.embedding_norm(x))
     mask = None
     if attention_mask is not None:
       keep = attention_mask.astype(jnp.bool_)
       mask = jnp.broadcast_to(keep[:, None, :], (keep.shape[0], keep.shape[1], keep.shape[1]))
-    for layer in self.layers:
-      x = layer(x, mask)
+    for i, layer in enumerate(self.layers):
+      with jax.named_scope(f"encoder/layer_{i}"):
+        x = layer(x, mask)
     return x
 
   def mlm_logits(self, hidden: jax.Array) -> jax.Array:
     """float32[..., hidden] -> float32[..., vocab] (decoder tied to the word embeddings)."""
+    with jax.named_scope("mlm_head"):
+      return self._mlm_logits(hidden)
+
+  def _mlm_logits(self, hidden: jax.Array) -> jax.Array:
     h = self.mlm_norm(activation(self.encoder_nonlinearity)(self.mlm_dense(hidden)))
     logits = self.word_embeddings.attend(h) if self.mlm_decoder is None else self.mlm_decoder(h)
     bias = self.mlm_bias[...]
@@ -147,8 +155,9 @@ class BertForPreTraining(nnx.Module):
     hidden = self.encode(input_ids, token_type_ids, attention_mask)
     nsp = None
     if self.pooler is not None and self.nsp_classifier is not None:
-      pooled = activation(self.pooler_nonlinearity)(self.pooler(hidden[:, 0]))
-      nsp = self.nsp_classifier(pooled)
+      with jax.named_scope("nsp_head"):
+        pooled = activation(self.pooler_nonlinearity)(self.pooler(hidden[:, 0]))
+        nsp = self.nsp_classifier(pooled)
     if masked_lm_positions is not None:
       hidden = jnp.take_along_axis(hidden, masked_lm_positions.astype(jnp.int32)[..., None], axis=1)
     return self.mlm_logits(hidden), nsp

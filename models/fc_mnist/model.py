@@ -59,9 +59,11 @@ class FCMnist(nnx.Module):
   def __call__(self, images: jax.Array) -> jax.Array:
     x = images.reshape(images.shape[0], -1)
     act = activation(self.activation_fn)
-    for layer in self.layers:
-      x = self.dropout(act(layer(x)))
-    return self.last_layer(x)
+    for i, layer in enumerate(self.layers):
+      with jax.named_scope(f"layer_{i}"):  # kernel names for the wafer cost model
+        x = self.dropout(act(layer(x)))
+    with jax.named_scope("last_layer"):
+      return self.last_layer(x)
 
 
 def fc_mnist_loss(model: FCMnist, batch: dict[str, jax.Array]) -> jax.Array:

@@ -95,9 +95,11 @@ class GPT2Block(nnx.Module):
     self.nonlinearity = c.nonlinearity
 
   def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
-    x = x + self.dropout(self.attention(self.attention_norm(x), mask))
-    ffn = self.ffn_out(activation(self.nonlinearity)(self.ffn_in(self.ffn_norm(x))))
-    return x + self.dropout(ffn)
+    with jax.named_scope("attention"):  # kernel names for the wafer cost model
+      x = x + self.dropout(self.attention(self.attention_norm(x), mask))
+    with jax.named_scope("ffn"):
+      ffn = self.ffn_out(activation(self.nonlinearity)(self.ffn_in(self.ffn_norm(x))))
+      return x + self.dropout(ffn)
 
 
 class GPT2LMHeadModel(nnx.Module):
@@ -122,16 +124,19 @@ class GPT2LMHeadModel(nnx.Module):
   def __call__(self, input_ids: jax.Array) -> jax.Array:
     b, s = input_ids.shape
     positions = jnp.arange(s, dtype=jnp.int32)
-    x = self.embedding_dropout(self.word_embeddings(input_ids) + self.position_embeddings(positions)[None])
+    with jax.named_scope("embeddings"):
+      x = self.embedding_dropout(self.word_embeddings(input_ids) + self.position_embeddings(positions)[None])
     causal = jnp.tril(jnp.ones((s, s), jnp.bool_))
     mask = jnp.broadcast_to(causal[None], (b, s, s))
-    for layer in self.layers:
-      x = layer(x, mask)
-    x = self.final_norm(x)
-    logits = self.word_embeddings.attend(x) if self.lm_head is None else self.lm_head(x)
-    if self.output_bias is not None:
-      logits = logits + self.output_bias[...][None, None]
-    return logits
+    for i, layer in enumerate(self.layers):
+      with jax.named_scope(f"decoder/layer_{i}"):
+        x = layer(x, mask)
+    with jax.named_scope("lm_head"):
+      x = self.final_norm(x)
+      logits = self.word_embeddings.attend(x) if self.lm_head is None else self.lm_head(x)
+      if self.output_bias is not None:
+        logits = logits + self.output_bias[...][None, None]
+      return logits
 
 
 def gpt2_loss(
@@ -149,7 +154,8 @@ def gpt2_loss(
   ``sum(CE * mask) * loss_weight / b``.
   """
   logits = model(batch["input_ids"])
-  ce = cross_entropy(logits, batch["labels"])
+  with jax.named_scope("loss"):
+    ce = cross_entropy(logits, batch["labels"])
   mask = batch.get("attention_mask")
   weights = jnp.ones_like(ce) if mask is None else mask.astype(jnp.float32)
   total = jnp.sum(ce * weights)

@@ -11,7 +11,9 @@ a kernel on a PE rectangle), `pipeline` (layer-pipelined mode), `placement` (pac
 calibration workloads).
 """
 
+from wafer.costmodel.calibration import ACCURACY as ACCURACY
 from wafer.costmodel.calibration import CALIBRATION as CALIBRATION
+from wafer.costmodel.calibration import Accuracy as Accuracy
 from wafer.costmodel.calibration import Calibration as Calibration
 from wafer.costmodel.estimate import MODES as MODES
 from wafer.costmodel.estimate import EstimateError as EstimateError
@@ -30,7 +32,9 @@ from wafer.costmodel.report import KernelRow as KernelRow
 from wafer.costmodel.report import Report as Report
 
 __all__ = (
+  "ACCURACY",
   "CALIBRATION",
+  "Accuracy",
   "MODES",
   "SYSTEMS",
   "Calibration",

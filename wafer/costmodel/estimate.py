@@ -9,7 +9,7 @@ from typing import Any
 
 import precision
 from wafer.costmodel import graph as graph_mod
-from wafer.costmodel.calibration import CALIBRATION, Calibration
+from wafer.costmodel.calibration import ACCURACY, CALIBRATION, Calibration
 from wafer.costmodel.hardware import System, get_system
 from wafer.costmodel.mesh import ALGORITHMS, Machine
 from wafer.costmodel.pipeline import PipelineResult, layer_pipelined
@@ -97,7 +97,9 @@ def estimate(
     accumulate_format: accumulator format of matrix products (``"float32"``: Cerebras mixed
       precision; ``"float16"``: half-precision FMAC).
     micro_batch_size: force the micro-batch (weight streaming) or wave size (pipeline).
-    batch_argnums: which arguments carry the batch on axis 0 (default: the last one).
+    batch_argnums: which arguments carry the batch on axis 0. Default: every argument whose arrays
+      all have, as axis 0, the batch size (axis 0 of the last argument with arrays): data, labels,
+      masks, per-sample keys. The report lists them (``Report.batch_arguments``).
     kernel_depth: keep at most this many scope names per kernel (coarser kernels).
     rect: ``(width, height)`` of the PE rectangle to use (default: the chip's usable grid).
     gemm_algorithm: ``"search"`` (best mapping, as the Cerebras compiler explores layouts) or
@@ -133,7 +135,8 @@ def estimate(
     if not isinstance(clock_hz, (int, float)) or isinstance(clock_hz, bool) or not clock_hz > 0:
       raise EstimateError(f"clock_hz={clock_hz!r}; allowed: a positive frequency in Hz")
     calib = calib.replace(clock_hz=float(clock_hz))
-  argnums = _argnums(batch_argnums, len(example_args))
+  names = _arg_names(step_fn, len(example_args))
+  argnums = _argnums(batch_argnums, example_args, names)
   width, height = _rect(rect, sys_.chip.usable_width, sys_.chip.usable_height)
   if batch_size is not None:
     batch_size = _positive_int("batch_size", batch_size)
@@ -142,7 +145,12 @@ def estimate(
 
   compute_bits = 16 if compute.bits <= 16 else 32
   graph = graph_mod.extract(
-    step_fn, example_args, batch_argnums=argnums, compute_bits=compute_bits, kernel_depth=kernel_depth
+    step_fn,
+    example_args,
+    batch_argnums=argnums,
+    compute_bits=compute_bits,
+    kernel_depth=kernel_depth,
+    arg_names=names,
   )
   graph.sequence_length = _sequence_length(example_args, argnums)
   return estimate_graph(
@@ -217,6 +225,18 @@ def estimate_graph(
         f"micro_batch_size={micro_batch_size} does not divide the {per_system} samples per system; "
         "allowed: a divisor of batch_size / num_csx"
       )
+  if not any(k.has_phase("fwd") for k in graph.kernels):
+    taken = ", ".join(graph.batch_arguments) or "none"
+    raise EstimateError(
+      f"the step does no work per sample: nothing it computes depends on its batch arguments ({taken}), "
+      "so it has no rate; pass batch_argnums= naming the arguments that carry the data on axis 0"
+    )
+  notes_extra = []
+  if compute.bits < 16:
+    notes_extra.append(
+      f"compute format {compute.name}: the WSE has no {compute.bits}-bit floating-point datapath; "
+      "its products are costed at the 16-bit SIMD rate"
+    )
   machine = Machine(chip, calib, 16 if accumulate.bits <= 16 else 32, gemm_algorithm)
 
   pipe: PipelineResult | None = None
@@ -226,7 +246,7 @@ def estimate_graph(
   if mode in ("auto", "weight_streaming"):
     ws = weight_streaming(graph, machine, sys_, width, height, per_system, num_csx, micro_batch_size)
 
-  chosen, reason, alternatives = _choose(mode, pipe, ws, num_csx)
+  chosen, reason, alternatives = _choose(mode, pipe, ws, num_csx, graph.param_elements)
   common = dict(
     name=name,
     system=sys_.key,
@@ -250,8 +270,12 @@ def estimate_graph(
     * calib.clock_hz,
     alternatives=alternatives,
     mode_reason=reason,
+    batch_arguments=graph.batch_arguments,
+    accuracy=ACCURACY,
   )
-  notes = list(graph.notes)
+  notes = list(graph.notes) + notes_extra
+  if not graph.training:
+    notes.append("no backward pass: costed as inference (forward only, no weight update)")
   seq = graph.sequence_length
   if chosen == "pipeline":
     assert pipe is not None
@@ -274,11 +298,59 @@ def _mode(mode: Any) -> str:
   return key
 
 
-def _argnums(batch_argnums: int | Sequence[int] | None, n_args: int) -> tuple[int, ...]:
+def _arg_names(step_fn: Callable[..., Any], n_args: int) -> tuple[str, ...]:
+  """The example arguments' names from the step's signature (``argument i`` where it has none)."""
+  import inspect
+
+  try:
+    params = list(inspect.signature(step_fn).parameters.values())
+  except (TypeError, ValueError):
+    params = []
+  names = []
+  for i in range(n_args):
+    p = params[i] if i < len(params) else None
+    ok = p is not None and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    names.append(p.name if ok else f"argument {i}")
+  return tuple(names)
+
+
+def _leading_axes(arg: Any) -> list[int | None]:
+  """Axis 0 of every array leaf of one argument (None for a scalar)."""
+  import jax
+
+  out: list[int | None] = []
+  for leaf in jax.tree.leaves(arg):
+    shape = getattr(leaf, "shape", None)
+    if shape is not None:
+      out.append(int(shape[0]) if len(shape) else None)
+  return out
+
+
+def _argnums(
+  batch_argnums: int | Sequence[int] | None, args: Sequence[Any], names: Sequence[str]
+) -> tuple[int, ...]:
+  """The batch arguments. Default: the batch size is axis 0 of the last argument that has arrays,
+  and every argument whose arrays all have that axis 0 is a batch argument (data, labels, masks,
+  per-sample keys); the others (parameters, optimizer state, a shared key) are not."""
+  n_args = len(args)
   if n_args == 0:
     raise EstimateError("estimate needs example arguments: estimate(step_fn, *example_args, ...)")
   if batch_argnums is None:
-    return (n_args - 1,)
+    axes = [_leading_axes(a) for a in args]
+    last = next((i for i in reversed(range(n_args)) if axes[i] and None not in axes[i]), None)
+    if last is None:
+      raise EstimateError(
+        "none of the example arguments holds an array, so there is no batch to cost; pass arrays or "
+        "jax.ShapeDtypeStruct values with the batch on axis 0"
+      )
+    b = axes[last][0]
+    if b is None or any(a != b for a in axes[last]):
+      raise EstimateError(
+        f"the last argument with arrays, {names[last]}, is taken as the batch but its arrays do not "
+        f"share an axis 0 (axis 0 sizes {sorted(set(axes[last]))}); "
+        "pass batch_argnums= naming the data arguments"
+      )
+    return tuple(i for i in range(n_args) if axes[i] and all(a == b for a in axes[i]))
   nums = (batch_argnums,) if isinstance(batch_argnums, int) else tuple(batch_argnums)
   out = []
   for i in nums:
@@ -314,8 +386,15 @@ def _sequence_length(args: Sequence[Any], argnums: Sequence[int]) -> int | None:
 
 
 def _choose(
-  mode: str, pipe: PipelineResult | None, ws: StreamingResult | str | None, num_csx: int
+  mode: str, pipe: PipelineResult | None, ws: StreamingResult | str | None, num_csx: int, params: int
 ) -> tuple[str, str, dict[str, Any]]:
+  """The mode, a sentence saying which mode Cerebras would use and why, and the other mode's rate.
+
+  Cerebras' rule (``../shared/reference/wafer.md`` §4): layer pipelined when the whole model, its
+  optimizer state and the activations in flight fit in the wafer's SRAM (a single system; "below
+  ~1B parameters"), weight streaming otherwise or for several systems; where both fit, the faster.
+  """
+  size = f"{params / 1e9:.3g}B parameters" if params >= 1e9 else f"{params / 1e6:.3g}M parameters"
   if mode == "pipeline":
     alt: dict[str, Any] = {}
     return "pipeline", "requested", alt
@@ -323,16 +402,38 @@ def _choose(
     return "weight_streaming", "requested", {}
   ws_rate = None if ws is None or isinstance(ws, str) else ws.step_s
   if pipe is None:
-    return "weight_streaming", f"auto: layer pipelined runs on one system, num_csx={num_csx}", {}
+    return (
+      "weight_streaming",
+      f"Cerebras would stream weights: {num_csx} systems run data parallel only in weight streaming",
+      {},
+    )
   if not pipe.fits:
-    return "weight_streaming", "auto: layer pipelined does not fit", {"pipeline": pipe.reason}
+    return (
+      "weight_streaming",
+      f"Cerebras would stream weights: layer pipelined does not fit ({size}; {pipe.reason})",
+      {"pipeline": pipe.reason},
+    )
   if ws_rate is None:
-    return "pipeline", "auto: weight streaming does not fit", {"weight_streaming": ws}
+    return (
+      "pipeline",
+      f"Cerebras would pipeline the layers: weight streaming does not fit ({ws})",
+      {"weight_streaming": ws},
+    )
   assert isinstance(ws, StreamingResult)
   batch_rate = ws.micro_batch * ws.n_micro / ws.step_s
   if pipe.samples_per_sec >= batch_rate:
-    return "pipeline", "auto: the faster mode that fits", {"weight_streaming": batch_rate}
-  return "weight_streaming", "auto: the faster mode that fits", {"pipeline": pipe.samples_per_sec}
+    return (
+      "pipeline",
+      f"Cerebras would pipeline the layers: the model ({size}) fits on the wafer and pipelined is "
+      f"{pipe.samples_per_sec / batch_rate:.2f}x faster than weight streaming",
+      {"weight_streaming": batch_rate},
+    )
+  return (
+    "weight_streaming",
+    f"Cerebras would stream weights: the model ({size}) fits layer pipelined, but weight streaming "
+    f"is {batch_rate / pipe.samples_per_sec:.2f}x faster at this batch",
+    {"pipeline": pipe.samples_per_sec},
+  )
 
 
 def _pipeline_report(

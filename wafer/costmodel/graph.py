@@ -181,6 +181,7 @@ class Graph:
     eqn_count: equations walked (with ``scan`` bodies once).
     notes: things the extraction approximated.
     sequence_length: axis 1 of the first batch argument, when it has one (to report tokens/s).
+    batch_arguments: names of the arguments taken as the batch.
   """
 
   kernels: list[Kernel]
@@ -193,11 +194,17 @@ class Graph:
   eqn_count: int
   notes: list[str]
   sequence_length: int | None = None
+  batch_arguments: tuple[str, ...] = ()
 
   def flops_per_sample(self, phases: Sequence[str] = ("fwd", "bwd")) -> float:
     """Matrix-product FLOP per sample (all kernel instances), the 'model FLOPs'."""
     ratio = 1.0 / self.traced_batch
     return sum(k.count * k.matmul_flops(ratio, phases) for k in self.kernels)
+
+  @property
+  def training(self) -> bool:
+    """Whether the step has a backward pass (a training step); else it is costed as inference."""
+    return any(k.has_phase("bwd") for k in self.kernels)
 
   def state_bytes_per_param(self) -> float:
     """Bytes of persistent state per parameter (weights plus optimizer state), at least the weight."""
@@ -210,15 +217,24 @@ class Graph:
 # Tracing and grouping
 
 
-def _abstract(tree: Any) -> Any:
-  def conv(x: Any) -> Any:
+def _abstract(args: tuple[Any, ...], names: Sequence[str]) -> tuple[Any, ...]:
+  """Arrays -> `jax.ShapeDtypeStruct`; Python numbers stay; anything else cannot be costed."""
+
+  def conv(path: Any, x: Any, name: str) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct):
       return x
     if hasattr(x, "shape") and hasattr(x, "dtype"):
       return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
-    return x
+    if isinstance(x, (bool, int, float, complex)) or x is None:
+      return x
+    raise TraceError(
+      f"{name}{jax.tree_util.keystr(path)} is a {type(x).__name__}, which the cost model cannot cost; "
+      "allowed: arrays, jax.ShapeDtypeStruct or Python numbers (bind other values with functools.partial)"
+    )
 
-  return jax.tree.map(conv, tree)
+  return tuple(
+    jax.tree_util.tree_map_with_path(lambda p, x, n=n: conv(p, x, n), a) for a, n in zip(args, names)
+  )
 
 
 def _double_batch(tree: Any) -> Any:
@@ -230,25 +246,34 @@ def _double_batch(tree: Any) -> Any:
   return jax.tree.map(conv, tree)
 
 
-def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int]) -> int:
-  sizes = set()
+def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int], names: Sequence[str]) -> int:
+  """The batch size shared by axis 0 of every array of the batch arguments; a disagreement is an
+  error naming the argument and the key path."""
+  first: tuple[str, int] | None = None
   for i in batch_argnums:
-    for leaf in jax.tree.leaves(args[i]):
+    leaves = jax.tree_util.tree_leaves_with_path(args[i])
+    if not leaves:
+      raise TraceError(
+        f"batch argument {names[i]!r} holds no arrays; name only data arguments in batch_argnums"
+      )
+    for path, leaf in leaves:
+      where = names[i] + jax.tree_util.keystr(path)
       shape = getattr(leaf, "shape", None)
       if shape is None or len(shape) == 0:
         raise TraceError(
-          f"batch argument {i} has a leaf without a batch axis (shape {shape}); "
-          "every array in the batch arguments needs the batch as axis 0"
+          f"batch argument {where!r} has no batch axis (shape {shape}); every array of a batch argument "
+          "needs the batch as axis 0 (leave this argument out of batch_argnums)"
         )
-      sizes.add(int(shape[0]))
-  if not sizes:
+      if first is None:
+        first = (where, int(shape[0]))
+      elif int(shape[0]) != first[1]:
+        raise TraceError(
+          f"batch argument mismatch: {where} has axis 0 of size {shape[0]} but {first[0]} has {first[1]}; every "
+          "batch argument needs the same batch size on axis 0 (fix the shapes or batch_argnums)"
+        )
+  if first is None:
     raise TraceError(f"batch_argnums={tuple(batch_argnums)} name arguments with no arrays")
-  if len(sizes) > 1:
-    raise TraceError(
-      f"the batch arguments disagree on the batch size (axis 0 sizes {sorted(sizes)}); "
-      "pass batch_argnums= naming only the data arguments"
-    )
-  return sizes.pop()
+  return first[1]
 
 
 def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[int]) -> tuple[Walker, Any]:
@@ -285,6 +310,7 @@ def extract(
   batch_argnums: Sequence[int],
   compute_bits: int,
   kernel_depth: int | None = None,
+  arg_names: Sequence[str] | None = None,
 ) -> Graph:
   """Trace ``fn(*args)`` abstractly (twice) and group its equations into kernels.
 
@@ -294,12 +320,14 @@ def extract(
     batch_argnums: positions of the data arguments; every array in them has the batch as axis 0.
     compute_bits: operand width of matrix products and element-wise work on the wafer (16 or 32).
     kernel_depth: keep at most this many scope names in a kernel name (None: all).
+    arg_names: names of the arguments for messages and ``Graph.batch_arguments``.
 
   Returns:
     The `Graph`.
   """
-  args = _abstract(tuple(args))
-  b0 = _batch_size_of(args, batch_argnums)
+  names = tuple(arg_names) if arg_names is not None else tuple(f"argument {i}" for i in range(len(args)))
+  args = _abstract(tuple(args), names)
+  b0 = _batch_size_of(args, batch_argnums, names)
   w1, _ = _trace(fn, args, batch_argnums)
   notes = set(w1.notes)
   exact = True
@@ -356,6 +384,7 @@ def extract(
     state_bytes=float(state_bytes),
     eqn_count=w1.eqn_count,
     notes=sorted(notes),
+    batch_arguments=tuple(names[i] for i in sorted(batch_argnums)),
   )
 
 
@@ -373,6 +402,13 @@ def _group(
   act_owner: dict[int, tuple[Any, ...]] = {}  # activation key -> kernel whose product read it
   assignment: list[tuple[Any, ...]] = []
   n_pattern = 0
+  # A scope entered again after the forward pass left it (an unrolled loop whose layers share a
+  # name) is a new occurrence: it gets its own kernel, as a scan's layers get their own instances.
+  occurrence: dict[tuple[Any, ...], int] = {}
+  left: set[tuple[Any, ...]] = set()
+  last_fwd: tuple[Any, ...] | None = None
+  in_backward = False
+  last_bwd: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
   def kernel(kid: tuple[Any, ...], name: str, mult: int, order: int, scopes: tuple[str, ...]) -> Kernel:
     if kid not in kernels:
@@ -381,10 +417,25 @@ def _group(
 
   for i, s in enumerate(sites):
     phase = "update" if not per_sample[i] else ("bwd" if s.transposed else "fwd")
+    in_backward = in_backward or s.transposed
     scopes = s.scopes[:kernel_depth] if kernel_depth else s.scopes
     if scopes:
-      kid: tuple[Any, ...] = ("scope", scopes, s.mult)
+      base = (scopes, s.mult)
       name = "/".join(scopes)
+      if phase == "fwd" and not in_backward:
+        if base != last_fwd:
+          if last_fwd is not None and not _nested(last_fwd[0], scopes):
+            left.add(last_fwd)
+          if base in left:
+            occurrence[base] = occurrence.get(base, 0) + 1
+            left.discard(base)
+          occurrence.setdefault(base, 0)
+          last_fwd = base
+        kid: tuple[Any, ...] = ("scope", scopes, s.mult, occurrence[base])
+      elif phase == "update" and not in_backward:
+        kid = ("scope", scopes, s.mult, occurrence.get(base, 0))
+      else:
+        kid = _backward_occurrence(base, s, producer, occurrence, last_bwd)
     elif phase == "update":
       kid, name = ("update", s.mult), "weight_update"
     elif s.kind == "matmul":
@@ -458,6 +509,36 @@ def _group(
   return ordered
 
 
+def _nested(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+  """Whether one scope path is a prefix of the other (a sub-scope does not leave its parent)."""
+  n = min(len(a), len(b))
+  return a[:n] == b[:n]
+
+
+def _backward_occurrence(
+  base: tuple[Any, ...],
+  s: Site,
+  producer: dict[int, tuple[Any, ...]],
+  occurrence: dict[tuple[Any, ...], int],
+  last_bwd: dict[tuple[Any, ...], tuple[Any, ...]],
+) -> tuple[Any, ...]:
+  """The kernel of a backward (or update) equation of a scope with several occurrences: the
+  occurrence that produced one of its inputs (a saved activation or a cotangent), else the one the
+  previous backward equation of this scope went to."""
+  scopes, mult = base
+  n = occurrence.get(base)
+  if n is None:
+    return ("scope", scopes, mult, 0)
+  if n == 0:
+    return ("scope", scopes, mult, 0)
+  for key in s.in_keys:
+    src = producer.get(key)
+    if src is not None and src[0] == "scope" and (src[1], src[2]) == base:
+      last_bwd[base] = src
+      return src
+  return last_bwd.get(base, ("scope", scopes, mult, n))
+
+
 def _shape_exponent(shape: tuple[int, ...], exps: tuple[int, ...]) -> int:
   """A boundary tensor of a per-sample equation grows linearly with the batch, unless it is a scalar."""
   return 1 if max(exps, default=0) >= 1 and len(shape) > 0 else 0
@@ -517,9 +598,27 @@ def _merge_glue(
       continue
     for key in s.in_keys:
       src = producer.get(key)
-      if src is not None and src != kid and not is_glue(src) and kernels[src].count == kernels[kid].count:
+      if src is not None and src != kid and kernels[src].count == kernels[kid].count:
         target[kid] = src
         break
+  for kid in list(target):  # glue fed by glue: follow the chain to a kernel with work
+    seen = {kid}
+    dst = target[kid]
+    while dst in target and dst not in seen:
+      seen.add(dst)
+      dst = target[dst]
+    if is_glue(dst):
+      del target[kid]
+    else:
+      target[kid] = dst
+  # glue fed by nothing that costs (e.g. a sum over a constant mask): the kernel before it
+  working = sorted((k.order, kid) for kid, k in kernels.items() if not is_glue(kid) and kid[0] != "update")
+  for kid, k in kernels.items():
+    if is_glue(kid) and kid not in target:
+      same = [w for o, w in working if kernels[w].count == k.count]
+      before = [w for o, w in working if o <= k.order and kernels[w].count == k.count]
+      if same:
+        target[kid] = before[-1] if before else same[0]
   out = []
   for kid, k in kernels.items():
     dst = target.get(kid)

@@ -33,6 +33,8 @@ class Chip:
     link_bytes_per_cycle: payload one fabric link carries per direction per cycle.
     router_ports: router ports per PE (N, S, E, W, RAMP).
     hop_latency_cycles: cycles per fabric hop (alpha in WaferLLM's PLMR model).
+    overlapped_setup: whether hardware microthreads set up the next tensor instruction while the
+      current one runs, so an instruction costs ``max(work, setup)`` rather than ``work + setup``.
     source: where the numbers come from.
   """
 
@@ -50,6 +52,7 @@ class Chip:
   router_ports: int
   hop_latency_cycles: float
   source: str
+  overlapped_setup: bool = False
 
   @property
   def usable_width(self) -> int:
@@ -156,6 +159,9 @@ WSE3 = Chip(
   router_ports=5,
   hop_latency_cycles=1.0,
   source="wafer.md §1.1-1.3; SDK tutorial; SKILL-SIMD.md (secondary)",
+  # SECONDARY: 8 hardware microthreads, explicit on WSE-3 (SDK-derived notes, wafer.md §1.2): the
+  # descriptor setup of one thread's instruction overlaps another's vector work.
+  overlapped_setup=True,
 )
 
 SYSTEMS: dict[str, System] = {

@@ -18,10 +18,10 @@
 * ``algorithm="meshgemm"`` instead fixes WaferLLM's MeshGEMM: a square ``P x P`` mesh, ``P``
   compute-shift steps, vectors along ``m`` (their ``@fmach`` over the sequence tile), no split.
 
-**Batched products** (``instances > 1``, e.g. samples x heads in attention) are computed as one
-product with the instances stacked along ``m`` or ``n`` (whichever is faster), plus a serial
-latency per instance of ``hop_latency * max(width, height)`` cycles: every instance is a separate
-wave across the kernel's rectangle (its operands are not resident where the instance runs).
+**Batched products** (``instances > 1``, e.g. samples x heads in attention) are parallel work:
+the rectangle is split into ``g`` groups (searched over powers of two), each computing
+``ceil(instances / g)`` of them one after another on its sub-rectangle with the model above; the
+fabric fill latency is paid once per group, since the next instance's operands follow the last.
 
 **Element-wise, reductions, casts and data movement**: per equation, ``elements / min(PEs,
 elements)`` per PE at ``lanes`` per cycle (transcendentals ``transcendental_ops`` times), moves at
@@ -86,6 +86,12 @@ def _vec_cycles(length: int, lanes: int, in_b: float, acc_b: float, read_b: int,
   )
 
 
+def _issue(work: float, c_op: float, overlap: bool) -> float:
+  """Cycles of one tensor instruction: its vector work plus the fixed setup, or, where hardware
+  microthreads set up the next instruction while this one runs (WSE-3), the longer of the two."""
+  return max(work, c_op) if overlap else work + c_op
+
+
 @functools.lru_cache(maxsize=200_000)
 def _gemm(
   m: int,
@@ -101,6 +107,7 @@ def _gemm(
   link_b: int,
   alpha: float,
   c_op: float,
+  overlap: bool,
   sram: float,
   algorithm: str,
 ) -> GemmPlan:
@@ -109,7 +116,7 @@ def _gemm(
     p = max(1, min(width, height))
     mt, nt = math.ceil(m / min(p, m)), math.ceil(n / min(p, n))
     kt = math.ceil(k / p)
-    step_compute = kt * nt * (_vec_cycles(mt, lanes, in_b, acc_b, read_b, write_b) + c_op)
+    step_compute = kt * nt * _issue(_vec_cycles(mt, lanes, in_b, acc_b, read_b, write_b), c_op, overlap)
     step_comm = math.ceil((mt * kt + kt * nt) * in_b / link_b) + 2 * alpha
     cycles = p * max(step_compute, step_comm) + alpha * 2 * p
     return GemmPlan(float(cycles), 1, (mt, nt), mt)
@@ -130,12 +137,12 @@ def _gemm(
       if xt * yt * acc_b + 2 * (xt + yt) * in_b <= sram:
         kg = math.ceil(k / c)
         length, short = max(xt, yt), min(xt, yt)
-        per_k = short * (_vec_cycles(length, lanes, in_b, acc_b, read_b, write_b) + c_op)
+        per_k = short * _issue(_vec_cycles(length, lanes, in_b, acc_b, read_b, write_b), c_op, overlap)
         comm_k = math.ceil((xt + yt) * in_b / link_b)
         cycles = kg * max(per_k, comm_k) + alpha * (h + w)
         if c > 1:
           tile = xt * yt
-          level = max(math.ceil(tile * acc_b / link_b), math.ceil(tile / lanes)) + c_op
+          level = _issue(max(math.ceil(tile * acc_b / link_b), math.ceil(tile / lanes)), c_op, overlap)
           cycles += math.ceil(math.log2(c)) * level + alpha * (height + width) / 2
         if best is None or cycles < best.cycles:
           best = GemmPlan(float(cycles), c, (xt, yt), length)
@@ -158,15 +165,96 @@ def _in_passes(mi: int, ki: int, ni: int, common: tuple[object, ...]) -> GemmPla
   return plan
 
 
+@functools.lru_cache(maxsize=200_000)
+def _streamed(
+  a: int,
+  b: int,
+  tokens: int,
+  width: int,
+  height: int,
+  bits: int,
+  acc_bits: int,
+  lanes: int,
+  read_b: int,
+  write_b: int,
+  link_b: int,
+  alpha: float,
+  c_op: float,
+  overlap: bool,
+  sram: float,
+  max_lanes: int,
+) -> GemmPlan:
+  """A weight-stationary product: the static ``a x b`` matrix (a weight, or a weight gradient being
+  accumulated) is tiled over ``g`` copies of a sub-rectangle (*lanes*, ``g`` a power of two up to
+  ``max_lanes``), and ``tokens`` stream through in time, ``tokens / g`` per lane. Per token a PE
+  issues ``a_t`` AXPYs of length ``b_t`` over its ``a_t x b_t`` tile (either orientation)."""
+  in_b, acc_b = bits / 8, acc_bits / 8
+  best: GemmPlan | None = None
+  g = 1
+  while g <= min(max_lanes, tokens):
+    w, h, gg = width, height, g
+    while gg > 1:
+      if h >= w:
+        h = max(1, h // 2)
+      else:
+        w = max(1, w // 2)
+      gg //= 2
+    for rows, cols in ((a, b), (b, a)):
+      at, bt = math.ceil(rows / min(h, rows)), math.ceil(cols / min(w, cols))
+      if at * bt * acc_b + 2 * (at + bt) * in_b > sram:
+        continue
+      length, short = max(at, bt), min(at, bt)
+      per_token = short * _issue(_vec_cycles(length, lanes, in_b, acc_b, read_b, write_b), c_op, overlap)
+      comm = math.ceil((at + bt) * in_b / link_b)
+      cycles = math.ceil(tokens / g) * max(per_token, comm) + alpha * (w + h)
+      if best is None or cycles < best.cycles:
+        best = GemmPlan(float(cycles), g, (at, bt), length)
+    if w == 1 and h == 1:
+      break
+    g *= 2
+  return best if best is not None else GemmPlan(math.inf, 1, (0, 0), 0)
+
+
 def gemm_cycles(
-  machine: Machine, m: float, k: float, n: float, width: int, height: int, bits: int, instances: float = 1.0
+  machine: Machine,
+  m: float,
+  k: float,
+  n: float,
+  width: int,
+  height: int,
+  bits: int,
+  instances: float = 1.0,
+  stream: str | None = None,
 ) -> GemmPlan:
   """Cycles of ``instances`` products ``[m x k] @ [k x n]`` on a ``width x height`` rectangle.
 
-  A product whose output tiles do not fit in SRAM runs in several passes over ``m`` or ``n``.
+  ``stream`` names the one dimension that grows with the batch when the two others do not (a
+  weight product, or a weight gradient contracted over tokens): such a product is weight
+  stationary (`_streamed`). Other products are tiled over the rectangle (`_gemm`); one whose output
+  tiles do not fit in SRAM runs in several passes over ``m`` or ``n``.
   """
   chip, calib = machine.chip, machine.calib
   mi, ki, ni, inst = (max(1, math.ceil(v - 1e-9)) for v in (m, k, n, instances))
+  if stream is not None and inst == 1 and machine.algorithm == "search":
+    a, b, tokens = {"m": (ki, ni, mi), "k": (mi, ni, ki), "n": (mi, ki, ni)}[stream]
+    return _streamed(
+      a,
+      b,
+      tokens,
+      width,
+      height,
+      bits,
+      machine.acc_bits,
+      chip.lanes(bits),
+      chip.sram_read_bytes_per_cycle,
+      chip.sram_write_bytes_per_cycle,
+      chip.link_bytes_per_cycle,
+      chip.hop_latency_cycles,
+      calib.instruction_overhead_cycles,
+      chip.overlapped_setup,
+      machine.sram_data_bytes,
+      int(calib.max_lanes),
+    )
   common = (
     width,
     height,
@@ -178,21 +266,50 @@ def gemm_cycles(
     chip.link_bytes_per_cycle,
     chip.hop_latency_cycles,
     calib.instruction_overhead_cycles,
+    chip.overlapped_setup,
     machine.sram_data_bytes,
     machine.algorithm,
   )
   if inst == 1:
     return _in_passes(mi, ki, ni, common)
-  # Instances run one after another, so SRAM holds one instance's tiles; the compute of all of
-  # them is costed as one product stacked along m or n, plus one wave latency per instance.
-  stacked = common[:-2] + (math.inf, machine.algorithm)
-  a = _gemm(mi * inst, ki, ni, *stacked)
-  b = _gemm(mi, ki, ni * inst, *stacked)
-  plan = a if a.cycles <= b.cycles else b
-  single = _in_passes(mi, ki, ni, common)
-  extra = single.cycles / _gemm(mi, ki, ni, *stacked).cycles  # passes a single instance needs
-  latency = inst * chip.hop_latency_cycles * max(width, height)
-  return dataclasses.replace(plan, cycles=plan.cycles * max(1.0, extra) + latency)
+  return _batched(mi, ki, ni, inst, width, height, common)
+
+
+def _batched(
+  m: int, k: int, n: int, inst: int, width: int, height: int, common: tuple[object, ...]
+) -> GemmPlan:
+  """``inst`` independent products (samples x heads): parallel work. The rectangle is split into
+  ``g`` groups (``g`` a power of two, searched); each group computes ``ceil(inst / g)`` instances one
+  after another on its sub-rectangle, the operand wave of the next instance following the last
+  (the fill latency ``alpha * (w + h)`` is paid once per group)."""
+  alpha = float(common[8])  # type: ignore[arg-type]
+  best: GemmPlan | None = None
+  g = 1
+  while g <= min(inst, width * height):
+    w, h, gg = width, height, g
+    while gg > 1:
+      if h >= w:
+        h = max(1, h // 2)
+      else:
+        w = max(1, w // 2)
+      gg //= 2
+    sub = (w, h) + common[2:-1]
+    if common[-1] == "search":  # one operand stationary on the group, the other streams through
+      a = _streamed(k, n, m, *sub, 1)
+      b = _streamed(m, k, n, *sub, 1)
+      plan = a if a.cycles <= b.cycles else b
+    else:
+      plan = _in_passes(m, k, n, (w, h) + common[2:])
+    if not math.isinf(plan.cycles):
+      fill = alpha * (w + h)
+      per = max(plan.cycles - fill, 1.0)
+      cycles = math.ceil(inst / g) * per + fill
+      if best is None or cycles < best.cycles:
+        best = dataclasses.replace(plan, cycles=cycles)
+    if w == 1 and h == 1:
+      break
+    g *= 2
+  return best if best is not None else GemmPlan(math.inf, 1, (0, 0), 0)
 
 
 def vector_cycles(
@@ -210,7 +327,7 @@ def vector_cycles(
   else:
     ops = calib.transcendental_ops if kind == "transcendental" else 1.0
     work = math.ceil(per_instr / used / chip.lanes(bits)) * ops
-  cycles = instructions * (work + calib.instruction_overhead_cycles)
+  cycles = instructions * _issue(work, calib.instruction_overhead_cycles, chip.overlapped_setup)
   if kind == "reduce":
     cycles += instructions * chip.hop_latency_cycles * max(width, height)
   return float(cycles)
@@ -232,6 +349,8 @@ def kernel_cycles(
   total = 0.0
   for mm in kernel.matmuls:
     if mm.phase in phases:
+      growing = [d for d, size in (("m", mm.m), ("k", mm.k), ("n", mm.n)) if size.exponent > 0]
+      stream = growing[0] if len(growing) == 1 and mm.instances.exponent == 0 else None
       total += gemm_cycles(
         machine,
         mm.m.at(ratio),
@@ -241,6 +360,7 @@ def kernel_cycles(
         height,
         mm.bits,
         mm.instances.at(ratio),
+        stream,
       ).cycles
   for (phase, kind, exponent, bits), (elements, instructions) in kernel.vector.items():
     if phase in phases:

@@ -95,12 +95,19 @@ def dataflow_units(kernels: list[Kernel]) -> list[tuple[Kernel, int]]:
 
 
 def _memory(graph: Graph, units: list[tuple[Kernel, int]], ratio: float) -> list[float]:
-  per_param = graph.state_bytes_per_param() + 4.0  # weights + optimizer state + gradient accumulator
+  """Bytes each unit's rectangle holds. Training: weights, optimizer state and a gradient
+  accumulator per parameter, and its inputs for every wave between its forward and its backward.
+  Inference (no backward): the weights in their on-wafer width and the input of one wave."""
   n = len(units)
   out = []
   for pos, (k, _) in enumerate(units):
-    in_flight = 2 * (n - 1 - pos) + 1
-    out.append(k.weight_elements() * per_param + k.activation_in_bytes(ratio) * in_flight)
+    if graph.training:
+      in_flight = 2 * (n - 1 - pos) + 1
+      weights = k.weight_elements() * (graph.state_bytes_per_param() + 4.0)
+    else:
+      in_flight = 1
+      weights = k.weight_bytes()
+    out.append(weights + k.activation_in_bytes(ratio) * in_flight)
   return out
 
 
@@ -119,7 +126,12 @@ def _evaluate(
   if needed > total:
     gb = sum(memory) / 1e9
     weights = (
-      sum(k.weight_elements() * k.count for k in kernels) * (graph.state_bytes_per_param() + 4.0) / 1e9
+      sum(
+        memory[j]
+        - units[j][0].activation_in_bytes(ratio) * (2 * (len(units) - 1 - j) + 1 if graph.training else 1)
+        for j in range(len(units))
+      )
+      / 1e9
     )
     return PipelineResult(
       False,
@@ -176,7 +188,7 @@ def _evaluate(
       )
     )
   update_cycles = sum(kernel_cycles(machine, k, width, height, ratio, ("update",)) for k in graph.kernels)
-  update_s = update_cycles / f
+  update_s = update_cycles / f + (machine.calib.step_overhead_s if graph.training else 0.0)
   compute = f * wave / worst_compute if worst_compute else math.inf
   data_rate = (
     system.io_bytes_per_sec / graph.input_bytes_per_sample if graph.input_bytes_per_sample else math.inf

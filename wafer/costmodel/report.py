@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from precision._table import Table
-from wafer.costmodel.calibration import Calibration
+from wafer.costmodel.calibration import Accuracy, Calibration
 from wafer.costmodel.placement import Rect
 
 __all__ = ("KernelRow", "Report")
@@ -82,6 +82,8 @@ class Report:
     calibration: the parameters used.
     details: mode-specific numbers (micro-batches, I/O seconds, memory...).
     notes: approximations the estimate made.
+    batch_arguments: the step's arguments taken as the batch (axis 0 = samples).
+    accuracy: the cost model's leave-one-out accuracy, for ``expected_range``.
   """
 
   name: str
@@ -116,6 +118,17 @@ class Report:
   calibration: Calibration
   details: dict[str, Any]
   notes: tuple[str, ...]
+  batch_arguments: tuple[str, ...] = ()
+  accuracy: Accuracy | None = None
+
+  @property
+  def expected_range(self) -> tuple[float, float] | None:
+    """``(low, high)`` samples/s a measured run is expected in: the estimate times the band of the
+    cost model's leave-one-out errors on the published runs (`wafer.costmodel.ACCURACY`)."""
+    if self.accuracy is None or not self.samples_per_sec:
+      return None
+    lo, hi = self.accuracy.band
+    return self.samples_per_sec * lo, self.samples_per_sec * hi
 
   @property
   def active_pes_fraction(self) -> float:
@@ -178,6 +191,13 @@ class Report:
         ("Compute Utilization", f"{100 * self.compute_utilization:.0f}%"),
       )
     ]
+    band = self.expected_range
+    if band is not None and self.accuracy is not None:
+      a = self.accuracy
+      lines.append(
+        f" {'Expected range:':<30}{_rate(band[0])} - {_rate(band[1])} samples/s (x{a.band[0]:.2f}-x{a.band[1]:.2f}: "
+        f"leave-one-out errors on {a.points} published runs, median |ln ratio| {a.median:.2f})"
+      )
     if not self.fits:
       lines += ["", f" Does not fit in {_mode_name(self.mode)} mode: {self.reason}"]
     lines += ["", str(self.kernel_table()), "", "Estimate details"]
@@ -197,6 +217,8 @@ class Report:
     else:
       batch_line = f"{self.batch_size} per step; pipeline waves of {self.micro_batch_size}"
     lines.append(f" {'Batch:':<16}{batch_line}")
+    if self.batch_arguments:
+      lines.append(f" {'Batch args:':<16}{', '.join(self.batch_arguments)}")
     lines.append(f" {'Formats:':<16}{self.compute_format} operands, {self.accumulate_format} accumulation")
     lines.append(
       f" {'Work:':<16}{self.flops_per_sample / 1e12:.4g} TFLOP per sample (matrix products, "
@@ -247,10 +269,13 @@ class Report:
         value = [r.to_dict() for r in value]
       elif field.name == "calibration":
         value = value.to_dict()
+      elif field.name == "accuracy" and value is not None:
+        value = dataclasses.asdict(value)
       out[field.name] = _jsonable(value)
     out["active_pes_fraction"] = self.active_pes_fraction
     out["model_flops_per_sec"] = self.model_flops_per_sec
     out["flops_utilization"] = self.flops_utilization
+    out["expected_range"] = _jsonable(self.expected_range)
     return out
 
   def to_json(self, indent: int = 2) -> str:

@@ -49,6 +49,8 @@ _VIEW = frozenset({
     "transpose", "reshape", "convert_element_type", "broadcast_in_dim", "squeeze", "expand_dims", "copy",
     "copy_p", "bitcast_convert_type", "reduce_precision", "sharding_constraint", "pvary", "stop_gradient",
 })
+# Slices of a parameter that are parameters themselves (``stacked[i]`` in an unrolled loop).
+_SLICE = frozenset({"slice", "dynamic_slice", "gather", "index_in_dim", "squeeze"})
 # fmt: on
 _CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
@@ -183,6 +185,9 @@ class Walker:
     kind = classify(eqn)
     if prim in _VIEW:
       self._propagate_root(ins, outs)
+    elif prim in _SLICE and ins and ins[0] in self.root and not any(k in self.data for k in ins if k):
+      for o in outs:  # one layer's slice of stacked parameters (an unrolled loop): a parameter itself
+        self.root[o] = o
     if kind is not None:
       self._site(eqn, kind, ins, outs, scopes, transposed, mult)
     else:

@@ -7,7 +7,7 @@ inference row. They build abstract arguments only, so even GPT-3 175B costs no m
 
 >>> from wafer.costmodel import workloads
 >>> sorted(workloads.WORKLOADS)[:3]
-['esm2_35m', 'esm2_35m_cs3', 'gpt2_small']
+['bert_large_pipelined', 'bert_large_ws2048', 'bert_large_ws512']
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class TransformerConfig:
     tied_embeddings: the LM head reuses the embedding table.
     causal: causal attention mask (decoder) or bidirectional (encoder, e.g. ESM-2).
     bias: biases in the projections.
+    predictions: positions per sequence that reach the LM head (BERT's masked tokens, at most
+      ``max_predictions_per_seq``); None = every position.
   """
 
   layers: int
@@ -67,6 +69,7 @@ class TransformerConfig:
   tied_embeddings: bool = True
   causal: bool = True
   bias: bool = True
+  predictions: int | None = None
 
   @property
   def head_dim(self) -> int:
@@ -187,13 +190,23 @@ def _layers(cfg: TransformerConfig, x: jax.Array, layer_params: dict[str, Any]) 
   return x
 
 
-def loss_fn(cfg: TransformerConfig, params: dict[str, Any], tokens: jax.Array) -> jax.Array:
-  """Mean next-token (or masked-token) cross entropy of ``tokens[b, s]`` (int32)."""
+def loss_fn(
+  cfg: TransformerConfig,
+  params: dict[str, Any],
+  tokens: jax.Array,
+  layers: Callable[[jax.Array, dict[str, Any]], jax.Array] | None = None,
+) -> jax.Array:
+  """Mean next-token (or masked-token) cross entropy of ``tokens[b, s]`` (int32).
+
+  ``layers(x, layer_params) -> x`` runs the transformer layers (default: a ``lax.scan``).
+  """
   with jax.named_scope("embed"):
     x = jnp.take(params["embed"], tokens, axis=0)
     if cfg.positions == "learned":
       x = x + params["pos"][None, : tokens.shape[1]]
-  x = _layers(cfg, x, params["layers"])
+  x = _layers(cfg, x, params["layers"]) if layers is None else layers(x, params["layers"])
+  if cfg.predictions is not None:  # MLM: only the masked positions (shape-equivalent to a gather)
+    x, tokens = x[:, : cfg.predictions], tokens[:, : cfg.predictions]
   with jax.named_scope("lm_head"):
     x = _norm(cfg, x, params["ln_f"])
     w = params["embed"].T if cfg.tied_embeddings else params["lm_head"]
@@ -291,7 +304,6 @@ class Measurement:
   value: float
   what: str
   source: str
-  held_out: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +342,7 @@ def accuracy(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
   Returns:
     One dict per workload: ``id``, ``workload``, ``predicted`` and ``measured`` samples/s,
-    ``abs_log_ratio`` = ``|ln(predicted / measured)|``, ``held_out``, ``mode``, ``micro_batch``,
+    ``abs_log_ratio`` = ``|ln(predicted / measured)|``, ``mode``, ``micro_batch``,
     ``what``, ``source``.
   """
   rows = []
@@ -346,7 +358,6 @@ def accuracy(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "predicted": report.samples_per_sec,
         "measured": m.value,
         "abs_log_ratio": abs(math.log(report.samples_per_sec / m.value)),
-        "held_out": m.held_out,
         "mode": report.mode,
         "micro_batch": report.micro_batch_size,
         "what": m.what,
@@ -386,6 +397,17 @@ LLAMA3_8B = TransformerConfig(
   positions="rotary",
   tied_embeddings=False,
   bias=False,
+)
+BERT_LARGE = TransformerConfig(
+  layers=24,
+  d_model=1024,
+  heads=16,
+  ffn=4096,
+  vocab=30522,
+  seq=128,
+  max_positions=512,
+  causal=False,
+  predictions=20,
 )
 GPT3_175B = TransformerConfig(layers=96, d_model=12288, heads=96, ffn=49152, vocab=50257, seq=2048)
 
@@ -466,7 +488,45 @@ WORKLOADS: dict[str, Workload] = {
         989.1,
         "1 x CS-3, R2.9.0, 2025-10 (GlobalRate after 400 steps)",
         "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md (ESM-2)",
-        held_out=True,
+      ),
+    ),
+    Workload(
+      "bert_large_pipelined",
+      "BERT-large: 24 x d1024, 16 heads, FFN 4096, seq 128, MLM head on 20 masked tokens, layer pipelined",
+      BERT_LARGE,
+      1024,
+      estimate_kwargs={"system": "wse2", "mode": "pipeline"},
+      measurement=Measurement(
+        "C1",
+        6959.0,
+        "1 x CS-2, layer pipelined, PyTorch R1.7.1, 2023-03 (steps 100-1000)",
+        "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md @3788298b",
+      ),
+    ),
+    Workload(
+      "bert_large_ws512",
+      "BERT-large (as bert_large_pipelined), weight streaming, batch 512",
+      BERT_LARGE,
+      512,
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "C2",
+        2924.5,
+        "1 x CS-2, weight streaming, R2.1.x, cbfloat16, 2024-03",
+        "kharelb/ai-science-training-series homework_7.md",
+      ),
+    ),
+    Workload(
+      "bert_large_ws2048",
+      "BERT-large (as bert_large_pipelined), weight streaming, batch 2048",
+      BERT_LARGE,
+      2048,
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "C3",
+        6727.9,
+        "1 x CS-2, weight streaming, R2.1.x, cbfloat16, 2024-03",
+        "kharelb/ai-science-training-series homework_7.md",
       ),
     ),
     Workload(

@@ -1,0 +1,105 @@
+"""Kernels are named by the model's layers (issue 12, item 4): the reference models' named scopes
+(``embeddings``, ``encoder/layer_0/attention``, ``mlm_head`` ...) reach the text report, the JSON and
+the placement picture, through `wafer.estimate` on a train step built from ``models.functional`` and
+through ``wafer estimate --params``."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import wafer
+import wafer.config
+from models.zoo import functional
+from wafer.cli import main
+
+S = jax.ShapeDtypeStruct
+
+CONFIGS = {
+  "bert": "models/bert/configs/params_bert_tiny.yaml",
+  "gpt2": "models/gpt2/configs/params_gpt2_tiny.yaml",
+  "fc_mnist": "models/fc_mnist/configs/params_fc_mnist.yaml",
+}
+
+
+def _layer_names(model: str, layers: int) -> list[str]:
+  if model == "bert":
+    per = [f"encoder/layer_{i}/{part}" for i in range(layers) for part in ("attention", "ffn")]
+    return ["embeddings", *per, "mlm_head"]
+  if model == "gpt2":
+    per = [f"decoder/layer_{i}/{part}" for i in range(layers) for part in ("attention", "ffn")]
+    return ["embeddings", *per, "lm_head"]
+  return [*(f"layer_{i}" for i in range(layers)), "last_layer"]
+
+
+def _layers(model_cfg) -> int:
+  n = getattr(model_cfg, "num_hidden_layers", None)
+  return n if n is not None else len(model_cfg.hidden_sizes())
+
+
+def _batch(model: str, b: int, model_cfg) -> dict[str, S]:
+  i32 = lambda *shape: S(shape, jnp.int32)  # noqa: E731
+  if model == "bert":
+    s, p = 64, 10
+    return {
+      "input_ids": i32(b, s),
+      "token_type_ids": i32(b, s),
+      "attention_mask": i32(b, s),
+      "labels": i32(b, p),
+      "masked_lm_mask": i32(b, p),
+      "masked_lm_positions": i32(b, p),
+      "next_sentence_label": i32(b),
+    }
+  if model == "gpt2":
+    return {"input_ids": i32(b, 64), "labels": i32(b, 64)}
+  return {"images": S((b, model_cfg.input_size), jnp.float32), "labels": i32(b)}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def estimated(request):
+  model = request.param
+  p = wafer.config.load_params(CONFIGS[model])
+  init, loss = functional(p.model)
+  params = jax.eval_shape(init, jax.random.key(0))
+
+  def train_step(params, batch):
+    value, grads = jax.value_and_grad(loss)(params, batch)
+    return jax.tree.map(lambda w, g: w - 0.01 * g, params, grads), value
+
+  report = wafer.estimate(train_step, params, _batch(model, 8, p.model), mode="pipeline")
+  return model, _layers(p.model), report
+
+
+def test_kernels_are_named_by_the_modules(estimated):
+  model, layers, report = estimated
+  names = [k.name for k in report.kernels]
+  expected = _layer_names(model, layers)
+  assert [n for n in names if n in expected] == expected  # all of them, in dataflow order
+  assert not any(n.startswith(("dot_general", "ops")) for n in names), names
+
+
+def test_names_reach_the_text_the_json_and_the_placement(estimated, tmp_path):
+  model, layers, report = estimated
+  expected = _layer_names(model, layers)
+  text = report.to_text()
+  data = json.loads(report.to_json())
+  labels = {r.label for r in report.placement}
+  for name in expected:
+    assert name in text
+    assert name in {k["name"] for k in data["kernels"]}
+    assert name in labels
+  assert report.save(tmp_path)["png"]
+
+
+@pytest.mark.parametrize("model", sorted(CONFIGS))
+def test_cli_estimate_params_names_kernels_by_layer(model, tmp_path, capsys):
+  assert main(["estimate", "--params", CONFIGS[model], "--model_dir", str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  data = json.loads((tmp_path / "compile_report.json").read_text())
+  names = {k["name"] for k in data["kernels"]}
+  first = _layer_names(model, 1)
+  for name in first:
+    assert name in names and name in out
