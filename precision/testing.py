@@ -197,6 +197,7 @@ def assert_close(
   Traceback (most recent call last):
   AssertionError: 1 of 3 elements differ by more than 1 ulp of cbfloat16; worst: 2 ulp at index (0,): actual 1.00390625, expected 1.0, ulp of cbfloat16 at expected 0.001953125
   """
+  __tracebackhide__ = True  # pytest shows the caller's line, not this function's body
   fmt = get_format(fmt)
   if isinstance(ulps, (bool, np.bool_)) or not isinstance(ulps, (int, float, np.integer, np.floating)):
     raise TypeError(f"assert_close: ulps={ulps!r}; allowed: a number >= 0 (e.g. ulps=0.5, one rounding)")
