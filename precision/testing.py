@@ -132,6 +132,10 @@ def ulp_distance(
   Returns:
     A float64 NumPy array of ``expected``'s shape.
 
+  Raises:
+    ValueError: the shapes differ (nothing is broadcast).
+    TypeError: complex or non-numeric values.
+
   >>> ulp_distance([1.0 + 2**-9, 1.0, 3.0], [1.0, 1.0 + 2**-10, 2.0], "cbfloat16")  # ulp(1) = 2^-9
   array([  1. ,   0.5, 256. ])
   >>> ulp_distance([float("nan"), -0.0, float("inf")], [float("nan"), 0.0, 1e30], "bfloat16")
@@ -141,7 +145,7 @@ def ulp_distance(
   a = _float64(actual, "actual")
   e = _float64(expected, "expected")
   if a.shape != e.shape:
-    raise AssertionError(f"shapes differ: actual {a.shape}, expected {e.shape}")
+    raise ValueError(f"shapes differ: actual {a.shape}, expected {e.shape}; nothing is broadcast")
   with np.errstate(invalid="ignore", over="ignore"):
     dist = np.abs(a - e) / _ulp_at(e, fmt)
   a_nan, e_nan = np.isnan(a), np.isnan(e)
@@ -181,7 +185,8 @@ def assert_close(
   value within ``fmt``'s exponent range; NaN matches only NaN; infinities match only themselves;
   ``-0.0`` against ``+0.0`` fails unless ``check_zero_sign=False``). Each element must satisfy
   ``distance <= ulps``: ``ulps=0`` asks for equal values, ``ulps=0.5`` is the bound of one
-  correct rounding of ``expected`` to ``fmt``.
+  correct rounding of ``expected`` to ``fmt``, ``ulps=float("inf")`` checks only the special
+  values (a distance of ``inf`` always fails).
 
   Raises:
     AssertionError: naming how many elements fail, then the worst distance, its index, the two
@@ -206,9 +211,9 @@ def assert_close(
   prefix = f"{context}: " if context else ""
   try:
     dist = ulp_distance(actual, expected, fmt, check_zero_sign=check_zero_sign)
-  except AssertionError as err:
+  except ValueError as err:  # shapes: a failed comparison, not a usage error
     raise AssertionError(f"{prefix}{err}") from None
-  bad = np.flatnonzero(~(dist <= ulps))
+  bad = np.flatnonzero(~(dist <= ulps) | (dist == np.inf))  # inf fails even with ulps=inf
   if bad.size == 0:
     return
   a = _float64(actual, "actual")

@@ -169,6 +169,14 @@ def test_special_values(fmt, a, e, strict, lenient):
     assert_close([a], [e], fmt, ulps=0, check_zero_sign=False)
 
 
+def test_infinite_tolerance_still_checks_special_values():
+  assert_close([1.0, 1e30, np.nan], [2.0, -1e30, np.nan], "bf16", ulps=float("inf"))
+  with pytest.raises(
+    AssertionError, match=r"1 of 2 elements differ by more than inf ulp.*NaN matches only NaN"
+  ):
+    assert_close([1.0, np.nan], [5.0, 1.0], "bf16", ulps=float("inf"))
+
+
 def test_signaling_nans_are_nans():
   snan = np.uint32([0x7F800001, 0xFF800123]).view(np.float32)  # a float32 -> float64 cast raises "invalid"
   assert_close(snan, np.float32([np.nan, -np.nan]), "float32", ulps=0)
@@ -241,8 +249,10 @@ def test_inputs_jax_bfloat16_lists_and_float64():
 
 
 def test_usage_errors():
-  with pytest.raises(AssertionError, match=r"shapes differ: actual \(2,\), expected \(3,\)"):
-    assert_close([1.0, 2.0], [1.0, 2.0, 3.0], "cb16", ulps=1)
+  with pytest.raises(AssertionError, match=r"layer 1: shapes differ: actual \(2,\), expected \(3,\)"):
+    assert_close([1.0, 2.0], [1.0, 2.0, 3.0], "cb16", ulps=1, context="layer 1")
+  with pytest.raises(ValueError, match=r"shapes differ: actual \(\), expected \(1,\); nothing is broadcast"):
+    ulp_distance(1.0, [1.0], "cb16")
   with pytest.raises(ValueError, match="ulps=-1; allowed: a number >= 0"):
     assert_close([1.0], [1.0], "cb16", ulps=-1)
   with pytest.raises(ValueError, match="ulps=nan"):
