@@ -72,3 +72,164 @@ def gfloat_format_info(fmt: FloatFormat | str) -> Any:
     has_subnormals=True,
     is_twos_complement=False,
   )
+
+
+# ---- accuracy within a number of ulps ----
+
+
+def _float64(x: Any, what: str) -> np.ndarray:
+  x = np.asarray(x)
+  if np.iscomplexobj(x):
+    raise TypeError(f"{what}: complex values ({x.dtype}); compare the real and imaginary parts separately")
+  if x.dtype == object or x.dtype.kind in "SUM":
+    raise TypeError(f"{what}: {x.dtype} values; give real numbers (float, int or bool arrays)")
+  with np.errstate(invalid="ignore"):  # a signaling NaN (e.g. a decoded bit pattern) raises the flag
+    return x.astype(np.float64)
+
+
+def _ulp_at(expected: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+  """``fmt.ulp`` at float64 ``expected`` values, as float64 (NaN at inf and NaN).
+
+  ``fmt.ulp`` reads float32 values, so ``expected`` is first narrowed *toward zero*: a float32
+  ``t`` with ``|t| <= |x|`` keeps ``floor(log2|x|)`` (``2^floor(log2|x|)`` is a float32 between
+  ``t`` and ``x``), which is all the spacing depends on. Nearest rounding would move
+  ``2^k - tiny`` up to the next binade and double its ulp. Magnitudes beyond float32 become
+  float32's max, and those below ``2^-149`` zero; both are clipped to the format's exponent
+  range by ``fmt.ulp`` as the exact values would be.
+  """
+  with np.errstate(over="ignore"):
+    narrowed = expected.astype(np.float32)
+  away = np.abs(narrowed.astype(np.float64)) > np.abs(expected)
+  narrowed = np.where(away, np.nextafter(narrowed, np.float32(0)), narrowed)
+  return np.asarray(fmt.ulp(narrowed.ravel()), np.float64).reshape(expected.shape)
+
+
+def ulp_distance(
+  actual: Any, expected: Any, fmt: FloatFormat | str, *, check_zero_sign: bool = True
+) -> np.ndarray:
+  """Elementwise ``|actual - expected| / ulp(expected)`` in float64, with fixed rules for specials.
+
+  ``ulp(expected)`` is ``fmt``'s spacing at the expected value, ``fmt.ulp``:
+  ``2^(clip(floor(log2|e|), emin, emax) - m)``. Below the smallest normal it is the subnormal
+  spacing ``2^(emin - m)`` (also at zero, and also for formats without subnormals); beyond
+  ``fmt.max`` it is the spacing of the top binade. The difference and the division are done in
+  float64: exact for float32 inputs of similar magnitude, and float64 references keep their
+  precision (nothing is rounded to float32 or to ``fmt``).
+
+  Special values give a distance of 0 (a match) or ``inf`` (a mismatch no tolerance accepts):
+
+  * NaN matches NaN (any payload, any sign) and nothing else;
+  * ``+inf`` and ``-inf`` match only themselves: a finite value where an infinity is expected,
+    or an infinity where a finite value (even one beyond ``fmt.max``) is expected, is a mismatch;
+  * ``-0.0`` against ``+0.0`` is a mismatch unless ``check_zero_sign=False``; a zero against a
+    non-zero value is an ordinary finite distance.
+
+  Args:
+    actual, expected: real array-likes of the same shape (NumPy, JAX, lists; any float dtype).
+    fmt: a `precision.FloatFormat` or a format name (``"cbfloat16"``, ``"bf16"``, ...).
+    check_zero_sign: whether zeros of different sign differ.
+
+  Returns:
+    A float64 NumPy array of ``expected``'s shape.
+
+  Raises:
+    ValueError: the shapes differ (nothing is broadcast).
+    TypeError: complex or non-numeric values.
+
+  >>> ulp_distance([1.0 + 2**-9, 1.0, 3.0], [1.0, 1.0 + 2**-10, 2.0], "cbfloat16")  # ulp(1) = 2^-9
+  array([  1. ,   0.5, 256. ])
+  >>> ulp_distance([float("nan"), -0.0, float("inf")], [float("nan"), 0.0, 1e30], "bfloat16")
+  array([ 0., inf, inf])
+  """
+  fmt = get_format(fmt)
+  a = _float64(actual, "actual")
+  e = _float64(expected, "expected")
+  if a.shape != e.shape:
+    raise ValueError(f"shapes differ: actual {a.shape}, expected {e.shape}; nothing is broadcast")
+  with np.errstate(invalid="ignore", over="ignore"):
+    dist = np.abs(a - e) / _ulp_at(e, fmt)
+  a_nan, e_nan = np.isnan(a), np.isnan(e)
+  dist = np.where(a_nan | e_nan, np.where(a_nan & e_nan, 0.0, np.inf), dist)
+  dist = np.where(np.isinf(e), np.where(a == e, 0.0, np.inf), dist)
+  if check_zero_sign:
+    both_zero = (a == 0) & (e == 0)
+    dist = np.where(both_zero & (np.signbit(a) != np.signbit(e)), np.inf, dist)
+  return dist
+
+
+def _mismatch(i: tuple[int, ...], a: float, e: float, d: float, ulp: float, fmt: FloatFormat) -> str:
+  where = f"at index {i}: actual {a!r}, expected {e!r}"
+  if np.isnan(a) or np.isnan(e):
+    return f"{where} (NaN matches only NaN)"
+  if np.isinf(e):
+    return f"{where} (an infinity matches only the same infinity)"
+  if np.isinf(a):
+    return f"{where} (an infinity where a finite value was expected)"
+  if d == np.inf and a == 0 and e == 0:
+    return f"{where} (zeros of different sign; pass check_zero_sign=False to accept)"
+  return f"{d:.6g} ulp {where}, ulp of {fmt.name} at expected {ulp!r}"
+
+
+def assert_close(
+  actual: Any,
+  expected: Any,
+  fmt: FloatFormat | str,
+  *,
+  ulps: float,
+  check_zero_sign: bool = True,
+  context: str = "",
+) -> None:
+  """Fail unless ``actual`` is within ``ulps`` units of ``fmt``'s ulp at ``expected``, everywhere.
+
+  The distance of each element is `ulp_distance` (read it for the rules: the ulp at the expected
+  value within ``fmt``'s exponent range; NaN matches only NaN; infinities match only themselves;
+  ``-0.0`` against ``+0.0`` fails unless ``check_zero_sign=False``). Each element must satisfy
+  ``distance <= ulps``: ``ulps=0`` asks for equal values, ``ulps=0.5`` is the bound of one
+  correct rounding of ``expected`` to ``fmt``, ``ulps=float("inf")`` checks only the special
+  values (a distance of ``inf`` always fails).
+
+  Raises:
+    AssertionError: naming how many elements fail, then the worst distance, its index, the two
+      values and the ulp there, and up to four further failures, worst first. Shapes must be
+      equal (nothing is broadcast).
+    ValueError: ``ulps`` is negative or NaN.
+
+  >>> import numpy as np, precision
+  >>> x = np.float32([1.0, 2.0, 3.0])
+  >>> y = x * np.float32(1.001)
+  >>> assert_close(precision.round(y, "cbfloat16"), y, "cbfloat16", ulps=0.5)  # one rounding
+  >>> assert_close(x + np.float32(2**-8), x, "cbfloat16", ulps=1)
+  Traceback (most recent call last):
+  AssertionError: 1 of 3 elements differ by more than 1 ulp of cbfloat16; worst: 2 ulp at index (0,): actual 1.00390625, expected 1.0, ulp of cbfloat16 at expected 0.001953125
+  """
+  __tracebackhide__ = True  # pytest shows the caller's line, not this function's body
+  fmt = get_format(fmt)
+  if isinstance(ulps, (bool, np.bool_)) or not isinstance(ulps, (int, float, np.integer, np.floating)):
+    raise TypeError(f"assert_close: ulps={ulps!r}; allowed: a number >= 0 (e.g. ulps=0.5, one rounding)")
+  if not ulps >= 0:
+    raise ValueError(f"assert_close: ulps={ulps!r}; allowed: a number >= 0 (e.g. ulps=0.5, one rounding)")
+  prefix = f"{context}: " if context else ""
+  try:
+    dist = ulp_distance(actual, expected, fmt, check_zero_sign=check_zero_sign)
+  except ValueError as err:  # shapes: a failed comparison, not a usage error
+    raise AssertionError(f"{prefix}{err}") from None
+  bad = np.flatnonzero(~(dist <= ulps) | (dist == np.inf))  # inf fails even with ulps=inf
+  if bad.size == 0:
+    return
+  a = _float64(actual, "actual")
+  e = _float64(expected, "expected")
+  ulp = _ulp_at(e, fmt)
+  order = bad[np.argsort(-dist.flat[bad], kind="stable")]  # worst first; ties in index order
+  lines = [
+    _mismatch(
+      tuple(int(j) for j in np.unravel_index(k, dist.shape)),
+      float(a.flat[k]),
+      float(e.flat[k]),
+      float(dist.flat[k]),
+      float(ulp.flat[k]),
+      fmt,
+    )
+    for k in order[:5]
+  ]
+  head = f"{prefix}{bad.size} of {dist.size} elements differ by more than {ulps:g} ulp of {fmt.name}; worst: {lines[0]}"
+  raise AssertionError("\n  ".join([head, *lines[1:]]))

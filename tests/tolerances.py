@@ -14,6 +14,7 @@ import precision
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
   rtol: float  # bound on |round(x) - x| / |x| for normal-range x
+  ulps: float  # bound on |round(x) - x| in ulps of the format at x (precision.testing.assert_close)
   reason: str
 
 
@@ -24,7 +25,11 @@ def _unit_roundoff(fmt: precision.FloatFormat) -> float:
 ONE_ROUNDING: dict[str, Tolerance] = {
   f.name: Tolerance(
     rtol=_unit_roundoff(f),
-    reason=f"nearest rounding in the normal range errs by at most half an ulp: u = 2^-{f.mantissa_bits + 1}",
+    ulps=0.5,
+    reason=(
+      f"nearest rounding errs by at most half an ulp at x (below max), so by u = 2^-{f.mantissa_bits + 1} "
+      "relative in the normal range"
+    ),
   )
   for f in precision.formats.PREDEFINED
 }

@@ -8,6 +8,7 @@ import pytest
 import precision
 from precision import _kernel
 from precision.formats import FormatError
+from precision.testing import assert_close
 from tests import values as V
 from tests.tolerances import ONE_ROUNDING
 
@@ -102,6 +103,7 @@ def test_rounding_happened_within_the_stated_tolerance():
     r = np.asarray(precision.round(x, name))
     rel = np.abs(r.astype(np.float64) - np.asarray(x)) / np.asarray(x)
     assert rel.max() <= ONE_ROUNDING[name].rtol, ONE_ROUNDING[name].reason
+    assert_close(r, x, name, ulps=ONE_ROUNDING[name].ulps, context=ONE_ROUNDING[name].reason)
     assert (r != np.asarray(x)).mean() > 0.9  # rounding actually happened
 
 

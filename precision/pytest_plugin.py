@@ -1,0 +1,116 @@
+"""pytest plugin: run a numerical test once per float format.
+
+Installing the project registers it (entry point ``pytest11``, name ``precision``); nothing
+to add to a ``conftest.py``. Disable it with ``pytest -p no:precision``.
+
+* The marker ``@pytest.mark.formats("cbfloat16", "bfloat16", ...)`` parametrizes the test over
+  the fixture ``fmt``: one test per format, ``fmt`` the `precision.FloatFormat`, the test id
+  the format's name (aliases such as ``"bf16"`` resolve, and the id is the canonical
+  ``bfloat16``). `precision.FloatFormat` objects are accepted too (custom formats).
+* Like ``pytest.mark.parametrize``, the marker may sit on a test, a class or a module
+  (``pytestmark``); the closest one applies, and every test it covers must request ``fmt``.
+* Mistakes are errors, never a silently skipped format: an unknown format name, a format
+  listed twice, a marker without names, a marked test that does not request ``fmt``, or a
+  test that requests ``fmt`` without the marker (and without a fixture or parametrization of
+  that name) fail the collection of the test's module, naming the test and the known formats.
+* ``fmt`` is a parametrized argument, not a fixture, so ``@hypothesis.given`` tests take it
+  without tripping hypothesis's health check on function-scoped fixtures.
+
+Example (``tests/test_my_kernel.py``)::
+
+    import numpy as np
+    import pytest
+    import precision
+    from precision.testing import assert_close
+
+    @pytest.mark.formats("cbfloat16", "bfloat16", "float16")
+    def test_mean_is_within_one_ulp(fmt):
+      x = precision.round(np.linspace(1, 2, 1000, dtype=np.float32), fmt)
+      assert_close(my_mean(x, fmt), np.mean(np.float64(x)), fmt, ulps=1)
+
+Loading the plugin imports `precision`, and so JAX, when pytest starts, before any
+``conftest.py``: JAX options that JAX reads from the environment at import
+(``JAX_PLATFORMS``, ``JAX_ENABLE_X64``, ...) must be set before pytest starts or applied in
+the conftest with ``jax.config.update``. ``XLA_FLAGS`` set in a conftest still works: nothing
+here creates a device array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from precision.formats import PREDEFINED, FloatFormat, FormatError, get_format
+
+MARKER = "formats"
+FIXTURE = "fmt"
+_USAGE = '@pytest.mark.formats("cbfloat16", "bfloat16", ...)'
+
+
+def pytest_configure(config: pytest.Config) -> None:
+  config.addinivalue_line(
+    "markers",
+    f"{MARKER}(*names): run the test once per float format (names, aliases or precision.FloatFormat "
+    f"objects); the test receives the format as the fixture `{FIXTURE}` (a precision.FloatFormat) and "
+    "its name as the test id",
+  )
+
+
+def _known_formats() -> str:
+  return ", ".join(f.name for f in PREDEFINED) + " (or an alias, a registered name, a precision.FloatFormat)"
+
+
+def _resolve(where: str, arg: Any) -> FloatFormat:
+  try:
+    return get_format(arg)
+  except FormatError as err:
+    pytest.fail(f"{where}: @pytest.mark.{MARKER}({arg!r}): {err}", pytrace=False)
+
+
+@pytest.hookimpl(trylast=True)  # after @pytest.mark.parametrize and conftest hooks, for the check below
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+  marker = metafunc.definition.get_closest_marker(MARKER)
+  where = metafunc.definition.nodeid
+  if marker is None:
+    # `fmt` is no fixture of ours (a function-scoped one would trip hypothesis's health check on
+    # every @given test): a test asking for it with no marker, no fixture of that name and no
+    # parametrization gets this message instead of pytest's "fixture 'fmt' not found".
+    # `_arg2fixturedefs` holds the fixtures and direct parametrizations; without it (a future
+    # pytest), pytest's own message remains.
+    provided = getattr(metafunc, "_arg2fixturedefs", None)
+    if FIXTURE in metafunc.fixturenames and provided is not None and FIXTURE not in provided:
+      pytest.fail(
+        f"{where}: requests `{FIXTURE}`, which the marker {_USAGE} provides; the test has no such marker "
+        f"(nor a fixture or parametrization named `{FIXTURE}`). Add the marker with the formats to test. "
+        f"Formats: {_known_formats()}",
+        pytrace=False,
+      )
+    return
+  if marker.kwargs:
+    pytest.fail(
+      f"{where}: @pytest.mark.{MARKER} takes format names only, got keywords {sorted(marker.kwargs)}; "
+      f"write {_USAGE}",
+      pytrace=False,
+    )
+  if not marker.args:
+    pytest.fail(
+      f"{where}: @pytest.mark.{MARKER}() names no format; write {_USAGE}. Formats: {_known_formats()}",
+      pytrace=False,
+    )
+  if FIXTURE not in metafunc.fixturenames:
+    pytest.fail(
+      f"{where}: marked @pytest.mark.{MARKER}(...) but does not request the fixture `{FIXTURE}`; "
+      f"add a `{FIXTURE}` argument (the precision.FloatFormat of each run), or remove the marker",
+      pytrace=False,
+    )
+  formats = [_resolve(where, arg) for arg in marker.args]
+  seen: dict[FloatFormat, Any] = {}
+  for arg, f in zip(marker.args, formats):
+    if f in seen:
+      pytest.fail(
+        f"{where}: @pytest.mark.{MARKER}: {arg!r} and {seen[f]!r} are the same format ({f.name}); list it once",
+        pytrace=False,
+      )
+    seen[f] = arg
+  metafunc.parametrize(FIXTURE, formats, ids=[f.name for f in formats])
