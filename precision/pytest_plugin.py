@@ -1,7 +1,9 @@
 """pytest plugin: run a numerical test once per float format.
 
-Installing the project registers it (entry point ``pytest11``, name ``precision``); nothing
-to add to a ``conftest.py``. Disable it with ``pytest -p no:precision``.
+Installing the project registers it (entry point ``pytest11``, name ``precision``, module
+``_precision_pytest_plugin``); nothing to add to a ``conftest.py``. Disable it with
+``pytest -p no:precision``. This module holds the implementation; the registered module is a
+thin shim that imports it only when a test uses the marker or requests ``fmt``.
 
 * The marker ``@pytest.mark.formats("cbfloat16", "bfloat16", ...)`` parametrizes the test over
   the fixture ``fmt``: one test per format, ``fmt`` the `precision.FloatFormat`, the test id
@@ -28,11 +30,11 @@ Example (``tests/test_my_kernel.py``)::
       x = precision.round(np.linspace(1, 2, 1000, dtype=np.float32), fmt)
       assert_close(my_mean(x, fmt), np.mean(np.float64(x)), fmt, ulps=1)
 
-Loading the plugin imports `precision`, and so JAX, when pytest starts, before any
-``conftest.py``: JAX options that JAX reads from the environment at import
-(``JAX_PLATFORMS``, ``JAX_ENABLE_X64``, ...) must be set before pytest starts or applied in
-the conftest with ``jax.config.update``. ``XLA_FLAGS`` set in a conftest still works: nothing
-here creates a device array.
+Loading the plugin imports neither `precision` nor JAX (the registered shim is a top-level
+module, as hypothesis does with ``_hypothesis_pytestplugin``): JAX options that JAX reads from
+the environment at import (``JAX_PLATFORMS``, ``JAX_ENABLE_X64``, ...) may still be set in a
+``conftest.py``. `precision`, and so JAX, is imported when the first test that uses the marker
+or requests ``fmt`` is collected.
 """
 
 from __future__ import annotations
@@ -41,20 +43,10 @@ from typing import Any
 
 import pytest
 
+from _precision_pytest_plugin import FIXTURE, MARKER
 from precision.formats import PREDEFINED, FloatFormat, FormatError, get_format
 
-MARKER = "formats"
-FIXTURE = "fmt"
 _USAGE = '@pytest.mark.formats("cbfloat16", "bfloat16", ...)'
-
-
-def pytest_configure(config: pytest.Config) -> None:
-  config.addinivalue_line(
-    "markers",
-    f"{MARKER}(*names): run the test once per float format (names, aliases or precision.FloatFormat "
-    f"objects); the test receives the format as the fixture `{FIXTURE}` (a precision.FloatFormat) and "
-    "its name as the test id",
-  )
 
 
 def _known_formats() -> str:
@@ -68,8 +60,7 @@ def _resolve(where: str, arg: Any) -> FloatFormat:
     pytest.fail(f"{where}: @pytest.mark.{MARKER}({arg!r}): {err}", pytrace=False)
 
 
-@pytest.hookimpl(trylast=True)  # after @pytest.mark.parametrize and conftest hooks, for the check below
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+def generate_tests(metafunc: pytest.Metafunc) -> None:
   marker = metafunc.definition.get_closest_marker(MARKER)
   where = metafunc.definition.nodeid
   if marker is None:

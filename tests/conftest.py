@@ -17,9 +17,6 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
-# The pytest plugin (entry point precision.pytest_plugin) imports JAX before this file runs, after
-# JAX has read JAX_PLATFORMS from the environment: apply it through the config as well.
-jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

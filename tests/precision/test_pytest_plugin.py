@@ -6,6 +6,8 @@ in a user's project (nothing passes ``-p``).
 """
 
 import importlib.metadata
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -34,7 +36,7 @@ def run(pytester):
 
 def test_the_entry_point_registers_the_plugin():
   found = [ep for ep in importlib.metadata.entry_points(group="pytest11") if ep.name == "precision"]
-  assert [ep.value for ep in found] == ["precision.pytest_plugin"]
+  assert [ep.value for ep in found] == ["_precision_pytest_plugin"]
 
 
 def test_marker_gives_one_test_per_format_with_its_name_as_id(run):
@@ -252,3 +254,12 @@ def test_installed_plugin_loads_in_a_fresh_process(pytester):
   disabled = pytester.runpytest_subprocess("-p", "no:precision")
   disabled.stdout.fnmatch_lines(["*'formats' not found in `markers` configuration option*"])
   assert disabled.ret != 0
+
+
+def test_loading_the_plugin_imports_neither_precision_nor_jax():
+  # A user's conftest.py must still be able to set JAX_PLATFORMS: JAX reads it when imported.
+  code = (
+    "import sys, _precision_pytest_plugin; print(sorted(m for m in ('jax', 'precision') if m in sys.modules))"
+  )
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+  assert out.strip() == "[]"
