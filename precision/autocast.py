@@ -435,7 +435,7 @@ def _interpret(
     in_tags = [t for _, t in pairs]
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
     with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
-      region = _region(name_stack)
+      region = _region(eqn.source_info.name_stack)  # this jaxpr's own scopes, not the caller's
       if region is None:
         outs, out_tags = _apply(p, eqn, values, in_tags, memo)
       else:
