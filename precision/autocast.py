@@ -48,8 +48,11 @@ weakest state both satisfy (``raw`` if nothing better is known).
   (``round``) or keeps it float32 (``float32``). An elementwise op whose inputs are all
   ``float32``-kept values or constants stays float32 (``var + eps``, ``loss * 0.5``); an op
   on constants only is a constant.
-* ``exact`` (max, neg, select, ...): a result of rounded values and representable
-  constants is rounded without a rounding; otherwise the op is ``elementwise``.
+* ``exact`` (max, neg, abs, select, floor, sort, ...): the result is one of the inputs'
+  values (up to sign), so it is never rounded and has the join of the inputs' states:
+  ``relu`` of a rounded value is rounded, ``relu`` of a weight is a raw value that the next
+  op rounds. (``vmap`` turns a ``cond`` into ``select_n``; rounding there would make
+  ``autocast(vmap(f))`` differ from ``vmap(autocast(f))``.)
 * ``data_movement`` keeps its inputs' state; ``cast`` (user conversions, user
   ``precision.round`` calls) is left as written; equations without float32 results and
   ``unknown`` primitives are left unchanged (the cast report lists the unknown ones).
@@ -327,8 +330,15 @@ def _run(p: _Pass, closed: jcore.ClosedJaxpr, flat: Sequence[Any]) -> list[Any]:
 class _Pass:
   """Policy, counters and caches of one run of the pass."""
 
-  def __init__(self, policy: Policy, log: CastLog | None = None, score_dots: set[int] | None = None):
+  def __init__(
+    self,
+    policy: Policy,
+    log: CastLog | None = None,
+    score_dots: set[int] | None = None,
+    observer: Callable[..., None] | None = None,
+  ):
     self.policy = policy
+    self.observer = observer  # tests: called with (eqn, inputs, input tags, outputs, output tags)
     self.fmt: FloatFormat = policy.compute
     # compute="float32" is the identity: every class is kept float32 (no chunking either).
     self.rules = policy.rule_table if policy.is_mixed else dict.fromkeys(RULE_CLASSES, "float32")
@@ -338,7 +348,7 @@ class _Pass:
     self.analysed: set[int] = set()  # id(jaxpr) already searched for attention
 
   def child(self) -> _Pass:
-    child = _Pass(self.policy, CastLog(), self.score_dots)
+    child = _Pass(self.policy, CastLog(), self.score_dots, self.observer)
     child.analysed = self.analysed
     return child
 
@@ -440,6 +450,8 @@ def _interpret(
         outs, out_tags = _apply(p, eqn, values, in_tags, memo)
       else:
         outs, out_tags = _in_region(p, eqn, values, region)
+    if p.observer is not None:
+      p.observer(eqn, values, in_tags, outs, out_tags)
     for var, value, tag in zip(eqn.outvars, outs, out_tags):
       env[var] = (value, tag)
   results = [read(atom) for atom in jaxpr.outvars]
@@ -518,11 +530,9 @@ def _value_op(
     p.log.record(name, "constant", untouched=size)
     exact = op_class == "exact" and all(t.state == CONST_ROUNDED for t in floats)
     return outs, tagged(CONST_ROUNDED if exact and floats else CONST)
-  if op_class == "exact":
-    if all(t.state in (ROUNDED, CONST_ROUNDED) for t in floats):
-      p.log.record(name, op_class, untouched=size)
-      return outs, tagged(ROUNDED)
-    op_class = "elementwise"
+  if op_class == "exact":  # the result is one of the inputs' values: never rounded
+    p.log.record(name, op_class, untouched=size)
+    return outs, tagged(_join_all(floats).state)
   if op_class == "elementwise" and all(t.state in (FLOAT32, *_CONSTANTS) for t in floats):
     p.log.record(name, op_class, kept_float32=size)
     return outs, tagged(FLOAT32)
