@@ -11,6 +11,7 @@ Numerics only; this package imports nothing else of the project.
 
 from precision.autocast import autocast as autocast
 from precision.autocast import cast_report as cast_report
+from precision.autocast import float32_region as float32_region
 from precision.cast_report import CastCounts as CastCounts
 from precision.cast_report import CastReport as CastReport
 from precision.formats import FloatFormat as FloatFormat
@@ -54,6 +55,7 @@ __all__ = (
   "float8_e5m2",
   "float16",
   "float32",
+  "float32_region",
   "format_table",
   "get_format",
   "register_format",

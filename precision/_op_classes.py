@@ -4,9 +4,9 @@ Classes that compute (their treatment comes from the `Policy` rule table): ``mat
 ``attention_matmul`` (decided per equation), ``elementwise``, ``transcendental``,
 ``reduction`` and ``attention_softmax`` (decided by data flow). Classes that never round:
 
-* ``exact``: ops whose float result is one of their inputs' values (max, min, neg, abs,
-  select, clamp, floor, ...). A result of values already in the compute format stays in it
-  without rounding; otherwise the op is treated as ``elementwise``.
+* ``exact``: ops whose float result is one of their inputs' values, up to sign (max, min,
+  neg, abs, select, clamp, floor, sort, ...). Never rounded: the result has the joined
+  state of the inputs (rounded values give a rounded value).
 * ``data_movement``: reshapes, transposes, slices, gathers, concatenation, padding,
   sharding annotations: values move, none change.
 * ``cast``: explicit conversions the user wrote (``astype``, ``reduce_precision``,

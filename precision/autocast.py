@@ -1,35 +1,97 @@
 """`autocast`: run an unmodified float32 JAX function with a `Policy`'s mixed-precision numerics.
 
+Specification
+=============
+
 The pass traces the function to a jaxpr, walks its equations and binds each one again,
 inserting `precision.round` (nearest even, cast-like gradient) where the policy's rule table
-says (see `precision.policy`). Values stay float32 arrays that hold compute-format values
-("fake casts"), so shapes and dtypes never change: the result has the function's exact
-signature and composes with ``jax.jit``, ``jax.grad`` and ``jax.vmap``.
+(`precision.policy`) says. Values stay float32 arrays that hold compute-format values ("fake
+casts"): shapes and dtypes never change, so the result has the function's exact signature.
 
-Each float32 value carries a tag while the pass runs: ``rounded`` (exactly representable in
-the compute format), ``float32`` (deliberately kept in float32 by a ``"float32"`` rule) or
-``raw`` (anything else: inputs, weights, constants); plus whether it comes from attention
-scores. Tags decide where roundings go and avoid rounding a value twice: a weight used by
-several matmuls is rounded once per trace.
+**Values and constants.** A *constant* is a number known when the function is traced: a
+Python scalar, or a literal the tracer inlined (a jaxpr ``Literal``), and anything computed
+only from constants (``jnp.zeros``, ``jnp.full(s, 0.5)``). Everything else is a *value*: every
+argument, every closed-over array that is not inlined, every result of an operation on a
+value, **0-d arrays included** (a 0-d argument, a learned scalar, each example under
+``vmap`` are values like any other). Constants are never rounded; a constant that is exactly
+representable in the compute format counts as rounded for the rules below.
 
-Gradients. ``jax.grad(autocast(f))`` differentiates through the inserted roundings, whose
-VJP rounds the cotangent to the compute format (the rule of a dtype cast): every backward
-value that reaches a rounding point is rounded, as a 16-bit backward pass would be.
-``autocast(jax.value_and_grad(f))`` instead applies the rules to every forward *and*
-backward equation (backward matmuls get their own accumulation rule); use it to emulate the
-wafer's backward pass most closely. Either way, keep the optimizer update outside the
-autocast function: weights are updated in float32.
+**State of a float32 value** while the pass runs: ``rounded`` (exactly representable in the
+compute format), ``float32`` (deliberately kept in float32 by a ``"float32"`` rule),
+``raw`` (anything else: arguments, weights), plus the two constant states. Where two states
+meet (a ``concatenate``, a loop carry, the branches of a ``cond``) the result has the
+weakest state both satisfy (``raw`` if nothing better is known).
 
-Higher-order primitives: jit/closed_call bodies are inlined; remat, scan, while, cond and
-shard_map are rebound with transformed bodies (scan/while carries are tagged by a fixed
-point); custom_jvp and custom_vjp functions keep their custom rules, whose jvp / fwd / bwd
-are transformed too. `precision.round` calls already in the function are left as written.
+**Op classes** (the primitive -> class table is `PRIMITIVE_CLASSES`, `precision._op_classes`):
+
+* ``matmul``: ``dot_general``, ``conv_general_dilated``, ``ragged_dot``. Both operands are
+  rounded to the compute format (a weight once per trace), then, per the policy's treatment:
+  ``float32_accumulate`` (products summed in float32, result rounded once),
+  ``mixed_accumulate`` (the contraction is cut into chunks of ``accumulation_block``
+  products; chunk sums are float32, rounded, and added one after another in the compute
+  format: one batched product plus an ordered reduction), or ``float32`` (unrounded). A
+  convolution's contraction is input channels x kernel window; its chunks are slices of
+  input channels of ``max(1, block // window)`` channels each (a grouped convolution).
+  ``ragged_dot`` and convolutions with ``batch_group_count > 1`` are never chunked.
+* ``attention_matmul``: the two matrix products of attention, recognised by structure, not
+  by batch dimensions. A *score product* is a ``dot_general`` whose result reaches (through
+  any non-matmul ops: scaling, masking, max-subtraction) an ``exp`` whose output is divided
+  by a ``reduce_sum`` of that ``exp`` (a softmax), and whose softmax (through data movement,
+  ``mul``, ``div``, ``select``: dropout) is an operand of another ``dot_general``. That
+  score product, and every matrix product with an operand derived from its result before
+  the next matrix product (``P V``, and in ``autocast(grad(f))`` the backward products of
+  ``dS`` and ``P``), are attention matmuls. A classifier's logits (softmax, no second
+  product) and batched products such as ``einsum("bsd,bdf->bsf")`` are ordinary matmuls.
+* ``attention_softmax``: any non-matmul float op with an input derived from a score
+  product's result, before the next matrix product.
+* ``elementwise``, ``transcendental``, ``reduction``: the rule rounds the result
+  (``round``) or keeps it float32 (``float32``). An elementwise op whose inputs are all
+  ``float32``-kept values or constants stays float32 (``var + eps``, ``loss * 0.5``); an op
+  on constants only is a constant.
+* ``exact`` (max, neg, abs, select, floor, sort, ...): the result is one of the inputs'
+  values (up to sign), so it is never rounded and has the join of the inputs' states:
+  ``relu`` of a rounded value is rounded, ``relu`` of a weight is a raw value that the next
+  op rounds. (``vmap`` turns a ``cond`` into ``select_n``; rounding there would make
+  ``autocast(vmap(f))`` differ from ``vmap(autocast(f))``.)
+* ``data_movement`` keeps its inputs' state; ``cast`` (user conversions, user
+  ``precision.round`` calls) is left as written; equations without float32 results and
+  ``unknown`` primitives are left unchanged (the cast report lists the unknown ones).
+
+**compute="float32"** is the identity: every rule becomes ``float32``; no rounding, no
+chunking, and the cast report counts nothing rounded, at every level.
+
+**Regions.** Equations traced inside `float32_region` (a context manager or decorator, like
+``torch.autocast(enabled=False)``) are bound unchanged and their results are ``float32``.
+**Nesting**: an `autocast` function called while another autocast traces keeps its own
+policy (the inner policy wins); the outer pass leaves its equations alone.
+
+**Transformations.** ``jit``/``pjit`` bodies are inlined; ``remat``, ``scan``, ``while``,
+``cond`` and ``shard_map`` are rebound with transformed bodies; a loop carry's state is the
+fixed point of the body (so the first iteration of a scan sees the joined state: a scan over
+layers equals the unrolled loop when each layer's output state is its input's, e.g. ends
+in a rounded activation); ``cond`` branches are transformed separately and their output
+states joined. ``custom_jvp`` / ``custom_vjp`` functions keep their custom rules, whose jvp,
+fwd and bwd are transformed too. ``vmap(autocast(f))`` and ``autocast(vmap(f))`` give the
+same values up to float32 summation order. Gradients: ``jax.grad(autocast(f))``
+differentiates through the inserted roundings, whose VJP rounds the cotangent (a dtype
+cast's rule); ``autocast(jax.value_and_grad(f))`` applies the rules to every forward *and*
+backward equation (closest to the wafer's backward pass).
+
+**Where this is our choice, not Cerebras'.** Cerebras documents the precision levels in
+words only (``cerebras.md`` section 2). The op classes, the attention pattern, the chunk
+model of "a mix of fp32 and 16-bit reductions", the float32 treatment of transcendental ops
+and reductions (PyTorch autocast's lists), the constant rule, inner-policy-wins nesting and
+the float32 region are ours. ``cstorch.pol`` regions (a different level per region) are not
+modelled; `float32_region` is the float32 case.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -47,21 +109,80 @@ from precision import rounding as _rounding
 from precision._op_classes import PRIMITIVE_CLASSES
 from precision.cast_report import CastLog, CastReport
 from precision.formats import FloatFormat, float32
-from precision.policy import Policy
+from precision.policy import RULE_CLASSES, Policy
 
 ROUNDED, FLOAT32, RAW = "rounded", "float32", "raw"
+CONST, CONST_ROUNDED = "constant", "constant_rounded"  # constants: not / exactly representable
+_CONSTANTS = (CONST, CONST_ROUNDED)
+FLOAT32_SCOPE = "precision.float32_region"
+_NESTED_SCOPE = "precision.autocast_region"
 
-__all__ = ("PRIMITIVE_CLASSES", "autocast", "cast_report")
+__all__ = ("PRIMITIVE_CLASSES", "autocast", "cast_report", "float32_region")
 
 
 class Tag(NamedTuple):
   """What the pass knows about a float32 value (None for other dtypes)."""
 
-  state: str  # ROUNDED, FLOAT32 or RAW
+  state: str  # ROUNDED, FLOAT32, RAW, CONST or CONST_ROUNDED
   attention: bool = False
 
 
 _RAW = Tag(RAW)
+
+
+class float32_region(contextlib.ContextDecorator):  # noqa: N801  (used like a function)
+  """Mark code that `autocast` must leave in float32: a context manager or a decorator.
+
+  Equations traced inside the region are bound unchanged (no rounding, no chunked
+  accumulation) and their results count as float32 values. Use it for the optimizer update
+  when it is traced inside an autocast function: the weights, Adam's moments and the update
+  must stay float32, as on Cerebras (weights are stored and updated in fp32). A 16-bit
+  update loses small updates to rounding (``w + lr * g`` rounds back to ``w``), and Adam's
+  second moment ``g**2`` underflows to 0 in the compute format, which turns ``g / sqrt(v)``
+  into a division by ``eps``: training silently breaks. Outside autocast the marker only
+  names a scope.
+
+  >>> import jax.numpy as jnp, precision
+  >>> def step(w, g):
+  ...   with precision.float32_region():
+  ...     return w - 1e-3 * g
+  >>> w, g = jnp.float32(1.0), jnp.float32(0.1)
+  >>> float(precision.autocast(step, "c=bf16")(w, g)) == float(w - 1e-3 * g)
+  True
+  """
+
+  def __init__(self, fn: Callable[..., Any] | None = None):
+    self._fn = fn
+    self._scopes: list[Any] = []
+    if fn is not None:
+      functools.update_wrapper(self, fn)
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    if self._fn is not None:  # used as @float32_region without parentheses
+      with float32_region():
+        return self._fn(*args, **kwargs)
+    return super().__call__(*args, **kwargs)
+
+  def __enter__(self) -> float32_region:
+    scope = jax.named_scope(FLOAT32_SCOPE)
+    scope.__enter__()
+    self._scopes.append(scope)
+    return self
+
+  def __exit__(self, *exc: Any) -> bool:
+    return bool(self._scopes.pop().__exit__(*exc))
+
+
+_TRACING = threading.local()  # depth of autocast traces in progress (nesting detection)
+
+
+@contextlib.contextmanager
+def _tracing() -> Any:
+  _TRACING.depth = getattr(_TRACING, "depth", 0) + 1
+  try:
+    yield
+  finally:
+    _TRACING.depth -= 1
 
 
 def autocast(
@@ -79,11 +200,13 @@ def autocast(
       (``lambda state, x: nnx.merge(graphdef, state)(x)``).
     policy: a `Policy` or its string form (``"c=cb16,level=1"``).
     static_argnums, static_argnames: arguments that are not arrays (flags, configs), as in
-      ``jax.jit``; they must be hashable.
+      ``jax.jit`` (a name also covers the argument passed by position, and a position the
+      argument passed by name); they must be hashable.
 
   Returns:
     A function with ``fn``'s signature. Float32 outputs are rounded to ``policy.output``.
-    It carries ``.policy`` and ``__wrapped__`` (``fn``).
+    It carries ``.policy`` and ``__wrapped__`` (``fn``). Called while another autocast
+    traces it, it keeps its own policy (see the module docstring).
 
   Example:
     >>> import jax.numpy as jnp, precision
@@ -96,24 +219,34 @@ def autocast(
 
   @functools.wraps(fn)
   def wrapped(*args: Any, **kwargs: Any) -> Any:
+    nested = getattr(_TRACING, "depth", 0) > 0
     closed, out_tree, flat = _trace(fn, statics, args, kwargs)
-    outs = _run(_Pass(policy), closed, flat)
+    with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
+      outs = _run(_Pass(policy), closed, flat)
     return jax.tree.unflatten(out_tree, outs)
 
   wrapped.policy = policy  # type: ignore[attr-defined]
   return wrapped
 
 
-def cast_report(fn: Callable[..., Any], policy: Policy | str, *args: Any, **kwargs: Any) -> CastReport:
+def cast_report(
+  fn: Callable[..., Any],
+  policy: Policy | str,
+  *args: Any,
+  static_argnums: int | Sequence[int] = (),
+  static_argnames: str | Sequence[str] = (),
+  **kwargs: Any,
+) -> CastReport:
   """What `autocast` does to ``fn`` at these arguments' shapes: counts per primitive and op class.
 
-  Nothing is computed: ``args`` may be arrays or ``jax.ShapeDtypeStruct``s.
+  Nothing is computed: ``args`` may be arrays or ``jax.ShapeDtypeStruct``s. Non-array
+  arguments are marked with ``static_argnums`` / ``static_argnames`` as for `autocast`.
 
   Returns:
     A `CastReport` (prints as tables, ``.to_dict()`` for JSON).
   """
   policy = _as_policy(policy)
-  closed, _, flat = _trace(fn, _Statics.of(fn, (), ()), args, kwargs)
+  closed, _, flat = _trace(fn, _Statics.of(fn, static_argnums, static_argnames), args, kwargs)
   p = _Pass(policy)
   jax.make_jaxpr(lambda *xs: _run(p, closed, xs))(*flat)
   return CastReport.from_log(policy, p.log)
@@ -128,9 +261,22 @@ class _Statics(NamedTuple):
 
   @classmethod
   def of(cls, fn: Callable[..., Any], argnums: Any, argnames: Any) -> _Statics:
-    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    argnames = (argnames,) if isinstance(argnames, str) else tuple(argnames)
-    return cls(argnums, argnames)
+    """Static positions and names, each completed from ``fn``'s signature (as ``jax.jit`` does)."""
+    nums = {argnums} if isinstance(argnums, int) else set(argnums)
+    names = {argnames} if isinstance(argnames, str) else set(argnames)
+    try:
+      parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+      parameters = []
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for i, param in enumerate(parameters):
+      if param.kind not in positional:
+        break
+      if param.name in names:
+        nums.add(i)
+      if i in nums and param.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        names.add(param.name)
+    return cls(tuple(sorted(nums)), tuple(sorted(names)))
 
 
 def _as_policy(policy: Policy | str) -> Policy:
@@ -165,7 +311,8 @@ def _trace(fn: Callable[..., Any], statics: _Statics, args: tuple, kwargs: dict)
     out_tree_box.append(out_tree)
     return out_flat
 
-  closed = jax.make_jaxpr(flat_fn)(*flat)
+  with _tracing():
+    closed = jax.make_jaxpr(flat_fn)(*flat)
   return closed, out_tree_box[0], flat
 
 
@@ -183,15 +330,27 @@ def _run(p: _Pass, closed: jcore.ClosedJaxpr, flat: Sequence[Any]) -> list[Any]:
 class _Pass:
   """Policy, counters and caches of one run of the pass."""
 
-  def __init__(self, policy: Policy, log: CastLog | None = None):
+  def __init__(
+    self,
+    policy: Policy,
+    log: CastLog | None = None,
+    score_dots: set[int] | None = None,
+    observer: Callable[..., None] | None = None,
+  ):
     self.policy = policy
+    self.observer = observer  # tests: called with (eqn, inputs, input tags, outputs, output tags)
     self.fmt: FloatFormat = policy.compute
-    self.rules = policy.rule_table
+    # compute="float32" is the identity: every class is kept float32 (no chunking either).
+    self.rules = policy.rule_table if policy.is_mixed else dict.fromkeys(RULE_CLASSES, "float32")
     self.block = policy.accumulation_block
     self.log = CastLog() if log is None else log
+    self.score_dots: set[int] = set() if score_dots is None else score_dots  # id(eqn) of score products
+    self.analysed: set[int] = set()  # id(jaxpr) already searched for attention
 
   def child(self) -> _Pass:
-    return _Pass(self.policy, CastLog())
+    child = _Pass(self.policy, CastLog(), self.score_dots, self.observer)
+    child.analysed = self.analysed
+    return child
 
   def round_to(self, x: jax.Array, fmt: FloatFormat, primitive: str | None = None) -> jax.Array:
     if fmt == float32:
@@ -212,10 +371,20 @@ def _size(x: Any) -> int:
   return math.prod(getattr(x, "shape", ()))
 
 
+# The states form a lattice: CONST_ROUNDED < ROUNDED < RAW and CONST_ROUNDED < CONST < FLOAT32 < RAW.
+_JOIN = {
+  frozenset((ROUNDED, CONST_ROUNDED)): ROUNDED,
+  frozenset((CONST, CONST_ROUNDED)): CONST,
+  frozenset((FLOAT32, CONST)): FLOAT32,
+  frozenset((FLOAT32, CONST_ROUNDED)): FLOAT32,
+}
+
+
 def _join(a: Tag | None, b: Tag | None) -> Tag | None:
   if a is None or b is None:
     return a if b is None else b
-  return Tag(a.state if a.state == b.state else RAW, a.attention or b.attention)
+  state = a.state if a.state == b.state else _JOIN.get(frozenset((a.state, b.state)), RAW)
+  return Tag(state, a.attention or b.attention)
 
 
 def _join_all(tags: Sequence[Tag | None]) -> Tag:
@@ -239,14 +408,25 @@ def _literal_tag(p: _Pass, literal: Any) -> Tag | None:
     return None
   value = np.asarray(literal.val)
   if value.ndim == 0 and _representable(float(value), p.fmt):
-    return Tag(ROUNDED)
-  return _RAW
+    return Tag(CONST_ROUNDED)
+  return Tag(CONST)
+
+
+def _region(name_stack: Any) -> str | None:
+  text = str(name_stack)
+  if FLOAT32_SCOPE in text:
+    return "float32_region"
+  if _NESTED_SCOPE in text:
+    return "nested_autocast"
+  return None
 
 
 def _interpret(
   p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], args: Sequence[Any], tags: Sequence[Tag | None]
 ) -> tuple[list[Any], list[Tag | None]]:
   """Evaluate ``jaxpr`` on ``args`` at the current trace, applying the policy's rules."""
+  if id(jaxpr) not in p.analysed:
+    _find_attention(jaxpr, [None] * len(jaxpr.invars), p.score_dots, p.analysed)
   env: dict[Any, tuple[Any, Tag | None]] = {}
   memo: dict[Any, jax.Array] = {}  # var -> its rounded value (round each weight once)
 
@@ -265,7 +445,13 @@ def _interpret(
     in_tags = [t for _, t in pairs]
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
     with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
-      outs, out_tags = _apply(p, eqn, values, in_tags, memo)
+      region = _region(eqn.source_info.name_stack)  # this jaxpr's own scopes, not the caller's
+      if region is None:
+        outs, out_tags = _apply(p, eqn, values, in_tags, memo)
+      else:
+        outs, out_tags = _in_region(p, eqn, values, region)
+    if p.observer is not None:
+      p.observer(eqn, values, in_tags, outs, out_tags)
     for var, value, tag in zip(eqn.outvars, outs, out_tags):
       env[var] = (value, tag)
   results = [read(atom) for atom in jaxpr.outvars]
@@ -276,6 +462,18 @@ def _bind(eqn: Any, values: Sequence[Any], **param_updates: Any) -> list[Any]:
   params = eqn.primitive.get_bind_params({**eqn.params, **param_updates})
   out = eqn.primitive.bind(*values, **params)
   return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def _in_region(p: _Pass, eqn: Any, values: list[Any], region: str) -> tuple[list, list]:
+  """An equation of a float32 region or of a nested autocast: bound exactly as written."""
+  outs = _bind(eqn, values)
+  avals = [v.aval for v in eqn.outvars]
+  size = sum(_size(a) for a in avals if _is_f32(a))
+  if region == "float32_region":
+    p.log.record(eqn.primitive.name, region, kept_float32=size)
+    return outs, [Tag(FLOAT32) if _is_f32(a) else None for a in avals]
+  p.log.record(eqn.primitive.name, region, untouched=size)
+  return outs, [_RAW if _is_f32(a) else None for a in avals]
 
 
 def _apply(
@@ -321,34 +519,133 @@ def _value_op(
   name = eqn.primitive.name
   out_avals = [v.aval for v in eqn.outvars]
   size = sum(_size(a) for a in out_avals if _is_f32(a))
-  floats = [(t, v.aval) for t, v in zip(tags, eqn.invars) if t is not None]
-  attention = any(t.attention for t, _ in floats)
+  floats = [t for t in tags if t is not None]
+  attention = any(t.attention for t in floats)
   outs = _bind(eqn, values)
-  if op_class == "exact":
-    if floats and all(t.state == ROUNDED for t, _ in floats):
-      p.log.record(name, op_class, untouched=size)
-      return outs, [Tag(ROUNDED, attention) if _is_f32(a) else None for a in out_avals]
-    op_class = "elementwise"
-  if op_class == "elementwise" and all(t.state == FLOAT32 or a.shape == () for t, a in floats):
+
+  def tagged(state: str) -> list[Tag | None]:
+    return [Tag(state, attention) if _is_f32(a) else None for a in out_avals]
+
+  if all(t.state in _CONSTANTS for t in floats):  # computed from constants only: a constant
+    p.log.record(name, "constant", untouched=size)
+    exact = op_class == "exact" and all(t.state == CONST_ROUNDED for t in floats)
+    return outs, tagged(CONST_ROUNDED if exact and floats else CONST)
+  if op_class == "exact":  # the result is one of the inputs' values: never rounded
+    p.log.record(name, op_class, untouched=size)
+    return outs, tagged(_join_all(floats).state)
+  if op_class == "elementwise" and all(t.state in (FLOAT32, *_CONSTANTS) for t in floats):
     p.log.record(name, op_class, kept_float32=size)
-    return outs, [Tag(FLOAT32, attention) if _is_f32(a) else None for a in out_avals]
+    return outs, tagged(FLOAT32)
   rule_class = "attention_softmax" if attention else op_class
   if p.rules[rule_class] == "round":
     p.log.record(name, rule_class, rounded=size)
     outs = [p.round(o) if _is_f32(a) else o for o, a in zip(outs, out_avals)]
-    return outs, [Tag(ROUNDED, attention) if _is_f32(a) else None for a in out_avals]
+    return outs, tagged(ROUNDED)
   p.log.record(name, rule_class, kept_float32=size)
-  return outs, [Tag(FLOAT32, attention) if _is_f32(a) else None for a in out_avals]
+  return outs, tagged(FLOAT32)
+
+
+# ---- attention: recognised by structure ----
+
+
+class _Facts(NamedTuple):
+  """Per variable: score-product candidates it is derived from (``dots``), and those of
+  which it is an ``exp``, a sum of an ``exp``, or a softmax."""
+
+  dots: frozenset = frozenset()
+  exps: frozenset = frozenset()
+  sums: frozenset = frozenset()
+  softmax: frozenset = frozenset()
+
+
+_NO_FACTS = _Facts()
+_KEEP_ALL = ("data_movement", "cast", "exact", "control_flow")
+
+
+def _union(facts: Sequence[_Facts]) -> _Facts:
+  if not facts:
+    return _NO_FACTS
+  return _Facts(*(frozenset().union(*(getattr(f, k) for f in facts)) for k in _Facts._fields))
+
+
+def _find_attention(
+  jaxpr: jcore.Jaxpr, in_facts: Sequence[_Facts | None], found: set[int], seen: set[int]
+) -> list:
+  """Forward data flow over ``jaxpr`` (and the jaxprs inside it): adds to ``found`` the
+  ids of the score products (module docstring) and returns the output variables' facts."""
+  seen.add(id(jaxpr))
+  env: dict[Any, _Facts] = {}
+
+  def get(atom: Any) -> _Facts:
+    return _NO_FACTS if isinstance(atom, jcore.Literal) else env.get(atom, _NO_FACTS)
+
+  for var, facts in zip(jaxpr.invars, in_facts):
+    env[var] = facts or _NO_FACTS
+  for eqn in jaxpr.eqns:
+    ins = [get(a) for a in eqn.invars]
+    name = eqn.primitive.name
+    outs = _sub_jaxpr_facts(eqn, ins, found, seen)
+    if outs is None:
+      merged = _union(ins)
+      op_class = PRIMITIVE_CLASSES.get(name, "unknown")
+      if name == "dot_general":
+        for facts in ins:
+          found.update(facts.softmax)
+        out = _Facts(dots=frozenset((id(eqn),)))
+      elif op_class == "matmul":
+        out = _NO_FACTS
+      elif name == "exp":
+        out = _Facts(dots=merged.dots, exps=merged.dots)
+      elif name == "reduce_sum":
+        out = _Facts(dots=merged.dots, sums=merged.exps)
+      elif name == "div" and len(ins) == 2:
+        softmax = (ins[0].exps & ins[1].sums) | ins[0].softmax
+        out = _Facts(dots=merged.dots, softmax=softmax)
+      elif name == "mul":
+        out = _Facts(dots=merged.dots, softmax=merged.softmax)
+      elif op_class in _KEEP_ALL:
+        out = merged
+      else:
+        out = _Facts(dots=merged.dots)
+      outs = [out] * len(eqn.outvars)
+    for var, facts in zip(eqn.outvars, outs):
+      env[var] = facts
+  return [get(a) for a in jaxpr.outvars]
+
+
+def _sub_jaxpr_facts(eqn: Any, ins: list[_Facts], found: set[int], seen: set[int]) -> list | None:
+  """Facts of a higher-order equation's outputs, from its body; None for other equations."""
+  params, name = eqn.params, eqn.primitive.name
+
+  def run(closed: Any, facts: Sequence[_Facts]) -> list:
+    jaxpr = closed.jaxpr if isinstance(closed, jcore.ClosedJaxpr) else closed
+    padded = [_NO_FACTS] * (len(jaxpr.invars) - len(facts)) + list(facts)
+    return _find_attention(jaxpr, padded, found, seen)
+
+  if name in ("jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint", "shard_map"):
+    return run(params.get("jaxpr", params.get("call_jaxpr")), ins)
+  if name in ("custom_jvp_call", "custom_vjp_call"):
+    return run(params["call_jaxpr"], ins)
+  if name == "cond":
+    results = [run(b, ins[1:]) for b in params["branches"]]
+    return [_union(list(fs)) for fs in zip(*results)]
+  if name == "scan":
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    carry = ins[n_consts : n_consts + n_carry]
+    for _ in range(2):  # the carry's facts after one and two iterations
+      outs = run(params["jaxpr"], ins[:n_consts] + carry + ins[n_consts + n_carry :])
+      carry = [_union([a, b]) for a, b in zip(carry, outs[:n_carry])]
+    return carry + outs[n_carry:]
+  if name == "while":
+    nc, nb = params["cond_nconsts"], params["body_nconsts"]
+    carry = ins[nc + nb :]
+    for _ in range(2):
+      carry = [_union([a, b]) for a, b in zip(carry, run(params["body_jaxpr"], ins[nc : nc + nb] + carry))]
+    return carry
+  return None
 
 
 # ---- matrix products ----
-
-
-def _is_attention_matmul(eqn: Any) -> bool:
-  if eqn.primitive.name != "dot_general":
-    return False
-  (_, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
-  return len(lhs_batch) > 0
 
 
 def _matmul(
@@ -356,7 +653,8 @@ def _matmul(
 ) -> tuple[list, list]:
   name = eqn.primitive.name
   out_aval = eqn.outvars[0].aval
-  attention = _is_attention_matmul(eqn)
+  score = id(eqn) in p.score_dots
+  attention = score or any(t is not None and t.attention for t in tags[:2])
   rule_class = "attention_matmul" if attention else "matmul"
   treatment = p.rules[rule_class]
   operand_count = 2
@@ -364,13 +662,13 @@ def _matmul(
     outs = _bind(eqn, values)
     if treatment == "float32" and all(t is not None for t in tags[:operand_count]):
       p.log.record(name, rule_class, kept_float32=_size(out_aval))
-      return outs, [Tag(FLOAT32, attention)]
+      return outs, [Tag(FLOAT32, score)]
     p.log.record(name, rule_class, untouched=_size(out_aval))
     return outs, [_RAW if _is_f32(out_aval) else None]
   rounded = 0
   operands = list(values)
   for i, (atom, tag) in enumerate(zip(eqn.invars[:operand_count], tags[:operand_count])):
-    if tag.state == ROUNDED:
+    if tag.state in (ROUNDED, CONST_ROUNDED):
       continue
     if isinstance(atom, jcore.Var) and atom in memo:
       operands[i] = memo[atom]
@@ -379,26 +677,53 @@ def _matmul(
     rounded += _size(values[i])
     if isinstance(atom, jcore.Var):
       memo[atom] = operands[i]
-  chunks = _chunking(eqn, p.block) if treatment == "mixed_accumulate" else None
-  if chunks is None:
+  chunked = _mixed_product(p, eqn, operands) if treatment == "mixed_accumulate" else None
+  if chunked is None:
     out = p.round(_bind(eqn, operands)[0])
     rounded += _size(out_aval)
   else:
-    out, n = _mixed_dot(p, operands, eqn.params, chunks)
+    out, n = chunked
     rounded += (2 * n - 1) * _size(out_aval)
   p.log.record(name, rule_class, rounded=rounded)
-  return [out], [Tag(ROUNDED, attention)]
+  return [out], [Tag(ROUNDED, score)]
 
 
-def _chunking(eqn: Any, block: int) -> tuple[int, int, int] | None:
+def _mixed_product(p: _Pass, eqn: Any, operands: list[Any]) -> tuple[jax.Array, int] | None:
+  """(chunked result, chunk count), or None when the product has a single chunk.
+
+  ``result = r(...r(r(s_0) + r(s_1)) + ... + r(s_{n-1}))``, ``s_i`` the float32 sum of chunk
+  ``i``'s products and ``r`` rounding to the compute format: one product that computes every
+  ``s_i`` (a batched dot_general, or a grouped convolution), then an ordered reduction.
+  """
+  if eqn.primitive.name == "dot_general":
+    chunks = _dot_chunking(eqn, p.block)
+    if chunks is None:
+      return None
+    return _ordered_sum(p, _dot_chunk_sums(operands, eqn.params, chunks)), chunks[2]
+  if eqn.primitive.name == "conv_general_dilated":
+    partial = _conv_chunk_sums(operands, eqn.params, p.block)
+    return None if partial is None else (_ordered_sum(p, partial), partial.shape[0])
+  return None
+
+
+def _ordered_sum(p: _Pass, partial: jax.Array) -> jax.Array:
+  """``r(...r(r(s_0) + r(s_1)) + ...)`` over the leading axis: one rounding of every chunk sum,
+  then a scan that adds them in order (a constant number of equations for any chunk count)."""
+  chunk_sums = p.round(partial)
+
+  def add(total: jax.Array, chunk: jax.Array) -> tuple[jax.Array, None]:
+    return p.round(total + chunk), None
+
+  total, _ = jax.lax.scan(add, chunk_sums[0], chunk_sums[1:])
+  return total
+
+
+def _dot_chunking(eqn: Any, block: int) -> tuple[int, int, int] | None:
   """(contracted axis index in the lhs contracting list, chunk length, chunk count) or None.
 
   The contraction is split along its longest axis into chunks of ``block // (product of the
-  other contracted axes)`` (at least 1) elements; None when that leaves a single chunk or
-  the equation is not a dot_general.
+  other contracted axes)`` (at least 1) elements; None when that leaves a single chunk.
   """
-  if eqn.primitive.name != "dot_general":
-    return None
   (lhs_contract, _), _ = eqn.params["dimension_numbers"]
   if not lhs_contract:
     return None
@@ -411,14 +736,21 @@ def _chunking(eqn: Any, block: int) -> tuple[int, int, int] | None:
   return None if count <= 1 else (j, length, count)
 
 
-def _mixed_dot(
-  p: _Pass, operands: list[Any], params: dict, chunks: tuple[int, int, int]
-) -> tuple[jax.Array, int]:
-  """dot_general with per-chunk float32 sums added in the compute format.
+def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
+  """``x`` with zeros appended along ``axis`` up to ``size`` (exact: zero products add nothing)."""
+  pad = size - x.shape[axis]
+  if not pad:
+    return x
+  widths = [(0, 0, 0)] * x.ndim
+  widths[axis] = (0, pad, 0)
+  return jax.lax.pad(x, jnp.float32(0), widths)
 
-  ``result = r(...r(r(s_0) + r(s_1)) + ... + r(s_{n-1}))``, ``s_i`` the float32 sum of chunk
-  ``i``'s products and ``r`` rounding to the compute format. The chunk axis becomes a leading
-  batch axis of one batched dot_general (zero padding completes the last chunk exactly).
+
+def _dot_chunk_sums(operands: list[Any], params: dict, chunks: tuple[int, int, int]) -> jax.Array:
+  """float32 sums of each chunk of a dot_general's contraction, stacked on a leading axis.
+
+  The chunk axis becomes a leading batch axis of one batched dot_general (zero padding
+  completes the last chunk exactly).
   """
   j, length, count = chunks
   (lc, rc), (lb, rb) = params["dimension_numbers"]
@@ -426,11 +758,7 @@ def _mixed_dot(
   la, ra = lc[j], rc[j]
 
   def split(x: jax.Array, axis: int) -> jax.Array:
-    pad = count * length - x.shape[axis]
-    if pad:
-      widths = [(0, 0, 0)] * x.ndim
-      widths[axis] = (0, pad, 0)
-      x = jax.lax.pad(x, jnp.float32(0), widths)
+    x = _pad_axis(x, axis, count * length)
     return x.reshape(x.shape[:axis] + (count, length) + x.shape[axis + 1 :])
 
   def shift(dims: Sequence[int], axis: int) -> tuple[int, ...]:
@@ -442,17 +770,63 @@ def _mixed_dot(
   new_rc = tuple(d + 1 if d == ra else d for d in shift(rc, ra))
   new_lb = (la,) + shift(lb, la)
   new_rb = (ra,) + shift(rb, ra)
-  partial = jax.lax.dot_general(
+  return jax.lax.dot_general(
     lhs,
     rhs,
     ((new_lc, new_rc), (new_lb, new_rb)),
     precision=params.get("precision"),
     preferred_element_type=jnp.float32,
   )
-  total = p.round(partial[0])
-  for i in range(1, count):
-    total = p.round(total + p.round(partial[i]))
-  return total, count
+
+
+def _conv_chunk_sums(operands: list[Any], params: dict, block: int) -> jax.Array | None:
+  """float32 sums of each chunk of a convolution's contraction, stacked on a leading axis.
+
+  The contraction of output feature ``o`` of group ``g`` is ``cg`` input channels x the
+  kernel window (``K`` taps). Chunks are runs of ``c = max(1, block // K)`` input channels:
+  the ``n`` chunks of each group become ``n`` groups of one grouped convolution (input
+  channels zero-padded to ``n * c``), whose output features are then split by chunk.
+  None when there is a single chunk or ``batch_group_count > 1``.
+  """
+  if params["batch_group_count"] != 1:
+    return None
+  lhs, rhs = operands
+  dn = params["dimension_numbers"]
+  groups = params["feature_group_count"]
+  rhs_c = jnp.transpose(rhs, dn.rhs_spec)  # canonical (out, in, *window)
+  out_features, cg, window = rhs_c.shape[0], rhs_c.shape[1], rhs_c.shape[2:]
+  length = max(1, block // max(1, math.prod(window)))
+  count = -(-cg // length)
+  if count <= 1:
+    return None
+  og = out_features // groups
+  # Kernel: (G*og, n*c, *W) -> (G, og, n, c, *W) -> (G, n, og, c, *W) -> (G*n*og, c, *W).
+  rhs_c = _pad_axis(rhs_c, 1, count * length).reshape((groups, og, count, length) + window)
+  rhs_c = jnp.moveaxis(rhs_c, 2, 1).reshape((groups * count * og, length) + window)
+  # Input features: (G*cg) -> (G, n*c) -> G*n*c, in the lhs layout.
+  feature = dn.lhs_spec[1]
+  x = jnp.moveaxis(lhs, feature, -1)
+  x = _pad_axis(x.reshape(x.shape[:-1] + (groups, cg)), x.ndim, count * length)
+  x = jnp.moveaxis(x.reshape(x.shape[:-2] + (groups * count * length,)), -1, feature)
+  canonical_rhs = tuple(range(rhs_c.ndim))
+  out = jax.lax.conv_general_dilated(
+    x,
+    rhs_c,
+    window_strides=params["window_strides"],
+    padding=params["padding"],
+    lhs_dilation=params["lhs_dilation"],
+    rhs_dilation=params["rhs_dilation"],
+    dimension_numbers=jax.lax.ConvDimensionNumbers(dn.lhs_spec, canonical_rhs, dn.out_spec),
+    feature_group_count=groups * count,
+    precision=params.get("precision"),
+    preferred_element_type=jnp.float32,
+  )
+  # Output features (G, n, og) -> a leading chunk axis, features (G*og) back in place.
+  of = dn.out_spec[1]
+  y = jnp.moveaxis(out, of, 0)
+  y = jnp.moveaxis(y.reshape((groups, count, og) + y.shape[1:]), 1, 0)
+  y = y.reshape((count, groups * og) + y.shape[3:])
+  return jnp.moveaxis(y, 1, of + 1)
 
 
 # ---- higher-order primitives ----

@@ -18,7 +18,7 @@ class CastCounts:
     rounded: tensor elements rounded to the compute format by inserted roundings (a matmul's
       operand roundings and its result's; an elementwise op's result).
     kept_float32: float32 result elements left unrounded by a ``"float32"`` rule (or because
-      every input was a float32-kept value or a scalar).
+      every input was a float32-kept value or a constant, or inside a float32 region).
     untouched: result elements of ops the pass leaves alone (data movement, exact ops on
       values already rounded, casts, integer ops, unknown primitives).
   """
@@ -71,7 +71,9 @@ class CastReport:
     policy: the policy's string form, e.g. ``"p=float32,c=cbfloat16,o=float32,level=1"``.
     by_primitive: `CastCounts` per primitive name (higher-order primitives are recursed into;
       their bodies' equations are counted under their own primitives).
-    by_class: `CastCounts` per op class.
+    by_class: `CastCounts` per op class, plus ``constant`` (ops on constants only),
+      ``float32_region`` (equations inside `precision.float32_region`), ``nested_autocast``
+      (equations of an inner autocast, left to its own policy) and ``output``.
     unknown_primitives: float primitives the pass did not recognise and left unchanged,
       with their equation counts. Add them to ``precision.autocast.PRIMITIVE_CLASSES``.
     while_loops: number of while loops, whose bodies are counted once (trip counts are

@@ -278,10 +278,11 @@ _REGISTRY: dict[str, FloatFormat] = {}
 
 def register_format(fmt: FloatFormat, aliases: Iterable[str] = ()) -> FloatFormat:
   """Make ``fmt`` known to `get_format` under its name and ``aliases`` (lower-cased)."""
-  for key in (fmt.name, *aliases):
-    key = key.lower()
+  keys = [key.lower() for key in (fmt.name, *aliases)]
+  for key in keys:  # check every name before registering any: a failure leaves nothing behind
     if key in _REGISTRY and _REGISTRY[key] != fmt:
       raise FormatError(f"format name {key!r} is already registered for {_REGISTRY[key]!r}")
+  for key in keys:
     _REGISTRY[key] = fmt
   return fmt
 

@@ -2,7 +2,11 @@
 
 A `Policy` names three formats and a precision optimisation level (POL):
 
-* ``param``: the format weights are stored and updated in (float32 on Cerebras);
+* ``param``: the format weights are stored and updated in. It must be float32: on Cerebras
+  weights are stored in fp32 and the weight update runs in fp32 (``cerebras.md`` section 2),
+  and `precision.autocast` rounds a weight to ``compute`` where a matmul uses it, never the
+  stored weight. The key exists so that jmp-style strings (``"p=f32,c=bf16,o=f32"``) parse;
+  any other format is a `PolicyError` (it used to be accepted and ignored);
 * ``compute``: the 16-bit format of activations and of the arithmetic `precision.autocast`
   emulates (cbfloat16, bfloat16 or float16);
 * ``output``: the format of the autocast function's float32 results (float32: the loss and
@@ -18,10 +22,11 @@ policy's rule for that class says. Classes that compute:
 ====================  ===========================================================================
 op class              what it covers
 ====================  ===========================================================================
-matmul                ``dot_general`` / ``conv_general_dilated`` / ``ragged_dot`` with one
-                      operand a weight (no batch dimensions): dense layers, projections
-attention_matmul      ``dot_general`` with batch dimensions: both operands are activations, as in
-                      attention's ``Q K^T`` and ``P V`` (a structural test; names are not used)
+matmul                ``dot_general`` / ``conv_general_dilated`` / ``ragged_dot`` that are not
+                      attention: dense layers, projections, convolutions, batched products
+attention_matmul      attention's ``Q K^T`` (a product whose result goes through a softmax that
+                      feeds another product) and ``P V`` (a product of that softmax), recognised
+                      by that data flow, not by names or batch dimensions (`precision.autocast`)
 elementwise           arithmetic (+ - * /, max, tanh, erf, logistic, sqrt, ...) outside attention
 transcendental        exp, log, pow, rsqrt, ... (PyTorch autocast's float32 list) outside attention
 reduction             sum, prod, cumulative sums, scatter-add; normalisation statistics and the
@@ -61,14 +66,19 @@ Override any entry with ``Policy(..., rules={"attention_softmax": "round"})``.
 
 Values that are not float32 (integers, booleans, real bfloat16 arrays) are never touched.
 An elementwise op whose float inputs are all float32-kept values (outputs of ``"float32"``
-rules) or scalars stays float32: normalisation statistics (``var + eps``), the loss and its
-scaling (``loss * loss_scale``) are computed in float32, as PyTorch autocast and Cerebras do.
+rules) or constants (Python scalars, literals) stays float32: normalisation statistics
+(``var + eps``) and a loss scaled by a Python number are computed in float32, as PyTorch
+autocast does. A 0-d *array* is a value like any other (see `precision.autocast`).
+
+A policy's string form lists every setting that differs from the defaults and parses back:
+``Policy.parse(str(p)) == p``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -120,6 +130,7 @@ _PARSE_KEYS = {
     "c": "compute", "compute": "compute",
     "o": "output", "output": "output",
     "l": "level", "level": "level", "pol": "level",
+    "block": "accumulation_block", "accumulation_block": "accumulation_block",
 }  # fmt: skip
 
 
@@ -132,7 +143,7 @@ class Policy:
   """Formats and precision level of a mixed-precision computation (hashable, immutable).
 
   Args:
-    param: weight storage format (a name such as ``"f32"`` or a `FloatFormat`).
+    param: weight storage format; must be float32 (see the module docstring).
     compute: activation / arithmetic format, e.g. ``"cbfloat16"``, ``"bf16"``, ``"fp16"``.
     output: format of the autocast function's float32 outputs.
     level: precision optimisation level, 0, 1 or 2 (see the module docstring's table).
@@ -156,14 +167,20 @@ class Policy:
   def __post_init__(self) -> None:
     for field in ("param", "compute", "output"):
       object.__setattr__(self, field, get_format(getattr(self, field)))
-    if isinstance(self.level, bool) or self.level not in LEVELS:
+    if self.param != float32:
+      raise PolicyError(
+        f"param={self.param.name!r}: weights are stored and updated in float32 (as on Cerebras); "
+        "autocast rounds each weight to `compute` where it is used. Use param='float32' (or leave "
+        "it out); to study narrower stored weights, round them yourself with precision.round."
+      )
+    level = _as_int(self.level)
+    if level not in LEVELS:
       raise PolicyError(f"level={self.level!r}: the precision optimisation level must be 0, 1 or 2")
-    if (
-      isinstance(self.accumulation_block, bool)
-      or not isinstance(self.accumulation_block, int)
-      or (self.accumulation_block < 1)
-    ):
+    object.__setattr__(self, "level", level)
+    block = _as_int(self.accumulation_block)
+    if block is None or block < 1:
       raise PolicyError(f"accumulation_block={self.accumulation_block!r}; allowed: an int >= 1")
+    object.__setattr__(self, "accumulation_block", block)
     overrides = dict(self.rules)
     for op_class, treatment in overrides.items():
       _check_rule(op_class, treatment)
@@ -187,10 +204,6 @@ class Policy:
     """A copy with more rule overrides, e.g. ``policy.with_rules(attention_softmax="round")``."""
     return dataclasses.replace(self, rules={**dict(self.rules), **rules})
 
-  def cast_to_param(self, tree: Any) -> Any:
-    """Round every float32 leaf of ``tree`` to ``param`` (nearest even)."""
-    return _round_tree(tree, self.param)
-
   def cast_to_compute(self, tree: Any) -> Any:
     """Round every float32 leaf of ``tree`` to ``compute`` (nearest even)."""
     return _round_tree(tree, self.compute)
@@ -201,38 +214,54 @@ class Policy:
 
   def __str__(self) -> str:
     extra = "".join(f",{k}={v}" for k, v in self.rules)
+    if self.accumulation_block != DEFAULT_ACCUMULATION_BLOCK:
+      extra += f",block={self.accumulation_block}"
     return f"p={self.param.name},c={self.compute.name},o={self.output.name},level={self.level}{extra}"
 
   @classmethod
   def parse(cls, text: str) -> Policy:
-    """Parse ``"p=f32,c=cb16,o=f32"`` (jmp's syntax) plus an optional ``level=N``.
+    """Parse ``"p=f32,c=cb16,o=f32"`` (jmp's syntax) plus ``level=N``, ``block=N`` and rules.
 
-    Keys: ``p``/``param``/``params``, ``c``/``compute``, ``o``/``output``, ``l``/``level``/``pol``.
-    Missing keys take the constructor defaults.
+    Keys: ``p``/``param``/``params``, ``c``/``compute``, ``o``/``output``, ``l``/``level``/``pol``,
+    ``block``/``accumulation_block``, and any op class (``attention_softmax=round``) as a rule
+    override. Missing keys take the constructor defaults; ``str(policy)`` parses back.
 
     Raises:
-      PolicyError: a malformed item or unknown key (with a suggestion).
+      PolicyError: a malformed item, an unknown or repeated key (with a suggestion).
     """
     settings: dict[str, Any] = {}
+    rules: dict[str, str] = {}
+    seen: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
       key, sep, value = item.partition("=")
       key, value = key.strip().lower(), value.strip()
       if not sep or not value:
         raise PolicyError(f"policy {text!r}: item {item!r} is not key=value (e.g. 'c=cb16')")
-      if key not in _PARSE_KEYS:
-        close = difflib.get_close_matches(key, list(_PARSE_KEYS), n=1)
+      if key not in _PARSE_KEYS and key not in RULE_CLASSES:
+        close = difflib.get_close_matches(key, [*_PARSE_KEYS, *RULE_CLASSES], n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise PolicyError(f"policy {text!r}: unknown key {key!r}.{hint} Allowed: p, c, o, level")
-      field = _PARSE_KEYS[key]
-      if field == "level":
+        raise PolicyError(
+          f"policy {text!r}: unknown key {key!r}.{hint} Allowed: p, c, o, level, block, or an op class "
+          f"({', '.join(RULE_CLASSES)})"
+        )
+      field = _PARSE_KEYS.get(key, key)
+      if field in seen:
+        raise PolicyError(
+          f"policy {text!r}: {field} is given twice ({seen[field]!r} and {key!r}); give it once"
+        )
+      seen[field] = key
+      if field in RULE_CLASSES:
+        rules[field] = value
+      elif field in ("level", "accumulation_block"):
         try:
           settings[field] = int(value)
         except ValueError:
-          raise PolicyError(f"policy {text!r}: level={value!r}; allowed: 0, 1, 2") from None
+          allowed = "0, 1, 2" if field == "level" else "an int >= 1"
+          raise PolicyError(f"policy {text!r}: {key}={value!r}; allowed: {allowed}") from None
       else:
         settings[field] = value
     try:
-      return cls(**settings)
+      return cls(**settings, rules=rules)
     except FormatError as error:
       raise PolicyError(f"policy {text!r}: {error}") from None
 
@@ -261,9 +290,9 @@ class Policy:
     Raises:
       PolicyError: an unknown ``fp16_type`` or level, or conflicting keys.
     """
-    level = 1 if precision_opt_level is None else precision_opt_level
-    if isinstance(level, bool) or level not in LEVELS:
-      raise PolicyError(f"precision_opt_level={level!r}: must be an integer in range [0, 3)")
+    level = 1 if precision_opt_level is None else _as_int(precision_opt_level)
+    if level not in LEVELS:
+      raise PolicyError(f"precision_opt_level={precision_opt_level!r}: must be an integer in range [0, 3)")
     if use_bfloat16 and fp16_type not in (None, "bfloat16"):
       raise PolicyError(f"use_bfloat16: True conflicts with fp16_type: {fp16_type}; set only fp16_type")
     half = fp16_type or "bfloat16"
@@ -280,6 +309,16 @@ class Policy:
     wanted = "float32" if softmax_fp32 else "round"
     rules = {} if wanted == default else {"attention_softmax": wanted}
     return cls(compute=half, level=level, rules=rules)
+
+
+def _as_int(value: Any) -> int | None:
+  """``value`` as an int if it is an integer (Python or NumPy; not a bool or a float), else None."""
+  if isinstance(value, (bool, np.bool_)):
+    return None
+  try:
+    return operator.index(value)
+  except TypeError:
+    return None
 
 
 def _suggest(name: str, options: tuple[str, ...]) -> str:

@@ -75,7 +75,7 @@ def round(
   fmt = get_format(fmt)
   mode = _check_choice("mode", mode, MODES)
   grad = _check_choice("grad", grad, _GRAD_MODES)
-  x = _as_float32(x, fmt, "round")
+  x = _as_float32(x, fmt, "round", mode)
   noise = _noise(x, mode, key, rbits)
   if mode != "stochastic" and grad == "cast":
     return round_p.bind(x, fmt=fmt, mode=mode)
@@ -123,13 +123,15 @@ def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> str:
   return value
 
 
-def _as_float32(x: Any, fmt: FloatFormat, fn: str) -> jax.Array:
+def _as_float32(x: Any, fmt: FloatFormat, fn: str, mode: str = "nearest_even") -> jax.Array:
   """``x`` as float32 without double rounding.
 
   JAX arrays must already be float32 or narrower. Python numbers, lists and NumPy float64
   arrays are narrowed on the host with round-to-odd (truncate, then set the last bit if
   anything was lost), after which rounding to a format of p <= 22 significant bits is the
-  correct rounding of the float64 value (p + 2 <= 24; Boldo and Melquiond, 2008).
+  correct rounding of the float64 value (p + 2 <= 24; Boldo and Melquiond, 2008). A format
+  with 22 fraction bits (p = 23) is rounded on the host instead (`_host_round`; stochastic
+  rounding keeps round-to-odd, whose last bit stands for everything below float32).
   """
   if isinstance(x, jax.Array):  # tracers included
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -152,10 +154,31 @@ def _as_float32(x: Any, fmt: FloatFormat, fn: str) -> jax.Array:
   if floating and jnp.finfo(array.dtype).bits <= 32:
     return jnp.asarray(array.astype(np.float32))  # exact
   wide = array.astype(np.float64)
-  if fmt.mantissa_bits >= 22:  # round-to-odd needs p + 2 <= 24; float32 wants its own rounding
+  if fmt.mantissa_bits == 23:  # float32 itself: one rounding
     with np.errstate(over="ignore"):
       return jnp.asarray(wide.astype(np.float32))
+  if fmt.mantissa_bits == 22 and mode != "stochastic":  # round-to-odd needs p + 2 <= 24
+    return jnp.asarray(_host_round(wide, fmt, mode))
   return jnp.asarray(_narrow_to_odd(wide))
+
+
+def _host_round(wide: np.ndarray, fmt: FloatFormat, mode: str) -> np.ndarray:
+  """float64 values rounded once to ``fmt``'s precision on the host (exact float64 arithmetic:
+  scaling by powers of two, then NumPy's half-to-even ``rint`` or ``trunc``), as float32.
+
+  The result has at most ``m + 1`` significant bits, so it is a float32 value (or overflows
+  to inf), and the kernel's rounding afterwards only applies range rules: overflow,
+  saturation, the flush of formats without subnormals.
+  """
+  with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+    magnitude = np.abs(wide)
+    exponent = np.floor(np.log2(np.where(magnitude > 0, magnitude, 1.0)))
+    if fmt.subnormals:
+      exponent = np.maximum(exponent, fmt.emin)
+    quantum = np.exp2(exponent - fmt.mantissa_bits)
+    step = np.rint if mode == "nearest_even" else np.trunc
+    rounded = np.where(np.isfinite(wide), step(wide / quantum) * quantum, wide)
+    return rounded.astype(np.float32)
 
 
 def _narrow_to_odd(wide: np.ndarray) -> np.ndarray:

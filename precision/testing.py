@@ -24,23 +24,35 @@ _REFERENCE_DTYPES = {
 
 
 def same_floats(actual: Any, expected: Any) -> np.ndarray:
-  """Elementwise: equal float32 bit patterns, or both NaN (so -0.0 differs from 0.0)."""
-  actual = np.asarray(actual, np.float32)
-  expected = np.asarray(expected).astype(np.float32)
-  return (actual.view(np.uint32) == expected.view(np.uint32)) | (np.isnan(actual) & np.isnan(expected))
+  """Elementwise: equal bit patterns, or both NaN (so -0.0 differs from 0.0).
+
+  Compared as float32, or as float64 when either side is float64 (nothing is narrowed).
+  """
+  actual, expected, bits = _as_common_float(actual, expected)
+  return (actual.view(bits) == expected.view(bits)) | (np.isnan(actual) & np.isnan(expected))
+
+
+def _as_common_float(actual: Any, expected: Any) -> tuple[np.ndarray, np.ndarray, Any]:
+  """Both as float32, or both as float64 when either is float64 (never narrowed: a float64
+  that is not a float32 value differs from every float32), and the matching uint dtype."""
+  actual, expected = np.asarray(actual), np.asarray(expected)
+  wide = np.float64 in (actual.dtype, expected.dtype)
+  dtype, bits = (np.float64, np.uint64) if wide else (np.float32, np.uint32)
+  return actual.astype(dtype), expected.astype(dtype), bits
 
 
 def assert_same_floats(actual: Any, expected: Any, context: str = "") -> None:
   """Raise AssertionError naming the first differing elements unless `same_floats` holds everywhere."""
-  actual = np.asarray(actual, np.float32)
-  expected = np.asarray(expected).astype(np.float32)
+  actual, expected, bits = _as_common_float(actual, expected)
   if actual.shape != expected.shape:
     raise AssertionError(f"{context}: shapes differ: {actual.shape} vs {expected.shape}")
   same = same_floats(actual, expected)
   if not same.all():
-    bits_a, bits_e = actual.view(np.uint32), expected.view(np.uint32)
+    bits_a, bits_e = actual.view(bits), expected.view(bits)
+    width = 2 * actual.dtype.itemsize
     detail = ", ".join(
-      f"#{i}: got {actual.flat[i]!r} (0x{bits_a.flat[i]:08x}), want {expected.flat[i]!r} (0x{bits_e.flat[i]:08x})"
+      f"#{i}: got {actual.flat[i]!r} (0x{bits_a.flat[i]:0{width}x}), want {expected.flat[i]!r} "
+      f"(0x{bits_e.flat[i]:0{width}x})"
       for i in np.flatnonzero(~same)[:5]
     )
     raise AssertionError(f"{context}: {(~same).sum()} of {same.size} differ; {detail}")

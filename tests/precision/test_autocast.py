@@ -162,14 +162,14 @@ def test_float32_statistics_and_loss_scaling_stay_float32():
     mean = jnp.mean(v, axis=-1, keepdims=True)
     var = jnp.mean((v - mean) ** 2, axis=-1, keepdims=True)
     y = (v - mean) * jax.lax.rsqrt(var + 1e-5)
-    return jnp.mean(y) * scale  # loss * loss_scale: both float32 scalars
+    return jnp.mean(y) * scale  # a float32 loss times a constant (a Python number) stays float32
 
-  got = precision.autocast(layer_norm_loss, _level(1))(x, jnp.float32(2.0**31))
+  got = precision.autocast(layer_norm_loss, _level(1), static_argnums=1)(x, 2.0**31 + 2.0**20)
   mean = jnp.mean(x, axis=-1, keepdims=True)  # reduction: float32
   centred = r(x - mean)
   var = jnp.mean(r(centred**2), axis=-1, keepdims=True)  # the square rounded, the mean float32
   y = r(centred * jax.lax.rsqrt(var + 1e-5))  # var + eps and rsqrt stay float32
-  _same(got, jnp.mean(y) * jnp.float32(2.0**31))
+  _same(got, jnp.mean(y) * jnp.float32(2.0**31 + 2.0**20))
 
 
 # ---- control flow ----

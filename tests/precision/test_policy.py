@@ -109,10 +109,58 @@ def test_from_config_modelzoo_keys():
 
 
 def test_cast_helpers_round_float32_leaves_only():
-  p = precision.Policy(param="bf16", compute="cb16", output="f16")
-  tree = {"w": jnp.float32(1.0 + 2.0**-9), "n": jnp.int32(3), "h": np.float32(70000.0)}
-  assert float(p.cast_to_param(tree)["w"]) == 1.0  # bfloat16: 7 fraction bits
-  assert float(p.cast_to_compute(tree)["w"]) == 1.0 + 2.0**-9  # cbfloat16: 9 fraction bits
+  p = precision.Policy(compute="cb16", output="f16")
+  tree = {"w": jnp.float32(1.0 + 2.0**-10), "n": jnp.int32(3), "h": np.float32(70000.0)}
+  assert float(p.cast_to_compute(tree)["w"]) == 1.0  # cbfloat16: 9 fraction bits, the tie to even
   assert np.isinf(float(p.cast_to_output(tree)["h"]))  # float16 overflows at 65520
   assert p.cast_to_compute(tree)["n"].dtype == jnp.int32
   assert jax.tree.structure(p.cast_to_compute(tree)) == jax.tree.structure(tree)
+
+
+# ---- issue 11: param has a meaning, str parses back, settings are validated ----
+
+
+@pytest.mark.parametrize("param", ["bf16", "float8_e4m3fn", "cb16"])
+def test_param_other_than_float32_is_an_error_not_ignored(param):
+  # Weights are stored and updated in float32 (Cerebras); a narrower `param` used to be
+  # accepted and silently ignored by autocast.
+  with pytest.raises(PolicyError, match="stored and updated in float32"):
+    precision.Policy(param=param)
+  with pytest.raises(PolicyError, match="stored and updated in float32"):
+    precision.Policy.parse(f"p={param},c=cb16")
+  assert precision.Policy(param="f32").param is precision.float32
+
+
+@pytest.mark.parametrize(
+  "policy",
+  [
+    precision.Policy(rules={"attention_softmax": "round"}),
+    precision.Policy(compute="bf16", level=2, accumulation_block=256),
+    precision.Policy(level=0, rules={"matmul": "float32", "transcendental": "round"}, accumulation_block=7),
+    precision.Policy.from_config(fp16_type="cbfloat16"),
+  ],
+)
+def test_str_parses_back(policy):
+  assert precision.Policy.parse(str(policy)) == policy
+
+
+def test_parse_rejects_duplicate_keys():
+  with pytest.raises(PolicyError, match="compute is given twice"):
+    precision.Policy.parse("c=bf16,compute=cb16")
+  with pytest.raises(PolicyError, match="level is given twice"):
+    precision.Policy.parse("level=1,pol=2")
+  with pytest.raises(PolicyError, match="attention_softmax is given twice"):
+    precision.Policy.parse("attention_softmax=round,attention_softmax=float32")
+
+
+def test_level_and_block_types():
+  for bad in (1.0, "1", 1.5):
+    with pytest.raises(PolicyError, match="must be 0, 1 or 2"):
+      precision.Policy(level=bad)
+  with pytest.raises(PolicyError, match="must be an integer"):
+    precision.Policy.from_config(precision_opt_level=1.0)
+  p = precision.Policy(level=np.int64(2), accumulation_block=np.int64(64))
+  assert p == precision.Policy(level=2, accumulation_block=64)
+  assert type(p.level) is int and type(p.accumulation_block) is int
+  with pytest.raises(PolicyError, match="accumulation_block=64.0"):
+    precision.Policy(accumulation_block=64.0)

@@ -1,0 +1,257 @@
+"""Issue 11's findings, one test each: every one failed on the code before the fix."""
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import precision
+from precision.testing import assert_same_floats, same_floats
+
+r = functools.partial(precision.round, fmt="cbfloat16")
+
+
+def _normal(seed, shape, scale=1.0):
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * scale)
+
+
+def _integers(seed, shape, bound=31):
+  return jnp.asarray(np.random.default_rng(seed).integers(-bound, bound + 1, shape).astype(np.float32))
+
+
+def _policy(level, **kw):
+  return precision.Policy(compute="cbfloat16", level=level, **kw)
+
+
+def _same(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert_same_floats(np.asarray(x), np.asarray(y))
+
+
+# ---- 1. 0-d values are values ----
+
+
+def test_0d_arguments_are_rounded():
+  f = lambda x: x * x + 1.0
+  got = precision.autocast(f, _policy(1))(jnp.float32(0.1))
+  _same(got, r(r(jnp.float32(0.1) * jnp.float32(0.1)) + 1.0))
+  assert float(got) != float(f(jnp.float32(0.1)))  # rounding happened
+
+
+def test_vmap_of_autocast_rounds_each_example():
+  f = lambda x, w: jnp.tanh(x * w + 0.5)
+  x, w = _normal(1, (64,)), jnp.float32(0.7)
+  batched = jax.vmap(precision.autocast(f, _policy(1)), in_axes=(0, None))(x, w)
+  _same(batched, precision.autocast(f, _policy(1))(x, w))
+  assert np.mean(np.asarray(batched) != np.asarray(f(x, w))) > 0.5
+
+
+def test_python_scalars_stay_constants_and_a_0d_array_is_a_value():
+  x = _normal(2, (4, 64))
+
+  def loss(v, scale):
+    mean = jnp.mean(v, axis=-1, keepdims=True)
+    var = jnp.mean((v - mean) ** 2, axis=-1, keepdims=True)
+    return jnp.sum(jnp.exp(var + 1e-5)) * scale
+
+  got = precision.autocast(loss, _policy(1), static_argnums=1)(x, 3.0)  # a Python scalar
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(r(r(x - mean) ** 2), axis=-1, keepdims=True)
+  total = jnp.sum(jnp.exp(var + 1e-5))
+  _same(got, total * 3.0)  # var + eps, exp, sum and * 3.0 stay float32
+  as_array = precision.autocast(loss, _policy(1))(x, jnp.float32(3.0))  # a 0-d array: a value
+  _same(as_array, r(total * 3.0))
+  assert float(as_array) != float(got)
+
+
+# ---- 2. attention by structure, not batch dimensions ----
+
+
+def _ensemble(x, w):
+  return jnp.tanh(jnp.einsum("bsd,bdf->bsf", x, w)) * 1.5
+
+
+def test_batched_products_are_ordinary_matmuls():
+  x, w = _integers(3, (2, 4, 64)), _integers(4, (2, 64, 8))
+  policy = _policy(1, accumulation_block=16)
+  got = precision.autocast(_ensemble, policy)(x, w)
+  total = r(jnp.einsum("bsd,bdf->bsf", x[..., :16], w[:, :16]))
+  for i in range(1, 4):
+    total = r(total + r(jnp.einsum("bsd,bdf->bsf", x[..., 16 * i : 16 * i + 16], w[:, 16 * i : 16 * i + 16])))
+  _same(got, r(r(jnp.tanh(total)) * 1.5))  # mixed accumulation, and tanh and * rounded
+  report = precision.cast_report(_ensemble, policy, x, w)
+  assert "attention_matmul" not in report.by_class and "attention_softmax" not in report.by_class
+
+
+def test_autocast_of_vmap_equals_vmap_of_autocast():
+  def mlp(x, w1, w2):
+    return jnp.sum(jnp.tanh(x @ w1) @ w2)
+
+  x, w1, w2 = _normal(5, (6, 16)), _normal(6, (16, 32), 0.3), _normal(7, (32, 4), 0.3)
+  a = precision.autocast(jax.vmap(mlp, in_axes=(0, None, None)), _policy(1))(x, w1, w2)
+  b = jax.vmap(precision.autocast(mlp, _policy(1)), in_axes=(0, None, None))(x, w1, w2)
+  _same(a, b)
+
+
+def test_attention_is_still_recognised():
+  def attention(q, k, v):
+    return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k) * 0.125), v)
+
+  q, k, v = (_normal(s, (2, 8, 16)) for s in (8, 9, 10))
+  report = precision.cast_report(attention, _policy(1), q, k, v)
+  assert report.by_class["attention_matmul"].equations == 2
+  assert report.by_class["attention_softmax"].kept_float32 > 0
+  # A classifier's logits go through a softmax that feeds no second product: not attention.
+  classifier = lambda x, w: jnp.sum(jax.nn.softmax(x @ w))
+  assert "attention_matmul" not in precision.cast_report(classifier, _policy(1), q[0], v[0].T).by_class
+
+
+# ---- 3. convolutions get mixed accumulation ----
+
+
+def _conv(x, w, groups=1):
+  return jax.lax.conv_general_dilated(
+    x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=groups
+  )
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_convolution_mixed_accumulation_equals_hand_written_chunks(groups):
+  # Integer data: every chunk sum is exact in float32 whatever the summation order.
+  channels, block = 24, 9 * 5  # 3x3 window: 5 channels per chunk, 3 chunks of 12 per group
+  x, w = _integers(11, (2, 6, 6, channels)), _integers(12, (3, 3, channels // groups, 6))
+  got = precision.autocast(functools.partial(_conv, groups=groups), _policy(1, accumulation_block=block))(
+    x, w
+  )
+  per_group = channels // groups
+  outs = []
+  for g in range(groups):
+    og = 6 // groups
+    xg, wg = x[..., g * per_group : (g + 1) * per_group], w[..., g * og : (g + 1) * og]
+    total = None
+    for lo in range(0, per_group, 5):
+      s = r(_conv(xg[..., lo : lo + 5], wg[:, :, lo : lo + 5]))
+      total = s if total is None else r(total + s)
+    outs.append(total)
+  _same(got, jnp.concatenate(outs, axis=-1))
+  level0 = precision.autocast(functools.partial(_conv, groups=groups), _policy(0))(x, w)
+  _same(level0, r(_conv(x, w, groups)))
+  assert np.any(np.asarray(got) != np.asarray(level0))
+
+
+def test_a_3x3_convolution_over_128_channels_differs_between_levels_0_and_1():
+  x, w = _normal(13, (1, 8, 8, 128)), _normal(14, (3, 3, 128, 16), 0.1)
+  y0 = precision.autocast(_conv, _policy(0))(x, w)
+  y1 = precision.autocast(_conv, _policy(1))(x, w)
+  assert np.mean(np.asarray(y0) != np.asarray(y1)) > 0.05
+
+
+# ---- 4. compute="float32" is the identity ----
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_float32_compute_is_the_identity(level):
+  def f(x, w):
+    return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+  x, w = _normal(15, (8, 4096)), _normal(16, (4096, 16), 0.02)  # 4 chunks of 1024 at level 1
+  policy = precision.Policy(compute="float32", level=level)
+  _same(jax.jit(precision.autocast(f, policy))(x, w), jax.jit(f)(x, w))
+  report = precision.cast_report(f, policy, x, w)
+  assert report.total.rounded == 0
+  baseline = precision.Policy.from_config(mixed_precision=False, precision_opt_level=level)
+  _same(jax.jit(precision.autocast(jax.grad(f), baseline))(x, w), jax.jit(jax.grad(f))(x, w))
+
+
+# ---- 5. Policy.param: see tests/precision/test_policy.py ----
+
+
+# ---- 6. nesting, float32 regions, statics, compile size ----
+
+
+def test_nested_autocast_inner_policy_wins():
+  inner = precision.autocast(lambda x: jnp.tanh(x * 1.7), "c=bf16,level=1")
+  outer = precision.autocast(lambda x: inner(x) * x, "c=cb16,level=1")
+  x = _normal(17, (256,))
+  bf = functools.partial(precision.round, fmt="bfloat16")
+  _same(outer(x), r(bf(jnp.tanh(bf(x * 1.7))) * x))
+
+
+def _adam_like(w, g, v, region):
+  grad = jnp.tanh(g * w)  # the autocast part: rounded
+  with precision.float32_region() if region else contextlib.nullcontext():
+    v = 0.999 * v + 0.001 * grad**2
+    return w - 1e-3 * grad / (jnp.sqrt(v) + 1e-8), v
+
+
+def test_float32_region_keeps_the_optimizer_update_in_float32():
+  w, g, v = _normal(18, (64,)), _normal(19, (64,), 1e-5), jnp.zeros(64)
+  got_w, got_v = precision.autocast(_adam_like, _policy(1), static_argnums=3)(w, g, v, True)
+  grad = r(jnp.tanh(r(g * w)))
+  want_v = 0.999 * v + 0.001 * grad**2
+  _same((got_w, got_v), (w - 1e-3 * grad / (jnp.sqrt(want_v) + 1e-8), want_v))
+  assert np.all(np.asarray(got_v) > 0)
+  # Without the region the second moment underflows in cbfloat16 and the step is ~1e-3 / 1e-8.
+  bad_w, bad_v = precision.autocast(_adam_like, _policy(1), static_argnums=3)(w, g, v, False)
+  assert np.mean(np.asarray(bad_v) == 0) > 0.9 and np.max(np.abs(np.asarray(bad_w - w))) > 0.1
+  decorated = precision.float32_region(lambda a, b: a * b + 1e-3)
+  _same(precision.autocast(decorated, _policy(1))(w, g), w * g + 1e-3)
+  report = precision.cast_report(_adam_like, _policy(1), w, g, v, True, static_argnums=3)
+  assert report.by_class["float32_region"].rounded == 0 and report.by_class["float32_region"].kept_float32 > 0
+
+
+def test_static_argnames_also_cover_positional_use_and_cast_report_takes_statics():
+  def f(x, activation):
+    return getattr(jnp, activation)(x)
+
+  x = _normal(20, (8,))
+  auto = precision.autocast(f, "c=cb16", static_argnames="activation")
+  _same(auto(x, "tanh"), r(jnp.tanh(x)))
+  _same(auto(x, activation="tanh"), r(jnp.tanh(x)))
+  report = precision.cast_report(f, "c=cb16", x, "tanh", static_argnames="activation")
+  assert report.by_primitive["tanh"].rounded == 8
+
+
+def test_long_contractions_compile_to_few_equations():
+  x, w = jax.ShapeDtypeStruct((2, 2**18), jnp.float32), jax.ShapeDtypeStruct((2**18, 2), jnp.float32)
+  jaxpr = jax.make_jaxpr(precision.autocast(jnp.matmul, _policy(1)))(x, w)
+  assert len(jaxpr.jaxpr.eqns) < 30  # 256 chunks: one product and one scan, not a Python loop
+
+
+def test_chunked_sum_is_bit_identical_to_the_sequential_definition():
+  x, w = _normal(21, (5, 8192)), _normal(22, (8192, 3))
+  got = precision.autocast(jnp.matmul, _policy(1, accumulation_block=512))(x, w)
+  xr, wr = r(x), r(w)
+  total = r(xr[:, :512] @ wr[:512])
+  for i in range(1, 16):
+    total = r(total + r(xr[:, 512 * i : 512 * i + 512] @ wr[512 * i : 512 * i + 512]))
+  _same(got, total)
+
+
+def test_round_of_float64_into_a_22_bit_format_rounds_once():
+  fmt = precision.FloatFormat("e8m22", 8, 22)
+  # Just above the midpoint between two 22-bit values: float32 rounds it to the midpoint,
+  # which then ties to even (down); the correct rounding goes up.
+  lo = 1.0
+  value = np.float64(lo + 2.0**-23 + 2.0**-30)
+  assert float(precision.round(value, fmt)) == lo + 2.0**-22
+  assert float(precision.round(np.float64(lo + 2.0**-23 - 2.0**-30), fmt, "toward_zero")) == lo
+
+
+def test_failed_register_format_leaves_nothing_behind():
+  fmt = precision.FloatFormat("issue11_fmt", 5, 4)
+  with pytest.raises(precision.FormatError, match="already registered"):
+    precision.register_format(fmt, aliases=("issue11_alias", "bf16"))
+  with pytest.raises(precision.FormatError, match="unknown float format"):
+    precision.get_format("issue11_fmt")
+  with pytest.raises(precision.FormatError, match="unknown float format"):
+    precision.get_format("issue11_alias")
+
+
+def test_assert_same_floats_does_not_narrow_float64():
+  with pytest.raises(AssertionError, match="1 of 1 differ"):
+    assert_same_floats(np.float64(0.1), np.float32(0.1))
+  assert same_floats(np.float64(0.5), np.float32(0.5))
