@@ -6,13 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from wafer import cli, cluster
+from wafer import cli
 from wafer.example import EXAMPLE_PARAMS
-
-
-@pytest.fixture(autouse=True)
-def fresh_cluster(monkeypatch):
-  monkeypatch.setattr(cluster, "_LOCKED", [])
 
 
 def _params_file(tmp_path, **changes):
