@@ -18,6 +18,10 @@ import jax
 from wafer.train.task import ExecutorError
 
 
+class UnreadableCheckpoint(Exception):
+  """A checkpoint whose files cannot be read (truncated, missing, corrupt); ``str()`` says why."""
+
+
 class Checkpoints:
   """An orbax `CheckpointManager` of train states, every process taking part (``jax.distributed``)."""
 
@@ -62,20 +66,36 @@ class Checkpoints:
     """The state and metadata of checkpoint ``step``; ``like``: the state or its `abstract` form.
 
     Raises:
+      UnreadableCheckpoint: its files cannot be read (checked before orbax starts reading, so a
+        damaged checkpoint leaves no orbax/TensorStore work behind).
       ExecutorError: the checkpoint's arrays do not fit ``like`` (another model or optimizer).
     """
     ocp = self._ocp
-    mismatch = _shape_mismatch(self.manager.item_metadata(step)["state"], like)
+    damage = _damage(self.directory / str(step))
+    if damage is not None:
+      raise UnreadableCheckpoint(damage)
+    try:
+      saved = self.manager.item_metadata(step)["state"]
+    except Exception as error:  # unreadable metadata
+      raise UnreadableCheckpoint(_reason(error)) from error
+    mismatch = _shape_mismatch(saved, like)
     if mismatch is not None:  # checked before orbax starts reading: a failed read leaves its threads behind
       raise ExecutorError(
         f"The checkpoint of step {step} in {self.directory} does not fit this model: {mismatch}. The "
         "model keys (sizes, vocab_size, layers) and the optimizer must be the ones the checkpoint was written "
         "with; restore them, or use a new model_dir."
       )
-    restored = self.manager.restore(
-      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
-    )
+    try:
+      restored = self.manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
+      )
+    except Exception as error:
+      raise UnreadableCheckpoint(_reason(error)) from error
     return restored.state, restored.meta
+
+  def unreadable(self, step: int, why: UnreadableCheckpoint) -> str:
+    """The one-line report of an unreadable checkpoint."""
+    return f"Warning: the checkpoint of step {step} at {self.directory / str(step)} cannot be read ({why})"
 
   def restore_latest(self, like: Any, say: Any = print) -> tuple[Any, dict[str, Any]] | None:
     """The newest checkpoint that can be read, or None when there is none.
@@ -90,20 +110,33 @@ class Checkpoints:
     for step in reversed(steps):
       try:
         return self.restore(step, like)
-      except ExecutorError:
-        raise
-      except Exception as error:  # orbax/TensorStore: truncated, missing or corrupt files
-        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        say(
-          f"Warning: the checkpoint of step {step} at {self.directory / str(step)} cannot be read "
-          f"({type(error).__name__}: {reason}); trying the one before it.",
-        )
+      except UnreadableCheckpoint as why:
+        say(f"{self.unreadable(step, why)}; trying the one before it.")
     if steps:
       raise ExecutorError(
         f"None of the checkpoints in {self.directory} (steps {', '.join(map(str, steps))}) can be read. "
         "Move them away (nothing was deleted) or use a new model_dir."
       )
     return None
+
+
+def _reason(error: BaseException) -> str:
+  text = str(error).strip()
+  return f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+def _damage(step_dir: Path) -> str | None:
+  """Why the array store of a checkpoint cannot be read (every stored value is read), or None."""
+  import tensorstore as ts
+
+  try:
+    for item in sorted(p for p in step_dir.iterdir() if (p / "manifest.ocdbt").is_file()):
+      kv = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{item}/"}).result()
+      for key in kv.list().result():
+        kv.read(key).result()
+  except Exception as error:  # TensorStore: truncated, missing or corrupt files
+    return _reason(error)
+  return None
 
 
 def _barrier(name: str) -> None:

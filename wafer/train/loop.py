@@ -33,7 +33,7 @@ import precision
 import wafer
 from wafer import cluster
 from wafer.config import RunConfig
-from wafer.train.checkpoint import Checkpoints
+from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
 from wafer.train.metrics import Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state
 from wafer.train.step import make_eval_step, make_train_step
@@ -292,13 +292,8 @@ class _Run:
     for step in steps:
       try:
         state, _ = self.checkpoints.restore(step, self.template)
-      except ExecutorError:
-        raise
-      except Exception as error:  # an unreadable checkpoint: say so, evaluate the others
-        self.say(
-          f"Warning: the checkpoint of step {step} at {self.checkpoints.directory / str(step)} cannot be "
-          f"read ({type(error).__name__}); skipping it."
-        )
+      except UnreadableCheckpoint as why:  # say so, evaluate the others
+        self.say(f"{self.checkpoints.unreadable(step, why)}; skipping it.")
         continue
       self.summary["eval_all"][step] = self._evaluate(state.params, step)
 
