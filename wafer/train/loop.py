@@ -129,9 +129,14 @@ class _Run:
     t1 = time.perf_counter()
     self.say(f"Data ready in {t1 - t0:.1f} s. Compiling the train step ({self.policy})...")
     self.compiled = wafer.compile(
-        step_fn, init, example_batch, num_csx=self.num_csx, batch_argnums=self._batch_argnums(),
-        donate_argnums=(0,), validate_only=rc.validate_only,
-    )  # fmt: skip
+      step_fn,
+      init,
+      cluster.global_batch(example_batch, self.num_csx),
+      num_csx=self.num_csx,
+      batch_argnums=self._batch_argnums(),
+      donate_argnums=(0,),
+      validate_only=rc.validate_only,
+    )
     self.say(f"Compiled in {time.perf_counter() - t1:.1f} s.")
     if self.main:
       _write_compile_report(step_fn, init, example_batch, task, self.num_csx, self.model_dir, self.summary)
@@ -305,12 +310,16 @@ class _Run:
     for i, batch in enumerate(task.eval_data()):
       if rc.eval_steps is not None and i >= rc.eval_steps:
         break
+      batch = cluster.global_batch(batch, self.num_csx)
       if self.eval_compiled is None:  # once per run, under the training policy and sharding
         self.eval_compiled = wafer.compile(
-          make_eval_step(task, self.policy), params, batch, num_csx=self.num_csx,
+          make_eval_step(task, self.policy),
+          params,
+          batch,
+          num_csx=self.num_csx,
           batch_argnums=self._batch_argnums(),
-        )  # fmt: skip
-      values.append(self.eval_compiled(params, cluster.global_batch(batch, self.num_csx)))
+        )
+      values.append(self.eval_compiled(params, batch))
     if not values:
       raise ExecutorError(
         "Iterating the eval data did not return any values: the dataset is too small for the batch size."
