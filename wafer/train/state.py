@@ -58,7 +58,7 @@ def schedule_counts(opt_state: Any) -> list[jax.Array]:
   """Every ``count`` in the optimizer state (the schedule's and, e.g., Adam's bias-correction step).
 
   >>> import optax
-  >>> tx = optax.chain(optax.trace(0.9), optax.scale_by_learning_rate(0.1))
+  >>> tx = optax.chain(optax.trace(0.9), optax.scale_by_learning_rate(optax.linear_schedule(0.1, 0.0, 9)))
   >>> [int(c) for c in schedule_counts(tx.init({"w": jnp.zeros(2)}))]
   [0]
   """
