@@ -1,4 +1,4 @@
-"""The model registry: ``model.name`` -> a builder of the executor's `wafer.executor.Task`.
+"""The model registry: ``model.name`` -> a builder of the executor's `wafer.train.Task`.
 
 Registered with `wafer.registry` on import (``bert``, ``gpt2``, ``gpt3``, ``fc_mnist``), with the
 embedded default job that ``wafer run`` runs without ``--params``.
@@ -43,7 +43,7 @@ from models.gpt2.model import GPT2Config
 from models.zoo import bind, functional
 from wafer import registry
 from wafer.data import DataError, processors
-from wafer.executor import Task
+from wafer.train import Task
 
 Batch = Mapping[str, Any]
 

@@ -3,7 +3,8 @@
 * `wafer.compile`: ahead-of-time compilation of a step whose graph must not change
   (`StaticGraphError` otherwise), with step closures (`step_closure`, `add_step_closure`,
   `checkpoint_closure`) that run on host values after a step;
-* `wafer.cluster`: ``num_csx`` data parallelism over JAX devices, fixed by the first compile;
+* `wafer.cluster`: ``num_csx`` data parallelism over JAX devices, in one or many processes;
+* `wafer.train`: the run loop (one train state, train and eval steps under the policy, checkpoints);
 * `wafer.estimate`: the tiled wafer cost model, returning a `wafer.Report`;
 * the ``wafer`` console script (``wafer demo``, ``wafer estimate``).
 """

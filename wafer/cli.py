@@ -1,7 +1,9 @@
 """The ``wafer`` command line.
 
 * ``wafer run [--params FILE] [--mode MODE] [--model_dir DIR] [--validate_only | --compile_only]
-  [key.path=value ...]``: train or evaluate (without ``--params``: the embedded default job, BERT-tiny);
+  [--num_processes N --process_id I --coordinator_address HOST:PORT] [key.path=value ...]``: train
+  or evaluate (without ``--params``: the embedded default job, BERT-tiny); one process per host
+  with the process flags (or the environment ``jax.distributed`` reads);
 * ``wafer estimate (--params FILE | --workload NAME)``: the wafer cost model's compile report;
 * ``wafer analyze-input --params FILE``: input pipeline samples/s with 1..N workers against the
   model's consumption; recommends ``num_workers_per_csx``;
@@ -82,20 +84,41 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
   """The train step of a params file, at its batch size, with its state shapes."""
   import jax
 
-  from wafer import executor, runner
+  from wafer import runner, train
 
   p = runner.load_plan(args.params, list(args.overrides or ()))
-  state = executor.initial_state(p.task, p.optimizer, p.loss_scale, jax.random.key(0))
-  batch = next(p.task.train_data(p.settings.seed))
+  state = train.initial_state(p.task, p.optimizer, p.loss_scale, jax.random.key(0))
+  batch = next(p.task.train_data(p.seed))
   if args.model_dir is None:
-    args.model_dir = p.settings.model_dir
-  kwargs = {"batch_size": p.task.batch_size, "num_csx": p.settings.num_csx, "policy": p.policy}
-  return executor.make_train_step(p.task, p.optimizer, p.policy), (state, batch), kwargs, p.task.name
+    args.model_dir = p.runconfig.model_dir
+  kwargs = {"batch_size": p.task.batch_size, "num_csx": p.runconfig.num_csx, "policy": p.policy}
+  return train.make_train_step(p.task, p.optimizer, p.policy), (state, batch), kwargs, p.task.name
+
+
+def _distributed(args: argparse.Namespace) -> bool:
+  """Start ``jax.distributed`` when the process flags (or ``JAX_COORDINATOR_ADDRESS``) ask for many processes."""
+  from wafer import cluster
+
+  flags = (args.num_processes, args.process_id, args.coordinator_address)
+  env = os.environ
+  scheduled = any(int(env.get(k, "1") or 1) > 1 for k in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"))
+  if all(f is None for f in flags) and not env.get("JAX_COORDINATOR_ADDRESS") and not scheduled:
+    return False
+  if args.num_processes == 1:
+    return False
+  cluster.initialize(args.coordinator_address, args.num_processes, args.process_id)
+  return True
 
 
 def _run(args: argparse.Namespace) -> int:
+  import wafer
   from wafer import registry, runner
 
+  try:
+    _distributed(args)
+  except wafer.ClusterConfigError as error:
+    print(f"wafer run: error: {error}", file=sys.stderr)
+    return 1
   overrides = list(args.overrides or ())
   for flag in ("mode", "model_dir"):
     value = getattr(args, flag)
@@ -123,7 +146,11 @@ def _run(args: argparse.Namespace) -> int:
   else:
     source = args.params
   try:
-    summary = runner.run_params(source, overrides)
+    plan = runner.load_plan(source, overrides)
+    wafer.enable_compilation_cache(
+      Path(plan.runconfig.model_dir) / "compile_cache"
+    )  # reruns load, not compile
+    summary = runner.run_plan(plan)
   except KeyboardInterrupt:
     print(
       "\nwafer run: interrupted; the last checkpoint in model_dir is where a rerun resumes.", file=sys.stderr
@@ -164,7 +191,7 @@ def _user_error(error: BaseException) -> str | None:
   """The message of an error the user can act on, or None for a bug (which keeps its traceback)."""
   import precision
   import wafer
-  from wafer import cluster, executor, registry
+  from wafer import cluster, registry, train
   from wafer.config import ConfigError, format_config_error
   from wafer.data import DataError
 
@@ -173,7 +200,7 @@ def _user_error(error: BaseException) -> str | None:
     return text.removeprefix("error: ")
   kinds: list[type] = [
     wafer.StaticGraphError,
-    executor.ExecutorError,
+    train.ExecutorError,
     cluster.ClusterConfigError,
     registry.UnknownModelError,
     precision.PolicyError,
@@ -250,7 +277,7 @@ def _analyze_input(args: argparse.Namespace) -> int:
     print(f"wafer analyze-input: error: {message}", file=sys.stderr)
     return 1
   print(analysis.to_text(), end="")
-  path = input_analyzer.save(analysis, plan.settings.model_dir)
+  path = input_analyzer.save(analysis, plan.runconfig.model_dir)
   print(f"wrote {path}")
   return 0
 
@@ -321,6 +348,15 @@ def build_parser() -> argparse.ArgumentParser:
   only.add_argument(
     "--compile_only", action="store_true", help="compile and write the compile report; no run"
   )
+  procs = run.add_argument_group(
+    "many processes (one per host; see the README)",
+    "Every process runs the same command with its own --process_id; runconfig.num_csx systems are spread "
+    "over all processes' devices. Without these flags, JAX_COORDINATOR_ADDRESS or a SLURM/MPI job "
+    "environment is used when set.",
+  )
+  procs.add_argument("--num_processes", type=int, metavar="N", help="processes in the run (hosts)")
+  procs.add_argument("--process_id", type=int, metavar="I", help="this process: 0 .. N-1 (0 writes the logs)")
+  procs.add_argument("--coordinator_address", metavar="HOST:PORT", help="process 0's host and a free port")
   run.add_argument("overrides", nargs="*", metavar="key.path=value", help="e.g. runconfig.max_steps=10")
   run.set_defaults(handler=_run)
   return parser

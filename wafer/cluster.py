@@ -1,17 +1,21 @@
-"""Cluster settings: ``num_csx`` systems run data parallel over JAX devices.
+"""Cluster settings: ``num_csx`` systems run data parallel over JAX devices, in one or many processes.
 
-``num_csx`` and ``num_workers_per_csx`` are fixed by the first compile in a process, as the
-cluster configuration of a Cerebras run is: `lock_cluster` records them, and a later request
-for different values raises `ClusterConfigError`. ``num_csx > 1`` maps to a 1-D
-``jax.sharding.Mesh`` over the first ``num_csx`` devices with axis ``"csx"``: the global batch
-is split along axis 0 and everything else is replicated, so gradients are averaged by XLA's
-all-reduce, the analogue of SwarmX's reduce. Multi-host runs use the same code after
-``jax.distributed.initialize()``.
+``num_csx > 1`` maps to a 1-D ``jax.sharding.Mesh`` with axis ``"csx"``: the global batch is
+split along axis 0 and everything else is replicated, so gradients are averaged by XLA's
+all-reduce, the analogue of SwarmX's reduce.
+
+Many processes (one per host): `initialize` starts ``jax.distributed`` (the ``wafer run``
+flags ``--num_processes``, ``--process_id``, ``--coordinator_address``, or what
+``jax.distributed.initialize`` reads itself: ``JAX_COORDINATOR_ADDRESS`` and the SLURM / MPI
+environment). `mesh` then spreads the ``num_csx`` systems evenly over all processes' devices;
+each process reads the whole global batch and hands JAX only its own rows
+(`global_batch`); the replicated train state is assembled with `replicated`.
+
+Nothing here changes process-wide settings except `initialize`, which the CLI calls once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,55 +29,69 @@ AXIS = "csx"
 
 
 class ClusterConfigError(WaferError, ValueError):
-  """Cluster settings that cannot be used or that changed after the first compile."""
+  """Cluster settings that cannot be used (systems, devices, processes)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class ClusterSettings:
-  num_csx: int = 1
-  num_workers_per_csx: int = 0
+def initialize(
+  coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> None:
+  """``jax.distributed.initialize`` for a run of many processes (call once, before any JAX work).
 
+  Arguments left None come from the environment (``JAX_COORDINATOR_ADDRESS``, SLURM, MPI).
+  On CPU the cross-process collectives are gloo (JAX's default).
 
-_LOCKED: list[ClusterSettings] = []
-
-
-def lock_cluster(num_csx: int = 1, num_workers_per_csx: int = 0) -> ClusterSettings:
-  """Fix the cluster settings for this process, or check them against the fixed ones."""
-  if isinstance(num_csx, bool) or not isinstance(num_csx, int) or num_csx < 1:
-    raise ClusterConfigError(f"num_csx={num_csx!r}; allowed: an int >= 1")
-  if (
-    isinstance(num_workers_per_csx, bool)
-    or not isinstance(num_workers_per_csx, int)
-    or num_workers_per_csx < 0
+  Raises:
+    ClusterConfigError: the settings are incomplete or inconsistent (the message says which).
+  """
+  if num_processes is not None and (
+    num_processes < 1 or (process_id is not None and not 0 <= process_id < num_processes)
   ):
-    raise ClusterConfigError(f"num_workers_per_csx={num_workers_per_csx!r}; allowed: an int >= 0")
-  wanted = ClusterSettings(num_csx, num_workers_per_csx)
-  if not _LOCKED:
-    _LOCKED.append(wanted)
-  elif _LOCKED[0] != wanted:
-    fixed = _LOCKED[0]
     raise ClusterConfigError(
-      f"the cluster settings are fixed by the first compile in this process (num_csx={fixed.num_csx}, "
-      f"num_workers_per_csx={fixed.num_workers_per_csx}); got num_csx={num_csx}, "
-      f"num_workers_per_csx={num_workers_per_csx}. Start a new process to change them."
+      f"--process_id {process_id} with --num_processes {num_processes}; allowed: 0 <= process_id < num_processes"
     )
-  return _LOCKED[0]
-
-
-def locked_settings() -> ClusterSettings | None:
-  """The settings fixed in this process, or None before the first compile."""
-  return _LOCKED[0] if _LOCKED else None
+  try:
+    jax.distributed.initialize(
+      coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+    )
+  except (ValueError, TypeError) as error:
+    raise ClusterConfigError(
+      f"cannot start the processes of this run: {error}. Give --num_processes N --process_id I "
+      "--coordinator_address HOST:PORT (the same N and address on every host, I = 0..N-1), or run under "
+      "SLURM / MPI, or set JAX_COORDINATOR_ADDRESS."
+    ) from None
 
 
 def mesh(num_csx: int) -> jax.sharding.Mesh:
-  """A 1-D mesh over the first ``num_csx`` devices, axis ``"csx"``."""
+  """A 1-D mesh (axis ``"csx"``) of ``num_csx`` devices: ``num_csx / process_count`` from each process.
+
+  In one process these are the first ``num_csx`` devices.
+  """
   devices = jax.devices()
+  procs = jax.process_count()
   if num_csx > len(devices):
     raise ClusterConfigError(
-      f"num_csx={num_csx} needs {num_csx} JAX devices; this process has {len(devices)}. On CPU, set "
-      f"XLA_FLAGS=--xla_force_host_platform_device_count={num_csx} before JAX starts."
+      f"num_csx={num_csx} needs {num_csx} JAX devices; "
+      + (f"the {procs} processes have {len(devices)}" if procs > 1 else f"this process has {len(devices)}")
+      + f". On CPU, set XLA_FLAGS=--xla_force_host_platform_device_count={-(-num_csx // procs)} before JAX "
+      "starts."
     )
-  return jax.sharding.Mesh(np.asarray(devices[:num_csx]), (AXIS,))
+  if procs == 1:
+    return jax.sharding.Mesh(np.asarray(devices[:num_csx]), (AXIS,))
+  if num_csx % procs:
+    raise ClusterConfigError(
+      f"num_csx={num_csx} cannot be spread evenly over {procs} processes; allowed: a multiple of the "
+      "number of processes (every process drives the same number of systems)."
+    )
+  per = num_csx // procs
+  chosen = []
+  for p in range(procs):
+    local = [d for d in devices if d.process_index == p]
+    if len(local) < per:
+      raise ClusterConfigError(
+        f"num_csx={num_csx} needs {per} devices in each process; process {p} has {len(local)}"
+      )
+    chosen += local[:per]
+  return jax.sharding.Mesh(np.asarray(chosen), (AXIS,))
 
 
 def data_parallel_shardings(example_args: Sequence[Any], batch_argnums: Sequence[int], num_csx: int) -> tuple:
@@ -86,12 +104,12 @@ def data_parallel_shardings(example_args: Sequence[Any], batch_argnums: Sequence
   if not batch_argnums:
     raise ClusterConfigError("num_csx > 1 needs batch_argnums: which arguments hold the global batch")
   m = mesh(num_csx)
-  replicated = NamedSharding(m, PartitionSpec())
+  replicated_ = NamedSharding(m, PartitionSpec())
   split = NamedSharding(m, PartitionSpec(AXIS))
   shardings = []
   for i, arg in enumerate(example_args):
     if i not in batch_argnums:
-      shardings.append(jax.tree.map(lambda _: replicated, arg))
+      shardings.append(jax.tree.map(lambda _: replicated_, arg))
       continue
     for leaf in jax.tree.leaves(arg):
       size = np.shape(leaf)[0] if np.ndim(leaf) else None
@@ -102,3 +120,40 @@ def data_parallel_shardings(example_args: Sequence[Any], batch_argnums: Sequence
         )
     shardings.append(jax.tree.map(lambda _: split, arg))
   return tuple(shardings)
+
+
+def replicated(tree: Any, num_csx: int) -> Any:
+  """``tree`` placed whole on every device of `mesh` ``(num_csx)`` (every process holds the same values)."""
+  sharding = NamedSharding(mesh(num_csx), PartitionSpec())
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+
+  def one(x: Any) -> Any:
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      data = one(jax.random.key_data(x))
+      return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    local = np.asarray(jax.device_get(x))
+    return jax.make_array_from_process_local_data(sharding, local, local.shape)
+
+  return jax.tree.map(one, tree)
+
+
+def global_batch(batch: Any, num_csx: int) -> Any:
+  """The global batch (the same on every process) as arrays split over `mesh` ``(num_csx)``.
+
+  In one process the batch is returned as is (the compiled step splits it). With many, each
+  process gives JAX only the rows of its own devices.
+  """
+  if jax.process_count() == 1:
+    return batch
+  m = mesh(num_csx)
+  sharding = NamedSharding(m, PartitionSpec(AXIS))
+  mine = [i for i, d in enumerate(m.devices.flat) if d.process_index == jax.process_index()]
+
+  def one(x: Any) -> Any:
+    x = np.asarray(x)
+    rows = x.shape[0] // num_csx
+    local = np.concatenate([x[i * rows : (i + 1) * rows] for i in mine])
+    return jax.make_array_from_process_local_data(sharding, local, x.shape)
+
+  return jax.tree.map(one, batch)

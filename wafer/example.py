@@ -17,7 +17,7 @@ import optax
 
 import precision
 from wafer import registry
-from wafer.executor import IndexedBatches, RunSettings, Task
+from wafer.train import IndexedBatches, Task
 
 IN, HIDDEN, CLASSES = 32, 64, 8
 
@@ -111,15 +111,22 @@ def build_task(params: Any) -> Task:
 registry.register_model("mlp_example", build_task)
 
 
-def example_run(model_dir: str = "model_dir", num_steps: int = 200, **overrides: Any) -> tuple:
-  """(task, settings, optimizer, loss scale, policy) of the built-in job."""
-  settings = RunSettings(model_dir=model_dir, num_steps=num_steps, log_steps=20, checkpoint_steps=100)
-  for key, value in overrides.items():
-    setattr(settings, key, value)
+def example_run(model_dir: str = "model_dir", **overrides: Any) -> tuple:
+  """``(task, runconfig, optimizer, loss scale, policy)`` of the built-in job, for `wafer.train.run`.
+
+  ``overrides`` replace ``runconfig`` keys of `EXAMPLE_PARAMS` (validated by the same schema
+  as a params file: a misspelled key is an error).
+  """
+  import yaml
+
+  from wafer.config import RunConfig
+
+  section = {**yaml.safe_load(EXAMPLE_PARAMS)["runconfig"], "model_dir": model_dir, **overrides}
+  runconfig = RunConfig.model_validate(section)
   policy = precision.Policy(compute="cbfloat16", level=1)
   return (
     example_task(),
-    settings,
+    runconfig,
     optax.sgd(0.05, momentum=0.9),
     precision.DynamicLossScale.create("cbfloat16"),
     policy,

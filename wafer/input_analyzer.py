@@ -109,12 +109,12 @@ class InputAnalysis:
 
 def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> float:
   """Samples/s the train step of ``plan`` consumes: the cost-model estimate, or measured here."""
-  from wafer import executor
+  from wafer import train
 
   if consumer not in CONSUMERS:
     raise InputAnalysisError(f"consumer={consumer!r}; allowed: {', '.join(CONSUMERS)}")
-  state = executor.initial_state(plan.task, plan.optimizer, plan.loss_scale, jax.random.key(0))
-  step_fn = executor.make_train_step(plan.task, plan.optimizer, plan.policy)
+  state = train.initial_state(plan.task, plan.optimizer, plan.loss_scale, jax.random.key(0))
+  step_fn = train.make_train_step(plan.task, plan.optimizer, plan.policy)
   if consumer == "costmodel":
     import wafer
 
@@ -123,7 +123,7 @@ def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> fl
       state,
       batch,
       batch_size=plan.task.batch_size,
-      num_csx=plan.settings.num_csx,
+      num_csx=plan.runconfig.num_csx,
       policy=plan.policy,
       name=plan.task.name,
     )
@@ -150,7 +150,7 @@ def analyze(
   counts = sorted(set(worker_counts or default_worker_counts()))
   if not counts or counts[0] < 1:
     raise InputAnalysisError(f"worker counts must be positive integers (got {list(worker_counts or [])})")
-  base = plan.task.train_data(plan.settings.seed)
+  base = plan.task.train_data(plan.seed)
   if not isinstance(base, GrainBatchSource):
     raise InputAnalysisError(
       f"model {plan.task.name!r} does not read its data through a grain pipeline "
@@ -166,7 +166,7 @@ def analyze(
   return InputAnalysis(
     model=plan.task.name,
     batch_size=plan.task.batch_size,
-    num_csx=plan.settings.num_csx,
+    num_csx=plan.runconfig.num_csx,
     examples=len(base.source),
     rates=rates,
     consumer=consumer,

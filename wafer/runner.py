@@ -1,4 +1,4 @@
-"""From a params file to a finished run: config -> registry -> task, policy, optimizer -> executor."""
+"""From a params file to a finished run: config -> registry -> task, policy, optimizer -> `wafer.train.run`."""
 
 from __future__ import annotations
 
@@ -7,44 +7,29 @@ from pathlib import Path
 from typing import Any
 
 from wafer import registry
-from wafer.config import Params, load_params
-from wafer.executor import RunSettings, Task, run
+from wafer.config import Params, RunConfig, load_params
 from wafer.optim import build_optimizer
+from wafer.train import Task, run, seed_of
 
 
 @dataclasses.dataclass
 class Plan:
-  """Everything `wafer.executor.run` needs, built from one params file."""
+  """Everything `wafer.train.run` needs, built from one params file."""
 
   params: Params
   task: Task
-  settings: RunSettings
   optimizer: Any
   loss_scale: Any
   policy: Any
 
+  @property
+  def runconfig(self) -> RunConfig:
+    """The typed ``runconfig`` section the run loop reads."""
+    return self.params.runconfig
 
-def settings_of(params: Params) -> RunSettings:
-  """`RunSettings` from ``runconfig`` (with Cerebras' defaults for missing keys)."""
-  rc = params.runconfig
-  activation = rc.activation_steps or (rc.log_steps if rc.enable_act_frequency else None)
-  return RunSettings(
-    mode=rc.mode,
-    model_dir=rc.model_dir,
-    num_steps=rc.num_steps,
-    max_steps=rc.max_steps,
-    log_steps=rc.log_steps,
-    checkpoint_steps=rc.checkpoint_steps or 0,
-    activation_steps=activation,
-    eval_steps=rc.eval_steps,
-    eval_frequency=rc.eval_frequency,
-    seed=1 if rc.seed is None else rc.seed,
-    num_csx=rc.num_csx,
-    num_workers_per_csx=rc.num_workers_per_csx,
-    compile_only=rc.compile_only,
-    validate_only=rc.validate_only,
-    max_checkpoints=rc.max_checkpoints,
-  )
+  @property
+  def seed(self) -> int:
+    return seed_of(self.params.runconfig)
 
 
 def plan(params: Params) -> Plan:
@@ -60,7 +45,7 @@ def plan(params: Params) -> Plan:
     import precision
 
     optimizer, loss_scale = optax.identity(), precision.StaticLossScale.create(1.0)
-  return Plan(params, task, settings_of(params), optimizer, loss_scale, policy)
+  return Plan(params, task, optimizer, loss_scale, policy)
 
 
 def load_plan(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> Plan:
@@ -69,7 +54,11 @@ def load_plan(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = 
   return plan(load_params(path, list(overrides)))
 
 
+def run_plan(p: Plan, *, progress: bool = True) -> dict[str, Any]:
+  """Run a plan; returns the run loop's summary."""
+  return run(p.task, p.runconfig, p.optimizer, p.loss_scale, p.policy, progress=progress)
+
+
 def run_params(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-  """Load, plan and run a params file; returns the executor's summary."""
-  p = load_plan(path, overrides)
-  return run(p.task, p.settings, p.optimizer, p.loss_scale, p.policy)
+  """Load, plan and run a params file; returns the run loop's summary."""
+  return run_plan(load_plan(path, overrides))

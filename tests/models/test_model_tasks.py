@@ -16,17 +16,12 @@ import pytest
 
 import precision
 from tests.tolerances import LOSS_CURVE
-from wafer import cluster, registry, runner
+from wafer import registry, runner
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_JOB = ROOT / "models" / "bert" / "configs" / "params_bert_tiny_default.yaml"
 FC_MNIST = ROOT / "models" / "fc_mnist" / "configs" / "params_fc_mnist.yaml"
 CURVE_STEPS = 24
-
-
-@pytest.fixture(autouse=True)
-def _fresh_cluster(monkeypatch):
-  monkeypatch.setattr(cluster, "_LOCKED", [])
 
 
 def _losses(model_dir: Path) -> dict[int, float]:
@@ -35,7 +30,6 @@ def _losses(model_dir: Path) -> dict[int, float]:
 
 
 def _run(path: Path, model_dir: Path, *overrides: str) -> dict:
-  cluster._LOCKED.clear()
   return runner.run_params(path, [f"runconfig.model_dir={model_dir}", *overrides])
 
 
@@ -54,7 +48,6 @@ def bert_curves(tmp_path_factory):
   out = {}
   for name, mixed in (("float32", "false"), ("cbfloat16", "true")):
     model_dir = tmp_path_factory.mktemp(f"bert_{name}")
-    cluster._LOCKED.clear()
     runner.run_params(
       DEFAULT_JOB,
       [
@@ -156,8 +149,8 @@ def test_first_step_trains_on_batch_zero(tmp_path):
 
   _run(FC_MNIST, tmp_path, *FAST, "runconfig.max_steps=1")
   plan = runner.load_plan(FC_MNIST, [f"runconfig.model_dir={tmp_path}", *FAST])
-  batch0 = train_source(plan.params.train_input, seed=plan.settings.seed).batch_at(0)
-  expected = float(plan.task.loss_fn(plan.task.init_params(jax.random.key(plan.settings.seed)), batch0))
+  batch0 = train_source(plan.params.train_input, seed=plan.seed).batch_at(0)
+  expected = float(plan.task.loss_fn(plan.task.init_params(jax.random.key(plan.seed)), batch0))
   assert _losses(tmp_path)[1] == pytest.approx(expected, rel=1e-6)
 
 
@@ -174,7 +167,7 @@ def test_resume_eval_all_and_two_systems_on_real_data(tmp_path, capsys):
   assert sorted(evals) == [10, 20] and all(0.0 <= a <= 1.0 for a in evals.values())
   two = _run(FC_MNIST, tmp_path / "two", *FAST, "runconfig.max_steps=3", "runconfig.num_csx=2")
   assert two["final_step"] == 3 and len(_losses(tmp_path / "two")) == 3
-  from wafer.executor import ExecutorError
+  from wafer.train import ExecutorError
 
   with pytest.raises(
     ExecutorError,

@@ -6,13 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from wafer import cli, cluster
+from wafer import cli
 from wafer.example import EXAMPLE_PARAMS
-
-
-@pytest.fixture(autouse=True)
-def fresh_cluster(monkeypatch):
-  monkeypatch.setattr(cluster, "_LOCKED", [])
 
 
 def _params_file(tmp_path, **changes):
@@ -99,3 +94,16 @@ def test_estimate_a_params_file(tmp_path, capsys):
   assert (Path(tmp_path) / "md" / "compile_report.txt").exists() and (
     Path(tmp_path) / "md" / "placement.png"
   ).exists()
+
+
+def test_process_flags_are_checked_before_anything_starts(tmp_path, capsys):
+  path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"))
+  flags = ["--num_processes", "2", "--process_id", "2", "--coordinator_address", "127.0.0.1:1"]
+  assert cli.main(["run", "--params", str(path), *flags]) == 1
+  err = capsys.readouterr().err
+  assert "--process_id 2 with --num_processes 2; allowed: 0 <= process_id < num_processes" in err
+  assert "Traceback" not in err and not (tmp_path / "md").exists()
+  assert (
+    "--coordinator_address HOST:PORT"
+    in cli.build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+  )

@@ -163,18 +163,6 @@ def test_data_parallel_num_csx_matches_one_device():
     cluster.mesh(8)
 
 
-def test_cluster_settings_are_fixed_by_the_first_lock(monkeypatch):
-  monkeypatch.setattr(cluster, "_LOCKED", [])
-  assert cluster.lock_cluster(2, 4) == cluster.ClusterSettings(2, 4)
-  assert cluster.lock_cluster(2, 4) == cluster.ClusterSettings(2, 4)
-  with pytest.raises(
-    cluster.ClusterConfigError, match=r"fixed by the first compile.*num_csx=2.*got num_csx=1"
-  ):
-    cluster.lock_cluster(1, 4)
-  with pytest.raises(cluster.ClusterConfigError, match="num_csx=0; allowed: an int >= 1"):
-    cluster.lock_cluster(0)
-
-
 def test_compilation_cache_directory(tmp_path):
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
            "jax_persistent_cache_min_entry_size_bytes")  # fmt: skip

@@ -319,11 +319,9 @@ def test_executor_resumes_a_grain_pipeline_bit_for_bit(tmp_path, monkeypatch):
   import optax
 
   import precision
-  from wafer import cluster
+  from wafer.config import RunConfig
   from wafer.data.sources import digits_batch_source
-  from wafer.executor import RunSettings, Task, run
-
-  monkeypatch.setattr(cluster, "_LOCKED", [])
+  from wafer.train import Task, run
 
   def loss_fn(params, batch):
     logits = batch["images"] @ params["w"] + params["b"][None]
@@ -338,16 +336,14 @@ def test_executor_resumes_a_grain_pipeline_bit_for_bit(tmp_path, monkeypatch):
   )
 
   def go(model_dir, max_steps):
-    monkeypatch.setattr(cluster, "_LOCKED", [])
-    settings = RunSettings(
-      model_dir=str(model_dir), max_steps=max_steps, checkpoint_steps=6, log_steps=1, progress=False
-    )
+    runconfig = RunConfig(model_dir=str(model_dir), max_steps=max_steps, checkpoint_steps=6, log_steps=1)
     return run(
       task,
-      settings,
+      runconfig,
       optax.sgd(0.1),
       precision.DynamicLossScale.create("float32"),
       precision.Policy(compute="float32"),
+      progress=False,
     )
 
   whole = go(tmp_path / "whole", 12)

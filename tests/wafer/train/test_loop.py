@@ -1,4 +1,4 @@
-"""The executor: counters, metrics, checkpoints, resume (also after SIGKILL), modes, errors."""
+"""The run loop: counters, metrics, checkpoints, resume (also after SIGKILL), modes, errors."""
 
 import json
 import os
@@ -12,21 +12,15 @@ import jax
 import numpy as np
 import pytest
 
-from wafer import cluster
+from wafer.config import ConfigError, RunConfig
 from wafer.example import example_run
-from wafer.executor import ExecutorError, RunSettings, checkpoint_iterations, run, total_steps
+from wafer.train import ExecutorError, checkpoint_iterations, run, steps_to_run
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def fresh_cluster(monkeypatch):
-  monkeypatch.setattr(cluster, "_LOCKED", [])
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _run(model_dir, **overrides):
-  overrides.setdefault("progress", False)
-  return run(*example_run(str(model_dir), **overrides))
+  return run(*example_run(str(model_dir), **overrides), progress=False)
 
 
 def _records(model_dir):
@@ -39,21 +33,21 @@ def _same_params(a, b):
 
 
 def test_counters():
-  assert total_steps(RunSettings(num_steps=10), 0) == 10
-  assert total_steps(RunSettings(max_steps=10), 4) == 6
-  assert total_steps(RunSettings(num_steps=10, max_steps=12), 4) == 8
+  assert steps_to_run(RunConfig(num_steps=10), 0) == 10
+  assert steps_to_run(RunConfig(max_steps=10), 4) == 6
+  assert steps_to_run(RunConfig(num_steps=10, max_steps=12), 4) == 8
   assert checkpoint_iterations(4, 0, 10) == {4, 8, 10}
   assert checkpoint_iterations(4, 8, 10) == {10}
   assert checkpoint_iterations(0, 0, 10) == set()
-  with pytest.raises(ExecutorError, match="One of num_epochs, num_steps, or max_steps must be provided"):
-    total_steps(RunSettings(), 0)
-  with pytest.raises(ExecutorError, match="Initial global step 12 already exceeds max step 10"):
-    total_steps(RunSettings(max_steps=10), 12)
-  assert total_steps(RunSettings(max_steps=10), 10) == 0  # a finished run: nothing to do
+  with pytest.raises(ConfigError, match="One of num_epochs, num_steps, or max_steps must be provided"):
+    steps_to_run(RunConfig(), 0)
+  with pytest.raises(ConfigError, match="Initial global step 12 already exceeds max step 10"):
+    steps_to_run(RunConfig(max_steps=10), 12)
+  assert steps_to_run(RunConfig(max_steps=10), 10) == 0  # a finished run: nothing to do
 
 
 def test_train_writes_metrics_checkpoints_and_the_loss_falls(tmp_path, capsys):
-  summary = _run(tmp_path, num_steps=60, log_steps=10, checkpoint_steps=25)
+  summary = _run(tmp_path, max_steps=60, log_steps=10, checkpoint_steps=25)
   records = _records(tmp_path)
   assert [r["step"] for r in records] == [1, 10, 20, 30, 40, 50, 60]  # step 1 of a fresh run, then every 10
   assert all({"step", "loss", "loss_scale", "samples_per_sec"} <= set(r) for r in records)
@@ -107,36 +101,39 @@ def test_sigkill_and_restart_end_with_identical_parameters(tmp_path):
 def test_eval_modes(tmp_path, capsys):
   with pytest.raises(ExecutorError, match="No checkpoints were found for evaluation"):
     _run(tmp_path, mode="eval_all")
-  _run(tmp_path, num_steps=20, checkpoint_steps=10, log_steps=10)
+  _run(tmp_path, max_steps=20, checkpoint_steps=10, log_steps=10)
   summary = _run(tmp_path, mode="eval_all")
   assert sorted(summary["eval_all"]) == [10, 20] and all(0 <= v <= 1 for v in summary["eval_all"].values())
   single = _run(tmp_path, mode="eval")
   assert single["eval"] == summary["eval_all"][20]
   assert "Avg Eval Accuracy:" in capsys.readouterr().out
-  both = _run(tmp_path / "tae", mode="train_and_eval", num_steps=20, eval_frequency=10, checkpoint_steps=10)
+  both = _run(tmp_path / "tae", mode="train_and_eval", max_steps=20, eval_frequency=10, checkpoint_steps=10)
   assert [step for step, _ in both["evals"]] == [10, 20]
   with pytest.raises(ExecutorError, match="must be multiples of each other"):
-    _run(tmp_path / "bad", mode="train_and_eval", num_steps=20, eval_frequency=10, checkpoint_steps=3)
+    _run(tmp_path / "bad", mode="train_and_eval", max_steps=20, eval_frequency=10, checkpoint_steps=3)
 
 
 def test_validate_and_compile_only(tmp_path, capsys):
-  _run(tmp_path / "v", num_steps=10, validate_only=True)
-  _run(tmp_path / "c", num_steps=10, compile_only=True)
+  _run(tmp_path / "v", max_steps=10, validate_only=True)
+  _run(tmp_path / "c", max_steps=10, compile_only=True)
   out = capsys.readouterr().out
   assert "Validation completed successfully" in out and "Compile completed successfully" in out
   assert not (tmp_path / "c" / "metrics.jsonl").exists()
   assert (tmp_path / "c" / "compile_report.txt").exists()
 
 
-def test_num_csx_runs_data_parallel_and_is_locked(tmp_path):
-  one = _run(tmp_path / "one", num_steps=10, log_steps=5)
-  cluster._LOCKED.clear()
-  two = _run(tmp_path / "two", num_steps=10, log_steps=5, num_csx=2)
+def test_num_csx_runs_data_parallel_and_changes_nothing_process_wide(tmp_path):
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs", "jax_enable_x64")
+  before = {name: getattr(jax.config, name) for name in names}
+  one = _run(tmp_path / "one", max_steps=10, log_steps=5)
+  two = _run(tmp_path / "two", max_steps=10, log_steps=5, num_csx=2)
   for a, b in zip(jax.tree.leaves(one["params"]), jax.tree.leaves(two["params"])):
     np.testing.assert_allclose(
       np.asarray(a), np.asarray(b), rtol=2e-2, atol=2e-3
     )  # cbfloat16 sums in another order
-  with pytest.raises(cluster.ClusterConfigError, match="fixed by the first compile"):
-    _run(tmp_path / "three", num_steps=10, num_csx=1)
+  again = _run(tmp_path / "three", max_steps=10, log_steps=5)  # another num_csx in the same process: allowed
+  _same_params(again["params"], one["params"])
+  assert {name: getattr(jax.config, name) for name in names} == before  # run() left JAX's settings alone
+  task, runconfig, *rest = example_run(str(tmp_path / "four"))
   with pytest.raises(ExecutorError, match="mode='fit'; allowed"):
-    _run(tmp_path / "four", num_steps=10, mode="fit", num_csx=2)
+    run(task, runconfig.model_copy(update={"mode": "fit"}), *rest, progress=False)

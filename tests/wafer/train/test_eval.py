@@ -1,0 +1,67 @@
+"""Eval under the training discipline: the policy, one compile through `wafer.compile`, num_csx sharding."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import precision
+import wafer
+from wafer.example import example_run
+from wafer.train import run
+
+
+def _job(model_dir, policy=None, **overrides):
+  """The example job with its loss as the eval metric (accuracy barely moves with the format)."""
+  task, runconfig, optimizer, loss_scale, default = example_run(str(model_dir), **overrides)
+  task = dataclasses.replace(task, eval_metric=None, eval_metric_name="loss")
+  return task, runconfig, optimizer, loss_scale, policy or default
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp("trained")
+  summary = run(*_job(model_dir, max_steps=20, checkpoint_steps=10, log_steps=10), progress=False)
+  return model_dir, summary["params"]
+
+
+def test_eval_runs_under_the_policy_and_float32_is_plain_float32(trained):
+  model_dir, params = trained
+  mixed = run(*_job(model_dir, mode="eval"), progress=False)["eval"]
+  f32 = run(*_job(model_dir, precision.Policy(compute="float32"), mode="eval"), progress=False)["eval"]
+  assert mixed != f32  # cbfloat16 rounding changed the eval loss
+  task = _job(model_dir)[0]
+  plain = float(np.mean(jax.device_get([jax.jit(task.loss_fn)(params, b) for b in task.eval_data()])))
+  assert f32 == plain
+  assert abs(mixed - f32) < 0.05 * f32  # the same model, rounded: close, not equal
+
+
+def test_eval_is_compiled_once_through_wafer_compile_in_every_mode(trained, tmp_path, monkeypatch):
+  model_dir, _ = trained
+  calls = []
+  real = wafer.compile
+
+  def recording(fn, *args, **kwargs):
+    calls.append(fn)
+    return real(fn, *args, **kwargs)
+
+  monkeypatch.setattr(wafer, "compile", recording)
+  evals = run(*_job(model_dir, mode="eval_all"), progress=False)["eval_all"]
+  assert sorted(evals) == [10, 20] and len(calls) == 2  # the train step and the eval step, once each
+  calls.clear()
+  both = run(*_job(tmp_path, mode="train_and_eval", max_steps=20, eval_frequency=10), progress=False)
+  assert [s for s, _ in both["evals"]] == [10, 20] and len(calls) == 2
+
+
+def test_eval_is_sharded_over_num_csx(trained, monkeypatch):
+  model_dir, _ = trained
+  one = run(*_job(model_dir, precision.Policy(compute="float32"), mode="eval"), progress=False)["eval"]
+  compiled = []
+  real = wafer.compile
+  monkeypatch.setattr(wafer, "compile", lambda *a, **k: compiled.append(real(*a, **k)) or compiled[-1])
+  two = run(*_job(model_dir, precision.Policy(compute="float32"), mode="eval", num_csx=2), progress=False)
+  assert two["eval"] == pytest.approx(one, rel=1e-6)
+  eval_step = compiled[-1].compiled
+  batch_shardings = jax.tree.leaves(eval_step.input_shardings[0][1])
+  assert batch_shardings and all(len(s.device_set) == 2 for s in batch_shardings)  # the batch split over 2

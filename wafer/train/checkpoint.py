@@ -1,0 +1,178 @@
+"""Checkpoints in ``model_dir/checkpoints`` (orbax; atomic; multi-process into one shared directory).
+
+A checkpoint holds the `TrainState` (its ``step`` is the checkpoint's number) and, as JSON, the
+identity of the input pipeline it was written with (not its position: that is in the state).
+`Checkpoints.restore_latest` skips a checkpoint that cannot be read (truncated or missing
+files): it reports the step and the path in one line and restores the newest readable one.
+Nothing is deleted; a later save at the step of an unreadable checkpoint first moves it aside
+to ``checkpoints/<step>.unreadable``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from wafer.train.task import ExecutorError
+
+
+class UnreadableCheckpoint(Exception):
+  """A checkpoint whose files cannot be read (truncated, missing, corrupt); ``str()`` says why."""
+
+
+class Checkpoints:
+  """An orbax `CheckpointManager` of train states, every process taking part (``jax.distributed``)."""
+
+  def __init__(self, model_dir: Path, max_to_keep: int | None):
+    import orbax.checkpoint as ocp
+
+    self._ocp = ocp
+    self.directory = Path(model_dir).resolve() / "checkpoints"
+    self.manager = ocp.CheckpointManager(
+      self.directory,
+      options=ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
+      ),
+      item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
+    )
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def close(self) -> None:
+    """Finish pending work and stop orbax's threads (a run that fails mid-restore leaves none behind)."""
+    self.manager.close()
+
+  def save(self, state: Any, meta: dict[str, Any]) -> int:
+    """Save ``state`` as checkpoint number ``state.step``; returns that number."""
+    ocp = self._ocp
+    step = int(jax.device_get(state.step))
+    if step in self.manager.all_steps():  # an unreadable checkpoint we resumed before: keep it, aside
+      if jax.process_index() == 0:
+        (self.directory / str(step)).rename(self.directory / f"{step}.unreadable")
+      _barrier(f"wafer-checkpoint-aside-{step}")
+      self.manager.reload()
+    self.manager.save(
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+      force=True,
+    )
+    self.manager.wait_until_finished()
+    return step
+
+  def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
+    """The state and metadata of checkpoint ``step``; ``like``: the state or its `abstract` form.
+
+    Raises:
+      UnreadableCheckpoint: its files cannot be read (checked before orbax starts reading, so a
+        damaged checkpoint leaves no orbax/TensorStore work behind).
+      ExecutorError: the checkpoint's arrays do not fit ``like`` (another model or optimizer).
+    """
+    ocp = self._ocp
+    damage = _damage(self.directory / str(step))
+    if damage is not None:
+      raise UnreadableCheckpoint(damage)
+    try:
+      saved = self.manager.item_metadata(step)["state"]
+    except Exception as error:  # unreadable metadata
+      raise UnreadableCheckpoint(_reason(error)) from error
+    mismatch = _shape_mismatch(saved, like)
+    if mismatch is not None:  # checked before orbax starts reading: a failed read leaves its threads behind
+      raise ExecutorError(
+        f"The checkpoint of step {step} in {self.directory} does not fit this model: {mismatch}. The "
+        "model keys (sizes, vocab_size, layers) and the optimizer must be the ones the checkpoint was written "
+        "with; restore them, or use a new model_dir."
+      )
+    try:
+      restored = self.manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
+      )
+    except Exception as error:
+      raise UnreadableCheckpoint(_reason(error)) from error
+    return restored.state, restored.meta
+
+  def unreadable(self, step: int, why: UnreadableCheckpoint) -> str:
+    """The one-line report of an unreadable checkpoint."""
+    return f"Warning: the checkpoint of step {step} at {self.directory / str(step)} cannot be read ({why})"
+
+  def restore_latest(self, like: Any, say: Any = print) -> tuple[Any, dict[str, Any]] | None:
+    """The newest checkpoint that can be read, or None when there is none.
+
+    An unreadable one is reported with ``say`` ("... step N at PATH cannot be read ...") and
+    skipped; a readable one that does not fit the model raises `ExecutorError`.
+
+    Raises:
+      ExecutorError: checkpoints exist but none can be read.
+    """
+    steps = self.steps()
+    for step in reversed(steps):
+      try:
+        return self.restore(step, like)
+      except UnreadableCheckpoint as why:
+        say(f"{self.unreadable(step, why)}; trying the one before it.")
+    if steps:
+      raise ExecutorError(
+        f"None of the checkpoints in {self.directory} (steps {', '.join(map(str, steps))}) can be read. "
+        "Move them away (nothing was deleted) or use a new model_dir."
+      )
+    return None
+
+
+def _reason(error: BaseException) -> str:
+  text = str(error).strip()
+  return f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+def _damage(step_dir: Path) -> str | None:
+  """Why the array store of a checkpoint cannot be read (every stored value is read), or None."""
+  import tensorstore as ts
+
+  try:
+    for item in sorted(p for p in step_dir.iterdir() if (p / "manifest.ocdbt").is_file()):
+      kv = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{item}/"}).result()
+      for key in kv.list().result():
+        kv.read(key).result()
+  except Exception as error:  # TensorStore: truncated, missing or corrupt files
+    return _reason(error)
+  return None
+
+
+def _barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(name)
+
+
+def _path_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """``{"a/b/0/value": shape}`` for the array leaves of a pytree (checkpoint metadata or live state)."""
+
+  def name(entry: Any) -> str:
+    for attr in ("key", "name", "idx"):
+      if hasattr(entry, attr):
+        return str(getattr(entry, attr))
+    return str(entry)
+
+  leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
+  out = {}
+  for path, leaf in leaves:
+    if hasattr(leaf, "shape"):
+      key = "/".join(name(e) for e in path)
+      out[key.removesuffix("/value")] = tuple(leaf.shape)  # an nnx Variable's array is saved as .../value
+  return out
+
+
+def _shape_mismatch(saved: Any, like: Any) -> str | None:
+  """How the checkpoint's arrays differ from the model's, or None when they fit."""
+  have, want = _path_shapes(saved), _path_shapes(like)
+  if set(have) == set(want):
+    params_first = sorted(want, key=lambda p: (not p.startswith("params"), p))
+    diffs = [f"{p}: checkpoint {have[p]}, model {want[p]}" for p in params_first if have[p] != want[p]]
+    return (
+      "; ".join(diffs[:3]) + (f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else "") if diffs else None
+    )
+  if sorted(have.values()) != sorted(want.values()):  # paths spelled differently: compare the shapes
+    return f"the checkpoint holds {len(have)} arrays, the model's state {len(want)}, with different shapes"
+  return None

@@ -1,0 +1,344 @@
+"""The run loop: train / eval / train_and_eval / eval_all on steps compiled once, with checkpoints.
+
+`run(task, runconfig, optimizer, loss_scale, policy)` takes the typed ``runconfig`` section
+(`wafer.config.RunConfig`), compiles the train step once (`wafer.compile`, the train state
+donated), restores the newest readable checkpoint in ``model_dir`` if there is one, and runs:
+
+* steps until ``min(num_steps, max_steps - step)`` are done (Cerebras' rule,
+  `RunConfig.num_train_steps`; ``max_steps`` counts from step 0, so a resumed run does the rest);
+* a log line, a ``metrics.jsonl`` record and TensorBoard scalars at every ``log_steps``-th step,
+  the final one and step 1, from the step's metrics fetched then (the device is not synchronised
+  on other steps); step closures run at those steps and every ``activation_steps``-th step,
+  checkpoint closures at checkpoint steps;
+* a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step: the whole `TrainState`.
+
+Eval runs the eval step compiled once through `wafer.compile`, under the same `precision.Policy`
+and the same ``num_csx`` sharding as training, in every eval mode. With many processes
+(`wafer.cluster.initialize`) every process runs this loop; process 0 writes metrics and logs.
+Nothing process-wide (JAX config, caches, cluster) is changed by `run`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+import precision
+import wafer
+from wafer import cluster
+from wafer.config import RunConfig
+from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
+from wafer.train.metrics import Metrics, Progress
+from wafer.train.state import TrainState, abstract, initial_state
+from wafer.train.step import make_eval_step, make_train_step
+from wafer.train.task import ExecutorError, Task
+
+MODES = ("train", "eval", "train_and_eval", "eval_all")
+
+
+def seed_of(runconfig: RunConfig) -> int:
+  """The run seed: ``runconfig.seed``, 1 when unset."""
+  return 1 if runconfig.seed is None else runconfig.seed
+
+
+def steps_to_run(runconfig: RunConfig, initial_step: int) -> int:
+  """Steps a run starting at ``initial_step`` performs; 0 when ``max_steps`` is already reached.
+
+  Raises:
+    wafer.config.ConfigError: no step count set, or ``initial_step`` beyond ``max_steps``.
+  """
+  if runconfig.max_steps is not None and initial_step == runconfig.max_steps:
+    return 0
+  return runconfig.num_train_steps(initial_step)
+
+
+def checkpoint_iterations(checkpoint_steps: int, first: int, last: int) -> set[int]:
+  """Steps in ``(first, last]`` that checkpoint: multiples of N, and always ``last``.
+
+  >>> sorted(checkpoint_iterations(4, 0, 10)), sorted(checkpoint_iterations(4, 8, 10))
+  ([4, 8, 10], [10])
+  """
+  if checkpoint_steps <= 0:
+    return set()
+  marks = {s for s in range(first + 1, last + 1) if s % checkpoint_steps == 0}
+  return marks | {last} if last > first else marks
+
+
+def run(
+  task: Task,
+  runconfig: RunConfig,
+  optimizer: optax.GradientTransformation,
+  loss_scale: Any,
+  policy: precision.Policy,
+  *,
+  progress: bool = True,
+) -> dict[str, Any]:
+  """Run ``runconfig.mode``; returns a summary (final step, losses, eval metric, paths).
+
+  ``progress``: show a progress bar when stderr is a terminal.
+  """
+  return _Run(task, runconfig, optimizer, loss_scale, policy, progress).go()
+
+
+class _Run:
+  def __init__(self, task, rc, optimizer, loss_scale, policy, progress):
+    if rc.mode not in MODES:
+      raise ExecutorError(f"mode={rc.mode!r}; allowed: {', '.join(MODES)}")
+    self.task, self.rc, self.policy, self.progress = task, rc, policy, progress
+    self.optimizer, self.loss_scale = optimizer, loss_scale
+    self.num_csx = rc.num_csx
+    self.distributed = jax.process_count() > 1
+    if self.distributed:
+      cluster.mesh(self.num_csx)  # num_csx must spread evenly over the processes
+    self.main = jax.process_index() == 0
+    self.model_dir = Path(rc.model_dir)
+    self.summary: dict[str, Any] = {
+      "model_dir": str(self.model_dir),
+      "task": task.name,
+      "eval_metric": task.eval_metric_name,
+    }
+    self.eval_compiled: Any = None
+
+  def say(self, line: str) -> None:
+    if self.main:
+      print(line, flush=True)
+
+  def place(self, state: TrainState) -> TrainState:
+    """The state replicated over the systems' devices (as is for one system in one process)."""
+    return cluster.replicated(state, self.num_csx) if self.num_csx > 1 or self.distributed else state
+
+  def go(self) -> dict[str, Any]:
+    task, rc = self.task, self.rc
+    self.model_dir.mkdir(parents=True, exist_ok=True)
+    seed = seed_of(rc)
+    init = self.place(initial_state(task, self.optimizer, self.loss_scale, jax.random.key(seed)))
+    self.template = abstract(init)
+    self.say(f"Preparing the training data of {task.name}...")
+    t0 = time.perf_counter()
+    self.data = task.train_data(seed)
+    start = self.data.get_state()
+    example_batch = next(self.data)  # the compile's example; then rewind, so the data is built once
+    self.data.set_state(start)
+    step_fn = make_train_step(task, self.optimizer, self.policy)
+    t1 = time.perf_counter()
+    self.say(f"Data ready in {t1 - t0:.1f} s. Compiling the train step ({self.policy})...")
+    self.compiled = wafer.compile(
+      step_fn,
+      init,
+      cluster.global_batch(example_batch, self.num_csx),
+      num_csx=self.num_csx,
+      batch_argnums=self._batch_argnums(),
+      donate_argnums=(0,),
+      validate_only=rc.validate_only,
+    )
+    self.say(f"Compiled in {time.perf_counter() - t1:.1f} s.")
+    if self.main:
+      _write_compile_report(step_fn, init, example_batch, task, self.num_csx, self.model_dir, self.summary)
+    if rc.validate_only or rc.compile_only:
+      self.say(f"{'Validation' if rc.validate_only else 'Compile'} completed successfully ({task.name}).")
+      return self.summary
+    self.checkpoints = Checkpoints(self.model_dir, rc.max_checkpoints)
+    self.metrics = Metrics(self.model_dir, jax.devices()[0].platform.upper(), enabled=self.main)
+    try:
+      if rc.mode == "train":
+        state = self._resume(init)
+        self._train(state, int(state.step) + steps_to_run(rc, int(state.step)), rc.checkpoint_steps or 0)
+      elif rc.mode == "eval":
+        self._eval(init)
+      elif rc.mode == "eval_all":
+        self._eval_all()
+      else:
+        self._train_and_eval(init)
+    finally:
+      self.metrics.close()
+      self.checkpoints.close()
+    return self.summary
+
+  def _batch_argnums(self) -> tuple[int, ...]:
+    return (1,) if self.num_csx > 1 else ()
+
+  def _resume(self, init: TrainState) -> TrainState:
+    """The newest readable checkpoint's state, the data source moved to its position; else ``init``."""
+    restored = self.checkpoints.restore_latest(self.template, say=self.say)
+    if restored is None:
+      return init
+    state, meta = restored
+    step, position = int(state.step), int(state.data_position)
+    wanted = {**self.data.get_state(), **meta.get("data_pipeline", {}), "next_batch": position}
+    try:
+      self.data.set_state(wanted)
+    except ValueError as error:
+      raise ExecutorError(
+        f"Cannot resume from the checkpoint of step {step}: {error}. Batch k of a run depends on the batch "
+        "size, the number of input workers (num_workers_per_csx x num_csx; workers shard the data), the "
+        "shuffle settings and the data; restore the settings the checkpoint was written with, or use a new "
+        "model_dir."
+      ) from error
+    self.say(f"Resuming from the checkpoint at step {step}.")
+    return state
+
+  def _pipeline(self) -> dict[str, Any]:
+    """What identifies the input pipeline (its state without the position, which is in the train state)."""
+    return {k: v for k, v in self.data.get_state().items() if k != "next_batch"}
+
+  def _train(
+    self, state: TrainState, last: int, checkpoint_steps: int, run_end: int | None = None
+  ) -> TrainState:
+    """Train ``state`` to step ``last``; ``run_end``: the end of the whole run (train_and_eval)."""
+    task, rc, metrics = self.task, self.rc, self.metrics
+    done = int(state.step)  # the host's copy of state.step, read once; the checkpoint's number is state.step
+    if last == done:
+      self._nothing_to_train(done)
+      self.summary.update(final_step=done, params=state.params)
+      self.summary.setdefault("losses", [])
+      return state
+    marks = checkpoint_iterations(checkpoint_steps, done, last)
+    log_every = max(1, rc.log_steps)
+    activation = rc.effective_activation_steps
+    bar = Progress(self.progress and self.main and sys.stderr.isatty(), done, last)
+    start_time, start_step = time.perf_counter(), done
+    window_time, window_step = start_time, done
+    losses = []
+    while done < last:
+      batch = cluster.global_batch(next(self.data), self.num_csx)
+      state, step_metrics = self.compiled(state, batch)
+      done += 1
+      is_log = done % log_every == 0 or done == last or done == 1
+      if is_log or (activation and done % activation == 0):
+        self.compiled.run_closures(checkpoint=done in marks)  # step closures: log and activation steps
+      if is_log:
+        m = jax.device_get(step_metrics)
+        now = time.perf_counter()
+        rate = (done - window_step) * task.batch_size / max(now - window_time, 1e-9)
+        global_rate = (done - start_step) * task.batch_size / max(now - start_time, 1e-9)
+        window_time, window_step = now, done
+        loss = float(m["loss"])
+        record = {"step": done, "loss": loss, "loss_scale": float(m["loss_scale"])}
+        if "optimizer_step" in m:
+          record["optimizer_step"] = int(m["optimizer_step"])
+        record.update(skipped=bool(m["skipped"]), samples_per_sec=rate, avg_samples_per_sec=global_rate)
+        line = (f"| Train Device={metrics.device}, Step={done}, Loss={loss:.5f}, Rate={rate:.2f} samples/sec, "
+                f"GlobalRate={global_rate:.2f} samples/sec")  # fmt: skip
+        metrics.write(record, line)
+        losses.append((done, loss))
+        bar.update(done, loss, rate)
+      if done in marks:
+        self.checkpoints.save(state, {"data_pipeline": self._pipeline()})
+    bar.close()
+    elapsed = time.perf_counter() - start_time
+    samples = (done - start_step) * task.batch_size
+    if run_end is not None and done < run_end:
+      self.say(
+        f"Trained to step {done} of {run_end} ({samples} sample(s) in {elapsed:.2f} seconds); evaluating."
+      )
+    else:
+      self.say(f"Training completed successfully! Processed {samples} sample(s) in {elapsed:.2f} seconds.")
+    self.summary.update(final_step=done, params=state.params)
+    self.summary["losses"] = self.summary.get("losses", []) + losses
+    return state
+
+  def _nothing_to_train(self, done: int) -> None:
+    self.say(
+      f"Nothing to train: model_dir already holds the checkpoint of step {done} (max_steps). Raise "
+      "runconfig.max_steps to train further, or use another model_dir."
+    )
+
+  def _train_and_eval(self, init: TrainState) -> None:
+    rc = self.rc
+    freq = rc.eval_frequency
+    if not isinstance(freq, int) or freq <= 0:
+      raise ExecutorError(f"`eval_frequency` must be a positive integer, got {freq}")
+    ckpt = rc.checkpoint_steps or 0
+    if ckpt and freq % ckpt and ckpt % freq:
+      raise ExecutorError(
+        f"checkpoint_steps ({ckpt}) and frequency of evaluation steps ({freq}) must be multiples of each other."
+      )
+    if self.task.eval_data is not None:
+      self.task.eval_data()  # build the eval data now, not in the middle of the training log
+    state = self._resume(init)
+    done = int(state.step)
+    end = done + steps_to_run(rc, done)
+    self.summary["evals"] = []
+    if end == done:
+      self._nothing_to_train(done)
+    while done < end:
+      target = min(done + freq, end)
+      state = self._train(state, target, ckpt or freq, end)
+      done = target
+      self.summary["evals"].append((done, self._evaluate(state.params, done)))
+
+  def _eval(self, init: TrainState) -> None:
+    restored = self.checkpoints.restore_latest(self.template, say=self.say)
+    if restored is None:
+      self.say(
+        f"Warning: no checkpoint in {self.model_dir / 'checkpoints'}: evaluating the initial (untrained) weights."
+      )
+      state = init
+    else:
+      state = restored[0]
+    step = int(state.step)
+    self.summary["eval"] = self._evaluate(state.params, step)
+    self.summary["eval_step"] = step
+
+  def _eval_all(self) -> None:
+    steps = self.checkpoints.steps()
+    if not steps:
+      raise ExecutorError(
+        "No checkpoints were found for evaluation. Please ensure that the model directory "
+        f'"{self.model_dir}" contains at least one valid checkpoint.'
+      )
+    self.summary["eval_all"] = {}
+    for step in steps:
+      try:
+        state, _ = self.checkpoints.restore(step, self.template)
+      except UnreadableCheckpoint as why:  # say so, evaluate the others
+        self.say(f"{self.checkpoints.unreadable(step, why)}; skipping it.")
+        continue
+      self.summary["eval_all"][step] = self._evaluate(state.params, step)
+
+  def _evaluate(self, params: Any, step: int) -> float:
+    task, rc = self.task, self.rc
+    if task.eval_data is None:
+      raise ExecutorError(f"model {task.name!r} has no eval data (eval_input); eval modes need it")
+    values = []
+    for i, batch in enumerate(task.eval_data()):
+      if rc.eval_steps is not None and i >= rc.eval_steps:
+        break
+      batch = cluster.global_batch(batch, self.num_csx)
+      if self.eval_compiled is None:  # once per run, under the training policy and sharding
+        self.eval_compiled = wafer.compile(
+          make_eval_step(task, self.policy),
+          params,
+          batch,
+          num_csx=self.num_csx,
+          batch_argnums=self._batch_argnums(),
+        )
+      values.append(self.eval_compiled(params, batch))
+    if not values:
+      raise ExecutorError(
+        "Iterating the eval data did not return any values: the dataset is too small for the batch size."
+      )
+    value = float(np.mean(jax.device_get(values)))
+    name = task.eval_metric_name
+    self.metrics.write(
+      {"step": step, f"eval/{name}": value}, f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})"
+    )
+    return value
+
+
+def _write_compile_report(step_fn, state, batch, task, num_csx, model_dir, summary) -> None:
+  try:
+    report = wafer.estimate(step_fn, state, batch, batch_size=task.batch_size, num_csx=num_csx)
+  except Exception as error:  # the cost model must not stop a run; say why it is missing
+    print(f"note: no compile report ({type(error).__name__}: {error})", flush=True)
+    return
+  report.save(model_dir)
+  summary["compile_report"] = str(model_dir / "compile_report.txt")
+  print(f"Estimated {report.samples_per_sec:,.1f} samples/s on the wafer ({report.mode}); "
+        f"see {model_dir / 'compile_report.txt'}", flush=True)  # fmt: skip

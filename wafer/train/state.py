@@ -1,0 +1,74 @@
+"""The train state: one pytree holding everything a restart needs.
+
+``step`` is the global step (iterations done, skipped ones included): the log step, the
+checkpoint's number and the ``max_steps`` counter all read it. The learning-rate schedule's
+``t`` is optax's ``count`` inside ``opt_state``; it is held on a skipped (non-finite) step, as
+on a Cerebras system (``cerebras.md`` section 4), so ``count == step - skipped steps`` always
+(`schedule_counts` reads it). ``data_position`` is the number of the next training batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from wafer.train.task import Task
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+  """Params, optimizer state, loss-scale state, the global step and the data position.
+
+  Attributes:
+    params: the model's float32 parameters (pytree).
+    opt_state: the optax state (its ``count`` is the schedule's step).
+    loss_scale: `precision.StaticLossScale` or `precision.DynamicLossScale` state.
+    step: int32 scalar, the global step (steps done; 0 before the first).
+    data_position: int32 scalar, the number of the next training batch.
+  """
+
+  params: Any
+  opt_state: Any
+  loss_scale: Any
+  step: jax.Array
+  data_position: jax.Array
+
+
+def initial_state(
+  task: Task, optimizer: optax.GradientTransformation, loss_scale: Any, key: jax.Array
+) -> TrainState:
+  """Step 0: ``task.init_params(key)``, the optimizer's initial state, ``loss_scale``, step 0, batch 0.
+
+  Every leaf is its own buffer (the train step donates the state, and a buffer cannot be donated
+  twice).
+  """
+  params = task.init_params(key)
+  state = TrainState(
+    params, optimizer.init(params), loss_scale, jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32)
+  )
+  return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
+
+
+def schedule_counts(opt_state: Any) -> list[jax.Array]:
+  """Every ``count`` in the optimizer state (the schedule's and, e.g., Adam's bias-correction step).
+
+  >>> import optax
+  >>> tx = optax.chain(optax.trace(0.9), optax.scale_by_learning_rate(optax.linear_schedule(0.1, 0.0, 9)))
+  >>> [int(c) for c in schedule_counts(tx.init({"w": jnp.zeros(2)}))]
+  [0]
+  """
+  return [leaf for _, leaf in optax.tree_utils.tree_get_all_with_path(opt_state, "count")]
+
+
+def abstract(state: Any) -> Any:
+  """``jax.ShapeDtypeStruct`` leaves with the state's shardings (orbax's restore target)."""
+
+  def one(x: Any) -> Any:
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+
+  return jax.tree.map(one, state)

@@ -1,0 +1,62 @@
+"""The train and eval steps under the precision `Policy`; both are compiled through `wafer.compile`.
+
+The train step: scaled loss -> gradients (autocast) -> unscale -> skip-or-update -> loss-scale
+adjust, returning ``(state, metrics)``; metrics are device scalars the loop fetches only at log
+steps. The eval step runs the task's eval metric (default: its loss) under the same policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import precision
+from wafer.train.state import TrainState, schedule_counts
+from wafer.train.task import Task
+
+
+def _under_policy(fn: Callable, policy: precision.Policy) -> Callable:
+  return precision.autocast(fn, policy) if policy.is_mixed else fn
+
+
+def make_train_step(
+  task: Task, optimizer: optax.GradientTransformation, policy: precision.Policy
+) -> Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]:
+  """``train_step(state, batch) -> (state, metrics)``.
+
+  ``metrics``: ``loss`` (float32, unscaled), ``loss_scale`` (the scale this step used),
+  ``skipped`` (bool: non-finite gradients, so params, optimizer state and the schedule's count
+  were held) and ``optimizer_step`` (int32, the schedule's count this step used; absent for an
+  optimizer without one). ``state.step`` and ``state.data_position`` advance by one on every step.
+  """
+  loss_fn = _under_policy(task.loss_fn, policy)
+
+  def train_step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
+    ls = state.loss_scale
+    scaled, grads = jax.value_and_grad(lambda p: ls.scale(loss_fn(p, batch)))(state.params)
+    grads = ls.unscale(grads)
+    finite = precision.all_finite(grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    params, opt_state = precision.select_tree(finite, (params, opt_state), (state.params, state.opt_state))
+    metrics = {
+      "loss": scaled / ls.loss_scale,
+      "loss_scale": ls.loss_scale,
+      "skipped": jnp.logical_not(finite),
+    }
+    counts = schedule_counts(state.opt_state)
+    if counts:
+      metrics["optimizer_step"] = counts[0]
+    new = TrainState(params, opt_state, ls.adjust(finite), state.step + 1, state.data_position + 1)
+    return new, metrics
+
+  return train_step
+
+
+def make_eval_step(task: Task, policy: precision.Policy) -> Callable[[Any, Any], jax.Array]:
+  """``eval_step(params, batch) -> float32 scalar``: the eval metric (or the loss) under ``policy``."""
+  return _under_policy(task.eval_metric or task.loss_fn, policy)

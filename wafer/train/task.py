@@ -1,0 +1,84 @@
+"""What a run trains: the `Task` bundle, the `BatchSource` protocol, and the loop's error type."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import jax
+
+from wafer.errors import WaferError
+
+
+class ExecutorError(WaferError, ValueError):
+  """Settings or state that the run loop cannot run with; the message says what to change."""
+
+
+class BatchSource(Protocol):
+  """Batches for consecutive steps; its position survives a restart.
+
+  ``get_state()`` is a JSON-serialisable dict whose ``"next_batch"`` is the number of the batch
+  ``next()`` returns; the other keys identify the pipeline. ``set_state`` seeks (and refuses a
+  state saved by another pipeline with ``ValueError``).
+  """
+
+  def __next__(self) -> Any: ...
+
+  def get_state(self) -> dict[str, Any]: ...
+
+  def set_state(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclasses.dataclass
+class Task:
+  """What to train and evaluate.
+
+  Attributes:
+    name: shown in logs and reports.
+    init_params: ``key -> params`` (float32 pytree).
+    loss_fn: ``(params, batch) -> float32 scalar``, written in float32 (autocast applies the policy).
+    train_data: ``seed -> BatchSource`` of fixed-size training batches, repeating forever.
+    eval_data: ``() -> iterable of batches`` (one pass), or None.
+    eval_metric: ``(params, batch) -> float32 scalar`` averaged over eval batches (default: the loss).
+    eval_metric_name: its name in logs and metrics (``loss``, ``accuracy``, ``perplexity``...).
+    batch_size: global batch size (samples per step).
+  """
+
+  name: str
+  init_params: Callable[[jax.Array], Any]
+  loss_fn: Callable[[Any, Any], jax.Array]
+  train_data: Callable[[int], BatchSource]
+  batch_size: int
+  eval_data: Callable[[], Any] | None = None
+  eval_metric: Callable[[Any, Any], jax.Array] | None = None
+  eval_metric_name: str = "loss"
+
+
+class IndexedBatches:
+  """A `BatchSource` from ``batch_of(k)``: its position is the next batch number, so resuming is exact.
+
+  >>> src = IndexedBatches(lambda k: k * 10)
+  >>> next(src), next(src), src.get_state()
+  (0, 10, {'next_batch': 2})
+  >>> src.set_state({"next_batch": 7}); next(src)
+  70
+  """
+
+  def __init__(self, batch_of: Callable[[int], Any]):
+    self.batch_of = batch_of
+    self.next_batch = 0
+
+  def __iter__(self) -> Iterator[Any]:
+    return self
+
+  def __next__(self) -> Any:
+    batch = self.batch_of(self.next_batch)
+    self.next_batch += 1
+    return batch
+
+  def get_state(self) -> dict[str, Any]:
+    return {"next_batch": self.next_batch}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self.next_batch = int(state["next_batch"])
