@@ -138,13 +138,13 @@ def test_trainer_converter_details() -> None:
             "ChainedScheduler": {
               "schedulers": [
                 {"ConstantLR": {"learning_rate": 1.0}},
-                {"ExponentialLR": {"initial_learning_rate": 1.0}},
+                {"ExponentialLR": {"initial_learning_rate": 1.0, "total_iters": 10, "decay_rate": 0.5}},
               ]
             }
           }
         ],
         "precision": {"precision_opt_level": 0, "fp16_type": "float16", "log_loss_scale": True},
-        "loop": {"num_steps": 5, "grad_accum_steps": 2},
+        "loop": {"num_steps": 5, "grad_accum_steps": 1},
         "callbacks": [{"ScopedTrainFlags": {"csx.performance.micro_batch_size": 2}}],
       },
       "fit": {"train_dataloader": {"batch_size": 8}, "ckpt_path": "ckpt.mdl"},
@@ -162,7 +162,7 @@ def test_trainer_converter_details() -> None:
   }
   assert out["optimizer"]["optimizer_type"] == "SGD" and out["optimizer"]["momentum"] == 0.9
   assert [s["main_scheduler"] for s in out["optimizer"]["learning_rate"]] == ["chained", "chained"]
-  assert out["optimizer"]["grad_accum_steps"] == 2 and out["optimizer"]["log_loss_scale"] is True
+  assert out["optimizer"]["grad_accum_steps"] == 1 and out["optimizer"]["log_loss_scale"] is True
   assert out["train_input"] == {"batch_size": 8, "micro_batch_size": 2}
   assert out["model"] == {"name": "gpt3", "fp16_type": "float16"}
   params = load_params(data)
@@ -229,13 +229,13 @@ def test_overrides() -> None:
       "runconfig.max_steps=10",
       "optimizer.learning_rate=0.1",
       "train_input.batch_size=8",
-      "optimizer.betas=[0.8, 0.9]",
+      "optimizer.momentum=0.8",
       "runconfig.seed=null",
       "eval_input.shuffle=true",
     ],
   )
   assert p.runconfig.max_steps == 10 and p.optimizer.learning_rate == 0.1 and p.train_input.batch_size == 8
-  assert p.optimizer.betas == [0.8, 0.9] and p.runconfig.seed is None and p.eval_input.shuffle is True
+  assert p.optimizer.momentum == 0.8 and p.runconfig.seed is None and p.eval_input.shuffle is True
 
 
 def test_integers_are_accepted_where_floats_are_expected() -> None:

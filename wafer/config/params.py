@@ -7,13 +7,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from wafer.config.errors import Problem
+from wafer.config.optimizer import Optimizer, OptimizerConfig, optimizer_class
 from wafer.config.schema import (
   EVAL_MODES,
   TRAIN_MODES,
   CSConfig,
   InputConfig,
   ModelConfig,
-  OptimizerConfig,
   RunConfig,
   Section,
 )
@@ -66,6 +66,8 @@ def section_schema(section: str, data: Any) -> type[Section]:
       return _MODEL_SCHEMAS.get(data["name"].lower(), ModelConfig)
     if section in ("train_input", "eval_input") and isinstance(data.get("data_processor"), str):
       return _INPUT_SCHEMAS.get(data["data_processor"], InputConfig)
+    if section == "optimizer":
+      return optimizer_class(data)
   return SECTIONS[section]
 
 
@@ -86,7 +88,7 @@ class Params(BaseModel):
   train_input: InputConfig | None = None
   eval_input: InputConfig | None = None
   model: ModelConfig
-  optimizer: OptimizerConfig | None = None
+  optimizer: Optimizer | None = None
   runconfig: RunConfig = Field(default_factory=RunConfig)
   csconfig: CSConfig | None = None
   source: str | None = None
@@ -184,23 +186,31 @@ class Params(BaseModel):
             section.micro_batch_size,
           )
         )
-    if self.optimizer is not None:
-      out += self.optimizer.problems()
-      if (
-        self.model.mixed_precision
-        and self.fp16_type == "cbfloat16"
-        and not self.optimizer.dynamic_loss_scaling
-      ):
-        out.append(
-          Problem(
-            ("optimizer", "loss_scaling_factor"),
-            "cbfloat16 requires dynamic loss scaling, or gradients may underflow/overflow and "
-            "produce NaNs; set optimizer.loss_scaling_factor: dynamic",
-            self.optimizer.loss_scaling_factor,
-          )
-        )
     try:
-      self.policy()
+      policy = self.policy()
     except PolicyError as e:
       out.append(Problem(("model", "fp16_type"), str(e)))
+      policy = None
+    if self.optimizer is not None:
+      out += self.optimizer.problems()
+      if policy is not None and not out:
+        from wafer.optim import OptimizerError
+
+        try:  # the loss-scale rules live where the loss scale is built
+          self.optimizer.loss_scale(policy.compute)
+        except OptimizerError as e:
+          out.append(Problem(("optimizer", e.key), e.detail))
     return out
+
+  def build_optimizer(self) -> tuple[Any, Any]:
+    """``(tx, loss_scale)`` of the ``optimizer`` section under this file's policy.
+
+    Eval-only files (no ``optimizer``) get ``optax.identity()`` and a static scale of 1.
+    """
+    if self.optimizer is None:
+      import optax
+
+      from precision import StaticLossScale
+
+      return optax.identity(), StaticLossScale.create(1.0)
+    return self.optimizer.build(self.policy().compute)
