@@ -1,7 +1,9 @@
-"""The model registry: ``model.name`` -> a builder of the executor's `wafer.executor.Task`.
+"""The reference models' `wafer.registry.ModelSpec` s (``BERT``, ``GPT``, ``FC_MNIST``).
 
-Registered with `wafer.registry` on import (``bert``, ``gpt2``, ``gpt3``, ``fc_mnist``), with the
-embedded default job that ``wafer run`` runs without ``--params``.
+They are found through the ``wafer.models`` entry points in ``pyproject.toml``; BERT's spec carries
+the embedded default job that ``wafer run`` runs without ``--params``. Each spec names the strict
+input schema of every data processor that feeds its model, so a misspelled ``train_input`` key is
+an error with a "did you mean".
 
 Each builder joins three things a params file names:
 
@@ -41,9 +43,13 @@ from models.bert.model import BertConfig
 from models.fc_mnist.model import FCMnistConfig
 from models.gpt2.model import GPT2Config
 from models.zoo import bind, functional
-from wafer import registry
+from pydantic import ConfigDict, field_validator, model_validator
+
+from wafer.config import InputConfig
+from wafer.config.schema import PosInt
 from wafer.data import DataError, processors
 from wafer.executor import Task
+from wafer.registry import ModelSpec
 
 Batch = Mapping[str, Any]
 
@@ -228,13 +234,87 @@ def fc_mnist_task(params: Any) -> Task:
   )
 
 
+# ---------------------------------------------------------------- strict input schemas, one per processor
+
+
+class _Input(InputConfig):
+  """The keys every data processor here reads (`wafer.data.processors`); nothing else is accepted."""
+
+  model_config = ConfigDict(extra="forbid")
+
+
+class BertInput(_Input):
+  """BERT MLM+NSP input: masking at modelzoo's rate (15%, ``max_predictions`` per sequence)."""
+
+  masked_lm_prob: float = 0.15
+  max_predictions_per_seq: PosInt | None = None
+  # the tokenizer here is trained on the corpus (lowercased WordPiece-style BPE); these modelzoo keys
+  # describe the pre-tokenised files and are accepted as written there
+  do_lower: bool = True
+  whole_word_masking: bool = False
+
+  @field_validator("masked_lm_prob", mode="after")
+  @classmethod
+  def _rate(cls, v: float) -> float:
+    if v != 0.15:
+      raise ValueError("only 0.15 is implemented (modelzoo's masking rate, wafer.data.bert)")
+    return v
+
+  @field_validator("whole_word_masking", mode="after")
+  @classmethod
+  def _wwm(cls, v: bool) -> bool:
+    if v:
+      raise ValueError("whole-word masking is not implemented; set whole_word_masking: false")
+    return v
+
+  @model_validator(mode="after")
+  def _mmp(self) -> BertInput:
+    from wafer.data.bert import max_predictions
+
+    msl = self.max_sequence_length or 128
+    if self.max_predictions_per_seq is not None and self.max_predictions_per_seq != max_predictions(msl):
+      raise ValueError(
+        f"max_predictions_per_seq={self.max_predictions_per_seq}: the examples made here mask up to "
+        f"{max_predictions(msl)} tokens at max_sequence_length {msl}; set {max_predictions(msl)} or leave it out"
+      )
+    return self
+
+
+class GptInput(_Input):
+  """GPT next-token input (modelzoo HDF5, text, or the embedded corpus)."""
+
+
+class MnistInput(_Input):
+  """MNIST / digits input. modelzoo's ``to_float`` / ``to_float16`` are accepted: the images are float32
+  here and the policy (``model.mixed_precision``) decides the compute format."""
+
+  to_float: bool | None = None
+  to_float16: bool | None = None
+
+
+_BERT_INPUTS = dict.fromkeys(processors.BERT_PROCESSORS, BertInput)
+_GPT_INPUTS = dict.fromkeys(processors.GPT_PROCESSORS, GptInput)
+_MNIST_INPUTS = dict.fromkeys(processors.MNIST_PROCESSORS, MnistInput)
+
 DEFAULT_JOB = Path(__file__).parent / "bert" / "configs" / "params_bert_tiny_default.yaml"
 
-registry.register_model("bert", bert_task)
-registry.register_model("gpt2", gpt_task)
-registry.register_model("gpt3", gpt_task)
-registry.register_model("fc_mnist", fc_mnist_task)
-registry.register_default_job(
-  str(DEFAULT_JOB),
-  "BERT-tiny MLM+NSP on the embedded corpus (Python's own docs), cbfloat16 with dynamic loss scaling",
+BERT = ModelSpec(
+  names=("bert",),
+  config=BertConfig,
+  build_task=bert_task,
+  data_processors=_BERT_INPUTS,
+  default_job=(
+    str(DEFAULT_JOB),
+    "BERT-tiny MLM+NSP on the embedded corpus (Python's own docs), cbfloat16 with dynamic loss scaling",
+    10,
+  ),
 )
+GPT = ModelSpec(names=("gpt2", "gpt3"), config=GPT2Config, build_task=gpt_task, data_processors=_GPT_INPUTS)
+FC_MNIST = ModelSpec(
+  names=("fc_mnist",),
+  config=FCMnistConfig,
+  build_task=fc_mnist_task,
+  data_processors=_MNIST_INPUTS,
+  eval_metric="accuracy",
+)
+SPECS = (BERT, GPT, FC_MNIST)

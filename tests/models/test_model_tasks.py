@@ -120,18 +120,15 @@ def test_gpt2_tiny_learns_the_embedded_corpus(tmp_path):
 
 
 def test_fc_mnist_learns_the_digits(tmp_path):
+  """The shipped config's own values train (modelzoo's stay at loss 2.30 for 1000 steps)."""
   summary = _run(
     FC_MNIST,
     tmp_path,
     "runconfig.max_steps=60",
     "runconfig.log_steps=1",
-    "train_input.batch_size=32",
-    "optimizer.learning_rate=0.05",
-    "optimizer.momentum=0.9",
     "runconfig.mode=train_and_eval",
     "runconfig.eval_frequency=60",
     "runconfig.checkpoint_steps=60",
-    "eval_input.batch_size=32",
   )
   losses = list(_losses(tmp_path).values())
   assert np.mean(losses[-5:]) < 0.85 * np.mean(losses[:5]), losses

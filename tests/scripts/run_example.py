@@ -5,7 +5,7 @@ import sys
 import jax
 import numpy as np
 
-from wafer.example import example_run
+from models.mlp import example_run
 from wafer.executor import run
 
 model_dir, max_steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from wafer import cli, cluster
-from wafer.example import EXAMPLE_PARAMS
+from models.mlp import EXAMPLE_PARAMS
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from wafer import cluster
-from wafer.example import example_run
+from models.mlp import example_run
 from wafer.executor import ExecutorError, RunSettings, checkpoint_iterations, run, total_steps
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from wafer.config import trainer as _trainer
 from wafer.config.errors import ConfigError, Loc, Problem, dotted, from_pydantic, suggest, unknown_key_message
-from wafer.config.params import SECTIONS, Params, section_schema
+from wafer.config.params import SECTIONS, Params, registered_input_schemas, section_schema
 from wafer.config.schema import MODES, OpenSection
 
 
@@ -168,8 +168,17 @@ def _validate_section(key: str, value: Any) -> tuple[Any, list[Problem]]:
   """``(section object or None, problems)`` of one section's mapping, by its (registered) schema."""
   if not isinstance(value, dict):
     return None, [Problem((key,), "must be a mapping of keys", value)]
+  if key in ("model", "train_input", "eval_input"):
+    from wafer import registry
+
+    registry.load_plugins()  # the plugins' strict model and input schemas
   schema = section_schema(key, value)
   problems: list[Problem] = []
+  processor = value.get("data_processor") if key in ("train_input", "eval_input") else None
+  if isinstance(processor, str) and schema is SECTIONS[key] and registered_input_schemas():
+    known = registered_input_schemas()
+    problems.append(Problem((key, "data_processor"), unknown_key_message(processor, known).replace(
+      "unknown key", "unknown data_processor").replace("allowed keys", "registered processors"), processor))
   if issubclass(schema, OpenSection):
     found = schema.key_problems(value)
     problems += [Problem((key, k), m, value[k]) for k, m in found.items()]

@@ -53,6 +53,11 @@ def register_input_schema(data_processor: str, schema: type[InputConfig]) -> Non
   _INPUT_SCHEMAS[data_processor] = schema
 
 
+def registered_input_schemas() -> list[str]:
+  """The data processors with a registered input schema."""
+  return sorted(_INPUT_SCHEMAS)
+
+
 def unregister_schema(name: str) -> None:
   """Forget a model or input schema registered under ``name`` (for tests)."""
   _MODEL_SCHEMAS.pop(name.lower(), None)
