@@ -38,13 +38,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pydantic import ConfigDict, field_validator, model_validator
 
 from models.bert.model import BertConfig
 from models.fc_mnist.model import FCMnistConfig
 from models.gpt2.model import GPT2Config
 from models.zoo import bind, functional
-from pydantic import ConfigDict, field_validator, model_validator
-
 from wafer.config import InputConfig
 from wafer.config.schema import PosInt
 from wafer.data import DataError, processors

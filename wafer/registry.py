@@ -82,7 +82,9 @@ def load_plugins() -> None:
     try:
       loaded = entry.load()
     except Exception as error:  # a broken plugin is reported by name, not as a bare traceback
-      raise PluginError(f"the {GROUP} entry point {entry.name!r} ({entry.value}) does not load: {error}") from error
+      raise PluginError(
+        f"the {GROUP} entry point {entry.name!r} ({entry.value}) does not load: {error}"
+      ) from error
     for spec in loaded if isinstance(loaded, (list, tuple)) else (loaded,):
       register(spec)
 

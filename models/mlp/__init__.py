@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 from pydantic import ConfigDict
 
 import precision
@@ -107,7 +106,11 @@ SPEC = ModelSpec(
   build_task=build_task,
   data_processors={"SyntheticTeacher": SyntheticTeacherInput},
   eval_metric="accuracy",
-  default_job=(str(CONFIG), "a 3-layer MLP on a synthetic teacher task, cbfloat16 with dynamic loss scaling", 0),
+  default_job=(
+    str(CONFIG),
+    "a 3-layer MLP on a synthetic teacher task, cbfloat16 with dynamic loss scaling",
+    0,
+  ),
 )
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from wafer import cli, cluster
 from models.mlp import EXAMPLE_PARAMS
+from wafer import cli, cluster
 
 
 @pytest.fixture(autouse=True)

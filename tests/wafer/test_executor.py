@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from wafer import cluster
 from models.mlp import example_run
+from wafer import cluster
 from wafer.executor import ExecutorError, RunSettings, checkpoint_iterations, run, total_steps
 
 ROOT = Path(__file__).resolve().parents[2]

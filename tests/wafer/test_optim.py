@@ -209,7 +209,10 @@ ERRORS = [
     {"optimizer_type": "adamw", "learning_rate": 0.1, "max_gradient_norm": 1.0, "max_gradient_value": 0.5},
     r"Gradients can be clipped by norm\(=1.0\) or by value\(=0.5\), but not both",
   ),
-  ({"optimizer_type": "adamm", "learning_rate": 0.1}, r"optimizer\.optimizer_type: unknown optimizer 'adamm'; did you mean 'Adam'\?"),
+  (
+    {"optimizer_type": "adamm", "learning_rate": 0.1},
+    r"optimizer\.optimizer_type: unknown optimizer 'adamm'; did you mean 'Adam'\?",
+  ),
   (
     {"optimizer_type": "sgd", "learning_rate": 0.1, "weight_decai": 0.1},
     r"optimizer\.weight_decai: unknown key 'weight_decai'; did you mean 'weight_decay'\?",

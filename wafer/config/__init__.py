@@ -22,14 +22,14 @@ from wafer.config.loader import load_params as load_params
 from wafer.config.loader import parse_override as parse_override
 from wafer.config.loader import validate_params as validate_params
 from wafer.config.loader import validate_section as validate_section
+from wafer.config.optimizer import Optimizer as Optimizer
+from wafer.config.optimizer import OptimizerConfig as OptimizerConfig
 from wafer.config.params import Params as Params
 from wafer.config.params import register_input_schema as register_input_schema
 from wafer.config.params import register_model_schema as register_model_schema
 from wafer.config.schema import CSConfig as CSConfig
 from wafer.config.schema import InputConfig as InputConfig
 from wafer.config.schema import ModelConfig as ModelConfig
-from wafer.config.optimizer import Optimizer as Optimizer
-from wafer.config.optimizer import OptimizerConfig as OptimizerConfig
 from wafer.config.schema import RunConfig as RunConfig
 from wafer.config.trainer import from_trainer_layout as from_trainer_layout
 

@@ -177,8 +177,15 @@ def _validate_section(key: str, value: Any) -> tuple[Any, list[Problem]]:
   processor = value.get("data_processor") if key in ("train_input", "eval_input") else None
   if isinstance(processor, str) and schema is SECTIONS[key] and registered_input_schemas():
     known = registered_input_schemas()
-    problems.append(Problem((key, "data_processor"), unknown_key_message(processor, known).replace(
-      "unknown key", "unknown data_processor").replace("allowed keys", "registered processors"), processor))
+    problems.append(
+      Problem(
+        (key, "data_processor"),
+        unknown_key_message(processor, known)
+        .replace("unknown key", "unknown data_processor")
+        .replace("allowed keys", "registered processors"),
+        processor,
+      )
+    )
   if issubclass(schema, OpenSection):
     found = schema.key_problems(value)
     problems += [Problem((key, k), m, value[k]) for k, m in found.items()]

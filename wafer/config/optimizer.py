@@ -233,7 +233,9 @@ class OptimizerConfig(Section):
         overflow_tolerance=self.overflow_tolerance,
       )
     except ValueError as err:
-      key = next((k for k in ("min_loss_scale", "initial_loss_scale", "overflow_tolerance") if k in str(err)), "")
+      key = next(
+        (k for k in ("min_loss_scale", "initial_loss_scale", "overflow_tolerance") if k in str(err)), ""
+      )
       raise OptimizerError(key or "loss_scaling_factor", str(err)) from None
 
   def _update(self) -> list[optax.GradientTransformation]:
@@ -305,7 +307,9 @@ class _BetasMixin(Section):
 
   @property
   def epsilon_value(self) -> float:
-    return self.eps if self.eps is not None else self.epsilon if self.epsilon is not None else self.default_eps
+    return (
+      self.eps if self.eps is not None else self.epsilon if self.epsilon is not None else self.default_eps
+    )
 
 
 class SGDConfig(OptimizerConfig):
@@ -320,7 +324,9 @@ class SGDConfig(OptimizerConfig):
   @classmethod
   def _dampening(cls, v: float) -> float:
     if v != 0:
-      raise ValueError("only dampening: 0 is implemented (torch's first step is undamped; optax.trace has none)")
+      raise ValueError(
+        "only dampening: 0 is implemented (torch's first step is undamped; optax.trace has none)"
+      )
     return v
 
   def _update(self) -> list[optax.GradientTransformation]:
@@ -454,7 +460,9 @@ class RAdamConfig(OptimizerConfig, _BetasMixin):
 
   def _update(self) -> list[optax.GradientTransformation]:
     b1, b2 = self.b1_b2
-    return _coupled(self.decay) + [_standard_promotion(optax.scale_by_radam(b1=b1, b2=b2, eps=self.epsilon_value))]
+    return _coupled(self.decay) + [
+      _standard_promotion(optax.scale_by_radam(b1=b1, b2=b2, eps=self.epsilon_value))
+    ]
 
 
 class RMSpropConfig(OptimizerConfig):
@@ -585,7 +593,9 @@ class UnknownOptimizer(OptimizerConfig):
       raise ValueError(NOT_IMPLEMENTED[v.lower()])
     close = suggest(v, OPTIMIZER_TYPES)
     hint = f"; did you mean {close!r}?" if close else ""
-    raise ValueError(f"unknown optimizer {v!r}{hint} Allowed (case-insensitive): {', '.join(OPTIMIZER_TYPES)}")
+    raise ValueError(
+      f"unknown optimizer {v!r}{hint} Allowed (case-insensitive): {', '.join(OPTIMIZER_TYPES)}"
+    )
 
   model_config = {**Section.model_config, "extra": "ignore"}
   learning_rate: Any = None
@@ -606,4 +616,3 @@ _TAGGED = tuple(Annotated[c, Tag(k)] for k, c in OPTIMIZERS.items()) + (
 )
 Optimizer = Annotated[Union[_TAGGED], Discriminator(_tag)]  # noqa: UP007
 """The ``optimizer`` section's type: a union discriminated by ``optimizer_type`` (case-insensitive)."""
-

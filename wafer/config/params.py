@@ -16,6 +16,7 @@ from wafer.config.schema import (
   ModelConfig,
   RunConfig,
   Section,
+  batch_split_problem,
 )
 
 SECTIONS: dict[str, type[Section]] = {
@@ -135,6 +136,15 @@ class Params(BaseModel):
         out.append(Problem(("runconfig",), "One of num_epochs, num_steps, or max_steps must be provided"))
     if mode in EVAL_MODES and self.eval_input is None:
       out.append(Problem(("eval_input",), f"required for mode {mode!r}"))
+    if rc.num_epochs is not None and rc.steps_per_epoch is None:
+      out.append(
+        Problem(
+          ("runconfig", "num_epochs"),
+          "needs runconfig.steps_per_epoch (the data sources repeat forever, so an epoch's length in steps "
+          "must be given); or set num_steps / max_steps instead",
+          rc.num_epochs,
+        )
+      )
     if rc.num_epochs is not None and rc.num_steps is not None:
       out.append(
         Problem(("runconfig", "num_steps"), "num_epochs and num_steps are mutually exclusive; set one")
@@ -165,24 +175,9 @@ class Params(BaseModel):
       if section is None:
         continue
       b, n = section.batch_size, rc.num_csx
-      if b < n:
-        out.append(
-          Problem(
-            (name, "batch_size"),
-            f"The number of CS devices ({n}) must be less than or equal to "
-            f"the model batch size ({b}); batch_size is the global batch",
-            b,
-          )
-        )
-      elif b % n:
-        out.append(
-          Problem(
-            (name, "batch_size"),
-            f"must be a multiple of runconfig.num_csx={n} (batch_size is "
-            f"the global batch, split evenly across systems); e.g. {b - b % n} or {b - b % n + n}",
-            b,
-          )
-        )
+      split = batch_split_problem(b, n)
+      if split is not None:
+        out.append(Problem((name, "batch_size"), split, b))
       elif isinstance(section.micro_batch_size, int) and (b // n) % section.micro_batch_size:
         out.append(
           Problem(

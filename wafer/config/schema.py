@@ -10,7 +10,6 @@ closed too. An open section still rejects a key that looks like a misspelled cor
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -27,6 +26,32 @@ TRAIN_MODES = ("train", "train_and_eval")
 EVAL_MODES = ("eval", "train_and_eval", "eval_all")
 FP16_TYPES = ("float16", "bfloat16", "cbfloat16")
 MIN_DLS_LOSS_SCALE = 2.0**-14
+
+
+def batch_split_problem(batch_size: int, num_csx: int) -> str | None:
+  """Why a global ``batch_size`` cannot be split over ``num_csx`` systems, or None (Cerebras' rule).
+
+  The one place this rule lives: the config checks it, the data pipeline and the runtime call it.
+
+  >>> batch_split_problem(8, 2) is None
+  True
+  >>> batch_split_problem(6, 4)
+  'must be a multiple of runconfig.num_csx=4 (batch_size is the global batch, split evenly across systems); e.g. 4 or 8'
+  """
+  if num_csx < 1:
+    return f"runconfig.num_csx must be a positive integer (got {num_csx})"
+  if batch_size < num_csx:
+    return (
+      f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
+      f"({batch_size}); batch_size is the global batch"
+    )
+  if batch_size % num_csx:
+    b, n = batch_size, num_csx
+    return (
+      f"must be a multiple of runconfig.num_csx={n} (batch_size is the global batch, split evenly across "
+      f"systems); e.g. {b - b % n} or {b - b % n + n}"
+    )
+  return None
 
 
 class Section(BaseModel):

@@ -51,17 +51,6 @@ GPT_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor", "GptTextDat
 PROCESSORS = BERT_PROCESSORS + MNIST_PROCESSORS + GPT_PROCESSORS
 
 
-def check_batch_size(batch_size: int, num_csx: int) -> None:
-  """The Cerebras checks of a global batch size against ``num_csx`` (``cerebras.md`` section 6)."""
-  if num_csx < 1:
-    raise ValueError(f"num_csx must be a positive integer (got {num_csx})")
-  if batch_size < num_csx:
-    raise ValueError(
-      f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
-      f"({batch_size}), as the batch is split across the CS devices."
-    )
-
-
 EVAL_SPLITS = ("val", "eval", "test", "validation")
 
 
@@ -135,7 +124,6 @@ def train_source(
       message names ``section``, the processor and the data_dir.
   """
   try:
-    check_batch_size(cfg.batch_size, num_csx)
     data_seed = seed if cfg.shuffle_seed is None else cfg.shuffle_seed
     feats = _features(cfg, cache_dir, data_seed)
     workers = num_workers_per_csx or cfg.num_workers
@@ -166,7 +154,6 @@ def eval_source(
 ) -> ArraySource:
   """The eval examples of an ``InputConfig`` (checked against its batch size); errors as `train_source`."""
   try:
-    check_batch_size(cfg.batch_size, num_csx)
     data_seed = seed if cfg.shuffle_seed is None else cfg.shuffle_seed
     src = ArraySource(
       _features(cfg, cache_dir, data_seed, eval_split=True), name=f"{cfg.data_processor}:{cfg.data_dir}"
