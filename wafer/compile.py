@@ -191,8 +191,14 @@ class CompiledStep:
     if self._pending is None or not self._closures:
       return
     host = jax.device_get(self._pending)
+    if any(isinstance(c, _closures.InnerClosure) for c in self._closures):
+      jax.effects_barrier()  # the debug callbacks of closures inside grad / scan / cond have run
     offset = 0
     for closure in self._closures:
+      if isinstance(closure, _closures.InnerClosure):
+        if closure.kind == _closures.STEP or checkpoint:
+          closure.call_latest()
+        continue
       n = len(closure.array_slots)
       values = host[offset : offset + n]
       offset += n

@@ -185,3 +185,71 @@ def test_compilation_cache_directory(tmp_path):
   finally:
     for name, value in saved.items():
       jax.config.update(name, value)
+
+
+# --- issue 13: closures wherever a user calls them -----------------------------------------------
+
+
+def _closure_runs(step, *args):
+  """Compile ``step``, run it twice (values differ per call) and the closures; returns what they got."""
+  got: list = []
+
+  @wafer.step_closure
+  def record(tag, value):
+    got.append((tag, np.asarray(value).tolist()))
+
+  compiled = wafer.compile(lambda *a: step(record, *a), *args)
+  compiled(*args)
+  got.clear()  # only the latest step's values arrive at a log step
+  compiled(*(a + 1 for a in args))
+  compiled.run_closures()
+  return got
+
+
+def _loss(record, p, x):
+  value = jnp.sum(jnp.square(p * x))
+  record("loss", value)
+  return value
+
+
+P, X = jnp.float32(2.0), jnp.arange(3, dtype=jnp.float32)
+
+
+def test_closure_inside_grad_gets_the_primal_value():
+  got = _closure_runs(lambda record, p, x: jax.grad(lambda q: _loss(record, q, x))(p), P, X)
+  assert got == [("loss", float(np.sum(np.square(3.0 * np.arange(1, 4)))))]
+
+
+def test_closure_inside_scan_gets_the_last_iteration():
+  def step(record, p, x):
+    def body(carry, xi):
+      record("carry", carry)
+      return carry + xi, None
+
+    return jax.lax.scan(body, p, x)[0]
+
+  assert _closure_runs(step, P, X) == [("carry", 3.0 + 1 + 2)]  # p = 3, x = [1, 2, 3]: carries 3, 4, 6
+
+
+def test_closure_inside_cond_runs_when_its_branch_ran():
+  def step(record, p, x):
+    return jax.lax.cond(p > 0, lambda: _loss(record, p, x), lambda: jnp.float32(0))
+
+  assert _closure_runs(step, P, X) == [("loss", float(np.sum(np.square(3.0 * np.arange(1, 4)))))]
+
+
+def test_closure_inside_an_autocast_loss():
+  import precision
+
+  policy = precision.Policy(compute="bfloat16", level=1)
+  got = _closure_runs(lambda record, p, x: precision.autocast(lambda q, y: _loss(record, q, y), policy)(p, x), P, X)
+  assert got == [("loss", float(np.sum(np.square(3.0 * np.arange(1, 4)))))]
+
+
+def test_closure_inside_vmap_is_refused_at_compile_time_naming_the_line():
+  def step(record, p, x):
+    return jax.vmap(lambda xi: _loss(record, p, xi))(x)
+
+  with pytest.raises(wafer.StaticGraphError, match=r"inside jax\.vmap at .*test_compile\.py:\d+") as info:
+    _closure_runs(step, P, X)
+  assert 'record("loss", value)' in str(info.value) and "outside jax.vmap" in str(info.value)
