@@ -9,7 +9,7 @@ Each builder joins three things a params file names:
 
 * the model (``model:``) as a pure ``(init_params, loss_fn)`` pair from `models.functional`;
 * the training data (``train_input:``) as a `wafer.data.GrainBatchSource`, built by the
-  ``data_processor`` named there (`wafer.data.processors`), with ``runconfig.num_csx`` and
+  ``data_processor`` named there (its strict schema in ``models/<name>/data.py``; `wafer.data.processors`), with ``runconfig.num_csx`` and
   ``runconfig.num_workers_per_csx`` input workers;
 * the eval data (``eval_input:``), one pass in order, and the eval metric (loss for the language
   models, accuracy for fc_mnist).
@@ -38,14 +38,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pydantic import ConfigDict, field_validator, model_validator
 
+from models.bert import data as bert_data
 from models.bert.model import BertConfig
+from models.fc_mnist import data as mnist_data
 from models.fc_mnist.model import FCMnistConfig
+from models.gpt2 import data as gpt_data
 from models.gpt2.model import GPT2Config
 from models.zoo import bind, functional
-from wafer.config import InputConfig
-from wafer.config.schema import PosInt
 from wafer.data import DataError, processors
 from wafer.executor import Task
 from wafer.registry import ModelSpec
@@ -189,19 +189,19 @@ def _language_model_task(
 def bert_task(params: Any) -> Task:
   """BERT MLM+NSP pre-training on ``train_input`` (the embedded corpus when it names no data_dir)."""
   model: BertConfig = params.model
-  return _language_model_task(params, processors.BERT_PROCESSORS, "bert", model.name or "bert", _bert_batch)
+  return _language_model_task(params, bert_data.PROCESSORS, "bert", model.name or "bert", _bert_batch)
 
 
 def gpt_task(params: Any) -> Task:
   """GPT-2 / GPT-3 next-token training on ``train_input`` (the embedded corpus when no data_dir)."""
   model: GPT2Config = params.model
-  return _language_model_task(params, processors.GPT_PROCESSORS, "gpt", model.name or "gpt2")
+  return _language_model_task(params, gpt_data.PROCESSORS, "gpt", model.name or "gpt2")
 
 
 def fc_mnist_task(params: Any) -> Task:
   """fc_mnist on the handwritten digits (scikit-learn's, shaped as MNIST); eval metric: accuracy."""
   model: FCMnistConfig = params.model
-  allowed = processors.MNIST_PROCESSORS
+  allowed = mnist_data.PROCESSORS
   train_cfg = _input_section(params, "train_input", allowed, "fc_mnist")
   eval_cfg = _input_section(params, "eval_input", allowed, "fc_mnist")
   if train_cfg is None:
@@ -233,67 +233,9 @@ def fc_mnist_task(params: Any) -> Task:
   )
 
 
-# ---------------------------------------------------------------- strict input schemas, one per processor
-
-
-class _Input(InputConfig):
-  """The keys every data processor here reads (`wafer.data.processors`); nothing else is accepted."""
-
-  model_config = ConfigDict(extra="forbid")
-
-
-class BertInput(_Input):
-  """BERT MLM+NSP input: masking at modelzoo's rate (15%, ``max_predictions`` per sequence)."""
-
-  masked_lm_prob: float = 0.15
-  max_predictions_per_seq: PosInt | None = None
-  # the tokenizer here is trained on the corpus (lowercased WordPiece-style BPE); these modelzoo keys
-  # describe the pre-tokenised files and are accepted as written there
-  do_lower: bool = True
-  whole_word_masking: bool = False
-
-  @field_validator("masked_lm_prob", mode="after")
-  @classmethod
-  def _rate(cls, v: float) -> float:
-    if v != 0.15:
-      raise ValueError("only 0.15 is implemented (modelzoo's masking rate, wafer.data.bert)")
-    return v
-
-  @field_validator("whole_word_masking", mode="after")
-  @classmethod
-  def _wwm(cls, v: bool) -> bool:
-    if v:
-      raise ValueError("whole-word masking is not implemented; set whole_word_masking: false")
-    return v
-
-  @model_validator(mode="after")
-  def _mmp(self) -> BertInput:
-    from wafer.data.bert import max_predictions
-
-    msl = self.max_sequence_length or 128
-    if self.max_predictions_per_seq is not None and self.max_predictions_per_seq != max_predictions(msl):
-      raise ValueError(
-        f"max_predictions_per_seq={self.max_predictions_per_seq}: the examples made here mask up to "
-        f"{max_predictions(msl)} tokens at max_sequence_length {msl}; set {max_predictions(msl)} or leave it out"
-      )
-    return self
-
-
-class GptInput(_Input):
-  """GPT next-token input (modelzoo HDF5, text, or the embedded corpus)."""
-
-
-class MnistInput(_Input):
-  """MNIST / digits input. modelzoo's ``to_float`` / ``to_float16`` are accepted: the images are float32
-  here and the policy (``model.mixed_precision``) decides the compute format."""
-
-  to_float: bool | None = None
-  to_float16: bool | None = None
-
-
-_BERT_INPUTS = dict.fromkeys(processors.BERT_PROCESSORS, BertInput)
-_GPT_INPUTS = dict.fromkeys(processors.GPT_PROCESSORS, GptInput)
-_MNIST_INPUTS = dict.fromkeys(processors.MNIST_PROCESSORS, MnistInput)
+_BERT_INPUTS = dict.fromkeys(bert_data.PROCESSORS, bert_data.BertInput)
+_GPT_INPUTS = dict.fromkeys(gpt_data.PROCESSORS, gpt_data.GptInput)
+_MNIST_INPUTS = dict.fromkeys(mnist_data.PROCESSORS, mnist_data.MnistInput)
 
 DEFAULT_JOB = Path(__file__).parent / "bert" / "configs" / "params_bert_tiny_default.yaml"
 

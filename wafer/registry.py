@@ -112,7 +112,7 @@ def data_processors() -> dict[str, str]:
   """``{data_processor: model names}`` over the registered specs."""
   load_plugins()
   out: dict[str, str] = {}
-  for spec in dict.fromkeys(_SPECS.values()):
+  for spec in {id(s): s for s in _SPECS.values()}.values():
     for processor in spec.data_processors:
       out[processor] = "/".join(spec.names)
   return out

@@ -289,6 +289,17 @@ class InputConfig(OpenSection):
       return v
     raise ValueError("must be 'auto', 'explore', {explore: {min, max}}, a positive integer, or null")
 
+  def features(self, *, cache_dir: Any = None, seed: int = 0, eval_split: bool = False) -> dict[str, Any]:
+    """The examples of this section as NumPy arrays (first axis = examples).
+
+    A data processor's schema (registered by a model plugin) implements it; the generic section
+    names no processor that provides data.
+    """
+    raise ValueError(
+      f"data_processor {self.data_processor!r} provides no data: name one an installed model plugin "
+      "registers (wafer.registry.data_processors())"
+    )
+
   @property
   def drop_remainder(self) -> bool:
     """Whether the last partial batch is dropped (``drop_last_batch`` wins over ``drop_last``)."""
