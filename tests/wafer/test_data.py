@@ -372,7 +372,7 @@ def test_global_batch_split_across_systems():
   assert sorted(np.concatenate(batches).tolist()) == list(range(n))
   for k, b in enumerate(batches):  # system c's half comes from worker c * 2 + k % 2
     assert set((b[:4] % 4).tolist()) == {k % 2} and set((b[4:] % 4).tolist()) == {2 + k % 2}
-  with pytest.raises(ValueError, match="not divisible by num_csx=3"):
+  with pytest.raises(ValueError, match="must be a multiple of runconfig.num_csx=3"):
     GrainBatchSource(_src(n), 8, num_csx=3)
 
 
