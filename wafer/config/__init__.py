@@ -1,14 +1,17 @@
 """The params YAML: typed, validated config objects, overrides and errors users can act on.
 
-Example::
+Example (a ConfigError's text names the file, the line, the key path, the value and what is allowed):
 
-  from wafer.config import ConfigError, format_config_error, load_params
-
-  try:
-    params = load_params("params.yaml", ["runconfig.max_steps=10", "train_input.batch_size=8"])
-  except ConfigError as e:
-    print(format_config_error(e))   # file, line, key path, value, what is allowed
-  policy = params.policy()          # precision.Policy of the precision keys
+>>> from wafer.config import ConfigError, load_params
+>>> params = load_params("models/fc_mnist/configs/params_fc_mnist.yaml", ["runconfig.max_steps=10"])
+>>> params.runconfig.max_steps, params.policy().compute.name
+(10, 'bfloat16')
+>>> tx, loss_scale = params.build_optimizer()   # the optax transformation and the loss scale
+>>> try:
+...   load_params("models/fc_mnist/configs/params_fc_mnist.yaml", ["optimizer.momentun=0.5"])
+... except ConfigError as e:
+...   print(str(e).split(": ", 1)[1])
+optimizer.momentun (from override 'optimizer.momentun=0.5'): unknown key 'momentun'; did you mean 'momentum'? (got 0.5)
 
 Files in modelzoo's legacy layout (``train_input``, ``eval_input``, ``model``, ``optimizer``,
 ``runconfig``) are validated directly; files in the trainer (v2) layout are detected and

@@ -35,12 +35,16 @@ _INPUT_SCHEMAS: dict[str, type[InputConfig]] = {}
 def register_model_schema(name: str, schema: type[ModelConfig]) -> None:
   """Use ``schema`` (a closed :class:`ModelConfig` subclass) for ``model.name == name``.
 
-  Example::
+  Model plugins do this through their `wafer.registry.ModelSpec`; by hand:
 
-    class FCMnistModel(ModelConfig):
-      model_config = ConfigDict(extra="forbid")
-      depth: int = 10
-    register_model_schema("fc_mnist", FCMnistModel)
+  >>> from pydantic import ConfigDict
+  >>> class TinyModel(ModelConfig):
+  ...   model_config = ConfigDict(extra="forbid")
+  ...   depth: int = 10
+  >>> register_model_schema("tiny_doctest", TinyModel)
+  >>> section_schema("model", {"name": "tiny_doctest"}) is TinyModel
+  True
+  >>> unregister_schema("tiny_doctest")
   """
   if not (isinstance(schema, type) and issubclass(schema, ModelConfig)):
     raise TypeError(f"{schema!r} is not a ModelConfig subclass")
