@@ -299,7 +299,9 @@ def test_processors_from_input_config(tmp_path):
     processors.train_source(cfg.model_copy(update={"batch_size": 2}), seed=0, num_csx=4)
   with pytest.raises(ValueError, match="did not return any values"):
     processors.eval_batches(cfg.model_copy(update={"batch_size": 1000, "split": "val"}), seed=0)
-  with pytest.raises(ValueError, match="'Nope' is not one an installed model plugin provides; registered: Bert"):
+  with pytest.raises(
+    ValueError, match="'Nope' is not one an installed model plugin provides; registered: Bert"
+  ):
     processors.train_source(cfg.model_copy(update={"data_processor": "Nope"}), seed=0)
   (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in _docs()))
   bcfg = InputConfig(
