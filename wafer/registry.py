@@ -3,7 +3,7 @@
 A model package declares its spec in its ``pyproject.toml``::
 
   [project.entry-points."wafer.models"]
-  fc_mnist = "models.fc_mnist:SPEC"
+  my_model = "my_package.my_model:SPEC"
 
 and `load_plugins` (called before a params file is validated) registers each spec: its strict
 ``model:`` schema for every name it answers to, the strict input schema of each of its data

@@ -3,12 +3,18 @@
 Example (a ConfigError's text names the file, the line, the key path, the value and what is allowed):
 
 >>> from wafer.config import ConfigError, load_params
->>> params = load_params("models/fc_mnist/configs/params_fc_mnist.yaml", ["runconfig.max_steps=10"])
+>>> data = {
+...   "train_input": {"batch_size": 8},
+...   "model": {"name": "my_model", "fp16_type": "bfloat16"},
+...   "optimizer": {"optimizer_type": "SGD", "learning_rate": 0.1, "momentum": 0.9},
+...   "runconfig": {"max_steps": 100},
+... }
+>>> params = load_params(data, ["runconfig.max_steps=10"])
 >>> params.runconfig.max_steps, params.policy().compute.name
 (10, 'bfloat16')
 >>> tx, loss_scale = params.build_optimizer()   # the optax transformation and the loss scale
 >>> try:
-...   load_params("models/fc_mnist/configs/params_fc_mnist.yaml", ["optimizer.momentun=0.5"])
+...   load_params(data, ["optimizer.momentun=0.5"])
 ... except ConfigError as e:
 ...   print(str(e).split(": ", 1)[1])
 optimizer.momentun (from override 'optimizer.momentun=0.5'): unknown key 'momentun'; did you mean 'momentum'? (got 0.5)
