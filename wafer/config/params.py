@@ -196,8 +196,9 @@ class Params(BaseModel):
       out.append(Problem(("model", "fp16_type"), str(e)))
       policy = None
     if self.optimizer is not None:
-      out += self.optimizer.problems()
-      if policy is not None and not out:
+      optimizer_problems = self.optimizer.problems()
+      out += optimizer_problems
+      if policy is not None and not optimizer_problems:
         from wafer.optim import OptimizerError
 
         try:  # the loss-scale rules live where the loss scale is built
