@@ -606,3 +606,24 @@ def test_cbfloat16_rule_lives_where_the_loss_scale_is_built() -> None:
   data["model"] = {"name": "tiny", "fp16_type": "cbfloat16"}
   text = error_of(data)
   assert "optimizer.loss_scaling_factor: cbfloat16 requires dynamic loss scaling" in text, text
+
+
+def test_wafer_names_no_model_package() -> None:
+  """Models are plugins found through the ``wafer.models`` entry point; wafer imports none by name."""
+  import ast
+
+  from wafer import registry
+
+  root = pathlib.Path(__file__).resolve().parents[2] / "wafer"
+  for path in root.rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = (
+        [a.name for a in node.names]
+        if isinstance(node, ast.Import)
+        else [node.module or ""]
+        if isinstance(node, ast.ImportFrom)
+        else []
+      )
+      assert not any(n == "models" or n.startswith("models.") for n in names), (path, names)
+  assert not hasattr(registry, "PLUGIN_PACKAGES")
+  assert {"bert", "gpt2", "gpt3", "fc_mnist", "mlp_example"} <= set(registry.registered())
