@@ -69,6 +69,7 @@ def bert_curves(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow  # two BERT-tiny runs on the embedded corpus (the module fixture): about 2.5 minutes
 def test_bert_tiny_learns_the_embedded_corpus(bert_curves):
   for name, curve in bert_curves.items():
     losses = [curve[s] for s in sorted(curve)]
@@ -77,6 +78,7 @@ def test_bert_tiny_learns_the_embedded_corpus(bert_curves):
     assert last < first - 1.0, (name, losses)  # from ~9.7 (ln 8192 + ln 2) down by well over a nat
 
 
+@pytest.mark.slow  # shares the two BERT-tiny runs above
 def test_cbfloat16_tracks_float32_loss_curve(bert_curves):
   f32, cb16 = bert_curves["float32"], bert_curves["cbfloat16"]
   steps = sorted(f32)
@@ -90,6 +92,7 @@ def test_cbfloat16_tracks_float32_loss_curve(bert_curves):
 GPT2_TINY = ROOT / "models" / "gpt2" / "configs" / "params_gpt2_tiny.yaml"
 
 
+@pytest.mark.slow  # GPT-2-tiny on the embedded corpus: about 2 minutes
 def test_gpt2_tiny_learns_the_embedded_corpus(tmp_path):
   summary = _run(
     GPT2_TINY,
@@ -158,6 +161,7 @@ def test_first_step_trains_on_batch_zero(tmp_path):
   assert _losses(tmp_path)[1] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow  # three real-data runs (resume, eval_all, num_csx=2): about 45 s
 def test_resume_eval_all_and_two_systems_on_real_data(tmp_path, capsys):
   straight = _run(FC_MNIST, tmp_path / "straight", *FAST, "runconfig.max_steps=20")
   _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.max_steps=10", "runconfig.checkpoint_steps=10")
