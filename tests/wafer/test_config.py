@@ -575,6 +575,9 @@ def test_every_optimizer_key_belongs_to_its_type() -> None:
   """SGD takes no betas: the union's SGD member rejects it (the old flat schema accepted it)."""
   data = MINIMAL_WITH("betas: [0.9, 0.95]")
   assert "optimizer.betas: unknown key 'betas'" in error_of(data)
+  # switching the type on the command line: a key set to null is absent
+  p = load_params(FC, ["optimizer.optimizer_type=AdamW", "optimizer.momentum=null"])
+  assert p.optimizer.name == "adamw" and "momentum" not in type(p.optimizer).model_fields
 
 
 @pytest.mark.parametrize("kind", OPTIMIZER_TYPES)
