@@ -1,7 +1,7 @@
 """Samples/s of the BERT MSL128 input pipeline on pre-tokenised data, with 1, 2 and 4 input workers.
 
 Subject: :class:`wafer.data.GrainBatchSource` over modelzoo-style pre-tokenised BERT features
-(HDF5, read into memory; layout in :mod:`wafer.data.bert`): per-worker shards, per-worker
+(HDF5, read into memory; layout in :mod:`models.bert.data`): per-worker shards, per-worker
 shuffles, fixed global batches, repeating. Without ``--data`` a synthetic HDF5 file of
 ``--examples`` MSL128 examples (MMP 20) is written to a temporary directory first.
 
@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wafer.data import bert
+from models.bert import data as bert
 from wafer.data.analyze import measure_samples_per_s
 from wafer.data.pipeline import ArraySource, GrainBatchSource
 

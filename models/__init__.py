@@ -1,17 +1,28 @@
-"""Reference Flax NNX models with modelzoo-style params YAML under ``models/<name>/configs``.
+"""Reference Flax NNX models, each a `wafer` plugin: model, data processors, params YAML, `ModelSpec`.
 
-Importing the package registers each model's strict ``model:`` schema with
-`wafer.config.register_model_schema` (``fc_mnist``, ``bert``, ``gpt2``, ``gpt3``), so that a
-misspelled model key in a params file is an error.
+========================  =====================================================================
+package                   contents
+========================  =====================================================================
+``models/bert``           ``model.py`` (BERT MLM+NSP), ``data.py`` (MLM/NSP examples, HDF5/CSV,
+                          the BERT processors' strict input schema), ``configs/params_*.yaml``
+``models/gpt2``           ``model.py`` (GPT-2 / GPT-3), ``data.py`` (next-token windows, GPT HDF5,
+                          the GPT processors' input schema), ``configs/``
+``models/fc_mnist``       ``model.py`` (the MLP), ``data.py`` (MNIST IDX, scikit-learn digits,
+                          ``MNISTDataProcessor``'s input schema), ``configs/``
+``models/mlp``            the small example MLP on a synthetic teacher task (the fallback default job)
+``models/registry.py``    the task builders and the `wafer.registry.ModelSpec` s ``BERT``, ``GPT``,
+                          ``FC_MNIST``
+========================  =====================================================================
+
+The specs are found through the ``wafer.models`` entry points in ``pyproject.toml``; each registers
+its strict ``model:`` schema and the strict input schema of each of its data processors, so a
+misspelled key in a params file is an error. BERT's spec carries the embedded default job that
+``wafer run`` runs without ``--params`` (``models/bert/configs/params_bert_tiny_default.yaml``).
 
 Mixed precision never appears in model code: the models are float32 and `precision.autocast`
 rounds them. ``model.attention_softmax_fp32`` reaches the attention softmax only through
 ``Params.policy()`` (the policy's ``attention_softmax`` rule; modelzoo forces it off at
 precision_opt_level 2, and at level 1 with cbfloat16).
-
-Importing it also registers the models' executor tasks (`models.registry`) with `wafer.registry`
-(``bert``, ``gpt2``, ``gpt3``, ``fc_mnist``) and the embedded default job `wafer run` runs
-without ``--params`` (``models/bert/configs/params_bert_tiny_default.yaml``).
 """
 
 from models import bert as bert

@@ -1,13 +1,15 @@
-"""The model registry: ``model.name`` -> a builder of the executor's `wafer.train.Task`.
+"""The reference models' `wafer.registry.ModelSpec` s (``BERT``, ``GPT``, ``FC_MNIST``).
 
-Registered with `wafer.registry` on import (``bert``, ``gpt2``, ``gpt3``, ``fc_mnist``), with the
-embedded default job that ``wafer run`` runs without ``--params``.
+They are found through the ``wafer.models`` entry points in ``pyproject.toml``; BERT's spec carries
+the embedded default job that ``wafer run`` runs without ``--params``. Each spec names the strict
+input schema of every data processor that feeds its model, so a misspelled ``train_input`` key is
+an error with a "did you mean".
 
 Each builder joins three things a params file names:
 
 * the model (``model:``) as a pure ``(init_params, loss_fn)`` pair from `models.functional`;
 * the training data (``train_input:``) as a `wafer.data.GrainBatchSource`, built by the
-  ``data_processor`` named there (`wafer.data.processors`), with ``runconfig.num_csx`` and
+  ``data_processor`` named there (its strict schema in ``models/<name>/data.py``; `wafer.data.processors`), with ``runconfig.num_csx`` and
   ``runconfig.num_workers_per_csx`` input workers;
 * the eval data (``eval_input:``), one pass in order, and the eval metric (loss for the language
   models, accuracy for fc_mnist).
@@ -37,12 +39,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.bert import data as bert_data
 from models.bert.model import BertConfig
+from models.fc_mnist import data as mnist_data
 from models.fc_mnist.model import FCMnistConfig
+from models.gpt2 import data as gpt_data
 from models.gpt2.model import GPT2Config
 from models.zoo import bind, functional
-from wafer import registry
 from wafer.data import DataError, processors
+from wafer.registry import ModelSpec
 from wafer.train import Task
 
 Batch = Mapping[str, Any]
@@ -184,19 +189,19 @@ def _language_model_task(
 def bert_task(params: Any) -> Task:
   """BERT MLM+NSP pre-training on ``train_input`` (the embedded corpus when it names no data_dir)."""
   model: BertConfig = params.model
-  return _language_model_task(params, processors.BERT_PROCESSORS, "bert", model.name or "bert", _bert_batch)
+  return _language_model_task(params, bert_data.PROCESSORS, "bert", model.name or "bert", _bert_batch)
 
 
 def gpt_task(params: Any) -> Task:
   """GPT-2 / GPT-3 next-token training on ``train_input`` (the embedded corpus when no data_dir)."""
   model: GPT2Config = params.model
-  return _language_model_task(params, processors.GPT_PROCESSORS, "gpt", model.name or "gpt2")
+  return _language_model_task(params, gpt_data.PROCESSORS, "gpt", model.name or "gpt2")
 
 
 def fc_mnist_task(params: Any) -> Task:
   """fc_mnist on the handwritten digits (scikit-learn's, shaped as MNIST); eval metric: accuracy."""
   model: FCMnistConfig = params.model
-  allowed = processors.MNIST_PROCESSORS
+  allowed = mnist_data.PROCESSORS
   train_cfg = _input_section(params, "train_input", allowed, "fc_mnist")
   eval_cfg = _input_section(params, "eval_input", allowed, "fc_mnist")
   if train_cfg is None:
@@ -228,13 +233,29 @@ def fc_mnist_task(params: Any) -> Task:
   )
 
 
+_BERT_INPUTS = dict.fromkeys(bert_data.PROCESSORS, bert_data.BertInput)
+_GPT_INPUTS = dict.fromkeys(gpt_data.PROCESSORS, gpt_data.GptInput)
+_MNIST_INPUTS = dict.fromkeys(mnist_data.PROCESSORS, mnist_data.MnistInput)
+
 DEFAULT_JOB = Path(__file__).parent / "bert" / "configs" / "params_bert_tiny_default.yaml"
 
-registry.register_model("bert", bert_task)
-registry.register_model("gpt2", gpt_task)
-registry.register_model("gpt3", gpt_task)
-registry.register_model("fc_mnist", fc_mnist_task)
-registry.register_default_job(
-  str(DEFAULT_JOB),
-  "BERT-tiny MLM+NSP on the embedded corpus (Python's own docs), cbfloat16 with dynamic loss scaling",
+BERT = ModelSpec(
+  names=("bert",),
+  config=BertConfig,
+  build_task=bert_task,
+  data_processors=_BERT_INPUTS,
+  default_job=(
+    str(DEFAULT_JOB),
+    "BERT-tiny MLM+NSP on the embedded corpus (Python's own docs), cbfloat16 with dynamic loss scaling",
+    10,
+  ),
 )
+GPT = ModelSpec(names=("gpt2", "gpt3"), config=GPT2Config, build_task=gpt_task, data_processors=_GPT_INPUTS)
+FC_MNIST = ModelSpec(
+  names=("fc_mnist",),
+  config=FCMnistConfig,
+  build_task=fc_mnist_task,
+  data_processors=_MNIST_INPUTS,
+  eval_metric="accuracy",
+)
+SPECS = (BERT, GPT, FC_MNIST)

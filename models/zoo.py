@@ -1,10 +1,16 @@
 """From a validated ``model:`` section to a model and its loss (the hook for registry builders).
 
-Example::
+Example:
 
-  params = wafer.config.load_params("models/bert/configs/params_bert_tiny.yaml")
-  model = build_model(params.model, rngs=nnx.Rngs(params.runconfig.seed or 0))
-  loss = loss_function(params.model)       # loss(model, batch) -> float32 scalar
+>>> import jax.numpy as jnp
+>>> from flax import nnx
+>>> from wafer.config import load_params
+>>> params = load_params("models/fc_mnist/configs/params_fc_mnist.yaml")
+>>> model = build_model(params.model, rngs=nnx.Rngs(params.runconfig.seed or 0))
+>>> loss = loss_function(params.model)       # loss(model, batch) -> float32 scalar
+>>> batch = {"images": jnp.zeros((2, 784), jnp.float32), "labels": jnp.zeros((2,), jnp.int32)}
+>>> loss(model, batch).dtype
+dtype('float32')
 """
 
 from __future__ import annotations

@@ -132,16 +132,9 @@ def _run(args: argparse.Namespace) -> int:
     if job is not None:
       source: Any = job[0]
       print(f"No --params given: running the embedded default job: {job[1]}.\n  params: {job[0]}", flush=True)
-    else:  # the models package is not installed
-      import yaml
-
-      from wafer.example import EXAMPLE_PARAMS
-
-      source = yaml.safe_load(EXAMPLE_PARAMS)
-      print(
-        "No --params given and no model package installed: running the built-in example job "
-        "(mlp_example, cbfloat16 with DLS).",
-        flush=True,
+    else:  # no installed plugin offers a default job
+      raise registry.PluginError(
+        "no --params given, and no installed model plugin (wafer.models entry point) offers a default job"
       )
   else:
     source = args.params
@@ -188,33 +181,20 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _user_error(error: BaseException) -> str | None:
-  """The message of an error the user can act on, or None for a bug (which keeps its traceback)."""
+  """The message of an error the user can act on, or None for a bug (which keeps its traceback).
+
+  User errors are `wafer.WaferError` (every wafer error type subclasses it) and precision's own
+  `PolicyError` / `FormatError` (precision imports nothing of wafer's).
+  """
   import precision
-  import wafer
-  from wafer import cluster, registry, train
   from wafer.config import ConfigError, format_config_error
-  from wafer.data import DataError
+  from wafer.errors import WaferError
 
   if isinstance(error, ConfigError):
-    text = format_config_error(error)
-    return text.removeprefix("error: ")
-  kinds: list[type] = [
-    wafer.StaticGraphError,
-    train.ExecutorError,
-    cluster.ClusterConfigError,
-    registry.UnknownModelError,
-    precision.PolicyError,
-    precision.FormatError,
-    DataError,
-  ]
-  try:
-    from wafer.optim import OptimizerError
-    from wafer.schedules import ScheduleError
-
-    kinds += [OptimizerError, ScheduleError]
-  except ImportError:  # pragma: no cover
-    pass
-  return str(error) if isinstance(error, tuple(kinds)) else None
+    return format_config_error(error).removeprefix("error: ")
+  if isinstance(error, (WaferError, precision.PolicyError, precision.FormatError)):
+    return str(error)
+  return None
 
 
 def _estimate(args: argparse.Namespace) -> int:

@@ -7,6 +7,17 @@ it at log and activation steps) fetches those outputs to the host and calls the 
 order they were queued, with NumPy values in place of the arrays; other arguments pass through.
 The step itself never waits for the host. Checkpoint closures run only at checkpoint steps.
 
+A closure may be called anywhere in the step's code:
+
+* at the step's top level, its arrays become outputs of the step (no host callback at all);
+* inside ``jax.grad`` / ``jax.value_and_grad``, a ``lax.scan`` / ``lax.while_loop`` body, a
+  ``lax.cond`` / ``lax.switch`` branch, or a loss run by `precision.autocast`, its arrays leave
+  through a ``jax.debug.callback`` that only stores them on the host; at a log step the closure runs
+  once with the latest values stored since the previous log step (the last scan iteration; the last
+  step whose ``cond`` branch called it; the primal values under ``grad``);
+* inside ``jax.vmap`` it is refused at compile time (`wafer.StaticGraphError`, naming your line):
+  return the value from the vmapped function and call the closure on the batched result.
+
 Outside a compiled step, a closure is called at once with host values; inside another trace
 (a plain ``jax.jit``) it becomes a ``jax.debug.callback``, which runs on every call.
 
@@ -48,10 +59,66 @@ class QueuedClosure:
     return self.fn(*args, **kwargs)
 
 
+@dataclasses.dataclass
+class InnerClosure:
+  """A closure called inside a nested transform: its host values arrive through a debug callback.
+
+  ``latest`` holds the ``(args, kwargs)`` host values of the last callback since the closure last ran.
+  """
+
+  fn: Callable[..., Any]
+  kind: str
+  latest: tuple[tuple, dict] | None = None
+
+  def store(self, args: tuple, kwargs: dict) -> None:
+    self.latest = (args, kwargs)
+
+  def call_latest(self) -> None:
+    if self.latest is not None:
+      args, kwargs = self.latest
+      self.latest = None
+      self.fn(*args, **kwargs)
+
+
 class _Collector:
   def __init__(self) -> None:
-    self.closures: list[QueuedClosure] = []
+    self.closures: list[QueuedClosure | InnerClosure] = []
     self.arrays: list[Any] = []
+    self.trace: Any = _current_trace()
+
+
+def _current_trace() -> Any:
+  try:
+    from jax._src import core
+
+    return core.trace_ctx.trace
+  except (ImportError, AttributeError):  # pragma: no cover - a JAX without trace_ctx
+    return None
+
+
+def _user_line() -> str:
+  """``file:line`` and source of the innermost caller outside JAX and wafer (for error messages)."""
+  import traceback
+  from pathlib import Path
+
+  internal = tuple(str(Path(m.__file__).resolve().parent) for m in (jax, np)) + (
+    str(Path(__file__).resolve().parent),
+  )
+  found = None
+  for frame in traceback.extract_stack():
+    path = str(Path(frame.filename).resolve())
+    if path.startswith(internal) or "site-packages" in path or frame.filename.startswith("<frozen"):
+      continue
+    found = frame
+  if found is None:
+    return "<unknown>"
+  return f"{found.filename}:{found.lineno}\n    {(found.line or '').strip()}"
+
+
+def _is_batched(leaf: Any) -> bool:
+  from jax._src.interpreters import batching
+
+  return isinstance(leaf, batching.BatchTracer)
 
 
 _ACTIVE: list[_Collector] = []
@@ -90,6 +157,21 @@ def add_step_closure(
       fn(*jax.device_get(tuple(args)), **jax.device_get(kwargs))
     return
   collector = _ACTIVE[-1]
+  tracers = [leaf for leaf in leaves if isinstance(leaf, jax.core.Tracer)]
+  if any(_is_batched(leaf) for leaf in tracers):
+    from wafer.compile import StaticGraphError
+
+    raise StaticGraphError(
+      f"a step closure ({getattr(fn, '__name__', fn)}) is called inside jax.vmap at {_user_line()}\n"
+      "A closure runs once per step on host values; inside vmap there is one value per batch element.\n"
+      "Fix: return the value from the vmapped function and call the closure on the batched result, "
+      "outside jax.vmap."
+    )
+  if collector.trace is not None and any(leaf._trace is not collector.trace for leaf in tracers):
+    inner = InnerClosure(fn, kind)
+    jax.debug.callback(lambda a, k: inner.store(a, k), tuple(args), kwargs)
+    collector.closures.append(inner)
+    return
   slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))]
   kept = [None if i in slots else leaf for i, leaf in enumerate(leaves)]
   collector.arrays.extend(leaves[i] for i in slots)

@@ -18,13 +18,16 @@ a rerun of the same step loads the compiled artifact instead of compiling again.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import jaxlib
 import numpy as np
 
 from wafer import closures as _closures
@@ -33,9 +36,12 @@ from wafer.errors import WaferError
 
 _INTERNAL_DIRS = tuple(
   str(Path(m.__file__).resolve().parent) + os.sep
-  for m in (jax, np, contextlib)
+  for m in (jax, np, contextlib, logging)
   if getattr(m, "__file__", None)
 ) + (str(Path(__file__).resolve().parent) + os.sep,)
+_JAX_DIRS = tuple(
+  str(Path(m.__file__).resolve().parent) + os.sep for m in (jax, jaxlib) if getattr(m, "__file__", None)
+)
 
 
 class StaticGraphError(WaferError):
@@ -64,6 +70,19 @@ _FIXES = {
     "the step is traced (tensor-to-scalar decay).",
     "keep the value as an array (jnp ops), or read it after the step in a step closure: "
     "@wafer.step_closure def log(loss): print(float(loss)).",
+  ),
+  "shape": (
+    "a traced value used as a shape inside the step",
+    "Shapes are fixed when the step is compiled; an array argument (or a value computed from one) "
+    "has no value then.",
+    "pass the size as a static argument (wafer.compile(..., static_argnums=... / static_argnames=...)) "
+    "or as a Python int closed over by the step, or derive it from an array's .shape.",
+  ),
+  "log": (
+    "logging a traced value inside the step",
+    "The logging call formats its arguments at trace time, when values do not exist.",
+    "log from a step closure: @wafer.step_closure def log(x): logging.warning('%s', x), called in the "
+    "step as log(x); it runs after the step with host values.",
   ),
   "print": (
     "printing a traced value inside the step",
@@ -95,8 +114,9 @@ def _static_graph_error(kind: str, error: BaseException) -> StaticGraphError:
   return StaticGraphError(f"{what}{location}\n{why}\nFix: {fix}", where)
 
 
-class _PrintedTracer(Exception):
-  pass
+class _PrintedTracer(BaseException):
+  """Raised by str()/repr()/format() of a tracer in user code. A BaseException, so that logging's
+  handler (which catches Exception and prints "--- Logging error ---") lets it through."""
 
 
 @contextlib.contextmanager
@@ -105,11 +125,19 @@ def _no_printing_tracers() -> Iterator[None]:
   tracer = jax.core.Tracer
   saved = {name: tracer.__dict__.get(name) for name in ("__str__", "__repr__", "__format__")}
 
-  def refuse(self: Any, *args: Any) -> str:
-    raise _PrintedTracer()
+  def guarded(name: str) -> Callable[..., str]:
+    original = getattr(tracer, name)
+
+    def method(self: Any, *args: Any) -> str:
+      caller = sys._getframe(1).f_code.co_filename
+      if str(Path(caller).resolve()).startswith(_JAX_DIRS):  # JAX formats tracers in its own errors
+        return original(self, *args)
+      raise _PrintedTracer()
+
+    return method
 
   for name in saved:
-    setattr(tracer, name, refuse)
+    setattr(tracer, name, guarded(name))
   try:
     yield
   finally:
@@ -131,10 +159,20 @@ class CompiledStep:
   """
 
   def __init__(
-    self, fn: Callable, example_args: tuple, traced: Any, lowered: Any, compiled: Any, collector: Any
+    self,
+    fn: Callable,
+    example_args: tuple,
+    traced: Any,
+    lowered: Any,
+    compiled: Any,
+    collector: Any,
+    static: _Static | None = None,
   ):
+    self._static = static or _Static((), ())
+    self._static_values = self._static.values(example_args[0], example_args[1])
+    example_args = self._static.dynamic(example_args[0], example_args[1])
     leaves_with_paths, self._in_tree = jax.tree_util.tree_flatten_with_path(example_args)
-    self._paths = [jax.tree_util.keystr(p) for p, _ in leaves_with_paths]
+    self._paths = [_arg_name(p) for p, _ in leaves_with_paths]
     self.in_avals = [_aval(x) for _, x in leaves_with_paths]
     self.fn = fn
     self.traced, self.lowered, self.compiled = traced, lowered, compiled
@@ -150,8 +188,23 @@ class CompiledStep:
   def has_closures(self) -> bool:
     return bool(self._closures)
 
-  def check_args(self, args: tuple) -> None:
-    """Raise `StaticGraphError` unless ``args`` match the compiled signature exactly."""
+  def check_args(self, args: tuple, kwargs: dict | None = None) -> None:
+    """Raise `StaticGraphError` unless the arguments match the compiled signature.
+
+    Dynamic arguments must have the compiled shapes and (canonical) dtypes; static arguments
+    (``static_argnums`` / ``static_argnames``) must equal the compiled values.
+    """
+    kwargs = kwargs or {}
+    for name, (want, got) in zip(
+      self._static.names(args, kwargs), zip(self._static_values, self._static.values(args, kwargs))
+    ):
+      if not (got is want or got == want):
+        raise StaticGraphError(
+          f"static argument {name} is {got!r}; the step was compiled for {want!r}. A static argument is "
+          "part of the graph, so a new value would need a second compile, which a wafer run does not "
+          "allow. Fix: pass the compiled value, or make the argument an array (dynamic)."
+        )
+    args = self._static.dynamic(args, kwargs)
     leaves_with_paths, tree = jax.tree_util.tree_flatten_with_path(args)
     if tree != self._in_tree:
       raise StaticGraphError(
@@ -169,17 +222,18 @@ class CompiledStep:
           else "convert the argument to the compiled dtype and shape before the call"
         )
         raise StaticGraphError(
-          f"argument args{name} is {got.dtype}{list(got.shape)}; the compiled step takes "
+          f"argument {name} is {got.dtype}{list(got.shape)}; the compiled step takes "
           f"{want.dtype}{list(want.shape)}. A different shape or dtype would need a second "
           f"compile, which a wafer run does not allow. Fix: {hint}."
         )
 
-  def __call__(self, *args: Any) -> Any:
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     """Run the compiled graph; returns ``step_fn``'s outputs (closure values are kept aside)."""
     if self.compiled is None:
       raise RuntimeError("this step was only validated (validate_only=True); compile it to run it")
-    self.check_args(args)
-    out, closure_arrays = self.compiled(*args)
+    self.check_args(args, kwargs)
+    dyn_args, dyn_kwargs = self._static.dynamic(args, kwargs)
+    out, closure_arrays = self.compiled(*dyn_args, **dyn_kwargs)
     self._pending = closure_arrays
     return out
 
@@ -191,8 +245,14 @@ class CompiledStep:
     if self._pending is None or not self._closures:
       return
     host = jax.device_get(self._pending)
+    if any(isinstance(c, _closures.InnerClosure) for c in self._closures):
+      jax.effects_barrier()  # the debug callbacks of closures inside grad / scan / cond have run
     offset = 0
     for closure in self._closures:
+      if isinstance(closure, _closures.InnerClosure):
+        if closure.kind == _closures.STEP or checkpoint:
+          closure.call_latest()
+        continue
       n = len(closure.array_slots)
       values = host[offset : offset + n]
       offset += n
@@ -202,62 +262,141 @@ class CompiledStep:
 
 
 def _aval(x: Any) -> jax.ShapeDtypeStruct:
+  """Shape and dtype as JAX sees ``x``: NumPy and Python scalars get JAX's canonical dtype
+  (``np.int64(1)`` is int32 and ``np.float64(0.01)`` float32 unless ``jax_enable_x64``)."""
   if isinstance(x, jax.ShapeDtypeStruct):
     return x
-  shape = np.shape(x)
-  dtype = x.dtype if hasattr(x, "dtype") else jax.numpy.asarray(x).dtype
-  return jax.ShapeDtypeStruct(shape, dtype)
+  dtype = jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else jax.numpy.asarray(x).dtype)
+  return jax.ShapeDtypeStruct(np.shape(x), dtype)
 
 
 def compile(
   step_fn: Callable[..., Any],
   *example_args: Any,
+  static_argnums: int | Sequence[int] = (),
+  static_argnames: str | Sequence[str] = (),
   donate_argnums: int | Sequence[int] = (),
   num_csx: int = 1,
   batch_argnums: Sequence[int] = (),
   validate_only: bool = False,
+  **example_kwargs: Any,
 ) -> CompiledStep:
   """Trace, lower and compile ``step_fn`` for arguments shaped like ``example_args``.
 
+  Example:
+
+  >>> import jax.numpy as jnp, numpy as np, wafer
+  >>> step = wafer.compile(lambda x, scale, *, n: x[:n] * scale, jnp.ones(4), 0.5, n=2, static_argnames="n")
+  >>> step(jnp.arange(4.0), np.float64(2.0), n=2).tolist()  # a NumPy scalar: the same float32 graph
+  [0.0, 2.0]
+
   Args:
     step_fn: a function of pytrees of arrays (params, optimizer state, batch, ...).
-    example_args: arrays or ``jax.ShapeDtypeStruct``s fixing every shape and dtype.
+    example_args: arrays or ``jax.ShapeDtypeStruct``s fixing every shape and dtype; Python and NumPy
+      scalars stand for JAX's canonical dtype (``np.float64`` is float32 without ``jax_enable_x64``).
+    static_argnums, static_argnames: arguments that are part of the graph (hashable Python values,
+      e.g. a layer count or a mode string), as in ``jax.jit``; a call must pass the same values.
     donate_argnums: arguments whose buffers the step may reuse (the train state).
     num_csx: data-parallel systems; > 1 shards ``batch_argnums`` along axis 0 over that many
       JAX devices (`wafer.cluster`) and replicates the rest.
     batch_argnums: which arguments hold the global batch (axis 0), for ``num_csx > 1``.
     validate_only: trace and lower only; no XLA compile.
+    example_kwargs: keyword arguments of ``step_fn`` (static ones listed in ``static_argnames``).
 
   Raises:
     StaticGraphError: the step reads values or branches on them while traced (the message
       names your file and line and the fix).
   """
+  static = _Static(
+    tuple(int(i) % len(example_args) for i in _as_tuple(static_argnums)), tuple(_as_tuple(static_argnames))
+  )
   in_shardings = None
   if num_csx > 1:
-    in_shardings = data_parallel_shardings(example_args, batch_argnums, num_csx)
+    dyn_args, _ = static.dynamic(example_args, example_kwargs)
+    dyn_batch = [static.dynamic_index(i) for i in batch_argnums]
+    in_shardings = data_parallel_shardings(dyn_args, [i for i in dyn_batch if i is not None], num_csx)
   collector_box: list[Any] = []
 
-  def with_closures(*args: Any) -> tuple[Any, list[Any]]:
+  def with_closures(*args: Any, **kwargs: Any) -> tuple[Any, list[Any]]:
     with _closures.collecting() as collector:
-      out = step_fn(*args)
+      out = step_fn(*args, **kwargs)
     collector_box.append(collector)
     return out, list(collector.arrays)
 
-  jitted = jax.jit(with_closures, donate_argnums=donate_argnums, in_shardings=in_shardings)
+  jitted = jax.jit(
+    with_closures,
+    static_argnums=static.argnums,
+    static_argnames=static.argnames,
+    donate_argnums=donate_argnums,
+    in_shardings=in_shardings,
+  )
   try:
     with _no_printing_tracers():
-      traced = jitted.trace(*example_args)
+      traced = jitted.trace(*example_args, **example_kwargs)
   except jax.errors.TracerBoolConversionError as e:
     raise _static_graph_error("control_flow", e) from None
   except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
           jax.errors.TracerIntegerConversionError) as e:  # fmt: skip
-    kind = "control_flow" if _is_branch(e) else "value_fetch"
+    kind = "shape" if _is_shape(e) else "control_flow" if _is_branch(e) else "value_fetch"
     raise _static_graph_error(kind, e) from None
+  except TypeError as e:
+    if not _is_shape(e):
+      raise
+    raise _static_graph_error("shape", e) from None
   except _PrintedTracer as e:
-    raise _static_graph_error("print", e) from None
+    raise _static_graph_error("log" if _in_logging(e) else "print", e) from None
   lowered = traced.lower()
   compiled = None if validate_only else lowered.compile()
-  return CompiledStep(step_fn, example_args, traced, lowered, compiled, collector_box[-1])
+  return CompiledStep(
+    step_fn, (example_args, example_kwargs), traced, lowered, compiled, collector_box[-1], static
+  )
+
+
+def _arg_name(path: tuple) -> str:
+  """``((0,), [1], ['w'])`` of the ``(args, kwargs)`` pair -> ``"args[1]['w']"``."""
+  head, rest = path[0], jax.tree_util.keystr(tuple(path[1:]))
+  return ("args" if getattr(head, "idx", 0) == 0 else "kwargs") + rest
+
+
+def _as_tuple(x: Any) -> tuple:
+  return (x,) if isinstance(x, (int, str)) else tuple(x)
+
+
+class _Static:
+  """Which positional / keyword arguments are static, and how to split them from the dynamic ones."""
+
+  def __init__(self, argnums: tuple[int, ...], argnames: tuple[str, ...]):
+    self.argnums, self.argnames = tuple(sorted(set(argnums))), argnames
+
+  def names(self, args: tuple, kwargs: dict) -> list[str]:
+    return [f"args[{i}]" for i in self.argnums if i < len(args)] + [k for k in self.argnames if k in kwargs]
+
+  def values(self, args: tuple, kwargs: dict) -> list[Any]:
+    return [args[i] for i in self.argnums if i < len(args)] + [
+      kwargs[k] for k in self.argnames if k in kwargs
+    ]
+
+  def dynamic(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    return (
+      tuple(a for i, a in enumerate(args) if i not in self.argnums),
+      {k: v for k, v in kwargs.items() if k not in self.argnames},
+    )
+
+  def dynamic_index(self, i: int) -> int | None:
+    return None if i in self.argnums else i - sum(1 for j in self.argnums if j < i)
+
+
+def _is_shape(error: BaseException) -> bool:
+  """A traced value where JAX needs a concrete shape (``jnp.zeros(n)``, ``x.reshape(n, -1)``)."""
+  text = str(error)
+  return "Shapes must be 1D sequences of concrete values" in text or "shape argument" in text
+
+
+def _in_logging(error: BaseException) -> bool:
+  logging_dir = str(Path(logging.__file__).resolve().parent) + os.sep
+  return any(
+    str(Path(f.filename).resolve()).startswith(logging_dir) for f in traceback.extract_tb(error.__traceback__)
+  )
 
 
 def _is_branch(error: BaseException) -> bool:

@@ -1,70 +1,134 @@
-"""Model registry: ``model.name`` in a params file -> a builder of the executor's `Task`.
+"""Model plugins: one `ModelSpec` per model, discovered through the ``wafer.models`` entry point group.
 
-Model packages register themselves (``wafer.registry.register_model("bert", build_bert)``);
-the CLI imports the ``models`` package by name, if installed, so that ``wafer`` never imports
-model code statically (models depend on wafer, not the other way round).
+A model package declares its spec in its ``pyproject.toml``::
+
+  [project.entry-points."wafer.models"]
+  my_model = "my_package.my_model:SPEC"
+
+and `load_plugins` (called before a params file is validated) registers each spec: its strict
+``model:`` schema for every name it answers to, the strict input schema of each of its data
+processors, its task builder and, optionally, a default job for ``wafer run`` without
+``--params``. ``wafer`` itself names no model package.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from importlib import metadata
 from typing import Any
 
 from wafer.errors import WaferError
 
-_BUILDERS: dict[str, Callable[[Any], Any]] = {}
-PLUGIN_PACKAGES = ("wafer.example", "models")
+GROUP = "wafer.models"
 
 
 class UnknownModelError(WaferError, ValueError):
   """``model.name`` names no registered model."""
 
 
-def register_model(name: str, builder: Callable[[Any], Any]) -> None:
-  """Register ``builder(params) -> wafer.executor.Task`` under ``name`` (case-insensitive)."""
-  _BUILDERS[name.lower()] = builder
+class PluginError(WaferError, RuntimeError):
+  """A ``wafer.models`` entry point that does not load or is not a `ModelSpec`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """Everything a run needs from a model package.
+
+  Attributes:
+    names: the ``model.name`` values this spec answers to (case-insensitive), e.g. ``("gpt2", "gpt3")``.
+    config: the strict ``model:`` schema (a `wafer.config.ModelConfig` subclass).
+    build_task: ``build_task(params) -> wafer.train.Task``: the module's init and loss, its data
+      (built by the data processor the input sections name) and its eval metric.
+    data_processors: ``{data_processor name: strict input schema}`` (`wafer.config.InputConfig`
+      subclasses) of the processors that feed this model.
+    eval_metric: the name of the eval metric the task reports (``"loss"``, ``"accuracy"``).
+    default_job: ``(params path, one-line description, priority)``: the job ``wafer run`` runs without
+      ``--params``; the highest priority among the installed plugins wins.
+  """
+
+  names: tuple[str, ...]
+  config: type
+  build_task: Callable[[Any], Any]
+  data_processors: Mapping[str, type] = dataclasses.field(default_factory=dict)
+  eval_metric: str = "loss"
+  default_job: tuple[str, str, int] | None = None
+
+
+_SPECS: dict[str, ModelSpec] = {}
+_LOADED: list[bool] = []
+
+
+def register(spec: ModelSpec) -> None:
+  """Register ``spec`` under each of its names, with its model and input schemas."""
+  from wafer.config import register_input_schema, register_model_schema
+
+  if not isinstance(spec, ModelSpec):
+    raise PluginError(f"{spec!r} is not a wafer.registry.ModelSpec")
+  for name in spec.names:
+    _SPECS[name.lower()] = spec
+    register_model_schema(name, spec.config)
+  for processor, schema in spec.data_processors.items():
+    register_input_schema(processor, schema)
 
 
 def load_plugins() -> None:
-  """Import the model packages so that they register their models."""
-  for package in PLUGIN_PACKAGES:
+  """Load every ``wafer.models`` entry point once (each a `ModelSpec` or a sequence of them)."""
+  if _LOADED:
+    return
+  _LOADED.append(True)
+  for entry in metadata.entry_points(group=GROUP):
     try:
-      importlib.import_module(package)
-    except ModuleNotFoundError as error:
-      if error.name != package:
-        raise
+      loaded = entry.load()
+    except Exception as error:  # a broken plugin is reported by name, not as a bare traceback
+      raise PluginError(
+        f"the {GROUP} entry point {entry.name!r} ({entry.value}) does not load: {error}"
+      ) from error
+    for spec in loaded if isinstance(loaded, (list, tuple)) else (loaded,):
+      register(spec)
 
 
-def get_model(name: str) -> Callable[[Any], Any]:
-  """The builder registered as ``name``; an error lists the known names."""
+def get_spec(name: str) -> ModelSpec:
+  """The spec registered as ``name``; an error lists the known names."""
   load_plugins()
-  found = _BUILDERS.get(str(name).lower())
+  found = _SPECS.get(str(name).lower())
   if found is None:
-    known = sorted(_BUILDERS)
+    known = sorted(_SPECS)
     close = difflib.get_close_matches(str(name).lower(), known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownModelError(
-      f"model.name: unknown model {name!r}.{hint} Registered models: {', '.join(known)}"
+      f"model.name: unknown model {name!r}.{hint} Registered models ({GROUP} entry points): {', '.join(known)}"
     )
   return found
 
 
-_DEFAULT_JOB: list[tuple[str, str]] = []
+def get_model(name: str) -> Callable[[Any], Any]:
+  """The task builder of the model registered as ``name``."""
+  return get_spec(name).build_task
 
 
-def register_default_job(params_path: str, description: str) -> None:
-  """The params file ``wafer run`` runs without ``--params`` (a model package registers it)."""
-  _DEFAULT_JOB[:] = [(params_path, description)]
+def data_processors() -> dict[str, str]:
+  """``{data_processor: model names}`` over the registered specs."""
+  load_plugins()
+  out: dict[str, str] = {}
+  for spec in {id(s): s for s in _SPECS.values()}.values():
+    for processor in spec.data_processors:
+      out[processor] = "/".join(spec.names)
+  return out
 
 
 def default_job() -> tuple[str, str] | None:
-  """``(params path, one-line description)`` of the registered default job, or None."""
+  """``(params path, one-line description)`` of the highest-priority default job, or None."""
   load_plugins()
-  return _DEFAULT_JOB[0] if _DEFAULT_JOB else None
+  jobs = [s.default_job for s in _SPECS.values() if s.default_job is not None]
+  if not jobs:
+    return None
+  path, description, _ = max(jobs, key=lambda job: job[2])
+  return path, description
 
 
 def registered() -> list[str]:
+  """The registered model names."""
   load_plugins()
-  return sorted(_BUILDERS)
+  return sorted(_SPECS)

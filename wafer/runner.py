@@ -8,7 +8,6 @@ from typing import Any
 
 from wafer import registry
 from wafer.config import Params, RunConfig, load_params
-from wafer.optim import build_optimizer
 from wafer.train import Task, run, seed_of
 
 
@@ -36,15 +35,7 @@ def plan(params: Params) -> Plan:
   """Resolve the model, the precision policy, the optimizer and the loss scaling of ``params``."""
   task = registry.get_model(params.model.name)(params)
   policy = params.policy()
-  if params.optimizer is not None:
-    section = params.optimizer.model_dump(exclude_none=True, exclude_unset=True)
-    optimizer, loss_scale = build_optimizer(section, half_dtype=policy.compute)
-  else:  # eval-only files
-    import optax
-
-    import precision
-
-    optimizer, loss_scale = optax.identity(), precision.StaticLossScale.create(1.0)
+  optimizer, loss_scale = params.build_optimizer()  # eval-only files: identity, static scale 1
   return Plan(params, task, optimizer, loss_scale, policy)
 
 

@@ -1,13 +1,9 @@
-"""GPT-2 / GPT-3-style decoder LM; registers its ``model:`` schema as ``gpt2`` and ``gpt3``."""
+"""GPT-2 / GPT-3-style decoder LM; its `wafer.registry.ModelSpec` is in `models.registry`."""
 
 from models.gpt2.model import GPT2Block as GPT2Block
 from models.gpt2.model import GPT2Config as GPT2Config
 from models.gpt2.model import GPT2LMHeadModel as GPT2LMHeadModel
 from models.gpt2.model import gpt2_loss as gpt2_loss
 from models.gpt2.model import random_batch as random_batch
-from wafer.config import register_model_schema
-
-register_model_schema("gpt2", GPT2Config)
-register_model_schema("gpt3", GPT2Config)
 
 __all__ = ("GPT2Block", "GPT2Config", "GPT2LMHeadModel", "gpt2_loss", "random_batch")

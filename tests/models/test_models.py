@@ -55,7 +55,11 @@ def test_configs_exist():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_yaml_parses_into_a_registered_schema(path):
   params = load_params(path)
-  assert type(params.model) in (bert.BertConfig, gpt2.GPT2Config, FCMnistConfig), type(params.model)
+  from models.mlp import MlpConfig
+
+  assert type(params.model) in (bert.BertConfig, gpt2.GPT2Config, FCMnistConfig, MlpConfig), type(
+    params.model
+  )
   assert not params.model.model_extra  # closed schema: nothing left over
   params.policy()  # the precision keys form a valid policy
 
@@ -318,7 +322,7 @@ def test_attention_softmax_fp32_maps_to_the_policy(level, fp16_type, softmax_fp3
 
 
 def test_functional_form_for_the_executor():
-  """``(init_params, loss_fn)`` as `wafer.executor.Task` wants them: pure, keyed, float32 params."""
+  """``(init_params, loss_fn)`` as `wafer.train.Task` wants them: pure, keyed, float32 params."""
   params, batch = _tiny("gpt2")
   init_params, loss_fn = models.functional(params.model)
   a, b = init_params(jax.random.key(0)), init_params(jax.random.key(1))

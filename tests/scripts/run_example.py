@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 import wafer
-from wafer.example import example_run
+from models.mlp import example_run
 from wafer.train import run
 
 model_dir, max_steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from models.mlp import EXAMPLE_PARAMS
 from wafer import cli
-from wafer.example import EXAMPLE_PARAMS
 
 
 def _params_file(tmp_path, **changes):

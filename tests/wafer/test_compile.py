@@ -173,3 +173,125 @@ def test_compilation_cache_directory(tmp_path):
   finally:
     for name, value in saved.items():
       jax.config.update(name, value)
+
+
+# --- issue 13: closures wherever a user calls them -----------------------------------------------
+
+
+def _closure_runs(step, *args):
+  """Compile ``step``, run it twice (values differ per call) and the closures; returns what they got."""
+  got: list = []
+
+  @wafer.step_closure
+  def record(tag, value):
+    got.append((tag, np.asarray(value).tolist()))
+
+  compiled = wafer.compile(lambda *a: step(record, *a), *args)
+  compiled(*args)
+  got.clear()  # only the latest step's values arrive at a log step
+  compiled(*(a + 1 for a in args))
+  compiled.run_closures()
+  return got
+
+
+def _loss(record, p, x):
+  value = jnp.sum(jnp.square(p * x))
+  record("loss", value)
+  return value
+
+
+P, X = jnp.float32(2.0), jnp.arange(3, dtype=jnp.float32)
+
+
+def test_closure_inside_grad_gets_the_primal_value():
+  got = _closure_runs(lambda record, p, x: jax.grad(lambda q: _loss(record, q, x))(p), P, X)
+  assert got == [("loss", float(np.sum(np.square(3.0 * np.arange(1, 4)))))]
+
+
+def test_closure_inside_scan_gets_the_last_iteration():
+  def step(record, p, x):
+    def body(carry, xi):
+      record("carry", carry)
+      return carry + xi, None
+
+    return jax.lax.scan(body, p, x)[0]
+
+  assert _closure_runs(step, P, X) == [("carry", 3.0 + 1 + 2)]  # p = 3, x = [1, 2, 3]: carries 3, 4, 6
+
+
+def test_closure_inside_cond_runs_when_its_branch_ran():
+  def step(record, p, x):
+    return jax.lax.cond(p > 0, lambda: _loss(record, p, x), lambda: jnp.float32(0))
+
+  assert _closure_runs(step, P, X) == [("loss", float(np.sum(np.square(3.0 * np.arange(1, 4)))))]
+
+
+def test_closure_inside_an_autocast_loss():
+  import precision
+
+  policy = precision.Policy(compute="bfloat16", level=1)
+  got = _closure_runs(
+    lambda record, p, x: precision.autocast(lambda q, y: _loss(record, q, y), policy)(p, x), P, X
+  )
+  assert got == [("loss", float(np.sum(np.square(3.0 * np.arange(1, 4)))))]
+
+
+def test_closure_inside_vmap_is_refused_at_compile_time_naming_the_line():
+  def step(record, p, x):
+    return jax.vmap(lambda xi: _loss(record, p, xi))(x)
+
+  with pytest.raises(wafer.StaticGraphError, match=r"inside jax\.vmap at .*test_compile\.py:\d+") as info:
+    _closure_runs(step, P, X)
+  assert 'record("loss", value)' in str(info.value) and "outside jax.vmap" in str(info.value)
+
+
+# --- issue 13: static arguments, NumPy scalars, the guard names the actual mistake --------------
+
+
+def test_static_argnums_and_argnames():
+  def step(x, layers, *, mode):
+    for _ in range(layers):
+      x = x * 2 if mode == "double" else x + 1
+    return x
+
+  compiled = wafer.compile(step, jnp.ones(3), 3, mode="double", static_argnums=1, static_argnames="mode")
+  np.testing.assert_array_equal(compiled(jnp.ones(3), 3, mode="double"), np.full(3, 8.0))
+  assert compiled.compilations == 1
+  with pytest.raises(
+    wafer.StaticGraphError, match=r"static argument args\[1\] is 4; the step was compiled for 3"
+  ):
+    compiled(jnp.ones(3), 4, mode="double")
+  with pytest.raises(wafer.StaticGraphError, match=r"static argument mode is 'add'"):
+    compiled(jnp.ones(3), 3, mode="add")
+
+
+@pytest.mark.parametrize(
+  "example,call",
+  [(np.int64(1), np.int64(2)), (np.float64(0.01), np.float64(0.5)), (np.float32(1.0), np.float64(2.0))],
+)
+def test_numpy_scalars_are_accepted_where_jax_keeps_the_graph(example, call):
+  """NumPy scalars canonicalise to the compiled dtype (int32 / float32 without x64): no new graph."""
+  compiled = wafer.compile(lambda x, s: x * s.astype(x.dtype), jnp.ones(2, jnp.float32), example)
+  np.testing.assert_allclose(compiled(jnp.ones(2, jnp.float32), call), np.full(2, float(call)), rtol=1e-6)
+
+
+def test_a_traced_shape_is_named_as_a_shape_not_printing():
+  with pytest.raises(wafer.StaticGraphError) as info:
+    wafer.compile(lambda x, n: jnp.zeros(n) + x, jnp.ones(3), 3)
+  text = str(info.value)
+  assert text.startswith("a traced value used as a shape inside the step") and "printing" not in text, text
+  assert "static_argnums" in text and "jnp.zeros(n)" in text
+
+
+def test_logging_a_traced_value_is_a_clear_error(capsys):
+  import logging
+
+  def step(x):
+    logging.warning("x is %s", x)
+    return x
+
+  with pytest.raises(
+    wafer.StaticGraphError, match=r"^logging a traced value inside the step at .*test_compile\.py"
+  ):
+    wafer.compile(step, jnp.ones(3))
+  assert "Logging error" not in capsys.readouterr().err

@@ -5,6 +5,10 @@ from __future__ import annotations
 import pathlib
 import textwrap
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 import pytest
 import yaml
 from pydantic import ConfigDict
@@ -22,6 +26,7 @@ from wafer.config import (
   register_input_schema,
   register_model_schema,
 )
+from wafer.config.optimizer import OPTIMIZER_TYPES
 from wafer.config.params import unregister_schema
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "params"
@@ -72,7 +77,7 @@ def test_modelzoo_examples_parse(name: str) -> None:
 def test_bert_values() -> None:
   p = load_params(DATA / "bert_base_MSL128.yaml")
   assert p.train_input.batch_size == 3200 and p.eval_input.batch_size == 256
-  assert p.train_input.model_extra["max_predictions_per_seq"] == 20  # processor-specific, kept
+  assert p.train_input.max_predictions_per_seq == 20  # typed by the processor's strict schema
   assert p.model.model_extra["hidden_size"] == 768 and p.model.fp16_type == "cbfloat16"
   assert p.optimizer.name == "adamw" and p.optimizer.decay == 0.01 and p.optimizer.dynamic_loss_scaling
   assert [s["total_iters"] for s in p.optimizer.learning_rate] == [3200, 77600]
@@ -138,13 +143,13 @@ def test_trainer_converter_details() -> None:
             "ChainedScheduler": {
               "schedulers": [
                 {"ConstantLR": {"learning_rate": 1.0}},
-                {"ExponentialLR": {"initial_learning_rate": 1.0}},
+                {"ExponentialLR": {"initial_learning_rate": 1.0, "total_iters": 10, "decay_rate": 0.5}},
               ]
             }
           }
         ],
         "precision": {"precision_opt_level": 0, "fp16_type": "float16", "log_loss_scale": True},
-        "loop": {"num_steps": 5, "grad_accum_steps": 2},
+        "loop": {"num_steps": 5, "grad_accum_steps": 1},
         "callbacks": [{"ScopedTrainFlags": {"csx.performance.micro_batch_size": 2}}],
       },
       "fit": {"train_dataloader": {"batch_size": 8}, "ckpt_path": "ckpt.mdl"},
@@ -162,7 +167,7 @@ def test_trainer_converter_details() -> None:
   }
   assert out["optimizer"]["optimizer_type"] == "SGD" and out["optimizer"]["momentum"] == 0.9
   assert [s["main_scheduler"] for s in out["optimizer"]["learning_rate"]] == ["chained", "chained"]
-  assert out["optimizer"]["grad_accum_steps"] == 2 and out["optimizer"]["log_loss_scale"] is True
+  assert out["optimizer"]["grad_accum_steps"] == 1 and out["optimizer"]["log_loss_scale"] is True
   assert out["train_input"] == {"batch_size": 8, "micro_batch_size": 2}
   assert out["model"] == {"name": "gpt3", "fp16_type": "float16"}
   params = load_params(data)
@@ -229,13 +234,13 @@ def test_overrides() -> None:
       "runconfig.max_steps=10",
       "optimizer.learning_rate=0.1",
       "train_input.batch_size=8",
-      "optimizer.betas=[0.8, 0.9]",
+      "optimizer.momentum=0.8",
       "runconfig.seed=null",
       "eval_input.shuffle=true",
     ],
   )
   assert p.runconfig.max_steps == 10 and p.optimizer.learning_rate == 0.1 and p.train_input.batch_size == 8
-  assert p.optimizer.betas == [0.8, 0.9] and p.runconfig.seed is None and p.eval_input.shuffle is True
+  assert p.optimizer.momentum == 0.8 and p.runconfig.seed is None and p.eval_input.shuffle is True
 
 
 def test_integers_are_accepted_where_floats_are_expected() -> None:
@@ -368,13 +373,15 @@ def test_batch_size_and_num_csx() -> None:
 def test_step_counts() -> None:
   text = error_of(FC, ["runconfig.max_steps=null"])
   assert "runconfig: One of num_epochs, num_steps, or max_steps must be provided" in text
-  assert "mutually exclusive" in error_of(FC, ["runconfig.num_steps=5", "runconfig.num_epochs=1"])
+  assert "mutually exclusive" in error_of(
+    FC, ["runconfig.num_steps=5", "runconfig.num_epochs=1", "runconfig.steps_per_epoch=3"]
+  )
   rc = load_params(FC, ["runconfig.num_steps=300"]).runconfig
   assert rc.num_train_steps() == 300 and rc.num_train_steps(initial_step=900) == 100
   with pytest.raises(ConfigError, match="Initial global step 1000 already exceeds max step 1000"):
     rc.num_train_steps(initial_step=1000)
-  rc = load_params(FC, ["runconfig.num_epochs=2", "runconfig.max_steps=null"]).runconfig
-  assert rc.num_train_steps(dataloader_len=7) == 14
+  rc = load_params(FC, ["runconfig.num_epochs=2", "runconfig.max_steps=null", "runconfig.steps_per_epoch=7"])
+  assert rc.runconfig.num_train_steps(dataloader_len=9) == 14
 
 
 def test_train_and_eval_checks() -> None:
@@ -473,3 +480,153 @@ def test_registered_model_schema_closes_the_section(tmp_path: pathlib.Path) -> N
 def test_fixtures_are_plain_yaml() -> None:
   for name in EXAMPLES:
     assert isinstance(yaml.safe_load((DATA / name).read_text()), dict)
+
+
+# --- issue 13: the config builds the runtime; every key it accepts works ---------------------------
+
+MNIST = """\
+train_input:
+  data_processor: MNISTDataProcessor
+  batch_size: 8
+model:
+  name: fc_mnist
+optimizer:
+  optimizer_type: SGD
+  learning_rate: 0.1
+runconfig:
+  max_steps: 10
+"""
+
+
+def test_empty_and_list_files_with_overrides_say_so(tmp_path: pathlib.Path) -> None:
+  """Overrides on an empty or a list file used to report a key path inside it."""
+  empty = error_of(write(tmp_path, "# nothing\n"), ["runconfig.max_steps=10"])
+  assert "the params file is empty" in empty and "has no key" not in empty
+  listed = error_of(write(tmp_path, "- 1\n- 2\n", "list.yaml"), ["runconfig.max_steps=10"])
+  assert "is a list, not a mapping" in listed and "no element" not in listed
+
+
+def test_schedule_errors_carry_the_file_line(tmp_path: pathlib.Path) -> None:
+  """A bad scheduler used to pass validation and fail when the run built the optimizer."""
+  text = MINIMAL.replace(
+    "learning_rate: 0.1", "learning_rate:\n    scheduler: Linear\n    initial_learning_rate: 1.0"
+  )
+  message = error_of(write(tmp_path, text))
+  assert "line 7: optimizer.learning_rate: LinearLR: missing required key" in message, message
+
+
+def test_misspelled_input_keys_are_errors_with_a_suggestion(tmp_path: pathlib.Path) -> None:
+  """``train_input`` is validated by its data processor's strict schema (it used to keep any key)."""
+  text = error_of(write(tmp_path, MNIST.replace("batch_size: 8", "batch_size: 8\n  shufle: true")))
+  assert "line 4: train_input.shufle: unknown key 'shufle'; did you mean 'shuffle'?" in text, text
+  text = error_of(write(tmp_path, MNIST.replace("batch_size: 8", "batch_size: 8\n  learning_rat: 0.1")))
+  assert "train_input.learning_rat: unknown key 'learning_rat'" in text, text
+
+
+def test_unknown_data_processor_is_an_error(tmp_path: pathlib.Path) -> None:
+  text = error_of(write(tmp_path, MNIST.replace("MNISTDataProcessor", "MnistDataProcesor")))
+  assert "train_input.data_processor: unknown data_processor 'MnistDataProcesor'" in text, text
+  assert "did you mean 'MNISTDataProcessor'?" in text
+
+
+def test_grad_accum_steps_other_than_one_is_refused() -> None:
+  text = error_of(MINIMAL_WITH("grad_accum_steps: 4"))
+  assert "optimizer.grad_accum_steps: gradient accumulation is not emulated" in text, text
+
+
+def MINIMAL_WITH(line: str) -> dict:
+  data = yaml.safe_load(MINIMAL)
+  key, value = line.split(": ")
+  data["optimizer"][key] = yaml.safe_load(value)
+  return data
+
+
+def test_num_epochs_needs_steps_per_epoch() -> None:
+  data = MINIMAL_WITH("momentum: 0.0")
+  data["runconfig"] = {"num_epochs": 2}
+  assert "runconfig.num_epochs: needs runconfig.steps_per_epoch" in error_of(data)
+  data["runconfig"]["steps_per_epoch"] = 5
+  assert load_params(data).runconfig.num_train_steps() == 10
+
+
+def test_epsilon_overflow_tolerance_and_log_loss_scale_reach_the_runtime() -> None:
+  """Keys that used to validate and then fail when the optimizer was built."""
+  data = MINIMAL_WITH("optimizer_type: Adam")
+  data["optimizer"].update(
+    epsilon=1e-3, overflow_tolerance=0.25, log_loss_scale=True, loss_scaling_factor="dynamic"
+  )
+  data["model"] = {"name": "tiny", "fp16_type": "float16"}
+  p = load_params(data)
+  assert p.optimizer.epsilon_value == 1e-3
+  tx, loss_scale = p.build_optimizer()
+  assert loss_scale.overflow_tolerance == 0.25
+  # eps reaches the update: with g = 1 the first Adam step is lr * 1 / (1 + eps)
+  params = {"w": jnp.zeros((), jnp.float32)}
+  updates, _ = tx.update({"w": jnp.ones((), jnp.float32)}, tx.init(params), params)
+  np.testing.assert_allclose(float(updates["w"]), -0.1 / (1 + 1e-3), rtol=1e-6)
+
+
+def test_asgd_is_an_error_naming_the_key() -> None:
+  text = error_of(MINIMAL_WITH("optimizer_type: ASGD"))
+  assert "optimizer.optimizer_type: ASGD (averaged SGD) is not implemented" in text, text
+
+
+def test_every_optimizer_key_belongs_to_its_type() -> None:
+  """SGD takes no betas: the union's SGD member rejects it (the old flat schema accepted it)."""
+  data = MINIMAL_WITH("betas: [0.9, 0.95]")
+  assert "optimizer.betas: unknown key 'betas'" in error_of(data)
+  # switching the type on the command line: a key set to null is absent
+  p = load_params(FC, ["optimizer.optimizer_type=AdamW", "optimizer.momentum=null"])
+  assert p.optimizer.name == "adamw" and "momentum" not in type(p.optimizer).model_fields
+
+
+@pytest.mark.parametrize("kind", OPTIMIZER_TYPES)
+def test_every_optimizer_type_builds_and_descends(kind: str) -> None:
+  """Every type the schema accepts builds under strict promotion and lowers a quadratic."""
+  lr = {"Adadelta": 1.0, "Rprop": 0.01, "Adafactor": 0.5}.get(kind, 0.05)
+  data = MINIMAL_WITH(f"optimizer_type: {kind}")
+  data["optimizer"]["learning_rate"] = lr
+  tx, _ = load_params(data).build_optimizer()
+  target = jnp.asarray([1.0, -2.0, 0.5], jnp.float32)
+  loss = lambda p: jnp.sum(jnp.square(p["w"] - target))
+  params = {"w": jnp.full((3,), 0.25, jnp.float32)}  # not 0: Adafactor scales steps by the parameters' RMS
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params, state):
+    updates, state = tx.update(jax.grad(loss)(params), state, params)
+    return optax.apply_updates(params, updates), state
+
+  start = float(loss(params))
+  for _ in range(30):
+    params, state = step(params, state)
+  assert params["w"].dtype == jnp.float32
+  assert float(loss(params)) < 0.9 * start, (kind, float(loss(params)))
+
+
+def test_cbfloat16_rule_lives_where_the_loss_scale_is_built() -> None:
+  data = MINIMAL_WITH("loss_scaling_factor: 1.0")
+  data["model"] = {"name": "tiny", "fp16_type": "cbfloat16"}
+  text = error_of(data)
+  assert "optimizer.loss_scaling_factor: cbfloat16 requires dynamic loss scaling" in text, text
+
+
+def test_wafer_names_no_model_package() -> None:
+  """Models are plugins found through the ``wafer.models`` entry point; wafer imports none by name."""
+  import ast
+
+  from wafer import registry
+
+  root = pathlib.Path(__file__).resolve().parents[2] / "wafer"
+  for path in root.rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = (
+        [a.name for a in node.names]
+        if isinstance(node, ast.Import)
+        else [node.module or ""]
+        if isinstance(node, ast.ImportFrom)
+        else []
+      )
+      assert not any(n == "models" or n.startswith("models.") for n in names), (path, names)
+  assert not hasattr(registry, "PLUGIN_PACKAGES")
+  assert {"bert", "gpt2", "gpt3", "fc_mnist", "mlp_example"} <= set(registry.registered())

@@ -8,9 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from wafer.data import bert, text
+from models.bert import data as bert
+from models.bert.data import MASK_ID, NUM_SPECIAL, bert_features
+from models.fc_mnist.data import digits_features
+from wafer.data import text
 from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass, shard_indices, worker_seeds
-from wafer.data.sources import MASK_ID, NUM_SPECIAL, bert_features, digits_features
 
 
 def _src(n: int) -> ArraySource:
@@ -297,7 +299,9 @@ def test_processors_from_input_config(tmp_path):
     processors.train_source(cfg.model_copy(update={"batch_size": 2}), seed=0, num_csx=4)
   with pytest.raises(ValueError, match="did not return any values"):
     processors.eval_batches(cfg.model_copy(update={"batch_size": 1000, "split": "val"}), seed=0)
-  with pytest.raises(ValueError, match="allowed: BertCSVDynamicMaskDataProcessor"):
+  with pytest.raises(
+    ValueError, match="'Nope' is not one an installed model plugin provides; registered: Bert"
+  ):
     processors.train_source(cfg.model_copy(update={"data_processor": "Nope"}), seed=0)
   (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in _docs()))
   bcfg = InputConfig(
@@ -319,8 +323,8 @@ def test_executor_resumes_a_grain_pipeline_bit_for_bit(tmp_path, monkeypatch):
   import optax
 
   import precision
+  from models.fc_mnist.data import digits_batch_source
   from wafer.config import RunConfig
-  from wafer.data.sources import digits_batch_source
   from wafer.train import Task, run
 
   def loss_fn(params, batch):
@@ -366,7 +370,7 @@ def test_global_batch_split_across_systems():
   assert sorted(np.concatenate(batches).tolist()) == list(range(n))
   for k, b in enumerate(batches):  # system c's half comes from worker c * 2 + k % 2
     assert set((b[:4] % 4).tolist()) == {k % 2} and set((b[4:] % 4).tolist()) == {2 + k % 2}
-  with pytest.raises(ValueError, match="not divisible by num_csx=3"):
+  with pytest.raises(ValueError, match="must be a multiple of runconfig.num_csx=3"):
     GrainBatchSource(_src(n), 8, num_csx=3)
 
 

@@ -9,8 +9,10 @@ import h5py
 import numpy as np
 import pytest
 
-from wafer.data import gpt, processors, text
-from wafer.data.sources import gpt_features
+from models.gpt2 import data as gpt
+from models.gpt2.data import gpt_features
+from wafer import registry
+from wafer.data import processors, text
 
 
 def _docs() -> list[str]:
@@ -134,7 +136,7 @@ def test_processors_build_a_gpt_source(tmp_path):
     )
   )
   assert ev and all(b["input_ids"].shape == (4, 16) for b in ev)
-  assert "GptHDF5DataProcessor" in processors.PROCESSORS
+  assert registry.data_processors()["GptHDF5DataProcessor"] == "gpt2/gpt3"
 
 
 def test_embedded_corpus_at_msl_128(tmp_path):

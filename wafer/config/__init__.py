@@ -1,14 +1,23 @@
 """The params YAML: typed, validated config objects, overrides and errors users can act on.
 
-Example::
+Example (a ConfigError's text names the file, the line, the key path, the value and what is allowed):
 
-  from wafer.config import ConfigError, format_config_error, load_params
-
-  try:
-    params = load_params("params.yaml", ["runconfig.max_steps=10", "train_input.batch_size=8"])
-  except ConfigError as e:
-    print(format_config_error(e))   # file, line, key path, value, what is allowed
-  policy = params.policy()          # precision.Policy of the precision keys
+>>> from wafer.config import ConfigError, load_params
+>>> data = {
+...   "train_input": {"batch_size": 8},
+...   "model": {"name": "my_model", "fp16_type": "bfloat16"},
+...   "optimizer": {"optimizer_type": "SGD", "learning_rate": 0.1, "momentum": 0.9},
+...   "runconfig": {"max_steps": 100},
+... }
+>>> params = load_params(data, ["runconfig.max_steps=10"])
+>>> params.runconfig.max_steps, params.policy().compute.name
+(10, 'bfloat16')
+>>> tx, loss_scale = params.build_optimizer()   # the optax transformation and the loss scale
+>>> try:
+...   load_params(data, ["optimizer.momentun=0.5"])
+... except ConfigError as e:
+...   print(str(e).split(": ", 1)[1])
+optimizer.momentun (from override 'optimizer.momentun=0.5'): unknown key 'momentun'; did you mean 'momentum'? (got 0.5)
 
 Files in modelzoo's legacy layout (``train_input``, ``eval_input``, ``model``, ``optimizer``,
 ``runconfig``) are validated directly; files in the trainer (v2) layout are detected and
@@ -21,13 +30,15 @@ from wafer.config.errors import format_config_error as format_config_error
 from wafer.config.loader import load_params as load_params
 from wafer.config.loader import parse_override as parse_override
 from wafer.config.loader import validate_params as validate_params
+from wafer.config.loader import validate_section as validate_section
+from wafer.config.optimizer import Optimizer as Optimizer
+from wafer.config.optimizer import OptimizerConfig as OptimizerConfig
 from wafer.config.params import Params as Params
 from wafer.config.params import register_input_schema as register_input_schema
 from wafer.config.params import register_model_schema as register_model_schema
 from wafer.config.schema import CSConfig as CSConfig
 from wafer.config.schema import InputConfig as InputConfig
 from wafer.config.schema import ModelConfig as ModelConfig
-from wafer.config.schema import OptimizerConfig as OptimizerConfig
 from wafer.config.schema import RunConfig as RunConfig
 from wafer.config.trainer import from_trainer_layout as from_trainer_layout
 
@@ -36,6 +47,7 @@ __all__ = (
   "ConfigError",
   "InputConfig",
   "ModelConfig",
+  "Optimizer",
   "OptimizerConfig",
   "Params",
   "Problem",
@@ -47,4 +59,5 @@ __all__ = (
   "register_input_schema",
   "register_model_schema",
   "validate_params",
+  "validate_section",
 )

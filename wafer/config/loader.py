@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from wafer.config import trainer as _trainer
 from wafer.config.errors import ConfigError, Loc, Problem, dotted, from_pydantic, suggest, unknown_key_message
-from wafer.config.params import SECTIONS, Params, section_schema
+from wafer.config.params import SECTIONS, Params, registered_input_schemas, section_schema
 from wafer.config.schema import MODES, OpenSection
 
 
@@ -164,6 +164,55 @@ def _fields_at(schema: type[BaseModel], loc: Loc) -> list[str] | None:
   return list(schema.model_fields)
 
 
+def _validate_section(key: str, value: Any) -> tuple[Any, list[Problem]]:
+  """``(section object or None, problems)`` of one section's mapping, by its (registered) schema."""
+  if not isinstance(value, dict):
+    return None, [Problem((key,), "must be a mapping of keys", value)]
+  if key in ("model", "train_input", "eval_input"):
+    from wafer import registry
+
+    registry.load_plugins()  # the plugins' strict model and input schemas
+  schema = section_schema(key, value)
+  # a key the schema does not have, set to null, is absent (``optimizer.momentum=null`` when switching
+  # optimizer_type, ``train_input.max_predictions_per_seq=null`` when switching data_processor)
+  value = {k: v for k, v in value.items() if v is not None or k in schema.model_fields}
+  problems: list[Problem] = []
+  processor = value.get("data_processor") if key in ("train_input", "eval_input") else None
+  if isinstance(processor, str) and schema is SECTIONS[key] and registered_input_schemas():
+    known = registered_input_schemas()
+    problems.append(
+      Problem(
+        (key, "data_processor"),
+        unknown_key_message(processor, known)
+        .replace("unknown key", "unknown data_processor")
+        .replace("allowed keys", "registered processors"),
+        processor,
+      )
+    )
+  if issubclass(schema, OpenSection):
+    found = schema.key_problems(value)
+    problems += [Problem((key, k), m, value[k]) for k, m in found.items()]
+    value = {k: v for k, v in value.items() if k not in found}
+  try:
+    return schema.model_validate(value), problems
+  except ValidationError as e:
+    return None, problems + from_pydantic(e.errors(), (key,), lambda loc, s=schema: _fields_at(s, loc))
+
+
+def validate_section(key: str, value: Any, source: str | None = None) -> Any:
+  """One section (``"optimizer"``, ``"train_input"``, ...) validated by its schema, alone.
+
+  Raises:
+    ConfigError: every problem of the section.
+  """
+  section, problems = _validate_section(key, value)
+  if key == "optimizer" and section is not None:
+    problems += section.problems()
+  if problems:
+    raise ConfigError(problems, source or f"<{key}>")
+  return section
+
+
 def validate_params(
   data: Any,
   source: str | None = None,
@@ -196,18 +245,10 @@ def validate_params(
       continue
     if value is None:  # an empty section (``eval_input:``) is an absent one
       continue
-    schema = section_schema(key, value)
-    if not isinstance(value, dict):
-      problems.append(Problem((key,), "must be a mapping of keys", value))
-      continue
-    if issubclass(schema, OpenSection):
-      found = schema.key_problems(value)
-      problems += [Problem((key, k), m, value[k]) for k, m in found.items()]
-      value = {k: v for k, v in value.items() if k not in found}
-    try:
-      sections[key] = schema.model_validate(value)
-    except ValidationError as e:
-      problems += from_pydantic(e.errors(), (key,), lambda loc, s=schema: _fields_at(s, loc))
+    section, found = _validate_section(key, value)
+    problems += found
+    if section is not None:
+      sections[key] = section
   if data.get("model") is None:
     problems.append(Problem(("model",), "required section is missing"))
   if not problems:
@@ -270,6 +311,13 @@ def load_params(
     except OSError as e:
       raise ConfigError(f"cannot read the params file: {e.strerror or e}", source) from None
     data, lines = parse_yaml(text, source)
+  if not isinstance(data, dict):
+    what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
+    raise ConfigError(
+      f"the params file is {what}; expected a mapping of the sections {', '.join(SECTIONS)} "
+      "(or a top-level 'trainer' section)",
+      source,
+    )
   parsed = [(parse_override(o), o) for o in overrides]
   origins: list[tuple[Loc, str]] = []
   v2_map: list[tuple[Loc, Loc]] = []
@@ -284,7 +332,7 @@ def load_params(
       raise ConfigError([_locate(p, lines, origins) for p in e.problems], source) from None
     parsed = [item for item in parsed if item[0][0][0] != "trainer"]
   for (loc, value), text in parsed:
-    if isinstance(data, dict) and loc[0] not in SECTIONS:
+    if loc[0] not in SECTIONS:
       raise ConfigError(
         Problem(
           loc[:1],
@@ -296,10 +344,9 @@ def load_params(
     apply_override(data, loc, value, text)
     origins.insert(0, (loc, f"override {text!r}"))
   if mode is not None:
-    if isinstance(data, dict):
-      data.setdefault("runconfig", {})
-      if data["runconfig"] is None:
-        data["runconfig"] = {}
+    if data.get("runconfig") is None:
+      data["runconfig"] = {}
+    if isinstance(data["runconfig"], dict):
       data["runconfig"]["mode"] = mode
     origins.insert(0, (("runconfig", "mode"), "--mode"))
   return validate_params(data, source, lines, origins, v2_map)
@@ -313,4 +360,5 @@ __all__ = (
   "parse_yaml",
   "suggest",
   "validate_params",
+  "validate_section",
 )

@@ -7,15 +7,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from wafer.config.errors import Problem
+from wafer.config.optimizer import Optimizer, OptimizerConfig, optimizer_class
 from wafer.config.schema import (
   EVAL_MODES,
   TRAIN_MODES,
   CSConfig,
   InputConfig,
   ModelConfig,
-  OptimizerConfig,
   RunConfig,
   Section,
+  batch_split_problem,
 )
 
 SECTIONS: dict[str, type[Section]] = {
@@ -34,12 +35,16 @@ _INPUT_SCHEMAS: dict[str, type[InputConfig]] = {}
 def register_model_schema(name: str, schema: type[ModelConfig]) -> None:
   """Use ``schema`` (a closed :class:`ModelConfig` subclass) for ``model.name == name``.
 
-  Example::
+  Model plugins do this through their `wafer.registry.ModelSpec`; by hand:
 
-    class FCMnistModel(ModelConfig):
-      model_config = ConfigDict(extra="forbid")
-      depth: int = 10
-    register_model_schema("fc_mnist", FCMnistModel)
+  >>> from pydantic import ConfigDict
+  >>> class TinyModel(ModelConfig):
+  ...   model_config = ConfigDict(extra="forbid")
+  ...   depth: int = 10
+  >>> register_model_schema("tiny_doctest", TinyModel)
+  >>> section_schema("model", {"name": "tiny_doctest"}) is TinyModel
+  True
+  >>> unregister_schema("tiny_doctest")
   """
   if not (isinstance(schema, type) and issubclass(schema, ModelConfig)):
     raise TypeError(f"{schema!r} is not a ModelConfig subclass")
@@ -51,6 +56,11 @@ def register_input_schema(data_processor: str, schema: type[InputConfig]) -> Non
   if not (isinstance(schema, type) and issubclass(schema, InputConfig)):
     raise TypeError(f"{schema!r} is not an InputConfig subclass")
   _INPUT_SCHEMAS[data_processor] = schema
+
+
+def registered_input_schemas() -> list[str]:
+  """The data processors with a registered input schema."""
+  return sorted(_INPUT_SCHEMAS)
 
 
 def unregister_schema(name: str) -> None:
@@ -66,6 +76,8 @@ def section_schema(section: str, data: Any) -> type[Section]:
       return _MODEL_SCHEMAS.get(data["name"].lower(), ModelConfig)
     if section in ("train_input", "eval_input") and isinstance(data.get("data_processor"), str):
       return _INPUT_SCHEMAS.get(data["data_processor"], InputConfig)
+    if section == "optimizer":
+      return optimizer_class(data)
   return SECTIONS[section]
 
 
@@ -86,7 +98,7 @@ class Params(BaseModel):
   train_input: InputConfig | None = None
   eval_input: InputConfig | None = None
   model: ModelConfig
-  optimizer: OptimizerConfig | None = None
+  optimizer: Optimizer | None = None
   runconfig: RunConfig = Field(default_factory=RunConfig)
   csconfig: CSConfig | None = None
   source: str | None = None
@@ -128,6 +140,15 @@ class Params(BaseModel):
         out.append(Problem(("runconfig",), "One of num_epochs, num_steps, or max_steps must be provided"))
     if mode in EVAL_MODES and self.eval_input is None:
       out.append(Problem(("eval_input",), f"required for mode {mode!r}"))
+    if rc.num_epochs is not None and rc.steps_per_epoch is None:
+      out.append(
+        Problem(
+          ("runconfig", "num_epochs"),
+          "needs runconfig.steps_per_epoch (the data sources repeat forever, so an epoch's length in steps "
+          "must be given); or set num_steps / max_steps instead",
+          rc.num_epochs,
+        )
+      )
     if rc.num_epochs is not None and rc.num_steps is not None:
       out.append(
         Problem(("runconfig", "num_steps"), "num_epochs and num_steps are mutually exclusive; set one")
@@ -158,24 +179,9 @@ class Params(BaseModel):
       if section is None:
         continue
       b, n = section.batch_size, rc.num_csx
-      if b < n:
-        out.append(
-          Problem(
-            (name, "batch_size"),
-            f"The number of CS devices ({n}) must be less than or equal to "
-            f"the model batch size ({b}); batch_size is the global batch",
-            b,
-          )
-        )
-      elif b % n:
-        out.append(
-          Problem(
-            (name, "batch_size"),
-            f"must be a multiple of runconfig.num_csx={n} (batch_size is "
-            f"the global batch, split evenly across systems); e.g. {b - b % n} or {b - b % n + n}",
-            b,
-          )
-        )
+      split = batch_split_problem(b, n)
+      if split is not None:
+        out.append(Problem((name, "batch_size"), split, b))
       elif isinstance(section.micro_batch_size, int) and (b // n) % section.micro_batch_size:
         out.append(
           Problem(
@@ -184,23 +190,32 @@ class Params(BaseModel):
             section.micro_batch_size,
           )
         )
-    if self.optimizer is not None:
-      out += self.optimizer.problems()
-      if (
-        self.model.mixed_precision
-        and self.fp16_type == "cbfloat16"
-        and not self.optimizer.dynamic_loss_scaling
-      ):
-        out.append(
-          Problem(
-            ("optimizer", "loss_scaling_factor"),
-            "cbfloat16 requires dynamic loss scaling, or gradients may underflow/overflow and "
-            "produce NaNs; set optimizer.loss_scaling_factor: dynamic",
-            self.optimizer.loss_scaling_factor,
-          )
-        )
     try:
-      self.policy()
+      policy = self.policy()
     except PolicyError as e:
       out.append(Problem(("model", "fp16_type"), str(e)))
+      policy = None
+    if self.optimizer is not None:
+      optimizer_problems = self.optimizer.problems()
+      out += optimizer_problems
+      if policy is not None and not optimizer_problems:
+        from wafer.optim import OptimizerError
+
+        try:  # the loss-scale rules live where the loss scale is built
+          self.optimizer.loss_scale(policy.compute)
+        except OptimizerError as e:
+          out.append(Problem(("optimizer", e.key), e.detail))
     return out
+
+  def build_optimizer(self) -> tuple[Any, Any]:
+    """``(tx, loss_scale)`` of the ``optimizer`` section under this file's policy.
+
+    Eval-only files (no ``optimizer``) get ``optax.identity()`` and a static scale of 1.
+    """
+    if self.optimizer is None:
+      import optax
+
+      from precision import StaticLossScale
+
+      return optax.identity(), StaticLossScale.create(1.0)
+    return self.optimizer.build(self.policy().compute)

@@ -10,7 +10,6 @@ closed too. An open section still rejects a key that looks like a misspelled cor
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -26,24 +25,33 @@ MODES = ("train", "eval", "train_and_eval", "eval_all")
 TRAIN_MODES = ("train", "train_and_eval")
 EVAL_MODES = ("eval", "train_and_eval", "eval_all")
 FP16_TYPES = ("float16", "bfloat16", "cbfloat16")
-OPTIMIZER_TYPES = (
-  "SGD",
-  "Momentum",
-  "Adam",
-  "AdamW",
-  "Adamax",
-  "Adadelta",
-  "Adagrad",
-  "ASGD",
-  "Lamb",
-  "Lion",
-  "NAdam",
-  "RAdam",
-  "RMSprop",
-  "Rprop",
-  "Adafactor",
-)
 MIN_DLS_LOSS_SCALE = 2.0**-14
+
+
+def batch_split_problem(batch_size: int, num_csx: int) -> str | None:
+  """Why a global ``batch_size`` cannot be split over ``num_csx`` systems, or None (Cerebras' rule).
+
+  The one place this rule lives: the config checks it, the data pipeline and the runtime call it.
+
+  >>> batch_split_problem(8, 2) is None
+  True
+  >>> batch_split_problem(6, 4)
+  'must be a multiple of runconfig.num_csx=4 (batch_size is the global batch, split evenly across systems); e.g. 4 or 8'
+  """
+  if num_csx < 1:
+    return f"runconfig.num_csx must be a positive integer (got {num_csx})"
+  if batch_size < num_csx:
+    return (
+      f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
+      f"({batch_size}); batch_size is the global batch"
+    )
+  if batch_size % num_csx:
+    b, n = batch_size, num_csx
+    return (
+      f"must be a multiple of runconfig.num_csx={n} (batch_size is the global batch, split evenly across "
+      f"systems); e.g. {b - b % n} or {b - b % n + n}"
+    )
+  return None
 
 
 class Section(BaseModel):
@@ -281,176 +289,21 @@ class InputConfig(OpenSection):
       return v
     raise ValueError("must be 'auto', 'explore', {explore: {min, max}}, a positive integer, or null")
 
+  def features(self, *, cache_dir: Any = None, seed: int = 0, eval_split: bool = False) -> dict[str, Any]:
+    """The examples of this section as NumPy arrays (first axis = examples).
+
+    A data processor's schema (registered by a model plugin) implements it; the generic section
+    names no processor that provides data.
+    """
+    raise ValueError(
+      f"data_processor {self.data_processor!r} provides no data: name one an installed model plugin "
+      "registers (wafer.registry.data_processors())"
+    )
+
   @property
   def drop_remainder(self) -> bool:
     """Whether the last partial batch is dropped (``drop_last_batch`` wins over ``drop_last``)."""
     return self.drop_last if self.drop_last_batch is None else self.drop_last_batch
-
-
-def _number(v: Any) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check_lr(v: Any) -> Any:
-  """learning_rate: a number, one scheduler dict, or a list of them (validated by the schedules)."""
-  if _number(v):
-    if v < 0 or not math.isfinite(v):
-      raise ValueError(
-        "must be a finite number >= 0, a scheduler ({scheduler: Name, ...}) or a list of schedulers"
-      )
-    return float(v)
-  items = v if isinstance(v, list) else [v] if isinstance(v, dict) else None
-  if not items:
-    raise ValueError("must be a number, a scheduler ({scheduler: Name, ...}) or a list of schedulers")
-  for i, item in enumerate(items):
-    where = f"element {i}" if isinstance(v, list) else "the scheduler"
-    if not isinstance(item, dict) or not isinstance(item.get("scheduler"), str):
-      raise ValueError(
-        f"{where} must be a mapping with a 'scheduler' name, e.g. "
-        "{scheduler: Linear, initial_learning_rate: 0.0, end_learning_rate: 0.001, total_iters: 100}"
-      )
-  return v
-
-
-class OptimizerConfig(Section):
-  """``optimizer``: type, learning rate (kept as a structured value), clipping, loss scaling.
-
-  ``learning_rate`` is a float, one scheduler mapping or a list of them; the schedules module
-  validates scheduler names and arguments.
-  """
-
-  optimizer_type: str
-  learning_rate: Any = None
-  weight_decay: NonNegFloat | None = None
-  weight_decay_rate: NonNegFloat | None = None
-  max_gradient_norm: PosFloat | None = None
-  max_gradient_value: PosFloat | None = None
-  loss_scaling_factor: Any = 1.0
-  initial_loss_scale: PosFloat | None = None
-  steps_per_increase: PosInt = 2000
-  min_loss_scale: PosFloat | None = None
-  max_loss_scale: PosFloat | None = None
-  overflow_tolerance: NonNegFloat = 0.0
-  log_loss_scale: bool | None = None
-  betas: Annotated[list[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] | None = None
-  beta1: Annotated[float, Field(ge=0, lt=1)] | None = None
-  beta2: Annotated[float, Field(ge=0, lt=1)] | None = None
-  eps: PosFloat | None = None
-  epsilon: PosFloat | None = None
-  momentum: NonNegFloat | None = None
-  nesterov: bool = False
-  dampening: NonNegFloat | None = None
-  amsgrad: bool = False
-  correct_bias: bool = True
-  rho: NonNegFloat | None = None
-  alpha: NonNegFloat | None = None
-  centered: bool = False
-  lambd: NonNegFloat | None = None
-  t0: NonNegFloat | None = None
-  lr_decay: NonNegFloat | None = None
-  initial_accumulator_value: NonNegFloat | None = None
-  etas: list[float] | None = None
-  step_sizes: list[float] | None = None
-  decay_rate: float | None = None
-  clip_threshold: PosFloat | None = None
-  scale_parameter: bool | None = None
-  relative_step: bool | None = None
-  warmup_init: bool | None = None
-  grad_accum_steps: PosInt = 1
-  adjust_learning_rate: dict[str, float] | None = None
-  exclude_bias_from_weight_decay: bool | None = None
-  log_summaries: bool = False
-  disable_lr_steps_reset: bool = False
-
-  @field_validator("optimizer_type", mode="after")
-  @classmethod
-  def _optimizer_type(cls, v: str) -> str:
-    from wafer.config.errors import suggest
-
-    if v.lower() not in (o.lower() for o in OPTIMIZER_TYPES):
-      close = suggest(v, OPTIMIZER_TYPES)
-      hint = f"; did you mean {close!r}?" if close else ""
-      raise ValueError(
-        f"unknown optimizer {v!r}{hint} Allowed (case-insensitive): {', '.join(OPTIMIZER_TYPES)}"
-      )
-    return v
-
-  @field_validator("learning_rate", mode="before")
-  @classmethod
-  def _learning_rate(cls, v: Any) -> Any:
-    return v if v is None else _check_lr(v)
-
-  @field_validator("loss_scaling_factor", mode="before")
-  @classmethod
-  def _loss_scaling_factor(cls, v: Any) -> Any:
-    if v is None or v == "dynamic" or (_number(v) and v > 0 and math.isfinite(v)):
-      return float(v) if _number(v) else v
-    raise ValueError("Optimizer param 'loss_scaling_factor' must be a float, None, or 'dynamic'.")
-
-  @property
-  def name(self) -> str:
-    """``optimizer_type`` lowercased (``AdamW`` -> ``adamw``)."""
-    return self.optimizer_type.lower()
-
-  @property
-  def dynamic_loss_scaling(self) -> bool:
-    return self.loss_scaling_factor == "dynamic"
-
-  @property
-  def decay(self) -> float:
-    """The weight decay (``weight_decay`` or the 1.x ``weight_decay_rate``), default 0."""
-    return self.weight_decay if self.weight_decay is not None else (self.weight_decay_rate or 0.0)
-
-  def problems(self) -> list[Problem]:
-    """Checks across optimizer keys (Cerebras' messages where it has one)."""
-    out = []
-    at = ("optimizer",)
-    if self.max_gradient_norm is not None and self.max_gradient_value is not None:
-      out.append(
-        Problem(
-          at + ("max_gradient_value",),
-          f"Gradients can be clipped by norm(={self.max_gradient_norm}) or by value"
-          f"(={self.max_gradient_value}), but not both. Do not set both `max_gradient_norm` "
-          "and `max_gradient_value`.",
-        )
-      )
-    if self.weight_decay is not None and self.weight_decay_rate is not None:
-      out.append(
-        Problem(
-          at + ("weight_decay_rate",), "set only one of weight_decay and weight_decay_rate (the 1.x spelling)"
-        )
-      )
-    if self.betas is not None and (self.beta1 is not None or self.beta2 is not None):
-      out.append(Problem(at + ("betas",), "set either betas or beta1/beta2, not both"))
-    if self.eps is not None and self.epsilon is not None:
-      out.append(Problem(at + ("epsilon",), "set only one of eps and epsilon"))
-    if self.learning_rate is None:
-      out.append(
-        Problem(at + ("learning_rate",), "required key is missing (a number, a scheduler or a list)")
-      )
-    if (
-      self.dynamic_loss_scaling
-      and self.min_loss_scale is not None
-      and self.min_loss_scale < MIN_DLS_LOSS_SCALE
-    ):
-      out.append(
-        Problem(
-          at + ("min_loss_scale",),
-          "min_loss_scale too small: must be >= 2**-14 with dynamic loss scaling",
-          self.min_loss_scale,
-        )
-      )
-    if (
-      self.min_loss_scale is not None
-      and self.max_loss_scale is not None
-      and self.min_loss_scale > self.max_loss_scale
-    ):
-      out.append(
-        Problem(
-          at + ("min_loss_scale",), f"must be <= max_loss_scale ({self.max_loss_scale})", self.min_loss_scale
-        )
-      )
-    return out
 
 
 class CSConfig(OpenSection):

@@ -33,6 +33,8 @@ from typing import Any
 import grain
 import numpy as np
 
+from wafer.config.schema import batch_split_problem
+
 STATE_VERSION = 1
 
 
@@ -214,16 +216,9 @@ class GrainBatchSource:
   ):
     if batch_size < 1:
       raise ValueError(f"batch_size must be a positive integer (got {batch_size})")
-    if num_csx < 1 or batch_size < num_csx:
-      raise ValueError(
-        f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
-        f"({batch_size}), as the batch is split across the CS devices."
-      )
-    if batch_size % num_csx:
-      raise ValueError(
-        f"batch_size {batch_size} is not divisible by num_csx={num_csx}: batch_size is the global "
-        "batch, split evenly across systems."
-      )
+    split = batch_split_problem(batch_size, num_csx)
+    if split is not None:
+      raise ValueError(f"batch_size={batch_size}: {split}")
     self.source = source
     self.batch_size = int(batch_size)
     self.seed = int(seed)

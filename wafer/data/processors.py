@@ -1,29 +1,16 @@
-"""From a ``train_input`` / ``eval_input`` section to the executor's data, by ``data_processor`` name.
+"""From a ``train_input`` / ``eval_input`` section to the executor's data (generic over data processors).
 
-==================================  ===========================================================
-data_processor                      data
-==================================  ===========================================================
-``BertCSVDynamicMaskDataProcessor``  BERT MLM+NSP: pre-tokenised CSV/HDF5 in ``data_dir``; or
-``BertHDF5DataProcessor``            .txt/.jsonl text there (tokenised and masked here); or,
-``BertMLMNSPDataProcessor``          with no ``data_dir``, the embedded corpus
-``GptHDF5DataProcessor``             GPT next-token: modelzoo GPT HDF5 (``data`` [N, 3, MSL]) in
-``GptHDF5MapDataProcessor``          ``data_dir``; or .txt/.jsonl text there (byte-level BPE
-``GptTextDataProcessor``             trained here, ids < ``vocab_size``); or the embedded corpus
-``MNISTDataProcessor``               MNIST's IDX files in ``data_dir``; without one, scikit-learn's
-                                     bundled digits shaped as MNIST (``split``: ``train``, or
-                                     ``val``/``eval``/``test`` for the held-out part)
-==================================  ===========================================================
+Each data processor is the strict input schema a model plugin registers (`wafer.registry.ModelSpec`
+``data_processors``): a `wafer.config.InputConfig` subclass whose ``features(cache_dir=, seed=,
+eval_split=)`` returns the examples as NumPy arrays (first axis = examples). This module wraps them
+in the grain pipeline: `train_source` (fixed global batches, sharded input workers, repeating
+forever) and `eval_source` / `eval_batches` (one pass in order).
 
-Keys read: ``batch_size`` (global, across ``num_csx``), ``shuffle``, ``shuffle_seed`` (default:
+Keys read here: ``batch_size`` (global, across ``num_csx``), ``shuffle``, ``shuffle_seed`` (default:
 the run seed), ``drop_last`` / ``drop_last_batch``, ``num_workers`` (used when the runconfig's
-``num_workers_per_csx`` is 0), ``max_sequence_length`` (default 128), ``vocab_size`` (of the
-locally trained tokenizer, default 8192), ``data_dir``, ``split``.
-
-Train/eval split of a text corpus (:func:`text_split`): the embedded corpus holds out every
-20th document for evaluation (``split: train`` / ``eval``), so ``train_input`` and
-``eval_input`` without a ``data_dir`` see different text. A ``data_dir`` of text is used whole
-unless its section says ``split``. The tokenizer is always trained on the whole corpus, so
-train and eval share it.
+``num_workers_per_csx`` is 0). `text_split` is the train/eval split of a text corpus: the embedded
+corpus holds out every 20th document for evaluation (``split: train`` / ``eval``), so ``train_input``
+and ``eval_input`` without a ``data_dir`` see different text.
 """
 
 from __future__ import annotations
@@ -31,7 +18,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from wafer.data import sources
 from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass
 from wafer.errors import WaferError
 
@@ -43,23 +29,6 @@ class DataError(WaferError, ValueError):
 def _section_error(section: str, cfg: Any, error: Exception) -> DataError:
   where = f"{section} ({cfg.data_processor}, data_dir={cfg.data_dir!r})"
   return DataError(f"{where}: {error}")
-
-
-BERT_PROCESSORS = ("BertCSVDynamicMaskDataProcessor", "BertHDF5DataProcessor", "BertMLMNSPDataProcessor")
-MNIST_PROCESSORS = ("MNISTDataProcessor",)
-GPT_PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor", "GptTextDataProcessor")
-PROCESSORS = BERT_PROCESSORS + MNIST_PROCESSORS + GPT_PROCESSORS
-
-
-def check_batch_size(batch_size: int, num_csx: int) -> None:
-  """The Cerebras checks of a global batch size against ``num_csx`` (``cerebras.md`` section 6)."""
-  if num_csx < 1:
-    raise ValueError(f"num_csx must be a positive integer (got {num_csx})")
-  if batch_size < num_csx:
-    raise ValueError(
-      f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
-      f"({batch_size}), as the batch is split across the CS devices."
-    )
 
 
 EVAL_SPLITS = ("val", "eval", "test", "validation")
@@ -76,43 +45,39 @@ def text_split(cfg: Any, eval_split: bool) -> str | None:
   return None
 
 
-def _data_dir(cfg: Any) -> str | None:
+def data_dir(cfg: Any) -> str | None:
   """``cfg.data_dir`` as one path (a one-element list is unwrapped; longer lists are an error)."""
-  data_dir = cfg.data_dir[0] if isinstance(cfg.data_dir, list) and len(cfg.data_dir) == 1 else cfg.data_dir
-  if isinstance(data_dir, list):
-    raise ValueError(f"{cfg.data_processor}: data_dir must be one path (got {len(data_dir)})")
-  return data_dir
+  path = cfg.data_dir[0] if isinstance(cfg.data_dir, list) and len(cfg.data_dir) == 1 else cfg.data_dir
+  if isinstance(path, list):
+    raise ValueError(f"{cfg.data_processor}: data_dir must be one path (got {len(path)})")
+  return path
+
+
+def as_processor(cfg: Any) -> Any:
+  """``cfg`` validated by its data processor's registered schema (a generic `InputConfig` is upgraded).
+
+  Raises:
+    ValueError: no installed model plugin registers ``cfg.data_processor`` (the message lists those
+      that are registered).
+  """
+  from wafer import registry
+  from wafer.config.params import section_schema
+  from wafer.config.schema import InputConfig
+
+  if type(cfg).features is not InputConfig.features:
+    return cfg
+  known = registry.data_processors()
+  if cfg.data_processor not in known:
+    raise ValueError(
+      f"data_processor {cfg.data_processor!r} is not one an installed model plugin provides; registered: "
+      f"{', '.join(sorted(known))}"
+    )
+  schema = section_schema("train_input", {"data_processor": cfg.data_processor})
+  return schema.model_validate(cfg.model_dump(exclude_unset=True))
 
 
 def _features(cfg: Any, cache_dir: str | os.PathLike | None, seed: int, eval_split: bool = False) -> dict:
-  name = cfg.data_processor
-  if name in BERT_PROCESSORS:
-    return sources.bert_features(
-      _data_dir(cfg),
-      msl=cfg.max_sequence_length or 128,
-      vocab_size=cfg.vocab_size or 8192,
-      cache_dir=cache_dir,
-      seed=seed,
-      split=text_split(cfg, eval_split),
-    )
-  if name in GPT_PROCESSORS:
-    return sources.gpt_features(
-      _data_dir(cfg),
-      msl=cfg.max_sequence_length or 128,
-      vocab_size=cfg.vocab_size or 8192,
-      cache_dir=cache_dir,
-      split=text_split(cfg, eval_split),
-    )
-  if name in MNIST_PROCESSORS:
-    split = (cfg.split or ("val" if eval_split else "train")).lower()
-    if split not in ("train",) + EVAL_SPLITS:
-      raise ValueError(
-        f"split={cfg.split!r}; allowed: train, or {', '.join(EVAL_SPLITS)} for the held-out part"
-      )
-    split = "train" if split == "train" else "eval"
-    data_dir = _data_dir(cfg)
-    return sources.digits_features(split) if data_dir is None else sources.mnist_features(data_dir, split)
-  raise ValueError(f"data_processor {name!r} is not one wafer provides; allowed: {', '.join(PROCESSORS)}")
+  return as_processor(cfg).features(cache_dir=cache_dir, seed=seed, eval_split=eval_split)
 
 
 def train_source(
@@ -135,7 +100,6 @@ def train_source(
       message names ``section``, the processor and the data_dir.
   """
   try:
-    check_batch_size(cfg.batch_size, num_csx)
     data_seed = seed if cfg.shuffle_seed is None else cfg.shuffle_seed
     feats = _features(cfg, cache_dir, data_seed)
     workers = num_workers_per_csx or cfg.num_workers
@@ -166,7 +130,6 @@ def eval_source(
 ) -> ArraySource:
   """The eval examples of an ``InputConfig`` (checked against its batch size); errors as `train_source`."""
   try:
-    check_batch_size(cfg.batch_size, num_csx)
     data_seed = seed if cfg.shuffle_seed is None else cfg.shuffle_seed
     src = ArraySource(
       _features(cfg, cache_dir, data_seed, eval_split=True), name=f"{cfg.data_processor}:{cfg.data_dir}"

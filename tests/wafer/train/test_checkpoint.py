@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from wafer.example import example_run
+from models.mlp import example_run
 from wafer.train import ExecutorError, run
 
 

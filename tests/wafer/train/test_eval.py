@@ -8,7 +8,7 @@ import pytest
 
 import precision
 import wafer
-from wafer.example import example_run
+from models.mlp import example_run
 from wafer.train import run
 
 

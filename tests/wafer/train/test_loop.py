@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 
+from models.mlp import example_run
 from wafer.config import ConfigError, RunConfig
-from wafer.example import example_run
 from wafer.train import ExecutorError, checkpoint_iterations, run, steps_to_run
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from models.mlp import EXAMPLE_PARAMS
 from wafer import runner
-from wafer.example import EXAMPLE_PARAMS
 
 ROOT = Path(__file__).resolve().parents[3]
 

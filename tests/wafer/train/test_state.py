@@ -8,7 +8,7 @@ import optax
 
 import precision
 import wafer
-from wafer.example import example_run, example_task
+from models.mlp import example_run, example_task
 from wafer.train import Checkpoints, initial_state, make_train_step, run, schedule_counts
 
 

@@ -29,8 +29,17 @@ import csv
 import json
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from pydantic import ConfigDict, field_validator, model_validator
+
+from wafer.config import InputConfig
+from wafer.config.schema import PosInt
+from wafer.data import text
+from wafer.data.pipeline import ArraySource, GrainBatchSource
+from wafer.data.processors import data_dir, text_split
+from wafer.data.sources import Features, announce, cached_features, pretokenised
 
 FEATURES = (
   "input_ids",
@@ -250,3 +259,163 @@ def read_features(data_dir: str | os.PathLike) -> dict[str, np.ndarray]:
     raise FileNotFoundError(f"no pre-tokenised BERT data (*.h5, *.hdf5, *.csv) in {path}")
   parts = [read_csv(f) if f.endswith(".csv") else read_hdf5(f) for f in files]
   return {k: np.concatenate([p[k] for p in parts]) for k in FEATURES}
+
+
+# ----------------------------------------------------------------- sources (text, pre-tokenised, embedded)
+
+CLS_ID, SEP_ID, MASK_ID, NUM_SPECIAL = 2, 3, 4, 5  # positions in wafer.data.text.SPECIAL_TOKENS
+
+
+def bert_features_from_text(
+  docs: list[str],
+  *,
+  msl: int,
+  vocab_size: int,
+  cache_dir: str | os.PathLike | None,
+  seed: int = 0,
+  dupe_factor: int = 1,
+  split: str | None = None,
+) -> dict[str, np.ndarray]:
+  """Train (or load) BERT's tokenizer (`wafer.data.text.train_bert_tokenizer`) on ``docs``, then create MLM+NSP examples.
+
+  The tokenizer is trained on all of ``docs``; the examples come from the documents of
+  ``split`` (:func:`wafer.data.text.split_documents`; None: all). With a ``cache_dir`` the
+  examples are cached there as HDF5 (keyed by the corpus hash, MSL, vocabulary size, seed,
+  dupe factor and split), so a second run skips tokenisation.
+  """
+
+  def build() -> dict[str, np.ndarray]:
+    chosen = announce(docs, split, f"subword BPE, {vocab_size} ids", f"MSL-{msl} MLM+NSP", cache_dir)
+    tok = text.train_bert_tokenizer(docs, vocab_size, cache_dir)
+    return create_mlm_nsp_examples(
+      text.tokenize_documents(tok, chosen),
+      msl=msl,
+      vocab_size=tok.get_vocab_size(),
+      cls_id=CLS_ID,
+      sep_id=SEP_ID,
+      mask_id=MASK_ID,
+      num_special=NUM_SPECIAL,
+      seed=seed,
+      dupe_factor=dupe_factor,
+    )
+
+  key = f"bert-{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-s{seed}-d{dupe_factor}-{split or 'all'}.h5"
+  return cached_features(cache_dir, key, read_hdf5, write_hdf5, build)
+
+
+def bert_features(
+  data_dir: str | os.PathLike | None,
+  *,
+  msl: int,
+  vocab_size: int = 8192,
+  cache_dir: str | os.PathLike | None = None,
+  seed: int = 0,
+  dupe_factor: int = 1,
+  split: str | None = None,
+) -> dict[str, np.ndarray]:
+  """BERT features from pre-tokenised HDF5/CSV, from text (.txt / .jsonl), or the embedded corpus (None).
+
+  ``split`` (``train`` / ``eval`` / None) selects documents of a text corpus; pre-tokenised data
+  is split by its files (point ``data_dir`` at the split's directory).
+  """
+  feats = pretokenised(data_dir, (".h5", ".hdf5", ".csv"), read_features, msl, split)
+  if feats is not None:
+    return feats
+  return bert_features_from_text(
+    text.read_documents(data_dir),
+    msl=msl,
+    vocab_size=vocab_size,
+    cache_dir=cache_dir,
+    seed=seed,
+    dupe_factor=dupe_factor,
+    split=split,
+  )
+
+
+def bert_batch_source(
+  data_dir: str | os.PathLike | None,
+  batch_size: int,
+  *,
+  msl: int = 128,
+  seed: int = 0,
+  num_workers_per_csx: int = 0,
+  num_csx: int = 1,
+  shuffle: bool = True,
+  drop_last: bool = True,
+  vocab_size: int = 8192,
+  cache_dir: str | os.PathLike | None = None,
+  num_processes: int = 0,
+) -> GrainBatchSource:
+  """The BERT MLM+NSP training pipeline as the executor's ``BatchSource``."""
+  feats = bert_features(data_dir, msl=msl, vocab_size=vocab_size, cache_dir=cache_dir, seed=seed)
+  return GrainBatchSource(
+    ArraySource(feats, name=str(data_dir or "embedded corpus")),
+    batch_size,
+    seed=seed,
+    num_workers_per_csx=num_workers_per_csx,
+    num_csx=num_csx,
+    shuffle=shuffle,
+    drop_last=drop_last,
+    num_processes=num_processes,
+  )
+
+
+# ----------------------------------------------------------------- the data processors' input schema
+
+PROCESSORS = ("BertCSVDynamicMaskDataProcessor", "BertHDF5DataProcessor", "BertMLMNSPDataProcessor")
+
+
+class BertInput(InputConfig):
+  """``train_input`` / ``eval_input`` of the BERT processors (strict): pre-tokenised CSV/HDF5 in
+  ``data_dir``; or .txt/.jsonl text there (tokenised and masked here); or, with no ``data_dir``, the
+  embedded corpus. ``max_sequence_length`` defaults to 128, ``vocab_size`` (of the tokenizer trained
+  here) to the model's."""
+
+  model_config = ConfigDict(extra="forbid")
+
+  masked_lm_prob: float = 0.15
+  max_predictions_per_seq: PosInt | None = None
+  # modelzoo keys describing its pre-tokenised files; the tokenizer here lowercases and masks subwords
+  do_lower: bool = True
+  whole_word_masking: bool = False
+
+  @field_validator("masked_lm_prob", mode="after")
+  @classmethod
+  def _rate(cls, v: float) -> float:
+    if v != 0.15:
+      raise ValueError("only 0.15 is implemented (modelzoo's masking rate)")
+    return v
+
+  @field_validator("do_lower", mode="after")
+  @classmethod
+  def _lower(cls, v: bool) -> bool:
+    if not v:
+      raise ValueError("only do_lower: true is implemented (the tokenizer trained here lowercases)")
+    return v
+
+  @field_validator("whole_word_masking", mode="after")
+  @classmethod
+  def _wwm(cls, v: bool) -> bool:
+    if v:
+      raise ValueError("whole-word masking is not implemented; set whole_word_masking: false")
+    return v
+
+  @model_validator(mode="after")
+  def _mmp(self) -> BertInput:
+    msl = self.max_sequence_length or 128
+    if self.max_predictions_per_seq is not None and self.max_predictions_per_seq != max_predictions(msl):
+      raise ValueError(
+        f"max_predictions_per_seq={self.max_predictions_per_seq}: the examples made here mask up to "
+        f"{max_predictions(msl)} tokens at max_sequence_length {msl}; set {max_predictions(msl)} or leave it out"
+      )
+    return self
+
+  def features(self, *, cache_dir: Any = None, seed: int = 0, eval_split: bool = False) -> Features:
+    return bert_features(
+      data_dir(self),
+      msl=self.max_sequence_length or 128,
+      vocab_size=self.vocab_size or 8192,
+      cache_dir=cache_dir,
+      seed=seed,
+      split=text_split(self, eval_split),
+    )

@@ -1,4 +1,4 @@
-"""The small built-in job `wafer run` runs without ``--params`` until the reference models land.
+"""The example MLP: the job `wafer run` falls back to without ``--params`` (a `wafer.registry.ModelSpec`).
 
 A 3-layer MLP classifies 32-dimensional inputs into 8 classes labelled by a fixed random
 teacher network; the batch of step ``k`` is drawn from a generator seeded with ``(seed, k)``,
@@ -8,15 +8,18 @@ have seen. It trains in cbfloat16 mixed precision (level 1) with dynamic loss sc
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from pydantic import ConfigDict
 
 import precision
-from wafer import registry
+from wafer.config import InputConfig, ModelConfig
+from wafer.registry import ModelSpec
 from wafer.train import IndexedBatches, Task
 
 IN, HIDDEN, CLASSES = 32, 64, 8
@@ -73,32 +76,9 @@ def example_task(batch_size: int = 64, eval_batches: int = 4) -> Task:
   )
 
 
-# The params file of the built-in job (modelzoo's legacy layout), run by `wafer run` without --params.
-EXAMPLE_PARAMS = """\
-train_input:
-  data_processor: SyntheticTeacher
-  batch_size: 64
-eval_input:
-  data_processor: SyntheticTeacher
-  batch_size: 64
-model:
-  name: mlp_example
-  mixed_precision: true
-  fp16_type: cbfloat16
-optimizer:
-  optimizer_type: SGD
-  momentum: 0.9
-  learning_rate: 0.05
-  loss_scaling_factor: dynamic
-runconfig:
-  mode: train
-  model_dir: ./model_dir
-  max_steps: 200
-  log_steps: 20
-  checkpoint_steps: 100
-  eval_steps: 4
-  seed: 1
-"""
+CONFIG = Path(__file__).parent / "configs" / "params_mlp.yaml"
+# The params file of the built-in job (modelzoo's legacy layout).
+EXAMPLE_PARAMS = CONFIG.read_text()
 
 
 def build_task(params: Any) -> Task:
@@ -108,7 +88,30 @@ def build_task(params: Any) -> Task:
   return example_task(batch_size=batch, eval_batches=eval_batches)
 
 
-registry.register_model("mlp_example", build_task)
+class MlpConfig(ModelConfig):
+  """``model:`` of the example MLP: no keys beyond the shared precision ones."""
+
+  model_config = ConfigDict(extra="forbid")
+
+
+class SyntheticTeacherInput(InputConfig):
+  """``train_input`` / ``eval_input`` of the example: batches drawn from a seeded generator."""
+
+  model_config = ConfigDict(extra="forbid")
+
+
+SPEC = ModelSpec(
+  names=("mlp_example",),
+  config=MlpConfig,
+  build_task=build_task,
+  data_processors={"SyntheticTeacher": SyntheticTeacherInput},
+  eval_metric="accuracy",
+  default_job=(
+    str(CONFIG),
+    "a 3-layer MLP on a synthetic teacher task, cbfloat16 with dynamic loss scaling",
+    0,
+  ),
+)
 
 
 def example_run(model_dir: str = "model_dir", **overrides: Any) -> tuple:

@@ -23,8 +23,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from pydantic import ConfigDict
+
+from wafer.config import InputConfig
+from wafer.data import text
+from wafer.data.processors import data_dir, text_split
+from wafer.data.sources import Features, announce, cached_features, pretokenised
 
 FEATURES = ("input_ids", "attention_mask", "labels")  # in the order of the HDF5 channels
 DATASET = "data"
@@ -123,3 +130,73 @@ def read_features(data_dir: str | os.PathLike) -> dict[str, np.ndarray]:
   if len(set(lengths.values())) != 1:
     raise ValueError(f"{path}: GPT HDF5 files differ in sequence length: {lengths}")
   return {k: np.concatenate([p[k] for p in parts]) for k in FEATURES}
+
+
+# ----------------------------------------------------------------- sources (text, pre-tokenised, embedded)
+
+
+def gpt_features_from_text(
+  docs: list[str], *, msl: int, vocab_size: int, cache_dir: str | os.PathLike | None, split: str | None = None
+) -> dict[str, np.ndarray]:
+  """Train (or load) the byte-level BPE tokenizer on ``docs``, then create next-token examples.
+
+  Token ids are ``< vocab_size`` (the requested size: the trainer may stop short of it on a small
+  corpus), and ``<|endoftext|>`` (id :data:`text.EOT`) ends every document. The tokenizer is
+  trained on all of ``docs``; the examples come from the documents of ``split``
+  (:func:`wafer.data.text.split_documents`; None: all). With a ``cache_dir`` the examples are
+  cached there as GPT HDF5, keyed by the corpus hash, MSL, vocabulary size and split.
+  """
+
+  def build() -> dict[str, np.ndarray]:
+    chosen = announce(docs, split, f"byte-level BPE, {vocab_size} ids", f"MSL-{msl} next-token", cache_dir)
+    tok = text.train_bpe(docs, vocab_size, cache_dir)
+    ids = [e.ids for e in tok.encode_batch(chosen, add_special_tokens=False)]
+    return create_lm_examples(ids, msl=msl, eot_id=text.EOT)
+
+  key = f"gpt-{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-{split or 'all'}.h5"
+  return cached_features(cache_dir, key, read_hdf5, write_hdf5, build)
+
+
+def gpt_features(
+  data_dir: str | os.PathLike | None,
+  *,
+  msl: int,
+  vocab_size: int = 8192,
+  cache_dir: str | os.PathLike | None = None,
+  split: str | None = None,
+) -> dict[str, np.ndarray]:
+  """GPT features from pre-tokenised HDF5, from text (.txt / .jsonl), or the embedded corpus (None).
+
+  Pre-tokenised data is used as it is (its ids come from its own tokenizer, so ``vocab_size`` is
+  not applied; it is split by its files); text is tokenised here with ids ``< vocab_size``, and
+  ``split`` selects its documents (:func:`gpt_features_from_text`).
+  """
+  feats = pretokenised(data_dir, (".h5", ".hdf5"), read_features, msl, split)
+  if feats is not None:
+    return feats
+  return gpt_features_from_text(
+    text.read_documents(data_dir), msl=msl, vocab_size=vocab_size, cache_dir=cache_dir, split=split
+  )
+
+
+# ----------------------------------------------------------------- the data processors' input schema
+
+PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor", "GptTextDataProcessor")
+
+
+class GptInput(InputConfig):
+  """``train_input`` / ``eval_input`` of the GPT processors (strict): modelzoo GPT HDF5 (``data``
+  [N, 3, MSL]) in ``data_dir``; or .txt/.jsonl text there (byte-level BPE trained here, ids <
+  ``vocab_size``); or, with no ``data_dir``, the embedded corpus."""
+
+  model_config = ConfigDict(extra="forbid")
+
+  def features(self, *, cache_dir: Any = None, seed: int = 0, eval_split: bool = False) -> Features:
+    del seed  # the windows are cut in order; shuffling is the pipeline's
+    return gpt_features(
+      data_dir(self),
+      msl=self.max_sequence_length or 128,
+      vocab_size=self.vocab_size or 8192,
+      cache_dir=cache_dir,
+      split=text_split(self, eval_split),
+    )
