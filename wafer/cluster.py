@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from wafer.config.schema import batch_split_problem
 from wafer.errors import WaferError
 
 AXIS = "csx"
@@ -112,12 +113,14 @@ def data_parallel_shardings(example_args: Sequence[Any], batch_argnums: Sequence
       shardings.append(jax.tree.map(lambda _: replicated_, arg))
       continue
     for leaf in jax.tree.leaves(arg):
-      size = np.shape(leaf)[0] if np.ndim(leaf) else None
-      if size is None or size % num_csx:
+      if not np.ndim(leaf):
         raise ClusterConfigError(
-          f"batch_size {size} is not divisible by num_csx={num_csx}: the global batch is split evenly "
-          "across systems. Choose a batch_size that is a multiple of num_csx."
+          f"argument {i} is a batch argument but holds a scalar: a batch argument has the global batch "
+          f"on axis 0, split evenly over num_csx={num_csx} systems"
         )
+      problem = batch_split_problem(np.shape(leaf)[0], num_csx)
+      if problem is not None:
+        raise ClusterConfigError(f"batch_size {np.shape(leaf)[0]} (argument {i}): {problem}")
     shardings.append(jax.tree.map(lambda _: split, arg))
   return tuple(shardings)
 

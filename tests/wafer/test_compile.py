@@ -157,7 +157,10 @@ def test_data_parallel_num_csx_matches_one_device():
   np.testing.assert_allclose(p4["w"], p1["w"], rtol=1e-6)
   np.testing.assert_allclose(l4, l1, rtol=1e-6)
   assert len(four.compiled.input_shardings[0][1]["x"].device_set) == 4
-  with pytest.raises(cluster.ClusterConfigError, match="not divisible by num_csx=3"):
+  with pytest.raises(
+    cluster.ClusterConfigError,
+    match=r"batch_size 8 \(argument 1\): must be a multiple of runconfig.num_csx=3",
+  ):
     wafer.compile(_step, params, data, num_csx=3, batch_argnums=(1,))
   with pytest.raises(cluster.ClusterConfigError, match="needs 8 JAX devices; this process has 4"):
     cluster.mesh(8)

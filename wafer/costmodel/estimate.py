@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import precision
+from wafer.config.schema import batch_split_problem
 from wafer.costmodel import graph as graph_mod
 from wafer.costmodel.calibration import ACCURACY, CALIBRATION, Calibration
 from wafer.costmodel.hardware import System, get_system
@@ -213,10 +214,9 @@ def estimate_graph(
   chip = sys_.chip
   width, height = _rect(rect, chip.usable_width, chip.usable_height)
   batch = graph.traced_batch if batch_size is None else _positive_int("batch_size", batch_size)
-  if batch % num_csx:
-    raise EstimateError(
-      f"batch_size={batch} does not split evenly over num_csx={num_csx}; allowed: a multiple of {num_csx}"
-    )
+  problem = batch_split_problem(batch, num_csx)
+  if problem is not None:
+    raise EstimateError(f"batch_size={batch}: {problem}")
   per_system = batch // num_csx
   if micro_batch_size is not None:
     micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
