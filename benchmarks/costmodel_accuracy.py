@@ -3,9 +3,8 @@
 Builds each published workload as a JAX step (forward + backward + AdamW; forward only for the
 WaferLLM prefill row), and scores predictions in log space, |ln(pred / meas)|:
 
-* a grid of the calibrated parameters (clock, instruction overhead, lanes) is evaluated once for
-  every point; the MemoryX update time per parameter enters each weight-streaming training step
-  as an added boundary term, so it is scanned without re-estimating;
+* a grid of the four calibrated parameters (clock, instruction overhead, lanes, cycles per
+  attention score) is evaluated once for every point;
 * **in sample**: the parameters minimising the sum of squared log errors over all points;
 * **leave one out**: for each point, the parameters are refitted on all the *other* points and
   the point is predicted with them. Its median and worst |ln ratio| are the accuracy to expect on
@@ -38,11 +37,10 @@ from wafer.costmodel.workloads import WORKLOADS
 TARGET_EACH = math.log(1.25)
 TARGET_MEDIAN = math.log(1.15)
 CLOCKS = (0.85e9, 0.95e9, 1.1e9)  # the published range: SDK scripts 850 MHz, WaferLLM/HC34 1.1 GHz
-OVERHEADS = (4.0, 6.0, 8.0, 12.0, 16.0, 24.0)
-LANES = (1, 2, 4, 8, 16, 32)
-UPDATES = (0.0, 0.05e-9, 0.1e-9, 0.2e-9, 0.4e-9)
-STEP_OVERHEADS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15)
-PARAMS = ("clock_hz", "instruction_overhead_cycles", "max_lanes", "update_s_per_param", "step_overhead_s")
+OVERHEADS = (4.0, 6.0, 8.0, 12.0)
+LANES = (128, 512, 4096)
+SCORE_CYCLES = (362.0, 512.0, 724.0, 1024.0, 1448.0)
+PARAMS = ("clock_hz", "instruction_overhead_cycles", "max_lanes", "score_cycles")
 
 
 def _points() -> list[tuple[Any, Any]]:
@@ -55,10 +53,10 @@ def _points() -> list[tuple[Any, Any]]:
   return out
 
 
-def _grid(points: list[tuple[Any, Any]]) -> dict[tuple[float, float, int], list[tuple[float, float, float]]]:
-  """``(clock, overhead, lanes) -> [(rate at update 0, step seconds, parameters updated on MemoryX)]``."""
+def _grid(points: list[tuple[Any, Any]]) -> dict[tuple[Any, ...], list[float]]:
+  """``(clock, overhead, lanes, score cycles) -> [rate of each point]``."""
   table = {}
-  for clock, overhead, lanes in itertools.product(CLOCKS, OVERHEADS, LANES):
+  for clock, overhead, lanes, score in itertools.product(CLOCKS, OVERHEADS, LANES, SCORE_CYCLES):
     row = []
     for w, graph in points:
       kw = dict(w.estimate_kwargs)
@@ -67,47 +65,32 @@ def _grid(points: list[tuple[Any, Any]]) -> dict[tuple[float, float, int], list[
         clock_hz=fixed_clock or clock,
         instruction_overhead_cycles=overhead,
         max_lanes=lanes,
-        update_s_per_param=0.0,
-        step_overhead_s=0.0,
+        score_cycles=score,
       )
-      r = estimate_graph(graph, batch_size=w.batch_size, calibration=calib, **kw)
-      params = 0.0
-      if r.mode == "weight_streaming" and graph.training:
-        params = sum(k.count * k.weight_elements() for k in graph.kernels if k.has_phase("bwd"))
-      row.append((r.samples_per_sec, r.step_time_s, params, float(graph.training)))
-    table[(clock, overhead, lanes)] = row
+      row.append(estimate_graph(graph, batch_size=w.batch_size, calibration=calib, **kw).samples_per_sec)
+    table[(clock, overhead, lanes, score)] = row
   return table
-
-
-def _rate(cell: tuple[float, ...], batch: int, update: float, fixed: float) -> float:
-  """The rate with the MemoryX update (weight streaming) and the fixed step overhead (training) added."""
-  rate, step, params, training = cell
-  return batch / (step + params * update + training * fixed) if params or training else rate
 
 
 def _fit(
   table: dict[Any, Any], points: list[tuple[Any, Any]], use: list[int]
 ) -> tuple[tuple[Any, ...], float]:
-  """The grid point (clock, overhead, lanes, update) with the least sum of squared log errors on ``use``."""
+  """The grid point with the least sum of squared log errors on the points ``use``."""
   best, best_cost = None, math.inf
   for key, row in table.items():
-    for update, fixed in itertools.product(UPDATES, STEP_OVERHEADS):
-      cost = 0.0
-      for i in use:
-        w = points[i][0]
-        cost += math.log(_rate(row[i], w.batch_size, update, fixed) / w.measurement.value) ** 2
-      if cost < best_cost:
-        best, best_cost = key + (update, fixed), cost
+    cost = sum(math.log(row[i] / points[i][0].measurement.value) ** 2 for i in use)
+    if cost < best_cost:
+      best, best_cost = key, cost
   assert best is not None
   return best, best_cost
 
 
 def _predict(table: dict[Any, Any], points: list[tuple[Any, Any]], params: tuple[Any, ...], i: int) -> float:
-  return _rate(table[params[:3]][i], points[i][0].batch_size, params[3], params[4])
+  return table[params][i]
 
 
 def _describe(p: tuple[Any, ...]) -> str:
-  return f"{p[0] / 1e9:g} GHz, {p[1]:g} cycles, {p[2]} lanes, {p[3] * 1e9:g} ns/param, {p[4] * 1e3:g} ms/step"
+  return f"{p[0] / 1e9:g} GHz, {p[1]:g} cycles, {p[2]} lanes, {p[3]:g} cycles/score"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     CALIBRATION.clock_hz,
     CALIBRATION.instruction_overhead_cycles,
     CALIBRATION.max_lanes,
-    CALIBRATION.update_s_per_param,
-    CALIBRATION.step_overhead_s,
+    CALIBRATION.score_cycles,
   )
   same = all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(defaults, full))
   print(
@@ -211,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     "targets_met": met,
     "fitted": dict(zip(PARAMS, full)),
     "defaults_equal_fit": same,
-    "grid": dict(zip(PARAMS, (CLOCKS, OVERHEADS, LANES, UPDATES, STEP_OVERHEADS))),
+    "grid": dict(zip(PARAMS, (CLOCKS, OVERHEADS, LANES, SCORE_CYCLES))),
     "seconds": elapsed,
     "platform": {"python": platform.python_version(), "jax": jax.__version__, "machine": platform.machine()},
   }

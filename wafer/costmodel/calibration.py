@@ -25,13 +25,13 @@ class Calibration:
 
   Attributes:
     clock_hz: PE clock in Hz, for every WSE. Published figures conflict: the SDK benchmark
-      scripts convert cycles at 850 MHz, WaferLLM and HC34 say "up to 1.1 GHz". Calibrated: 0.85 GHz.
+      scripts convert cycles at 850 MHz, WaferLLM and HC34 say "up to 1.1 GHz". Calibrated: 1.1 GHz (HC34: "designed for 1.1 GHz").
       (WaferLLM's tokens/s were converted from cycles at 1.1 GHz; to compare with them, use
       ``replace(clock_hz=1.1e9)``.)
     instruction_overhead_cycles: fixed cycles a PE spends per tensor (DSD) instruction, on top of
       the vector work: loading the descriptor registers, the loop step, task dispatch. It sets the
       efficiency of short vectors: an AXPY of length L costs ``ceil(L / lanes) + this``.
-      Calibrated: 12 cycles.
+      Calibrated: 6 cycles.
     sram_reserved_bytes_per_pe: SRAM a PE keeps for code, stack, routing tables and runtime
       buffers; the rest holds tensors. Set, not fitted: a quarter of the 48 KB (12 KB), the order
       of a CSL program with a few kernels.
@@ -45,22 +45,34 @@ class Calibration:
       Set, not fitted (no public figure): 20 microseconds, an Ethernet switch hop plus RoCE.
     max_lanes: most copies (*lanes*) of a weight-stationary layout the compiler makes, each lane
       taking its share of the tokens (Cerebras logs: "per-box batch size 99 with 9 lanes"). More
-      lanes mean bigger weight tiles per PE, hence longer vectors. Fitted (grid 1-32): 8.
-    update_s_per_param: seconds per parameter of MemoryX's optimizer pass, a bubble at the
-      iteration boundary of weight streaming when the step clips by the global gradient norm.
-      Fitted (grid 0-0.4 ns): 0, i.e. hidden by streaming on the published runs.
-    step_overhead_s: fixed runtime cost per training step (host synchronisation). Fitted
-      (grid 0-150 ms): 0.
+      lanes mean bigger weight tiles per PE, hence longer vectors and less instruction overhead.
+      Fitted (grid 128-4096): 4096, as many as help.
+    score_cycles: PE-cycles per element of the score matrix of an attention (activation x
+      activation) product, per product, on top of its FMAs: neither operand is stationary, so the
+      scores of each (sample, head) are formed and softmax-reduced across the fabric
+      (`wafer.costmodel.mesh`). Plausible range 100-5000 (a row of fabric hops and a few
+      instruction setups per element). Fitted (grid 362-1448): 724.
+    optimizer_bytes_per_param: bytes MemoryX reads and writes per parameter in its optimizer
+      pass (AdamW on FP32 master weights: weight, two moments and the gradient read, 16 B;
+      weight and moments written, 12 B; rounded up to 32 for the gradient's arrival). At MemoryX's
+      bandwidth, which "matches or exceeds" the system's I/O (the CS-2's 150 GB/s,
+      ``../shared/reference/wafer.md`` §1.4), the pass takes ``P * 32 / 150e9`` s, a bubble at the
+      iteration boundary of weight streaming because global-norm clipping (the modelzoo default)
+      needs every gradient first. Set, not fitted.
+    step_overhead_s: fixed runtime cost per training step (host synchronisation). Set: 0 (no
+      published figure; fitting it to the one pair of runs that shows a per-step cost did not
+      predict that pair when left out).
   """
 
-  clock_hz: float = 0.85e9
-  instruction_overhead_cycles: float = 12.0
+  clock_hz: float = 1.1e9
+  instruction_overhead_cycles: float = 6.0
   sram_reserved_bytes_per_pe: int = 12 * 1024
   transcendental_ops: float = 8.0
   gradient_bytes: int = 4
   swarmx_level_latency_s: float = 20e-6
-  max_lanes: int = 8
-  update_s_per_param: float = 0.0
+  max_lanes: int = 4096
+  score_cycles: float = 724.0
+  optimizer_bytes_per_param: float = 32.0
   step_overhead_s: float = 0.0
 
   def __post_init__(self) -> None:
@@ -108,12 +120,18 @@ class Calibration:
       ["gradient_bytes", f"{self.gradient_bytes} B", "set", "bytes per gradient streamed out (FP32)"],
       ["max_lanes", f"{self.max_lanes}", "calibrated", "most copies of a weight-stationary layer layout"],
       [
-        "update_s_per_param",
-        f"{self.update_s_per_param * 1e9:g} ns",
+        "score_cycles",
+        f"{self.score_cycles:g} cycles",
         "calibrated",
-        "MemoryX optimizer time per parameter at the step boundary",
+        "PE-cycles per attention score element per product",
       ],
-      ["step_overhead_s", f"{self.step_overhead_s * 1e3:g} ms", "calibrated", "fixed runtime cost per step"],
+      [
+        "optimizer_bytes_per_param",
+        f"{self.optimizer_bytes_per_param:g} B",
+        "set",
+        "MemoryX optimizer bytes per parameter (at the system's I/O rate)",
+      ],
+      ["step_overhead_s", f"{self.step_overhead_s * 1e3:g} ms", "set", "fixed runtime cost per step"],
       [
         "swarmx_level_latency_s",
         f"{self.swarmx_level_latency_s * 1e6:g} us",
@@ -145,4 +163,4 @@ class Accuracy:
   command: str = "python benchmarks/costmodel_accuracy.py"
 
 
-ACCURACY = Accuracy(points=8, median=0.582, worst=1.327, band=(0.36, 3.77))
+ACCURACY = Accuracy(points=8, median=0.168, worst=0.332, band=(0.72, 1.35))

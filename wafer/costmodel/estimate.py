@@ -225,7 +225,7 @@ def estimate_graph(
         f"micro_batch_size={micro_batch_size} does not divide the {per_system} samples per system; "
         "allowed: a divisor of batch_size / num_csx"
       )
-  if not any(k.has_phase("fwd") for k in graph.kernels):
+  if not any(k.has_phase("fwd") or k.has_phase("bwd") for k in graph.kernels):
     taken = ", ".join(graph.batch_arguments) or "none"
     raise EstimateError(
       f"the step does no work per sample: nothing it computes depends on its batch arguments ({taken}), "

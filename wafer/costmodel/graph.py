@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax._src.interpreters import partial_eval as pe
 
 from wafer.costmodel import walk
 from wafer.costmodel.walk import Site, Walker
@@ -112,6 +113,9 @@ class Kernel:
     act_in, act_out: ``key -> (elements, exponent, bits)``: per-sample tensors crossing its
       boundary in the forward pass (inputs from other kernels or the data; outputs read by others).
     in_shapes, out_shapes: shapes (at the traced batch) of those boundary tensors.
+    masked: it selects per-sample data with a constant predicate (``jnp.where(tril, scores, -inf)``):
+      a causal mask, so its batched (attention) products compute only the unmasked half of the
+      scores (`wafer.costmodel.mesh.kernel_cycles`).
   """
 
   name: str
@@ -125,6 +129,7 @@ class Kernel:
   act_out: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
   in_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
   out_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+  masked: bool = False
 
   def matmul_flops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
     """Matrix-product FLOP of one instance at ``batch = ratio * b0``."""
@@ -286,6 +291,10 @@ def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[
     n = len(jax.tree.leaves(a))
     flat_is_param += [i not in batch_argnums] * n
   jaxpr = closed.jaxpr
+  try:  # dead code (e.g. the unused gradient of a max under value_and_grad) is not run on the wafer
+    jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)
+  except Exception:  # noqa: BLE001 (a primitive without a DCE rule: walk the jaxpr as it is)
+    jaxpr = closed.jaxpr
   if len(flat_is_param) != len(jaxpr.invars):
     flat_is_param = [True] * len(jaxpr.invars)
   walker = Walker(len(jaxpr.invars), flat_is_param)
@@ -547,6 +556,7 @@ def _shape_exponent(shape: tuple[int, ...], exps: tuple[int, ...]) -> int:
 def _add_site(k: Kernel, s: Site, e: tuple[int, ...], phase: str, compute_bits: int, walker: Walker) -> None:
   """Add one equation's work to its kernel (its ``mult`` equals the kernel's ``count``)."""
   bits = min(s.bits, compute_bits)
+  k.masked = k.masked or s.masked
   if s.kind == "matmul":
     inst, m, kk, n = s.measures
     k.matmuls.append(
@@ -633,6 +643,7 @@ def _merge_glue(
     for key, val in k.act_out.items():
       d.act_out.setdefault(key, val)
     d.out_shapes.extend(k.out_shapes)
+    d.masked = d.masked or k.masked
   return out
 
 

@@ -23,6 +23,15 @@ the rectangle is split into ``g`` groups (searched over powers of two), each com
 ``ceil(instances / g)`` of them one after another on its sub-rectangle with the model above; the
 fabric fill latency is paid once per group, since the next instance's operands follow the last.
 
+**Attention scores.** A batched product whose operands are both activations (``Q K^T`` and
+``P V`` of attention, and their four backward products) is not weight stationary: the score matrix
+of every (sample, head) instance is formed and reduced (softmax) across the fabric rather than in
+one PE's SRAM. On top of the mesh cycles above, each element of an instance's largest matrix
+(``max(m n, m k, k n)``, the ``s x s`` scores) costs ``score_cycles`` PE-cycles, spread over the
+rectangle: ``score_cycles * instances * max(m n, m k, k n) / (width * height)``; a kernel with a
+causal mask (`Kernel.masked`) computes half of them. This is the term that makes small, long-sequence
+models (ESM-2 35M at seq 1026, 20 heads) run far below peak while short-sequence BERT does not.
+
 **Element-wise, reductions, casts and data movement**: per equation, ``elements / min(PEs,
 elements)`` per PE at ``lanes`` per cycle (transcendentals ``transcendental_ops`` times), moves at
 the write port's bytes per cycle, reductions plus one traversal ``hop_latency * max(width,
@@ -349,6 +358,10 @@ def kernel_cycles(
   total = 0.0
   for mm in kernel.matmuls:
     if mm.phase in phases:
+      if not mm.weight and mm.instances.at(ratio) > 1:
+        m, k, n = mm.m.at(ratio), mm.k.at(ratio), mm.n.at(ratio)
+        scores = mm.instances.at(ratio) * max(m * n, m * k, k * n) * (0.5 if kernel.masked else 1.0)
+        total += machine.calib.score_cycles * scores / (width * height)
       growing = [d for d, size in (("m", mm.m), ("k", mm.k), ("n", mm.n)) if size.exponent > 0]
       stream = growing[0] if len(growing) == 1 and mm.instances.exponent == 0 else None
       total += gemm_cycles(

@@ -27,7 +27,7 @@ import math
 from wafer.costmodel.graph import Graph, Kernel
 from wafer.costmodel.hardware import System
 from wafer.costmodel.mesh import Machine, kernel_cycles
-from wafer.costmodel.placement import Rect, pack
+from wafer.costmodel.placement import Rect, pack, pack_options
 
 __all__ = ("PipelineResult", "PipelineUnit", "dataflow_units", "layer_pipelined")
 
@@ -152,7 +152,8 @@ def _evaluate(
     placed = None
     shrink = 1.0
     while placed is None and shrink > 0.2:
-      placed = pack([max(a_min[j], areas[j] * shrink) for j in range(len(areas))], width, height, labels)
+      requested = [max(a_min[j], areas[j] * shrink) for j in range(len(areas))]
+      placed = pack(requested, width, height, labels)
       shrink *= 0.97
     if placed is None:
       break
@@ -170,6 +171,21 @@ def _evaluate(
       memory_bytes=sum(memory),
       needed_pes=needed,
     )
+  # floorplans: every shelf count for the final areas; the one with the best bottleneck wins
+  best_plan: tuple[float, list[Rect]] | None = None
+  options = [rects]
+  for scale in (1.0, 0.97, 0.94, 0.9):  # slightly smaller requests let other shelf counts fit
+    options += pack_options([max(a, r * scale) for a, r in zip(a_min, requested)], width, height, labels)
+  for option in options:
+    slowest = 0.0
+    for (k, _), r in zip(units, option):
+      cycles = kernel_cycles(machine, k, r.width, r.height, ratio, ("fwd", "bwd"))
+      link = 2 * k.activation_in_bytes(ratio) / (min(r.width, r.height) * machine.chip.link_bytes_per_cycle)
+      slowest = max(slowest, cycles, link)
+    if best_plan is None or slowest < best_plan[0]:
+      best_plan = (slowest, option)
+  assert best_plan is not None
+  rects = best_plan[1]
   placed_units = []
   worst_compute = worst_transmit = 0.0
   for (k, i), r, mem in zip(units, rects, memory):

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-__all__ = ("Rect", "overlaps", "pack")
+__all__ = ("Rect", "overlaps", "pack", "pack_options")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,3 +99,19 @@ def pack(
   if best is None:
     return None
   return [Rect(x, y, w, h, lab) for (x, y, w, h), lab in zip(best, labels)]
+
+
+def pack_options(
+  areas: Sequence[float], width: int, height: int, labels: Sequence[str] | None = None
+) -> list[list[Rect]]:
+  """Every shelf packing of ``areas`` (as `pack`, one per feasible shelf count): the floorplans a
+  caller can compare by the rate they give (the Cerebras compiler "explores floorplans")."""
+  if not areas or sum(areas) > width * height:
+    return []
+  labels = list(labels) if labels is not None else [""] * len(areas)
+  out = []
+  for shelves in range(1, min(height, 4 * len(areas)) + 1):
+    placed = _try(areas, width, height, shelves)
+    if placed is not None:
+      out.append([Rect(x, y, w, h, lab) for (x, y, w, h), lab in zip(placed, labels)])
+  return out

@@ -12,7 +12,8 @@ current layer's compute, hence the ``max``. The weight update runs on MemoryX; t
 at the iteration boundary (``T_boundary``): the first layer waits for its updated weights, and
 MemoryX's optimizer pass over all ``P`` parameters, which cannot start before the last gradient
 has arrived when the step clips by the global gradient norm (the modelzoo default), takes
-``P * update_s_per_param``.
+``P * optimizer_bytes_per_param / B_memoryx`` with MemoryX's bandwidth taken equal to the system's
+I/O bandwidth (the MemoryX glossary: its I/O "matches or exceeds" the CS-2's).
 
 With ``num_csx`` systems the batch is split evenly (pure data parallelism); SwarmX broadcasts the
 weights and reduces the gradients at line rate, adding ``2 * ceil(log2(num_csx))`` tree-level
@@ -133,7 +134,7 @@ def _evaluate(
   if first is not None and first.has_phase("bwd"):
     boundary = first.weight_bytes() / b_in + first.weight_elements() * machine.calib.gradient_bytes / b_out
     params = sum(k.count * k.weight_elements() for k in graph.kernels if k.has_phase("bwd"))
-    boundary += params * machine.calib.update_s_per_param + machine.calib.step_overhead_s
+    boundary += params * machine.calib.optimizer_bytes_per_param / b_in + machine.calib.step_overhead_s
   swarmx = 2 * math.ceil(math.log2(num_csx)) * machine.calib.swarmx_level_latency_s if num_csx > 1 else 0.0
   return StreamingResult(
     micro_batch=mb,

@@ -72,6 +72,7 @@ class Site:
   bits: int  # dtype bits of the data
   weight_roots: tuple[int, ...] = ()  # roots of parameter operands
   ops: float = 1.0  # vector ops per element (integer_pow)
+  masked: bool = False  # a select over per-sample data by a constant predicate (a causal mask)
 
 
 class Walker:
@@ -240,6 +241,14 @@ class Walker:
       weight_roots = tuple(self.root[k] for k in ins if k is not None and k in self.root)
       if eqn.primitive.name == "integer_pow":
         ops = float(max(1, abs(int(eqn.params.get("y", 2))) - 1))
+    masked = (
+      eqn.primitive.name == "select_n"
+      and ins[0] is not None
+      and ins[0] not in self.data
+      and ins[0] not in self.root
+      and any(k in self.data for k in ins[1:] if k is not None)
+      and len(out_shapes[0]) >= 2
+    )
     self.sites.append(
       Site(
         kind,
@@ -254,6 +263,7 @@ class Walker:
         bits,
         weight_roots,
         ops,
+        masked,
       )
     )
 
