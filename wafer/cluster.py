@@ -141,22 +141,38 @@ def replicated(tree: Any, num_csx: int) -> Any:
   return jax.tree.map(one, tree)
 
 
-def global_batch(batch: Any, num_csx: int) -> Any:
-  """The global batch (the same on every process) as arrays split over `mesh` ``(num_csx)``.
+def local_systems(num_csx: int) -> tuple[int, ...]:
+  """The systems (positions on `mesh` ``(num_csx)``) whose devices belong to this process.
+
+  All of them in one process.
+  """
+  if jax.process_count() == 1:
+    return tuple(range(num_csx))
+  me = jax.process_index()
+  return tuple(i for i, d in enumerate(mesh(num_csx).devices.flat) if d.process_index == me)
+
+
+def global_batch(batch: Any, num_csx: int, *, local: bool = False) -> Any:
+  """The global batch as arrays split over `mesh` ``(num_csx)``.
 
   In one process the batch is returned as is (the compiled step splits it). With many, each
-  process gives JAX only the rows of its own devices.
+  process gives JAX only the rows of its own systems (`local_systems`): ``batch`` holds the whole
+  global batch (the same on every process) and this process's rows are cut from it, or, with
+  ``local=True``, it already holds just those rows, in system order (a data source that builds
+  only this process's rows, as `wafer.data.GrainBatchSource.for_systems` does).
   """
   if jax.process_count() == 1:
     return batch
-  m = mesh(num_csx)
-  sharding = NamedSharding(m, PartitionSpec(AXIS))
-  mine = [i for i, d in enumerate(m.devices.flat) if d.process_index == jax.process_index()]
+  sharding = NamedSharding(mesh(num_csx), PartitionSpec(AXIS))
+  mine = local_systems(num_csx)
 
   def one(x: Any) -> Any:
     x = np.asarray(x)
+    if local:
+      rows = x.shape[0] // len(mine)
+      return jax.make_array_from_process_local_data(sharding, x, (rows * num_csx, *x.shape[1:]))
     rows = x.shape[0] // num_csx
-    local = np.concatenate([x[i * rows : (i + 1) * rows] for i in mine])
-    return jax.make_array_from_process_local_data(sharding, local, x.shape)
+    part = np.concatenate([x[i * rows : (i + 1) * rows] for i in mine])
+    return jax.make_array_from_process_local_data(sharding, part, x.shape)
 
   return jax.tree.map(one, batch)

@@ -390,3 +390,21 @@ def test_per_step_dropout_keys_follow_the_batch_number():
   np.testing.assert_array_equal(next(resumed)["dropout_key"], batches[3]["dropout_key"])
   assert "dropout_key" not in GrainBatchSource(_src(64), 8, seed=5).batch_at(0)
   assert not np.array_equal(step_key(5, 0), step_key(6, 0))
+
+
+@pytest.mark.parametrize("systems", [(0,), (1, 3), (0, 1, 2, 3), (2,)])
+def test_a_process_builds_only_its_systems_rows(systems):
+  # Many processes: each builds the rows of its own systems, the rows the global batch holds for them.
+  full = GrainBatchSource(_src(96), 16, seed=4, num_workers_per_csx=2, num_csx=4, key_feature="key")
+  for _ in range(3):
+    next(full)
+  local = full.for_systems(systems)
+  assert local.get_state() == full.get_state()  # same position, same pipeline
+  rows = 16 // 4
+  for _ in range(7):  # across the workers' round robin and an epoch boundary
+    whole, part = next(full), next(local)
+    for name in whole:
+      want = np.concatenate([whole[name][c * rows : (c + 1) * rows] for c in systems])
+      np.testing.assert_array_equal(part[name], want)
+  with pytest.raises(ValueError, match="allowed: a non-empty subset of 0..3"):
+    full.for_systems((4,))

@@ -151,11 +151,13 @@ class _RoundRobin(grain.MapDataset):
     num_csx: int = 1,
     key_feature: str | None = None,
     seed: int = 0,
+    systems: Sequence[int] | None = None,
   ):
     super().__init__([])
     self.source = source
     self.workers = list(workers)
     self.num_csx = num_csx
+    self.systems = tuple(range(num_csx)) if systems is None else tuple(systems)
     self.per_csx = len(self.workers) // num_csx
     self.key_feature = key_feature
     self.seed = seed
@@ -171,7 +173,7 @@ class _RoundRobin(grain.MapDataset):
       return self.slice(index)
     p = self.per_csx
     k, j = divmod(index, p)
-    idx = [self.workers[c * p + j][k] for c in range(self.num_csx)]
+    idx = [self.workers[c * p + j][k] for c in self.systems]
     batch = self.source.gather(idx[0] if len(idx) == 1 else np.concatenate(idx))
     if self.key_feature is not None:
       rows = sum(len(i) for i in idx)
@@ -193,6 +195,10 @@ class GrainBatchSource:
     num_processes: grain worker processes that compute batches in parallel (0: in-process). The
       output does not depend on it.
     prefetch: per-process buffer size.
+    systems: the systems (``0 .. num_csx - 1``) whose rows this source builds, in order; None: all
+      of them. In a run of many processes each process builds only the rows of its own systems
+      (`for_systems`), so the input workers are split by process; the rows are those the full
+      global batch holds for these systems.
     key_feature: if set, every batch also holds, under this name, a per-step random key: uint32
       [batch_size, 2], the raw key data :func:`step_key` ``(seed, k)`` repeated on every row (a
       batch axis, so that it splits across ``num_csx`` like the other features). Models draw
@@ -213,6 +219,7 @@ class GrainBatchSource:
     num_processes: int = 0,
     prefetch: int = 4,
     key_feature: str | None = None,
+    systems: Sequence[int] | None = None,
   ):
     if batch_size < 1:
       raise ValueError(f"batch_size must be a positive integer (got {batch_size})")
@@ -236,7 +243,10 @@ class GrainBatchSource:
       for w in range(self.num_workers)
     ]
     self.key_feature = key_feature
-    self.dataset = _RoundRobin(source, self.workers, self.num_csx, key_feature, self.seed)
+    self.systems = tuple(range(self.num_csx)) if systems is None else tuple(int(c) for c in systems)
+    if not self.systems or any(not 0 <= c < self.num_csx for c in self.systems):
+      raise ValueError(f"systems={list(self.systems)}: allowed: a non-empty subset of 0..{self.num_csx - 1}")
+    self.dataset = _RoundRobin(source, self.workers, self.num_csx, key_feature, self.seed, self.systems)
     self.next_batch = 0
     self._it: Any = None
 
@@ -254,6 +264,28 @@ class GrainBatchSource:
       prefetch=self.prefetch,
       key_feature=self.key_feature,
     )
+
+  def for_systems(self, systems: Sequence[int]) -> GrainBatchSource:
+    """The same pipeline, at the same position, building only the rows of ``systems``.
+
+    Only those systems' input workers compute anything: with ``P`` systems per process, each
+    process does ``P / num_csx`` of the input work.
+    """
+    local = GrainBatchSource(
+      self.source,
+      self.batch_size,
+      seed=self.seed,
+      num_workers_per_csx=self.num_workers // self.num_csx,
+      num_csx=self.num_csx,
+      shuffle=self.shuffle,
+      drop_last=self.drop_last,
+      num_processes=self.num_processes,
+      prefetch=self.prefetch,
+      key_feature=self.key_feature,
+      systems=systems,
+    )
+    local.next_batch = self.next_batch
+    return local
 
   def batch_at(self, k: int) -> dict[str, np.ndarray]:
     """Batch number ``k`` (random access; what the iterator yields at position ``k``)."""

@@ -122,6 +122,11 @@ class _Run:
     self.say(f"Preparing the training data of {task.name}...")
     t0 = time.perf_counter()
     self.data = task.train_data(seed)
+    # With many processes, a source that can build only this process's systems' rows does so: the
+    # input workers are split by process (every process holds the same position).
+    self.local_rows = self.distributed and hasattr(self.data, "for_systems")
+    if self.local_rows:
+      self.data = self.data.for_systems(cluster.local_systems(self.num_csx))
     start = self.data.get_state()
     example_batch = next(self.data)  # the compile's example; then rewind, so the data is built once
     self.data.set_state(start)
@@ -131,7 +136,7 @@ class _Run:
     self.compiled = wafer.compile(
       step_fn,
       init,
-      cluster.global_batch(example_batch, self.num_csx),
+      cluster.global_batch(example_batch, self.num_csx, local=self.local_rows),
       num_csx=self.num_csx,
       batch_argnums=self._batch_argnums(),
       donate_argnums=(0,),
@@ -206,7 +211,7 @@ class _Run:
     window_time, window_step = start_time, done
     losses = []
     while done < last:
-      batch = cluster.global_batch(next(self.data), self.num_csx)
+      batch = cluster.global_batch(next(self.data), self.num_csx, local=self.local_rows)
       state, step_metrics = self.compiled(state, batch)
       done += 1
       is_log = done % log_every == 0 or done == last or done == 1

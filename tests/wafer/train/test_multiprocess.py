@@ -76,3 +76,18 @@ def test_two_processes_match_one_process_with_two_devices(tmp_path):
   assert sorted(many) == sorted(one) == list(range(1, 10))
   assert many == one  # the same mesh of two systems: the same losses, bit for bit
   assert sorted(int(p.name) for p in (shared / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6, 9]
+
+
+@pytest.mark.slow
+def test_two_processes_split_the_input_workers_and_match_one_process(tmp_path):
+  # fc_mnist reads a grain pipeline: each process builds only its own system's rows (its workers).
+  data = yaml.safe_load((ROOT / "models" / "fc_mnist" / "configs" / "params_fc_mnist.yaml").read_text())
+  data["runconfig"].update(num_csx=2, num_workers_per_csx=2, log_steps=1, checkpoint_steps=100)
+  params = tmp_path / "params.yaml"
+  params.write_text(yaml.safe_dump(data))
+  _two_processes(params, tmp_path / "shared", max_steps=5)
+  ref = tmp_path / "ref"
+  runner.run_params(params, [f"runconfig.model_dir={ref}", "runconfig.max_steps=5"])
+  many, one = _losses(tmp_path / "shared"), _losses(ref)
+  assert sorted(many) == list(range(1, 6))
+  assert many == one
