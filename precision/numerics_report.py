@@ -41,7 +41,9 @@ one row):
   ReLU's gradient mask), ``max`` / ``min`` choices (ReLU, max-pooling written with
   ``max``), the predicate of ``select_n``, and ``argmax`` / ``argmin`` indices;
   ``flip_distance`` is the smallest ``|a - b|`` of the shadow operands among the flipped
-  elements (for argmax: the shadow gap between the two chosen elements). A flip at a small
+  elements (for argmax: the shadow gap between the two chosen elements; for ``eq`` / ``ne``,
+  as in the gradient of ``max``, among the flipped pairs that differ in float32: the gap
+  between the float32 maximum and the element the policy run took for it). A flip at a small
   distance is a decision the float32 model itself barely made: one such element can carry
   a large share of a gradient.
 
@@ -190,8 +192,10 @@ class _Collector:
       if self.pending and name in CONTROL_FLOW:  # observed after its body: give the body its line
         source = _user_source(eqn.source_info.traceback)
         if source != "?":
-          for key in self.pending:
-            self.meta[key] = self.meta[key][:1] + (source,) + self.meta[key][2:]
+          outer = str(source_info_util.current_name_stack() + eqn.source_info.name_stack)
+          for key in self.pending:  # tracing a custom rule's body resets the name stack
+            name_, _, scope_, class_ = self.meta[key]
+            self.meta[key] = (name_, source, scope_ or outer, class_)
           self.pending.clear()
       if name in CONTROL_FLOW or op_class == "data_movement":
         return
@@ -312,6 +316,11 @@ def _flips(name: str, x_in: tuple, s_in: tuple, x_out: tuple, s_out: tuple, meta
   if name in _COMPARISONS and len(x_in) == 2:
     flipped = np.asarray(x_out[0]) != np.asarray(s_out[0])
     gap = np.abs(np.asarray(s_in[0], np.float64) - np.asarray(s_in[1], np.float64))
+    if name in ("eq", "ne"):  # equal in float32 (gap 0) says nothing: report the pairs that were not
+      count = int(np.sum(np.broadcast_arrays(flipped, gap)[0]))
+      flipped, gap = np.broadcast_arrays(flipped, gap)
+      far = flipped & (gap > 0)
+      return count, (float(np.min(gap[far])) if np.any(far) else None)
   elif name in _CHOICES and len(x_in) == 2:
     xa, xb = np.broadcast_arrays(*x_in)
     sa, sb = np.broadcast_arrays(*s_in)
@@ -390,6 +399,11 @@ class NumericsReport:
 
   def in_program_order(self) -> list[Row]:
     return sorted(self.rows, key=lambda r: r.order)
+
+  def flips(self) -> list[Row]:
+    """Rows whose decisions flipped, closest to the decision boundary (float32 distance) first."""
+    rows = [r for r in self.rows if r.flips]
+    return sorted(rows, key=lambda r: (r.flip_distance is None, r.flip_distance or 0.0, r.order))
 
   def by_scope(self, depth: int | None = None) -> list[dict[str, Any]]:
     """Per scope (cut to its first ``depth`` components): worst drop, lowest SQNR, counts.
