@@ -33,7 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _conv(x, w, stride):
-  return jax.lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  return jax.lax.conv_general_dilated(
+    x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
 
 
 def _batch_norm(x, gamma, beta, eps=1e-5):
@@ -155,7 +157,9 @@ def main() -> None:
   params = init_resnet(jax.random.key(0))
   images = jax.random.normal(jax.random.key(1), (4, 8, 8, 3))
   labels = jnp.array([1, 3, 5, 7])
-  report_case("resnet", jax.value_and_grad(resnet_loss), (params, images, labels), policies, 1, args.top, results)
+  report_case(
+    "resnet", jax.value_and_grad(resnet_loss), (params, images, labels), policies, 1, args.top, results
+  )
 
   if not args.skip_bert:
     loss_fn, bparams, batch = bert_case(args.batch_bert)

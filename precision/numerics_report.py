@@ -82,7 +82,7 @@ import functools
 import html
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -90,8 +90,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import source_info_util
 
-from precision.autocast import _as_policy, _Pass, _run, _Statics, _trace
 from precision._op_classes import CONTROL_FLOW, PRIMITIVE_CLASSES
+from precision.autocast import _as_policy, _Pass, _run, _Statics, _trace
 from precision.formats import FloatFormat
 from precision.policy import Policy
 from precision.rounding import _host_round
@@ -213,7 +213,9 @@ class _Collector:
           self.pending.append(key)
       send_in = list(range(len(values))) if decision or name in _CHOICES else floats_in
       ins = [jnp.asarray(values[i]) for i in send_in]
-      out_list = [jnp.asarray(outs[i]) for i in range(len(outs))] if decision else [outs[i] for i in floats_out]
+      out_list = (
+        [jnp.asarray(outs[i]) for i in range(len(outs))] if decision else [outs[i] for i in floats_out]
+      )
       receive = functools.partial(self._receive, run, key, tuple(send_in), len(ins))
       jax.debug.callback(receive, *ins, *out_list, ordered=True)
 
@@ -311,7 +313,9 @@ def _rank(row: Row) -> tuple:
   return (-drop, -row.flips, row.sqnr_db, row.order)
 
 
-def _flips(name: str, x_in: tuple, s_in: tuple, x_out: tuple, s_out: tuple, meta: Any) -> tuple[int, float | None]:
+def _flips(
+  name: str, x_in: tuple, s_in: tuple, x_out: tuple, s_out: tuple, meta: Any
+) -> tuple[int, float | None]:
   """(count of decisions that differ from the shadow's, smallest shadow distance among them)."""
   if name in _COMPARISONS and len(x_in) == 2:
     flipped = np.asarray(x_out[0]) != np.asarray(s_out[0])
@@ -449,7 +453,9 @@ class NumericsReport:
 
     table = Table(title=f"numerics report, {self.policy} ({len(self.rows)} equations, worst drop first)")
     for c in self._COLUMNS:
-      table.add_column(c, justify="right" if c not in ("primitive", "op_class", "source", "scope") else "left")
+      table.add_column(
+        c, justify="right" if c not in ("primitive", "op_class", "source", "scope") else "left"
+      )
     for cells in self._cells(n):
       table.add_row(*cells)
     return table
@@ -467,7 +473,9 @@ class NumericsReport:
 
   def _repr_html_(self) -> str:
     head = "".join(f"<th>{c}</th>" for c in self._COLUMNS)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in cells) + "</tr>" for cells in self._cells(15))
+    body = "".join(
+      "<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in cells) + "</tr>" for cells in self._cells(15)
+    )
     return f"<table><caption>numerics report, {html.escape(str(self.policy))}</caption><tr>{head}</tr>{body}</table>"
 
   def plot(self, path: str | os.PathLike, depth: int = 2, title: str | None = None) -> None:
@@ -485,11 +493,17 @@ class NumericsReport:
     finite = [r.sqnr_db for r in rows if math.isfinite(r.sqnr_db)]
     top = (max(finite) if finite else 100.0) + 10
     for s in scopes:
-      pts = [(i, r.sqnr_db if math.isfinite(r.sqnr_db) else top) for i, r in enumerate(rows) if _scope_key(r.scope, depth) == s]
+      pts = [
+        (i, r.sqnr_db if math.isfinite(r.sqnr_db) else top)
+        for i, r in enumerate(rows)
+        if _scope_key(r.scope, depth) == s
+      ]
       ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=8, color=colors[s], label=s or "(no scope)")
     flips = [(i, r.sqnr_db if math.isfinite(r.sqnr_db) else top) for i, r in enumerate(rows) if r.flips]
     if flips:
-      ax.scatter([p[0] for p in flips], [p[1] for p in flips], s=40, facecolors="none", edgecolors="k", label="flips")
+      ax.scatter(
+        [p[0] for p in flips], [p[1] for p in flips], s=40, facecolors="none", edgecolors="k", label="flips"
+      )
     ax.set_xlabel("equation (program order; exact outputs drawn at the top)")
     ax.set_ylabel("output SQNR vs float32 shadow (dB)")
     ax.set_title(title or f"numerics report: {self.policy}")
@@ -509,11 +523,17 @@ def _fmt_cell(v: Any) -> str:
   if v is None:
     return "-"
   if isinstance(v, float):
-    return f"{v:.3g}" if math.isfinite(v) and abs(v) < 0.01 and v != 0 else (f"{v:.1f}" if math.isfinite(v) else str(v))
+    return (
+      f"{v:.3g}"
+      if math.isfinite(v) and abs(v) < 0.01 and v != 0
+      else (f"{v:.1f}" if math.isfinite(v) else str(v))
+    )
   return str(v)
 
 
-def numerics_report(fn: Callable[..., Any], policy: Policy | str, *args: Any, **kwargs: Any) -> NumericsReport:
+def numerics_report(
+  fn: Callable[..., Any], policy: Policy | str, *args: Any, **kwargs: Any
+) -> NumericsReport:
   """Run ``fn(*args, **kwargs)`` under ``policy`` beside a float32 shadow and report per equation.
 
   Args:

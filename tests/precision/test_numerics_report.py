@@ -46,7 +46,10 @@ def test_catastrophic_cancellation_ranks_first_at_its_line(seed, policy):
   w = jax.random.normal(kw, (16, 16)) / 4
   report = precision.numerics_report(_cancellation, policy, x, y, w)
   top = report.rows[0]
-  assert (top.primitive, top.source.rsplit("/", 1)[-1]) == ("sub", _line_of(_cancellation, "the cancellation"))
+  assert (top.primitive, top.source.rsplit("/", 1)[-1]) == (
+    "sub",
+    _line_of(_cancellation, "the cancellation"),
+  )
   assert top.drop_db > 20  # the format's rounding of a and b is amplified by |a| / |a - b|
   assert all(r.drop_db < top.drop_db for r in report.rows[1:])
 
@@ -118,7 +121,9 @@ def test_value_and_grad_and_scan(seed):
   fn = jax.jit(jax.value_and_grad(_net))
   report = precision.numerics_report(fn, "c=cb16", w, x)
   # The report's policy run is autocast's computation, bit for bit.
-  for got, want in zip(jax.tree.leaves(report.outputs), jax.tree.leaves(precision.autocast(fn, "c=cb16")(w, x))):
+  for got, want in zip(
+    jax.tree.leaves(report.outputs), jax.tree.leaves(precision.autocast(fn, "c=cb16")(w, x))
+  ):
     assert_same_floats(got, want)
   scopes = {r.scope for r in report.rows}
   assert any("transpose" in s for s in scopes)  # backward equations are reported
