@@ -186,3 +186,11 @@ def test_views_table_dict_plot_scope(tmp_path, capsys):
   assert "<table>" in report._repr_html_()
   report.plot(tmp_path / "p.png")
   assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_module_docstring_example_runs():
+  import doctest
+  import sys
+
+  result = doctest.testmod(sys.modules["precision.numerics_report"], optionflags=doctest.ELLIPSIS)
+  assert result.attempted > 0 and result.failed == 0
