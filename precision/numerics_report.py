@@ -57,11 +57,12 @@ Cost
 Each equation is evaluated twice (the two runs), and every reported equation's inputs and
 outputs of both runs cross to the host and are kept in host memory until matched: the
 memory is about that of storing every activation of the program in float32 (the shadow
-run's, for every scan iteration), plus float64 statistics. On 2 CPU cores the reference
-BERT-tiny ``value_and_grad`` (2 layers, width 128, batch 8 x 128 tokens) takes about 10 s
-(`benchmarks/numerics_report_examples.py` prints the times); the host-side statistics
-dominate. Models with up to a few hundred million activation elements per step fit on a
-workstation; for larger ones, report a smaller batch.
+run's, for every scan iteration), plus float64 statistics. Measured on 2 shared CPU cores
+(`benchmarks/numerics_report_examples.py`): the ``value_and_grad`` of the reference BERT-tiny
+(2 layers, width 128, batch 8 x 128 tokens; 530 reported equations) takes 25-64 s per
+report, a small ResNet (588 equations) 30-40 s. These are the largest models measured; the
+time and the host memory grow with the number of activation elements per step (every one
+crosses to the host twice), so report larger models on a small batch.
 
 Example:
   >>> import jax.numpy as jnp, precision
