@@ -29,6 +29,8 @@ from precision.loss_scale import DynamicLossScale as DynamicLossScale
 from precision.loss_scale import StaticLossScale as StaticLossScale
 from precision.loss_scale import all_finite as all_finite
 from precision.loss_scale import select_tree as select_tree
+from precision.numerics_report import NumericsReport as NumericsReport
+from precision.numerics_report import numerics_report as numerics_report
 from precision.policy import Policy as Policy
 from precision.policy import PolicyError as PolicyError
 from precision.rounding import decode as decode
@@ -41,6 +43,7 @@ __all__ = (
   "DynamicLossScale",
   "FloatFormat",
   "FormatError",
+  "NumericsReport",
   "Policy",
   "PolicyError",
   "StaticLossScale",
@@ -58,6 +61,7 @@ __all__ = (
   "float32_region",
   "format_table",
   "get_format",
+  "numerics_report",
   "register_format",
   "round",
   "select_tree",

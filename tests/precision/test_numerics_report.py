@@ -1,0 +1,196 @@
+"""`precision.numerics_report`: ranking, counts and SQNR against independent float64 NumPy computations."""
+
+import inspect
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import precision
+from precision.testing import assert_same_floats
+
+seeds = st.integers(0, 2**31 - 1)
+
+
+def _line_of(fn, marker):
+  """``file.py:line`` of the line of ``fn`` that contains ``marker``."""
+  lines, start = inspect.getsourcelines(fn)
+  (offset,) = [i for i, line in enumerate(lines) if marker in line]
+  return f"{inspect.getsourcefile(fn).rsplit('/', 1)[-1]}:{start + offset}"
+
+
+def _sqnr64(x, s):
+  x, s = np.asarray(x, np.float64), np.asarray(s, np.float64)
+  noise = np.sum((x - s) ** 2)
+  return math.inf if noise == 0 else 10 * math.log10(np.sum(s**2) / noise)
+
+
+def _cancellation(x, y, w):
+  a = jnp.tanh(x @ w) * 1.5
+  b = jnp.tanh(y @ w) * 1.5
+  d = a - b  # the cancellation
+  return jnp.sum(jnp.exp(d) * a)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=seeds, policy=st.sampled_from(["c=cb16", "c=bf16", "c=f16"]))
+def test_catastrophic_cancellation_ranks_first_at_its_line(seed, policy):
+  kx, kw, kd = jax.random.split(jax.random.key(seed), 3)
+  x = jax.random.normal(kx, (8, 16))
+  y = x + 1e-3 * jax.random.normal(kd, (8, 16))  # a and b agree to about 3 digits
+  w = jax.random.normal(kw, (16, 16)) / 4
+  report = precision.numerics_report(_cancellation, policy, x, y, w)
+  top = report.rows[0]
+  assert (top.primitive, top.source.rsplit("/", 1)[-1]) == (
+    "sub",
+    _line_of(_cancellation, "the cancellation"),
+  )
+  assert top.drop_db > 20  # the format's rounding of a and b is amplified by |a| / |a - b|
+  assert all(r.drop_db < top.drop_db for r in report.rows[1:])
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=seeds, exponent=st.integers(-30, -20))
+def test_float16_underflow_counts_match_numpy(seed, exponent):
+  x = jax.random.normal(jax.random.key(seed), (64,))
+  scale = jnp.float32(2.0**exponent)
+
+  def f(x):
+    return x * scale
+
+  report = precision.numerics_report(f, "c=f16", x)
+  (row,) = report.rows
+  shadow = np.asarray(x) * np.float32(2.0**exponent)
+  rounded = shadow.astype(np.float16)  # an independent rounding to float16 (NumPy)
+  assert row.underflow == int(np.sum((shadow != 0) & (rounded == 0)))
+  assert row.subnormal == int(np.sum((rounded != 0) & (np.abs(rounded) < np.float16(2.0**-14))))
+  if exponent <= -26:
+    assert row.underflow > 0  # the case actually underflows
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=seeds)
+def test_sqnr_agrees_with_a_float64_hand_computation(seed):
+  kx, ky = jax.random.split(jax.random.key(seed))
+  x = jax.random.normal(kx, (32,))
+  y = jax.random.normal(ky, (32,))
+
+  def f(x, y):
+    z = x * y
+    return z + x
+
+  report = precision.numerics_report(f, "c=bf16", x, y)
+  rows = {r.primitive: r for r in report.rows}
+  x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  bf = ml_dtypes.bfloat16
+  z_shadow = (x64 * y64).astype(np.float32)
+  z_policy = z_shadow.astype(bf).astype(np.float64)  # round(x * y): the product is exact in float32
+  out_shadow = (z_shadow.astype(np.float64) + x64).astype(np.float32)
+  out_policy = (z_policy + x64).astype(np.float32).astype(bf)
+  assert rows["mul"].sqnr_db == pytest.approx(_sqnr64(z_policy, z_shadow), rel=1e-9)
+  assert rows["add"].sqnr_db == pytest.approx(_sqnr64(out_policy, out_shadow), rel=1e-9)
+  assert rows["add"].input_sqnr_db == pytest.approx(_sqnr64(z_policy, z_shadow), rel=1e-9)
+  assert rows["add"].round_sqnr_db == pytest.approx(_sqnr64(out_shadow.astype(bf), out_shadow), rel=1e-9)
+  assert rows["mul"].drop_db == pytest.approx(0.0, abs=1e-9)  # one rounding of an exact value
+  assert rows["mul"].sqnr_db < 80  # rounding happened
+
+
+def _net(w, x):
+  h = jnp.maximum(x @ w, 0.0)
+
+  def body(c, wi):
+    c = jnp.tanh(c @ wi) + c
+    return c, c
+
+  h, _ = jax.lax.scan(body, h, jnp.stack([w, w * 0.5, w * 0.25]))
+  h = jax.lax.cond(jnp.sum(h) > 0, lambda v: v * 2.0, lambda v: v - 1.0, h)
+  return jnp.mean(jax.checkpoint(lambda v: jax.nn.softmax(v) * v)(h))
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=seeds)
+def test_value_and_grad_and_scan(seed):
+  kw, kx = jax.random.split(jax.random.key(seed))
+  w = jax.random.normal(kw, (8, 8)) / 3
+  x = jax.random.normal(kx, (4, 8))
+  fn = jax.jit(jax.value_and_grad(_net))
+  report = precision.numerics_report(fn, "c=cb16", w, x)
+  # The report's policy run is autocast's computation, bit for bit.
+  for got, want in zip(
+    jax.tree.leaves(report.outputs), jax.tree.leaves(precision.autocast(fn, "c=cb16")(w, x))
+  ):
+    assert_same_floats(got, want)
+  scopes = {r.scope for r in report.rows}
+  assert any("transpose" in s for s in scopes)  # backward equations are reported
+  tanh = [r for r in report.rows if r.primitive == "tanh"]
+  assert tanh and all(r.calls == 3 for r in tanh)  # one row per equation, 3 scan iterations
+  assert any(math.isfinite(r.sqnr_db) for r in report.rows)  # rounding happened
+  assert report.unmatched == 0
+  assert [r.drop_db for r in report.rows] == sorted((r.drop_db for r in report.rows), reverse=True)
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=seeds)
+def test_float32_policy_is_exact_everywhere(seed):
+  kw, kx = jax.random.split(jax.random.key(seed))
+  w = jax.random.normal(kw, (8, 8)) / 3
+  x = jax.random.normal(kx, (4, 8))
+  report = precision.numerics_report(jax.value_and_grad(_net), "c=f32", w, x)
+  assert len(report.rows) > 10
+  for r in report.rows:
+    assert (r.sqnr_db, r.drop_db, r.flips, r.overflow, r.underflow) == (math.inf, 0.0, 0, 0, 0), r
+
+
+def _relu_layer(x, y, z):
+  return jnp.sum(jax.nn.relu(x * y - z))  # the relu
+
+
+def test_flipped_relu_mask_with_its_boundary_distance():
+  # x * y = 1 + 2^-11 + 2^-13 rounds to 1.0 in cbfloat16 (9 fraction bits), below z = 1 + 2^-11:
+  # the float32 pre-activation is +2^-13, the cbfloat16 one -2^-11. The other elements do not flip.
+  x = jnp.array([1 + 2.0**-11 + 2.0**-13, 2.0, 0.5, -1.0])
+  y = jnp.ones(4)
+  z = jnp.array([1 + 2.0**-11, 1.0, 1.0, 1.0])
+  assert float(precision.round(x[0], "cbfloat16")) < float(z[0]) < float(x[0])  # the rounding flips it
+  report = precision.numerics_report(_relu_layer, "c=cb16", x, y, z)
+  (relu,) = [r for r in report.rows if r.primitive == "max"]
+  assert (relu.flips, relu.flip_distance) == (1, 2.0**-13)
+  assert relu.source.endswith(_line_of(_relu_layer, "the relu"))
+  grads = precision.numerics_report(jax.grad(_relu_layer), "c=cb16", x, y, z)
+  assert sum(r.flips for r in grads.rows if r.op_class == "comparison") == 1  # the gradient's mask
+  assert grads.rows[0].flips or grads.rows[0].drop_db > 0
+
+
+def test_views_table_dict_plot_scope(tmp_path, capsys):
+  w = jnp.eye(8) * 0.3
+  x = jnp.ones((4, 8))
+
+  def f(w, x):
+    with jax.named_scope("layer1"):
+      h = jnp.tanh(x @ w)
+    with jax.named_scope("layer2"):
+      return jnp.sum((h - 0.29) ** 2)
+
+  report = precision.numerics_report(f, "c=cb16", w, x)
+  report.table(5)
+  assert "numerics report" in capsys.readouterr().out
+  d = report.to_dict()
+  assert len(d["rows"]) == len(report.rows) and d["by_scope"]
+  assert {s["scope"] for s in report.by_scope()} == {"layer1", "layer2"}
+  assert report.by_scope()[0]["scope"] == "layer2"  # the subtraction near 0.29 loses most
+  assert "<table>" in report._repr_html_()
+  report.plot(tmp_path / "p.png")
+  assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_module_docstring_example_runs():
+  import doctest
+  import sys
+
+  result = doctest.testmod(sys.modules["precision.numerics_report"], optionflags=doctest.ELLIPSIS)
+  assert result.attempted > 0 and result.failed == 0
