@@ -282,11 +282,11 @@ def _nearest_even_float32_range(x: jax.Array, fmt: FloatFormat) -> jax.Array:
   XLA's ``reduce_precision(x, 8, m)`` rounds the bit pattern to nearest even at ``m`` bits
   (integer operations, so float32 subnormal inputs round like any other: the format's
   subnormals are float32's at ``m`` bits) and overflows to inf from ``max + ulp(max)/2`` on.
-  It returns a NaN input unchanged, so NaNs take ``x + x``: the input NaN, quieted (on CPUs;
+  It returns a NaN input unchanged, so NaNs take ``x * 2``: the input NaN, quieted (on CPUs;
   GPUs may give their canonical NaN, as in `_nearest_even_ieee`).
   """
   normal = lax.reduce_precision(x, exponent_bits=8, mantissa_bits=fmt.mantissa_bits)
-  return jnp.where(x == x, normal, x + x)  # x == x is False exactly for NaN
+  return jnp.where(x == x, normal, x * np.float32(2))  # x == x is False exactly for NaN
 
 
 # ---- random bits for stochastic rounding ----
