@@ -17,15 +17,26 @@ rounds of each variant's time, and the ratio of medians against float32. Compile
 trace + lower + XLA compile of the jitted step, measured once per variant (reported as a
 ratio too). Targets (issue "The mixed-precision core"): step <= 1.15x, compile <= 1.3x.
 
+Load-independent evidence, also reported per variant: the rounding sites of the step's jaxpr
+(``precision_round`` equations, counted inside loops and calls once each) and, in the optimized
+HLO, the instruction count and the roundings XLA runs (``reduce-precision`` instructions: one
+per nearest-even rounding to cbfloat16, counted once per fusion that computes it).
+
+``--size`` takes a comma-separated list: ``--size small,base`` measures both in one run, each
+against its own float32 baseline. The JSON goes to
+``benchmarks/results/autocast_overhead_<sizes>_<platform>.json``.
+
   python benchmarks/autocast_overhead.py --size small          # about a minute
-  python benchmarks/autocast_overhead.py --size base --batch 4  # several minutes on 2 cores
+  python benchmarks/autocast_overhead.py --size small,base --batch 4  # several minutes on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -36,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.extend import core as jcore
 
 import precision
 from models.encoder import Encoder, EncoderConfig, parameter_count, token_loss
@@ -75,35 +87,53 @@ def build_steps(config: EncoderConfig, policy: precision.Policy) -> tuple[dict[s
   return steps, (params, opt_state), parameter_count(model)
 
 
-def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--size", choices=sorted(SIZES), default="small")
-  parser.add_argument("--batch", type=int, default=8)
-  parser.add_argument("--seq", type=int, default=128)
-  parser.add_argument("--level", type=int, default=1, choices=(0, 1, 2))
-  parser.add_argument("--rounds", type=int, default=5, help="timing rounds (each runs every variant)")
-  parser.add_argument("--output", type=Path, default=None)
-  args = parser.parse_args(argv)
+def rounding_sites(jaxpr: jcore.Jaxpr) -> int:
+  """``precision_round`` equations in ``jaxpr`` and the jaxprs inside it (each body once)."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    count += eqn.primitive.name == "precision_round"
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(sub, jcore.ClosedJaxpr):
+          count += rounding_sites(sub.jaxpr)
+        elif isinstance(sub, jcore.Jaxpr):
+          count += rounding_sites(sub)
+  return count
 
-  config = SIZES[args.size]
-  policy = precision.Policy(compute="cbfloat16", level=args.level)
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%\S+ = \S+ ([\w-]+)\(", re.MULTILINE)
+
+
+def hlo_counts(hlo: str) -> dict[str, int]:
+  """Instructions of the optimized HLO (all computations), and its reduce-precision ones."""
+  ops = _INSTRUCTION.findall(hlo)
+  return {"instructions": len(ops), "reduce_precision": ops.count("reduce-precision")}
+
+
+def measure(size: str, args: argparse.Namespace, policy: precision.Policy) -> dict:
+  config = SIZES[size]
   steps, (params, opt_state), n_params = build_steps(config, policy)
   key = jax.random.key(0)
   tokens = jax.random.randint(key, (args.batch, args.seq), 0, config.vocab_size, jnp.int32)
   targets = jnp.roll(tokens, 1, axis=1)
   print(
-    f"encoder {args.size}: {n_params / 1e6:.1f}M parameters, batch {args.batch} x seq {args.seq}; "
+    f"encoder {size}: {n_params / 1e6:.1f}M parameters, batch {args.batch} x seq {args.seq}; "
     f"policy {policy}; {jax.devices()[0].platform}"
   )
 
-  compiled, compile_s = {}, {}
+  compiled, compile_s, counts = {}, {}, {}
   for name, step in steps.items():
     start = time.perf_counter()
     compiled[name] = jax.jit(step).lower(params, opt_state, tokens, targets).compile()
     compile_s[name] = time.perf_counter() - start
+    sites = rounding_sites(jax.make_jaxpr(step)(params, opt_state, tokens, targets).jaxpr)
+    counts[name] = {"rounding_sites": sites, **hlo_counts(compiled[name].as_text())}
     out = compiled[name](params, opt_state, tokens, targets)  # warm-up
     jax.block_until_ready(out)
-    print(f"  compiled {name:15s} in {compile_s[name]:6.2f} s; loss {float(out[2]):.6f}", flush=True)
+    print(
+      f"  compiled {name:15s} in {compile_s[name]:6.2f} s; loss {float(out[2]):.6f}; {counts[name]}",
+      flush=True,
+    )
 
   names = list(steps)
   times: dict[str, list[float]] = {n: [] for n in names}
@@ -130,17 +160,37 @@ def main(argv: list[str] | None = None) -> int:
       "step_ratio": step_s / base_step,
       "compile_s": compile_s[name],
       "compile_ratio": compile_s[name] / compile_s["float32"],
+      **counts[name],
     }
     print(
       f"{name:15s} {step_s:14.4f} {step_s / base_step:11.3f} {compile_s[name]:10.2f} "
       f"{compile_s[name] / compile_s['float32']:14.3f}"
     )
-  print(f"targets: step ratio <= {TARGETS['step']}, compile ratio <= {TARGETS['compile']}")
+  print(f"targets: step ratio <= {TARGETS['step']}, compile ratio <= {TARGETS['compile']}\n")
+  return {"size": size, "parameters": n_params, "results": results}
 
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--size", default="small", help=f"comma-separated, of {', '.join(sorted(SIZES))}")
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--seq", type=int, default=128)
+  parser.add_argument("--level", type=int, default=1, choices=(0, 1, 2))
+  parser.add_argument("--rounds", type=int, default=5, help="timing rounds (each runs every variant)")
+  parser.add_argument("--output", type=Path, default=None)
+  args = parser.parse_args(argv)
+  sizes = [s.strip() for s in args.size.split(",") if s.strip()]
+  unknown = [s for s in sizes if s not in SIZES]
+  if unknown or not sizes:
+    parser.error(
+      f"--size {args.size!r}: unknown {unknown}; allowed: a comma-separated list of {sorted(SIZES)}"
+    )
+
+  policy = precision.Policy(compute="cbfloat16", level=args.level)
+  by_size = {size: measure(size, args, policy) for size in sizes}
   report = {
     "benchmark": "autocast_overhead",
-    "size": args.size,
-    "parameters": n_params,
+    "sizes": sizes,
     "batch": args.batch,
     "seq": args.seq,
     "policy": str(policy),
@@ -148,11 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     "platform": jax.devices()[0].platform,
     "device": str(jax.devices()[0].device_kind),
     "machine": platform.machine(),
+    "load_average": list(os.getloadavg()),
     "jax": jax.__version__,
     "targets": TARGETS,
-    "results": results,
+    "by_size": by_size,
   }
-  output = args.output or RESULTS / f"autocast_overhead_{args.size}_{jax.devices()[0].platform}.json"
+  output = args.output or RESULTS / f"autocast_overhead_{'_'.join(sizes)}_{jax.devices()[0].platform}.json"
   output.parent.mkdir(parents=True, exist_ok=True)
   output.write_text(json.dumps(report, indent=2) + "\n")
   print(f"wrote {output}")

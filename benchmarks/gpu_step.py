@@ -20,8 +20,10 @@ Variants, compiled and timed in the same run on the same data and initial parame
   back to float32 for the loss;
 * ``autocast_<format>_l<level>``: ``jax.value_and_grad(precision.autocast(loss, policy))`` with
   ``Policy(compute=<format>, level=<level>)``, for bfloat16 and cbfloat16 at levels 0 and 1
-  (``--formats``, ``--levels``), at XLA's default matmul precision (``--autocast_precision``
-  changes it).
+  (``--formats``, ``--levels``). Autocast binds its products on rounded operands at
+  ``precision=HIGH`` (TF32 tensor cores, exact for these operands) and those it keeps float32
+  at ``HIGHEST`` itself; ``--autocast_precision`` (``jax.default_matmul_precision``) only
+  reaches products autocast leaves alone.
 
 Timing: ``--warmup`` untimed steps per variant after compiling, then ``--rounds`` rounds, each
 running every variant once in an order that alternates (ABBA), each step ended by
@@ -29,7 +31,8 @@ running every variant once in an order that alternates (ABBA), each step ended b
 median), the ratios against ``float32`` and against ``bf16_native``, and the compile time
 (trace + lower + XLA compile). With ``--hlo_dir`` the optimized HLO of every variant is written
 there, and the JSON counts its matmul instructions by kind (``dot``, cuBLAS / cuBLASLt custom
-calls, Triton GEMM fusions) to show which ones XLA sent to tensor cores. Results go to
+calls, Triton GEMM fusions) and by precision / algorithm (``dot_precisions``; also printed)
+to show which ones XLA may send to tensor cores. Results go to
 ``benchmarks/results/gpu_step_<device>.json`` (``--output`` overrides).
 
   python benchmarks/gpu_step.py                                   # on a GPU: both sizes, ~minutes
@@ -186,6 +189,32 @@ def matmul_counts(hlo: str) -> dict[str, int]:
   return {kind: len(pattern.findall(hlo)) for kind, pattern in _MATMUL_KINDS.items()}
 
 
+_MATMUL_LINE = re.compile(
+  r"= \S+ (dot|convolution)\(|custom_call_target=\"__cublas|__triton_gemm|__cudnn\$conv"
+)
+_PRECISION = re.compile(r'operand_precision=\{(\w+),\w+\}|"operand_precision":\["(\w+)"')
+_ALGORITHM = re.compile(r'algorithm=(\w+)|"algorithm":"(\w+)"')
+
+
+def dot_precisions(hlo: str) -> dict[str, int]:
+  """Matmul instructions of the optimized HLO by ``precision/algorithm`` (as XLA prints them:
+  ``dot(...)`` attributes on CPU, the backend config of cuBLAS / Triton / cuDNN calls on GPU;
+  an absent attribute is ``default`` / ``unset``). On an NVIDIA GPU, ``high`` and ``default``
+  allow TF32 tensor cores, ``highest`` is true float32."""
+  counts: dict[str, int] = {}
+  for line in hlo.splitlines():
+    if not _MATMUL_LINE.search(line) or "fused_computation" in line.split("=")[0]:
+      continue
+    prec = _PRECISION.search(line)
+    algo = _ALGORITHM.search(line)
+    key = (
+      f"{''.join(prec.groups('')).lower() if prec else 'default'}/"
+      f"{''.join(algo.groups('')).lower() if algo else 'unset'}"
+    )
+    counts[key] = counts.get(key, 0) + 1
+  return counts
+
+
 def _device_tag(device: jax.Device) -> str:
   return re.sub(r"[^a-z0-9]+", "_", str(device.device_kind).lower()).strip("_") or device.platform
 
@@ -210,7 +239,7 @@ def run_size(name: str, size: Size, args: argparse.Namespace) -> dict[str, Any]:
       exe = jax.jit(make_step(value_and_grad, tx)).lower(params, opt_state, tokens, targets).compile()
     compile_s[vname] = time.perf_counter() - start
     hlo = exe.as_text()
-    hlo_counts[vname] = matmul_counts(hlo)
+    hlo_counts[vname] = {**matmul_counts(hlo), "precision/algorithm": dot_precisions(hlo)}
     if args.hlo_dir is not None:
       args.hlo_dir.mkdir(parents=True, exist_ok=True)
       (args.hlo_dir / f"{name}_{vname}.hlo.txt").write_text(hlo)
@@ -218,7 +247,11 @@ def run_size(name: str, size: Size, args: argparse.Namespace) -> dict[str, Any]:
       out = jax.block_until_ready(exe(params, opt_state, tokens, targets))
     losses[vname] = float(out[2])
     compiled[vname] = exe
-    print(f"  compiled {vname:22s} in {compile_s[vname]:7.2f} s; loss {losses[vname]:.6f}", flush=True)
+    print(
+      f"  compiled {vname:22s} in {compile_s[vname]:7.2f} s; loss {losses[vname]:.6f}; "
+      f"matmul precision/algorithm {hlo_counts[vname]['precision/algorithm']}",
+      flush=True,
+    )
 
   names = list(compiled)
   times: dict[str, list[float]] = {n: [] for n in names}

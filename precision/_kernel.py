@@ -33,9 +33,12 @@ normal shift (cbfloat16, float16, float8) rounds that range as ``roundeven(|x| /
 two multiplications by exact powers of two around XLA's RoundNearestEven, which no
 simplification can remove and which cannot round twice. It is used only where ``q/2`` is a
 float32 normal, so flush-to-zero touches only inputs that round to 0 anyway. In IEEE formats
-that overflow to inf, with the IEEE bias, the normal range is XLA's ``reduce_precision`` and
-overflow, inf and NaN come out as ``x * inf`` (`_nearest_even_ieee`).
-The per-element variable shift this replaces costs ~20% more work per value.
+that overflow to inf, with the IEEE bias, the normal range, overflow and inf are XLA's
+``reduce_precision`` (itself integer operations) and NaN takes the scaled branch
+(`_nearest_even_ieee`, 7 operations per value in XLA CPU's fused loop); with float32's
+exponent range (bfloat16) ``reduce_precision`` alone rounds every number
+(`_nearest_even_float32_range`, 3 operations). The per-element variable shift these replace
+costs ~20% more work per value, and the integer path for bfloat16 takes 13 operations.
 ``integer_only=True`` keeps the pure-integer path; tests and the exhaustive check cover both.
 """
 
@@ -83,8 +86,6 @@ class Constants:
   quantum_bits: int  # bit pattern of the smallest subnormal q = 2^(1 - bias - m)
   half_quantum_bits: int  # bit pattern of q / 2 (zero when q/2 is not a float32)
   quantum_exponent: int  # log2(q) = 1 - bias - m
-  overflow_threshold_bits: int  # bit pattern of max + ulp(max)/2: from here on (ties included) nearest
-  # rounding overflows in IEEE formats (finite_only: only above it)
   scaled_subnormals: bool  # nearest_even may round the subnormal range as round(|x| / q) * q
 
 
@@ -106,7 +107,6 @@ def constants(fmt: FloatFormat) -> Constants:
     quantum_bits=float_to_bits(2.0 ** (fmt.emin - m)),
     half_quantum_bits=float_to_bits(2.0 ** (fmt.emin - m - 1)) if fmt.emin - m > -149 else 0,
     quantum_exponent=fmt.emin - m,
-    overflow_threshold_bits=float_to_bits(fmt.max + 2.0 ** (fmt.emax - m - 1)) if fmt.bits < 32 else _INF,
     # Safe when q/2 and every subnormal result are float32 normals, so that flushing float32
     # subnormals (XLA on CPU does) only touches inputs below q/2, which round to 0 anyway.
     scaled_subnormals=variable and fmt.emin - m >= -125,
@@ -225,12 +225,15 @@ def round_bits(
   subnormals, results below ``min_normal`` become zero.
   """
   c = constants(fmt)
-  u = lax.bitcast_convert_type(x, jnp.uint32)
-  a = u & _u32(_ABS)
   fast = mode == "nearest_even" and c.scaled_subnormals and fmt.has_inf and fmt.overflow == "inf"
   ieee_bias = fmt.bias == 2 ** (fmt.exponent_bits - 1) - 1
   if fast and ieee_bias and not integer_only:
-    return _nearest_even_ieee(x, a, fmt, c)
+    return _nearest_even_ieee(x, fmt)
+  float32_range = fmt.exponent_bits == 8 and ieee_bias and fmt.subnormals and fmt.mantissa_bits < 23
+  if float32_range and mode == "nearest_even" and fmt.has_inf and fmt.overflow == "inf" and not integer_only:
+    return _nearest_even_float32_range(x, fmt)
+  u = lax.bitcast_convert_type(x, jnp.uint32)
+  a = u & _u32(_ABS)
   rounded = round_magnitude(a, fmt, mode, rbits, integer_only)
   overflowed = rounded > _u32(c.max_bits)
   if fmt.overflow == "saturate":
@@ -248,24 +251,42 @@ def round_bits(
   return lax.bitcast_convert_type(result | (u ^ a), jnp.float32)
 
 
-def _nearest_even_ieee(x: jax.Array, a: jax.Array, fmt: FloatFormat, c: Constants) -> jax.Array:
+def _nearest_even_ieee(x: jax.Array, fmt: FloatFormat) -> jax.Array:
   """Nearest-even rounding for IEEE-like formats that overflow to inf (cbfloat16, float16, e5m2).
 
-  The same results as the general path in fewer operations (about 10 per value; see
+  The same results as the general path in fewer operations (7 per value in XLA CPU's fused
+  loop: abs, compare, select, reduce-precision, and multiply, round, multiply; see
   benchmarks/rounding.py), which also keeps compile times low where autocast inserts
   thousands of roundings:
 
-  * normal range: XLA's ``reduce_precision(x, e, m)`` (round to nearest even at ``m`` bits
-    with exponent range ``e``; the format's bias is the IEEE one, checked by the caller). It
-    flushes the format's subnormals, hence:
-  * subnormal range: ``roundeven(x / q) * q``, by exact powers of two (see the module docstring);
-  * ``|x| >= max + ulp(max)/2`` (overflow, inf, NaN): ``x * inf``, which is +-inf for numbers
-    and the quieted input NaN on CPUs (GPUs may return their canonical NaN; `encode` takes the
-    sign from the input, so stored codes do not depend on the platform).
+  * ``|x| >= min_normal`` (normal range, overflow, inf): XLA's ``reduce_precision(x, e, m)``,
+    round to nearest even at ``m`` bits with the format's exponent range (the bias is the
+    IEEE one, checked by the caller), which overflows to +-inf exactly from
+    ``max + ulp(max)/2`` on (ties included: ``max`` is odd) and keeps inf;
+  * otherwise, and for NaN (every comparison with NaN is false): ``roundeven(x / q) * q`` by
+    exact powers of two (see the module docstring), which is the subnormal grid and, for a
+    NaN, the quieted input NaN on CPUs (GPUs may return their canonical NaN; `encode` takes
+    the sign from the input, so stored codes do not depend on the platform).
+
+  The comparison is on floats: a float32 subnormal input that a flush-to-zero setting reads
+  as 0 takes the scaled branch, where it rounds to 0 as it should (``q/2`` is a normal).
   """
   normal = lax.reduce_precision(x, exponent_bits=fmt.exponent_bits, mantissa_bits=fmt.mantissa_bits)
-  rounded = jnp.where(a < _u32(c.min_normal_bits), _scaled_nearest_even(x, c.quantum_exponent), normal)
-  return jnp.where(a >= _u32(c.overflow_threshold_bits), x * np.float32(np.inf), rounded)
+  scaled = _scaled_nearest_even(x, constants(fmt).quantum_exponent)
+  return jnp.where(jnp.abs(x) >= np.float32(fmt.min_normal), normal, scaled)
+
+
+def _nearest_even_float32_range(x: jax.Array, fmt: FloatFormat) -> jax.Array:
+  """Nearest-even rounding for IEEE formats with float32's exponent range (bfloat16): 3 ops.
+
+  XLA's ``reduce_precision(x, 8, m)`` rounds the bit pattern to nearest even at ``m`` bits
+  (integer operations, so float32 subnormal inputs round like any other: the format's
+  subnormals are float32's at ``m`` bits) and overflows to inf from ``max + ulp(max)/2`` on.
+  It returns a NaN input unchanged, so NaNs take ``x * 2``: the input NaN, quieted (on CPUs;
+  GPUs may give their canonical NaN, as in `_nearest_even_ieee`).
+  """
+  normal = lax.reduce_precision(x, exponent_bits=8, mantissa_bits=fmt.mantissa_bits)
+  return jnp.where(x == x, normal, x * np.float32(2))  # x == x is False exactly for NaN
 
 
 # ---- random bits for stochastic rounding ----

@@ -33,6 +33,10 @@ weakest state both satisfy (``raw`` if nothing better is known).
   convolution's contraction is input channels x kernel window; its chunks are slices of
   input channels of ``max(1, block // window)`` channels each (a grouped convolution).
   ``ragged_dot`` and convolutions with ``batch_group_count > 1`` are never chunked.
+  The products on rounded operands are bound with ``precision=HIGH`` (TF32 tensor cores on
+  NVIDIA GPUs: exact products of compute-format values), those kept float32 with ``HIGHEST``
+  (true float32); on CPUs both are true float32, so results do not depend on it
+  (`ROUNDED_OPERANDS`, `TRUE_FLOAT32`).
 * ``attention_matmul``: the two matrix products of attention, recognised by structure, not
   by batch dimensions. A *score product* is a ``dot_general`` whose result reaches (through
   any non-matmul ops: scaling, masking, max-subtraction) an ``exp`` whose output is divided
@@ -659,10 +663,11 @@ def _matmul(
   treatment = p.rules[rule_class]
   operand_count = 2
   if any(t is None for t in tags[:operand_count]) or treatment == "float32":
-    outs = _bind(eqn, values)
     if treatment == "float32" and all(t is not None for t in tags[:operand_count]):
+      outs = _bind(eqn, values, **_dot_precision(eqn, TRUE_FLOAT32))
       p.log.record(name, rule_class, kept_float32=_size(out_aval))
       return outs, [Tag(FLOAT32, score)]
+    outs = _bind(eqn, values)
     p.log.record(name, rule_class, untouched=_size(out_aval))
     return outs, [_RAW if _is_f32(out_aval) else None]
   rounded = 0
@@ -679,13 +684,30 @@ def _matmul(
       memo[atom] = operands[i]
   chunked = _mixed_product(p, eqn, operands) if treatment == "mixed_accumulate" else None
   if chunked is None:
-    out = p.round(_bind(eqn, operands)[0])
+    out = p.round(_bind(eqn, operands, **_dot_precision(eqn, ROUNDED_OPERANDS))[0])
     rounded += _size(out_aval)
   else:
     out, n = chunked
     rounded += (2 * n - 1) * _size(out_aval)
   p.log.record(name, rule_class, rounded=rounded)
   return [out], [Tag(ROUNDED, score)]
+
+
+# The precision config of the products autocast binds (``precision=`` of dot_general and
+# convolutions). On CPUs every config computes true float32 products: results do not depend
+# on it. On NVIDIA GPUs (Ampere and later) HIGH runs TF32 tensor cores (operands rounded to
+# 1-8-10, float32 accumulation) and HIGHEST true float32 without tensor cores. Every value of
+# cbfloat16, bfloat16 and float16 (at most 10 fraction bits, exponents within float32's) is
+# exact in TF32, so on rounded operands TF32 computes each product exactly: the emulation runs
+# at the tensor-core rate. Products the policy keeps float32 get HIGHEST (true float32, as
+# the wafer's fp32). On TPUs HIGH is three bfloat16 passes, exact only for 8-bit significands.
+ROUNDED_OPERANDS = (jax.lax.Precision.HIGH, jax.lax.Precision.HIGH)
+TRUE_FLOAT32 = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+
+
+def _dot_precision(eqn: Any, precision: tuple) -> dict[str, Any]:
+  """Parameter update giving a matrix product ``precision`` (none for products without one)."""
+  return {"precision": precision} if "precision" in eqn.params else {}
 
 
 def _mixed_product(p: _Pass, eqn: Any, operands: list[Any]) -> tuple[jax.Array, int] | None:
@@ -774,7 +796,7 @@ def _dot_chunk_sums(operands: list[Any], params: dict, chunks: tuple[int, int, i
     lhs,
     rhs,
     ((new_lc, new_rc), (new_lb, new_rb)),
-    precision=params.get("precision"),
+    precision=ROUNDED_OPERANDS,
     preferred_element_type=jnp.float32,
   )
 
@@ -818,7 +840,7 @@ def _conv_chunk_sums(operands: list[Any], params: dict, block: int) -> jax.Array
     rhs_dilation=params["rhs_dilation"],
     dimension_numbers=jax.lax.ConvDimensionNumbers(dn.lhs_spec, canonical_rhs, dn.out_spec),
     feature_group_count=groups * count,
-    precision=params.get("precision"),
+    precision=ROUNDED_OPERANDS,
     preferred_element_type=jnp.float32,
   )
   # Output features (G, n, og) -> a leading chunk axis, features (G*og) back in place.
