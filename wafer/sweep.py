@@ -155,7 +155,7 @@ class SweepResult:
     """Final loss, worst deviation from float32 in units of u, and the estimated wafer rate per run."""
     rows = []
     for r in self.runs:
-      dev = "-" if r.deviation_u is None else f"{r.deviation_u:,.1f}"
+      dev = "-" if r.deviation_u is None else f"{r.deviation_u:.3g}"
       rate = "-" if r.samples_per_sec_estimate is None else f"{r.samples_per_sec_estimate:,.1f}"
       final = f"{r.losses[-1]:.6f}" if r.losses else "-"
       ev = ", ".join(f"{k}={v:.4f}" for k, v in r.eval.items() if k != "step") or "-"
@@ -174,8 +174,9 @@ class SweepResult:
     base = self.baseline()
     fig = Figure(figsize=(11 if base else 6, 4), layout="constrained")
     axes = fig.subplots(1, 2 if base else 1, squeeze=False)[0]
+    colors = {r.name: f"C{i}" for i, r in enumerate(self.runs)}  # one color per run in both panels
     for r in self.runs:
-      axes[0].plot(r.steps, r.losses, marker=".", label=r.name)
+      axes[0].plot(r.steps, r.losses, marker=".", color=colors[r.name], label=r.name)
     axes[0].set(xlabel="step", ylabel="training loss", title="Loss")
     axes[0].legend()
     if base is not None:
@@ -184,13 +185,20 @@ class SweepResult:
         if r is base:
           continue
         pts = [(s, v - ref[s]) for s, v in zip(r.steps, r.losses) if s in ref]
-        axes[1].plot([s for s, _ in pts], [d for _, d in pts], marker=".", label=r.name)
+        axes[1].plot([s for s, _ in pts], [d for _, d in pts], marker=".", color=colors[r.name], label=r.name)
       axes[1].axhline(0.0, color="gray", linewidth=0.8)
       axes[1].set(xlabel="step", ylabel="loss - loss(float32)", title="Difference from float32")
       axes[1].legend()
     path = Path(path)
     fig.savefig(path, dpi=100)
     return path
+
+  @classmethod
+  def load(cls, path: str | Path) -> SweepResult:
+    """The sweep of a ``sweep.json`` (``path``: the file or its folder)."""
+    path = Path(path)
+    path = path / "sweep.json" if path.is_dir() else path
+    return cls([Run(**r) for r in json.loads(path.read_text())["runs"]], str(path.parent))
 
   def save(self, model_dir: str | Path | None = None) -> dict[str, Path]:
     """Write ``sweep.json`` and ``sweep.png`` into ``model_dir`` (default: the sweep's)."""

@@ -66,6 +66,7 @@ def test_sweep_json_schema_and_png(swept):
     assert r["eval"]["step"] == 3 and len(r["eval"]) == 2
     assert r["samples_per_sec_estimate"] > 0
     assert (out / f"{r['format']}_L{r['level']}" / "metrics.jsonl").exists()
+  assert sweep.SweepResult.load(out).to_dict() == data == result.to_dict()
   png = (out / "sweep.png").read_bytes()
   assert png.startswith(b"\x89PNG")
   text = str(result.table())
