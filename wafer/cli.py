@@ -379,7 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     default="cbfloat16,bfloat16,float16,float32",
     help="comma-separated: cbfloat16, bfloat16, float16, float32 (default: all four)",
   )
-  swp.add_argument("--levels", help="comma-separated runconfig.precision_opt_level values, 0-2 (default: 1)")
+  swp.add_argument(
+    "--levels", help="comma-separated runconfig.precision_opt_level values, 0-2 (default: the params file's)"
+  )
   swp.add_argument("--model_dir", metavar="DIR", required=True, help="the sweep's folder")
   swp.add_argument("overrides", nargs="*", metavar="key.path=value", help="e.g. runconfig.max_steps=10")
   swp.set_defaults(handler=_sweep)

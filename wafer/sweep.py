@@ -78,14 +78,12 @@ def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
   return tuple(names)
 
 
-def parse_levels(levels: str | Sequence[int] | None) -> tuple[int, ...]:
-  """Precision levels from ``"0,1,2"`` or a sequence; each 0, 1 or 2. ``None``: ``(1,)``.
+def parse_levels(levels: str | Sequence[int]) -> tuple[int, ...]:
+  """Precision levels from ``"0,1,2"`` or a sequence; each 0, 1 or 2.
 
-  >>> parse_levels("0, 2"), parse_levels(None)
+  >>> parse_levels("0, 2"), parse_levels([1])
   ((0, 2), (1,))
   """
-  if levels is None:
-    return (1,)
   items = [s.strip() for s in levels.split(",")] if isinstance(levels, str) else list(levels)
   out = []
   for item in items:
@@ -233,7 +231,8 @@ def sweep(
   Args:
     params: a params file (path or dict), as for ``wafer run``.
     formats: names among `FORMATS` (``"a,b"`` or a sequence).
-    levels: ``runconfig.precision_opt_level`` values among 0, 1, 2; default ``(1,)``.
+    levels: ``runconfig.precision_opt_level`` values among 0, 1, 2; default: the params file's
+      (after ``overrides``).
     model_dir: the sweep's folder; run ``(f, L)`` writes into ``model_dir/<f>_L<L>/``.
     overrides: ``key.path=value`` overrides applied to every run (e.g. ``runconfig.max_steps=3``).
     progress: print a line before each run (the runs print their own log lines).
@@ -242,9 +241,14 @@ def sweep(
   Raises:
     SweepError: an unknown format or level; any `WaferError` of the runs themselves.
   """
-  from wafer import runner
+  from wafer import registry, runner
+  from wafer.config import load_params
 
-  names, lvls = parse_formats(formats), parse_levels(levels)
+  names = parse_formats(formats)
+  if levels is None:  # the config's level (its default lives in the schema)
+    registry.load_plugins()
+    levels = [load_params(params, list(overrides)).runconfig.precision_opt_level]
+  lvls = parse_levels(levels)
   jobs = [(f, lv) for f in names for lv in lvls if f != BASELINE]
   if BASELINE in names:  # float32 does not depend on the level: once, first (the baseline)
     jobs.insert(0, (BASELINE, min(lvls)))

@@ -95,6 +95,8 @@ def test_formats_and_levels_parse():
   assert sweep.parse_levels([0, 1, 2]) == (0, 1, 2)
   with pytest.raises(sweep.SweepError, match="allowed: 0, 1, 2"):
     sweep.parse_levels("1.5")
+  with pytest.raises(sweep.SweepError, match="allowed: 0, 1, 2"):
+    sweep.parse_levels([True])
   with pytest.raises(sweep.SweepError, match="no format given"):
     sweep.parse_formats(" , ")
 
