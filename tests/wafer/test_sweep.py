@@ -109,3 +109,26 @@ def test_format_overrides_select_the_policy_through_the_config(params_path):
     for level in sweep.LEVELS:
       policy = load_params(params_path, sweep.format_overrides(fmt, level)).policy()
       assert policy.compute.name == fmt and policy.level == level
+
+
+def test_cli_sweep_over_levels(tmp_path, capsys):
+  """The command line on the example MLP job: float32 once, each 16-bit format once per level."""
+  from models import mlp
+
+  out = tmp_path / "s"
+  argv = ["sweep", "--params", str(mlp.CONFIG), "--formats", "cbfloat16,float32", "--levels", "2,0"]
+  assert (
+    cli.main([*argv, "--model_dir", str(out), "runconfig.max_steps=2", "runconfig.checkpoint_steps=0"]) == 0
+  )
+  text = capsys.readouterr().out
+  assert "[sweep 1/3] float32 at precision_opt_level 0" in text and "deviation (u)" in text
+  assert sorted(p.name for p in out.iterdir()) == [
+    "cbfloat16_L0",
+    "cbfloat16_L2",
+    "float32_L0",
+    "sweep.json",
+    "sweep.png",
+  ]
+  runs = json.loads((out / "sweep.json").read_text())["runs"]
+  assert [(r["format"], r["level"]) for r in runs] == [("float32", 0), ("cbfloat16", 2), ("cbfloat16", 0)]
+  assert all(r["steps"] == [1, 2] and r["eval"] == {} for r in runs)  # mode train: no eval
