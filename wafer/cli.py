@@ -7,6 +7,7 @@
 * ``wafer estimate (--params FILE | --workload NAME)``: the wafer cost model's compile report;
 * ``wafer analyze-input --params FILE``: input pipeline samples/s with 1..N workers against the
   model's consumption; recommends ``num_workers_per_csx``;
+* ``wafer sweep``: the same training run once per compute format (and level), compared;
 * ``wafer demo``: the float formats and a rounding example.
 
 Errors the user can fix print one message (no traceback) and exit non-zero.
@@ -112,7 +113,7 @@ def _distributed(args: argparse.Namespace) -> bool:
 
 def _run(args: argparse.Namespace) -> int:
   import wafer
-  from wafer import registry, runner
+  from wafer import runner
 
   try:
     _distributed(args)
@@ -127,17 +128,7 @@ def _run(args: argparse.Namespace) -> int:
   for flag in ("validate_only", "compile_only"):
     if getattr(args, flag):
       overrides.append(f"runconfig.{flag}=true")
-  if args.params is None:
-    job = registry.default_job()
-    if job is not None:
-      source: Any = job[0]
-      print(f"No --params given: running the embedded default job: {job[1]}.\n  params: {job[0]}", flush=True)
-    else:  # no installed plugin offers a default job
-      raise registry.PluginError(
-        "no --params given, and no installed model plugin (wafer.models entry point) offers a default job"
-      )
-  else:
-    source = args.params
+  source = args.params if args.params is not None else _default_params()
   try:
     plan = runner.load_plan(source, overrides)
     wafer.enable_compilation_cache(
@@ -177,6 +168,42 @@ def _run(args: argparse.Namespace) -> int:
   ):
     if path.exists():
       print(f"  {label:15s} {path}")
+  return 0
+
+
+def _default_params() -> Any:
+  """The embedded default job's params path (announced), for commands run without --params."""
+  from wafer import registry
+
+  job = registry.default_job()
+  if job is None:  # no installed plugin offers a default job
+    raise registry.PluginError(
+      "no --params given, and no installed model plugin (wafer.models entry point) offers a default job"
+    )
+  print(f"No --params given: running the embedded default job: {job[1]}.\n  params: {job[0]}", flush=True)
+  return job[0]
+
+
+def _sweep(args: argparse.Namespace) -> int:
+  from wafer import sweep
+
+  try:
+    formats = sweep.parse_formats(args.formats)  # checked before anything is loaded
+    levels = None if args.levels is None else sweep.parse_levels(args.levels)
+    source = args.params if args.params is not None else _default_params()
+    result = sweep.sweep(source, formats, levels, args.model_dir, list(args.overrides or ()))
+  except KeyboardInterrupt:
+    print("\nwafer sweep: interrupted.", file=sys.stderr)
+    return 130
+  except Exception as error:  # user-facing errors: the message, not a traceback
+    message = _user_error(error)
+    if message is None:
+      raise
+    print(f"wafer sweep: error: {message}", file=sys.stderr)
+    return 1
+  print()
+  print(result.table())
+  print(f"\nwrote {Path(args.model_dir) / 'sweep.json'}\nwrote {Path(args.model_dir) / 'sweep.png'}")
   return 0
 
 
@@ -339,6 +366,27 @@ def build_parser() -> argparse.ArgumentParser:
   procs.add_argument("--coordinator_address", metavar="HOST:PORT", help="process 0's host and a free port")
   run.add_argument("overrides", nargs="*", metavar="key.path=value", help="e.g. runconfig.max_steps=10")
   run.set_defaults(handler=_run)
+  swp = commands.add_parser(
+    "sweep",
+    help="train the same run once per compute format (and precision level) and compare the losses",
+    description="Train a params file once per format and level: same initial weights, batches and dropout "
+    "masks; only the rounding differs. Each run writes into DIR/<format>_L<level>/; DIR/sweep.json holds "
+    "the losses, eval and the cost model's wafer rate per run, DIR/sweep.png the loss curves and their "
+    "difference from float32. The table's deviation is the worst |loss - loss_float32| / (|loss_float32| u), "
+    "u = 2^-(mantissa bits + 1) of the run's format (needs float32 among the formats).",
+  )
+  swp.add_argument("--params", metavar="FILE", help="a params YAML (default: the embedded BERT-tiny job)")
+  swp.add_argument(
+    "--formats",
+    default="cbfloat16,bfloat16,float16,float32",
+    help="comma-separated: cbfloat16, bfloat16, float16, float32 (default: all four)",
+  )
+  swp.add_argument(
+    "--levels", help="comma-separated runconfig.precision_opt_level values, 0-2 (default: the params file's)"
+  )
+  swp.add_argument("--model_dir", metavar="DIR", required=True, help="the sweep's folder")
+  swp.add_argument("overrides", nargs="*", metavar="key.path=value", help="e.g. runconfig.max_steps=10")
+  swp.set_defaults(handler=_sweep)
   return parser
 
 

@@ -144,7 +144,9 @@ class _Run:
     )
     self.say(f"Compiled in {time.perf_counter() - t1:.1f} s.")
     if self.main:
-      _write_compile_report(step_fn, init, example_batch, task, self.num_csx, self.model_dir, self.summary)
+      _write_compile_report(
+        step_fn, init, example_batch, task, self.num_csx, self.policy, self.model_dir, self.summary
+      )
     if rc.validate_only or rc.compile_only:
       self.say(f"{'Validation' if rc.validate_only else 'Compile'} completed successfully ({task.name}).")
       return self.summary
@@ -337,13 +339,15 @@ class _Run:
     return value
 
 
-def _write_compile_report(step_fn, state, batch, task, num_csx, model_dir, summary) -> None:
+def _write_compile_report(step_fn, state, batch, task, num_csx, policy, model_dir, summary) -> None:
+  """The cost model's estimate of the train step in the run's compute format (the policy's), saved."""
   try:
-    report = wafer.estimate(step_fn, state, batch, batch_size=task.batch_size, num_csx=num_csx)
+    report = wafer.estimate(step_fn, state, batch, batch_size=task.batch_size, num_csx=num_csx, policy=policy)
   except Exception as error:  # the cost model must not stop a run; say why it is missing
     print(f"note: no compile report ({type(error).__name__}: {error})", flush=True)
     return
   report.save(model_dir)
   summary["compile_report"] = str(model_dir / "compile_report.txt")
+  summary["samples_per_sec_estimate"] = float(report.samples_per_sec)
   print(f"Estimated {report.samples_per_sec:,.1f} samples/s on the wafer ({report.mode}); "
         f"see {model_dir / 'compile_report.txt'}", flush=True)  # fmt: skip

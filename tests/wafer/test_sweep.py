@@ -1,0 +1,134 @@
+"""`wafer sweep`: one run per format on the default BERT-tiny job; float32 equals `wafer run`'s."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from wafer import cli, registry, sweep
+
+# A few steps of the default job, a tiny eval: the whole module runs in CI time.
+SHORT = ["runconfig.max_steps=3", "runconfig.eval_frequency=3", "runconfig.eval_steps=1", "runconfig.checkpoint_steps=0"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def params_path():
+  return registry.default_job()[0]
+
+
+@pytest.fixture(scope="module")
+def swept(params_path, tmp_path_factory):
+  out = tmp_path_factory.mktemp("sweep")
+  result = sweep.sweep(params_path, "cbfloat16,float32", None, out, SHORT, progress=False)
+  return result, out
+
+
+def _metric_losses(path):
+  records = [json.loads(line) for line in path.read_text().splitlines()]
+  return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+def test_float32_run_is_bit_identical_to_wafer_run(swept, params_path, tmp_path):
+  result, out = swept
+  run_dir = tmp_path / "run"
+  args = ["run", "--params", params_path, "--model_dir", str(run_dir), *SHORT]
+  assert cli.main([*args, "runconfig.log_steps=1", "model.mixed_precision=false"]) == 0
+  expected = _metric_losses(run_dir / "metrics.jsonl")
+  got = _metric_losses(out / "float32_L1" / "metrics.jsonl")
+  assert len(expected) == 3
+  assert got == expected  # exact float equality: the same run path, config and data
+  base = result.baseline()
+  assert list(zip(base.steps, base.losses)) == expected
+
+
+def test_cbfloat16_differs_from_float32(swept):
+  result, _ = swept
+  cb = next(r for r in result.runs if r.format == "cbfloat16")
+  f32 = result.baseline()
+  assert cb.steps == f32.steps == [1, 2, 3]
+  assert cb.losses != f32.losses  # rounding happened
+  assert cb.deviation_u is not None and cb.deviation_u > 0
+  assert f32.deviation_u == 0.0
+  # the deviation is the worst relative loss difference in units of u = 2^-10 (cbfloat16: 9 mantissa bits)
+  worst = max(abs(a - b) / abs(b) for a, b in zip(cb.losses, f32.losses)) / 2.0**-10
+  assert math.isclose(cb.deviation_u, worst, rel_tol=1e-12)
+
+
+def test_sweep_json_schema_and_png(swept):
+  result, out = swept
+  data = json.loads((out / "sweep.json").read_text())
+  assert [(r["format"], r["level"]) for r in data["runs"]] == [("float32", 1), ("cbfloat16", 1)]
+  for r in data["runs"]:
+    assert {"format", "level", "steps", "losses", "eval", "samples_per_sec_estimate"} <= set(r)
+    assert len(r["steps"]) == len(r["losses"]) == 3
+    assert r["eval"]["step"] == 3 and len(r["eval"]) == 2
+    assert r["samples_per_sec_estimate"] > 0
+    assert (out / f"{r['format']}_L{r['level']}" / "metrics.jsonl").exists()
+  assert sweep.SweepResult.load(out).to_dict() == data == result.to_dict()
+  png = (out / "sweep.png").read_bytes()
+  assert png.startswith(b"\x89PNG")
+  text = str(result.table())
+  assert "deviation (u)" in text and "cbfloat16" in text
+
+
+@pytest.mark.parametrize(
+  ("argv", "message"),
+  [
+    (["--formats", "cbfloat61,float32"], "unknown format 'cbfloat61'; did you mean 'cbfloat16'?"),
+    (["--formats", "float8"], "unknown format 'float8'"),
+    (["--levels", "3"], "'3' is not a precision level; allowed: 0, 1, 2"),
+    (["--formats", "float32,float32"], "names a format twice"),
+  ],
+)
+def test_bad_formats_and_levels_are_one_line_errors(argv, message, tmp_path, capsys):
+  assert cli.main(["sweep", "--model_dir", str(tmp_path), *argv]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith("wafer sweep: error: --") and message in err
+  assert len(err.strip().splitlines()) == 1
+  assert not (tmp_path / "sweep.json").exists()
+
+
+def test_formats_and_levels_parse():
+  assert sweep.parse_formats(["float16", "bfloat16"]) == ("float16", "bfloat16")
+  assert sweep.parse_levels([0, 1, 2]) == (0, 1, 2)
+  with pytest.raises(sweep.SweepError, match="allowed: 0, 1, 2"):
+    sweep.parse_levels("1.5")
+  with pytest.raises(sweep.SweepError, match="allowed: 0, 1, 2"):
+    sweep.parse_levels([True])
+  with pytest.raises(sweep.SweepError, match="no format given"):
+    sweep.parse_formats(" , ")
+
+
+def test_format_overrides_select_the_policy_through_the_config(params_path):
+  from wafer.config import load_params
+
+  registry.load_plugins()
+  for fmt in sweep.FORMATS:
+    for level in sweep.LEVELS:
+      policy = load_params(params_path, sweep.format_overrides(fmt, level)).policy()
+      assert policy.compute.name == fmt and policy.level == level
+
+
+def test_cli_sweep_over_levels(tmp_path, capsys):
+  """The command line on the example MLP job: float32 once, each 16-bit format once per level."""
+  from models import mlp
+
+  out = tmp_path / "s"
+  argv = ["sweep", "--params", str(mlp.CONFIG), "--formats", "cbfloat16,float32", "--levels", "2,0"]
+  assert (
+    cli.main([*argv, "--model_dir", str(out), "runconfig.max_steps=2", "runconfig.checkpoint_steps=0"]) == 0
+  )
+  text = capsys.readouterr().out
+  assert "[sweep 1/3] float32 at precision_opt_level 0" in text and "deviation (u)" in text
+  assert sorted(p.name for p in out.iterdir()) == [
+    "cbfloat16_L0",
+    "cbfloat16_L2",
+    "float32_L0",
+    "sweep.json",
+    "sweep.png",
+  ]
+  runs = json.loads((out / "sweep.json").read_text())["runs"]
+  assert [(r["format"], r["level"]) for r in runs] == [("float32", 0), ("cbfloat16", 2), ("cbfloat16", 0)]
+  assert all(r["steps"] == [1, 2] and r["eval"] == {} for r in runs)  # mode train: no eval

@@ -1,0 +1,300 @@
+"""Format sweeps: the same training run once per compute format (and precision level), compared.
+
+`sweep(params, formats, levels, model_dir, overrides)` trains the model of ``params`` once per
+``(format, level)``, each run through the ordinary run path (`wafer.runner.load_plan` /
+`wafer.runner.run_plan`) with the format and level set as config overrides:
+
+==============  =================================================================================
+format          overrides (after the user's, so they win)
+==============  =================================================================================
+``float32``     ``model.mixed_precision=false`` (the all-float32 baseline, as ``wafer run`` does it)
+``cbfloat16``,  ``model.mixed_precision=true``, ``model.fp16_type=<format>``
+``bfloat16``,
+``float16``
+every run       ``runconfig.precision_opt_level=<level>``, ``runconfig.model_dir=DIR/<format>_L<level>``
+==============  =================================================================================
+
+so the policy is the one ``params.policy()`` builds (one source of truth). Every run has the same
+seed, hence the same initial weights, the same batches and the same dropout masks; only the
+rounding differs. ``runconfig.log_steps`` defaults to 1 in a sweep (a loss at every step), unless the
+user's overrides set it. A float32 run does not depend on the level (an all-float32 policy rounds
+nothing), so float32 runs once, at the lowest level asked for.
+
+The deviation of a run from float32 is measured in units of the run's format's unit roundoff
+``u = 2^-(m+1)`` (``m`` stored mantissa bits; half the spacing of values at 1.0, the largest relative
+error of one round-to-nearest): ``max over logged steps |loss - loss_f32| / (|loss_f32| * u)``.
+Without float32 in the sweep there is no baseline: the deviation is ``None`` (``-`` in the table) and
+the plot shows the loss curves only.
+
+Outputs: ``DIR/<format>_L<level>/`` (each run's metrics.jsonl, checkpoints, compile report),
+``DIR/sweep.json`` (`SweepResult.to_dict`), ``DIR/sweep.png`` (`SweepResult.plot`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import precision
+from precision._table import Table
+from wafer.errors import WaferError
+
+__all__ = ("FORMATS", "LEVELS", "Run", "SweepError", "SweepResult", "parse_formats", "parse_levels", "sweep")
+
+FORMATS = ("cbfloat16", "bfloat16", "float16", "float32")
+LEVELS = (0, 1, 2)
+BASELINE = "float32"
+
+
+class SweepError(WaferError):
+  """A sweep's formats or levels are not ones a run can use."""
+
+
+def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
+  """Format names from ``"a,b,c"`` or a sequence; each one of `FORMATS`.
+
+  >>> parse_formats("cbfloat16, float32")
+  ('cbfloat16', 'float32')
+  >>> parse_formats("bfloat61")
+  Traceback (most recent call last):
+  ...
+  wafer.sweep.SweepError: --formats: unknown format 'bfloat61'; did you mean 'bfloat16'? Allowed: cbfloat16, bfloat16, float16, float32
+  """
+  names = [f.strip() for f in formats.split(",")] if isinstance(formats, str) else [str(f) for f in formats]
+  names = [n for n in names if n]
+  if not names:
+    raise SweepError(f"--formats: no format given; allowed: {', '.join(FORMATS)}")
+  for name in names:
+    if name not in FORMATS:
+      close = difflib.get_close_matches(name, FORMATS, n=1)
+      hint = f"; did you mean {close[0]!r}?" if close else ";"
+      raise SweepError(f"--formats: unknown format {name!r}{hint} Allowed: {', '.join(FORMATS)}")
+  if len(set(names)) != len(names):
+    raise SweepError(f"--formats: {','.join(names)} names a format twice")
+  return tuple(names)
+
+
+def parse_levels(levels: str | Sequence[int]) -> tuple[int, ...]:
+  """Precision levels from ``"0,1,2"`` or a sequence; each 0, 1 or 2.
+
+  >>> parse_levels("0, 2"), parse_levels([1])
+  ((0, 2), (1,))
+  """
+  items = [s.strip() for s in levels.split(",")] if isinstance(levels, str) else list(levels)
+  out = []
+  for item in items:
+    try:
+      level = int(item)
+    except (TypeError, ValueError):
+      level = None
+    if level is None or isinstance(item, bool) or level not in LEVELS or str(level) != str(item).strip():
+      raise SweepError(f"--levels: {item!r} is not a precision level; allowed: 0, 1, 2 (e.g. --levels 0,1,2)")
+    out.append(level)
+  if not out or len(set(out)) != len(out):
+    raise SweepError(f"--levels: {levels!r}; give distinct levels among 0, 1, 2")
+  return tuple(out)
+
+
+def unit_roundoff(fmt: str) -> float:
+  """``u = 2^-(m+1)`` of a format (``m`` stored mantissa bits).
+
+  >>> unit_roundoff("bfloat16"), unit_roundoff("cbfloat16") == 2.0**-10
+  (0.00390625, True)
+  """
+  return float(2.0 ** -(precision.get_format(fmt).mantissa_bits + 1))
+
+
+@dataclasses.dataclass
+class Run:
+  """One run of a sweep: its logged losses, last eval and the cost model's wafer rate."""
+
+  format: str
+  level: int
+  model_dir: str
+  steps: list[int]
+  losses: list[float]
+  eval: dict[str, Any]
+  samples_per_sec_estimate: float | None
+  deviation_u: float | None = None  # worst |loss - loss_f32| / (|loss_f32| u); None without a baseline
+
+  @property
+  def name(self) -> str:
+    return run_name(self.format, self.level)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+def run_name(fmt: str, level: int) -> str:
+  """The run's folder under the sweep's model_dir: ``<format>_L<level>``."""
+  return f"{fmt}_L{level}"
+
+
+@dataclasses.dataclass
+class SweepResult:
+  """The runs of a sweep, in the order they ran."""
+
+  runs: list[Run]
+  model_dir: str
+
+  def baseline(self) -> Run | None:
+    """The float32 run, if the sweep has one."""
+    return next((r for r in self.runs if r.format == BASELINE), None)
+
+  def to_dict(self) -> dict[str, Any]:
+    """``{"runs": [run.to_dict(), ...]}`` (what ``sweep.json`` holds)."""
+    return {"runs": [r.to_dict() for r in self.runs]}
+
+  def table(self) -> Table:
+    """Final loss, worst deviation from float32 in units of u, and the estimated wafer rate per run."""
+    rows = []
+    for r in self.runs:
+      dev = "-" if r.deviation_u is None else f"{r.deviation_u:.3g}"
+      rate = "-" if r.samples_per_sec_estimate is None else f"{r.samples_per_sec_estimate:,.1f}"
+      final = f"{r.losses[-1]:.6f}" if r.losses else "-"
+      ev = ", ".join(f"{k}={v:.4f}" for k, v in r.eval.items() if k != "step") or "-"
+      rows.append([r.format, r.level, f"{unit_roundoff(r.format):.3g}", final, dev, ev, rate])
+    footer = (
+      "deviation: max over logged steps of |loss - loss_float32| / (|loss_float32| * u), u = 2^-(m+1)"
+      + ("" if self.baseline() else " (no float32 run: no deviation)")
+    )
+    columns = ["format", "level", "u", "final loss", "deviation (u)", "eval", "est. samples/s (wafer)"]
+    return Table(columns, rows, title=f"Format sweep ({self.model_dir})", footer=footer)
+
+  def plot(self, path: str | Path) -> Path:
+    """Write the loss curves overlaid and (with a float32 run) each run's ``loss - loss_float32``."""
+    from matplotlib.figure import Figure
+
+    base = self.baseline()
+    fig = Figure(figsize=(11 if base else 6, 4), layout="constrained")
+    axes = fig.subplots(1, 2 if base else 1, squeeze=False)[0]
+    colors = {r.name: f"C{i}" for i, r in enumerate(self.runs)}  # one color per run in both panels
+    for r in self.runs:
+      axes[0].plot(r.steps, r.losses, marker=".", color=colors[r.name], label=r.name)
+    axes[0].set(xlabel="step", ylabel="training loss", title="Loss")
+    axes[0].legend()
+    if base is not None:
+      ref = dict(zip(base.steps, base.losses))
+      for r in self.runs:
+        if r is base:
+          continue
+        pts = [(s, v - ref[s]) for s, v in zip(r.steps, r.losses) if s in ref]
+        axes[1].plot([s for s, _ in pts], [d for _, d in pts], marker=".", color=colors[r.name], label=r.name)
+      axes[1].axhline(0.0, color="gray", linewidth=0.8)
+      axes[1].set(xlabel="step", ylabel="loss - loss(float32)", title="Difference from float32")
+      axes[1].legend()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    return path
+
+  @classmethod
+  def load(cls, path: str | Path) -> SweepResult:
+    """The sweep of a ``sweep.json`` (``path``: the file or its folder)."""
+    path = Path(path)
+    path = path / "sweep.json" if path.is_dir() else path
+    return cls([Run(**r) for r in json.loads(path.read_text())["runs"]], str(path.parent))
+
+  def save(self, model_dir: str | Path | None = None) -> dict[str, Path]:
+    """Write ``sweep.json`` and ``sweep.png`` into ``model_dir`` (default: the sweep's)."""
+    out = Path(model_dir or self.model_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "sweep.json"
+    json_path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+    return {"json": json_path, "png": self.plot(out / "sweep.png")}
+
+
+def format_overrides(fmt: str, level: int) -> list[str]:
+  """The config overrides that select ``fmt`` at ``level`` (see the module docstring)."""
+  if fmt == BASELINE:
+    precision_keys = ["model.mixed_precision=false"]
+  else:
+    precision_keys = ["model.mixed_precision=true", f"model.fp16_type={fmt}"]
+  return precision_keys + [f"runconfig.precision_opt_level={level}"]
+
+
+def sweep(
+  params: str | Path | dict,
+  formats: str | Sequence[str] = FORMATS,
+  levels: str | Sequence[int] | None = None,
+  model_dir: str | Path = "sweep",
+  overrides: Sequence[str] = (),
+  *,
+  progress: bool = True,
+  save: bool = True,
+) -> SweepResult:
+  """Train ``params`` once per format and level; returns the runs (and writes sweep.json / .png).
+
+  Args:
+    params: a params file (path or dict), as for ``wafer run``.
+    formats: names among `FORMATS` (``"a,b"`` or a sequence).
+    levels: ``runconfig.precision_opt_level`` values among 0, 1, 2; default: the params file's
+      (after ``overrides``).
+    model_dir: the sweep's folder; run ``(f, L)`` writes into ``model_dir/<f>_L<L>/``.
+    overrides: ``key.path=value`` overrides applied to every run (e.g. ``runconfig.max_steps=3``).
+    progress: print a line before each run (the runs print their own log lines).
+    save: write ``sweep.json`` and ``sweep.png`` into ``model_dir``.
+
+  Raises:
+    SweepError: an unknown format or level; any `WaferError` of the runs themselves.
+  """
+  from wafer import registry, runner
+  from wafer.config import load_params
+
+  names = parse_formats(formats)
+  if levels is None:  # the config's level (its default lives in the schema)
+    registry.load_plugins()
+    levels = [load_params(params, list(overrides)).runconfig.precision_opt_level]
+  lvls = parse_levels(levels)
+  jobs = [(f, lv) for f in names for lv in lvls if f != BASELINE]
+  if BASELINE in names:  # float32 does not depend on the level: once, first (the baseline)
+    jobs.insert(0, (BASELINE, min(lvls)))
+  root = Path(model_dir)
+  user = list(overrides)
+  defaults = [] if any(o.split("=", 1)[0].strip() == "runconfig.log_steps" for o in user) else ["runconfig.log_steps=1"]  # fmt: skip
+  runs = []
+  for i, (fmt, level) in enumerate(jobs, 1):
+    out = root / run_name(fmt, level)
+    if progress:
+      print(f"[sweep {i}/{len(jobs)}] {fmt} at precision_opt_level {level} -> {out}", flush=True)
+    plan = runner.load_plan(
+      params, defaults + user + format_overrides(fmt, level) + [f"runconfig.model_dir={out}"]
+    )
+    summary = runner.run_plan(plan, progress=progress)
+    runs.append(_run_of(fmt, level, out, summary))
+  _deviations(runs)
+  result = SweepResult(runs, str(root))
+  if save:
+    result.save()
+  return result
+
+
+def _run_of(fmt: str, level: int, out: Path, summary: dict[str, Any]) -> Run:
+  losses = list(summary.get("losses") or [])
+  evals = list(summary.get("evals") or [])
+  if "eval" in summary:
+    evals.append((summary.get("eval_step"), summary["eval"]))
+  last_eval = {"step": evals[-1][0], summary.get("eval_metric", "loss"): float(evals[-1][1])} if evals else {}
+  return Run(
+    format=fmt,
+    level=level,
+    model_dir=str(out),
+    steps=[int(s) for s, _ in losses],
+    losses=[float(v) for _, v in losses],
+    eval=last_eval,
+    samples_per_sec_estimate=summary.get("samples_per_sec_estimate"),
+  )
+
+
+def _deviations(runs: list[Run]) -> None:
+  base = next((r for r in runs if r.format == BASELINE), None)
+  if base is None:
+    return
+  ref = dict(zip(base.steps, base.losses))
+  for r in runs:
+    u = unit_roundoff(r.format)
+    devs = [abs(v - ref[s]) / (abs(ref[s]) * u) for s, v in zip(r.steps, r.losses) if s in ref and ref[s]]
+    r.deviation_u = max(devs) if devs else None
