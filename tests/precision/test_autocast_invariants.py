@@ -146,8 +146,11 @@ def test_vmap_of_autocast_equals_autocast_of_vmap(ops, seed, policy):
   inner = jax.jit(jax.vmap(precision.autocast(f, policy), in_axes=axes))(x, p)
   outer = jax.jit(precision.autocast(jax.vmap(f, in_axes=axes), policy))(x, p)
   _within_one_ulp(inner, outer, policy.compute)
-  if set(ops) - {"relu"}:  # something rounds (relu is exact)
-    assert not np.array_equal(inner, jax.jit(jax.vmap(f, in_axes=axes))(x, p))  # rounding happened
+  exact = jax.jit(jax.vmap(f, in_axes=axes))(x, p)
+  # Something rounds (relu is exact), unless a final relu zeroes every output: then the rounded
+  # and float32 results are both 0 and equality shows nothing.
+  if set(ops) - {"relu"} and np.any(exact != 0):
+    assert not np.array_equal(inner, exact)  # rounding happened
 
 
 @settings(max_examples=8)
