@@ -113,7 +113,7 @@ from precision import rounding as _rounding
 from precision._op_classes import PRIMITIVE_CLASSES
 from precision.cast_report import CastLog, CastReport
 from precision.formats import FloatFormat, float32
-from precision.policy import RULE_CLASSES, Policy
+from precision.policy import RULE_CLASSES, Policy, PolicyError
 
 ROUNDED, FLOAT32, RAW = "rounded", "float32", "raw"
 CONST, CONST_ROUNDED = "constant", "constant_rounded"  # constants: not / exactly representable
@@ -208,9 +208,15 @@ def autocast(
       argument passed by name); they must be hashable.
 
   Returns:
-    A function with ``fn``'s signature. Float32 outputs are rounded to ``policy.output``.
+    A function with ``fn``'s signature plus one keyword, ``rounding_key``: the PRNG key
+    (``jax.random.key(n)`` or ``PRNGKey(n)``) of the policy's stochastic roundings, needed
+    when ``policy.stochastic`` names op classes and ignored otherwise (see the module
+    docstring's "Stochastic rounding"). Float32 outputs are rounded to ``policy.output``.
     It carries ``.policy`` and ``__wrapped__`` (``fn``). Called while another autocast
     traces it, it keeps its own policy (see the module docstring).
+
+  Raises:
+    PolicyError: the policy rounds stochastically and no ``rounding_key`` was given.
 
   Example:
     >>> import jax.numpy as jnp, precision
@@ -222,11 +228,14 @@ def autocast(
   statics = _Statics.of(fn, static_argnums, static_argnames)
 
   @functools.wraps(fn)
-  def wrapped(*args: Any, **kwargs: Any) -> Any:
+  def wrapped(*args: Any, rounding_key: Any = None, **kwargs: Any) -> Any:
+    p = _Pass(policy)
+    if p.stochastic:
+      p.key = _check_key(fn, policy, rounding_key)
     nested = getattr(_TRACING, "depth", 0) > 0
     closed, out_tree, flat = _trace(fn, statics, args, kwargs)
     with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
-      outs = _run(_Pass(policy), closed, flat)
+      outs = _run(p, closed, flat)
     return jax.tree.unflatten(out_tree, outs)
 
   wrapped.policy = policy  # type: ignore[attr-defined]
@@ -252,6 +261,7 @@ def cast_report(
   policy = _as_policy(policy)
   closed, _, flat = _trace(fn, _Statics.of(fn, static_argnums, static_argnames), args, kwargs)
   p = _Pass(policy)
+  p.key = jax.random.key(0) if p.stochastic else None  # nothing is computed: any key will do
   jax.make_jaxpr(lambda *xs: _run(p, closed, xs))(*flat)
   return CastReport.from_log(policy, p.log)
 
@@ -281,6 +291,25 @@ class _Statics(NamedTuple):
       if i in nums and param.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
         names.add(param.name)
     return cls(tuple(sorted(nums)), tuple(sorted(names)))
+
+
+def _check_key(fn: Callable[..., Any], policy: Policy, key: Any) -> jax.Array:
+  """``key`` as one PRNG key, or a PolicyError saying how to pass it."""
+  name = getattr(fn, "__name__", repr(fn))
+  if key is None:
+    raise PolicyError(
+      f"autocast({name!r}, {str(policy)!r}) rounds {'+'.join(policy.stochastic)} stochastically and needs "
+      "a key: call it with rounding_key=<a PRNG key>, e.g. f(params, batch, rounding_key=jax.random.fold_in("
+      "step_key, 1)), a fresh key each step (like a dropout key). It is not rounded to nearest silently."
+    )
+  key = key if isinstance(key, jax.Array) else jnp.asarray(key)
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  if (typed and key.shape != ()) or (not typed and (key.dtype != jnp.uint32 or key.shape != (2,))):
+    raise PolicyError(
+      f"autocast({name!r}): rounding_key must be one PRNG key (jax.random.key(0) or jax.random.PRNGKey(0)); "
+      f"got {key.dtype}{list(key.shape)}. For one stream per example, vmap over keys."
+    )
+  return key
 
 
 def _as_policy(policy: Policy | str) -> Policy:
@@ -350,11 +379,37 @@ class _Pass:
     self.log = CastLog() if log is None else log
     self.score_dots: set[int] = set() if score_dots is None else score_dots  # id(eqn) of score products
     self.analysed: set[int] = set()  # id(jaxpr) already searched for attention
+    # Stochastic rounding: the classes (none for a float32 policy), the key of this pass's
+    # stream (set by `autocast`'s caller through ``rounding_key=``) and the next site index.
+    self.stochastic: frozenset[str] = frozenset(policy.stochastic if policy.is_mixed else ())
+    self.key: jax.Array | None = None
+    self.sites = 0
 
   def child(self) -> _Pass:
+    """A pass for a sub-jaxpr; its rounding stream is a fresh site of this one's."""
     child = _Pass(self.policy, CastLog(), self.score_dots, self.observer)
     child.analysed = self.analysed
+    if self.stochastic and self.key is not None:
+      child.key = self.site_key()
     return child
+
+  def site_key(self) -> jax.Array:
+    """The key of the next rounding site: ``fold_in(key, site index)`` (trace order)."""
+    if self.key is None:
+      raise PolicyError(
+        f"policy {str(self.policy)!r} rounds {'+'.join(sorted(self.stochastic))} stochastically, but no "
+        "rounding key reached the pass: call the autocast function with rounding_key=<a PRNG key> "
+        "(numerics_report does not take one: use a policy without stochastic= there)."
+      )
+    site, self.sites = self.sites, self.sites + 1
+    return jax.random.fold_in(self.key, site)
+
+  def round_class(self, x: jax.Array, rule_class: str) -> jax.Array:
+    """``x`` rounded to the compute format for an equation of ``rule_class``: stochastically
+    (one fresh site) if the policy says so, else to nearest even."""
+    if rule_class not in self.stochastic:
+      return self.round(x)
+    return _rounding.round(x, self.fmt, "stochastic", key=self.site_key())
 
   def round_to(self, x: jax.Array, fmt: FloatFormat, primitive: str | None = None) -> jax.Array:
     if fmt == float32:
@@ -543,7 +598,7 @@ def _value_op(
   rule_class = "attention_softmax" if attention else op_class
   if p.rules[rule_class] == "round":
     p.log.record(name, rule_class, rounded=size)
-    outs = [p.round(o) if _is_f32(a) else o for o, a in zip(outs, out_avals)]
+    outs = [p.round_class(o, rule_class) if _is_f32(a) else o for o, a in zip(outs, out_avals)]
     return outs, tagged(ROUNDED)
   p.log.record(name, rule_class, kept_float32=size)
   return outs, tagged(FLOAT32)
@@ -678,13 +733,13 @@ def _matmul(
     if isinstance(atom, jcore.Var) and atom in memo:
       operands[i] = memo[atom]
       continue
-    operands[i] = p.round(values[i])
+    operands[i] = p.round_class(values[i], rule_class)
     rounded += _size(values[i])
     if isinstance(atom, jcore.Var):
       memo[atom] = operands[i]
-  chunked = _mixed_product(p, eqn, operands) if treatment == "mixed_accumulate" else None
+  chunked = _mixed_product(p, eqn, operands, rule_class) if treatment == "mixed_accumulate" else None
   if chunked is None:
-    out = p.round(_bind(eqn, operands, **_dot_precision(eqn, ROUNDED_OPERANDS))[0])
+    out = p.round_class(_bind(eqn, operands, **_dot_precision(eqn, ROUNDED_OPERANDS))[0], rule_class)
     rounded += _size(out_aval)
   else:
     out, n = chunked
@@ -710,7 +765,7 @@ def _dot_precision(eqn: Any, precision: tuple) -> dict[str, Any]:
   return {"precision": precision} if "precision" in eqn.params else {}
 
 
-def _mixed_product(p: _Pass, eqn: Any, operands: list[Any]) -> tuple[jax.Array, int] | None:
+def _mixed_product(p: _Pass, eqn: Any, operands: list[Any], rule_class: str) -> tuple[jax.Array, int] | None:
   """(chunked result, chunk count), or None when the product has a single chunk.
 
   ``result = r(...r(r(s_0) + r(s_1)) + ... + r(s_{n-1}))``, ``s_i`` the float32 sum of chunk
@@ -721,22 +776,35 @@ def _mixed_product(p: _Pass, eqn: Any, operands: list[Any]) -> tuple[jax.Array, 
     chunks = _dot_chunking(eqn, p.block)
     if chunks is None:
       return None
-    return _ordered_sum(p, _dot_chunk_sums(operands, eqn.params, chunks)), chunks[2]
+    return _ordered_sum(p, _dot_chunk_sums(operands, eqn.params, chunks), rule_class), chunks[2]
   if eqn.primitive.name == "conv_general_dilated":
     partial = _conv_chunk_sums(operands, eqn.params, p.block)
-    return None if partial is None else (_ordered_sum(p, partial), partial.shape[0])
+    return None if partial is None else (_ordered_sum(p, partial, rule_class), partial.shape[0])
   return None
 
 
-def _ordered_sum(p: _Pass, partial: jax.Array) -> jax.Array:
+def _ordered_sum(p: _Pass, partial: jax.Array, rule_class: str) -> jax.Array:
   """``r(...r(r(s_0) + r(s_1)) + ...)`` over the leading axis: one rounding of every chunk sum,
-  then a scan that adds them in order (a constant number of equations for any chunk count)."""
-  chunk_sums = p.round(partial)
+  then a scan that adds them in order (a constant number of equations for any chunk count).
 
-  def add(total: jax.Array, chunk: jax.Array) -> tuple[jax.Array, None]:
-    return p.round(total + chunk), None
+  Stochastic: the chunk sums are one site; the additions are one more site, whose key is
+  folded with the addition's index (fresh bits for each addition)."""
+  chunk_sums = p.round_class(partial, rule_class)
+  if rule_class not in p.stochastic:
 
-  total, _ = jax.lax.scan(add, chunk_sums[0], chunk_sums[1:])
+    def add(total: jax.Array, chunk: jax.Array) -> tuple[jax.Array, None]:
+      return p.round(total + chunk), None
+
+    total, _ = jax.lax.scan(add, chunk_sums[0], chunk_sums[1:])
+    return total
+  key = p.site_key()
+
+  def add_stochastic(total: jax.Array, xs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
+    chunk, i = xs
+    return _rounding.round(total + chunk, p.fmt, "stochastic", key=jax.random.fold_in(key, i)), None
+
+  steps = jnp.arange(partial.shape[0] - 1, dtype=jnp.uint32)
+  total, _ = jax.lax.scan(add_stochastic, chunk_sums[0], (chunk_sums[1:], steps))
   return total
 
 
@@ -855,30 +923,43 @@ def _conv_chunk_sums(operands: list[Any], params: dict, block: int) -> jax.Array
 
 
 def _retrace(
-  p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], tags: Sequence[Tag | None]
+  p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], tags: Sequence[Tag | None], iteration: bool = False
 ) -> tuple[jcore.Jaxpr, list[Any], list[Tag | None], CastLog]:
-  """Trace the transformed ``jaxpr`` to a new jaxpr (constvars hold the new constants)."""
+  """Trace the transformed ``jaxpr`` to a new jaxpr (constvars hold the new constants).
+
+  ``iteration``: the new jaxpr takes one more, last, argument: a uint32 iteration index that
+  is folded into the child's rounding key (fresh stochastic bits in each loop iteration)."""
   child = p.child()
+  loop_key = child.key
   box: list[list[Tag | None]] = []
 
   def body(*args: Any) -> list[Any]:
+    if iteration:
+      *args, i = args
+      child.key, child.sites = (None if loop_key is None else jax.random.fold_in(loop_key, i)), 0
     outs, out_tags = _interpret(child, jaxpr, consts, args, tags)
     box.append(out_tags)
     return outs
 
-  in_avals = [v.aval for v in jaxpr.invars]
-  new_jaxpr, _, new_consts = _pe.trace_to_jaxpr_dynamic(
-    lu.wrap_init(body, debug_info=jaxpr.debug_info), in_avals
-  )
+  in_avals = [v.aval for v in jaxpr.invars] + ([jax.core.ShapedArray((), jnp.uint32)] if iteration else [])
+  debug = jaxpr.debug_info
+  if iteration and debug is not None and debug.arg_names is not None:
+    debug = debug._replace(arg_names=(*debug.arg_names, "iteration"))
+  new_jaxpr, _, new_consts = _pe.trace_to_jaxpr_dynamic(lu.wrap_init(body, debug_info=debug), in_avals)
   return new_jaxpr, list(new_consts), box[-1], child.log
 
 
 def _fixed_point(
-  p: _Pass, closed: jcore.ClosedJaxpr, head: list[Tag | None], carry: list[Tag | None], tail: list[Tag | None]
+  p: _Pass,
+  closed: jcore.ClosedJaxpr,
+  head: list[Tag | None],
+  carry: list[Tag | None],
+  tail: list[Tag | None],
+  iteration: bool = False,
 ) -> tuple[jcore.Jaxpr, list[Any], list[Tag | None], list[Tag | None], CastLog]:
   """Retrace a loop body until the carried tags are stable (each pass can only widen them)."""
   while True:
-    new_jaxpr, consts, out_tags, log = _retrace(p, closed.jaxpr, closed.consts, head + carry + tail)
+    new_jaxpr, consts, out_tags, log = _retrace(p, closed.jaxpr, closed.consts, head + carry + tail, iteration)
     joined = [_join(a, b) for a, b in zip(carry, out_tags[: len(carry)])]
     if joined == carry:
       return new_jaxpr, consts, carry, out_tags, log
@@ -903,15 +984,17 @@ def _scan(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tupl
   params = eqn.params
   n_consts, n_carry = params["num_consts"], params["num_carry"]
   head, carry, tail = tags[:n_consts], tags[n_consts : n_consts + n_carry], tags[n_consts + n_carry :]
-  new_jaxpr, consts, carry, out_tags, log = _fixed_point(p, params["jaxpr"], head, carry, tail)
+  stochastic = bool(p.stochastic) and p.key is not None  # an iteration index as one more scanned input
+  new_jaxpr, consts, carry, out_tags, log = _fixed_point(p, params["jaxpr"], head, carry, tail, stochastic)
   p.log.merge(log, times=params["length"])
   updates: dict[str, Any] = {
     "jaxpr": jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(new_jaxpr), ()),
     "num_consts": n_consts + len(consts),
   }
+  extra = [jnp.arange(params["length"], dtype=jnp.uint32)] if stochastic else []
   if "linear" in params:
-    updates["linear"] = (False,) * len(consts) + tuple(params["linear"])
-  outs = _bind(eqn, [*consts, *values], **updates)
+    updates["linear"] = (False,) * len(consts) + tuple(params["linear"]) + (False,) * len(extra)
+  outs = _bind(eqn, [*consts, *values, *extra], **updates)
   return outs, carry + out_tags[n_carry:]
 
 
@@ -920,6 +1003,12 @@ def _while(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tup
   nc, nb = params["cond_nconsts"], params["body_nconsts"]
   cond_consts, body_consts, init = values[:nc], values[nc : nc + nb], values[nc + nb :]
   cond_tags, body_tags, carry = tags[:nc], tags[nc : nc + nb], tags[nc + nb :]
+  if p.stochastic and p.key is not None:
+    raise PolicyError(
+      f"policy {str(p.policy)!r}: stochastic rounding inside a while loop (lax.while_loop, or fori_loop "
+      "with bounds not known when tracing) is not supported: its iterations would reuse the same bits. "
+      "Use lax.scan or a fori_loop with Python-int bounds, or a policy without stochastic=."
+    )
   body_jaxpr, body_new, carry, _, log = _fixed_point(p, params["body_jaxpr"], body_tags, carry, [])
   cond = params["cond_jaxpr"]
   cond_jaxpr, cond_new, _, cond_log = _retrace(p, cond.jaxpr, cond.consts, cond_tags + carry)
