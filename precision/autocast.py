@@ -409,7 +409,7 @@ class _Pass:
     (one fresh site) if the policy says so, else to nearest even."""
     if rule_class not in self.stochastic:
       return self.round(x)
-    return _rounding.round(x, self.fmt, "stochastic", key=self.site_key())
+    return _rounding.round_stochastic_linear(x, self.fmt, self.site_key())
 
   def round_to(self, x: jax.Array, fmt: FloatFormat, primitive: str | None = None) -> jax.Array:
     if fmt == float32:
@@ -801,7 +801,7 @@ def _ordered_sum(p: _Pass, partial: jax.Array, rule_class: str) -> jax.Array:
 
   def add_stochastic(total: jax.Array, xs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
     chunk, i = xs
-    return _rounding.round(total + chunk, p.fmt, "stochastic", key=jax.random.fold_in(key, i)), None
+    return _rounding.round_stochastic_linear(total + chunk, p.fmt, jax.random.fold_in(key, i)), None
 
   steps = jnp.arange(partial.shape[0] - 1, dtype=jnp.uint32)
   total, _ = jax.lax.scan(add_stochastic, chunk_sums[0], (chunk_sums[1:], steps))
