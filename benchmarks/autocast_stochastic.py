@@ -51,10 +51,12 @@ def main() -> None:
   steps = {
     "float32": jax.jit(lambda p, x, k: jax.grad(loss)(p, x)),
     "nearest": jax.jit(lambda p, x, k: jax.grad(precision.autocast(loss, nearest))(p, x)),
-    "stochastic": jax.jit(lambda p, x, k: jax.grad(precision.autocast(loss, stochastic))(p, x, rounding_key=k)),
+    "stochastic": jax.jit(
+      lambda p, x, k: jax.grad(precision.autocast(loss, stochastic))(p, x, rounding_key=k)
+    ),
   }
   times: dict[str, list[float]] = {name: [] for name in steps}
-  for name, step in steps.items():  # compile
+  for step in steps.values():  # compile
     jax.block_until_ready(step(params, x, jax.random.key(0)))
   for r in range(args.rounds):  # interleaved, so that load on the machine hits all alike
     key = jax.random.key(r)

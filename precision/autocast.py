@@ -81,12 +81,54 @@ differentiates through the inserted roundings, whose VJP rounds the cotangent (a
 cast's rule); ``autocast(jax.value_and_grad(f))`` applies the rules to every forward *and*
 backward equation (closest to the wafer's backward pass).
 
+**Stochastic rounding.** ``Policy(..., stochastic=("matmul", "elementwise"))`` (string
+``stochastic=matmul+elementwise``) makes every rounding the rules insert for equations of
+those classes stochastic (`precision.round`'s ``"stochastic"`` mode: rounds up with
+probability equal to the discarded fraction of a step, so ``E[r(x)] = x`` exactly; see
+`precision.rounding`). *Sites*: for an elementwise, transcendental, reduction or
+attention_softmax equation, its result; for a matmul or attention_matmul, each operand that
+is not yet rounded (a weight once per jaxpr, as with nearest rounding), the result, and under
+``mixed_accumulate`` the chunk sums and each addition of the ordered sum. Everything else
+(the ``output`` rounding, user casts, other classes) stays nearest-even.
+
+*Where the bits come from*: the caller passes one PRNG key per call, ``autocast(f, policy)(*args,
+rounding_key=key)`` (``jax.random.key(n)`` or a raw ``PRNGKey``); a train step passes a key it
+already has, e.g. ``jax.random.fold_in(step_key, 1)`` beside its dropout key, so each step
+gets fresh bits and the run is reproducible from its seed. The pass numbers the rounding sites
+in trace order; site ``i`` rounds with ``fold_in(key, i)``, whose two words seed the
+counter-based generator of `precision.round` (`precision._kernel.counter_bits`: one word per
+element). A sub-jaxpr (the body of a ``scan``, ``remat`` or ``cond`` branch) takes the next
+site's key as its own key and numbers its sites from 0; a ``scan`` body folds in the
+iteration index too (an extra scanned ``uint32`` input), so each iteration gets fresh bits, and
+the additions of a chunked matmul fold in their index. Same key and same program give the same
+bits (eager or under ``jit``); different keys give independent bits. The roundings are the
+linear primitive ``precision_round_bits`` (`precision.rounding.round_bits_p`), so they
+transpose inside ``custom_jvp`` rules (softmax, logaddexp); under ``jax.grad(autocast(f))``
+the cotangent of a stochastic site is rounded stochastically with words derived from the
+forward ones (`precision._kernel.derive_bits`), as `precision.round`'s ``grad="cast"``.
+
+*No key*: calling the function of a policy with stochastic classes without ``rounding_key``
+is a `PolicyError` (it is never silently rounded to nearest); a key passed to a policy without
+stochastic classes, or to a float32 policy (the identity), is ignored. `cast_report` needs no
+key (nothing is computed). `precision.numerics_report` takes no key and refuses such a policy
+(`PolicyError`). A ``while_loop`` (or ``fori_loop`` with traced bounds) in a stochastic
+policy's function is a `PolicyError`: its iterations would reuse the same bits.
+
+*Transformations*: ``jit`` changes nothing (the key is an argument like any other).
+``vmap(lambda x, k: g(x, rounding_key=k))(xs, keys)`` with one key per example gives each
+example exactly the bits of ``g(x_i, rounding_key=k_i)``; with one unbatched key every example
+gets the same words (as with `precision.round` and ``jax.random``): unbiased per example,
+but the errors of the examples are correlated. ``autocast(vmap(f))`` draws one word per
+element of the batched value, so it is not bitwise ``vmap(autocast(f))`` under stochastic
+rounding (the rule "same values up to float32 summation order" is for nearest rounding).
+
 **Where this is our choice, not Cerebras'.** Cerebras documents the precision levels in
 words only (``cerebras.md`` section 2). The op classes, the attention pattern, the chunk
 model of "a mix of fp32 and 16-bit reductions", the float32 treatment of transcendental ops
 and reductions (PyTorch autocast's lists), the constant rule, inner-policy-wins nesting and
-the float32 region are ours. ``cstorch.pol`` regions (a different level per region) are not
-modelled; `float32_region` is the float32 case.
+the float32 region, and which roundings a stochastic class covers are ours. ``cstorch.pol``
+regions (a different level per region) are not modelled; `float32_region` is the float32
+case.
 """
 
 from __future__ import annotations
@@ -959,7 +1001,9 @@ def _fixed_point(
 ) -> tuple[jcore.Jaxpr, list[Any], list[Tag | None], list[Tag | None], CastLog]:
   """Retrace a loop body until the carried tags are stable (each pass can only widen them)."""
   while True:
-    new_jaxpr, consts, out_tags, log = _retrace(p, closed.jaxpr, closed.consts, head + carry + tail, iteration)
+    new_jaxpr, consts, out_tags, log = _retrace(
+      p, closed.jaxpr, closed.consts, head + carry + tail, iteration
+    )
     joined = [_join(a, b) for a, b in zip(carry, out_tags[: len(carry)])]
     if joined == carry:
       return new_jaxpr, consts, carry, out_tags, log

@@ -361,7 +361,11 @@ def _check_rule(op_class: Any, treatment: Any) -> None:
 
 def _check_stochastic(stochastic: Any, rule_table: Mapping[str, str]) -> tuple[str, ...]:
   """The stochastic op classes, checked, in `RULE_CLASSES` order."""
-  classes = tuple(part.strip() for part in stochastic.split("+")) if isinstance(stochastic, str) else tuple(stochastic)
+  classes = (
+    tuple(part.strip() for part in stochastic.split("+"))
+    if isinstance(stochastic, str)
+    else tuple(stochastic)
+  )
   classes = tuple(c for c in classes if c != "")
   for op_class in classes:
     if op_class not in RULE_CLASSES:

@@ -41,7 +41,9 @@ def _model_args(n=16):
 @pytest.mark.parametrize("level, block", [(0, 1024), (1, 4)])
 def test_stochastic_autocast_is_unbiased_inside_a_model(fmt, level, block):
   """The mean over many keys converges to the float32 value; nearest rounding's does not."""
-  policy = precision.Policy(compute=fmt, level=level, accumulation_block=block, stochastic="matmul+elementwise")
+  policy = precision.Policy(
+    compute=fmt, level=level, accumulation_block=block, stochastic="matmul+elementwise"
+  )
   f = precision.autocast(_model, policy)
   args = _model_args()
   exact = np.asarray(_model(*args), np.float64)
@@ -169,7 +171,9 @@ def test_gradients_round_stochastically_through_custom_jvp_rules():
 
 def test_missing_key_is_a_policy_error_that_says_what_to_pass():
   f = precision.autocast(_model, "c=cb16,sr=matmul")
-  with pytest.raises(PolicyError, match=r"rounds matmul stochastically and needs a key: call it with rounding_key="):
+  with pytest.raises(
+    PolicyError, match=r"rounds matmul stochastically and needs a key: call it with rounding_key="
+  ):
     f(*_model_args())
   with pytest.raises(PolicyError, match="rounding_key must be one PRNG key"):
     f(*_model_args(), rounding_key=jax.random.split(jax.random.key(0), 2))
@@ -207,7 +211,9 @@ def test_a_key_is_ignored_by_a_policy_without_stochastic_classes():
   assert_same_floats(f(*_model_args(), rounding_key=jax.random.key(0)), f(*_model_args()))
 
 
-_ROUNDING = {level: tuple(c for c in RULE_CLASSES if LEVEL_RULES[level][c] != "float32") for level in (0, 1, 2)}
+_ROUNDING = {
+  level: tuple(c for c in RULE_CLASSES if LEVEL_RULES[level][c] != "float32") for level in (0, 1, 2)
+}
 
 
 @settings(max_examples=60, deadline=None)
