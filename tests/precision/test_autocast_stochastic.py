@@ -251,3 +251,16 @@ def test_stochastic_class_of_a_rounding_rule_override_is_accepted():
   policy = precision.Policy.parse("c=bf16,reduction=round,sr=reduction")
   assert policy.stochastic == ("reduction",)
   assert precision.Policy.parse(str(policy)) == policy
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), fmt=st.sampled_from(FORMATS))
+def test_the_sites_primitive_rounds_like_precision_round(seed, fmt):
+  """autocast's transposable primitive gives `precision.round`'s stochastic bits exactly."""
+  from precision.rounding import round_stochastic_linear
+
+  x = jax.random.normal(jax.random.key(seed), (257,)) * 3.0
+  key = jax.random.key(seed + 1)
+  expected = precision.round(x, fmt, "stochastic", key=key)
+  assert_same_floats(round_stochastic_linear(x, precision.get_format(fmt), key), expected)
+  assert not same_floats(expected, x).all()
