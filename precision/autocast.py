@@ -81,12 +81,54 @@ differentiates through the inserted roundings, whose VJP rounds the cotangent (a
 cast's rule); ``autocast(jax.value_and_grad(f))`` applies the rules to every forward *and*
 backward equation (closest to the wafer's backward pass).
 
+**Stochastic rounding.** ``Policy(..., stochastic=("matmul", "elementwise"))`` (string
+``stochastic=matmul+elementwise``) makes every rounding the rules insert for equations of
+those classes stochastic (`precision.round`'s ``"stochastic"`` mode: rounds up with
+probability equal to the discarded fraction of a step, so ``E[r(x)] = x`` exactly; see
+`precision.rounding`). *Sites*: for an elementwise, transcendental, reduction or
+attention_softmax equation, its result; for a matmul or attention_matmul, each operand that
+is not yet rounded (a weight once per jaxpr, as with nearest rounding), the result, and under
+``mixed_accumulate`` the chunk sums and each addition of the ordered sum. Everything else
+(the ``output`` rounding, user casts, other classes) stays nearest-even.
+
+*Where the bits come from*: the caller passes one PRNG key per call, ``autocast(f, policy)(*args,
+rounding_key=key)`` (``jax.random.key(n)`` or a raw ``PRNGKey``); a train step passes a key it
+already has, e.g. ``jax.random.fold_in(step_key, 1)`` beside its dropout key, so each step
+gets fresh bits and the run is reproducible from its seed. The pass numbers the rounding sites
+in trace order; site ``i`` rounds with ``fold_in(key, i)``, whose two words seed the
+counter-based generator of `precision.round` (`precision._kernel.counter_bits`: one word per
+element). A sub-jaxpr (the body of a ``scan``, ``remat`` or ``cond`` branch) takes the next
+site's key as its own key and numbers its sites from 0; a ``scan`` body folds in the
+iteration index too (an extra scanned ``uint32`` input), so each iteration gets fresh bits, and
+the additions of a chunked matmul fold in their index. Same key and same program give the same
+bits (eager or under ``jit``); different keys give independent bits. The roundings are the
+linear primitive ``precision_round_bits`` (`precision.rounding.round_bits_p`), so they
+transpose inside ``custom_jvp`` rules (softmax, logaddexp); under ``jax.grad(autocast(f))``
+the cotangent of a stochastic site is rounded stochastically with words derived from the
+forward ones (`precision._kernel.derive_bits`), as `precision.round`'s ``grad="cast"``.
+
+*No key*: calling the function of a policy with stochastic classes without ``rounding_key``
+is a `PolicyError` (it is never silently rounded to nearest); a key passed to a policy without
+stochastic classes, or to a float32 policy (the identity), is ignored. `cast_report` needs no
+key (nothing is computed). `precision.numerics_report` takes no key and refuses such a policy
+(`PolicyError`). A ``while_loop`` (or ``fori_loop`` with traced bounds) in a stochastic
+policy's function is a `PolicyError`: its iterations would reuse the same bits.
+
+*Transformations*: ``jit`` changes nothing (the key is an argument like any other).
+``vmap(lambda x, k: g(x, rounding_key=k))(xs, keys)`` with one key per example gives each
+example exactly the bits of ``g(x_i, rounding_key=k_i)``; with one unbatched key every example
+gets the same words (as with `precision.round` and ``jax.random``): unbiased per example,
+but the errors of the examples are correlated. ``autocast(vmap(f))`` draws one word per
+element of the batched value, so it is not bitwise ``vmap(autocast(f))`` under stochastic
+rounding (the rule "same values up to float32 summation order" is for nearest rounding).
+
 **Where this is our choice, not Cerebras'.** Cerebras documents the precision levels in
 words only (``cerebras.md`` section 2). The op classes, the attention pattern, the chunk
 model of "a mix of fp32 and 16-bit reductions", the float32 treatment of transcendental ops
 and reductions (PyTorch autocast's lists), the constant rule, inner-policy-wins nesting and
-the float32 region are ours. ``cstorch.pol`` regions (a different level per region) are not
-modelled; `float32_region` is the float32 case.
+the float32 region, and which roundings a stochastic class covers are ours. ``cstorch.pol``
+regions (a different level per region) are not modelled; `float32_region` is the float32
+case.
 """
 
 from __future__ import annotations
@@ -113,7 +155,7 @@ from precision import rounding as _rounding
 from precision._op_classes import PRIMITIVE_CLASSES
 from precision.cast_report import CastLog, CastReport
 from precision.formats import FloatFormat, float32
-from precision.policy import RULE_CLASSES, Policy
+from precision.policy import RULE_CLASSES, Policy, PolicyError
 
 ROUNDED, FLOAT32, RAW = "rounded", "float32", "raw"
 CONST, CONST_ROUNDED = "constant", "constant_rounded"  # constants: not / exactly representable
@@ -208,9 +250,15 @@ def autocast(
       argument passed by name); they must be hashable.
 
   Returns:
-    A function with ``fn``'s signature. Float32 outputs are rounded to ``policy.output``.
+    A function with ``fn``'s signature plus one keyword, ``rounding_key``: the PRNG key
+    (``jax.random.key(n)`` or ``PRNGKey(n)``) of the policy's stochastic roundings, needed
+    when ``policy.stochastic`` names op classes and ignored otherwise (see the module
+    docstring's "Stochastic rounding"). Float32 outputs are rounded to ``policy.output``.
     It carries ``.policy`` and ``__wrapped__`` (``fn``). Called while another autocast
     traces it, it keeps its own policy (see the module docstring).
+
+  Raises:
+    PolicyError: the policy rounds stochastically and no ``rounding_key`` was given.
 
   Example:
     >>> import jax.numpy as jnp, precision
@@ -222,11 +270,14 @@ def autocast(
   statics = _Statics.of(fn, static_argnums, static_argnames)
 
   @functools.wraps(fn)
-  def wrapped(*args: Any, **kwargs: Any) -> Any:
+  def wrapped(*args: Any, rounding_key: Any = None, **kwargs: Any) -> Any:
+    p = _Pass(policy)
+    if p.stochastic:
+      p.key = _check_key(fn, policy, rounding_key)
     nested = getattr(_TRACING, "depth", 0) > 0
     closed, out_tree, flat = _trace(fn, statics, args, kwargs)
     with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
-      outs = _run(_Pass(policy), closed, flat)
+      outs = _run(p, closed, flat)
     return jax.tree.unflatten(out_tree, outs)
 
   wrapped.policy = policy  # type: ignore[attr-defined]
@@ -252,6 +303,7 @@ def cast_report(
   policy = _as_policy(policy)
   closed, _, flat = _trace(fn, _Statics.of(fn, static_argnums, static_argnames), args, kwargs)
   p = _Pass(policy)
+  p.key = jax.random.key(0) if p.stochastic else None  # nothing is computed: any key will do
   jax.make_jaxpr(lambda *xs: _run(p, closed, xs))(*flat)
   return CastReport.from_log(policy, p.log)
 
@@ -281,6 +333,25 @@ class _Statics(NamedTuple):
       if i in nums and param.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
         names.add(param.name)
     return cls(tuple(sorted(nums)), tuple(sorted(names)))
+
+
+def _check_key(fn: Callable[..., Any], policy: Policy, key: Any) -> jax.Array:
+  """``key`` as one PRNG key, or a PolicyError saying how to pass it."""
+  name = getattr(fn, "__name__", repr(fn))
+  if key is None:
+    raise PolicyError(
+      f"autocast({name!r}, {str(policy)!r}) rounds {'+'.join(policy.stochastic)} stochastically and needs "
+      "a key: call it with rounding_key=<a PRNG key>, e.g. f(params, batch, rounding_key=jax.random.fold_in("
+      "step_key, 1)), a fresh key each step (like a dropout key). It is not rounded to nearest silently."
+    )
+  key = key if isinstance(key, jax.Array) else jnp.asarray(key)
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  if (typed and key.shape != ()) or (not typed and (key.dtype != jnp.uint32 or key.shape != (2,))):
+    raise PolicyError(
+      f"autocast({name!r}): rounding_key must be one PRNG key (jax.random.key(0) or jax.random.PRNGKey(0)); "
+      f"got {key.dtype}{list(key.shape)}. For one stream per example, vmap over keys."
+    )
+  return key
 
 
 def _as_policy(policy: Policy | str) -> Policy:
@@ -350,11 +421,37 @@ class _Pass:
     self.log = CastLog() if log is None else log
     self.score_dots: set[int] = set() if score_dots is None else score_dots  # id(eqn) of score products
     self.analysed: set[int] = set()  # id(jaxpr) already searched for attention
+    # Stochastic rounding: the classes (none for a float32 policy), the key of this pass's
+    # stream (set by `autocast`'s caller through ``rounding_key=``) and the next site index.
+    self.stochastic: frozenset[str] = frozenset(policy.stochastic if policy.is_mixed else ())
+    self.key: jax.Array | None = None
+    self.sites = 0
 
   def child(self) -> _Pass:
+    """A pass for a sub-jaxpr; its rounding stream is a fresh site of this one's."""
     child = _Pass(self.policy, CastLog(), self.score_dots, self.observer)
     child.analysed = self.analysed
+    if self.stochastic and self.key is not None:
+      child.key = self.site_key()
     return child
+
+  def site_key(self) -> jax.Array:
+    """The key of the next rounding site: ``fold_in(key, site index)`` (trace order)."""
+    if self.key is None:
+      raise PolicyError(
+        f"policy {str(self.policy)!r} rounds {'+'.join(sorted(self.stochastic))} stochastically, but no "
+        "rounding key reached the pass: call the autocast function with rounding_key=<a PRNG key> "
+        "(numerics_report does not take one: use a policy without stochastic= there)."
+      )
+    site, self.sites = self.sites, self.sites + 1
+    return jax.random.fold_in(self.key, site)
+
+  def round_class(self, x: jax.Array, rule_class: str) -> jax.Array:
+    """``x`` rounded to the compute format for an equation of ``rule_class``: stochastically
+    (one fresh site) if the policy says so, else to nearest even."""
+    if rule_class not in self.stochastic:
+      return self.round(x)
+    return _rounding.round_stochastic_linear(x, self.fmt, self.site_key())
 
   def round_to(self, x: jax.Array, fmt: FloatFormat, primitive: str | None = None) -> jax.Array:
     if fmt == float32:
@@ -543,7 +640,7 @@ def _value_op(
   rule_class = "attention_softmax" if attention else op_class
   if p.rules[rule_class] == "round":
     p.log.record(name, rule_class, rounded=size)
-    outs = [p.round(o) if _is_f32(a) else o for o, a in zip(outs, out_avals)]
+    outs = [p.round_class(o, rule_class) if _is_f32(a) else o for o, a in zip(outs, out_avals)]
     return outs, tagged(ROUNDED)
   p.log.record(name, rule_class, kept_float32=size)
   return outs, tagged(FLOAT32)
@@ -678,13 +775,13 @@ def _matmul(
     if isinstance(atom, jcore.Var) and atom in memo:
       operands[i] = memo[atom]
       continue
-    operands[i] = p.round(values[i])
+    operands[i] = p.round_class(values[i], rule_class)
     rounded += _size(values[i])
     if isinstance(atom, jcore.Var):
       memo[atom] = operands[i]
-  chunked = _mixed_product(p, eqn, operands) if treatment == "mixed_accumulate" else None
+  chunked = _mixed_product(p, eqn, operands, rule_class) if treatment == "mixed_accumulate" else None
   if chunked is None:
-    out = p.round(_bind(eqn, operands, **_dot_precision(eqn, ROUNDED_OPERANDS))[0])
+    out = p.round_class(_bind(eqn, operands, **_dot_precision(eqn, ROUNDED_OPERANDS))[0], rule_class)
     rounded += _size(out_aval)
   else:
     out, n = chunked
@@ -710,7 +807,7 @@ def _dot_precision(eqn: Any, precision: tuple) -> dict[str, Any]:
   return {"precision": precision} if "precision" in eqn.params else {}
 
 
-def _mixed_product(p: _Pass, eqn: Any, operands: list[Any]) -> tuple[jax.Array, int] | None:
+def _mixed_product(p: _Pass, eqn: Any, operands: list[Any], rule_class: str) -> tuple[jax.Array, int] | None:
   """(chunked result, chunk count), or None when the product has a single chunk.
 
   ``result = r(...r(r(s_0) + r(s_1)) + ... + r(s_{n-1}))``, ``s_i`` the float32 sum of chunk
@@ -721,22 +818,35 @@ def _mixed_product(p: _Pass, eqn: Any, operands: list[Any]) -> tuple[jax.Array, 
     chunks = _dot_chunking(eqn, p.block)
     if chunks is None:
       return None
-    return _ordered_sum(p, _dot_chunk_sums(operands, eqn.params, chunks)), chunks[2]
+    return _ordered_sum(p, _dot_chunk_sums(operands, eqn.params, chunks), rule_class), chunks[2]
   if eqn.primitive.name == "conv_general_dilated":
     partial = _conv_chunk_sums(operands, eqn.params, p.block)
-    return None if partial is None else (_ordered_sum(p, partial), partial.shape[0])
+    return None if partial is None else (_ordered_sum(p, partial, rule_class), partial.shape[0])
   return None
 
 
-def _ordered_sum(p: _Pass, partial: jax.Array) -> jax.Array:
+def _ordered_sum(p: _Pass, partial: jax.Array, rule_class: str) -> jax.Array:
   """``r(...r(r(s_0) + r(s_1)) + ...)`` over the leading axis: one rounding of every chunk sum,
-  then a scan that adds them in order (a constant number of equations for any chunk count)."""
-  chunk_sums = p.round(partial)
+  then a scan that adds them in order (a constant number of equations for any chunk count).
 
-  def add(total: jax.Array, chunk: jax.Array) -> tuple[jax.Array, None]:
-    return p.round(total + chunk), None
+  Stochastic: the chunk sums are one site; the additions are one more site, whose key is
+  folded with the addition's index (fresh bits for each addition)."""
+  chunk_sums = p.round_class(partial, rule_class)
+  if rule_class not in p.stochastic:
 
-  total, _ = jax.lax.scan(add, chunk_sums[0], chunk_sums[1:])
+    def add(total: jax.Array, chunk: jax.Array) -> tuple[jax.Array, None]:
+      return p.round(total + chunk), None
+
+    total, _ = jax.lax.scan(add, chunk_sums[0], chunk_sums[1:])
+    return total
+  key = p.site_key()
+
+  def add_stochastic(total: jax.Array, xs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
+    chunk, i = xs
+    return _rounding.round_stochastic_linear(total + chunk, p.fmt, jax.random.fold_in(key, i)), None
+
+  steps = jnp.arange(partial.shape[0] - 1, dtype=jnp.uint32)
+  total, _ = jax.lax.scan(add_stochastic, chunk_sums[0], (chunk_sums[1:], steps))
   return total
 
 
@@ -855,30 +965,45 @@ def _conv_chunk_sums(operands: list[Any], params: dict, block: int) -> jax.Array
 
 
 def _retrace(
-  p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], tags: Sequence[Tag | None]
+  p: _Pass, jaxpr: jcore.Jaxpr, consts: Sequence[Any], tags: Sequence[Tag | None], iteration: bool = False
 ) -> tuple[jcore.Jaxpr, list[Any], list[Tag | None], CastLog]:
-  """Trace the transformed ``jaxpr`` to a new jaxpr (constvars hold the new constants)."""
+  """Trace the transformed ``jaxpr`` to a new jaxpr (constvars hold the new constants).
+
+  ``iteration``: the new jaxpr takes one more, last, argument: a uint32 iteration index that
+  is folded into the child's rounding key (fresh stochastic bits in each loop iteration)."""
   child = p.child()
+  loop_key = child.key
   box: list[list[Tag | None]] = []
 
   def body(*args: Any) -> list[Any]:
+    if iteration:
+      *args, i = args
+      child.key, child.sites = (None if loop_key is None else jax.random.fold_in(loop_key, i)), 0
     outs, out_tags = _interpret(child, jaxpr, consts, args, tags)
     box.append(out_tags)
     return outs
 
-  in_avals = [v.aval for v in jaxpr.invars]
-  new_jaxpr, _, new_consts = _pe.trace_to_jaxpr_dynamic(
-    lu.wrap_init(body, debug_info=jaxpr.debug_info), in_avals
-  )
+  in_avals = [v.aval for v in jaxpr.invars] + ([jax.core.ShapedArray((), jnp.uint32)] if iteration else [])
+  debug = jaxpr.debug_info
+  if iteration and debug is not None and debug.arg_names is not None:
+    debug = debug._replace(arg_names=(*debug.arg_names, "iteration"))
+  new_jaxpr, _, new_consts = _pe.trace_to_jaxpr_dynamic(lu.wrap_init(body, debug_info=debug), in_avals)
   return new_jaxpr, list(new_consts), box[-1], child.log
 
 
 def _fixed_point(
-  p: _Pass, closed: jcore.ClosedJaxpr, head: list[Tag | None], carry: list[Tag | None], tail: list[Tag | None]
+  p: _Pass,
+  closed: jcore.ClosedJaxpr,
+  head: list[Tag | None],
+  carry: list[Tag | None],
+  tail: list[Tag | None],
+  iteration: bool = False,
 ) -> tuple[jcore.Jaxpr, list[Any], list[Tag | None], list[Tag | None], CastLog]:
   """Retrace a loop body until the carried tags are stable (each pass can only widen them)."""
   while True:
-    new_jaxpr, consts, out_tags, log = _retrace(p, closed.jaxpr, closed.consts, head + carry + tail)
+    new_jaxpr, consts, out_tags, log = _retrace(
+      p, closed.jaxpr, closed.consts, head + carry + tail, iteration
+    )
     joined = [_join(a, b) for a, b in zip(carry, out_tags[: len(carry)])]
     if joined == carry:
       return new_jaxpr, consts, carry, out_tags, log
@@ -903,15 +1028,17 @@ def _scan(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tupl
   params = eqn.params
   n_consts, n_carry = params["num_consts"], params["num_carry"]
   head, carry, tail = tags[:n_consts], tags[n_consts : n_consts + n_carry], tags[n_consts + n_carry :]
-  new_jaxpr, consts, carry, out_tags, log = _fixed_point(p, params["jaxpr"], head, carry, tail)
+  stochastic = bool(p.stochastic) and p.key is not None  # an iteration index as one more scanned input
+  new_jaxpr, consts, carry, out_tags, log = _fixed_point(p, params["jaxpr"], head, carry, tail, stochastic)
   p.log.merge(log, times=params["length"])
   updates: dict[str, Any] = {
     "jaxpr": jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(new_jaxpr), ()),
     "num_consts": n_consts + len(consts),
   }
+  extra = [jnp.arange(params["length"], dtype=jnp.uint32)] if stochastic else []
   if "linear" in params:
-    updates["linear"] = (False,) * len(consts) + tuple(params["linear"])
-  outs = _bind(eqn, [*consts, *values], **updates)
+    updates["linear"] = (False,) * len(consts) + tuple(params["linear"]) + (False,) * len(extra)
+  outs = _bind(eqn, [*consts, *values, *extra], **updates)
   return outs, carry + out_tags[n_carry:]
 
 
@@ -920,6 +1047,12 @@ def _while(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tup
   nc, nb = params["cond_nconsts"], params["body_nconsts"]
   cond_consts, body_consts, init = values[:nc], values[nc : nc + nb], values[nc + nb :]
   cond_tags, body_tags, carry = tags[:nc], tags[nc : nc + nb], tags[nc + nb :]
+  if p.stochastic and p.key is not None:
+    raise PolicyError(
+      f"policy {str(p.policy)!r}: stochastic rounding inside a while loop (lax.while_loop, or fori_loop "
+      "with bounds not known when tracing) is not supported: its iterations would reuse the same bits. "
+      "Use lax.scan or a fori_loop with Python-int bounds, or a policy without stochastic=."
+    )
   body_jaxpr, body_new, carry, _, log = _fixed_point(p, params["body_jaxpr"], body_tags, carry, [])
   cond = params["cond_jaxpr"]
   cond_jaxpr, cond_new, _, cond_log = _retrace(p, cond.jaxpr, cond.consts, cond_tags + carry)

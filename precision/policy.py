@@ -70,6 +70,16 @@ rules) or constants (Python scalars, literals) stays float32: normalisation stat
 (``var + eps``) and a loss scaled by a Python number are computed in float32, as PyTorch
 autocast does. A 0-d *array* is a value like any other (see `precision.autocast`).
 
+Stochastic rounding
+-------------------
+``Policy(..., stochastic=("matmul", "elementwise"))`` (string form
+``stochastic=matmul+elementwise``, or ``sr=...``) makes every rounding that the rules insert
+for equations of those op classes stochastic instead of nearest-even: unbiased, with bits
+from a key the caller passes (``autocast(f, policy)(..., rounding_key=key)``; see
+`precision.autocast` for the sites, the streams and the transformations). Each named class
+must be one whose rule rounds (not ``"float32"``). A float32 ``compute`` policy ignores the
+option (it stays the identity).
+
 A policy's string form lists every setting that differs from the defaults and parses back:
 ``Policy.parse(str(p)) == p``.
 """
@@ -131,6 +141,7 @@ _PARSE_KEYS = {
     "o": "output", "output": "output",
     "l": "level", "level": "level", "pol": "level",
     "block": "accumulation_block", "accumulation_block": "accumulation_block",
+    "sr": "stochastic", "stochastic": "stochastic",
 }  # fmt: skip
 
 
@@ -149,9 +160,13 @@ class Policy:
     level: precision optimisation level, 0, 1 or 2 (see the module docstring's table).
     rules: overrides of the level's rule table, ``{op_class: treatment}``.
     accumulation_block: products per chunk in ``"mixed_accumulate"`` matmuls (>= 1).
+    stochastic: op classes whose roundings are stochastic (a tuple, or one string with the
+      classes joined by ``+``); each must be rounded by the rule table. Kept in the order of
+      `RULE_CLASSES`.
 
   Raises:
-    PolicyError: unknown level, op class or treatment; FormatError for unknown formats.
+    PolicyError: unknown level, op class or treatment, a repeated stochastic class or one
+      whose rule keeps it float32; FormatError for unknown formats.
 
   >>> Policy(compute="bf16", level=0).compute.name
   'bfloat16'
@@ -163,6 +178,7 @@ class Policy:
   level: int = 1
   rules: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
   accumulation_block: int = DEFAULT_ACCUMULATION_BLOCK
+  stochastic: tuple[str, ...] | str = ()
 
   def __post_init__(self) -> None:
     for field in ("param", "compute", "output"):
@@ -185,6 +201,7 @@ class Policy:
     for op_class, treatment in overrides.items():
       _check_rule(op_class, treatment)
     object.__setattr__(self, "rules", tuple(sorted(overrides.items())))
+    object.__setattr__(self, "stochastic", _check_stochastic(self.stochastic, self.rule_table))
 
   @property
   def rule_table(self) -> dict[str, str]:
@@ -216,6 +233,8 @@ class Policy:
     extra = "".join(f",{k}={v}" for k, v in self.rules)
     if self.accumulation_block != DEFAULT_ACCUMULATION_BLOCK:
       extra += f",block={self.accumulation_block}"
+    if self.stochastic:
+      extra += f",stochastic={'+'.join(self.stochastic)}"
     return f"p={self.param.name},c={self.compute.name},o={self.output.name},level={self.level}{extra}"
 
   @classmethod
@@ -223,7 +242,8 @@ class Policy:
     """Parse ``"p=f32,c=cb16,o=f32"`` (jmp's syntax) plus ``level=N``, ``block=N`` and rules.
 
     Keys: ``p``/``param``/``params``, ``c``/``compute``, ``o``/``output``, ``l``/``level``/``pol``,
-    ``block``/``accumulation_block``, and any op class (``attention_softmax=round``) as a rule
+    ``block``/``accumulation_block``, ``stochastic``/``sr`` (op classes joined by ``+``:
+    ``stochastic=matmul+elementwise``), and any op class (``attention_softmax=round``) as a rule
     override. Missing keys take the constructor defaults; ``str(policy)`` parses back.
 
     Raises:
@@ -241,7 +261,7 @@ class Policy:
         close = difflib.get_close_matches(key, [*_PARSE_KEYS, *RULE_CLASSES], n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise PolicyError(
-          f"policy {text!r}: unknown key {key!r}.{hint} Allowed: p, c, o, level, block, or an op class "
+          f"policy {text!r}: unknown key {key!r}.{hint} Allowed: p, c, o, level, block, stochastic, or an op class "
           f"({', '.join(RULE_CLASSES)})"
         )
       field = _PARSE_KEYS.get(key, key)
@@ -252,6 +272,8 @@ class Policy:
       seen[field] = key
       if field in RULE_CLASSES:
         rules[field] = value
+      elif field == "stochastic":
+        settings[field] = tuple(part.strip() for part in value.split("+"))
       elif field in ("level", "accumulation_block"):
         try:
           settings[field] = int(value)
@@ -335,6 +357,31 @@ def _check_rule(op_class: Any, treatment: Any) -> None:
   allowed = MATMUL_TREATMENTS if op_class in MATMUL_CLASSES else VALUE_TREATMENTS
   if treatment not in allowed:
     raise PolicyError(f"rules: {op_class}={treatment!r}; allowed for {op_class}: {', '.join(allowed)}")
+
+
+def _check_stochastic(stochastic: Any, rule_table: Mapping[str, str]) -> tuple[str, ...]:
+  """The stochastic op classes, checked, in `RULE_CLASSES` order."""
+  classes = (
+    tuple(part.strip() for part in stochastic.split("+"))
+    if isinstance(stochastic, str)
+    else tuple(stochastic)
+  )
+  classes = tuple(c for c in classes if c != "")
+  for op_class in classes:
+    if op_class not in RULE_CLASSES:
+      hint = _suggest(str(op_class), RULE_CLASSES)
+      raise PolicyError(
+        f"stochastic: unknown op class {op_class!r}.{hint} Op classes: {', '.join(RULE_CLASSES)}"
+      )
+    if classes.count(op_class) > 1:
+      raise PolicyError(f"stochastic: {op_class} is given twice; give it once")
+    if rule_table[op_class] == "float32":
+      raise PolicyError(
+        f"stochastic: {op_class} is kept in float32 by the rule table (rule {op_class}=float32), so it "
+        f"has no rounding to make stochastic. Drop it from stochastic=, or give it a rounding rule "
+        f"(e.g. {op_class}={'float32_accumulate' if op_class in MATMUL_CLASSES else 'round'})."
+      )
+  return tuple(c for c in RULE_CLASSES if c in classes)
 
 
 def _round_tree(tree: Any, fmt: FloatFormat) -> Any:

@@ -308,6 +308,61 @@ ad.deflinear2(round_p, lambda ct, x, *, fmt, mode: [round_p.bind(ct, fmt=fmt, mo
 batching.defvectorized(round_p)
 
 
+# Stochastic rounding given its random words, as a primitive linear in ``x``:
+# ``precision_round_bits(x, rbits)``. `precision.autocast` inserts it (bits from
+# `_kernel.counter_bits`), because a rounding inside a ``custom_jvp`` rule (softmax,
+# logaddexp) must be transposable and a ``custom_vjp`` is not. Its JVP and transpose round the
+# tangent / cotangent stochastically with `_kernel.derive_bits` of the same words (the rule of
+# `round`'s ``grad="cast"``). Elementwise in both operands, so ``vmap`` broadcasts them.
+round_bits_p = jcore.Primitive("precision_round_bits")
+round_bits_p.def_impl(lambda x, rbits, *, fmt: _kernel.round_bits(x, fmt, "stochastic", rbits))
+round_bits_p.def_abstract_eval(lambda x, rbits, *, fmt: x)
+mlir.register_lowering(
+  round_bits_p,
+  mlir.lower_fun(lambda x, rbits, *, fmt: _kernel.round_bits(x, fmt, "stochastic", rbits), False),
+)
+
+
+def _round_bits_jvp(primals: Any, tangents: Any, *, fmt: FloatFormat) -> tuple[Any, Any]:
+  x, rbits = primals
+  tx, _ = tangents
+  out = round_bits_p.bind(x, rbits, fmt=fmt)
+  if type(tx) is ad.Zero:
+    return out, ad.Zero.from_primal_value(out)
+  return out, round_bits_p.bind(tx, _kernel.derive_bits(rbits), fmt=fmt)
+
+
+def _round_bits_transpose(ct: Any, x: Any, rbits: Any, *, fmt: FloatFormat) -> list[Any]:
+  if type(ct) is ad.Zero:
+    return [ad.Zero(x.aval) if ad.is_undefined_primal(x) else None, None]
+  return [round_bits_p.bind(ct, _kernel.derive_bits(rbits), fmt=fmt), None]
+
+
+def _round_bits_batch(args: Any, dims: Any, *, fmt: FloatFormat) -> tuple[Any, int]:
+  x, rbits = args
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+  def front(a: Any, d: int | None) -> Any:
+    return jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+
+  x, rbits = front(x, dims[0]), front(rbits, dims[1])
+  return round_bits_p.bind(x, rbits, fmt=fmt), 0
+
+
+ad.primitive_jvps[round_bits_p] = _round_bits_jvp
+ad.primitive_transposes[round_bits_p] = _round_bits_transpose
+batching.primitive_batchers[round_bits_p] = _round_bits_batch
+
+
+def round_stochastic_linear(x: jax.Array, fmt: FloatFormat, key: jax.Array) -> jax.Array:
+  """Stochastic rounding of float32 ``x`` keyed by ``key``, as `round_bits_p` (transposable).
+
+  The same words as ``round(x, fmt, "stochastic", key=key)``: two words drawn from ``key`` seed
+  `_kernel.counter_bits`; so the forward values are equal bit for bit."""
+  seed = jax.random.bits(key, (2,), jnp.uint32)
+  return round_bits_p.bind(x, _kernel.counter_bits(x.shape, seed), fmt=fmt)
+
+
 def _storage_dtype(fmt: FloatFormat) -> jnp.dtype:
   return jnp.uint8 if fmt.bits <= 8 else jnp.uint16 if fmt.bits <= 16 else jnp.uint32
 
