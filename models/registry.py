@@ -107,8 +107,8 @@ def uses_dropout(model: Any) -> bool:
 
 def _data(
   params: Any, train_cfg: Any, eval_cfg: Any, check: Callable[[Mapping[str, np.ndarray], str], None]
-) -> tuple[Callable[[int], Any], Callable[[], Any] | None]:
-  """``(train_data(seed), eval_data())`` of the executor's Task; eval data is built once, lazily."""
+) -> dict[str, Any]:
+  """The Task's ``train_data(seed)``, ``eval_data()`` (built once, lazily) and ``batch_spec()``."""
   rc = params.runconfig
   cache = data_cache_dir(params)
   key_feature = "dropout_key" if uses_dropout(params.model) else None
@@ -125,8 +125,11 @@ def _data(
     check(source.source.features, "train_input")
     return source
 
+  def batch_spec() -> dict[str, Any]:
+    return processors.batch_spec(train_cfg, key_feature=key_feature)
+
   if eval_cfg is None:
-    return train_data, None
+    return {"train_data": train_data, "eval_data": None, "batch_spec": batch_spec}
   if (
     eval_cfg.data_dir is not None
     and eval_cfg.data_dir == train_cfg.data_dir
@@ -149,7 +152,7 @@ def _data(
       held.append(processors.one_pass(source, eval_cfg.batch_size, eval_cfg.drop_remainder))
     return held[0]
 
-  return train_data, eval_data
+  return {"train_data": train_data, "eval_data": eval_data, "batch_spec": batch_spec}
 
 
 def _bert_batch(batch: Batch) -> dict[str, Any]:
@@ -175,14 +178,12 @@ def _language_model_task(
   def check(features: Mapping[str, np.ndarray], where: str) -> None:
     _check_tokens(features, model.vocab_size, model.max_position_embeddings, where)
 
-  train_data, eval_data = _data(params, train_cfg, eval_cfg, check)
   return Task(
     name=f"{name} (L={model.num_hidden_layers}, H={model.hidden_size})",
     init_params=init_params,
     loss_fn=loss_fn,
-    train_data=train_data,
     batch_size=train_cfg.batch_size,
-    eval_data=eval_data,
+    **_data(params, train_cfg, eval_cfg, check),
   )
 
 
@@ -220,14 +221,12 @@ def fc_mnist_task(params: Any) -> Task:
     if width != model.input_size:
       raise DataConfigError(f"{where}: images have {width} pixels, model.input_size is {model.input_size}")
 
-  train_data, eval_data = _data(params, train_cfg, eval_cfg, check)
   return Task(
     name="fc_mnist",
     init_params=init_params,
     loss_fn=loss_fn,
-    train_data=train_data,
     batch_size=train_cfg.batch_size,
-    eval_data=eval_data,
+    **_data(params, train_cfg, eval_cfg, check),
     eval_metric=accuracy,
     eval_metric_name="accuracy",
   )

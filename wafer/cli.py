@@ -83,13 +83,10 @@ def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], di
 
 def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
   """The train step of a params file, at its batch size, with its state shapes."""
-  import jax
-
   from wafer import runner, train
 
   p = runner.load_plan(args.params, list(args.overrides or ()))
-  state = train.initial_state(p.task, p.optimizer, p.loss_scale, jax.random.key(0))
-  batch = next(p.task.train_data(p.seed))
+  state, batch = train.step_shapes(p.task, p.optimizer, p.loss_scale, p.seed)  # no weights, no data
   if args.model_dir is None:
     args.model_dir = p.runconfig.model_dir
   kwargs = {"batch_size": p.task.batch_size, "num_csx": p.runconfig.num_csx, "policy": p.policy}

@@ -53,6 +53,20 @@ FEATURES = (
 _FLOAT_FEATURES = ("masked_lm_weights",)
 
 
+def example_spec(msl: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """``{feature: (shape, dtype)}`` of one example at max sequence length ``msl`` (the table above).
+
+  >>> example_spec(128)["masked_lm_positions"]
+  ((20,), dtype('int32'))
+  """
+  mmp = max_predictions(msl)
+  shapes = {"masked_lm_positions": (mmp,), "masked_lm_labels": (mmp,), "masked_lm_weights": (mmp,)}
+  shapes["next_sentence_label"] = ()
+  return {
+    k: (shapes.get(k, (msl,)), np.dtype(np.float32 if k in _FLOAT_FEATURES else np.int32)) for k in FEATURES
+  }
+
+
 def max_predictions(msl: int, mask_rate: float = 0.15) -> int:
   """``MMP`` for a sequence length: modelzoo's usual 20 at MSL128 and 80 at MSL512."""
   return max(1, int(round(msl * mask_rate)) + 1) if msl not in (128, 512) else {128: 20, 512: 80}[msl]
@@ -419,3 +433,6 @@ class BertInput(InputConfig):
       seed=seed,
       split=text_split(self, eval_split),
     )
+
+  def example_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    return example_spec(self.max_sequence_length or 128)

@@ -13,6 +13,8 @@ from wafer.data.pipeline import ArraySource, GrainBatchSource
 from wafer.data.processors import EVAL_SPLITS, data_dir
 from wafer.data.sources import Features
 
+IMAGE_PIXELS = 28 * 28  # MNIST's images, flattened
+
 
 def digits_features(split: str = "train", eval_fraction: float = 0.2) -> dict[str, np.ndarray]:
   """scikit-learn's bundled handwritten digits (1,797 images, 8x8), shaped like MNIST for fc_mnist.
@@ -35,7 +37,7 @@ def digits_features(split: str = "train", eval_fraction: float = 0.2) -> dict[st
   order = np.random.default_rng(0).permutation(len(images))
   n_eval = int(round(len(images) * eval_fraction))
   idx = order[n_eval:] if split == "train" else order[:n_eval]
-  return {"images": images[idx].reshape(len(idx), 784), "labels": d.target[idx].astype(np.int32)}
+  return {"images": images[idx].reshape(len(idx), IMAGE_PIXELS), "labels": d.target[idx].astype(np.int32)}
 
 
 MNIST_FILES = {
@@ -145,3 +147,7 @@ class MnistInput(InputConfig):
     split = "train" if split == "train" else "eval"
     path = data_dir(self)
     return digits_features(split) if path is None else mnist_features(path, split)
+
+  def example_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """``images`` float32 ``[784]`` (28x28, flattened), ``labels`` int32 ``[]``."""
+    return {"images": ((IMAGE_PIXELS,), np.dtype(np.float32)), "labels": ((), np.dtype(np.int32))}

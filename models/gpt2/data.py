@@ -200,3 +200,7 @@ class GptInput(InputConfig):
       cache_dir=cache_dir,
       split=text_split(self, eval_split),
     )
+
+  def example_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Every feature is int32 ``[MSL]`` (the table in this module's docstring)."""
+    return dict.fromkeys(FEATURES, ((self.max_sequence_length or 128,), np.dtype(np.int32)))

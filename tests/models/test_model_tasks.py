@@ -294,3 +294,21 @@ def test_mnist_idx_files_in_data_dir(tmp_path):
   (tmp_path / "bad" / "train-labels-idx1-ubyte").write_bytes(b"\x01\x02\x03\x04")
   with pytest.raises(DataError, match="not an IDX file"):
     processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / "bad")}), seed=0)
+
+
+def test_num_epochs_runs_one_pass_over_each_input_workers_shard(tmp_path):
+  from models.fc_mnist.data import digits_features
+
+  examples = len(digits_features("train")["labels"])
+  workers = 3
+  shard = examples // workers  # the smallest shard: worker w holds examples w, w + 3, ...
+  expected = workers * (shard // 32)  # batch 32, drop_last: each worker's full batches
+  summary = _run(
+    FC_MNIST,
+    tmp_path,
+    "runconfig.num_epochs=1",
+    "runconfig.max_steps=null",
+    f"runconfig.num_workers_per_csx={workers}",
+    "runconfig.log_steps=1000",
+  )
+  assert summary["final_step"] == expected

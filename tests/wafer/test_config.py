@@ -541,12 +541,16 @@ def MINIMAL_WITH(line: str) -> dict:
   return data
 
 
-def test_num_epochs_needs_steps_per_epoch() -> None:
+def test_num_epochs_counts_the_dataloader_length_or_steps_per_epoch() -> None:
   data = MINIMAL_WITH("momentum: 0.0")
   data["runconfig"] = {"num_epochs": 2}
-  assert "runconfig.num_epochs: needs runconfig.steps_per_epoch" in error_of(data)
+  rc = load_params(data).runconfig  # valid: the run's data source gives the epoch length
+  assert rc.num_train_steps(dataloader_len=7) == 14
+  with pytest.raises(ConfigError, match="runconfig.num_epochs: needs runconfig.steps_per_epoch"):
+    rc.num_train_steps()  # a source that does not know its length
   data["runconfig"]["steps_per_epoch"] = 5
   assert load_params(data).runconfig.num_train_steps() == 10
+  assert load_params(data).runconfig.num_train_steps(dataloader_len=7) == 10
 
 
 def test_epsilon_overflow_tolerance_and_log_loss_scale_reach_the_runtime() -> None:
@@ -630,3 +634,12 @@ def test_wafer_names_no_model_package() -> None:
       assert not any(n == "models" or n.startswith("models.") for n in names), (path, names)
   assert not hasattr(registry, "PLUGIN_PACKAGES")
   assert {"bert", "gpt2", "gpt3", "fc_mnist", "mlp_example"} <= set(registry.registered())
+
+
+def test_a_null_override_restores_the_default_of_a_key_that_takes_no_null() -> None:
+  assert load_params(FC, ["optimizer.momentum=0.7"]).optimizer.momentum == 0.7
+  assert load_params(FC, ["optimizer.momentum=0.7", "optimizer.momentum=null"]).optimizer.momentum == 0.0
+  micro = load_params(FC, ["train_input.micro_batch_size=null"]).train_input.micro_batch_size
+  assert micro is None  # null is one of micro_batch_size's values
+  with pytest.raises(ConfigError, match="train_input.batch_size .*required key is missing"):
+    load_params(FC, ["train_input.batch_size=null"])

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import os
 import re
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -164,6 +165,15 @@ def _fields_at(schema: type[BaseModel], loc: Loc) -> list[str] | None:
   return list(schema.model_fields)
 
 
+def _takes_null(schema: type[BaseModel], key: str) -> bool:
+  """Whether ``key`` is a field of ``schema`` whose annotation accepts None."""
+  field = schema.model_fields.get(key)
+  if field is None:
+    return False
+  ann = field.annotation
+  return ann is Any or ann is type(None) or type(None) in typing.get_args(ann)
+
+
 def _validate_section(key: str, value: Any) -> tuple[Any, list[Problem]]:
   """``(section object or None, problems)`` of one section's mapping, by its (registered) schema."""
   if not isinstance(value, dict):
@@ -173,9 +183,10 @@ def _validate_section(key: str, value: Any) -> tuple[Any, list[Problem]]:
 
     registry.load_plugins()  # the plugins' strict model and input schemas
   schema = section_schema(key, value)
-  # a key the schema does not have, set to null, is absent (``optimizer.momentum=null`` when switching
-  # optimizer_type, ``train_input.max_predictions_per_seq=null`` when switching data_processor)
-  value = {k: v for k, v in value.items() if v is not None or k in schema.model_fields}
+  # a key set to null is absent (its default applies) unless null is one of its values: a key the schema
+  # does not have (``optimizer.momentum=null`` when switching optimizer_type), or one that takes no null
+  # (``optimizer.momentum=null`` for SGD: momentum's default)
+  value = {k: v for k, v in value.items() if v is not None or _takes_null(schema, k)}
   problems: list[Problem] = []
   processor = value.get("data_processor") if key in ("train_input", "eval_input") else None
   if isinstance(processor, str) and schema is SECTIONS[key] and registered_input_schemas():

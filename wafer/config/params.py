@@ -140,15 +140,6 @@ class Params(BaseModel):
         out.append(Problem(("runconfig",), "One of num_epochs, num_steps, or max_steps must be provided"))
     if mode in EVAL_MODES and self.eval_input is None:
       out.append(Problem(("eval_input",), f"required for mode {mode!r}"))
-    if rc.num_epochs is not None and rc.steps_per_epoch is None:
-      out.append(
-        Problem(
-          ("runconfig", "num_epochs"),
-          "needs runconfig.steps_per_epoch (the data sources repeat forever, so an epoch's length in steps "
-          "must be given); or set num_steps / max_steps instead",
-          rc.num_epochs,
-        )
-      )
     if rc.num_epochs is not None and rc.num_steps is not None:
       out.append(
         Problem(("runconfig", "num_steps"), "num_epochs and num_steps are mutually exclusive; set one")

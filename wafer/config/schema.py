@@ -187,7 +187,8 @@ class RunConfig(Section):
         raise ConfigError(
           Problem(
             ("runconfig", "num_epochs"),
-            "needs runconfig.steps_per_epoch (the dataloader's length is unknown)",
+            "needs runconfig.steps_per_epoch: this data source does not know its epoch length (the "
+            "data processors' sources do; a plugin's source gives it with epoch_steps())",
             self.num_epochs,
           )
         )
@@ -298,6 +299,17 @@ class InputConfig(OpenSection):
     raise ValueError(
       f"data_processor {self.data_processor!r} provides no data: name one an installed model plugin "
       "registers (wafer.registry.data_processors())"
+    )
+
+  def example_spec(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """``{feature: (shape, dtype)}`` of ONE example, from this section's settings alone (no data read).
+
+    ``--validate_only`` and ``--compile_only`` trace the step on these shapes (batch axis added in
+    front), so a params file is checked without its data. A data processor's schema implements it;
+    the real features must match it (the reference models test that they do).
+    """
+    raise ValueError(
+      f"data_processor {self.data_processor!r} declares no feature shapes (InputConfig.example_spec)"
     )
 
   @property

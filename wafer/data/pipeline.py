@@ -287,6 +287,19 @@ class GrainBatchSource:
     local.next_batch = self.next_batch
     return local
 
+  def epoch_steps(self) -> int:
+    """Steps in one epoch: every input worker of a system passes its shard once (the dataloader's
+    length, what ``runconfig.num_epochs`` counts). With ``P`` workers per system each holding at
+    least ``b`` batches of its shard, ``P * b``.
+
+    >>> GrainBatchSource(ArraySource({"x": np.zeros(100)}), 8, num_workers_per_csx=2).epoch_steps()
+    12
+    """
+    per_csx = self.num_workers // self.num_csx
+    if self.drop_last:
+      return per_csx * min(w.batches_per_epoch for w in self.workers)
+    return per_csx * min(-(-w.shard_size // w.batch_size) for w in self.workers)
+
   def batch_at(self, k: int) -> dict[str, np.ndarray]:
     """Batch number ``k`` (random access; what the iterator yields at position ``k``)."""
     return self.dataset[k]

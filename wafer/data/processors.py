@@ -120,6 +120,29 @@ def train_source(
     raise _section_error(section, cfg, error) from error
 
 
+def batch_spec(cfg: Any, *, key_feature: str | None = None, section: str = "train_input") -> dict[str, Any]:
+  """One global batch of an ``InputConfig`` as ``jax.ShapeDtypeStruct`` s, from its settings alone.
+
+  The shapes `train_source` batches have (``[batch_size, *example shape]``, the processor's
+  ``example_spec``; with ``key_feature``, also uint32 ``[batch_size, 2]``), without reading data:
+  what ``--validate_only`` and ``--compile_only`` trace the step on.
+
+  Raises:
+    DataError: the processor declares no shapes, or its settings are invalid (names ``section``).
+  """
+  import jax
+  import numpy as np
+
+  try:
+    spec = as_processor(cfg).example_spec()
+  except ValueError as error:
+    raise _section_error(section, cfg, error) from error
+  batch = {k: jax.ShapeDtypeStruct((cfg.batch_size, *shape), dtype) for k, (shape, dtype) in spec.items()}
+  if key_feature is not None:
+    batch[key_feature] = jax.ShapeDtypeStruct((cfg.batch_size, 2), np.dtype(np.uint32))
+  return batch
+
+
 def eval_source(
   cfg: Any,
   *,

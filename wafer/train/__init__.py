@@ -22,6 +22,7 @@ from wafer.train.metrics import Progress as Progress
 from wafer.train.state import TrainState as TrainState
 from wafer.train.state import initial_state as initial_state
 from wafer.train.state import schedule_counts as schedule_counts
+from wafer.train.state import step_shapes as step_shapes
 from wafer.train.step import make_eval_step as make_eval_step
 from wafer.train.step import make_train_step as make_train_step
 from wafer.train.task import BatchSource as BatchSource
@@ -41,6 +42,7 @@ __all__ = (
   "TrainState",
   "checkpoint_iterations",
   "initial_state",
+  "step_shapes",
   "make_eval_step",
   "make_train_step",
   "run",

@@ -35,7 +35,7 @@ from wafer import cluster
 from wafer.config import RunConfig
 from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
 from wafer.train.metrics import Metrics, Progress
-from wafer.train.state import TrainState, abstract, initial_state
+from wafer.train.state import TrainState, abstract, initial_state, step_shapes
 from wafer.train.step import make_eval_step, make_train_step
 from wafer.train.task import ExecutorError, Task
 
@@ -47,15 +47,20 @@ def seed_of(runconfig: RunConfig) -> int:
   return 1 if runconfig.seed is None else runconfig.seed
 
 
-def steps_to_run(runconfig: RunConfig, initial_step: int) -> int:
+def steps_to_run(runconfig: RunConfig, initial_step: int, data: Any = None) -> int:
   """Steps a run starting at ``initial_step`` performs; 0 when ``max_steps`` is already reached.
 
+  ``data``: the training `BatchSource`; its ``epoch_steps()``, when it has one, is the epoch length
+  ``num_epochs`` counts unless ``steps_per_epoch`` is set.
+
   Raises:
-    wafer.config.ConfigError: no step count set, or ``initial_step`` beyond ``max_steps``.
+    wafer.config.ConfigError: no step count set, an epoch count without a known epoch length, or
+      ``initial_step`` beyond ``max_steps``.
   """
   if runconfig.max_steps is not None and initial_step == runconfig.max_steps:
     return 0
-  return runconfig.num_train_steps(initial_step)
+  epoch = getattr(data, "epoch_steps", None)
+  return runconfig.num_train_steps(initial_step, epoch() if callable(epoch) else None)
 
 
 def checkpoint_iterations(checkpoint_steps: int, first: int, last: int) -> set[int]:
@@ -117,6 +122,8 @@ class _Run:
     task, rc = self.task, self.rc
     self.model_dir.mkdir(parents=True, exist_ok=True)
     seed = seed_of(rc)
+    if (rc.validate_only or rc.compile_only) and task.batch_spec is not None:
+      return self._check_only(seed)
     init = self.place(initial_state(task, self.optimizer, self.loss_scale, jax.random.key(seed)))
     self.template = abstract(init)
     self.say(f"Preparing the training data of {task.name}...")
@@ -130,6 +137,8 @@ class _Run:
     start = self.data.get_state()
     example_batch = next(self.data)  # the compile's example; then rewind, so the data is built once
     self.data.set_state(start)
+    if task.batch_spec is not None:
+      _check_batch_spec(example_batch, task.batch_spec(), self.local_rows, self.num_csx)
     step_fn = make_train_step(task, self.optimizer, self.policy)
     t1 = time.perf_counter()
     self.say(f"Data ready in {t1 - t0:.1f} s. Compiling the train step ({self.policy})...")
@@ -155,7 +164,9 @@ class _Run:
     try:
       if rc.mode == "train":
         state = self._resume(init)
-        self._train(state, int(state.step) + steps_to_run(rc, int(state.step)), rc.checkpoint_steps or 0)
+        self._train(
+          state, int(state.step) + steps_to_run(rc, int(state.step), self.data), rc.checkpoint_steps or 0
+        )
       elif rc.mode == "eval":
         self._eval(init)
       elif rc.mode == "eval_all":
@@ -165,6 +176,37 @@ class _Run:
     finally:
       self.metrics.close()
       self.checkpoints.close()
+    return self.summary
+
+  def _check_only(self, seed: int) -> dict[str, Any]:
+    """``validate_only`` / ``compile_only`` on shapes: no data is read and no state is built.
+
+    The state is ``jax.eval_shape`` of its initialisation and the batch the task's ``batch_spec``,
+    so a params file of a 175B model is checked in the memory of its graph, not of its weights.
+    """
+    task, rc = self.task, self.rc
+    kind = "Validating" if rc.validate_only else "Compiling"
+    self.say(f"{kind} the train step of {task.name} on shapes (no data is read, no weights are built)...")
+    t0 = time.perf_counter()
+    state, batch = step_shapes(task, self.optimizer, self.loss_scale, seed)
+    step_fn = make_train_step(task, self.optimizer, self.policy)
+    wafer.compile(
+      step_fn,
+      state,
+      batch,
+      num_csx=self.num_csx,
+      batch_argnums=self._batch_argnums(),
+      donate_argnums=(0,),
+      validate_only=rc.validate_only,
+    )
+    self.say(
+      f"{'Traced and lowered' if rc.validate_only else 'Compiled'} in {time.perf_counter() - t0:.1f} s."
+    )
+    if self.main:
+      _write_compile_report(
+        step_fn, state, batch, task, self.num_csx, self.policy, self.model_dir, self.summary
+      )
+    self.say(f"{'Validation' if rc.validate_only else 'Compile'} completed successfully ({task.name}).")
     return self.summary
 
   def _batch_argnums(self) -> tuple[int, ...]:
@@ -270,7 +312,7 @@ class _Run:
       self.task.eval_data()  # build the eval data now, not in the middle of the training log
     state = self._resume(init)
     done = int(state.step)
-    end = done + steps_to_run(rc, done)
+    end = done + steps_to_run(rc, done, self.data)
     self.summary["evals"] = []
     if end == done:
       self._nothing_to_train(done)
@@ -337,6 +379,29 @@ class _Run:
       {"step": step, f"eval/{name}": value}, f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})"
     )
     return value
+
+
+def _check_batch_spec(batch: Any, spec: Any, local_rows: bool, num_csx: int) -> None:
+  """The data's batch has the shapes the config declares (what ``--validate_only`` traced), or an error."""
+  shapes = lambda tree: {jax.tree_util.keystr(p): (tuple(np.shape(x)), np.dtype(x.dtype)) for p, x in
+                         jax.tree_util.tree_leaves_with_path(tree)}  # fmt: skip
+  have, want = shapes(batch), shapes(spec)
+  if local_rows:  # this process's rows only
+    mine = len(cluster.local_systems(num_csx))
+    want = {k: ((s[0] * mine // num_csx, *s[1:]), d) for k, (s, d) in want.items()}
+  wrong = [
+    f"{k}: the data has {list(have[k][0]) if k in have else 'nothing'} {have[k][1] if k in have else ''}, "
+    f"the config says {list(s)} {d}"
+    for k, (s, d) in want.items()
+    if have.get(k) != (s, d)
+  ] + [f"{k}: in the data, not declared by the config" for k in have if k not in want]
+  if wrong:
+    raise ExecutorError(
+      "train_input: the batches of the data do not have the shapes its settings declare ("
+      + "; ".join(wrong)
+      + "). --validate_only checks the declared shapes, so they must agree: set max_sequence_length (and "
+      "the model's sizes) to what the data holds."
+    )
 
 
 def _write_compile_report(step_fn, state, batch, task, num_csx, policy, model_dir, summary) -> None:

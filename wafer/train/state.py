@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from wafer.train.task import Task
@@ -72,3 +73,19 @@ def abstract(state: Any) -> Any:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
 
   return jax.tree.map(one, state)
+
+
+def step_shapes(
+  task: Task, optimizer: optax.GradientTransformation, loss_scale: Any, seed: int
+) -> tuple[Any, Any]:
+  """The train step's arguments ``(state, batch)`` as ``jax.ShapeDtypeStruct`` pytrees, no weights built.
+
+  The state is ``jax.eval_shape`` of `initial_state`; the batch is the task's ``batch_spec()`` (from
+  the config alone, no data read), or the shapes of its first batch when it declares none. What
+  ``validate_only`` / ``compile_only`` and ``wafer estimate --params`` trace.
+  """
+  state = jax.eval_shape(lambda key: initial_state(task, optimizer, loss_scale, key), jax.random.key(seed))
+  if task.batch_spec is not None:
+    return state, task.batch_spec()
+  batch = next(task.train_data(seed))
+  return state, jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), batch)

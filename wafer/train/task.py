@@ -43,6 +43,9 @@ class Task:
     eval_metric: ``(params, batch) -> float32 scalar`` averaged over eval batches (default: the loss).
     eval_metric_name: its name in logs and metrics (``loss``, ``accuracy``, ``perplexity``...).
     batch_size: global batch size (samples per step).
+    batch_spec: ``() -> pytree of jax.ShapeDtypeStruct``: one training batch's shapes and dtypes from
+      the config alone, or None. With it, ``validate_only`` / ``compile_only`` read no data and
+      build no state (the step is traced on shapes); without it they take the first batch.
   """
 
   name: str
@@ -53,6 +56,7 @@ class Task:
   eval_data: Callable[[], Any] | None = None
   eval_metric: Callable[[Any, Any], jax.Array] | None = None
   eval_metric_name: str = "loss"
+  batch_spec: Callable[[], Any] | None = None
 
 
 class IndexedBatches:
