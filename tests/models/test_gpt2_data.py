@@ -11,18 +11,9 @@ import pytest
 
 from models.gpt2 import data as gpt
 from models.gpt2.data import gpt_features
+from tests.samples import small_corpus
 from wafer import registry
 from wafer.data import processors, text
-
-
-def _docs() -> list[str]:
-  return [
-    f"Document {d} begins here. "
-    + " ".join(
-      f"Sentence {i} of document {d} talks about topic {(i * d) % 7} and value {i + d}." for i in range(12)
-    )
-    for d in range(8)
-  ]
 
 
 def test_windows_are_exact_shifts_of_one_stream():
@@ -86,25 +77,25 @@ def test_bad_hdf5_files(tmp_path):
 
 
 def test_bpe_tokenizer_trains_and_caches(tmp_path):
-  tok = text.train_bpe(_docs(), 300, tmp_path)
+  tok = text.train_bpe(small_corpus(), 300, tmp_path)
   files = os.listdir(tmp_path)
   assert len(files) == 1 and files[0].startswith("bpe-300-") and files[0].endswith(".json")
   assert tok.token_to_id("<|endoftext|>") == text.EOT == 0 and tok.get_vocab_size() <= 300
   mtime = os.path.getmtime(tmp_path / files[0])
-  again = text.train_bpe(_docs(), 300, tmp_path)
+  again = text.train_bpe(small_corpus(), 300, tmp_path)
   assert os.path.getmtime(tmp_path / files[0]) == mtime
   s = "Sentence 3 of document 5 — with ünïcode!"
   assert again.encode(s).ids == tok.encode(s).ids and tok.decode(tok.encode(s).ids) == s
   with pytest.raises(ValueError, match="vocab_size must be at least 257"):
-    text.train_bpe(_docs(), 100)
+    text.train_bpe(small_corpus(), 100)
 
 
 def test_gpt_features_from_text_ids_below_vocab(tmp_path):
-  for i, d in enumerate(_docs()):
+  for i, d in enumerate(small_corpus()):
     (tmp_path / f"{i}.txt").write_text(d)
   f = gpt_features(tmp_path, msl=32, vocab_size=300, cache_dir=tmp_path / "cache")
   assert f["input_ids"].shape[1] == 32 and f["input_ids"].max() < 300 and f["labels"].max() < 300
-  assert np.sum(f["input_ids"] == text.EOT) >= len(_docs()) - 2
+  assert np.sum(f["input_ids"] == text.EOT) >= len(small_corpus()) - 2
   cached = sorted(os.listdir(tmp_path / "cache"))
   assert any(n.startswith("gpt-") and "-msl32-v300-" in n for n in cached)
   again = gpt_features(tmp_path, msl=32, vocab_size=300, cache_dir=tmp_path / "cache")
@@ -114,7 +105,7 @@ def test_gpt_features_from_text_ids_below_vocab(tmp_path):
 def test_processors_build_a_gpt_source(tmp_path):
   from wafer.config.schema import InputConfig
 
-  for i, d in enumerate(_docs()):
+  for i, d in enumerate(small_corpus()):
     (tmp_path / f"{i}.txt").write_text(d)
   cfg = InputConfig(
     data_processor="GptHDF5MapDataProcessor",

@@ -11,6 +11,7 @@ import pytest
 from models.bert import data as bert
 from models.bert.data import MASK_ID, NUM_SPECIAL, bert_features
 from models.fc_mnist.data import digits_features
+from tests.samples import small_corpus
 from wafer.data import text
 from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass, shard_indices, worker_seeds
 
@@ -131,19 +132,9 @@ def test_worker_processes_do_not_change_the_output():
   assert all(np.array_equal(e, g) for e, g in zip(expected, got))
 
 
-def _docs() -> list[str]:
-  return [
-    f"Document {d} begins here. "
-    + " ".join(
-      f"Sentence {i} of document {d} talks about topic {(i * d) % 7} and value {i + d}." for i in range(12)
-    )
-    for d in range(8)
-  ]
-
-
 def test_mlm_nsp_invariants():
-  tok = text.train_bert_tokenizer(_docs(), 200)
-  docs = text.tokenize_documents(tok, _docs())
+  tok = text.train_bert_tokenizer(small_corpus(), 200)
+  docs = text.tokenize_documents(tok, small_corpus())
   f = bert.create_mlm_nsp_examples(
     docs,
     msl=32,
@@ -185,12 +176,12 @@ def test_mlm_nsp_invariants():
 
 
 def test_tokenizer_trains_and_caches(tmp_path):
-  tok = text.train_bert_tokenizer(_docs(), 150, tmp_path)
+  tok = text.train_bert_tokenizer(small_corpus(), 150, tmp_path)
   files = os.listdir(tmp_path)
   assert len(files) == 1 and files[0].startswith("bert-bpe-150-")
   assert [tok.token_to_id(t) for t in text.SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
   mtime = os.path.getmtime(tmp_path / files[0])
-  again = text.train_bert_tokenizer(_docs(), 150, tmp_path)
+  again = text.train_bert_tokenizer(small_corpus(), 150, tmp_path)
   assert os.path.getmtime(tmp_path / files[0]) == mtime
   assert again.encode("sentence of document").ids == tok.encode("sentence of document").ids
 
@@ -205,9 +196,9 @@ def test_tokenizer_training_is_deterministic():
 
 
 def test_hdf5_and_csv_round_trip(tmp_path):
-  tok = text.train_bert_tokenizer(_docs(), 200)
+  tok = text.train_bert_tokenizer(small_corpus(), 200)
   f = bert.create_mlm_nsp_examples(
-    text.tokenize_documents(tok, _docs()),
+    text.tokenize_documents(tok, small_corpus()),
     msl=24,
     vocab_size=200,
     cls_id=2,
@@ -303,7 +294,7 @@ def test_processors_from_input_config(tmp_path):
     ValueError, match="'Nope' is not one an installed model plugin provides; registered: Bert"
   ):
     processors.train_source(cfg.model_copy(update={"data_processor": "Nope"}), seed=0)
-  (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in _docs()))
+  (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in small_corpus()))
   bcfg = InputConfig(
     data_processor="BertCSVDynamicMaskDataProcessor",
     data_dir=str(tmp_path / "a.jsonl"),

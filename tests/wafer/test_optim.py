@@ -10,6 +10,7 @@ import optax
 import pytest
 
 from precision.loss_scale import DynamicLossScale, StaticLossScale
+from tests.samples import bert_base_optimizer
 from wafer.optim import OptimizerError, apply_gradients, build_optimizer
 
 P0 = {"a": np.array([0.5, -1.0, 2.0]), "b": np.array([[0.25, -0.75], [1.5, 0.1]])}
@@ -175,26 +176,8 @@ def test_loss_scaling_choices() -> None:
 
 
 def test_bert_base_optimizer_section_builds_and_steps() -> None:
-  sec = {
-    "optimizer_type": "AdamW",
-    "weight_decay": 0.01,
-    "loss_scaling_factor": "dynamic",
-    "max_gradient_norm": 1.0,
-    "learning_rate": [
-      {
-        "scheduler": "Linear",
-        "initial_learning_rate": 0.0,
-        "end_learning_rate": 0.0001767766952966369,
-        "total_iters": 3200,
-      },
-      {
-        "scheduler": "Linear",
-        "initial_learning_rate": 0.0001767766952966369,
-        "end_learning_rate": 0.0,
-        "total_iters": 77600,
-      },
-    ],
-  }
+  sec = bert_base_optimizer()
+  assert sec["learning_rate"][0]["total_iters"] == 3200 and sec["learning_rate"][1]["total_iters"] == 77600
   got, _, ls, step = run(sec, [G0, G1], half="cbfloat16")
   # step 0 uses lr(0) = 0, step 1 uses lr(1) = peak / 3200
   want = ref_adam(

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.samples import bert_base_optimizer
 from wafer import schedules as S
 
 
@@ -274,20 +275,7 @@ def test_schedule_rejects_float_steps_and_plugs_into_optax() -> None:
 
 # ----------------------------------------------------------------------------- the YAML builder
 
-BERT_LR = [
-  {
-    "scheduler": "Linear",
-    "initial_learning_rate": 0.0,
-    "end_learning_rate": 0.0001767766952966369,
-    "total_iters": 3200,
-  },
-  {
-    "scheduler": "Linear",
-    "initial_learning_rate": 0.0001767766952966369,
-    "end_learning_rate": 0.0,
-    "total_iters": 77600,
-  },
-]
+BERT_LR = bert_base_optimizer()["learning_rate"]  # the shipped BERT-base schedule
 
 
 def _values(sched: S.Schedule, ts: list[int]) -> np.ndarray:
