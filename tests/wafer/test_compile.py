@@ -270,7 +270,16 @@ def test_static_argnums_and_argnames():
 
 @pytest.mark.parametrize(
   "example,call",
-  [(np.int64(1), np.int64(2)), (np.float64(0.01), np.float64(0.5)), (np.float32(1.0), np.float64(2.0))],
+  [
+    (np.int64(1), np.int64(2)),
+    (np.float64(0.01), np.float64(0.5)),
+    (np.float32(1.0), np.float64(2.0)),
+    # compiled for an int32 / float32 array, called with NumPy's default 64-bit scalars: JAX canonicalises
+    # them to the same 32-bit signature (no recompile); the cases above do not cover the int64 side
+    (np.int32(1), np.int64(2)),
+    (jnp.int32(1), np.int64(2)),
+    (jnp.float32(1.0), np.float64(2.0)),
+  ],
 )
 def test_numpy_scalars_are_accepted_where_jax_keeps_the_graph(example, call):
   """NumPy scalars canonicalise to the compiled dtype (int32 / float32 without x64): no new graph."""

@@ -636,6 +636,39 @@ def test_wafer_names_no_model_package() -> None:
   assert {"bert", "gpt2", "gpt3", "fc_mnist", "mlp_example"} <= set(registry.registered())
 
 
+def test_wafer_holds_no_models_data_code() -> None:
+  """BERT MLM/NSP, GPT windows and MNIST data live next to their models, not in ``wafer`` (issue 13).
+
+  ``wafer`` outside the cost model (which estimates named workloads) defines no module, function,
+  class or module-level name for one model family's data: no processor names, feature builders or
+  file lists. The shared BPE tokenizer trainer ``train_bert_tokenizer`` is the one named exception.
+  """
+  import ast
+  import re
+
+  family = re.compile(r"bert|gpt|mnist", re.IGNORECASE)
+  allowed = {"train_bert_tokenizer"}
+  root = pathlib.Path(__file__).resolve().parents[2] / "wafer"
+  found = []
+  for path in root.rglob("*.py"):
+    if "costmodel" in path.relative_to(root).parts:
+      continue
+    if family.search(path.stem):
+      found.append(str(path))
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        names = [node.name]
+      elif isinstance(node, ast.Assign):
+        names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+      elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        names = [node.value] if re.fullmatch(r"\w+DataProcessor", node.value) else []
+      else:
+        names = []
+      found += [f"{path}:{node.lineno}: {n}" for n in names if family.search(n) and n not in allowed]
+  assert not found, found
+
+
 def test_a_null_override_restores_the_default_of_a_key_that_takes_no_null() -> None:
   assert load_params(FC, ["optimizer.momentum=0.7"]).optimizer.momentum == 0.7
   assert load_params(FC, ["optimizer.momentum=0.7", "optimizer.momentum=null"]).optimizer.momentum == 0.0

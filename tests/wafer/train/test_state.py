@@ -9,15 +9,16 @@ import optax
 import precision
 import wafer
 from models.mlp import example_run, example_task
+from wafer.optim import scale_by_adam
 from wafer.train import Checkpoints, initial_state, make_train_step, run, schedule_counts
 
 
-def _skipping_run(model_dir, max_steps=30):
+def _skipping_run(model_dir, max_steps=30, optimizer=None):
   """The example with a DLS scale far too large: the first steps overflow float32 and are skipped."""
   task, runconfig, _, _, _ = example_run(
     str(model_dir), max_steps=max_steps, checkpoint_steps=10, log_steps=1
   )
-  optimizer = optax.sgd(optax.linear_schedule(0.05, 0.0, 100), momentum=0.9)
+  optimizer = optimizer or optax.sgd(optax.linear_schedule(0.05, 0.0, 100), momentum=0.9)
   loss_scale = precision.DynamicLossScale.create(
     "cbfloat16", initial_loss_scale=2.0**40, max_loss_scale=2.0**40, steps_per_increase=1000
   )
@@ -81,3 +82,23 @@ def test_metrics_are_fetched_only_at_log_steps_and_the_state_is_donated(tmp_path
   run(*example_run(str(tmp_path), max_steps=25, log_steps=10, checkpoint_steps=0), progress=False)
   assert len(fetched) == 4  # steps 1, 10, 20 and 25
   assert compiles[0]["donate_argnums"] == (0,)
+
+
+def test_adams_step_counter_agrees_with_the_schedule_and_the_checkpoint(tmp_path):
+  """Adam keeps its own bias-correction ``count`` beside the schedule's: both are the state's step minus skips."""
+  adam = optax.chain(scale_by_adam(), optax.scale_by_learning_rate(optax.linear_schedule(1e-3, 0.0, 100)))
+  summary, (task, optimizer, loss_scale) = _skipping_run(tmp_path, max_steps=20, optimizer=adam)
+  skipped = [r["skipped"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())]
+  assert 0 < sum(skipped) < 20
+  checkpoints = Checkpoints(tmp_path, None)
+  try:
+    like = initial_state(task, optimizer, loss_scale, jax.random.key(0))
+    for number in (10, 20):
+      state, _ = checkpoints.restore(number, like)
+      counts = [int(c) for c in schedule_counts(state.opt_state)]
+      assert len(counts) == 2  # Adam's and the schedule's
+      assert int(state.step) == number
+      assert counts == [number - sum(skipped[:number])] * 2
+  finally:
+    checkpoints.close()
+  assert summary["final_step"] == 20
