@@ -261,6 +261,7 @@ def gemm_cycles(
   bits: int,
   instances: float = 1.0,
   stream: str | None = None,
+  max_lanes: int | None = None,
 ) -> GemmPlan:
   """Cycles of ``instances`` products ``[m x k] @ [k x n]`` on a ``width x height`` rectangle.
 
@@ -273,7 +274,12 @@ def gemm_cycles(
   pe = machine.pe(bits)
   if stream is not None and inst == 1 and machine.algorithm == "search":
     a, b, tokens = {"m": (ki, ni, mi), "k": (mi, ni, ki), "n": (mi, ki, ni)}[stream]
-    return _streamed(a, b, tokens, width, height, pe, int(machine.calib.max_lanes))
+    lanes = (
+      int(machine.calib.max_lanes)
+      if max_lanes is None
+      else max(1, min(int(machine.calib.max_lanes), max_lanes))
+    )
+    return _streamed(a, b, tokens, width, height, pe, lanes)
   if inst == 1:
     return _in_passes(mi, ki, ni, width, height, pe, machine.algorithm)
   return _batched(mi, ki, ni, inst, width, height, pe, machine.algorithm)
@@ -329,16 +335,29 @@ def vector_cycles(
   return float(cycles)
 
 
+def _score_cycles(machine: Machine, scores: float, width: int, height: int) -> float:
+  """Cycles of the score work of an activation x activation product: ``score_cycles`` PE-cycles per
+  score element, spread over the rectangle's PEs (parallel over samples and heads)."""
+  return machine.calib.score_cycles * scores / (width * height)
+
+
 def kernel_cycles(
-  machine: Machine, kernel: Kernel, width: int, height: int, ratio: float, phases: Sequence[str] = PHASES
+  machine: Machine,
+  kernel: Kernel,
+  width: int,
+  height: int,
+  ratio: float,
+  phases: Sequence[str] = PHASES,
+  max_lanes: int | None = None,
 ) -> float:
   """Cycles one instance of ``kernel`` takes on ``width x height`` PEs for ``ratio * b0`` samples.
 
-  ``phases`` selects forward, backward and/or the (batch-independent) update work. Results are
-  cached on the kernel.
+  ``phases`` selects forward, backward and/or the (batch-independent) update work. ``max_lanes``
+  caps the copies of a weight-stationary layout (default `Calibration.max_lanes`; layer-pipelined
+  mode passes the copies its rectangle's SRAM can hold). Results are cached on the kernel.
   """
   cache: dict[tuple[object, ...], float] = kernel.__dict__.setdefault("_cycles_cache", {})
-  key = (machine, width, height, ratio, tuple(phases))
+  key = (machine, width, height, ratio, tuple(phases), max_lanes)
   hit = cache.get(key)
   if hit is not None:
     return hit
@@ -348,7 +367,7 @@ def kernel_cycles(
       if not mm.weight and mm.instances.at(ratio) > 1:
         m, k, n = mm.m.at(ratio), mm.k.at(ratio), mm.n.at(ratio)
         scores = mm.instances.at(ratio) * max(m * n, m * k, k * n) * (0.5 if kernel.masked else 1.0)
-        total += machine.calib.score_cycles * scores / (width * height)
+        total += _score_cycles(machine, scores, width, height)
       growing = [d for d, size in (("m", mm.m), ("k", mm.k), ("n", mm.n)) if size.exponent > 0]
       stream = growing[0] if len(growing) == 1 and mm.instances.exponent == 0 else None
       total += gemm_cycles(
@@ -361,6 +380,7 @@ def kernel_cycles(
         mm.bits,
         mm.instances.at(ratio),
         stream,
+        max_lanes,
       ).cycles
   for (phase, kind, exponent, bits), (elements, instructions) in kernel.vector.items():
     if phase in phases:
