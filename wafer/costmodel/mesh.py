@@ -28,9 +28,16 @@ fabric fill latency is paid once per group, since the next instance's operands f
 of every (sample, head) instance is formed and reduced (softmax) across the fabric rather than in
 one PE's SRAM. On top of the mesh cycles above, each element of an instance's largest matrix
 (``max(m n, m k, k n)``, the ``s x s`` scores) costs ``score_cycles`` PE-cycles, spread over the
-rectangle: ``score_cycles * instances * max(m n, m k, k n) / (width * height)``; a kernel with a
-causal mask (`Kernel.masked`) computes half of them. This is the term that makes small, long-sequence
-models (ESM-2 35M at seq 1026, 20 heads) run far below peak while short-sequence BERT does not.
+rectangle (samples and heads are parallel work): ``score_cycles * instances * max(m n, m k, k n) /
+(width * height)``; a kernel with a causal mask (`Kernel.masked`) computes half of them.
+
+This is the one term that is *not* derived from the hardware: ``score_cycles`` is fitted (about 700
+PE-cycles per score element per product). The PE-level mapping above puts attention at 30-40 % of
+the SIMD peak, which would make ESM-2 35M (seq 1026, 20 heads of 24) train at about 9,000
+samples/s on a CS-2; the published run does 586 (0.17 PF/s, 2.5 % of the dense peak). No fabric,
+SRAM-port or instruction-overhead account of the wafer (``../shared/reference/wafer.md`` §1.2-1.3,
+§4.3) comes within 10x of that cost, so it is carried by this fitted constant, the same for every
+model. It does not scale with the SIMD width (a CS-3 gains only its 19 % more PEs on it).
 
 **Element-wise, reductions, casts and data movement**: per equation, ``elements / min(PEs,
 elements)`` per PE at ``lanes`` per cycle (transcendentals ``transcendental_ops`` times), moves at
