@@ -53,23 +53,23 @@ def _points() -> list[tuple[Any, Any]]:
   return out
 
 
+def _rates(points: list[tuple[Any, Any]], params: tuple[Any, ...]) -> list[float]:
+  """The rate of each point at ``(clock, overhead, lanes, score cycles)``."""
+  clock, overhead, lanes, score = params
+  row = []
+  for w, graph in points:
+    kw = dict(w.estimate_kwargs)
+    fixed_clock = kw.pop("clock_hz", None)  # WaferLLM converted cycles at 1.1 GHz: not calibrated
+    calib = CALIBRATION.replace(
+      clock_hz=fixed_clock or clock, instruction_overhead_cycles=overhead, max_lanes=lanes, score_cycles=score
+    )
+    row.append(estimate_graph(graph, batch_size=w.batch_size, calibration=calib, **kw).samples_per_sec)
+  return row
+
+
 def _grid(points: list[tuple[Any, Any]]) -> dict[tuple[Any, ...], list[float]]:
   """``(clock, overhead, lanes, score cycles) -> [rate of each point]``."""
-  table = {}
-  for clock, overhead, lanes, score in itertools.product(CLOCKS, OVERHEADS, LANES, SCORE_CYCLES):
-    row = []
-    for w, graph in points:
-      kw = dict(w.estimate_kwargs)
-      fixed_clock = kw.pop("clock_hz", None)  # WaferLLM converted cycles at 1.1 GHz: not calibrated
-      calib = CALIBRATION.replace(
-        clock_hz=fixed_clock or clock,
-        instruction_overhead_cycles=overhead,
-        max_lanes=lanes,
-        score_cycles=score,
-      )
-      row.append(estimate_graph(graph, batch_size=w.batch_size, calibration=calib, **kw).samples_per_sec)
-    table[(clock, overhead, lanes, score)] = row
-  return table
+  return {p: _rates(points, p) for p in itertools.product(CLOCKS, OVERHEADS, LANES, SCORE_CYCLES)}
 
 
 def _fit(
@@ -166,6 +166,16 @@ def main(argv: list[str] | None = None) -> int:
   print(
     f"leave one out: median |ln ratio| {summary['leave_one_out_median']:.3f} (target <= {TARGET_MEDIAN:.3f}), "
     f"worst {summary['leave_one_out_worst']:.3f} (target <= {TARGET_EACH:.3f}): {'met' if met else 'NOT met'}"
+  )
+  # the model without its one non-derived term (score_cycles = 0, the rest as fitted): how far the
+  # hardware-derived mapping alone is from each measurement
+  derived = _rates(points, full[:3] + (0.0,))
+  for r, rate in zip(rows, derived):
+    r["without_score_term"] = rate
+  print(
+    "without the fitted attention-score term (score_cycles = 0): "
+    + ", ".join(f"{r['id']} x{r['without_score_term'] / r['measured']:.2f}" for r in rows)
+    + " of the measured rate"
   )
   by_id = {r["id"]: r for r in rows}
   ratio = None
