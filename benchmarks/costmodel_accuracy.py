@@ -39,7 +39,7 @@ TARGET_MEDIAN = math.log(1.15)
 CLOCKS = (0.85e9, 0.95e9, 1.1e9)  # the published range: SDK scripts 850 MHz, WaferLLM/HC34 1.1 GHz
 OVERHEADS = (4.0, 6.0, 8.0, 12.0)
 LANES = (128, 512, 4096)
-SCORE_CYCLES = (362.0, 512.0, 724.0, 1024.0, 1448.0)
+SCORE_CYCLES = (430.0, 512.0, 609.0, 724.0, 861.0, 1024.0)  # steps of 2**0.25
 PARAMS = ("clock_hz", "instruction_overhead_cycles", "max_lanes", "score_cycles")
 
 
@@ -53,23 +53,23 @@ def _points() -> list[tuple[Any, Any]]:
   return out
 
 
+def _rates(points: list[tuple[Any, Any]], params: tuple[Any, ...]) -> list[float]:
+  """The rate of each point at ``(clock, overhead, lanes, score cycles)``."""
+  clock, overhead, lanes, score = params
+  row = []
+  for w, graph in points:
+    kw = dict(w.estimate_kwargs)
+    fixed_clock = kw.pop("clock_hz", None)  # WaferLLM converted cycles at 1.1 GHz: not calibrated
+    calib = CALIBRATION.replace(
+      clock_hz=fixed_clock or clock, instruction_overhead_cycles=overhead, max_lanes=lanes, score_cycles=score
+    )
+    row.append(estimate_graph(graph, batch_size=w.batch_size, calibration=calib, **kw).samples_per_sec)
+  return row
+
+
 def _grid(points: list[tuple[Any, Any]]) -> dict[tuple[Any, ...], list[float]]:
   """``(clock, overhead, lanes, score cycles) -> [rate of each point]``."""
-  table = {}
-  for clock, overhead, lanes, score in itertools.product(CLOCKS, OVERHEADS, LANES, SCORE_CYCLES):
-    row = []
-    for w, graph in points:
-      kw = dict(w.estimate_kwargs)
-      fixed_clock = kw.pop("clock_hz", None)  # WaferLLM converted cycles at 1.1 GHz: not calibrated
-      calib = CALIBRATION.replace(
-        clock_hz=fixed_clock or clock,
-        instruction_overhead_cycles=overhead,
-        max_lanes=lanes,
-        score_cycles=score,
-      )
-      row.append(estimate_graph(graph, batch_size=w.batch_size, calibration=calib, **kw).samples_per_sec)
-    table[(clock, overhead, lanes, score)] = row
-  return table
+  return {p: _rates(points, p) for p in itertools.product(CLOCKS, OVERHEADS, LANES, SCORE_CYCLES)}
 
 
 def _fit(
@@ -167,6 +167,27 @@ def main(argv: list[str] | None = None) -> int:
     f"leave one out: median |ln ratio| {summary['leave_one_out_median']:.3f} (target <= {TARGET_MEDIAN:.3f}), "
     f"worst {summary['leave_one_out_worst']:.3f} (target <= {TARGET_EACH:.3f}): {'met' if met else 'NOT met'}"
   )
+  # the model without its one non-derived term (score_cycles = 0, the rest as fitted): how far the
+  # hardware-derived mapping alone is from each measurement
+  derived = _rates(points, full[:3] + (0.0,))
+  for r, rate in zip(rows, derived):
+    r["without_score_term"] = rate
+  print(
+    "without the fitted attention-score term (score_cycles = 0): "
+    + ", ".join(f"{r['id']} x{r['without_score_term'] / r['measured']:.2f}" for r in rows)
+    + " of the measured rate"
+  )
+  by_id = {r["id"]: r for r in rows}
+  ratio = None
+  if "V08" in by_id and "H01" in by_id:  # the same ESM-2 35M step on a CS-2 and a CS-3
+    ratio = {
+      "measured": by_id["H01"]["measured"] / by_id["V08"]["measured"],
+      "in_sample": by_id["H01"]["in_sample"] / by_id["V08"]["in_sample"],
+    }
+    print(
+      f"ESM-2 35M, CS-3 over CS-2 (H01 / V08): predicted {ratio['in_sample']:.2f}x in sample, "
+      f"measured {ratio['measured']:.2f}x"
+    )
   print(
     f"uncertainty band from the leave-one-out errors: a measured run lies within "
     f"x{summary['band'][0]:.2f}-x{summary['band'][1]:.2f} of the prediction"
@@ -191,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     "target_median": TARGET_MEDIAN,
     "target_each": TARGET_EACH,
     "targets_met": met,
+    "esm2_cs3_over_cs2": ratio,
     "fitted": dict(zip(PARAMS, full)),
     "defaults_equal_fit": same,
     "grid": dict(zip(PARAMS, (CLOCKS, OVERHEADS, LANES, SCORE_CYCLES))),

@@ -28,9 +28,16 @@ fabric fill latency is paid once per group, since the next instance's operands f
 of every (sample, head) instance is formed and reduced (softmax) across the fabric rather than in
 one PE's SRAM. On top of the mesh cycles above, each element of an instance's largest matrix
 (``max(m n, m k, k n)``, the ``s x s`` scores) costs ``score_cycles`` PE-cycles, spread over the
-rectangle: ``score_cycles * instances * max(m n, m k, k n) / (width * height)``; a kernel with a
-causal mask (`Kernel.masked`) computes half of them. This is the term that makes small, long-sequence
-models (ESM-2 35M at seq 1026, 20 heads) run far below peak while short-sequence BERT does not.
+rectangle (samples and heads are parallel work): ``score_cycles * instances * max(m n, m k, k n) /
+(width * height)``; a kernel with a causal mask (`Kernel.masked`) computes half of them.
+
+This is the one term that is *not* derived from the hardware: ``score_cycles`` is fitted (about 700
+PE-cycles per score element per product). The PE-level mapping above puts attention at 30-40 % of
+the SIMD peak, which would make ESM-2 35M (seq 1026, 20 heads of 24) train at about 9,000
+samples/s on a CS-2; the published run does 586 (0.17 PF/s, 2.5 % of the dense peak). No fabric,
+SRAM-port or instruction-overhead account of the wafer (``../shared/reference/wafer.md`` §1.2-1.3,
+§4.3) comes within 10x of that cost, so it is carried by this fitted constant, the same for every
+model. It does not scale with the SIMD width (a CS-3 gains only its 19 % more PEs on it).
 
 **Element-wise, reductions, casts and data movement**: per equation, ``elements / min(PEs,
 elements)`` per PE at ``lanes`` per cycle (transcendentals ``transcendental_ops`` times), moves at
@@ -49,7 +56,7 @@ from wafer.costmodel.calibration import Calibration
 from wafer.costmodel.graph import PHASES, Kernel
 from wafer.costmodel.hardware import Chip
 
-__all__ = ("GemmPlan", "Machine", "gemm_cycles", "kernel_cycles")
+__all__ = ("GemmPlan", "Machine", "PeParams", "gemm_cycles", "kernel_cycles")
 
 ALGORITHMS = ("search", "meshgemm")
 
@@ -76,6 +83,67 @@ class Machine:
     """SRAM per PE available to tensors."""
     return self.chip.sram_bytes_per_pe - self.calib.sram_reserved_bytes_per_pe
 
+  def pe(self, bits: int) -> PeParams:
+    """The per-PE parameters of a product with ``bits``-bit operands."""
+    chip = self.chip
+    return PeParams(
+      bits=bits,
+      acc_bits=self.acc_bits,
+      lanes=chip.lanes(bits),
+      read_bytes=chip.sram_read_bytes_per_cycle,
+      write_bytes=chip.sram_write_bytes_per_cycle,
+      link_bytes=chip.link_bytes_per_cycle,
+      alpha=chip.hop_latency_cycles,
+      c_op=self.calib.instruction_overhead_cycles,
+      overlap=chip.overlapped_setup,
+      sram=self.sram_data_bytes,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PeParams:
+  """The per-PE facts one product's cost depends on (hashable: the mesh searches are cached on it).
+
+  Attributes:
+    bits, acc_bits: operand and accumulator widths.
+    lanes: FMAC lanes per cycle at ``bits`` (`Chip.lanes`).
+    read_bytes, write_bytes: SRAM read and write port widths, bytes per cycle.
+    link_bytes: fabric link payload per direction per cycle.
+    alpha: cycles per fabric hop.
+    c_op: fixed cycles per tensor instruction (`Calibration.instruction_overhead_cycles`).
+    overlap: whether instruction setup overlaps the previous instruction's work (`Chip.overlapped_setup`).
+    sram: SRAM bytes per PE for tensors.
+  """
+
+  bits: int
+  acc_bits: int
+  lanes: int
+  read_bytes: int
+  write_bytes: int
+  link_bytes: int
+  alpha: float
+  c_op: float
+  overlap: bool
+  sram: float
+
+  @property
+  def in_bytes(self) -> float:
+    return self.bits / 8
+
+  @property
+  def acc_bytes(self) -> float:
+    return self.acc_bits / 8
+
+  def issue(self, work: float) -> float:
+    """Cycles of one tensor instruction doing ``work`` cycles of vector work (`_issue`)."""
+    return _issue(work, self.c_op, self.overlap)
+
+  def axpy(self, length: int) -> float:
+    """Cycles of one AXPY of ``length`` into accumulators, setup included (`_vec_cycles`)."""
+    return self.issue(
+      _vec_cycles(length, self.lanes, self.in_bytes, self.acc_bytes, self.read_bytes, self.write_bytes)
+    )
+
 
 @dataclasses.dataclass(frozen=True)
 class GemmPlan:
@@ -101,58 +169,47 @@ def _issue(work: float, c_op: float, overlap: bool) -> float:
   return max(work, c_op) if overlap else work + c_op
 
 
+def _halve(width: int, height: int, groups: int) -> tuple[int, int]:
+  """The sub-rectangle of one of ``groups`` (a power of two) equal parts: halve the longer side."""
+  w, h = width, height
+  while groups > 1:
+    if h >= w:
+      h = max(1, h // 2)
+    else:
+      w = max(1, w // 2)
+    groups //= 2
+  return w, h
+
+
 @functools.lru_cache(maxsize=200_000)
-def _gemm(
-  m: int,
-  k: int,
-  n: int,
-  width: int,
-  height: int,
-  bits: int,
-  acc_bits: int,
-  lanes: int,
-  read_b: int,
-  write_b: int,
-  link_b: int,
-  alpha: float,
-  c_op: float,
-  overlap: bool,
-  sram: float,
-  algorithm: str,
-) -> GemmPlan:
-  in_b, acc_b = bits / 8, acc_bits / 8
+def _gemm(m: int, k: int, n: int, width: int, height: int, pe: PeParams, algorithm: str) -> GemmPlan:
+  in_b, acc_b = pe.in_bytes, pe.acc_bytes
   if algorithm == "meshgemm":
     p = max(1, min(width, height))
     mt, nt = math.ceil(m / min(p, m)), math.ceil(n / min(p, n))
     kt = math.ceil(k / p)
-    step_compute = kt * nt * _issue(_vec_cycles(mt, lanes, in_b, acc_b, read_b, write_b), c_op, overlap)
-    step_comm = math.ceil((mt * kt + kt * nt) * in_b / link_b) + 2 * alpha
-    cycles = p * max(step_compute, step_comm) + alpha * 2 * p
+    step_compute = kt * nt * pe.axpy(mt)
+    step_comm = math.ceil((mt * kt + kt * nt) * in_b / pe.link_bytes) + 2 * pe.alpha
+    cycles = p * max(step_compute, step_comm) + pe.alpha * 2 * p
     return GemmPlan(float(cycles), 1, (mt, nt), mt)
   best: GemmPlan | None = None
   pes = width * height
   for rows_dim, cols_dim in ((m, n), (n, m)):
     c = 1
     while c <= max(1, min(k, pes)):
-      h, w, cc = height, width, c
-      while cc > 1:
-        if h >= w:
-          h = max(1, h // 2)
-        else:
-          w = max(1, w // 2)
-        cc //= 2
+      w, h = _halve(width, height, c)
       xt = math.ceil(rows_dim / min(h, rows_dim))
       yt = math.ceil(cols_dim / min(w, cols_dim))
-      if xt * yt * acc_b + 2 * (xt + yt) * in_b <= sram:
+      if xt * yt * acc_b + 2 * (xt + yt) * in_b <= pe.sram:
         kg = math.ceil(k / c)
         length, short = max(xt, yt), min(xt, yt)
-        per_k = short * _issue(_vec_cycles(length, lanes, in_b, acc_b, read_b, write_b), c_op, overlap)
-        comm_k = math.ceil((xt + yt) * in_b / link_b)
-        cycles = kg * max(per_k, comm_k) + alpha * (h + w)
+        per_k = short * pe.axpy(length)
+        comm_k = math.ceil((xt + yt) * in_b / pe.link_bytes)
+        cycles = kg * max(per_k, comm_k) + pe.alpha * (h + w)
         if c > 1:
           tile = xt * yt
-          level = _issue(max(math.ceil(tile * acc_b / link_b), math.ceil(tile / lanes)), c_op, overlap)
-          cycles += math.ceil(math.log2(c)) * level + alpha * (height + width) / 2
+          level = pe.issue(max(math.ceil(tile * acc_b / pe.link_bytes), math.ceil(tile / pe.lanes)))
+          cycles += math.ceil(math.log2(c)) * level + pe.alpha * (height + width) / 2
         if best is None or cycles < best.cycles:
           best = GemmPlan(float(cycles), c, (xt, yt), length)
       c *= 2
@@ -161,61 +218,38 @@ def _gemm(
   return best
 
 
-def _in_passes(mi: int, ki: int, ni: int, common: tuple[object, ...]) -> GemmPlan:
+def _in_passes(mi: int, ki: int, ni: int, width: int, height: int, pe: PeParams, algorithm: str) -> GemmPlan:
   """The product, computed in ``2^j`` passes over ``m`` or ``n`` when one pass's tiles do not fit in SRAM."""
-  plan = _gemm(mi, ki, ni, *common)
+  plan = _gemm(mi, ki, ni, width, height, pe, algorithm)
   passes = 1
   while math.isinf(plan.cycles) and passes < max(mi, ni):
     passes *= 2
-    a = _gemm(math.ceil(mi / passes), ki, ni, *common)
-    b = _gemm(mi, ki, math.ceil(ni / passes), *common)
+    a = _gemm(math.ceil(mi / passes), ki, ni, width, height, pe, algorithm)
+    b = _gemm(mi, ki, math.ceil(ni / passes), width, height, pe, algorithm)
     best = a if a.cycles <= b.cycles else b
     plan = dataclasses.replace(best, cycles=best.cycles * passes)
   return plan
 
 
 @functools.lru_cache(maxsize=200_000)
-def _streamed(
-  a: int,
-  b: int,
-  tokens: int,
-  width: int,
-  height: int,
-  bits: int,
-  acc_bits: int,
-  lanes: int,
-  read_b: int,
-  write_b: int,
-  link_b: int,
-  alpha: float,
-  c_op: float,
-  overlap: bool,
-  sram: float,
-  max_lanes: int,
-) -> GemmPlan:
+def _streamed(a: int, b: int, tokens: int, width: int, height: int, pe: PeParams, max_lanes: int) -> GemmPlan:
   """A weight-stationary product: the static ``a x b`` matrix (a weight, or a weight gradient being
   accumulated) is tiled over ``g`` copies of a sub-rectangle (*lanes*, ``g`` a power of two up to
   ``max_lanes``), and ``tokens`` stream through in time, ``tokens / g`` per lane. Per token a PE
   issues ``a_t`` AXPYs of length ``b_t`` over its ``a_t x b_t`` tile (either orientation)."""
-  in_b, acc_b = bits / 8, acc_bits / 8
+  in_b, acc_b = pe.in_bytes, pe.acc_bytes
   best: GemmPlan | None = None
   g = 1
   while g <= min(max_lanes, tokens):
-    w, h, gg = width, height, g
-    while gg > 1:
-      if h >= w:
-        h = max(1, h // 2)
-      else:
-        w = max(1, w // 2)
-      gg //= 2
+    w, h = _halve(width, height, g)
     for rows, cols in ((a, b), (b, a)):
       at, bt = math.ceil(rows / min(h, rows)), math.ceil(cols / min(w, cols))
-      if at * bt * acc_b + 2 * (at + bt) * in_b > sram:
+      if at * bt * acc_b + 2 * (at + bt) * in_b > pe.sram:
         continue
       length, short = max(at, bt), min(at, bt)
-      per_token = short * _issue(_vec_cycles(length, lanes, in_b, acc_b, read_b, write_b), c_op, overlap)
-      comm = math.ceil((at + bt) * in_b / link_b)
-      cycles = math.ceil(tokens / g) * max(per_token, comm) + alpha * (w + h)
+      per_token = short * pe.axpy(length)
+      comm = math.ceil((at + bt) * in_b / pe.link_bytes)
+      cycles = math.ceil(tokens / g) * max(per_token, comm) + pe.alpha * (w + h)
       if best is None or cycles < best.cycles:
         best = GemmPlan(float(cycles), g, (at, bt), length)
     if w == 1 and h == 1:
@@ -234,6 +268,7 @@ def gemm_cycles(
   bits: int,
   instances: float = 1.0,
   stream: str | None = None,
+  max_lanes: int | None = None,
 ) -> GemmPlan:
   """Cycles of ``instances`` products ``[m x k] @ [k x n]`` on a ``width x height`` rectangle.
 
@@ -242,75 +277,40 @@ def gemm_cycles(
   stationary (`_streamed`). Other products are tiled over the rectangle (`_gemm`); one whose output
   tiles do not fit in SRAM runs in several passes over ``m`` or ``n``.
   """
-  chip, calib = machine.chip, machine.calib
   mi, ki, ni, inst = (max(1, math.ceil(v - 1e-9)) for v in (m, k, n, instances))
+  pe = machine.pe(bits)
   if stream is not None and inst == 1 and machine.algorithm == "search":
     a, b, tokens = {"m": (ki, ni, mi), "k": (mi, ni, ki), "n": (mi, ki, ni)}[stream]
-    return _streamed(
-      a,
-      b,
-      tokens,
-      width,
-      height,
-      bits,
-      machine.acc_bits,
-      chip.lanes(bits),
-      chip.sram_read_bytes_per_cycle,
-      chip.sram_write_bytes_per_cycle,
-      chip.link_bytes_per_cycle,
-      chip.hop_latency_cycles,
-      calib.instruction_overhead_cycles,
-      chip.overlapped_setup,
-      machine.sram_data_bytes,
-      int(calib.max_lanes),
+    lanes = (
+      int(machine.calib.max_lanes)
+      if max_lanes is None
+      else max(1, min(int(machine.calib.max_lanes), max_lanes))
     )
-  common = (
-    width,
-    height,
-    bits,
-    machine.acc_bits,
-    chip.lanes(bits),
-    chip.sram_read_bytes_per_cycle,
-    chip.sram_write_bytes_per_cycle,
-    chip.link_bytes_per_cycle,
-    chip.hop_latency_cycles,
-    calib.instruction_overhead_cycles,
-    chip.overlapped_setup,
-    machine.sram_data_bytes,
-    machine.algorithm,
-  )
+    return _streamed(a, b, tokens, width, height, pe, lanes)
   if inst == 1:
-    return _in_passes(mi, ki, ni, common)
-  return _batched(mi, ki, ni, inst, width, height, common)
+    return _in_passes(mi, ki, ni, width, height, pe, machine.algorithm)
+  return _batched(mi, ki, ni, inst, width, height, pe, machine.algorithm)
 
 
 def _batched(
-  m: int, k: int, n: int, inst: int, width: int, height: int, common: tuple[object, ...]
+  m: int, k: int, n: int, inst: int, width: int, height: int, pe: PeParams, algorithm: str
 ) -> GemmPlan:
   """``inst`` independent products (samples x heads): parallel work. The rectangle is split into
   ``g`` groups (``g`` a power of two, searched); each group computes ``ceil(inst / g)`` instances one
   after another on its sub-rectangle, the operand wave of the next instance following the last
   (the fill latency ``alpha * (w + h)`` is paid once per group)."""
-  alpha = float(common[8])  # type: ignore[arg-type]
   best: GemmPlan | None = None
   g = 1
   while g <= min(inst, width * height):
-    w, h, gg = width, height, g
-    while gg > 1:
-      if h >= w:
-        h = max(1, h // 2)
-      else:
-        w = max(1, w // 2)
-      gg //= 2
-    sub = (w, h) + common[2:-1]
-    if common[-1] == "search":  # one operand stationary on the group, the other streams through
-      a = _streamed(k, n, m, *sub, 1)
-      b = _streamed(m, k, n, *sub, 1)
+    w, h = _halve(width, height, g)
+    if algorithm == "search":  # one operand stationary on the group, the other streams through
+      a = _streamed(k, n, m, w, h, pe, 1)
+      b = _streamed(m, k, n, w, h, pe, 1)
       plan = a if a.cycles <= b.cycles else b
     else:
-      plan = _in_passes(m, k, n, (w, h) + common[2:])
+      plan = _in_passes(m, k, n, w, h, pe, algorithm)
     if not math.isinf(plan.cycles):
-      fill = alpha * (w + h)
+      fill = pe.alpha * (w + h)
       per = max(plan.cycles - fill, 1.0)
       cycles = math.ceil(inst / g) * per + fill
       if best is None or cycles < best.cycles:
@@ -342,16 +342,29 @@ def vector_cycles(
   return float(cycles)
 
 
+def _score_cycles(machine: Machine, scores: float, width: int, height: int) -> float:
+  """Cycles of the score work of an activation x activation product: ``score_cycles`` PE-cycles per
+  score element, spread over the rectangle's PEs (parallel over samples and heads)."""
+  return machine.calib.score_cycles * scores / (width * height)
+
+
 def kernel_cycles(
-  machine: Machine, kernel: Kernel, width: int, height: int, ratio: float, phases: Sequence[str] = PHASES
+  machine: Machine,
+  kernel: Kernel,
+  width: int,
+  height: int,
+  ratio: float,
+  phases: Sequence[str] = PHASES,
+  max_lanes: int | None = None,
 ) -> float:
   """Cycles one instance of ``kernel`` takes on ``width x height`` PEs for ``ratio * b0`` samples.
 
-  ``phases`` selects forward, backward and/or the (batch-independent) update work. Results are
-  cached on the kernel.
+  ``phases`` selects forward, backward and/or the (batch-independent) update work. ``max_lanes``
+  caps the copies of a weight-stationary layout (default `Calibration.max_lanes`; layer-pipelined
+  mode passes the copies its rectangle's SRAM can hold). Results are cached on the kernel.
   """
   cache: dict[tuple[object, ...], float] = kernel.__dict__.setdefault("_cycles_cache", {})
-  key = (machine, width, height, ratio, tuple(phases))
+  key = (machine, width, height, ratio, tuple(phases), max_lanes)
   hit = cache.get(key)
   if hit is not None:
     return hit
@@ -361,7 +374,7 @@ def kernel_cycles(
       if not mm.weight and mm.instances.at(ratio) > 1:
         m, k, n = mm.m.at(ratio), mm.k.at(ratio), mm.n.at(ratio)
         scores = mm.instances.at(ratio) * max(m * n, m * k, k * n) * (0.5 if kernel.masked else 1.0)
-        total += machine.calib.score_cycles * scores / (width * height)
+        total += _score_cycles(machine, scores, width, height)
       growing = [d for d, size in (("m", mm.m), ("k", mm.k), ("n", mm.n)) if size.exponent > 0]
       stream = growing[0] if len(growing) == 1 and mm.instances.exponent == 0 else None
       total += gemm_cycles(
@@ -374,6 +387,7 @@ def kernel_cycles(
         mm.bits,
         mm.instances.at(ratio),
         stream,
+        max_lanes,
       ).cycles
   for (phase, kind, exponent, bits), (elements, instructions) in kernel.vector.items():
     if phase in phases:

@@ -7,6 +7,11 @@ For a wave of ``g`` samples (``g`` searched over powers of two up to the batch):
   non-batch arguments) and its boundary inputs for every wave in flight between its forward and
   its backward pass (``2 x kernels downstream + 1`` waves; the kernel recomputes its internals).
   That fixes a minimum area ``A_min = bytes / SRAM-for-tensors-per-PE``.
+* **Copies.** A kernel's rectangle may hold several copies (*lanes*) of its weight-stationary layout,
+  each taking a share of the wave's tokens, but every copy keeps the weights with their optimizer
+  state and gradient in SRAM: at most ``(A x SRAM - activations) / (weights x (state + 4))`` copies
+  (and `Calibration.max_lanes`). Weight streaming has no such limit (one layer at a time, no
+  optimizer state on the wafer).
 * **Area.** The remaining PEs are shared in proportion to work: ``A_k = max(A_min_k, lambda * W_k)``,
   with ``W_k`` = cycles x PEs of the kernel (refined twice after placement).
 * **Placement.** `wafer.costmodel.placement.pack` (shelves, snake order, no overlap).
@@ -111,6 +116,16 @@ def _memory(graph: Graph, units: list[tuple[Kernel, int]], ratio: float) -> list
   return out
 
 
+def _lanes(graph: Graph, machine: Machine, kernel: Kernel, area: float, memory: float) -> int | None:
+  """Copies of the kernel's weight-stationary layout its rectangle can hold: every copy keeps the
+  weights with their optimizer state and gradient (the activations in flight are shared out)."""
+  if not graph.training or not kernel.weights:
+    return None
+  per_copy = kernel.weight_elements() * (graph.state_bytes_per_param() + 4.0)
+  acts = memory - per_copy
+  return max(1, int((area * machine.sram_data_bytes - acts) // per_copy))
+
+
 def _evaluate(
   graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, wave: int
 ) -> PipelineResult:
@@ -144,7 +159,12 @@ def _evaluate(
     )
   # area in proportion to work, refined on the placed rectangles
   side = max(1, int(math.sqrt(total / len(units))))
-  work = [kernel_cycles(machine, k, side, side, ratio, ("fwd", "bwd")) * side * side for k, _ in units]
+  work = [
+    kernel_cycles(machine, k, side, side, ratio, ("fwd", "bwd"), _lanes(graph, machine, k, side * side, mem))
+    * side
+    * side
+    for (k, _), mem in zip(units, memory)
+  ]
   rects: list[Rect] | None = None
   labels = [k.name if k.count == 1 else f"{k.name}[{i}]" for k, i in units]
   for _ in range(3):
@@ -159,8 +179,11 @@ def _evaluate(
       break
     rects = placed
     work = [
-      kernel_cycles(machine, k, r.width, r.height, ratio, ("fwd", "bwd")) * r.area
-      for (k, _), r in zip(units, rects)
+      kernel_cycles(
+        machine, k, r.width, r.height, ratio, ("fwd", "bwd"), _lanes(graph, machine, k, r.area, mem)
+      )
+      * r.area
+      for (k, _), r, mem in zip(units, rects, memory)
     ]
   if rects is None:
     return PipelineResult(
@@ -178,8 +201,10 @@ def _evaluate(
     options += pack_options([max(a, r * scale) for a, r in zip(a_min, requested)], width, height, labels)
   for option in options:
     slowest = 0.0
-    for (k, _), r in zip(units, option):
-      cycles = kernel_cycles(machine, k, r.width, r.height, ratio, ("fwd", "bwd"))
+    for (k, _), r, mem in zip(units, option, memory):
+      cycles = kernel_cycles(
+        machine, k, r.width, r.height, ratio, ("fwd", "bwd"), _lanes(graph, machine, k, r.area, mem)
+      )
       link = 2 * k.activation_in_bytes(ratio) / (min(r.width, r.height) * machine.chip.link_bytes_per_cycle)
       slowest = max(slowest, cycles, link)
     if best_plan is None or slowest < best_plan[0]:
@@ -189,7 +214,9 @@ def _evaluate(
   placed_units = []
   worst_compute = worst_transmit = 0.0
   for (k, i), r, mem in zip(units, rects, memory):
-    cycles = kernel_cycles(machine, k, r.width, r.height, ratio, ("fwd", "bwd"))
+    cycles = kernel_cycles(
+      machine, k, r.width, r.height, ratio, ("fwd", "bwd"), _lanes(graph, machine, k, r.area, mem)
+    )
     transfer = 2 * k.activation_in_bytes(ratio) / (min(r.width, r.height) * machine.chip.link_bytes_per_cycle)
     worst_compute = max(worst_compute, cycles)
     worst_transmit = max(worst_transmit, transfer)

@@ -3,13 +3,18 @@
 import itertools
 import random
 
+import hypothesis
 import jax.numpy as jnp
 import pytest
+from hypothesis import strategies as st
 
 import precision
 import wafer
 from tests.wafer.costmodel.helpers import batch_args, mlp_params, mlp_train_step, sds
-from wafer.costmodel import EstimateError
+from wafer.costmodel import CALIBRATION, EstimateError, extract
+from wafer.costmodel.hardware import get_system
+from wafer.costmodel.mesh import Machine
+from wafer.costmodel.pipeline import _lanes
 from wafer.costmodel.placement import overlaps, pack
 
 
@@ -180,3 +185,30 @@ def test_batch_size_defaults_to_the_example_and_scales():
   assert r64.samples_per_sec > r8.samples_per_sec  # longer vectors, weights streamed fewer times per sample
   assert jnp.isfinite(r64.step_time_s)
   assert sds(1).shape == (1,)
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(
+  widths=st.lists(st.sampled_from([64, 256, 1024, 4096]), min_size=2, max_size=4),
+  area=st.integers(1, 400_000),
+  acts=st.floats(0.0, 2e8),
+)
+def test_pipeline_copies_of_a_weight_layout_fit_in_the_rectangle_sram(widths, area, acts):
+  graph = extract(
+    mlp_train_step(widths),
+    (mlp_params(widths), *batch_args(8, 16, widths[0], widths[-1])),
+    batch_argnums=(1, 2),
+    compute_bits=16,
+  )
+  machine = Machine(get_system("wse2").chip, CALIBRATION)
+  sram = machine.sram_data_bytes
+  for kernel in graph.kernels:
+    if not kernel.weights:
+      continue
+    per_copy = kernel.weight_elements() * (graph.state_bytes_per_param() + 4.0)
+    copies = _lanes(graph, machine, kernel, area, per_copy + acts)
+    assert copies is not None and copies >= 1
+    if copies > 1:  # every copy keeps weights, optimizer state and gradient; one more would not fit
+      assert copies * per_copy + acts <= area * sram
+    assert (copies + 1) * per_copy + acts > area * sram
+    assert _lanes(graph, machine, kernel, 2 * area, per_copy + acts) >= copies  # more PEs, never fewer
