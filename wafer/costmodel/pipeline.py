@@ -230,6 +230,16 @@ def _evaluate(
         mem,
       )
     )
+  if math.isinf(worst_compute):
+    slow = next(u for u in placed_units if u.compute_samples_per_sec == 0.0)
+    return PipelineResult(
+      False,
+      f"no floorplan gives every kernel a rectangle it can run on: {slow.kernel} gets "
+      f"{slow.rect.width} x {slow.rect.height} PEs, too thin for its layout",
+      wave=wave,
+      memory_bytes=sum(memory),
+      needed_pes=needed,
+    )
   update_cycles = sum(kernel_cycles(machine, k, width, height, ratio, ("update",)) for k in graph.kernels)
   update_s = update_cycles / f + (machine.calib.step_overhead_s if graph.training else 0.0)
   compute = f * wave / worst_compute if worst_compute else math.inf
