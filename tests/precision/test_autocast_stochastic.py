@@ -5,6 +5,8 @@ docstring: which sites, where the bits come from, what happens without a key, an
 behaviour under jit, vmap, scan and grad.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,15 +127,27 @@ def test_two_sites_with_equal_inputs_get_different_bits():
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), fmt=st.sampled_from(FORMATS), level=st.sampled_from((0, 1, 2)))
 def test_same_key_same_bits_different_keys_different_bits(seed, fmt, level):
-  policy = precision.Policy(compute=fmt, level=level, accumulation_block=4, stochastic="matmul+elementwise")
-  f = precision.autocast(_model, policy)
+  f, jitted = _stochastic_model(fmt, level)  # compiled once per (format, level): the key is an argument
   args = _model_args()
   key, other = jax.random.key(seed), jax.random.key(seed + 1)
-  a = f(*args, rounding_key=key)
-  assert_same_floats(a, f(*args, rounding_key=key))
-  assert_same_floats(a, jax.jit(f)(*args, rounding_key=key))  # jit gives the same bits
-  assert_same_floats(a, f(*args, rounding_key=jax.random.key_data(key)))  # raw uint32[2] form
-  assert not same_floats(a, f(*args, rounding_key=other)).all()
+  a = jitted(*args, rounding_key=key)
+  assert_same_floats(a, jitted(*args, rounding_key=key))
+  assert_same_floats(a, jitted(*args, rounding_key=jax.random.key_data(key)))  # raw uint32[2] form
+  assert not same_floats(a, jitted(*args, rounding_key=other)).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_without_jit_the_same_bits_as_with_jit(fmt):
+  f, jitted = _stochastic_model(fmt, 1)
+  key = jax.random.key(3)
+  assert_same_floats(f(*_model_args(), rounding_key=key), jitted(*_model_args(), rounding_key=key))
+
+
+@functools.cache
+def _stochastic_model(fmt: str, level: int):
+  policy = precision.Policy(compute=fmt, level=level, accumulation_block=4, stochastic="matmul+elementwise")
+  f = precision.autocast(_model, policy)
+  return f, jax.jit(f)
 
 
 def test_vmap_over_keys_equals_one_call_per_key_and_an_unbatched_key_is_shared():
