@@ -945,25 +945,13 @@ def _mixed_product(p: _Pass, eqn: Any, operands: list[Any], rule_class: str) -> 
   return None
 
 
-# Chunk counts up to which the ordered sum of a mixed_accumulate product is unrolled (BERT-base's
-# FFN at the default block of 1024 has 3 chunks); longer sums are a scan (constant trace size).
-UNROLLED_CHUNKS = 8
-
-
 def _ordered_sum(p: _Pass, partial: jax.Array, rule_class: str) -> jax.Array:
   """``r(...r(r(s_0) + r(s_1)) + ...)`` over the leading axis: one rounding of every chunk sum,
   then a scan that adds them in order (a constant number of equations for any chunk count).
-  Nearest-even sums of at most `UNROLLED_CHUNKS` chunks are added by unrolled equations
-  instead: the same operations, and no loop for XLA to unroll, differentiate or compile.
 
   Stochastic: the chunk sums are one site; the additions are one more site, whose key is
   folded with the addition's index (fresh bits for each addition)."""
   chunk_sums = p.round_class(partial, rule_class)
-  if rule_class not in p.stochastic and partial.shape[0] <= UNROLLED_CHUNKS:
-    total = chunk_sums[0]
-    for i in range(1, partial.shape[0]):  # the same additions in the same order, without a loop
-      total = p.round(total + chunk_sums[i])
-    return total
   if rule_class not in p.stochastic:
 
     def add(total: jax.Array, chunk: jax.Array) -> tuple[jax.Array, None]:

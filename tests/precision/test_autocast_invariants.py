@@ -283,36 +283,3 @@ def test_a_1x1_convolution_is_treated_as_the_matmul_it_is(ops, seed, policy):
   a = jax.jit(precision.autocast(conv_spelling, policy))(x, p)
   b = jax.jit(precision.autocast(dot_spelling, policy))(x, p)
   _within_one_ulp(a, b, policy.compute)
-
-
-# ---- the ordered sum of chunks: unrolled or a scan, the same bits ----
-
-
-@settings(max_examples=10)
-@given(ops=vector_ops, seed=seeds, policy=policies)
-def test_unrolled_ordered_sum_equals_the_scan(ops, seed, policy):
-  """Short chunk sums are unrolled equations (`UNROLLED_CHUNKS`), long ones a scan: the same
-  additions in the same order, so forward values and gradients agree bit for bit."""
-  f, x, p = _case(ops, seed)
-  loss = lambda x, p: jnp.sum(jnp.tanh(precision.autocast(f, policy)(x, p)))  # noqa: E731
-  step = lambda x, p: jax.value_and_grad(loss, argnums=(0, 1))(x, p)  # noqa: E731
-  unrolled = jax.jit(lambda x, p: step(x, p))(x, p)
-  original = _autocast.UNROLLED_CHUNKS
-  try:
-    _autocast.UNROLLED_CHUNKS = 0  # every ordered sum a scan
-    scanned = jax.jit(lambda x, p: step(x, p))(x, p)
-  finally:
-    _autocast.UNROLLED_CHUNKS = original
-  for a, b in zip(jax.tree.leaves(unrolled), jax.tree.leaves(scanned)):
-    np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
-
-
-def test_a_long_ordered_sum_is_a_scan_and_a_short_one_is_not():
-  x, w = jnp.ones((2, 64)), jnp.full((64, 4), 0.1)
-  eqns = lambda block: (
-    jax.make_jaxpr(precision.autocast(lambda a, b: a @ b, f"c=cb16,block={block}"))(x, w).eqns
-  )  # noqa: E731
-  assert any(e.primitive.name == "scan" for e in eqns(4))  # 16 chunks
-  short = eqns(16)  # 4 chunks: 3 unrolled additions, each rounded
-  assert not any(e.primitive.name == "scan" for e in short)
-  assert sum(e.primitive.name == "add" for e in short) == 3
