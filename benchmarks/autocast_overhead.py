@@ -13,9 +13,10 @@ and timed in the same run:
 
 The policy is cbfloat16 at ``--level`` (default 1). Steps are timed in rounds that run every
 variant once, in an order that alternates (ABBA), and the script reports the median over
-rounds of each variant's time, and the ratio of medians against float32. Compile time is
-trace + lower + XLA compile of the jitted step, measured once per variant (reported as a
-ratio too). Targets (issue "The mixed-precision core"): step <= 1.15x, compile <= 1.3x.
+rounds of each variant's time, the ratio of medians against float32 and the spread (min and
+max over median); `benchmarks/_timing.py` runs the rounds. Compile time is a cold trace +
+autocast pass + lower + XLA compile of the jitted step (caches cleared each time), in
+``--compile_rounds`` alternating rounds too, reported the same way. Targets (issue "The mixed-precision core"): step <= 1.15x, compile <= 1.3x.
 
 Load-independent evidence, also reported per variant: the rounding sites of the step's jaxpr
 (``precision_round`` equations, counted inside loops and calls once each) and, in the optimized
@@ -33,19 +34,21 @@ against its own float32 baseline. The JSON goes to
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
 import re
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
+from _timing import alternating_rounds, summary
 from flax import nnx
 from jax.extend import core as jcore
 
@@ -121,50 +124,57 @@ def measure(size: str, args: argparse.Namespace, policy: precision.Policy) -> di
     f"policy {policy}; {jax.devices()[0].platform}"
   )
 
-  compiled, compile_s, counts = {}, {}, {}
+  def compile_once(name: str) -> Any:
+    jax.clear_caches()  # a cold compile: the trace, our pass, lowering and XLA, every time
+    return jax.jit(steps[name]).lower(params, opt_state, tokens, targets).compile()
+
+  names = list(steps)
+  compile_times = alternating_rounds(
+    {n: functools.partial(compile_once, n) for n in names}, args.compile_rounds
+  )
+  compiled, counts = {}, {}
   for name, step in steps.items():
-    start = time.perf_counter()
-    compiled[name] = jax.jit(step).lower(params, opt_state, tokens, targets).compile()
-    compile_s[name] = time.perf_counter() - start
+    compiled[name] = compile_once(name)
     sites = rounding_sites(jax.make_jaxpr(step)(params, opt_state, tokens, targets).jaxpr)
     counts[name] = {"rounding_sites": sites, **hlo_counts(compiled[name].as_text())}
     out = compiled[name](params, opt_state, tokens, targets)  # warm-up
     jax.block_until_ready(out)
     print(
-      f"  compiled {name:15s} in {compile_s[name]:6.2f} s; loss {float(out[2]):.6f}; {counts[name]}",
+      f"  compiled {name:15s} in {statistics.median(compile_times[name]):6.2f} s (median of "
+      f"{args.compile_rounds}); loss {float(out[2]):.6f}; {counts[name]}",
       flush=True,
     )
 
-  names = list(steps)
-  times: dict[str, list[float]] = {n: [] for n in names}
-  for r in range(args.rounds):
-    order = names if r % 2 == 0 else names[::-1]
-    for name in order:
-      start = time.perf_counter()
-      jax.block_until_ready(compiled[name](params, opt_state, tokens, targets))
-      times[name].append(time.perf_counter() - start)
+  def progress(r: int, times: dict[str, list[float]]) -> None:
     print(
       f"  round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {times[n][-1]:.3f} s" for n in names), flush=True
     )
 
-  base_step = statistics.median(times["float32"])
+  runs = {n: functools.partial(compiled[n], params, opt_state, tokens, targets) for n in names}
+  times = alternating_rounds(runs, args.rounds, progress)
+  step = summary(times, "float32")
+  comp = summary(compile_times, "float32")
   results = {}
   print(
-    f"\n{'variant':15s} {'median step s':>14s} {'step ratio':>11s} {'compile s':>10s} {'compile ratio':>14s}"
+    f"\n{'variant':15s} {'median step s':>14s} {'step ratio':>11s} {'spread':>12s} {'compile s':>10s} "
+    f"{'compile ratio':>14s} {'spread':>12s}"
   )
   for name in names:
-    step_s = statistics.median(times[name])
     results[name] = {
-      "median_step_s": step_s,
+      "median_step_s": step[name]["median_s"],
       "step_times_s": times[name],
-      "step_ratio": step_s / base_step,
-      "compile_s": compile_s[name],
-      "compile_ratio": compile_s[name] / compile_s["float32"],
+      "step_ratio": step[name]["ratio"],
+      "step_spread": [step[name]["spread_low"], step[name]["spread_high"]],
+      "compile_s": comp[name]["median_s"],
+      "compile_times_s": compile_times[name],
+      "compile_ratio": comp[name]["ratio"],
+      "compile_spread": [comp[name]["spread_low"], comp[name]["spread_high"]],
       **counts[name],
     }
     print(
-      f"{name:15s} {step_s:14.4f} {step_s / base_step:11.3f} {compile_s[name]:10.2f} "
-      f"{compile_s[name] / compile_s['float32']:14.3f}"
+      f"{name:15s} {step[name]['median_s']:14.4f} {step[name]['ratio']:11.3f} "
+      f"{step[name]['spread_low']:5.2f}-{step[name]['spread_high']:4.2f} {comp[name]['median_s']:10.2f} "
+      f"{comp[name]['ratio']:14.3f} {comp[name]['spread_low']:5.2f}-{comp[name]['spread_high']:4.2f}"
     )
   print(f"targets: step ratio <= {TARGETS['step']}, compile ratio <= {TARGETS['compile']}\n")
   return {"size": size, "parameters": n_params, "results": results}
@@ -177,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--level", type=int, default=1, choices=(0, 1, 2))
   parser.add_argument("--rounds", type=int, default=5, help="timing rounds (each runs every variant)")
+  parser.add_argument(
+    "--compile_rounds", type=int, default=3, help="cold compiles per variant (alternating order)"
+  )
   parser.add_argument("--output", type=Path, default=None)
   args = parser.parse_args(argv)
   sizes = [s.strip() for s in args.size.split(",") if s.strip()]
@@ -195,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     "seq": args.seq,
     "policy": str(policy),
     "rounds": args.rounds,
+    "compile_rounds": args.compile_rounds,
     "platform": jax.devices()[0].platform,
     "device": str(jax.devices()[0].device_kind),
     "machine": platform.machine(),

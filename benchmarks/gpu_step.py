@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import platform
@@ -60,6 +61,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from _timing import alternating_rounds
 
 import precision
 
@@ -254,12 +256,8 @@ def run_size(name: str, size: Size, args: argparse.Namespace) -> dict[str, Any]:
     )
 
   names = list(compiled)
-  times: dict[str, list[float]] = {n: [] for n in names}
-  for r in range(args.rounds):
-    for vname in names if r % 2 == 0 else names[::-1]:
-      start = time.perf_counter()
-      jax.block_until_ready(compiled[vname](params, opt_state, tokens, targets))
-      times[vname].append(time.perf_counter() - start)
+  runs = {n: functools.partial(compiled[n], params, opt_state, tokens, targets) for n in names}
+  times = alternating_rounds(runs, args.rounds)
 
   base = statistics.median(times["float32"])
   bf16 = statistics.median(times["bf16_native"])

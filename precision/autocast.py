@@ -81,6 +81,17 @@ differentiates through the inserted roundings, whose VJP rounds the cotangent (a
 cast's rule); ``autocast(jax.value_and_grad(f))`` applies the rules to every forward *and*
 backward equation (closest to the wafer's backward pass).
 
+**A cotangent is rounded once.** Where a nearest-even rounding's result has a single
+consumer that sends its own (rounded) cotangent back unchanged (an ``add``, ``sub`` or
+``add_any`` of the same shape, or a ``reduce_sum``, whose result the pass rounds to nearest
+even; possibly through reshapes, transposes and float32 conversions), the cotangent reaching
+the rounding is already a compute-format value, and rounding it again changes no bit
+(nearest-even rounding is idempotent). Such a rounding is bound with ``ct_rounded=True`` and
+its transpose passes the cotangent on (`_rounds_cotangent`). Likewise a result already
+rounded to the compute format is not rounded again when ``output`` is that format.
+Products are not exact (``2 * max`` overflows, ``min_subnormal / 2`` underflows), so a
+product by a power of two keeps its rounding.
+
 **Stochastic rounding.** ``Policy(..., stochastic=("matmul", "elementwise"))`` (string
 ``stochastic=matmul+elementwise``) makes every rounding the rules insert for equations of
 those classes stochastic (`precision.round`'s ``"stochastic"`` mode: rounds up with
@@ -393,10 +404,17 @@ def _trace(fn: Callable[..., Any], statics: _Statics, args: tuple, kwargs: dict)
 
 def _run(p: _Pass, closed: jcore.ClosedJaxpr, flat: Sequence[Any]) -> list[Any]:
   tags = [_RAW if _is_f32(v.aval) else None for v in closed.jaxpr.invars]
-  outs, _ = _interpret(p, closed.jaxpr, closed.consts, list(flat), tags)
-  if p.policy.output != float32:
-    outs = [p.round_to(o, p.policy.output, "<output>") if _is_f32(jax.typeof(o)) else o for o in outs]
-  return outs
+  outs, out_tags = _interpret(p, closed.jaxpr, closed.consts, list(flat), tags)
+  if p.policy.output == float32:
+    return outs
+  # An output already rounded to the output format (it is the compute format) is not rounded again.
+  done = (ROUNDED, CONST_ROUNDED) if p.policy.output == p.fmt and p.policy.is_mixed else ()
+  return [
+    p.round_to(o, p.policy.output, "<output>")
+    if _is_f32(jax.typeof(o)) and (t is None or t.state not in done)
+    else o
+    for o, t in zip(outs, out_tags)
+  ]
 
 
 # ---- the interpreter ----
@@ -453,6 +471,14 @@ class _Pass:
       return self.round(x)
     return _rounding.round_stochastic_linear(x, self.fmt, self.site_key())
 
+  def round_result(self, x: jax.Array, rule_class: str) -> jax.Array | _Deferred:
+    """The rounding of an equation's result: as `round_class`, except that a nearest-even one
+    is returned `_Deferred`, bound by `_interpret` once its consumer is known (see
+    `_rounds_cotangent`)."""
+    if rule_class in self.stochastic or not SKIP_ROUNDED_COTANGENTS:
+      return self.round_class(x, rule_class)
+    return _Deferred(x)
+
   def round_to(self, x: jax.Array, fmt: FloatFormat, primitive: str | None = None) -> jax.Array:
     if fmt == float32:
       return x
@@ -462,6 +488,26 @@ class _Pass:
 
   def round(self, x: jax.Array) -> jax.Array:
     return self.round_to(x, self.fmt)
+
+
+class _Deferred(NamedTuple):
+  """A nearest-even rounding of ``value`` to the compute format, not bound yet."""
+
+  value: jax.Array
+
+  def bind(self, p: _Pass, cotangent_rounded: bool = False) -> jax.Array:
+    params = {"ct_rounded": True} if cotangent_rounded else {}
+    return _rounding.round_p.bind(self.value, fmt=p.fmt, mode="nearest_even", **params)
+
+
+# A rounding whose cotangent is provably already rounded keeps ``ct_rounded=True`` (its
+# transpose passes the cotangent on unchanged; see `_rounds_cotangent`). A switch for tests,
+# which check that the results do not depend on it.
+SKIP_ROUNDED_COTANGENTS = True
+_PASS_COTANGENT = frozenset(("add", "sub", "add_any"))  # transpose: the cotangent, +-, same shape
+_COMMUTING = frozenset(
+  ("reshape", "squeeze", "expand_dims", "transpose", "rev", "copy", "copy_p", "convert_element_type")
+)
 
 
 def _is_f32(aval: Any) -> bool:
@@ -540,10 +586,21 @@ def _interpret(
     env[var] = (value, _RAW if _is_f32(var.aval) else None)
   for var, value, tag in zip(jaxpr.invars, args, tags):
     env[var] = (value, tag if _is_f32(var.aval) else None)
+  single = _single_uses(jaxpr) if SKIP_ROUNDED_COTANGENTS and p.observer is None else {}
   for eqn in jaxpr.eqns:
     pairs = [read(atom) for atom in eqn.invars]
     values = [v for v, _ in pairs]
     in_tags = [t for _, t in pairs]
+    if _commutes(eqn, values) and single.get(eqn.outvars[0]) is not None:
+      # A move of a rounding's only result on to a consumer that may pass a rounded cotangent
+      # back: round(move(x)) == move(round(x)) bit for bit (and the same element count), so
+      # the move is bound on the unrounded value and the rounding stays deferred.
+      outs, out_tags = _apply(p, eqn, [values[0].value], in_tags, memo)
+      env[eqn.outvars[0]] = (_Deferred(outs[0]), out_tags[0])
+      continue
+    for i, value in enumerate(values):
+      if isinstance(value, _Deferred):  # this equation is the value's only consumer
+        values[i] = value.bind(p, _rounds_cotangent(p, eqn, i, in_tags))
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
     with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
       region = _region(eqn.source_info.name_stack)  # this jaxpr's own scopes, not the caller's
@@ -551,12 +608,63 @@ def _interpret(
         outs, out_tags = _apply(p, eqn, values, in_tags, memo)
       else:
         outs, out_tags = _in_region(p, eqn, values, region)
+    outs = [
+      value.bind(p) if isinstance(value, _Deferred) and single.get(var) is None else value
+      for var, value in zip(eqn.outvars, outs)
+    ]
     if p.observer is not None:
       p.observer(eqn, values, in_tags, outs, out_tags)
     for var, value, tag in zip(eqn.outvars, outs, out_tags):
       env[var] = (value, tag)
   results = [read(atom) for atom in jaxpr.outvars]
   return [v for v, _ in results], [t for _, t in results]
+
+
+def _single_uses(jaxpr: jcore.Jaxpr) -> dict[Any, Any]:
+  """Variables read exactly once, by an equation that may pass a rounded cotangent back
+  (`_PASS_COTANGENT`, ``reduce_sum``), and not results of ``jaxpr``: variable -> equation."""
+  uses: dict[Any, list[Any]] = {}
+  for eqn in jaxpr.eqns:
+    for atom in eqn.invars:
+      if isinstance(atom, jcore.Var):
+        uses.setdefault(atom, []).append(eqn)
+  for atom in jaxpr.outvars:
+    if isinstance(atom, jcore.Var):
+      uses.setdefault(atom, []).extend((None, None))
+  candidates = (*_PASS_COTANGENT, "reduce_sum", *_COMMUTING)
+  return {v: e[0] for v, e in uses.items() if len(e) == 1 and e[0].primitive.name in candidates}
+
+
+def _commutes(eqn: Any, values: list[Any]) -> bool:
+  """Whether ``eqn`` moves a deferred rounding's value without changing any element or the
+  element count (a reshape, transpose, reversal, copy or float32 -> float32 conversion)."""
+  if eqn.primitive.name not in _COMMUTING or len(values) != 1 or not isinstance(values[0], _Deferred):
+    return False
+  return _is_f32(eqn.invars[0].aval) and _is_f32(eqn.outvars[0].aval)
+
+
+def _rounds_cotangent(p: _Pass, eqn: Any, position: int, tags: list[Tag | None]) -> bool:
+  """Whether, under reverse-mode differentiation of the pass's program, the cotangent that
+  ``eqn`` (the only consumer of its operand ``position``, a value the pass rounds to nearest)
+  sends back to that operand is already a value of the compute format.
+
+  True when ``eqn`` is an ``add``, ``sub`` or ``add_any`` whose operand has the result's
+  shape (the cotangent of the operand is the result's, up to sign) or a ``reduce_sum`` (a
+  broadcast of it), and the pass rounds ``eqn``'s result to nearest even (same rule as
+  `_value_op`): the cotangent of that rounding is rounded by its transpose. Rounding it again
+  would change nothing (nearest-even rounding is idempotent, NaN and signed zeros included),
+  so the operand's rounding binds ``ct_rounded=True`` and its transpose passes it on: a
+  cotangent is rounded once, not twice. Anything else (products, other ops, several consumers,
+  results of the jaxpr, float32 regions) answers False.
+  """
+  name = eqn.primitive.name
+  if _region(eqn.source_info.name_stack) is not None or len(eqn.outvars) != 1:
+    return False
+  if name in _PASS_COTANGENT and eqn.invars[position].aval.shape != eqn.outvars[0].aval.shape:
+    return False
+  op_class = PRIMITIVE_CLASSES.get(name, "unknown")
+  treatment, rule_class = _value_treatment(p, op_class, [t for t in tags if t is not None])
+  return treatment == "round" and rule_class not in p.stochastic
 
 
 def _bind(eqn: Any, values: Sequence[Any], **param_updates: Any) -> list[Any]:
@@ -627,23 +735,35 @@ def _value_op(
   def tagged(state: str) -> list[Tag | None]:
     return [Tag(state, attention) if _is_f32(a) else None for a in out_avals]
 
-  if all(t.state in _CONSTANTS for t in floats):  # computed from constants only: a constant
+  treatment, rule_class = _value_treatment(p, op_class, floats)
+  if treatment == "constant":  # computed from constants only: a constant
     p.log.record(name, "constant", untouched=size)
     exact = op_class == "exact" and all(t.state == CONST_ROUNDED for t in floats)
     return outs, tagged(CONST_ROUNDED if exact and floats else CONST)
-  if op_class == "exact":  # the result is one of the inputs' values: never rounded
+  if treatment == "exact":  # the result is one of the inputs' values: never rounded
     p.log.record(name, op_class, untouched=size)
     return outs, tagged(_join_all(floats).state)
-  if op_class == "elementwise" and all(t.state in (FLOAT32, *_CONSTANTS) for t in floats):
-    p.log.record(name, op_class, kept_float32=size)
-    return outs, tagged(FLOAT32)
-  rule_class = "attention_softmax" if attention else op_class
-  if p.rules[rule_class] == "round":
+  if treatment == "round":
     p.log.record(name, rule_class, rounded=size)
-    outs = [p.round_class(o, rule_class) if _is_f32(a) else o for o, a in zip(outs, out_avals)]
+    outs = [p.round_result(o, rule_class) if _is_f32(a) else o for o, a in zip(outs, out_avals)]
     return outs, tagged(ROUNDED)
   p.log.record(name, rule_class, kept_float32=size)
   return outs, tagged(FLOAT32)
+
+
+def _value_treatment(p: _Pass, op_class: str, floats: list[Tag]) -> tuple[str, str]:
+  """(treatment, rule class) of a value op whose float32 inputs have tags ``floats``:
+  ``"constant"``, ``"exact"``, ``"round"`` or ``"float32"``."""
+  if all(t.state in _CONSTANTS for t in floats):
+    return "constant", op_class
+  if op_class == "exact":
+    return "exact", op_class
+  if op_class == "elementwise" and all(t.state in (FLOAT32, *_CONSTANTS) for t in floats):
+    return "float32", op_class
+  if op_class not in ("elementwise", "transcendental", "reduction"):
+    return "unknown", op_class
+  rule_class = "attention_softmax" if any(t.attention for t in floats) else op_class
+  return ("round" if p.rules[rule_class] == "round" else "float32"), rule_class
 
 
 # ---- attention: recognised by structure ----
@@ -781,7 +901,7 @@ def _matmul(
       memo[atom] = operands[i]
   chunked = _mixed_product(p, eqn, operands, rule_class) if treatment == "mixed_accumulate" else None
   if chunked is None:
-    out = p.round_class(_bind(eqn, operands, **_dot_precision(eqn, ROUNDED_OPERANDS))[0], rule_class)
+    out = p.round_result(_bind(eqn, operands, **_dot_precision(eqn, ROUNDED_OPERANDS))[0], rule_class)
     rounded += _size(out_aval)
   else:
     out, n = chunked

@@ -259,52 +259,29 @@ _round_with_vjp.defvjp(_round_fwd, _round_bwd)
 # transpose rounds the cotangent. So it works in forward mode, inside custom_jvp rules and
 # under linearize, and a jaxpr shows one equation per rounding (the cost model and the cast
 # report count them). It lowers to the integer kernel.
+#
+# ``ct_rounded=True`` (set only by `precision.autocast`, where its jaxpr rule proves it) says
+# that every cotangent reaching this rounding is already a value of ``fmt``: the transpose
+# then passes the cotangent on unchanged, which equals rounding it (nearest-even rounding is
+# idempotent, NaN and signed zeros included). The JVP still rounds the tangent.
 round_p = jcore.Primitive("precision_round")
-round_p.def_impl(lambda x, *, fmt, mode: _round_jit(x, (None, None), fmt, mode))
-round_p.def_abstract_eval(lambda x, *, fmt, mode: x)
+round_p.def_impl(lambda x, *, fmt, mode, ct_rounded=False: _round_jit(x, (None, None), fmt, mode))
+round_p.def_abstract_eval(lambda x, *, fmt, mode, ct_rounded=False: x)
 # Through the jitted kernel: its lowering is one private function per format, mode and shape,
-# which JAX caches and XLA inlines (the rule below runs per equation, so it must not re-emit it).
-_lower_kernel = mlir.lower_fun(lambda x, *, fmt, mode: _round_jit(x, (None, None), fmt, mode), False)
-_ROUNDED_VALUES = object()  # key, in a module's lowering cache, of {ir.Value: (fmt, mode)} (see below)
-# Ops whose result is one of their operands' values, or its negation (StableHLO names): the
-# result of one on values already rounded to a format is a value of that format.
-_EXACT_OPS = frozenset(
-  "stablehlo." + name
-  for name in ("reshape", "transpose", "broadcast_in_dim", "slice", "concatenate", "negate", "abs", "select")
+# which JAX caches and XLA inlines.
+mlir.register_lowering(
+  round_p,
+  mlir.lower_fun(lambda x, *, fmt, mode, ct_rounded=False: _round_jit(x, (None, None), fmt, mode), False),
 )
 
 
-def _known_rounded(value: Any, known: dict, key: tuple, depth: int = 8) -> bool:
-  """Whether the IR ``value`` is, by construction, already rounded with ``key`` = (fmt, mode):
-  an earlier rounding's result, or an exact op's result on such values (select: on its
-  branches). Unknown producers (arguments, other ops, other functions) answer False."""
-  if known.get(value) == key:
-    return True
-  owner = getattr(value, "owner", None)
-  name = getattr(owner, "name", None)
-  if depth == 0 or name not in _EXACT_OPS:
-    return False
-  operands = list(owner.operands)[1:] if name == "stablehlo.select" else list(owner.operands)
-  return bool(operands) and all(_known_rounded(v, known, key, depth - 1) for v in operands)
+def _round_transpose(ct: Any, x: Any, *, fmt: FloatFormat, mode: str, ct_rounded: bool = False) -> list[Any]:
+  if ct_rounded or type(ct) is ad.Zero:
+    return [ct]
+  return [round_p.bind(ct, fmt=fmt, mode=mode)]
 
 
-def _lower_round(ctx: Any, x: Any, *, fmt: FloatFormat, mode: str) -> Any:
-  """The kernel, except where ``x`` is already rounded to ``fmt`` in ``mode``: deterministic
-  rounding is idempotent (``round(round(x)) == round(x)`` bit for bit, NaN included), so the
-  second rounding lowers to nothing. This is what makes a cotangent rounded once, not twice,
-  under ``jax.grad(autocast(f))``: ``y = round(x @ w); z = round(y + b)`` transposes to
-  ``round(round(ct_z))`` for ``ct_y``. Only values of the same lowered function are tracked."""
-  known = ctx.module_context.lowering_cache.setdefault(_ROUNDED_VALUES, {})
-  key = (fmt, mode)
-  if _known_rounded(x, known, key):
-    return [x]
-  out = _lower_kernel(ctx, x, fmt=fmt, mode=mode)
-  known[out[0]] = key
-  return out
-
-
-mlir.register_lowering(round_p, _lower_round, cacheable=False)  # the rule must see its operand
-ad.deflinear2(round_p, lambda ct, x, *, fmt, mode: [round_p.bind(ct, fmt=fmt, mode=mode)])
+ad.deflinear2(round_p, _round_transpose)
 batching.defvectorized(round_p)
 
 
