@@ -381,11 +381,15 @@ class _Run:
     return value
 
 
+def _shapes_by_path(tree: Any) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """``{"['input_ids']": ((32, 128), int32), ...}``: each leaf's shape and dtype by its key path."""
+  leaves = jax.tree_util.tree_leaves_with_path(tree)
+  return {jax.tree_util.keystr(path): (tuple(np.shape(x)), np.dtype(x.dtype)) for path, x in leaves}
+
+
 def _check_batch_spec(batch: Any, spec: Any, local_rows: bool, num_csx: int) -> None:
   """The data's batch has the shapes the config declares (what ``--validate_only`` traced), or an error."""
-  shapes = lambda tree: {jax.tree_util.keystr(p): (tuple(np.shape(x)), np.dtype(x.dtype)) for p, x in
-                         jax.tree_util.tree_leaves_with_path(tree)}  # fmt: skip
-  have, want = shapes(batch), shapes(spec)
+  have, want = _shapes_by_path(batch), _shapes_by_path(spec)
   if local_rows:  # this process's rows only
     mine = len(cluster.local_systems(num_csx))
     want = {k: ((s[0] * mine // num_csx, *s[1:]), d) for k, (s, d) in want.items()}
