@@ -435,4 +435,5 @@ class BertInput(InputConfig):
     )
 
   def example_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The table in this module's docstring at ``max_sequence_length`` (default 128)."""
     return example_spec(self.max_sequence_length or 128)

@@ -403,8 +403,8 @@ def _check_batch_spec(batch: Any, spec: Any, local_rows: bool, num_csx: int) -> 
     raise ExecutorError(
       "train_input: the batches of the data do not have the shapes its settings declare ("
       + "; ".join(wrong)
-      + "). --validate_only checks the declared shapes, so they must agree: set max_sequence_length (and "
-      "the model's sizes) to what the data holds."
+      + "). --validate_only checks the declared shapes, so they must agree: set the input section's sizes "
+      "(max_sequence_length, max_predictions_per_seq, batch_size) to what the data holds."
     )
 
 
