@@ -30,6 +30,7 @@ def _metric_losses(path):
   return [(r["step"], r["loss"]) for r in records if "loss" in r]
 
 
+@pytest.mark.slow  # a whole second run; .ci/run runs it
 def test_float32_run_is_bit_identical_to_wafer_run(swept, params_path, tmp_path):
   result, out = swept
   run_dir = tmp_path / "run"

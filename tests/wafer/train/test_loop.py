@@ -72,6 +72,7 @@ def test_resume_continues_bit_for_bit(tmp_path):
   _same_params(again["params"], whole["params"])
 
 
+@pytest.mark.slow  # a whole second run; .ci/run runs it
 def test_sigkill_and_restart_end_with_identical_parameters(tmp_path):
   script = str(ROOT / "tests" / "scripts" / "run_example.py")
   env = {**os.environ, "PYTHONPATH": str(ROOT)}
