@@ -37,7 +37,6 @@ from pydantic import ConfigDict, field_validator, model_validator
 from wafer.config import InputConfig
 from wafer.config.schema import PosInt
 from wafer.data import text
-from wafer.data.pipeline import ArraySource, GrainBatchSource
 from wafer.data.processors import data_dir, text_split
 from wafer.data.sources import Features, announce, cached_features, pretokenised
 
@@ -343,34 +342,6 @@ def bert_features(
     seed=seed,
     dupe_factor=dupe_factor,
     split=split,
-  )
-
-
-def bert_batch_source(
-  data_dir: str | os.PathLike | None,
-  batch_size: int,
-  *,
-  msl: int = 128,
-  seed: int = 0,
-  num_workers_per_csx: int = 0,
-  num_csx: int = 1,
-  shuffle: bool = True,
-  drop_last: bool = True,
-  vocab_size: int = 8192,
-  cache_dir: str | os.PathLike | None = None,
-  num_processes: int = 0,
-) -> GrainBatchSource:
-  """The BERT MLM+NSP training pipeline as the executor's ``BatchSource``."""
-  feats = bert_features(data_dir, msl=msl, vocab_size=vocab_size, cache_dir=cache_dir, seed=seed)
-  return GrainBatchSource(
-    ArraySource(feats, name=str(data_dir or "embedded corpus")),
-    batch_size,
-    seed=seed,
-    num_workers_per_csx=num_workers_per_csx,
-    num_csx=num_csx,
-    shuffle=shuffle,
-    drop_last=drop_last,
-    num_processes=num_processes,
   )
 
 

@@ -122,41 +122,50 @@ class _Run:
     task, rc = self.task, self.rc
     self.model_dir.mkdir(parents=True, exist_ok=True)
     seed = seed_of(rc)
-    if (rc.validate_only or rc.compile_only) and task.batch_spec is not None:
-      return self._check_only(seed)
-    init = self.place(initial_state(task, self.optimizer, self.loss_scale, jax.random.key(seed)))
-    self.template = abstract(init)
-    self.say(f"Preparing the training data of {task.name}...")
-    t0 = time.perf_counter()
-    self.data = task.train_data(seed)
-    # With many processes, a source that can build only this process's systems' rows does so: the
-    # input workers are split by process (every process holds the same position).
-    self.local_rows = self.distributed and hasattr(self.data, "for_systems")
-    if self.local_rows:
-      self.data = self.data.for_systems(cluster.local_systems(self.num_csx))
-    start = self.data.get_state()
-    example_batch = next(self.data)  # the compile's example; then rewind, so the data is built once
-    self.data.set_state(start)
-    if task.batch_spec is not None:
-      _check_batch_spec(example_batch, task.batch_spec(), self.local_rows, self.num_csx)
+    check_only = rc.validate_only or rc.compile_only
+    if check_only and task.batch_spec is not None:
+      # on shapes: the state is jax.eval_shape of its initialisation and the batch the task's
+      # batch_spec, so a params file of a 175B model is checked in the memory of its graph
+      kind = "Validating" if rc.validate_only else "Compiling"
+      self.say(f"{kind} the train step of {task.name} on shapes (no data is read, no weights are built)...")
+      init, example_batch = step_shapes(task, self.optimizer, self.loss_scale, seed)
+      compile_batch, lowered_only = example_batch, rc.validate_only
+    else:
+      init = self.place(initial_state(task, self.optimizer, self.loss_scale, jax.random.key(seed)))
+      self.template = abstract(init)
+      self.say(f"Preparing the training data of {task.name}...")
+      t0 = time.perf_counter()
+      self.data = task.train_data(seed)
+      # With many processes, a source that can build only this process's systems' rows does so: the
+      # input workers are split by process (every process holds the same position).
+      self.local_rows = self.distributed and hasattr(self.data, "for_systems")
+      if self.local_rows:
+        self.data = self.data.for_systems(cluster.local_systems(self.num_csx))
+      start = self.data.get_state()
+      example_batch = next(self.data)  # the compile's example; then rewind, so the data is built once
+      self.data.set_state(start)
+      if task.batch_spec is not None:
+        _check_batch_spec(example_batch, task.batch_spec(), self.local_rows, self.num_csx)
+      compile_batch = cluster.global_batch(example_batch, self.num_csx, local=self.local_rows)
+      lowered_only = False  # as before the shapes-only path: the data path says "Compiled"
+      self.say(f"Data ready in {time.perf_counter() - t0:.1f} s. Compiling the train step ({self.policy})...")
     step_fn = make_train_step(task, self.optimizer, self.policy)
     t1 = time.perf_counter()
-    self.say(f"Data ready in {t1 - t0:.1f} s. Compiling the train step ({self.policy})...")
     self.compiled = wafer.compile(
       step_fn,
       init,
-      cluster.global_batch(example_batch, self.num_csx, local=self.local_rows),
+      compile_batch,
       num_csx=self.num_csx,
       batch_argnums=self._batch_argnums(),
       donate_argnums=(0,),
       validate_only=rc.validate_only,
     )
-    self.say(f"Compiled in {time.perf_counter() - t1:.1f} s.")
+    self.say(f"{'Traced and lowered' if lowered_only else 'Compiled'} in {time.perf_counter() - t1:.1f} s.")
     if self.main:
       _write_compile_report(
         step_fn, init, example_batch, task, self.num_csx, self.policy, self.model_dir, self.summary
       )
-    if rc.validate_only or rc.compile_only:
+    if check_only:
       self.say(f"{'Validation' if rc.validate_only else 'Compile'} completed successfully ({task.name}).")
       return self.summary
     self.checkpoints = Checkpoints(self.model_dir, rc.max_checkpoints)
@@ -176,37 +185,6 @@ class _Run:
     finally:
       self.metrics.close()
       self.checkpoints.close()
-    return self.summary
-
-  def _check_only(self, seed: int) -> dict[str, Any]:
-    """``validate_only`` / ``compile_only`` on shapes: no data is read and no state is built.
-
-    The state is ``jax.eval_shape`` of its initialisation and the batch the task's ``batch_spec``,
-    so a params file of a 175B model is checked in the memory of its graph, not of its weights.
-    """
-    task, rc = self.task, self.rc
-    kind = "Validating" if rc.validate_only else "Compiling"
-    self.say(f"{kind} the train step of {task.name} on shapes (no data is read, no weights are built)...")
-    t0 = time.perf_counter()
-    state, batch = step_shapes(task, self.optimizer, self.loss_scale, seed)
-    step_fn = make_train_step(task, self.optimizer, self.policy)
-    wafer.compile(
-      step_fn,
-      state,
-      batch,
-      num_csx=self.num_csx,
-      batch_argnums=self._batch_argnums(),
-      donate_argnums=(0,),
-      validate_only=rc.validate_only,
-    )
-    self.say(
-      f"{'Traced and lowered' if rc.validate_only else 'Compiled'} in {time.perf_counter() - t0:.1f} s."
-    )
-    if self.main:
-      _write_compile_report(
-        step_fn, state, batch, task, self.num_csx, self.policy, self.model_dir, self.summary
-      )
-    self.say(f"{'Validation' if rc.validate_only else 'Compile'} completed successfully ({task.name}).")
     return self.summary
 
   def _batch_argnums(self) -> tuple[int, ...]:
