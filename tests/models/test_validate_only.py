@@ -113,3 +113,12 @@ def test_validate_only_uses_the_declared_shapes_without_building_data(tmp_path):
   assert run(checked, rc, *rest, progress=False)["samples_per_sec_estimate"] > 0
   with pytest.raises(AssertionError, match="built the data"):  # without a spec, the first batch is read
     run(dataclasses.replace(checked, batch_spec=None), rc, *rest, progress=False)
+
+
+def test_the_estimate_on_shapes_equals_the_estimate_on_the_first_batch(tmp_path):
+  path = ROOT / "models" / "gpt2" / "configs" / "params_gpt2_tiny.yaml"
+  plan = runner.load_plan(path, [f"runconfig.model_dir={tmp_path}", "runconfig.validate_only=true"])
+  on_shapes = runner.run_plan(plan, progress=False)["samples_per_sec_estimate"]
+  plan.task = dataclasses.replace(plan.task, batch_spec=None)  # the data path: the real first batch
+  on_data = runner.run_plan(plan, progress=False)["samples_per_sec_estimate"]
+  assert on_shapes == on_data
