@@ -3,8 +3,8 @@
 Builds each published workload as a JAX step (forward + backward + AdamW; forward only for the
 WaferLLM prefill row), and scores predictions in log space, |ln(pred / meas)|:
 
-* a grid of the four calibrated parameters (clock, instruction overhead, lanes, cycles per
-  attention score) is evaluated once for every point;
+* a grid of the three calibrated parameters (clock, instruction overhead, cycles per attention
+  row) is evaluated once for every point;
 * **in sample**: the parameters minimising the sum of squared log errors over all points;
 * **leave one out**: for each point, the parameters are refitted on all the *other* points and
   the point is predicted with them. Its median and worst |ln ratio| are the accuracy to expect on
@@ -38,9 +38,8 @@ TARGET_EACH = math.log(1.25)
 TARGET_MEDIAN = math.log(1.15)
 CLOCKS = (0.85e9, 0.95e9, 1.1e9)  # the published range: SDK scripts 850 MHz, WaferLLM/HC34 1.1 GHz
 OVERHEADS = (4.0, 6.0, 8.0, 12.0)
-LANES = (128, 512, 4096)
-SCORE_CYCLES = (430.0, 512.0, 609.0, 724.0, 861.0, 1024.0)  # steps of 2**0.25
-PARAMS = ("clock_hz", "instruction_overhead_cycles", "max_lanes", "score_cycles")
+ROW_CYCLES = tuple(2 ** (i / 4) for i in range(-2, 3))  # 0.71-1.41 cycles per row, steps of 2**0.25
+PARAMS = ("clock_hz", "instruction_overhead_cycles", "attention_row_cycles")
 
 
 def _points() -> list[tuple[Any, Any]]:
@@ -54,22 +53,22 @@ def _points() -> list[tuple[Any, Any]]:
 
 
 def _rates(points: list[tuple[Any, Any]], params: tuple[Any, ...]) -> list[float]:
-  """The rate of each point at ``(clock, overhead, lanes, score cycles)``."""
-  clock, overhead, lanes, score = params
-  row = []
+  """The rate of each point at ``(clock, overhead, cycles per attention row)``."""
+  clock, overhead, row_cycles = params
+  rates = []
   for w, graph in points:
     kw = dict(w.estimate_kwargs)
     fixed_clock = kw.pop("clock_hz", None)  # WaferLLM converted cycles at 1.1 GHz: not calibrated
     calib = CALIBRATION.replace(
-      clock_hz=fixed_clock or clock, instruction_overhead_cycles=overhead, max_lanes=lanes, score_cycles=score
+      clock_hz=fixed_clock or clock, instruction_overhead_cycles=overhead, attention_row_cycles=row_cycles
     )
-    row.append(estimate_graph(graph, batch_size=w.batch_size, calibration=calib, **kw).samples_per_sec)
-  return row
+    rates.append(estimate_graph(graph, batch_size=w.batch_size, calibration=calib, **kw).samples_per_sec)
+  return rates
 
 
 def _grid(points: list[tuple[Any, Any]]) -> dict[tuple[Any, ...], list[float]]:
-  """``(clock, overhead, lanes, score cycles) -> [rate of each point]``."""
-  return {p: _rates(points, p) for p in itertools.product(CLOCKS, OVERHEADS, LANES, SCORE_CYCLES)}
+  """``(clock, overhead, cycles per attention row) -> [rate of each point]``."""
+  return {p: _rates(points, p) for p in itertools.product(CLOCKS, OVERHEADS, ROW_CYCLES)}
 
 
 def _fit(
@@ -90,7 +89,7 @@ def _predict(table: dict[Any, Any], points: list[tuple[Any, Any]], params: tuple
 
 
 def _describe(p: tuple[Any, ...]) -> str:
-  return f"{p[0] / 1e9:g} GHz, {p[1]:g} cycles, {p[2]} lanes, {p[3]:g} cycles/score"
+  return f"{p[0] / 1e9:g} GHz, {p[1]:g} cycles, {p[2]:.3g} cycles/row"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,14 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     f"leave one out: median |ln ratio| {summary['leave_one_out_median']:.3f} (target <= {TARGET_MEDIAN:.3f}), "
     f"worst {summary['leave_one_out_worst']:.3f} (target <= {TARGET_EACH:.3f}): {'met' if met else 'NOT met'}"
   )
-  # the model without its one non-derived term (score_cycles = 0, the rest as fitted): how far the
-  # hardware-derived mapping alone is from each measurement
-  derived = _rates(points, full[:3] + (0.0,))
+  # the model without its one non-derived term (attention_row_cycles = 0, the rest as fitted): how
+  # far the hardware-derived mapping alone is from each measurement
+  derived = _rates(points, full[:2] + (0.0,))
   for r, rate in zip(rows, derived):
-    r["without_score_term"] = rate
+    r["without_row_term"] = rate
   print(
-    "without the fitted attention-score term (score_cycles = 0): "
-    + ", ".join(f"{r['id']} x{r['without_score_term'] / r['measured']:.2f}" for r in rows)
+    "without the fitted attention-row term (attention_row_cycles = 0): "
+    + ", ".join(f"{r['id']} x{r['without_row_term'] / r['measured']:.2f}" for r in rows)
     + " of the measured rate"
   )
   by_id = {r["id"]: r for r in rows}
@@ -195,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
   defaults = (
     CALIBRATION.clock_hz,
     CALIBRATION.instruction_overhead_cycles,
-    CALIBRATION.max_lanes,
-    CALIBRATION.score_cycles,
+    CALIBRATION.attention_row_cycles,
   )
   same = all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(defaults, full))
   print(
@@ -215,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     "esm2_cs3_over_cs2": ratio,
     "fitted": dict(zip(PARAMS, full)),
     "defaults_equal_fit": same,
-    "grid": dict(zip(PARAMS, (CLOCKS, OVERHEADS, LANES, SCORE_CYCLES))),
+    "grid": dict(zip(PARAMS, (CLOCKS, OVERHEADS, ROW_CYCLES))),
     "seconds": elapsed,
     "platform": {"python": platform.python_version(), "jax": jax.__version__, "machine": platform.machine()},
   }

@@ -23,21 +23,28 @@ the rectangle is split into ``g`` groups (searched over powers of two), each com
 ``ceil(instances / g)`` of them one after another on its sub-rectangle with the model above; the
 fabric fill latency is paid once per group, since the next instance's operands follow the last.
 
-**Attention scores.** A batched product whose operands are both activations (``Q K^T`` and
-``P V`` of attention, and their four backward products) is not weight stationary: the score matrix
-of every (sample, head) instance is formed and reduced (softmax) across the fabric rather than in
-one PE's SRAM. On top of the mesh cycles above, each element of an instance's largest matrix
-(``max(m n, m k, k n)``, the ``s x s`` scores) costs ``score_cycles`` PE-cycles, spread over the
-rectangle (samples and heads are parallel work): ``score_cycles * instances * max(m n, m k, k n) /
-(width * height)``; a kernel with a causal mask (`Kernel.masked`) computes half of them.
+**Attention rows.** A batched product whose operands are both activations (``Q K^T`` and ``P V`` of
+attention, and their four backward products) has no weight to keep stationary: each (sample, head)
+instance forms its ``s_q x s_k`` score matrix across the fabric and reduces every query row (the
+softmax's max and sum) before the next product can use it. On top of the mesh cycles above, the
+model charges each instance's query rows one after another, ``row_cycles`` cycles per row and
+product at the 4-wide SIMD of a WSE-2 PE (`Calibration.attention_row_cycles`; halved on the 8-wide
+WSE-3). Instances run side by side as far as their score matrices fit on the rectangle at one score
+per PE, so the cycles of ``instances`` products on ``P`` PEs are::
 
-This is the one term that is *not* derived from the hardware: ``score_cycles`` is fitted (about 700
-PE-cycles per score element per product). The PE-level mapping above puts attention at 30-40 % of
-the SIMD peak, which would make ESM-2 35M (seq 1026, 20 heads of 24) train at about 9,000
-samples/s on a CS-2; the published run does 586 (0.17 PF/s, 2.5 % of the dense peak). No fabric,
-SRAM-port or instruction-overhead account of the wafer (``../shared/reference/wafer.md`` §1.2-1.3,
-§4.3) comes within 10x of that cost, so it is carried by this fitted constant, the same for every
-model. It does not scale with the SIMD width (a CS-3 gains only its 19 % more PEs on it).
+    row_cycles * (4 / simd) * instances * rows / max(1, P / scores)
+
+with ``scores = s_q s_k`` and ``rows = sqrt(s_q s_k)`` (``s`` for self-attention); a kernel with a
+causal mask (`Kernel.masked`) does half the row work. Long sequences (``s^2 >= P``: GPT-2's 2048 tokens,
+ESM-2's 1026) therefore cost a fixed time per (sample, head) row, whatever the head width; short
+ones (BERT's 128: about 46 instances side by side on a CS-2) almost nothing.
+
+This is the term that is *fitted* rather than derived (about one cycle per row). Its form comes
+from the published runs, not from a hardware figure: the time they leave unexplained by the mesh
+model is the same per (sample, head) instance for GPT-2 small (2048 causal tokens, heads of 64) and
+ESM-2 35M (1026 tokens, heads of 24) within 4 %, which a cost per score element or per FLOP misses
+by 2x, while BERT-large (128 tokens) leaves no per-sample residual at all. The mesh model alone puts
+ESM-2 35M at about 7,500 samples/s on a CS-2; the published run does 586.
 
 **Element-wise, reductions, casts and data movement**: per equation, ``elements / min(PEs,
 elements)`` per PE at ``lanes`` per cycle (transcendentals ``transcendental_ops`` times), moves at
@@ -56,7 +63,7 @@ from wafer.costmodel.calibration import Calibration
 from wafer.costmodel.graph import PHASES, Kernel
 from wafer.costmodel.hardware import Chip
 
-__all__ = ("GemmPlan", "Machine", "PeParams", "gemm_cycles", "kernel_cycles")
+__all__ = ("GemmPlan", "Machine", "PeParams", "attention_cycles", "gemm_cycles", "kernel_cycles")
 
 ALGORITHMS = ("search", "meshgemm")
 
@@ -342,10 +349,39 @@ def vector_cycles(
   return float(cycles)
 
 
-def _score_cycles(machine: Machine, scores: float, width: int, height: int) -> float:
-  """Cycles of the score work of an activation x activation product: ``score_cycles`` PE-cycles per
-  score element, spread over the rectangle's PEs (parallel over samples and heads)."""
-  return machine.calib.score_cycles * scores / (width * height)
+def attention_cycles(
+  machine: Machine,
+  instances: float,
+  m: float,
+  k: float,
+  n: float,
+  masked: bool,
+  width: int,
+  height: int,
+  bits: int,
+) -> float:
+  """Cycles of the row work of ``instances`` activation x activation products ``[m x k] @ [k x n]``
+  (attention) on a ``width x height`` rectangle, on top of their mesh cycles (see the module text).
+
+  The instance's score matrix is its largest, ``max(m n, m k, k n)`` elements; ``masked`` (causal)
+  halves the row work.
+
+  >>> from wafer.costmodel import CALIBRATION
+  >>> from wafer.costmodel.hardware import WSE2, WSE3
+  >>> m2, m3 = Machine(WSE2, CALIBRATION), Machine(WSE3, CALIBRATION)
+  >>> long = attention_cycles(m2, 20, 1026, 24, 1026, False, 750, 994, 16)  # 20 heads, 1026 tokens
+  >>> round(long / (20 * 1026 * CALIBRATION.attention_row_cycles))  # one row after another
+  1
+  >>> attention_cycles(m3, 20, 1026, 24, 1026, False, 750, 994, 16) == long / 2  # 8-wide SIMD
+  True
+  >>> attention_cycles(m2, 20, 128, 64, 128, False, 750, 994, 16) < long / 100  # 46 side by side
+  True
+  """
+  scores = max(m * n, m * k, k * n)
+  rows = math.sqrt(scores) * (0.5 if masked else 1.0)
+  concurrent = max(1.0, width * height / scores)
+  simd = machine.chip.lanes(bits)
+  return machine.calib.attention_row_cycles * (4 / simd) * instances * rows / concurrent
 
 
 def kernel_cycles(
@@ -372,9 +408,17 @@ def kernel_cycles(
   for mm in kernel.matmuls:
     if mm.phase in phases:
       if not mm.weight and mm.instances.at(ratio) > 1:
-        m, k, n = mm.m.at(ratio), mm.k.at(ratio), mm.n.at(ratio)
-        scores = mm.instances.at(ratio) * max(m * n, m * k, k * n) * (0.5 if kernel.masked else 1.0)
-        total += _score_cycles(machine, scores, width, height)
+        total += attention_cycles(
+          machine,
+          mm.instances.at(ratio),
+          mm.m.at(ratio),
+          mm.k.at(ratio),
+          mm.n.at(ratio),
+          kernel.masked,
+          width,
+          height,
+          mm.bits,
+        )
       growing = [d for d, size in (("m", mm.m), ("k", mm.k), ("n", mm.n)) if size.exponent > 0]
       stream = growing[0] if len(growing) == 1 and mm.instances.exponent == 0 else None
       total += gemm_cycles(

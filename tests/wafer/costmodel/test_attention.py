@@ -1,0 +1,93 @@
+"""The attention-row term of the mesh model (`wafer.costmodel.mesh.attention_cycles`): its invariants
+over generated shapes, and what it does to whole transformer steps."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from wafer.costmodel import CALIBRATION
+from wafer.costmodel.hardware import WSE2, WSE3
+from wafer.costmodel.mesh import Machine, attention_cycles
+from wafer.costmodel.workloads import WORKLOADS
+
+W2, W3 = Machine(WSE2, CALIBRATION), Machine(WSE3, CALIBRATION)
+RECT = (750, 994)
+P = RECT[0] * RECT[1]
+
+seqs = st.integers(min_value=8, max_value=8192)
+heads = st.integers(min_value=1, max_value=256)
+widths = st.sampled_from([16, 24, 32, 64, 80, 128, 256])
+
+
+def _cycles(machine, inst, s, dh, masked=False, rect=RECT, bits=16):
+  return attention_cycles(machine, inst, s, dh, s, masked, *rect, bits)
+
+
+@given(seqs, widths, heads, st.booleans())
+def test_linear_in_the_instances(s, dh, inst, masked):
+  one = _cycles(W2, 1, s, dh, masked)
+  assert _cycles(W2, inst, s, dh, masked) == pytest.approx(inst * one, rel=1e-12)
+
+
+@given(seqs, widths, heads)
+def test_a_causal_mask_halves_the_row_work(s, dh, inst):
+  assert _cycles(W2, inst, s, dh, True) == pytest.approx(_cycles(W2, inst, s, dh) / 2, rel=1e-12)
+
+
+@given(seqs, widths, heads)
+def test_the_8_wide_wse3_takes_half_the_cycles_of_the_4_wide_wse2(s, dh, inst):
+  assert _cycles(W3, inst, s, dh) == pytest.approx(_cycles(W2, inst, s, dh) / 2, rel=1e-12)
+
+
+@given(seqs, widths, heads)
+def test_the_product_orientation_does_not_matter(s, dh, inst):
+  # Q K^T ([s x dh] @ [dh x s]) and P V ([s x s] @ [s x dh]) have the same score matrix
+  qk = attention_cycles(W2, inst, s, dh, s, False, *RECT, 16)
+  pv = attention_cycles(W2, inst, s, s, dh, False, *RECT, 16)
+  assert qk == pytest.approx(pv, rel=1e-12)
+
+
+@given(st.integers(min_value=math.isqrt(P) + 1, max_value=8192), widths, widths, heads)
+def test_long_sequences_cost_a_fixed_time_per_row_whatever_the_head_width(s, dh1, dh2, inst):
+  a, b = _cycles(W2, inst, s, dh1), _cycles(W2, inst, s, dh2)
+  assert a == pytest.approx(b, rel=1e-12)
+  assert a == pytest.approx(CALIBRATION.attention_row_cycles * inst * s, rel=1e-12)
+
+
+@given(seqs, seqs, widths, heads)
+def test_monotone_and_continuous_in_the_sequence_length(s1, s2, dh, inst):
+  lo, hi = sorted((s1, s2))
+  assert _cycles(W2, inst, lo, dh) <= _cycles(W2, inst, hi, dh) * (1 + 1e-12)
+  # no cliff where instances stop fitting side by side: one more token changes the cost by < 1 %
+  around = math.isqrt(P)
+  for s in (around - 1, around, around + 1):
+    assert _cycles(W2, inst, s + 1, dh) / _cycles(W2, inst, s, dh) < 1.01
+
+
+@given(seqs, widths, heads, st.integers(min_value=2, max_value=64))
+def test_a_smaller_rectangle_is_never_faster(s, dh, inst, shrink):
+  small = (max(1, RECT[0] // shrink), max(1, RECT[1] // shrink))
+  assert _cycles(W2, inst, s, dh, rect=small) >= _cycles(W2, inst, s, dh) * (1 - 1e-12)
+
+
+def test_it_fits_both_gpt2_and_esm2_with_one_constant():
+  """The evidence for the form: per (sample, head, layer), GPT-2 small (2048 causal tokens, heads of
+  64) and ESM-2 35M (1026 tokens, heads of 24) get the same row work, as their measured runs need;
+  a cost per score element would give GPT-2 twice ESM-2's."""
+  gpt2, esm2 = WORKLOADS["gpt2_small"].config, WORKLOADS["esm2_35m"].config
+  per_gpt2 = _cycles(W2, 1, gpt2.seq, gpt2.head_dim, gpt2.causal)
+  per_esm2 = _cycles(W2, 1, esm2.seq, esm2.head_dim, esm2.causal)
+  assert per_gpt2 / per_esm2 == pytest.approx(1.0, abs=0.01)
+  per_score = (gpt2.seq**2 / 2) / esm2.seq**2
+  assert per_score == pytest.approx(2.0, abs=0.01)
+
+
+def test_short_sequences_run_side_by_side_and_cost_almost_nothing():
+  bert = WORKLOADS["bert_large_ws512"].config
+  short = _cycles(W2, 1, bert.seq, bert.head_dim)
+  serial = CALIBRATION.attention_row_cycles * bert.seq  # one instance alone on the wafer
+  # P / s^2 = 45.5 instances side by side on a CS-2
+  assert short == pytest.approx(serial * bert.seq**2 / P, rel=1e-12)
+  assert short < serial / 40
