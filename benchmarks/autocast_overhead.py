@@ -20,8 +20,10 @@ autocast pass + lower + XLA compile of the jitted step (caches cleared each time
 
 Load-independent evidence, also reported per variant: the rounding sites of the step's jaxpr
 (``precision_round`` equations, counted inside loops and calls once each) and, in the optimized
-HLO, the instruction count and the roundings XLA runs (``reduce-precision`` instructions: one
-per nearest-even rounding to cbfloat16, counted once per fusion that computes it).
+HLO, the instruction count, the roundings XLA runs (``reduce-precision`` instructions: one
+per nearest-even rounding to cbfloat16, counted once per fusion that computes it when the kernel
+is inlined) and the ``map`` instructions (on CPU each rounding site lowers to one ``map`` whose
+body holds the kernel, see `precision.rounding`: a value read by several fusions is rounded once).
 
 ``--size`` takes a comma-separated list: ``--size small,base`` measures both in one run, each
 against its own float32 baseline. The JSON goes to
@@ -108,9 +110,13 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%\S+ = \S+ ([\w-]+)\(", re.MULTILINE)
 
 
 def hlo_counts(hlo: str) -> dict[str, int]:
-  """Instructions of the optimized HLO (all computations), and its reduce-precision ones."""
+  """Instructions of the optimized HLO (all computations), its reduce-precision and map ones."""
   ops = _INSTRUCTION.findall(hlo)
-  return {"instructions": len(ops), "reduce_precision": ops.count("reduce-precision")}
+  return {
+    "instructions": len(ops),
+    "reduce_precision": ops.count("reduce-precision"),
+    "map": ops.count("map"),
+  }
 
 
 def measure(size: str, args: argparse.Namespace, policy: precision.Policy) -> dict:
