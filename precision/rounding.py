@@ -269,10 +269,10 @@ round_p.def_impl(lambda x, *, fmt, mode, ct_rounded=False: _round_jit(x, (None, 
 round_p.def_abstract_eval(lambda x, *, fmt, mode, ct_rounded=False: x)
 # Through the jitted kernel: its lowering is one private function per format, mode and shape,
 # which JAX caches and XLA inlines. On CPU, one ``map`` instead (`_round_map_lowering`).
-mlir.register_lowering(
-  round_p,
-  mlir.lower_fun(lambda x, *, fmt, mode, ct_rounded=False: _round_jit(x, (None, None), fmt, mode), False),
+_round_inline_lowering = mlir.lower_fun(
+  lambda x, *, fmt, mode, ct_rounded=False: _round_jit(x, (None, None), fmt, mode), False
 )
+mlir.register_lowering(round_p, _round_inline_lowering)
 
 
 def _round_map_lowering(
@@ -286,8 +286,10 @@ def _round_map_lowering(
   XLA's fusion treats as expensive: it still fuses into a sole consumer, but a value read
   by several is computed once and stored. The body is the same kernel, so the same
   operations run on every element: results are identical bit for bit (tests compare both
-  lowerings, NaN payloads included).
+  lowerings, NaN payloads included). Values that are not float32 keep the inlined kernel.
   """
+  if ctx.avals_in[0].dtype != jnp.float32:
+    return _round_inline_lowering(ctx, x, fmt=fmt, mode=mode, ct_rounded=ct_rounded)
   ir = mlir.ir
   op = ir.Operation.create(
     "stablehlo.map",
@@ -305,7 +307,12 @@ def _round_map_lowering(
   return list(op.results)
 
 
-mlir.register_lowering(round_p, _round_map_lowering, platform="cpu")
+# The map is built with JAX's MLIR bindings; a JAX without the pieces it uses keeps the inlined
+# kernel everywhere (the same bits, only XLA's fusion differs).
+if all(hasattr(mlir, name) for name in ("dense_int_array", "LoweringRuleContext")) and hasattr(
+  mlir.ir.Operation, "create"
+):
+  mlir.register_lowering(round_p, _round_map_lowering, platform="cpu")
 
 
 def _round_transpose(ct: Any, x: Any, *, fmt: FloatFormat, mode: str, ct_rounded: bool = False) -> list[Any]:
