@@ -87,7 +87,15 @@ class Calibration:
       raise ValueError(f"Calibration.clock_hz={self.clock_hz!r}; allowed: a positive frequency in Hz")
 
   def replace(self, **changes: Any) -> Calibration:
-    """A copy with some parameters changed, e.g. ``CALIBRATION.replace(clock_hz=1.1e9)``."""
+    """A copy with some parameters changed, e.g. ``CALIBRATION.replace(clock_hz=1.1e9)``.
+
+    An unknown name is an error that lists the parameters."""
+    names = [field.name for field in dataclasses.fields(self)]
+    unknown = sorted(set(changes) - set(names))
+    if unknown:
+      raise ValueError(
+        f"Calibration has no parameter {', '.join(map(repr, unknown))}; allowed: {', '.join(names)}"
+      )
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, float]:

@@ -54,6 +54,10 @@ def test_calibration_is_physical_and_validated():
   assert 1 <= CALIBRATION.instruction_overhead_cycles <= 50
   assert CALIBRATION.sram_reserved_bytes_per_pe < 48 * 1024
   assert CALIBRATION.replace(clock_hz=1.1e9).clock_hz == 1.1e9
+  with pytest.raises(
+    ValueError, match=r"no parameter 'score_cycles'; allowed: clock_hz, .*attention_row_cycles"
+  ):
+    CALIBRATION.replace(score_cycles=724.0)
   assert "clock_hz" in str(CALIBRATION.describe())
   with pytest.raises(ValueError, match="clock_hz"):
     Calibration(clock_hz=0.0)
