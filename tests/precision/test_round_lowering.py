@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -45,6 +45,7 @@ def test_the_map_gives_the_bits_of_the_inlined_kernel(name, mode):
   assert not np.array_equal(V.bits_of(by_map), V.bits_of(x))  # rounding happened
 
 
+@settings(max_examples=10)  # each new shape compiles both lowerings: the many-input test is above
 @given(
   hnp.arrays(
     np.uint32, hnp.array_shapes(min_dims=0, max_dims=3, max_side=5), elements=st.integers(0, 2**32 - 1)
