@@ -44,6 +44,7 @@ def test_float32_run_is_bit_identical_to_wafer_run(swept, params_path, tmp_path)
   assert list(zip(base.steps, base.losses)) == expected
 
 
+@pytest.mark.slow  # the swept fixture trains 4 runs (30 s); .ci/run runs it
 def test_cbfloat16_differs_from_float32(swept):
   result, _ = swept
   cb = next(r for r in result.runs if r.format == "cbfloat16")
@@ -57,6 +58,7 @@ def test_cbfloat16_differs_from_float32(swept):
   assert math.isclose(cb.deviation_u, worst, rel_tol=1e-12)
 
 
+@pytest.mark.slow  # shares the swept fixture; .ci/run runs it
 def test_sweep_json_schema_and_png(swept):
   result, out = swept
   data = json.loads((out / "sweep.json").read_text())
