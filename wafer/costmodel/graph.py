@@ -80,6 +80,9 @@ class Matmul:
       operand (products of the dimensions of each group).
     bits: operand width on the wafer (16 or 32): the compute format, or narrower operands.
     weight: whether one operand is a parameter of the step (a weight product).
+    masked: an activation x activation product whose scores a causal mask selects
+      (``jnp.where(tril, scores, -inf)``, found by data flow: `_masked_products`), so it computes
+      only their unmasked half (`wafer.costmodel.mesh.attention_cycles`).
   """
 
   phase: str
@@ -89,6 +92,7 @@ class Matmul:
   n: Size
   bits: int
   weight: bool
+  masked: bool = False
 
   def flops(self, ratio: float) -> float:
     """``2 * instances * m * k * n`` at ``batch = ratio * b0``."""
@@ -113,9 +117,6 @@ class Kernel:
     act_in, act_out: ``key -> (elements, exponent, bits)``: per-sample tensors crossing its
       boundary in the forward pass (inputs from other kernels or the data; outputs read by others).
     in_shapes, out_shapes: shapes (at the traced batch) of those boundary tensors.
-    masked: it selects per-sample data with a constant predicate (``jnp.where(tril, scores, -inf)``):
-      a causal mask, so its batched (attention) products compute only the unmasked half of the
-      scores (`wafer.costmodel.mesh.kernel_cycles`).
   """
 
   name: str
@@ -129,7 +130,6 @@ class Kernel:
   act_out: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
   in_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
   out_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
-  masked: bool = False
 
   def matmul_flops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
     """Matrix-product FLOP of one instance at ``batch = ratio * b0``."""
@@ -418,6 +418,7 @@ def _group(
   last_fwd: tuple[Any, ...] | None = None
   in_backward = False
   last_bwd: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+  masked = _masked_products(sites, walker.flow)
 
   def kernel(kid: tuple[Any, ...], name: str, mult: int, order: int, scopes: tuple[str, ...]) -> Kernel:
     if kid not in kernels:
@@ -474,7 +475,7 @@ def _group(
       for key in s.in_keys:
         if key not in walker.root:
           act_owner.setdefault(key, kid)
-    _add_site(k, s, exps[i], phase, compute_bits, walker)
+    _add_site(k, s, exps[i], phase, compute_bits, walker, i in masked)
 
   # boundary activations (forward, per-sample): inputs made elsewhere, outputs read elsewhere
   consumers: dict[int, set[tuple[Any, ...]]] = {}
@@ -553,10 +554,50 @@ def _shape_exponent(shape: tuple[int, ...], exps: tuple[int, ...]) -> int:
   return 1 if max(exps, default=0) >= 1 and len(shape) > 0 else 0
 
 
-def _add_site(k: Kernel, s: Site, e: tuple[int, ...], phase: str, compute_bits: int, walker: Walker) -> None:
+def _masked_products(sites: list[Site], flow: dict[int, int]) -> set[int]:
+  """Indices of the activation x activation products a causal mask touches, whatever kernel each
+  lands in: from every constant-predicate select (`Site.masked`: the mask, and its transpose in the
+  backward pass) along the data flow through non-product equations (across loop boundaries:
+  `Walker.flow`), back to the products that made the masked scores (``Q K^T``, ``dO V^T``) and on
+  to the products that read them (``P V``, ``P^T dO``, ``dS K``, ``dS^T Q``); a product ends the
+  walk."""
+
+  def origin(key: int) -> int:
+    while key in flow:
+      key = flow[key]
+    return key
+
+  made_by: dict[int, int] = {}
+  read_by: dict[int, list[int]] = {}
+  for i, s in enumerate(sites):
+    for key in s.out_keys:
+      made_by[origin(key)] = i
+    for key in s.in_keys:
+      read_by.setdefault(origin(key), []).append(i)
+  found: set[int] = set()
+  seen: set[int] = set()
+  todo = [i for i, s in enumerate(sites) if s.masked]
+  while todo:
+    i = todo.pop()
+    if i in seen:
+      continue
+    seen.add(i)
+    s = sites[i]
+    if s.kind == "matmul":
+      if not s.weight_roots and s.measures[0] > 1:
+        found.add(i)
+      continue
+    near = [made_by[k] for k in map(origin, s.in_keys) if k in made_by]
+    near += [j for k in map(origin, s.out_keys) for j in read_by.get(k, ())]
+    todo.extend(j for j in near if j not in seen)
+  return found
+
+
+def _add_site(
+  k: Kernel, s: Site, e: tuple[int, ...], phase: str, compute_bits: int, walker: Walker, masked: bool
+) -> None:
   """Add one equation's work to its kernel (its ``mult`` equals the kernel's ``count``)."""
   bits = min(s.bits, compute_bits)
-  k.masked = k.masked or s.masked
   if s.kind == "matmul":
     inst, m, kk, n = s.measures
     k.matmuls.append(
@@ -568,6 +609,7 @@ def _add_site(k: Kernel, s: Site, e: tuple[int, ...], phase: str, compute_bits: 
         Size(n, e[3]),
         bits,
         weight=bool(s.weight_roots),
+        masked=masked,
       )
     )
   else:
@@ -643,7 +685,6 @@ def _merge_glue(
     for key, val in k.act_out.items():
       d.act_out.setdefault(key, val)
     d.out_shapes.extend(k.out_shapes)
-    d.masked = d.masked or k.masked
   return out
 
 

@@ -35,7 +35,7 @@ per PE, so the cycles of ``instances`` products on ``P`` PEs are::
     row_cycles * (4 / simd) * instances * rows / max(1, P / scores)
 
 with ``scores = s_q s_k`` and ``rows = sqrt(s_q s_k)`` (``s`` for self-attention); a kernel with a
-causal mask (`Kernel.masked`) does half the row work. Long sequences (``s^2 >= P``: GPT-2's 2048 tokens,
+causal mask (`Matmul.masked`) does half the row work. Long sequences (``s^2 >= P``: GPT-2's 2048 tokens,
 ESM-2's 1026) therefore cost a fixed time per (sample, head) row, whatever the head width; short
 ones (BERT's 128: about 46 instances side by side on a CS-2) almost nothing.
 
@@ -414,7 +414,7 @@ def kernel_cycles(
           mm.m.at(ratio),
           mm.k.at(ratio),
           mm.n.at(ratio),
-          kernel.masked,
+          mm.masked,
           width,
           height,
           mm.bits,

@@ -85,6 +85,9 @@ class Walker:
     self.data: set[int] = set()  # keys that depend on the batch arguments
     self.notes: set[str] = set()
     self.alias: dict[int, int] = {}  # output of a no-cost op (reshape...) -> its data input
+    # a key made at a scan boundary (an iteration's slice of ``xs``, an output of the loop) -> the
+    # key its values come from: the data flow across loops (`wafer.costmodel.graph._masked_products`)
+    self.flow: dict[int, int] = {}
     self.eqn_count = 0
     self._fake_cast_cache: dict[int, bool] = {}
     self.top_keys = [self._new() for _ in range(n_invars)]
@@ -282,11 +285,15 @@ class Walker:
         self.root[sliced] = self.root[k]
       if k is not None and k in self.data:
         self.data.add(sliced)
+      if k is not None:
+        self.flow[sliced] = k
       keys.append(sliced)
     if any(k in self.data for k in keys[: n_consts + n_carry] if k is not None):
       self.data.update(k for k in keys[n_consts : n_consts + n_carry] if k is not None)
-    self.walk(body, keys, scopes, transposed, mult * max(length, 1))
-    return self._fresh_outs(eqn, ins)
+    body_outs = self.walk(body, keys, scopes, transposed, mult * max(length, 1))
+    outs = self._fresh_outs(eqn, ins)
+    self.flow.update((o, b) for o, b in zip(outs, body_outs) if b is not None)
+    return outs
 
   def _while(
     self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int

@@ -1,16 +1,21 @@
 """The attention-row term of the mesh model (`wafer.costmodel.mesh.attention_cycles`): its invariants
 over generated shapes, and what it does to whole transformer steps."""
 
+import dataclasses
 import math
 
+import jax
+import jax.numpy as jnp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wafer.costmodel import CALIBRATION
+import wafer
+from tests.wafer.costmodel.helpers import sds
+from wafer.costmodel import CALIBRATION, extract
 from wafer.costmodel.hardware import WSE2, WSE3
 from wafer.costmodel.mesh import Machine, attention_cycles
-from wafer.costmodel.workloads import WORKLOADS
+from wafer.costmodel.workloads import WORKLOADS, TransformerConfig
 
 W2, W3 = Machine(WSE2, CALIBRATION), Machine(WSE3, CALIBRATION)
 RECT = (750, 994)
@@ -91,3 +96,72 @@ def test_short_sequences_run_side_by_side_and_cost_almost_nothing():
   # P / s^2 = 45.5 instances side by side on a CS-2
   assert short == pytest.approx(serial * bert.seq**2 / P, rel=1e-12)
   assert short < serial / 40
+
+
+# ----------------------------------------------------------------- the causal mask, however written
+
+B, S, H, D = 4, 1024, 8, 32  # S^2 > the wafer's PEs: the row term is a large part of the estimate
+
+
+def _attention_step(kind: str, causal: bool):
+  """A train step of one attention layer, written three ways: einsum with heads last, matmuls with
+  heads first, and `jax.nn.dot_product_attention`; no named scopes, so kernels form by op pattern."""
+
+  def attend(q, k, v):
+    tril = jnp.tril(jnp.ones((S, S), bool))
+    if kind == "einsum":
+      s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D)
+      s = jnp.where(tril[None, None], s, -1e9) if causal else s
+      return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v)
+    if kind == "heads_first":
+      qt, kt, vt = (jnp.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))
+      s = (qt @ jnp.swapaxes(kt, -1, -2)) / math.sqrt(D)
+      s = jnp.where(tril, s, -1e9) if causal else s
+      return jnp.transpose(jax.nn.softmax(s, -1) @ vt, (0, 2, 1, 3))
+    return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+
+  def loss(w, x):
+    q, k, v = (jnp.einsum("bsd,dhe->bshe", x, w[n]) for n in "qkv")
+    return jnp.mean(jnp.einsum("bshe,hed->bsd", attend(q, k, v), w["o"]) ** 2)
+
+  def step(w, x):
+    grads = jax.grad(loss)(w, x)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, w, grads)
+
+  return step
+
+
+ATTENTION_ARGS = ({**{n: sds(H * D, H, D) for n in "qkv"}, "o": sds(H, D, H * D)}, sds(B, S, H * D))
+KINDS = ("einsum", "heads_first", "dot_product_attention")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_causal_mask_halves_all_six_attention_products(kind):
+  graph = extract(_attention_step(kind, True), ATTENTION_ARGS, batch_argnums=(1,), compute_bits=16)
+  attention = [m for k in graph.kernels for m in k.matmuls if not m.weight and m.instances.at_trace > 1]
+  assert len(attention) == 6  # Q K^T and P V, and their four backward products
+  assert all(m.masked for m in attention)
+  plain = extract(_attention_step(kind, False), ATTENTION_ARGS, batch_argnums=(1,), compute_bits=16)
+  assert not any(m.masked for k in plain.kernels for m in k.matmuls)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_written_three_ways_gets_the_same_estimate(causal):
+  rates = [
+    wafer.estimate(_attention_step(kind, causal), *ATTENTION_ARGS, mode="weight_streaming").samples_per_sec
+    for kind in KINDS
+  ]
+  assert max(rates) / min(rates) < 1.01, rates
+  if causal:  # and the mask is worth something: faster than the same layer without it
+    plain = wafer.estimate(_attention_step("einsum", False), *ATTENTION_ARGS, mode="weight_streaming")
+    assert min(rates) > 1.2 * plain.samples_per_sec
+
+
+def test_the_mask_is_found_across_the_scan_of_a_layer_stack():
+  """The backward pass reads the forward's probabilities as a loop residual: the data flow crosses
+  the scan boundary, so the product that reads them (``P^T dO``) is masked too."""
+  cfg = TransformerConfig(layers=3, d_model=128, heads=4, ffn=256, vocab=100, seq=S)
+  fn, args = dataclasses.replace(WORKLOADS["gpt2_small"], config=cfg, batch_size=2).example()
+  graph = extract(fn, args, batch_argnums=(len(args) - 1,), compute_bits=16)
+  attention = [m for k in graph.kernels for m in k.matmuls if not m.weight and m.instances.at_trace > 1]
+  assert len(attention) == 6 and all(m.masked for m in attention)
