@@ -16,7 +16,7 @@ from wafer.costmodel.mesh import ALGORITHMS, Machine
 from wafer.costmodel.pipeline import PipelineResult, layer_pipelined
 from wafer.costmodel.placement import Rect
 from wafer.costmodel.report import KernelRow, Report
-from wafer.costmodel.streaming import StreamingResult, weight_streaming
+from wafer.costmodel.streaming import StreamingResult, supported_micro_batch, weight_streaming
 from wafer.errors import WaferError
 
 __all__ = ("MODES", "EstimateError", "estimate", "estimate_graph")
@@ -97,7 +97,9 @@ def estimate(
     policy: a ``precision.Policy`` (anything with ``.compute``) giving the compute format.
     accumulate_format: accumulator format of matrix products (``"float32"``: Cerebras mixed
       precision; ``"float16"``: half-precision FMAC).
-    micro_batch_size: force the micro-batch (weight streaming) or wave size (pipeline).
+    micro_batch_size: force the micro-batch (weight streaming) or wave size (pipeline), at most the
+      samples per system. Weight streaming runs the supported size nearest it, ``ceil(B / n)`` for
+      ``B`` samples per system (as Cerebras does; the report's notes say when it differs).
     batch_argnums: which arguments carry the batch on axis 0. Default: every argument whose arrays
       all have, as axis 0, the batch size (axis 0 of the last argument with arrays): data, labels,
       masks, per-sample keys. The report lists them (``Report.batch_arguments``).
@@ -218,12 +220,20 @@ def estimate_graph(
   if problem is not None:
     raise EstimateError(f"batch_size={batch}: {problem}")
   per_system = batch // num_csx
+  notes_extra = []
+  ws_micro_batch = micro_batch_size
   if micro_batch_size is not None:
     micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
-    if per_system % micro_batch_size:
+    if micro_batch_size > per_system:
       raise EstimateError(
-        f"micro_batch_size={micro_batch_size} does not divide the {per_system} samples per system; "
-        "allowed: a divisor of batch_size / num_csx"
+        f"micro_batch_size={micro_batch_size} is larger than the {per_system} samples per system; "
+        f"allowed: 1 to {per_system} (batch_size / num_csx)"
+      )
+    ws_micro_batch = supported_micro_batch(per_system, micro_batch_size)
+    if ws_micro_batch != micro_batch_size and mode != "pipeline":
+      notes_extra.append(
+        f"micro_batch_size={micro_batch_size} is not a size {per_system} samples split into evenly "
+        f"(ceil({per_system} / n)); weight streaming uses {ws_micro_batch}, as Cerebras does"
       )
   if not any(k.has_phase("fwd") or k.has_phase("bwd") for k in graph.kernels):
     taken = ", ".join(graph.batch_arguments) or "none"
@@ -231,7 +241,6 @@ def estimate_graph(
       f"the step does no work per sample: nothing it computes depends on its batch arguments ({taken}), "
       "so it has no rate; pass batch_argnums= naming the arguments that carry the data on axis 0"
     )
-  notes_extra = []
   if compute.bits < 16:
     notes_extra.append(
       f"compute format {compute.name}: the WSE has no {compute.bits}-bit floating-point datapath; "
@@ -244,7 +253,7 @@ def estimate_graph(
   if mode in ("auto", "pipeline") and num_csx == 1:
     pipe = layer_pipelined(graph, machine, sys_, width, height, batch, micro_batch_size)
   if mode in ("auto", "weight_streaming"):
-    ws = weight_streaming(graph, machine, sys_, width, height, per_system, num_csx, micro_batch_size)
+    ws = weight_streaming(graph, machine, sys_, width, height, per_system, num_csx, ws_micro_batch)
 
   chosen, reason, alternatives = _choose(mode, pipe, ws, num_csx, graph.param_elements)
   common = dict(

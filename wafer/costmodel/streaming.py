@@ -7,7 +7,7 @@ Per micro-batch of ``mb`` samples and per kernel instance (``../shared/reference
     T_step = n_micro * sum_k count_k * (T_fwd + T_bwd) + T_boundary + T_swarmx
 
 ``C`` are the kernel's cycles on the rectangle from the mesh model, ``B_in = B_out`` the system's
-I/O bandwidth, ``n_micro = batch_per_system / mb``. Streaming the next layer's weights overlaps the
+I/O bandwidth, ``n_micro = ceil(batch_per_system / mb)``. Streaming the next layer's weights overlaps the
 current layer's compute, hence the ``max``. The weight update runs on MemoryX; the only bubble is
 at the iteration boundary (``T_boundary``): the first layer waits for its updated weights, and
 MemoryX's optimizer pass over all ``P`` parameters, which cannot start before the last gradient
@@ -21,7 +21,11 @@ latencies per step.
 
 The micro-batch is searched, as the Cerebras compiler does: every candidate must keep its
 activations resident (the kernels' boundary inputs for all layers, to be read again by the
-backward pass) and its GEMM tiles within each PE's SRAM; the fastest feasible one wins.
+backward pass) and its GEMM tiles within each PE's SRAM; the fastest feasible one wins. The
+candidates are the sizes Cerebras supports (releases 2.5 on, "approximately even" micro-batches):
+``mb = ceil(B / n)`` for ``n = 1 .. B`` micro-batches of the ``B`` samples per system, so the size
+need not divide ``B`` (``B = 1168`` can run 20 micro-batches of 59 or 58). Every micro-batch is
+costed at ``mb`` samples, an upper bound that is off by less than one sample per micro-batch.
 """
 
 from __future__ import annotations
@@ -33,7 +37,14 @@ from wafer.costmodel.graph import Graph
 from wafer.costmodel.hardware import System
 from wafer.costmodel.mesh import Machine, kernel_cycles
 
-__all__ = ("StreamingKernel", "StreamingResult", "micro_batch_candidates", "weight_streaming")
+__all__ = (
+  "StreamingKernel",
+  "StreamingResult",
+  "micro_batch_candidates",
+  "supported_micro_batch",
+  "supported_micro_batches",
+  "weight_streaming",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,16 +86,44 @@ class StreamingResult:
   rejected: dict[int, str]
 
 
-def micro_batch_candidates(batch: int, limit: int = 24) -> list[int]:
-  """Divisors of ``batch``, thinned to about ``limit`` roughly log-spaced values (``batch`` included)."""
-  divs = [d for d in range(1, math.isqrt(batch) + 1) if batch % d == 0]
-  divs = sorted(set(divs + [batch // d for d in divs]))
-  if len(divs) <= limit:
-    return divs
-  picked = {divs[0], divs[-1]}
+def supported_micro_batches(batch: int) -> list[int]:
+  """The micro-batch sizes Cerebras runs ``batch`` samples per system in: ``ceil(batch / n)``.
+
+  ``n = 1 .. batch`` micro-batches of approximately even size (they differ by at most one sample).
+  There are about ``2 sqrt(batch)`` distinct sizes; every divisor of ``batch`` is one of them.
+
+  >>> supported_micro_batches(10)
+  [1, 2, 3, 4, 5, 10]
+  >>> supported_micro_batches(133)[-6:]  # the Cerebras docs' example: 133, 67, 45, 34, 27, 23, ...
+  [23, 27, 34, 45, 67, 133]
+  """
+  root = math.isqrt(batch) + 1
+  sizes = {-(-batch // n) for n in range(1, root + 1)}
+  sizes |= {v for v in range(1, root + 1) if -(-batch // -(-batch // v)) == v}
+  return sorted(sizes)
+
+
+def supported_micro_batch(batch: int, requested: int) -> int:
+  """The supported size (`supported_micro_batches`) nearest ``requested``, the larger on a tie.
+
+  Cerebras overrides a requested size that is not supported the same way (its docs: 168 of 337
+  samples per system becomes 169).
+
+  >>> supported_micro_batch(337, 168), supported_micro_batch(1024, 256), supported_micro_batch(8, 3)
+  (169, 256, 3)
+  """
+  return min(supported_micro_batches(batch), key=lambda v: (abs(v - requested), -v))
+
+
+def micro_batch_candidates(batch: int, limit: int = 200) -> list[int]:
+  """`supported_micro_batches`, thinned to about ``limit`` roughly log-spaced sizes (``batch`` included)."""
+  sizes = supported_micro_batches(batch)
+  if len(sizes) <= limit:
+    return sizes
+  picked = {sizes[0], sizes[-1]}
   for i in range(limit):
     target = math.exp(math.log(batch) * i / (limit - 1))
-    picked.add(min(divs, key=lambda d: abs(math.log(d) - math.log(target))))
+    picked.add(min(sizes, key=lambda d: abs(math.log(d) - math.log(target))))
   return sorted(picked)
 
 
@@ -94,7 +133,7 @@ def _evaluate(
   f = machine.calib.clock_hz
   b_in = b_out = system.io_bytes_per_sec
   ratio = mb / graph.traced_batch
-  n_micro = batch // mb
+  n_micro = -(-batch // mb)
   resident = sum(k.count * k.activation_in_bytes(ratio) for k in graph.kernels)
   capacity = width * height * machine.sram_data_bytes
   if resident > capacity:
@@ -169,7 +208,7 @@ def weight_streaming(
     width, height: the rectangle every layer runs on.
     batch_per_system: samples per step on one system.
     num_csx: systems in data parallel (for the SwarmX latency).
-    micro_batch: force this micro-batch (must divide ``batch_per_system``).
+    micro_batch: force this micro-batch (a supported size: see `supported_micro_batch`).
   """
   candidates = [micro_batch] if micro_batch else micro_batch_candidates(batch_per_system)
   best: StreamingResult | None = None

@@ -16,6 +16,7 @@ from wafer.costmodel.hardware import get_system
 from wafer.costmodel.mesh import Machine
 from wafer.costmodel.pipeline import _lanes
 from wafer.costmodel.placement import overlaps, pack
+from wafer.costmodel.streaming import supported_micro_batch, supported_micro_batches
 
 
 def _mlp_estimate(widths, batch, tokens=512, **kwargs):
@@ -158,7 +159,7 @@ def test_compute_format_and_autocast_unwrapping():
     ({"num_csx": 500}, r"num_csx=500; allowed: 1 to 192 CS-2"),
     ({"num_csx": 2, "mode": "pipeline"}, r"num_csx=2 with mode='pipeline'"),
     ({"num_csx": 3, "batch_size": 8}, r"batch_size=8: must be a multiple of runconfig.num_csx=3"),
-    ({"micro_batch_size": 3, "batch_size": 8}, r"micro_batch_size=3 does not divide"),
+    ({"micro_batch_size": 9, "batch_size": 8}, r"micro_batch_size=9 is larger than the 8 samples per system"),
     ({"compute_format": "float13"}, r"compute_format='float13' is not a float format"),
     ({"rect": (2000, 10)}, r"rect=\(2000, 10\); allowed: 1..750 x 1..994"),
     ({"gemm_algorithm": "magic"}, r"gemm_algorithm='magic'"),
@@ -212,3 +213,22 @@ def test_pipeline_copies_of_a_weight_layout_fit_in_the_rectangle_sram(widths, ar
       assert copies * per_copy + acts <= area * sram
     assert (copies + 1) * per_copy + acts > area * sram
     assert _lanes(graph, machine, kernel, 2 * area, per_copy + acts) >= copies  # more PEs, never fewer
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(batch=st.integers(1, 3000))
+def test_supported_micro_batches_are_the_even_splits_of_the_batch(batch):
+  sizes = supported_micro_batches(batch)
+  brute = sorted({-(-batch // n) for n in range(1, batch + 1)})  # ceil(batch / n), n = 1 .. batch
+  assert sizes == brute
+  assert all(d in sizes for d in range(1, batch + 1) if batch % d == 0)  # every divisor
+  for mb in sizes:
+    n_micro = -(-batch // mb)
+    assert (n_micro - 1) * mb < batch <= n_micro * mb  # no micro-batch is empty
+
+
+def test_a_micro_batch_that_does_not_split_evenly_is_replaced_by_the_nearest_even_one():
+  assert supported_micro_batch(337, 168) == 169  # the Cerebras docs' example
+  report = _mlp_estimate([64, 256, 64], 10, tokens=16, mode="weight_streaming", micro_batch_size=7)
+  assert report.micro_batch_size == 5 and report.details["micro_batches"] == 2
+  assert any("micro_batch_size=7" in note and "uses 5" in note for note in report.notes)
