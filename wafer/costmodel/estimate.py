@@ -255,7 +255,7 @@ def estimate_graph(
   if mode in ("auto", "weight_streaming"):
     ws = weight_streaming(graph, machine, sys_, width, height, per_system, num_csx, ws_micro_batch)
 
-  chosen, reason, alternatives = _choose(mode, pipe, ws, num_csx, graph.param_elements)
+  chosen, reason, alternatives = _choose(mode, pipe, ws, num_csx, graph.param_elements, batch)
   common = dict(
     name=name,
     system=sys_.key,
@@ -395,7 +395,12 @@ def _sequence_length(args: Sequence[Any], argnums: Sequence[int]) -> int | None:
 
 
 def _choose(
-  mode: str, pipe: PipelineResult | None, ws: StreamingResult | str | None, num_csx: int, params: int
+  mode: str,
+  pipe: PipelineResult | None,
+  ws: StreamingResult | str | None,
+  num_csx: int,
+  params: int,
+  batch: int,
 ) -> tuple[str, str, dict[str, Any]]:
   """The mode, a sentence saying which mode Cerebras would use and why, and the other mode's rate.
 
@@ -429,7 +434,7 @@ def _choose(
       {"weight_streaming": ws},
     )
   assert isinstance(ws, StreamingResult)
-  batch_rate = ws.micro_batch * ws.n_micro / ws.step_s
+  batch_rate = batch / ws.step_s  # one system here: the pipeline runs on one
   if pipe.samples_per_sec >= batch_rate:
     return (
       "pipeline",
