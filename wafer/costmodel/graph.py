@@ -407,6 +407,7 @@ def _group(
 ) -> list[Kernel]:
   kernels: dict[tuple[Any, ...], Kernel] = {}
   producer: dict[int, tuple[Any, ...]] = {}  # key -> kernel id that produced it
+  made_at: dict[int, int] = {}  # key -> index of the site that produced it
   weight_owner: dict[int, tuple[Any, ...]] = {}  # parameter root -> kernel of its first product
   act_owner: dict[int, tuple[Any, ...]] = {}  # activation key -> kernel whose product read it
   assignment: list[tuple[Any, ...]] = []
@@ -435,7 +436,15 @@ def _group(
       if phase == "fwd" and not in_backward:
         if base != last_fwd:
           if last_fwd is not None and not _nested(last_fwd[0], scopes):
-            left.add(last_fwd)
+            # leaving a scope leaves its enclosing scopes too, up to the one shared with the new
+            # scope (equinox names each module call by its class: ``MultiheadAttention`` holds
+            # ``MultiheadAttention/Linear`` and is left with it)
+            prev, prev_mult = last_fwd
+            for n in range(len(prev), 0, -1):
+              if prev[:n] == scopes[:n]:
+                break
+              if (prev[:n], prev_mult) in occurrence:
+                left.add((prev[:n], prev_mult))
           if base in left:
             occurrence[base] = occurrence.get(base, 0) + 1
             left.discard(base)
@@ -445,7 +454,7 @@ def _group(
       elif phase == "update" and not in_backward:
         kid = ("scope", scopes, s.mult, occurrence.get(base, 0))
       else:
-        kid = _backward_occurrence(base, s, producer, occurrence, last_bwd)
+        kid = _backward_occurrence(base, s, producer, occurrence, last_bwd, weight_owner, act_owner)
     elif phase == "update":
       kid, name = ("update", s.mult), "weight_update"
     elif s.kind == "matmul":
@@ -457,11 +466,10 @@ def _group(
         n_pattern += 1
       else:
         kid, name = owner, ""
-    else:  # join the kernel that made the first input (inside the same loop), else a misc kernel
-      kid = next(
-        (producer[k] for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult),
-        ("misc", s.mult),
-      )
+    else:  # join the kernel that made the latest input (inside the same loop), else a misc kernel:
+      # a residual add ``x + f(x)`` runs where ``f`` ends, not where the residual stream began
+      made = [(made_at[k], producer[k]) for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult]
+      kid = max(made, key=lambda t: t[0])[1] if made else ("misc", s.mult)
       name = "ops"
     k = kernel(kid, name, s.mult, i if phase == "fwd" else i + len(sites), scopes)
     if phase == "fwd":
@@ -469,6 +477,7 @@ def _group(
     assignment.append(kid)
     for o in s.out_keys:
       producer[o] = kid
+      made_at[o] = i
     if s.kind == "matmul" and phase != "update":
       for r in s.weight_roots:
         weight_owner.setdefault(r, kid)
@@ -531,21 +540,30 @@ def _backward_occurrence(
   producer: dict[int, tuple[Any, ...]],
   occurrence: dict[tuple[Any, ...], int],
   last_bwd: dict[tuple[Any, ...], tuple[Any, ...]],
+  weight_owner: dict[int, tuple[Any, ...]],
+  act_owner: dict[int, tuple[Any, ...]],
 ) -> tuple[Any, ...]:
   """The kernel of a backward (or update) equation of a scope with several occurrences: the
-  occurrence that produced one of its inputs (a saved activation or a cotangent), else the one the
-  previous backward equation of this scope went to."""
+  occurrence whose forward product read one of its weights (``dx = dy W^T``), that produced one of
+  its inputs (a saved activation or a cotangent), or whose forward product read one of its inputs
+  (``dW = x^T dy``); else the one the previous backward equation of this scope went to."""
   scopes, mult = base
   n = occurrence.get(base)
   if n is None:
     return ("scope", scopes, mult, 0)
   if n == 0:
     return ("scope", scopes, mult, 0)
-  for key in s.in_keys:
-    src = producer.get(key)
-    if src is not None and src[0] == "scope" and (src[1], src[2]) == base:
-      last_bwd[base] = src
-      return src
+
+  def ours(kid: tuple[Any, ...] | None) -> bool:
+    return kid is not None and kid[0] == "scope" and (kid[1], kid[2]) == base
+
+  evidence = [weight_owner.get(r) for r in s.weight_roots]
+  evidence += [producer.get(key) for key in s.in_keys]
+  evidence += [act_owner.get(key) for key in s.in_keys]
+  src = next((kid for kid in evidence if ours(kid)), None)
+  if src is not None:
+    last_bwd[base] = src
+    return src
   return last_bwd.get(base, ("scope", scopes, mult, n))
 
 
@@ -625,10 +643,11 @@ def _add_site(
 
 
 def _root_elements(s: Site, root: int, walker: Walker) -> int:
-  """Elements of the parameter operand with this root (the per-iteration slice inside a scan)."""
+  """Elements of the parameter operand with this root (the per-iteration slice inside a scan; a
+  broadcast bias counts its own elements, not the broadcast shape's)."""
   for pos, key in enumerate(s.in_keys):
     if walker.root.get(key) == root:
-      return int(math.prod(s.in_shapes[pos]))
+      return int(min(math.prod(s.in_shapes[pos]), walker.param_size.get(key, math.inf)))
   return 0
 
 
