@@ -468,7 +468,9 @@ def _group(
         kid, name = owner, ""
     else:  # join the kernel that made the latest input (inside the same loop), else a misc kernel:
       # a residual add ``x + f(x)`` runs where ``f`` ends, not where the residual stream began
-      made = [(made_at[k], producer[k]) for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult]
+      made = [
+        (made_at[k], producer[k]) for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult
+      ]
       kid = max(made, key=lambda t: t[0])[1] if made else ("misc", s.mult)
       name = "ops"
     k = kernel(kid, name, s.mult, i if phase == "fwd" else i + len(sites), scopes)
