@@ -345,9 +345,11 @@ def _argnums(
       )
     b = axes[last][0]
     if b is None or any(a != b for a in axes[last]):
+      scalars = [names[i] for i in range(last + 1, n_args) if axes[i]]
+      skipped = f" (skipped for holding scalars, with no batch axis: {', '.join(scalars)})" if scalars else ""
       raise EstimateError(
-        f"the last argument with arrays, {names[last]}, is taken as the batch but its arrays do not "
-        f"share an axis 0 (axis 0 sizes {sorted(set(axes[last]))}); "
+        f"the last argument with arrays, {names[last]}, is taken as the batch{skipped} but its arrays do "
+        f"not share an axis 0 (axis 0 sizes {sorted(set(axes[last]))}); "
         "pass batch_argnums= naming the data arguments"
       )
     return tuple(i for i in range(n_args) if axes[i] and all(a == b for a in axes[i]))

@@ -269,6 +269,11 @@ def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int], names: Seq
           f"batch argument {where!r} has no batch axis (shape {shape}); every array of a batch argument "
           "needs the batch as axis 0 (leave this argument out of batch_argnums)"
         )
+      if int(shape[0]) == 0:
+        raise TraceError(
+          f"batch argument {where!r} has an empty batch (shape {tuple(shape)}): there is no sample to "
+          "cost; pass at least one sample on axis 0 (batch_size= then sets the batch to estimate)"
+        )
       if first is None:
         first = (where, int(shape[0]))
       elif int(shape[0]) != first[1]:
@@ -374,6 +379,8 @@ def extract(
   state_bytes = 0.0
   for i, a in enumerate(args):
     for leaf in jax.tree.leaves(a):
+      if not isinstance(leaf, jax.ShapeDtypeStruct):  # a Python number: traced as a constant
+        continue
       nbytes = math.prod(leaf.shape) * walk.itemsize(leaf.dtype)
       if i in batch_argnums:
         input_bytes += nbytes / b0

@@ -119,9 +119,9 @@ def _memory(graph: Graph, units: list[tuple[Kernel, int]], ratio: float) -> list
 def _lanes(graph: Graph, machine: Machine, kernel: Kernel, area: float, memory: float) -> int | None:
   """Copies of the kernel's weight-stationary layout its rectangle can hold: every copy keeps the
   weights with their optimizer state and gradient (the activations in flight are shared out)."""
-  if not graph.training or not kernel.weights:
-    return None
   per_copy = kernel.weight_elements() * (graph.state_bytes_per_param() + 4.0)
+  if not graph.training or per_copy <= 0:  # no weights (or only empty ones): no copies to keep
+    return None
   acts = memory - per_copy
   return max(1, int((area * machine.sram_data_bytes - acts) // per_copy))
 

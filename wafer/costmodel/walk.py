@@ -53,6 +53,10 @@ _VIEW = frozenset({
 _SLICE = frozenset({"slice", "dynamic_slice", "gather", "index_in_dim", "squeeze"})
 # fmt: on
 _CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+# Names JAX itself pushes on the name stack: not the user's scopes. ``jax.checkpoint`` runs the
+# recomputed forward of every rematerialized block under ``rematted_computation``; kept, it would
+# gather the recomputation of all layers into one kernel.
+_JAX_SCOPES = frozenset({"rematted_computation"})
 
 
 @dataclasses.dataclass
@@ -137,8 +141,8 @@ class Walker:
       if kind == "Transform":
         if item.name == "transpose":
           transposed = True
-      elif item.name and "->" not in str(item.name):  # jnp.einsum names its call by its spec
-        names.append(str(item.name))
+      elif item.name and "->" not in str(item.name) and str(item.name) not in _JAX_SCOPES:
+        names.append(str(item.name))  # (jnp.einsum names its call by its spec: not a scope)
     return tuple(names), transposed
 
   def _fresh_outs(self, eqn: Any, ins: Sequence[int | None]) -> list[int]:
