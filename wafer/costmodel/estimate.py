@@ -551,7 +551,8 @@ def _streaming_report(
   if ws.rejected:
     smallest = max(ws.rejected)
     notes.append(f"micro-batch {smallest} rejected: {ws.rejected[smallest]}")
-  notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
+  if graph.training:  # (an inference step has no weight update to place)
+    notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
   details = {
     "sequence_length": seq,
     "micro_batches": ws.n_micro,
