@@ -382,9 +382,9 @@ def test_the_libraries_agree_with_plain_jax_in_weight_streaming(library):
   plain = wafer.estimate(_lm(cfg), _params(cfg), tokens, mode="weight_streaming")
   r = wafer.estimate(step, params, tokens, mode="weight_streaming")
   assert r.flops_per_sample == pytest.approx(plain.flops_per_sample, rel=1e-6)
-  assert wafer.costmodel.extract(step, (params, tokens), batch_argnums=(1,), compute_bits=16).param_elements == (
-    _n_params(cfg)
-  )
+  assert wafer.costmodel.extract(
+    step, (params, tokens), batch_argnums=(1,), compute_bits=16
+  ).param_elements == (_n_params(cfg))
   # measured: linen 1.07x, nnx 1.15x, equinox 0.94x, haiku 0.94x of plain JAX (the gap of nnx is
   # the bias gradients' size-1 reductions of plain JAX, each costed as a fabric traversal)
   assert _within(r.samples_per_sec, plain.samples_per_sec, 1.17), (r.samples_per_sec, plain.samples_per_sec)
