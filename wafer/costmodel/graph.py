@@ -415,6 +415,8 @@ def _group(
   kernels: dict[tuple[Any, ...], Kernel] = {}
   producer: dict[int, tuple[Any, ...]] = {}  # key -> kernel id that produced it
   made_at: dict[int, int] = {}  # key -> index of the site that produced it
+  forward: set[int] = set()  # keys made by the forward pass (saved activations)
+  reader: dict[int, tuple[Any, ...]] = {}  # parameter root -> kernel of its first forward reader
   weight_owner: dict[int, tuple[Any, ...]] = {}  # parameter root -> kernel of its first product
   act_owner: dict[int, tuple[Any, ...]] = {}  # activation key -> kernel whose product read it
   assignment: list[tuple[Any, ...]] = []
@@ -461,7 +463,7 @@ def _group(
       elif phase == "update" and not in_backward:
         kid = ("scope", scopes, s.mult, occurrence.get(base, 0))
       else:
-        kid = _backward_occurrence(base, s, producer, occurrence, last_bwd, weight_owner, act_owner)
+        kid = _backward_occurrence(base, s, producer, occurrence, last_bwd, reader, act_owner, forward)
     elif phase == "update":
       kid, name = ("update", s.mult), "weight_update"
     elif s.kind == "matmul":
@@ -487,6 +489,11 @@ def _group(
     for o in s.out_keys:
       producer[o] = kid
       made_at[o] = i
+      if not s.transposed:
+        forward.add(o)
+    if phase == "fwd":
+      for r in s.weight_roots:  # the kernel whose forward pass first read this parameter
+        reader.setdefault(r, kid)
     if s.kind == "matmul" and phase != "update":
       for r in s.weight_roots:
         weight_owner.setdefault(r, kid)
@@ -549,13 +556,16 @@ def _backward_occurrence(
   producer: dict[int, tuple[Any, ...]],
   occurrence: dict[tuple[Any, ...], int],
   last_bwd: dict[tuple[Any, ...], tuple[Any, ...]],
-  weight_owner: dict[int, tuple[Any, ...]],
+  reader: dict[int, tuple[Any, ...]],
   act_owner: dict[int, tuple[Any, ...]],
+  forward: set[int],
 ) -> tuple[Any, ...]:
   """The kernel of a backward (or update) equation of a scope with several occurrences: the
-  occurrence whose forward product read one of its weights (``dx = dy W^T``), that produced one of
-  its inputs (a saved activation or a cotangent), or whose forward product read one of its inputs
-  (``dW = x^T dy``); else the one the previous backward equation of this scope went to."""
+  occurrence whose forward pass read one of its weights (``dx = dy W^T``, ``dy * scale``), whose forward pass
+  produced one of its inputs (a saved activation), whose forward product read one of its inputs
+  (``dW = x^T dy``), or that produced one of its inputs in the backward pass (a cotangent: the
+  weakest evidence, since a cotangent crosses from the next layer); else the one the previous
+  backward equation of this scope went to."""
   scopes, mult = base
   n = occurrence.get(base)
   if n is None:
@@ -566,9 +576,10 @@ def _backward_occurrence(
   def ours(kid: tuple[Any, ...] | None) -> bool:
     return kid is not None and kid[0] == "scope" and (kid[1], kid[2]) == base
 
-  evidence = [weight_owner.get(r) for r in s.weight_roots]
-  evidence += [producer.get(key) for key in s.in_keys]
+  evidence = [reader.get(r) for r in s.weight_roots]
+  evidence += [producer.get(key) for key in s.in_keys if key in forward]
   evidence += [act_owner.get(key) for key in s.in_keys]
+  evidence += [producer.get(key) for key in s.in_keys if key not in forward]
   src = next((kid for kid in evidence if ours(kid)), None)
   if src is not None:
     last_bwd[base] = src

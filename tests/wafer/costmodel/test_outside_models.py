@@ -150,6 +150,18 @@ def test_equinox_names_give_one_kernel_per_layer_like_unique_names(cfg, batch, m
   by_class = wafer.estimate(_lm(cfg, naming="class"), *args, mode=mode)
   attention = [k for k in by_class.kernels if k.name.split("#")[0] == "Block/MultiheadAttention"]
   assert len(attention) == cfg.layers and all(k.count == 1 for k in attention)
+  # each layer's backward stays with its layer (a cotangent from the next layer is weak evidence):
+  # the same work in every layer's kernels, no kernel holding the parameters of several layers
+  graph = wafer.costmodel.extract(_lm(cfg, naming="class"), args, batch_argnums=(1,), compute_bits=16)
+  families: dict[str, list] = {}
+  for k in graph.kernels:
+    families.setdefault(k.name.split("#")[0], []).append(k)
+  for name, ks in families.items():
+    if name.startswith("Block/") and len(ks) == cfg.layers:
+      assert len({k.matmul_flops(1.0) for k in ks}) == 1, name
+      assert len({k.weight_elements() for k in ks}) == 1, name
+  norm = [k for k in graph.kernels if k.name.startswith("LayerNorm")]  # the final norm
+  assert [k.weight_elements() for k in norm] == [2 * cfg.d]
   assert by_class.flops_per_sample == pytest.approx(unique.flops_per_sample)
   if mode == "pipeline":  # q, k, v, o share one name, so one kernel: a coarser pipeline (not checked)
     return
