@@ -430,6 +430,18 @@ def _group(
   last_bwd: dict[tuple[Any, ...], tuple[Any, ...]] = {}
   masked = _masked_products(sites, walker.flow)
 
+  def ahead(i: int, base: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The occurrence the next backward equations of ``base`` show by forward evidence alone (for
+    an equation with none: the bias gradient ``sum(dy)`` that opens a layer's backward)."""
+    for s in sites[i + 1 : i + 1 + _LOOKAHEAD]:
+      scopes = s.scopes[:kernel_depth] if kernel_depth else s.scopes
+      if (scopes, s.mult) != base or not s.transposed:
+        continue
+      found = _forward_evidence(base, s, producer, reader, act_owner, forward)
+      if found is not None:
+        return found
+    return None
+
   def kernel(kid: tuple[Any, ...], name: str, mult: int, order: int, scopes: tuple[str, ...]) -> Kernel:
     if kid not in kernels:
       kernels[kid] = Kernel(name=name, count=mult, order=order, scopes=scopes)
@@ -463,7 +475,9 @@ def _group(
       elif phase == "update" and not in_backward:
         kid = ("scope", scopes, s.mult, occurrence.get(base, 0))
       else:
-        kid = _backward_occurrence(base, s, producer, occurrence, last_bwd, reader, act_owner, forward)
+        kid = _backward_occurrence(
+          base, s, producer, occurrence, last_bwd, reader, act_owner, forward, lambda i=i, b=base: ahead(i, b)
+        )
     elif phase == "update":
       kid, name = ("update", s.mult), "weight_update"
     elif s.kind == "matmul":
@@ -559,32 +573,53 @@ def _backward_occurrence(
   reader: dict[int, tuple[Any, ...]],
   act_owner: dict[int, tuple[Any, ...]],
   forward: set[int],
+  ahead: Callable[[], tuple[Any, ...] | None],
 ) -> tuple[Any, ...]:
   """The kernel of a backward (or update) equation of a scope with several occurrences: the
   occurrence whose forward pass read one of its weights (``dx = dy W^T``, ``dy * scale``), whose forward pass
   produced one of its inputs (a saved activation), whose forward product read one of its inputs
   (``dW = x^T dy``), or that produced one of its inputs in the backward pass (a cotangent: the
-  weakest evidence, since a cotangent crosses from the next layer); else the one the previous
-  backward equation of this scope went to."""
+  weakest evidence, since a cotangent crosses from the next layer); else the one the next backward
+  equations of this scope show by forward evidence (``ahead``); else the one the previous backward
+  equation of this scope went to."""
   scopes, mult = base
   n = occurrence.get(base)
   if n is None:
     return ("scope", scopes, mult, 0)
   if n == 0:
     return ("scope", scopes, mult, 0)
-
-  def ours(kid: tuple[Any, ...] | None) -> bool:
-    return kid is not None and kid[0] == "scope" and (kid[1], kid[2]) == base
-
-  evidence = [reader.get(r) for r in s.weight_roots]
-  evidence += [producer.get(key) for key in s.in_keys if key in forward]
-  evidence += [act_owner.get(key) for key in s.in_keys]
-  evidence += [producer.get(key) for key in s.in_keys if key not in forward]
-  src = next((kid for kid in evidence if ours(kid)), None)
+  src = _forward_evidence(base, s, producer, reader, act_owner, forward)
+  if src is None:
+    src = next((kid for kid in (producer.get(k) for k in s.in_keys) if _ours(kid, base)), None)
+  if src is None:
+    src = ahead()
   if src is not None:
     last_bwd[base] = src
     return src
   return last_bwd.get(base, ("scope", scopes, mult, n))
+
+
+_LOOKAHEAD = 500  # equations searched ahead for the occurrence of an equation with no evidence
+
+
+def _ours(kid: tuple[Any, ...] | None, base: tuple[Any, ...]) -> bool:
+  return kid is not None and kid[0] == "scope" and (kid[1], kid[2]) == base
+
+
+def _forward_evidence(
+  base: tuple[Any, ...],
+  s: Site,
+  producer: dict[int, tuple[Any, ...]],
+  reader: dict[int, tuple[Any, ...]],
+  act_owner: dict[int, tuple[Any, ...]],
+  forward: set[int],
+) -> tuple[Any, ...] | None:
+  """The occurrence of ``base`` the forward pass ties ``s`` to: by a parameter it read, a saved
+  activation it made, or an activation its forward product read."""
+  evidence = [reader.get(r) for r in s.weight_roots]
+  evidence += [producer.get(key) for key in s.in_keys if key in forward]
+  evidence += [act_owner.get(key) for key in s.in_keys]
+  return next((kid for kid in evidence if _ours(kid, base)), None)
 
 
 def _shape_exponent(shape: tuple[int, ...], exps: tuple[int, ...]) -> int:

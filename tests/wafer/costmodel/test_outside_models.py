@@ -160,6 +160,8 @@ def test_equinox_names_give_one_kernel_per_layer_like_unique_names(cfg, batch, m
     if name.startswith("Block/") and len(ks) == cfg.layers:
       assert len({k.matmul_flops(1.0) for k in ks}) == 1, name
       assert len({k.weight_elements() for k in ks}) == 1, name
+      # the bias gradient that opens a layer's backward (``sum(dy)``: no forward evidence) too
+      assert len({k.vector_ops(1.0) for k in ks}) == 1, name
   norm = [k for k in graph.kernels if k.name.startswith("LayerNorm")]  # the final norm
   assert [k.weight_elements() for k in norm] == [2 * cfg.d]
   assert by_class.flops_per_sample == pytest.approx(unique.flops_per_sample)
@@ -400,3 +402,21 @@ def test_the_libraries_agree_with_plain_jax_in_weight_streaming(library):
   # measured: linen 1.07x, nnx 1.15x, equinox 0.94x, haiku 0.94x of plain JAX (the gap of nnx is
   # the bias gradients' size-1 reductions of plain JAX, each costed as a fabric traversal)
   assert _within(r.samples_per_sec, plain.samples_per_sec, 1.17), (r.samples_per_sec, plain.samples_per_sec)
+
+
+@pytest.mark.parametrize("layers", [3, 6])
+def test_layers_sharing_names_get_the_same_backward_work(layers):
+  """The workloads' transformer unrolled with every layer under the same scope names (``attn``,
+  ``mlp``): a bias gradient opens each layer's backward with no forward evidence (it reads only the
+  cotangent) and went to the previous occurrence, so the last layer's kernels held one reduction
+  too many and the first one too few; it now goes to the occurrence its scope's next equations show."""
+  from tests.wafer.costmodel.test_invariance import _unrolled_step
+  from wafer.costmodel import workloads as W
+
+  cfg = W.TransformerConfig(layers=layers, d_model=128, heads=4, ffn=512, vocab=500, seq=64)
+  _, args = W.train_example(cfg, 8)
+  graph = wafer.costmodel.extract(_unrolled_step(cfg, "shared"), args, batch_argnums=(2,), compute_bits=16)
+  for family in ("attn", "mlp"):
+    ks = [k for k in graph.kernels if k.name.split("#")[0] == family]
+    assert len(ks) == layers
+    assert len({(k.vector_ops(1.0), k.matmul_flops(1.0)) for k in ks}) == 1, family
