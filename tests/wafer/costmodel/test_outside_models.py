@@ -35,6 +35,8 @@ class Cfg:
 
 SHAPES = [(Cfg(2, 64, 4, 256, 300, 32), 8), (Cfg(3, 128, 4, 512, 500, 64), 16)]
 IDS = ["d64", "d128"]
+# the second shape behind slow: the default suite keeps one shape of each check (< 20 s in all)
+CASES = [pytest.param(*SHAPES[0], id=IDS[0]), pytest.param(*SHAPES[1], id=IDS[1], marks=pytest.mark.slow)]
 
 
 def _within(a: float, b: float, factor: float) -> bool:
@@ -127,7 +129,7 @@ def _n_params(cfg: Cfg) -> int:
   return sum(math.prod(x.shape) for x in jax.tree.leaves(_params(cfg)))
 
 
-@pytest.mark.parametrize(("cfg", "batch"), SHAPES, ids=IDS)
+@pytest.mark.parametrize(("cfg", "batch"), CASES)
 def test_a_broadcast_bias_counts_its_own_elements(cfg, batch):
   """Haiku's Linear broadcasts its bias to the output shape: the estimate counted every broadcast
   element as a weight (17x the weights, a weight-streaming rate 8x too low)."""
@@ -140,7 +142,7 @@ def test_a_broadcast_bias_counts_its_own_elements(cfg, batch):
 
 
 @pytest.mark.parametrize("mode", ["pipeline", "weight_streaming"])
-@pytest.mark.parametrize(("cfg", "batch"), SHAPES, ids=IDS)
+@pytest.mark.parametrize(("cfg", "batch"), CASES)
 def test_equinox_names_give_one_kernel_per_layer_like_unique_names(cfg, batch, mode):
   """Equinox names a module call by its class, so every layer repeats ``MultiheadAttention`` with
   ``MultiheadAttention/Linear`` inside it: the enclosing scope must be left with its child (it was
@@ -173,7 +175,7 @@ def test_equinox_names_give_one_kernel_per_layer_like_unique_names(cfg, batch, m
   )
 
 
-@pytest.mark.parametrize(("cfg", "batch"), SHAPES, ids=IDS)
+@pytest.mark.parametrize(("cfg", "batch"), CASES)
 def test_unnamed_glue_follows_the_data_not_the_residual_stream(cfg, batch):
   """Without names, element-wise ops join the kernel of their latest input: the residual adds and
   layer norms of every layer used to pile into the kernel that made the embedding."""
@@ -204,7 +206,7 @@ def test_remat_costs_the_recomputation_in_each_layer(mode):
   assert 0.6 * plain.samples_per_sec <= remat.samples_per_sec <= 1.01 * plain.samples_per_sec
 
 
-@pytest.mark.parametrize(("cfg", "batch"), SHAPES, ids=IDS)
+@pytest.mark.parametrize(("cfg", "batch"), CASES)
 def test_the_pipelined_rate_grows_with_the_wave_when_layer_norms_are_kernels(cfg, batch):
   """Layer norms named as their own modules are small kernels in thin strips of a shelf: their
   input arrives over the strip's long edge, shared with the previous kernel (as ``min(w, h)``
@@ -404,7 +406,7 @@ def test_the_libraries_agree_with_plain_jax_in_weight_streaming(library):
   assert _within(r.samples_per_sec, plain.samples_per_sec, 1.17), (r.samples_per_sec, plain.samples_per_sec)
 
 
-@pytest.mark.parametrize("layers", [3, 6])
+@pytest.mark.parametrize("layers", [3, pytest.param(6, marks=pytest.mark.slow)])
 def test_layers_sharing_names_get_the_same_backward_work(layers):
   """The workloads' transformer unrolled with every layer under the same scope names (``attn``,
   ``mlp``): a bias gradient opens each layer's backward with no forward evidence (it reads only the
