@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax._src.interpreters import partial_eval as pe
 
 from wafer.costmodel import walk
@@ -242,9 +243,21 @@ def _abstract(args: tuple[Any, ...], names: Sequence[str]) -> tuple[Any, ...]:
   )
 
 
+def batch_axis(leaf: Any) -> int | None:
+  """Axis 0 of an array leaf of a batch argument, or None where it has no batch axis: a scalar (a
+  loss scale, a step count), a Python number, or one raw PRNG key (``jax.random.PRNGKey(0)``,
+  uint32 of shape ``(2,)``; a batch of per-sample raw keys is ``(b, 2)``)."""
+  shape = getattr(leaf, "shape", None)
+  if shape is None or len(shape) == 0:
+    return None
+  if tuple(shape) == (2,) and getattr(leaf, "dtype", None) == np.uint32:
+    return None
+  return int(shape[0])
+
+
 def _double_batch(tree: Any) -> Any:
   def conv(x: Any) -> Any:
-    if isinstance(x, jax.ShapeDtypeStruct) and len(x.shape) >= 1:
+    if isinstance(x, jax.ShapeDtypeStruct) and batch_axis(x) is not None:
       return jax.ShapeDtypeStruct((2 * x.shape[0],) + tuple(x.shape[1:]), x.dtype)
     return x
 
@@ -257,18 +270,16 @@ def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int], names: Seq
   first: tuple[str, int] | None = None
   for i in batch_argnums:
     leaves = jax.tree_util.tree_leaves_with_path(args[i])
-    if not leaves:
+    batched = [(path, leaf) for path, leaf in leaves if batch_axis(leaf) is not None]
+    if not batched:  # (scalars, a raw key, numbers: per-step values, not samples, are fine beside data)
+      shapes = sorted({str(tuple(getattr(leaf, "shape", ()))) for _, leaf in leaves})
       raise TraceError(
-        f"batch argument {names[i]!r} holds no arrays; name only data arguments in batch_argnums"
+        f"batch argument {names[i]!r} has no array with a batch axis (shapes {', '.join(shapes) or 'none'}); "
+        "a batch argument needs the batch as axis 0 of its arrays (leave this argument out of batch_argnums)"
       )
-    for path, leaf in leaves:
+    for path, leaf in batched:
       where = names[i] + jax.tree_util.keystr(path)
-      shape = getattr(leaf, "shape", None)
-      if shape is None or len(shape) == 0:
-        raise TraceError(
-          f"batch argument {where!r} has no batch axis (shape {shape}); every array of a batch argument "
-          "needs the batch as axis 0 (leave this argument out of batch_argnums)"
-        )
+      shape = leaf.shape
       if int(shape[0]) == 0:
         raise TraceError(
           f"batch argument {where!r} has an empty batch (shape {tuple(shape)}): there is no sample to "
@@ -383,7 +394,7 @@ def extract(
         continue
       nbytes = math.prod(leaf.shape) * walk.itemsize(leaf.dtype)
       if i in batch_argnums:
-        input_bytes += nbytes / b0
+        input_bytes += nbytes / b0 if batch_axis(leaf) is not None else 0.0
       else:
         state_bytes += nbytes
   roots: dict[int, int] = {}

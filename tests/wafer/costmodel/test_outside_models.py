@@ -254,7 +254,7 @@ def test_empty_weights_and_python_number_arguments_are_costed():
 
 
 def test_a_scalar_data_argument_is_named_in_the_batch_error():
-  with pytest.raises(wafer.costmodel.EstimateError, match=r"skipped for holding scalars.*: x\)"):
+  with pytest.raises(wafer.costmodel.EstimateError, match=r"skipped for holding no batch axis: x\)"):
     wafer.estimate(lambda p, x: jnp.sum(p["w"] * x), {"w": sds(4, 3), "u": sds(5)}, sds())
 
 
@@ -422,3 +422,35 @@ def test_layers_sharing_names_get_the_same_backward_work(layers):
     ks = [k for k in graph.kernels if k.name.split("#")[0] == family]
     assert len(ks) == layers
     assert len({(k.vector_ops(1.0), k.matmul_flops(1.0)) for k in ks}) == 1, family
+
+
+def _dict_batch_step(params, batch, rng):
+  def loss(p):
+    h = jnp.tanh(batch["x"] @ p["w1"])
+    h = jnp.where(jax.random.bernoulli(rng, 0.9, h.shape), h, 0.0)
+    return jnp.mean(jnp.square(h @ p["w2"] - batch["y"])) * batch.get("scale", 1.0)
+
+  return jax.tree.map(lambda p, g: p - 0.1 * g, params, jax.grad(loss)(params))
+
+
+@pytest.mark.parametrize(
+  "rng",
+  [jax.random.key(0), jax.random.PRNGKey(0), sds(2, dtype=jnp.uint32)],
+  ids=["typed key", "raw PRNGKey", "raw key shape"],
+)
+@pytest.mark.parametrize("scale", [None, sds(), 2.0], ids=["no scale", "scalar array", "python number"])
+@pytest.mark.parametrize("batch", [8, 32])
+def test_a_raw_key_and_per_step_scalars_are_not_the_batch(batch, scale, rng):
+  """``step(params, batch, rng)`` with ``rng = jax.random.PRNGKey(0)`` (uint32 of shape ``(2,)``)
+  was taken as a batch of 2 samples (the rate of another model); a batch dict holding a scalar
+  (a loss scale, a step count) could not be a batch argument at all."""
+  params = {"w1": sds(16, 32), "w2": sds(32, 8)}
+  data = {"x": sds(batch, 16), "y": sds(batch, 8)}
+  if scale is not None:
+    data["scale"] = scale
+  r = wafer.estimate(_dict_batch_step, params, data, rng)
+  assert r.batch_arguments == ("batch",) and r.batch_size == batch
+  # forward x W1, h W2; backward dW1, dW2 and dh (no gradient of the data)
+  assert r.flops_per_sample == pytest.approx(2 * (16 * 32 + 32 * 8) + 2 * (16 * 32 + 2 * 32 * 8))
+  explicit = wafer.estimate(_dict_batch_step, params, data, rng, batch_argnums=1)
+  assert explicit.samples_per_sec == pytest.approx(r.samples_per_sec)
