@@ -298,8 +298,12 @@ def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int], names: Seq
 
 
 def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[int]) -> tuple[Walker, Any]:
+
+  def traced(*a: Any) -> Any:  # the arguments come back too: a step that updates them in place
+    return fn(*a), a  # (flax.nnx: nnx.jit with nnx.Optimizer) keeps its backward and its update
+
   try:
-    closed = jax.make_jaxpr(fn)(*args)
+    closed = jax.make_jaxpr(traced)(*args)
   except Exception as exc:  # the user's function failed to trace: say so, keep the cause
     raise TraceError(f"could not trace the step with abstract inputs: {type(exc).__name__}: {exc}") from exc
   flat_is_param: list[bool] = []
@@ -351,13 +355,17 @@ def extract(
     The `Graph`.
   """
   names = tuple(arg_names) if arg_names is not None else tuple(f"argument {i}" for i in range(len(args)))
-  args = _abstract(tuple(args), names)
+  user_args = tuple(args)
+  args = _abstract(user_args, names)
   b0 = _batch_size_of(args, batch_argnums, names)
-  w1, _ = _trace(fn, args, batch_argnums)
+  # each trace gets its own abstract copy: a step that updates its arguments in place (flax.nnx)
+  # leaves tracers in the copy it was given
+  w1, _ = _trace(fn, _abstract(user_args, names), batch_argnums)
   notes = set(w1.notes)
   exact = True
   sites2: list[Site] | None = None
-  args2 = tuple(_double_batch(a) if i in batch_argnums else a for i, a in enumerate(args))
+  fresh = _abstract(user_args, names)
+  args2 = tuple(_double_batch(a) if i in batch_argnums else a for i, a in enumerate(fresh))
   try:
     w2, _ = _trace(fn, args2, batch_argnums)
     sites2 = w2.sites

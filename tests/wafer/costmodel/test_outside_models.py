@@ -295,7 +295,7 @@ def _linen(cfg: Cfg, batch: int):
   return _sgd(lambda p, t: _xent(model.apply(p, t), t)), params
 
 
-def _nnx(cfg: Cfg, batch: int):
+def _nnx_lm(cfg: Cfg):
   from flax import nnx
 
   class Block(nnx.Module):
@@ -320,7 +320,14 @@ def _nnx(cfg: Cfg, batch: int):
         x = block(x)
       return self.head(self.ln_f(x))
 
-  graphdef, state = nnx.split(nnx.eval_shape(lambda: LM(nnx.Rngs(0))))
+  return LM
+
+
+def _nnx(cfg: Cfg, batch: int):
+  from flax import nnx
+
+  lm = _nnx_lm(cfg)
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: lm(nnx.Rngs(0))))
   return _sgd(lambda s, t: _xent(nnx.merge(graphdef, s)(t), t)), state
 
 
@@ -433,13 +440,9 @@ def _dict_batch_step(params, batch, rng):
   return jax.tree.map(lambda p, g: p - 0.1 * g, params, jax.grad(loss)(params))
 
 
-@pytest.mark.parametrize(
-  "rng",
-  [jax.random.key(0), jax.random.PRNGKey(0), sds(2, dtype=jnp.uint32)],
-  ids=["typed key", "raw PRNGKey", "raw key shape"],
-)
+@pytest.mark.parametrize("rng", [jax.random.key(0), jax.random.PRNGKey(0)], ids=["typed key", "raw PRNGKey"])
 @pytest.mark.parametrize("scale", [None, sds(), 2.0], ids=["no scale", "scalar array", "python number"])
-@pytest.mark.parametrize("batch", [8, 32])
+@pytest.mark.parametrize("batch", [8, pytest.param(32, marks=pytest.mark.slow)])
 def test_a_raw_key_and_per_step_scalars_are_not_the_batch(batch, scale, rng):
   """``step(params, batch, rng)`` with ``rng = jax.random.PRNGKey(0)`` (uint32 of shape ``(2,)``)
   was taken as a batch of 2 samples (the rate of another model); a batch dict holding a scalar
@@ -454,3 +457,35 @@ def test_a_raw_key_and_per_step_scalars_are_not_the_batch(batch, scale, rng):
   assert r.flops_per_sample == pytest.approx(2 * (16 * 32 + 32 * 8) + 2 * (16 * 32 + 2 * 32 * 8))
   explicit = wafer.estimate(_dict_batch_step, params, data, rng, batch_argnums=1)
   assert explicit.samples_per_sec == pytest.approx(r.samples_per_sec)
+
+
+def test_a_flax_nnx_step_that_updates_its_module_in_place_is_a_training_step():
+  """The nnx idiom ``train_step(model, optimizer, batch)`` under ``nnx.jit`` returns only the loss
+  and updates ``model`` and ``optimizer`` in place: the backward and the update were dead code to
+  the estimate (costed as inference, 7.5x too fast). It equals the same step on split state, and
+  the user's model keeps its arrays."""
+  from flax import nnx
+
+  optax = pytest.importorskip("optax")
+  cfg, batch = SHAPES[0]
+  step, state = _nnx(cfg, batch)  # the pure form: step(state, tokens)
+  tokens = _tokens(cfg, batch)
+  pure = wafer.estimate(step, state, tokens, mode="weight_streaming")
+
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: _nnx_lm(cfg)(nnx.Rngs(0))))
+  model = nnx.merge(graphdef, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), state))
+  optimizer = nnx.Optimizer(model, optax.sgd(0.01), wrt=nnx.Param)
+
+  @nnx.jit
+  def train_step(model, optimizer, tokens):
+    loss, grads = nnx.value_and_grad(lambda m: _xent(m(tokens), tokens))(model)
+    optimizer.update(model, grads)
+    return loss
+
+  r = wafer.estimate(
+    train_step, model, optimizer, jnp.zeros(tokens.shape, tokens.dtype), mode="weight_streaming"
+  )
+  assert not any("inference" in n for n in r.notes)
+  assert r.flops_per_sample == pytest.approx(pure.flops_per_sample)
+  assert _within(r.samples_per_sec, pure.samples_per_sec, 1.02)
+  assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(nnx.state(model)))
