@@ -136,13 +136,20 @@ class Walker:
   def _context(eqn: Any, scopes: tuple[str, ...], transposed: bool) -> tuple[tuple[str, ...], bool]:
     stack = getattr(eqn.source_info.name_stack, "stack", ())
     names = list(scopes)
+    crossed = False  # a transform since the last scope name
     for item in stack:
       kind = type(item).__name__
       if kind == "Transform":
+        crossed = True
         if item.name == "transpose":
           transposed = True
       elif item.name and "->" not in str(item.name) and str(item.name) not in _JAX_SCOPES:
-        names.append(str(item.name))  # (jnp.einsum names its call by its spec: not a scope)
+        # (jnp.einsum names its call by its spec: not a scope). The same scope seen again through
+        # another transform is one scope: flax's nn.remat in the backward pass is named
+        # ``transpose(jvp(LM))/jvp(LM)/...``, not ``LM/LM/...``
+        if not (crossed and names and names[-1] == str(item.name)):
+          names.append(str(item.name))
+        crossed = False
     return tuple(names), transposed
 
   def _fresh_outs(self, eqn: Any, ins: Sequence[int | None]) -> list[int]:
