@@ -324,42 +324,43 @@ def _arg_names(step_fn: Callable[..., Any], n_args: int) -> tuple[str, ...]:
 
 
 def _leading_axes(arg: Any) -> list[int | None]:
-  """Axis 0 of every array leaf of one argument (None for a scalar)."""
+  """Axis 0 of every array leaf of one argument (None where it has no batch axis:
+  `wafer.costmodel.graph.batch_axis`)."""
   import jax
 
-  out: list[int | None] = []
-  for leaf in jax.tree.leaves(arg):
-    shape = getattr(leaf, "shape", None)
-    if shape is not None:
-      out.append(int(shape[0]) if len(shape) else None)
-  return out
+  return [graph_mod.batch_axis(leaf) for leaf in jax.tree.leaves(arg) if hasattr(leaf, "shape")]
 
 
 def _argnums(
   batch_argnums: int | Sequence[int] | None, args: Sequence[Any], names: Sequence[str]
 ) -> tuple[int, ...]:
-  """The batch arguments. Default: the batch size is axis 0 of the last argument that has arrays,
-  and every argument whose arrays all have that axis 0 is a batch argument (data, labels, masks,
+  """The batch arguments. Default: the batch size is axis 0 of the last argument that has arrays
+  with a batch axis (scalars and a raw PRNG key beside them are per-step values, not samples), and
+  every argument whose arrays all have that axis 0 is a batch argument (data, labels, masks,
   per-sample keys); the others (parameters, optimizer state, a shared key) are not."""
   n_args = len(args)
   if n_args == 0:
     raise EstimateError("estimate needs example arguments: estimate(step_fn, *example_args, ...)")
   if batch_argnums is None:
     axes = [_leading_axes(a) for a in args]
-    last = next((i for i in reversed(range(n_args)) if axes[i] and None not in axes[i]), None)
+    last = next((i for i in reversed(range(n_args)) if any(a is not None for a in axes[i])), None)
     if last is None:
       raise EstimateError(
-        "none of the example arguments holds an array, so there is no batch to cost; pass arrays or "
-        "jax.ShapeDtypeStruct values with the batch on axis 0"
+        "none of the example arguments holds an array with a batch axis, so there is no batch to cost; "
+        "pass arrays or jax.ShapeDtypeStruct values with the batch on axis 0"
       )
-    b = axes[last][0]
-    if b is None or any(a != b for a in axes[last]):
+    batched = [a for a in axes[last] if a is not None]
+    b = batched[0]
+    if any(a != b for a in batched):
+      scalars = [names[i] for i in range(last + 1, n_args) if axes[i]]
+      skipped = f" (skipped for holding no batch axis: {', '.join(scalars)})" if scalars else ""
       raise EstimateError(
-        f"the last argument with arrays, {names[last]}, is taken as the batch but its arrays do not "
-        f"share an axis 0 (axis 0 sizes {sorted(set(axes[last]))}); "
+        f"the last argument with arrays, {names[last]}, is taken as the batch{skipped} but its arrays do "
+        f"not share an axis 0 (axis 0 sizes {sorted(set(batched))}); "
         "pass batch_argnums= naming the data arguments"
       )
-    return tuple(i for i in range(n_args) if axes[i] and all(a == b for a in axes[i]))
+    others = (i for i in range(n_args) if i != last and axes[i] and all(a == b for a in axes[i]))
+    return tuple(sorted({last, *others}))
   nums = (batch_argnums,) if isinstance(batch_argnums, int) else tuple(batch_argnums)
   out = []
   for i in nums:
@@ -563,7 +564,8 @@ def _streaming_report(
   if ws.rejected:
     smallest = max(ws.rejected)
     notes.append(f"micro-batch {smallest} rejected: {ws.rejected[smallest]}")
-  notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
+  if graph.training:  # (an inference step has no weight update to place)
+    notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
   details = {
     "sequence_length": seq,
     "micro_batches": ws.n_micro,

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax._src.interpreters import partial_eval as pe
 
 from wafer.costmodel import walk
@@ -242,9 +243,21 @@ def _abstract(args: tuple[Any, ...], names: Sequence[str]) -> tuple[Any, ...]:
   )
 
 
+def batch_axis(leaf: Any) -> int | None:
+  """Axis 0 of an array leaf of a batch argument, or None where it has no batch axis: a scalar (a
+  loss scale, a step count), a Python number, or one raw PRNG key (``jax.random.PRNGKey(0)``,
+  uint32 of shape ``(2,)``; a batch of per-sample raw keys is ``(b, 2)``)."""
+  shape = getattr(leaf, "shape", None)
+  if shape is None or len(shape) == 0:
+    return None
+  if tuple(shape) == (2,) and getattr(leaf, "dtype", None) == np.uint32:
+    return None
+  return int(shape[0])
+
+
 def _double_batch(tree: Any) -> Any:
   def conv(x: Any) -> Any:
-    if isinstance(x, jax.ShapeDtypeStruct) and len(x.shape) >= 1:
+    if isinstance(x, jax.ShapeDtypeStruct) and batch_axis(x) is not None:
       return jax.ShapeDtypeStruct((2 * x.shape[0],) + tuple(x.shape[1:]), x.dtype)
     return x
 
@@ -257,17 +270,20 @@ def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int], names: Seq
   first: tuple[str, int] | None = None
   for i in batch_argnums:
     leaves = jax.tree_util.tree_leaves_with_path(args[i])
-    if not leaves:
+    batched = [(path, leaf) for path, leaf in leaves if batch_axis(leaf) is not None]
+    if not batched:  # (scalars, a raw key, numbers: per-step values, not samples, are fine beside data)
+      shapes = sorted({str(tuple(getattr(leaf, "shape", ()))) for _, leaf in leaves})
       raise TraceError(
-        f"batch argument {names[i]!r} holds no arrays; name only data arguments in batch_argnums"
+        f"batch argument {names[i]!r} has no array with a batch axis (shapes {', '.join(shapes) or 'none'}); "
+        "a batch argument needs the batch as axis 0 of its arrays (leave this argument out of batch_argnums)"
       )
-    for path, leaf in leaves:
+    for path, leaf in batched:
       where = names[i] + jax.tree_util.keystr(path)
-      shape = getattr(leaf, "shape", None)
-      if shape is None or len(shape) == 0:
+      shape = leaf.shape
+      if int(shape[0]) == 0:
         raise TraceError(
-          f"batch argument {where!r} has no batch axis (shape {shape}); every array of a batch argument "
-          "needs the batch as axis 0 (leave this argument out of batch_argnums)"
+          f"batch argument {where!r} has an empty batch (shape {tuple(shape)}): there is no sample to "
+          "cost; pass at least one sample on axis 0 (batch_size= then sets the batch to estimate)"
         )
       if first is None:
         first = (where, int(shape[0]))
@@ -282,8 +298,12 @@ def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int], names: Seq
 
 
 def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[int]) -> tuple[Walker, Any]:
+
+  def traced(*a: Any) -> Any:  # the arguments come back too: a step that updates them in place
+    return fn(*a), a  # (flax.nnx: nnx.jit with nnx.Optimizer) keeps its backward and its update
+
   try:
-    closed = jax.make_jaxpr(fn)(*args)
+    closed = jax.make_jaxpr(traced)(*args)
   except Exception as exc:  # the user's function failed to trace: say so, keep the cause
     raise TraceError(f"could not trace the step with abstract inputs: {type(exc).__name__}: {exc}") from exc
   flat_is_param: list[bool] = []
@@ -335,13 +355,17 @@ def extract(
     The `Graph`.
   """
   names = tuple(arg_names) if arg_names is not None else tuple(f"argument {i}" for i in range(len(args)))
-  args = _abstract(tuple(args), names)
+  user_args = tuple(args)
+  args = _abstract(user_args, names)
   b0 = _batch_size_of(args, batch_argnums, names)
-  w1, _ = _trace(fn, args, batch_argnums)
+  # each trace gets its own abstract copy: a step that updates its arguments in place (flax.nnx)
+  # leaves tracers in the copy it was given
+  w1, _ = _trace(fn, _abstract(user_args, names), batch_argnums)
   notes = set(w1.notes)
   exact = True
   sites2: list[Site] | None = None
-  args2 = tuple(_double_batch(a) if i in batch_argnums else a for i, a in enumerate(args))
+  fresh = _abstract(user_args, names)
+  args2 = tuple(_double_batch(a) if i in batch_argnums else a for i, a in enumerate(fresh))
   try:
     w2, _ = _trace(fn, args2, batch_argnums)
     sites2 = w2.sites
@@ -374,9 +398,11 @@ def extract(
   state_bytes = 0.0
   for i, a in enumerate(args):
     for leaf in jax.tree.leaves(a):
+      if not isinstance(leaf, jax.ShapeDtypeStruct):  # a Python number: traced as a constant
+        continue
       nbytes = math.prod(leaf.shape) * walk.itemsize(leaf.dtype)
       if i in batch_argnums:
-        input_bytes += nbytes / b0
+        input_bytes += nbytes / b0 if batch_axis(leaf) is not None else 0.0
       else:
         state_bytes += nbytes
   roots: dict[int, int] = {}
@@ -407,6 +433,9 @@ def _group(
 ) -> list[Kernel]:
   kernels: dict[tuple[Any, ...], Kernel] = {}
   producer: dict[int, tuple[Any, ...]] = {}  # key -> kernel id that produced it
+  made_at: dict[int, int] = {}  # key -> index of the site that produced it
+  forward: set[int] = set()  # keys made by the forward pass (saved activations)
+  reader: dict[int, tuple[Any, ...]] = {}  # parameter root -> kernel of its first forward reader
   weight_owner: dict[int, tuple[Any, ...]] = {}  # parameter root -> kernel of its first product
   act_owner: dict[int, tuple[Any, ...]] = {}  # activation key -> kernel whose product read it
   assignment: list[tuple[Any, ...]] = []
@@ -419,6 +448,18 @@ def _group(
   in_backward = False
   last_bwd: dict[tuple[Any, ...], tuple[Any, ...]] = {}
   masked = _masked_products(sites, walker.flow)
+
+  def ahead(i: int, base: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The occurrence the next backward equations of ``base`` show by forward evidence alone (for
+    an equation with none: the bias gradient ``sum(dy)`` that opens a layer's backward)."""
+    for s in sites[i + 1 : i + 1 + _LOOKAHEAD]:
+      scopes = s.scopes[:kernel_depth] if kernel_depth else s.scopes
+      if (scopes, s.mult) != base or not s.transposed:
+        continue
+      found = _forward_evidence(base, s, producer, reader, act_owner, forward)
+      if found is not None:
+        return found
+    return None
 
   def kernel(kid: tuple[Any, ...], name: str, mult: int, order: int, scopes: tuple[str, ...]) -> Kernel:
     if kid not in kernels:
@@ -435,7 +476,15 @@ def _group(
       if phase == "fwd" and not in_backward:
         if base != last_fwd:
           if last_fwd is not None and not _nested(last_fwd[0], scopes):
-            left.add(last_fwd)
+            # leaving a scope leaves its enclosing scopes too, up to the one shared with the new
+            # scope (equinox names each module call by its class: ``MultiheadAttention`` holds
+            # ``MultiheadAttention/Linear`` and is left with it)
+            prev, prev_mult = last_fwd
+            for n in range(len(prev), 0, -1):
+              if prev[:n] == scopes[:n]:
+                break
+              if (prev[:n], prev_mult) in occurrence:
+                left.add((prev[:n], prev_mult))
           if base in left:
             occurrence[base] = occurrence.get(base, 0) + 1
             left.discard(base)
@@ -445,7 +494,9 @@ def _group(
       elif phase == "update" and not in_backward:
         kid = ("scope", scopes, s.mult, occurrence.get(base, 0))
       else:
-        kid = _backward_occurrence(base, s, producer, occurrence, last_bwd)
+        kid = _backward_occurrence(
+          base, s, producer, occurrence, last_bwd, reader, act_owner, forward, lambda i=i, b=base: ahead(i, b)
+        )
     elif phase == "update":
       kid, name = ("update", s.mult), "weight_update"
     elif s.kind == "matmul":
@@ -457,11 +508,12 @@ def _group(
         n_pattern += 1
       else:
         kid, name = owner, ""
-    else:  # join the kernel that made the first input (inside the same loop), else a misc kernel
-      kid = next(
-        (producer[k] for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult),
-        ("misc", s.mult),
-      )
+    else:  # join the kernel that made the latest input (inside the same loop), else a misc kernel:
+      # a residual add ``x + f(x)`` runs where ``f`` ends, not where the residual stream began
+      made = [
+        (made_at[k], producer[k]) for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult
+      ]
+      kid = max(made, key=lambda t: t[0])[1] if made else ("misc", s.mult)
       name = "ops"
     k = kernel(kid, name, s.mult, i if phase == "fwd" else i + len(sites), scopes)
     if phase == "fwd":
@@ -469,6 +521,12 @@ def _group(
     assignment.append(kid)
     for o in s.out_keys:
       producer[o] = kid
+      made_at[o] = i
+      if not s.transposed:
+        forward.add(o)
+    if phase == "fwd":
+      for r in s.weight_roots:  # the kernel whose forward pass first read this parameter
+        reader.setdefault(r, kid)
     if s.kind == "matmul" and phase != "update":
       for r in s.weight_roots:
         weight_owner.setdefault(r, kid)
@@ -531,22 +589,56 @@ def _backward_occurrence(
   producer: dict[int, tuple[Any, ...]],
   occurrence: dict[tuple[Any, ...], int],
   last_bwd: dict[tuple[Any, ...], tuple[Any, ...]],
+  reader: dict[int, tuple[Any, ...]],
+  act_owner: dict[int, tuple[Any, ...]],
+  forward: set[int],
+  ahead: Callable[[], tuple[Any, ...] | None],
 ) -> tuple[Any, ...]:
   """The kernel of a backward (or update) equation of a scope with several occurrences: the
-  occurrence that produced one of its inputs (a saved activation or a cotangent), else the one the
-  previous backward equation of this scope went to."""
+  occurrence whose forward pass read one of its weights (``dx = dy W^T``, ``dy * scale``), whose forward pass
+  produced one of its inputs (a saved activation), whose forward product read one of its inputs
+  (``dW = x^T dy``), or that produced one of its inputs in the backward pass (a cotangent: the
+  weakest evidence, since a cotangent crosses from the next layer); else the one the next backward
+  equations of this scope show by forward evidence (``ahead``); else the one the previous backward
+  equation of this scope went to."""
   scopes, mult = base
   n = occurrence.get(base)
   if n is None:
     return ("scope", scopes, mult, 0)
   if n == 0:
     return ("scope", scopes, mult, 0)
-  for key in s.in_keys:
-    src = producer.get(key)
-    if src is not None and src[0] == "scope" and (src[1], src[2]) == base:
-      last_bwd[base] = src
-      return src
+  src = _forward_evidence(base, s, producer, reader, act_owner, forward)
+  if src is None:
+    src = next((kid for kid in (producer.get(k) for k in s.in_keys) if _ours(kid, base)), None)
+  if src is None:
+    src = ahead()
+  if src is not None:
+    last_bwd[base] = src
+    return src
   return last_bwd.get(base, ("scope", scopes, mult, n))
+
+
+_LOOKAHEAD = 500  # equations searched ahead for the occurrence of an equation with no evidence
+
+
+def _ours(kid: tuple[Any, ...] | None, base: tuple[Any, ...]) -> bool:
+  return kid is not None and kid[0] == "scope" and (kid[1], kid[2]) == base
+
+
+def _forward_evidence(
+  base: tuple[Any, ...],
+  s: Site,
+  producer: dict[int, tuple[Any, ...]],
+  reader: dict[int, tuple[Any, ...]],
+  act_owner: dict[int, tuple[Any, ...]],
+  forward: set[int],
+) -> tuple[Any, ...] | None:
+  """The occurrence of ``base`` the forward pass ties ``s`` to: by a parameter it read, a saved
+  activation it made, or an activation its forward product read."""
+  evidence = [reader.get(r) for r in s.weight_roots]
+  evidence += [producer.get(key) for key in s.in_keys if key in forward]
+  evidence += [act_owner.get(key) for key in s.in_keys]
+  return next((kid for kid in evidence if _ours(kid, base)), None)
 
 
 def _shape_exponent(shape: tuple[int, ...], exps: tuple[int, ...]) -> int:
@@ -625,10 +717,11 @@ def _add_site(
 
 
 def _root_elements(s: Site, root: int, walker: Walker) -> int:
-  """Elements of the parameter operand with this root (the per-iteration slice inside a scan)."""
+  """Elements of the parameter operand with this root (the per-iteration slice inside a scan; a
+  broadcast bias counts its own elements, not the broadcast shape's)."""
   for pos, key in enumerate(s.in_keys):
     if walker.root.get(key) == root:
-      return int(math.prod(s.in_shapes[pos]))
+      return int(min(math.prod(s.in_shapes[pos]), walker.param_size.get(key, math.inf)))
   return 0
 
 

@@ -119,9 +119,9 @@ def _memory(graph: Graph, units: list[tuple[Kernel, int]], ratio: float) -> list
 def _lanes(graph: Graph, machine: Machine, kernel: Kernel, area: float, memory: float) -> int | None:
   """Copies of the kernel's weight-stationary layout its rectangle can hold: every copy keeps the
   weights with their optimizer state and gradient (the activations in flight are shared out)."""
-  if not graph.training or not kernel.weights:
-    return None
   per_copy = kernel.weight_elements() * (graph.state_bytes_per_param() + 4.0)
+  if not graph.training or per_copy <= 0:  # no weights (or only empty ones): no copies to keep
+    return None
   acts = memory - per_copy
   return max(1, int((area * machine.sram_data_bytes - acts) // per_copy))
 
@@ -201,11 +201,11 @@ def _evaluate(
     options += pack_options([max(a, r * scale) for a, r in zip(a_min, requested)], width, height, labels)
   for option in options:
     slowest = 0.0
-    for (k, _), r, mem in zip(units, option, memory):
+    for j, ((k, _), r, mem) in enumerate(zip(units, option, memory)):
       cycles = kernel_cycles(
         machine, k, r.width, r.height, ratio, ("fwd", "bwd"), _lanes(graph, machine, k, r.area, mem)
       )
-      link = 2 * k.activation_in_bytes(ratio) / (min(r.width, r.height) * machine.chip.link_bytes_per_cycle)
+      link = 2 * k.activation_in_bytes(ratio) / (_links(option, j) * machine.chip.link_bytes_per_cycle)
       slowest = max(slowest, cycles, link)
     if best_plan is None or slowest < best_plan[0]:
       best_plan = (slowest, option)
@@ -213,11 +213,11 @@ def _evaluate(
   rects = best_plan[1]
   placed_units = []
   worst_compute = worst_transmit = 0.0
-  for (k, i), r, mem in zip(units, rects, memory):
+  for j, ((k, i), r, mem) in enumerate(zip(units, rects, memory)):
     cycles = kernel_cycles(
       machine, k, r.width, r.height, ratio, ("fwd", "bwd"), _lanes(graph, machine, k, r.area, mem)
     )
-    transfer = 2 * k.activation_in_bytes(ratio) / (min(r.width, r.height) * machine.chip.link_bytes_per_cycle)
+    transfer = 2 * k.activation_in_bytes(ratio) / (_links(rects, j) * machine.chip.link_bytes_per_cycle)
     worst_compute = max(worst_compute, cycles)
     worst_transmit = max(worst_transmit, transfer)
     placed_units.append(
@@ -252,6 +252,24 @@ def _evaluate(
   return PipelineResult(
     True, "", wave, rate, compute, transmit, tuple(placed_units), sum(memory), needed, update_s
   )
+
+
+def _links(rects: list[Rect], j: int) -> int:
+  """Fabric links into rectangle ``j`` from its dataflow predecessor: the length of the edge they
+  share (side by side in a shelf: the shelf height; across a shelf turn: the overlap of their
+  widths), at least ``min(width, height)`` (a thin strip is fed along its long edge, not its end)."""
+  r = rects[j]
+  own = min(r.width, r.height)
+  if j == 0:
+    return own
+  p = rects[j - 1]
+  if p.x + p.width == r.x or r.x + r.width == p.x:  # side by side
+    shared = min(p.y + p.height, r.y + r.height) - max(p.y, r.y)
+  elif p.y + p.height == r.y or r.y + r.height == p.y:  # one above the other
+    shared = min(p.x + p.width, r.x + r.width) - max(p.x, r.x)
+  else:
+    shared = 0
+  return max(own, shared)
 
 
 def _water_fill(work: list[float], a_min: list[int], total: int) -> list[float]:

@@ -170,9 +170,11 @@ def _evaluate(
   time_total = max(time_total, data_s)
   first = next((k for k in graph.kernels if k.weights), None)
   boundary = 0.0
-  if first is not None and first.has_phase("bwd"):
+  # training, whichever kernel its backward work landed in (an embedding's gradient may be
+  # grouped with the next layer's backward): every weight is updated
+  if first is not None and graph.training:
     boundary = first.weight_bytes() / b_in + first.weight_elements() * machine.calib.gradient_bytes / b_out
-    params = sum(k.count * k.weight_elements() for k in graph.kernels if k.has_phase("bwd"))
+    params = sum(k.count * k.weight_elements() for k in graph.kernels)
     boundary += params * machine.calib.optimizer_bytes_per_param / b_in + machine.calib.step_overhead_s
   swarmx = 2 * math.ceil(math.log2(num_csx)) * machine.calib.swarmx_level_latency_s if num_csx > 1 else 0.0
   return StreamingResult(

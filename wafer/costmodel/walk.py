@@ -53,6 +53,10 @@ _VIEW = frozenset({
 _SLICE = frozenset({"slice", "dynamic_slice", "gather", "index_in_dim", "squeeze"})
 # fmt: on
 _CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+# Names JAX itself pushes on the name stack: not the user's scopes. ``jax.checkpoint`` runs the
+# recomputed forward of every rematerialized block under ``rematted_computation``; kept, it would
+# gather the recomputation of all layers into one kernel.
+_JAX_SCOPES = frozenset({"rematted_computation"})
 
 
 @dataclasses.dataclass
@@ -82,6 +86,9 @@ class Walker:
     self.sites: list[Site] = []
     self.next_key = 0
     self.root: dict[int, int] = {}  # key -> root key of a parameter
+    # key -> elements of the parameter it holds: a broadcast (a bias added to every token) reads no
+    # more of the parameter than its input (`wafer.costmodel.graph._root_elements`)
+    self.param_size: dict[int, int] = {}
     self.data: set[int] = set()  # keys that depend on the batch arguments
     self.notes: set[str] = set()
     self.alias: dict[int, int] = {}  # output of a no-cost op (reshape...) -> its data input
@@ -112,6 +119,8 @@ class Walker:
     env: dict[Any, int | None] = {}
     for var, key in zip(jaxpr.invars, in_keys):
       env[var] = key
+      if key is not None and key in self.root:  # a parameter, or one iteration's slice of a stack
+        self.param_size[key] = min(self.param_size.get(key, math.inf), _size(var.aval))
     for var in jaxpr.constvars:
       env[var] = self._new()
     for eqn in jaxpr.eqns:
@@ -127,13 +136,20 @@ class Walker:
   def _context(eqn: Any, scopes: tuple[str, ...], transposed: bool) -> tuple[tuple[str, ...], bool]:
     stack = getattr(eqn.source_info.name_stack, "stack", ())
     names = list(scopes)
+    crossed = False  # a transform since the last scope name
     for item in stack:
       kind = type(item).__name__
       if kind == "Transform":
+        crossed = True
         if item.name == "transpose":
           transposed = True
-      elif item.name and "->" not in str(item.name):  # jnp.einsum names its call by its spec
-        names.append(str(item.name))
+      elif item.name and "->" not in str(item.name) and str(item.name) not in _JAX_SCOPES:
+        # (jnp.einsum names its call by its spec: not a scope). The same scope seen again through
+        # another transform is one scope: flax's nn.remat in the backward pass is named
+        # ``transpose(jvp(LM))/jvp(LM)/...``, not ``LM/LM/...``
+        if not (crossed and names and names[-1] == str(item.name)):
+          names.append(str(item.name))
+        crossed = False
     return tuple(names), transposed
 
   def _fresh_outs(self, eqn: Any, ins: Sequence[int | None]) -> list[int]:
@@ -158,7 +174,7 @@ class Walker:
     if inner is not None:
       if self._is_fake_cast(eqn, inner):
         outs = self._fresh_outs(eqn, ins)
-        self._propagate_root(ins, outs)
+        self._propagate_root(ins, outs, eqn)
         self._site(eqn, "cast", ins, outs, scopes, transposed, mult)
         return outs
       inner_mult = mult
@@ -188,10 +204,11 @@ class Walker:
       return outs
     kind = classify(eqn)
     if prim in _VIEW:
-      self._propagate_root(ins, outs)
+      self._propagate_root(ins, outs, eqn)
     elif prim in _SLICE and ins and ins[0] in self.root and not any(k in self.data for k in ins if k):
-      for o in outs:  # one layer's slice of stacked parameters (an unrolled loop): a parameter itself
-        self.root[o] = o
+      for o, var in zip(outs, eqn.outvars):  # one layer's slice of stacked parameters (an unrolled
+        self.root[o] = o  # loop): a parameter itself
+        self.param_size[o] = _size(var.aval)
     if kind is not None:
       self._site(eqn, kind, ins, outs, scopes, transposed, mult)
     else:
@@ -201,11 +218,13 @@ class Walker:
           self.alias[o] = self.alias.get(src, src)
     return outs
 
-  def _propagate_root(self, ins: Sequence[int | None], outs: Sequence[int]) -> None:
-    roots = [self.root[k] for k in ins if k is not None and k in self.root]
-    if roots and not any(k in self.data for k in ins if k is not None):
-      for o in outs:
-        self.root[o] = roots[0]
+  def _propagate_root(self, ins: Sequence[int | None], outs: Sequence[int], eqn: Any) -> None:
+    held = [k for k in ins if k is not None and k in self.root]
+    if held and not any(k in self.data for k in ins if k is not None):
+      size = self.param_size.get(held[0], math.inf)
+      for o, var in zip(outs, eqn.outvars):
+        self.root[o] = self.root[held[0]]
+        self.param_size[o] = min(size, _size(var.aval))  # a view holds no more than its input
 
   def _site(
     self,
