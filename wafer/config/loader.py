@@ -292,6 +292,19 @@ def _locate(
   return dataclasses.replace(p, shown_path=shown)
 
 
+def _not_utf8(error: UnicodeDecodeError, source: str) -> str:
+  """Where a params file stops being UTF-8 text: line and column of the first bad byte."""
+  with open(source, "rb") as f:
+    head = f.read(error.start)
+  line = head.count(b"\n") + 1
+  column = error.start - (head.rfind(b"\n") + 1) + 1
+  bad = error.object[error.start : error.end]
+  return (
+    f"line {line}, column {column}: byte {bad[:4]!r} is not UTF-8 text; a params file is a UTF-8 YAML "
+    "text file (is this a binary file, or one saved in another encoding? Re-save it as UTF-8)"
+  )
+
+
 def load_params(
   path: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str] = (), mode: str | None = None
 ) -> Params:
@@ -321,6 +334,8 @@ def load_params(
         text = f.read()
     except OSError as e:
       raise ConfigError(f"cannot read the params file: {e.strerror or e}", source) from None
+    except UnicodeDecodeError as e:
+      raise ConfigError(_not_utf8(e, source), source) from None
     data, lines = parse_yaml(text, source)
   if not isinstance(data, dict):
     what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
