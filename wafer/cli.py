@@ -128,9 +128,10 @@ def _run(args: argparse.Namespace) -> int:
   source = args.params if args.params is not None else _default_params()
   try:
     plan = runner.load_plan(source, overrides)
-    wafer.enable_compilation_cache(
-      Path(plan.runconfig.model_dir) / "compile_cache"
-    )  # reruns load, not compile
+    from wafer.train.loop import make_model_dir
+
+    model_dir = make_model_dir(plan.runconfig.model_dir)  # a bad model_dir is refused before any work
+    wafer.enable_compilation_cache(model_dir / "compile_cache")  # reruns load, not compile
     summary = runner.run_plan(plan)
   except KeyboardInterrupt:
     print(

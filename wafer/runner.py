@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from wafer import registry
-from wafer.config import Params, RunConfig, load_params
+from wafer.config import ConfigError, Params, RunConfig, load_params
+from wafer.config.errors import Problem
+from wafer.config.loader import parse_yaml
 from wafer.train import Task, run, seed_of
 
 
@@ -40,9 +42,33 @@ def plan(params: Params) -> Plan:
 
 
 def load_plan(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> Plan:
-  """Load a params file (after the model packages registered their strict schemas) and plan it."""
+  """Load a params file (after the model packages registered their strict schemas) and plan it.
+
+  Raises:
+    wafer.config.ConfigError: the file is wrong, or ``model.name`` names no registered model (with the
+      file, the line and the nearest registered name).
+  """
   registry.load_plugins()
-  return plan(load_params(path, list(overrides)))
+  params = load_params(path, list(overrides))
+  try:
+    return plan(params)
+  except registry.UnknownModelError as error:
+    raise ConfigError(
+      Problem(
+        ("model", "name"), str(error).removeprefix("model.name: "), params.model.name, line=_line(path)
+      ),
+      params.source,
+    ) from None
+
+
+def _line(path: str | Path | dict) -> int | None:
+  """The line of ``model.name`` in a legacy-layout params file, when it is there."""
+  if isinstance(path, dict):
+    return None
+  try:
+    return parse_yaml(Path(path).read_text(encoding="utf-8"))[1].get(("model", "name"))
+  except (OSError, ValueError):
+    return None
 
 
 def run_plan(p: Plan, *, progress: bool = True) -> dict[str, Any]:
