@@ -198,7 +198,7 @@ def polynomial_lr(
 
   def fn(t: jax.Array) -> jax.Array:
     w = (_tf(T - jnp.clip(t, 0, T)) / _f32(T)) ** p  # the weight of i: 1 at t = 0, 0 from T on
-    value = _f32(i) * w + _f32(e) * (1 - w)  # a convex combination: never below min(i, e) >= 0
+    value = _f32(i) * w + _f32(e) * (1 - w)  # a convex combination of rates >= 0: never negative
     return jnp.where(t >= T, _f32(e), jnp.where(t <= 0, _f32(i), value))
 
   return Schedule(name, fn, i, T)

@@ -1,0 +1,245 @@
+"""Inputs damaged the way users damage them: each gets a `WaferError` that says where, what and what to do.
+
+One test per defect found by probing the CLI, the params loader, the schedules, the data readers and the
+run loop from the outside (issue: bad inputs made elsewhere). Nothing here trains for more than a few steps.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+
+from models.mlp import EXAMPLE_PARAMS
+from wafer import cli, input_analyzer, runner, schedules
+from wafer.config import ConfigError, RunConfig, load_params
+from wafer.data import sources, text
+from wafer.errors import WaferError
+from wafer.train import ExecutorError
+from wafer.train.loop import check_checkpoint_keys, make_model_dir
+
+
+def _params(tmp_path, text_: str | None = None, **runconfig) -> str:
+  data = yaml.safe_load(EXAMPLE_PARAMS)
+  data["runconfig"].update(model_dir=str(tmp_path / "md"), **runconfig)
+  path = tmp_path / "params.yaml"
+  path.write_text(text_ if text_ is not None else yaml.safe_dump(data, sort_keys=False))
+  return str(path)
+
+
+# ----------------------------------------------------------------------------- params files
+
+
+def test_a_params_file_that_is_not_utf8_names_the_line_and_the_byte(tmp_path, capsys):
+  path = tmp_path / "latin1.yaml"
+  path.write_bytes("model:\n  name: mlp_example\n# caf\u00e9\n".encode("latin-1"))
+  with pytest.raises(
+    ConfigError, match=r"latin1\.yaml: line 3, column 6: byte b'\\xe9' is not UTF-8"
+  ) as info:
+    load_params(path)
+  assert isinstance(info.value, WaferError) and "Re-save it as UTF-8" in str(info.value)
+  assert cli.main(["run", "--params", str(path), "--validate_only"]) == 1  # one message, no traceback
+  assert "is not UTF-8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["runconfig.seed", "train_input.shuffle_seed"])
+@pytest.mark.parametrize("seed", [-1, 2**32, 10**20])
+def test_seeds_outside_0_to_2_32_are_config_errors(tmp_path, key, seed):
+  path = _params(tmp_path)
+  with pytest.raises(ConfigError, match=re.escape(key) + r" .*: must be (greater|less) than or equal to"):
+    load_params(path, [f"{key}={seed}"])
+  for ok in (0, 2**32 - 1):  # the bounds themselves are seeds
+    load_params(path, [f"{key}={ok}"])
+
+
+def test_an_unknown_model_name_names_the_file_and_line(tmp_path):
+  path = _params(tmp_path, EXAMPLE_PARAMS.replace("name: mlp_example", "name: mlp_exampel"))
+  line = EXAMPLE_PARAMS.splitlines().index("  name: mlp_example") + 1
+  with pytest.raises(
+    ConfigError, match=rf"params\.yaml: line {line}: model\.name: unknown model .*'mlp_example'"
+  ):
+    runner.load_plan(path)
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+_rates = st.one_of(st.just(0.0), st.floats(1e-6, 1.0))
+
+
+@settings(max_examples=30)  # each example compiles the schedule once
+@given(i=_rates, e=_rates, total=st.integers(1, 400), power=st.sampled_from([0.0, 0.5, 1.0, 2.0, 2.5, 3.7]))
+def test_polynomial_decay_inside_jit_stays_between_its_ends_and_is_exact_at_them(i, e, total, power):
+  """What a compiled train step sees: no NaN past total_iters, never below 0, ``i`` at 0 and ``e`` from T on.
+
+  Before the fix XLA's rewrite of ``1 - t/T`` made a fractional power NaN from ``t = T`` on, and a decay
+  to 0 (or a warm-up from 0) a learning rate just below 0.
+  """
+  s = schedules.build_schedule(
+    {
+      "scheduler": "PolynomialLR",
+      "initial_learning_rate": i,
+      "end_learning_rate": e,
+      "total_iters": total,
+      "power": power,
+    }
+  )
+  t = jnp.concatenate([jnp.arange(total + 3), jnp.array([10 * total, 2**31 - 1])]).astype(jnp.int32)
+  v = np.asarray(jax.jit(s)(t))
+  lo, hi = np.float32(min(i, e)), np.float32(max(i, e))
+  assert np.all(np.isfinite(v))
+  assert v[0] == np.float32(i) and np.all(v[total:] == np.float32(e))
+  assert np.all(v >= 0) and np.all(v >= lo - 4 * np.spacing(lo)) and np.all(v <= hi + 4 * np.spacing(hi))
+
+
+def test_cosine_decay_inside_jit_is_its_end_value_from_total_iters_on():
+  s = schedules.build_schedule(
+    {"scheduler": "CosineDecayLR", "initial_learning_rate": 0.1, "end_learning_rate": 0.0, "total_iters": 7}
+  )
+  v = np.asarray(jax.jit(s)(jnp.array([7, 8, 10**6], jnp.int32)))
+  assert np.all(v == 0.0)
+
+
+BAD_SCHEDULES = [
+  (
+    {"scheduler": "ConstantLR", "learning_rate": -0.1},
+    "ConstantLR: learning_rate=-0.1; allowed: a finite number >= 0",
+  ),
+  ({"scheduler": "LinearLR", "initial_learning_rate": -1, "end_learning_rate": 0, "total_iters": 5}, ">= 0"),
+  ({"scheduler": "StepLR", "initial_learning_rate": 0.1, "step_size": 5, "gamma": -0.5}, "gamma=-0.5"),
+  ({"scheduler": "MultiplicativeLR", "initial_learning_rate": 0.1, "coefficient": -1}, "coefficient=-1"),
+  ({"scheduler": "CosineAnnealingLR", "initial_learning_rate": 0.1, "T_max": 5, "eta_min": -0.01}, "eta_min"),
+  ({"scheduler": "PiecewiseConstantLR", "learning_rates": [0.1, -0.1], "milestones": [3]}, "learning_rates"),
+  ({"scheduler": "CyclicLR", "base_lr": -0.1, "max_lr": 0.1}, "base_lr=-0.1"),
+  (
+    {
+      "scheduler": "PolynomialLR",
+      "initial_learning_rate": 0.1,
+      "end_learning_rate": 0,
+      "total_iters": 5,
+      "power": -1,
+    },
+    "power=-1",
+  ),
+  (
+    {"scheduler": "LinearLR", "initial_learning_rate": 0.1, "end_learning_rate": 0, "total_iters": 10**13},
+    "2\\*\\*30",
+  ),
+  ({"scheduler": "CosineAnnealingLR", "initial_learning_rate": 0.1, "T_max": 2**30}, "T_max=1073741824"),
+  (
+    {"scheduler": "MultiStepLR", "initial_learning_rate": 0.1, "gamma": 0.5, "milestones": [3, 2**40]},
+    "milestones",
+  ),
+  ({"scheduler": "CyclicLR", "base_lr": 0.01, "max_lr": 0.1, "step_size_up": 10**15}, "step_size_up"),
+]
+
+
+@pytest.mark.parametrize(("spec", "fragment"), BAD_SCHEDULES)
+def test_schedule_arguments_that_would_climb_the_loss_or_overflow_the_step_are_refused(spec, fragment):
+  """Each used to build and then give a negative rate, or an OverflowError at the first compiled step."""
+  with pytest.raises(schedules.ScheduleError, match=fragment) as info:
+    schedules.build_schedule(spec)
+  assert "allowed:" in str(info.value)
+
+
+def test_a_schedule_error_in_a_params_file_names_its_line(tmp_path):
+  data = yaml.safe_load(EXAMPLE_PARAMS)
+  data["optimizer"]["learning_rate"] = [
+    {"scheduler": "LinearLR", "initial_learning_rate": 0.0, "end_learning_rate": 0.1, "total_iters": 10},
+    {"scheduler": "StepLR", "initial_learning_rate": 0.1, "step_size": 5, "gamma": -0.5},
+  ]
+  path = _params(tmp_path, yaml.safe_dump(data, sort_keys=False))
+  line = next(
+    n for n, s in enumerate(Path(path).read_text().splitlines(), 1) if s.startswith("  learning_rate:")
+  )
+  with pytest.raises(
+    ConfigError, match=rf"line {line}: optimizer\.learning_rate: .*\[1\]: StepLR: gamma=-0\.5"
+  ):
+    load_params(path)
+
+
+# ----------------------------------------------------------------------------- model_dir and checkpoints
+
+
+@pytest.mark.parametrize(
+  ("key", "value"),
+  [
+    ("checkpoint_path", "pretrained/checkpoints/100"),
+    ("load_checkpoint_states", "model"),
+    ("autoload_last_checkpoint", False),
+    ("disable_strict_checkpoint_loading", True),
+  ],
+)
+def test_checkpoint_loading_keys_wafer_would_ignore_are_refused(key, value):
+  """Ignored, they trained other weights than asked (from scratch instead of a warm start, or a resume)."""
+  check_checkpoint_keys(RunConfig())  # the defaults pass
+  with pytest.raises(ExecutorError, match=rf"runconfig\.{key}={value!r}: not implemented.*new model_dir"):
+    check_checkpoint_keys(RunConfig(**{key: value}))
+
+
+def test_run_refuses_checkpoint_path_before_training(tmp_path, capsys):
+  path = _params(tmp_path, checkpoint_path=str(tmp_path / "elsewhere"))
+  assert cli.main(["run", "--params", path]) == 1
+  assert "runconfig.checkpoint_path=" in capsys.readouterr().err
+  assert not (tmp_path / "md" / "checkpoints").exists()
+
+
+def test_save_initial_checkpoint_writes_step_0(tmp_path):
+  path = _params(tmp_path, max_steps=2, save_initial_checkpoint=True, log_steps=2)
+  runner.run_params(path)
+  assert sorted(int(p.name) for p in (tmp_path / "md" / "checkpoints").iterdir()) == [0, 2]
+
+
+def test_a_model_dir_that_is_a_file_is_refused_and_kept(tmp_path, capsys):
+  notes = tmp_path / "notes.txt"
+  notes.write_text("my notes")
+  with pytest.raises(ExecutorError, match=r"model_dir='.*notes\.txt' is a file, not a directory"):
+    make_model_dir(notes)
+  with pytest.raises(ExecutorError, match=r"notes\.txt/md' cannot be created"):
+    make_model_dir(notes / "md")
+  assert cli.main(["run", "--params", _params(tmp_path), "--model_dir", str(notes)]) == 1
+  assert "is a file, not a directory" in capsys.readouterr().err
+  assert notes.read_text() == "my notes"
+
+
+# ----------------------------------------------------------------------------- data and analyze-input
+
+
+def test_text_data_that_is_not_utf8_names_the_file_and_line(tmp_path):
+  (tmp_path / "a.txt").write_text("fine\n")
+  (tmp_path / "b.txt").write_bytes(b"one\ntwo \xff\n")
+  with pytest.raises(ValueError, match=r"b\.txt:2: byte b'\\xff' at offset 8 is not UTF-8"):
+    text.read_documents(tmp_path)
+  bad = tmp_path / "docs.jsonl"
+  bad.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+  with pytest.raises(ValueError, match=r"docs\.jsonl:2: .* is not UTF-8"):
+    text.read_documents(bad)
+
+
+def test_jsonl_lines_split_on_newlines_only(tmp_path):
+  path = tmp_path / "docs.jsonl"  # CRLF line ends, and U+2028 inside a string (valid JSON, not a line end)
+  path.write_bytes('{"text": "a\u2028b"}\r\n\r\n{"text": "c"}\r\n'.encode())
+  assert text.read_jsonl(path) == ["a\u2028b", "c"]
+  (tmp_path / "d").mkdir()
+  (tmp_path / "d" / "x.txt").write_bytes(b"one\r\ntwo\rthree")
+  assert text.read_documents(tmp_path / "d") == ["one\ntwo\nthree"]  # as open() reads it
+
+
+def test_a_missing_data_dir_is_named_as_such(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"data_dir .*nope\.h5: no such file or directory"):
+    sources.pretokenised(tmp_path / "nope.h5", (".h5",), lambda p: {}, 128, None)
+
+
+@pytest.mark.parametrize("seconds", [0, -1.0, math.inf, math.nan])
+def test_analyze_input_refuses_seconds_that_measure_nothing(tmp_path, seconds):
+  plan = runner.load_plan(_params(tmp_path))
+  with pytest.raises(input_analyzer.InputAnalysisError, match=r"--seconds .*allowed: .* > 0"):
+    input_analyzer.analyze(plan, seconds=seconds)
