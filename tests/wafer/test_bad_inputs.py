@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -24,7 +25,8 @@ from wafer.config import ConfigError, RunConfig, load_params
 from wafer.data import sources, text
 from wafer.errors import WaferError
 from wafer.train import ExecutorError
-from wafer.train.loop import check_checkpoint_keys, make_model_dir
+from wafer.train.checkpoint import Checkpoints
+from wafer.train.loop import check_checkpoint_keys, make_model_dir, steps_to_run
 
 
 def _params(tmp_path, text_: str | None = None, **runconfig) -> str:
@@ -243,3 +245,27 @@ def test_analyze_input_refuses_seconds_that_measure_nothing(tmp_path, seconds):
   plan = runner.load_plan(_params(tmp_path))
   with pytest.raises(input_analyzer.InputAnalysisError, match=r"--seconds .*allowed: .* > 0"):
     input_analyzer.analyze(plan, seconds=seconds)
+
+
+class _State(typing.NamedTuple):
+  w: jax.Array
+  step: jax.Array
+
+
+def test_a_step_set_aside_twice_keeps_both_earlier_copies(tmp_path):
+  """A checkpoint damaged again after a resume used to stop the run (OSError) at the save, losing the steps."""
+  checkpoints = Checkpoints(tmp_path, None)
+  try:
+    for k in range(3):  # three saves of step 2: the first two are set aside, nothing is overwritten
+      checkpoints.save(_State(jnp.full(3, float(k)), jnp.int32(2)), {"k": k})
+  finally:
+    checkpoints.close()
+  names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+  assert names == ["2", "2.unreadable", "2.unreadable.1"]
+
+
+def test_resuming_past_max_steps_says_what_to_do():
+  with pytest.raises(
+    ConfigError, match=r"model_dir md: runconfig\.max_steps: .* step 6\. Raise runconfig\.max_steps"
+  ):
+    steps_to_run(RunConfig(max_steps=2, model_dir="md"), 6)

@@ -33,7 +33,8 @@ import optax
 import precision
 import wafer
 from wafer import cluster
-from wafer.config import RunConfig
+from wafer.config import ConfigError, RunConfig
+from wafer.config.errors import Problem
 from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
 from wafer.train.metrics import Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
@@ -60,6 +61,17 @@ def steps_to_run(runconfig: RunConfig, initial_step: int, data: Any = None) -> i
   """
   if runconfig.max_steps is not None and initial_step == runconfig.max_steps:
     return 0
+  if runconfig.max_steps is not None and initial_step > runconfig.max_steps:  # resumed past it
+    raise ConfigError(
+      Problem(
+        ("runconfig", "max_steps"),
+        f"Initial global step {initial_step} already exceeds max step {runconfig.max_steps}: model_dir holds "
+        f"the checkpoint of step {initial_step}. Raise runconfig.max_steps above {initial_step} to train "
+        "further, evaluate it with --mode eval, or use a new model_dir",
+        runconfig.max_steps,
+      ),
+      f"model_dir {runconfig.model_dir}",
+    )
   epoch = getattr(data, "epoch_steps", None)
   return runconfig.num_train_steps(initial_step, epoch() if callable(epoch) else None)
 
