@@ -19,8 +19,10 @@ import pytest
 import yaml
 from hypothesis import given, settings
 
+import wafer
 from models.mlp import EXAMPLE_PARAMS
 from wafer import cli, input_analyzer, runner, schedules
+from wafer.closures import ClosureError
 from wafer.config import ConfigError, RunConfig, load_params
 from wafer.data import sources, text
 from wafer.errors import WaferError
@@ -269,3 +271,19 @@ def test_resuming_past_max_steps_says_what_to_do():
     ConfigError, match=r"model_dir md: runconfig\.max_steps: .* step 6\. Raise runconfig\.max_steps"
   ):
     steps_to_run(RunConfig(max_steps=2, model_dir="md"), 6)
+
+
+def test_closure_registration_mistakes_are_named():
+  """``add_step_closure(log, loss)`` (args not a tuple) used to unpack the array's rows into arguments."""
+  seen = []
+  with pytest.raises(ClosureError, match=r"args is a .*Array.*add_step_closure\(log, \(loss,\)\)"):
+    wafer.add_step_closure(seen.append, jnp.arange(3.0))
+  with pytest.raises(ClosureError, match=r"kwargs is a list"):
+    wafer.add_step_closure(seen.append, (), [1])
+  with pytest.raises(ClosureError, match=r"step_closure: 3 is not callable"):
+    wafer.step_closure(3)
+  with pytest.raises(ClosureError, match=r"add_step_closure: 'log' is not callable"):
+    wafer.add_step_closure("log", (1.0,))
+  assert seen == []
+  wafer.add_step_closure(seen.append, [jnp.float32(1.0)])  # a list of arguments is fine
+  assert seen == [1.0]
