@@ -24,6 +24,8 @@ from models.mlp import EXAMPLE_PARAMS
 from wafer import cli, input_analyzer, runner, schedules
 from wafer.closures import ClosureError
 from wafer.config import ConfigError, RunConfig, load_params
+from wafer.config.errors import short_repr
+from wafer.config.loader import parse_yaml
 from wafer.data import sources, text
 from wafer.errors import WaferError
 from wafer.train import ExecutorError
@@ -287,3 +289,32 @@ def test_closure_registration_mistakes_are_named():
   assert seen == []
   wafer.add_step_closure(seen.append, [jnp.float32(1.0)])  # a list of arguments is fine
   assert seen == [1.0]
+
+
+def _nested_aliases(depth: int, indent: str = "") -> str:
+  lines = [f"{indent}a0: &a0 {{x: 1}}"]
+  lines += [f"{indent}a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, depth + 1)]
+  return "\n".join(lines) + "\n"
+
+
+def test_nested_yaml_aliases_are_indexed_once_not_expanded():
+  """A file of nested aliases (9**depth values when expanded) used to hang the loader indexing its lines."""
+  _, lines = parse_yaml("model:\n  name: x\n" + _nested_aliases(5))
+  assert len(lines) < 100  # each node once: the expansion has 9**5 paths
+
+
+def test_a_params_file_of_nested_aliases_gets_its_error_at_once(tmp_path):
+  path = tmp_path / "aliases.yaml"
+  path.write_text("model:\n  name: mlp_example\n" + _nested_aliases(11))
+  with pytest.raises(ConfigError, match=r"line 14: a11: unknown key 'a11'"):
+    load_params(path)
+  assert len(short_repr([[["x" * 1000] * 1000] * 1000])) <= 60  # problem values are shown bounded
+
+
+def test_a_yaml_key_that_is_a_list_is_a_config_error(tmp_path):
+  path = tmp_path / "complex_key.yaml"
+  path.write_text("model:\n  name: mlp_example\n? [a, b]\n: 3\n")
+  with pytest.raises(
+    ConfigError, match=r"complex_key\.yaml:3:3: YAML syntax error: a key must be a name, not a list"
+  ):
+    load_params(path)

@@ -43,6 +43,12 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
   seen: dict[Any, int] = {}
   for key_node, _ in node.value:
     key = loader.construct_object(key_node, deep=deep)
+    try:
+      hash(key)
+    except TypeError:
+      raise yaml.constructor.ConstructorError(
+        None, None, f"a key must be a name, not a {type(key).__name__} (a [...] or {...} key)", key_node.start_mark
+      ) from None
     if key in seen:
       raise yaml.constructor.ConstructorError(
         None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
@@ -75,21 +81,27 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Loc, int]
     raise ConfigError(f"YAML syntax error: {detail}", where) from None
   lines: dict[Loc, int] = {}
   if node is not None:
-    _index_lines(node, (), lines)
+    _index_lines(node, (), lines, set())
   return data, lines
 
 
-def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
+def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], seen: set[int]) -> None:
+  """Index each node once: a node reached again through an alias (``*name``) keeps the line of its
+  first path (a problem under the alias is shown at the alias's line), so a file of nested aliases
+  is indexed in linear time, not in the exponential size of what it expands to."""
+  if id(node) in seen:
+    return
+  seen.add(id(node))
   if isinstance(node, yaml.MappingNode):
     for key_node, value_node in node.value:
       if isinstance(key_node, yaml.ScalarNode):
         sub = loc + (key_node.value,)
         lines.setdefault(sub, key_node.start_mark.line + 1)
-        _index_lines(value_node, sub, lines)
+        _index_lines(value_node, sub, lines, seen)
   elif isinstance(node, yaml.SequenceNode):
     for i, item in enumerate(node.value):
       lines.setdefault(loc + (i,), item.start_mark.line + 1)
-      _index_lines(item, loc + (i,), lines)
+      _index_lines(item, loc + (i,), lines, seen)
 
 
 def parse_override(text: str) -> tuple[Loc, Any]:
