@@ -6,8 +6,10 @@ run loop from the outside (issue: bad inputs made elsewhere). Nothing here train
 
 from __future__ import annotations
 
+import gzip
 import math
 import re
+import struct
 import typing
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from wafer.config import ConfigError, RunConfig, load_params
 from wafer.config.errors import short_repr
 from wafer.config.loader import parse_yaml
 from wafer.data import sources, text
+from wafer.data.processors import DataError
 from wafer.errors import WaferError
 from wafer.train import ExecutorError
 from wafer.train.checkpoint import Checkpoints
@@ -318,3 +321,26 @@ def test_a_yaml_key_that_is_a_list_is_a_config_error(tmp_path):
     ConfigError, match=r"complex_key\.yaml:3:3: YAML syntax error: a key must be a name, not a list"
   ):
     load_params(path)
+
+
+def _idx(array: np.ndarray) -> bytes:
+  header = struct.pack(">BBBB", 0, 0, 8, array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
+  return header + array.astype(np.uint8).tobytes()
+
+
+def test_a_truncated_gzip_data_file_is_a_data_error(tmp_path):
+  """gzip's EOFError (not a ValueError/OSError) used to escape the input section's error as a traceback."""
+  for split, n in (("train", 64), ("t10k", 32)):
+    images = gzip.compress(_idx(np.random.default_rng(0).integers(0, 255, (n, 28, 28))))
+    (tmp_path / f"{split}-images-idx3-ubyte.gz").write_bytes(images[: len(images) // 2])
+    (tmp_path / f"{split}-labels-idx1-ubyte").write_bytes(_idx(np.zeros(n)))
+  plan = runner.load_plan(
+    Path(__file__).parents[2] / "models" / "fc_mnist" / "configs" / "params_fc_mnist.yaml",
+    [
+      f"train_input.data_dir={tmp_path}",
+      f"eval_input.data_dir={tmp_path}",
+      f"runconfig.model_dir={tmp_path / 'md'}",
+    ],
+  )
+  with pytest.raises(DataError, match=r"train_input \(MNISTDataProcessor, .*ends early or is corrupt"):
+    plan.task.train_data(1)
