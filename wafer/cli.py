@@ -239,6 +239,10 @@ def _estimate(args: argparse.Namespace) -> int:
       value = getattr(args, key)
       if value is not None:
         kwargs[key] = value
+    if args.model_dir:  # refused before the estimate, not after it
+      from wafer.train.loop import make_model_dir
+
+      make_model_dir(args.model_dir, "--model_dir")
     report = wafer.estimate(fn, *example_args, name=name, **kwargs)
   except (CommandError, EstimateError, TraceError) as exc:
     print(f"wafer estimate: error: {exc}", file=sys.stderr)
@@ -266,6 +270,9 @@ def _analyze_input(args: argparse.Namespace) -> int:
     overrides.append(f"runconfig.model_dir={args.model_dir}")
   try:
     plan = runner.load_plan(args.params, overrides)
+    from wafer.train.loop import make_model_dir
+
+    make_model_dir(plan.runconfig.model_dir)  # where the result goes: refused before measuring, not after
     print(
       f"Measuring the input pipeline of {plan.task.name} ({args.seconds:g} s per worker count)...", flush=True
     )

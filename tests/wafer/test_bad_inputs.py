@@ -344,3 +344,21 @@ def test_a_truncated_gzip_data_file_is_a_data_error(tmp_path):
   )
   with pytest.raises(DataError, match=r"train_input \(MNISTDataProcessor, .*ends early or is corrupt"):
     plan.task.train_data(1)
+
+
+@pytest.mark.parametrize(
+  "argv",
+  [
+    ["estimate", "--workload", "gpt2_small", "--model_dir", "{notes}"],
+    ["analyze-input", "--params", "{params}", "--model_dir", "{notes}", "--seconds", "0.1", "--workers", "1"],
+  ],
+)
+def test_estimate_and_analyze_input_refuse_a_model_dir_that_is_a_file_before_working(tmp_path, capsys, argv):
+  """Both used to compute and then fail writing their files with a FileExistsError traceback."""
+  notes = tmp_path / "notes.txt"
+  notes.write_text("my notes")
+  argv = [a.format(notes=notes, params=_params(tmp_path)) for a in argv]
+  assert cli.main(argv) in (1, 2)
+  err = capsys.readouterr().err
+  assert "is a file, not a directory" in err and "Traceback" not in err
+  assert notes.read_text() == "my notes"

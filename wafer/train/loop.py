@@ -76,8 +76,8 @@ def steps_to_run(runconfig: RunConfig, initial_step: int, data: Any = None) -> i
   return runconfig.num_train_steps(initial_step, epoch() if callable(epoch) else None)
 
 
-def make_model_dir(path: str | os.PathLike[str]) -> Path:
-  """``runconfig.model_dir``, created if missing and checked writable before any work is done.
+def make_model_dir(path: str | os.PathLike[str], key: str = "runconfig.model_dir") -> Path:
+  """``runconfig.model_dir`` (named ``key`` in messages), created if missing and checked writable first.
 
   Raises:
     ExecutorError: it is a file, or it cannot be created or written (checkpoints would be lost).
@@ -92,11 +92,11 @@ def make_model_dir(path: str | os.PathLike[str]) -> Path:
       else f"cannot be created ({error.strerror or error})"
     )
     raise ExecutorError(
-      f"runconfig.model_dir={str(path)!r} {what}; give a directory wafer can write (--model_dir DIR)"
+      f"{key}={str(path)!r} {what}; give a directory wafer can write (--model_dir DIR)"
     ) from None
   if not os.access(model_dir, os.W_OK | os.X_OK):
     raise ExecutorError(
-      f"runconfig.model_dir={str(path)!r} is not writable, so no checkpoint or metric could be saved; "
+      f"{key}={str(path)!r} is not writable, so no checkpoint or metric could be saved; "
       "give a directory wafer can write (--model_dir DIR)"
     )
   return model_dir
