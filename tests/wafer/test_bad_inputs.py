@@ -362,3 +362,13 @@ def test_estimate_and_analyze_input_refuse_a_model_dir_that_is_a_file_before_wor
   err = capsys.readouterr().err
   assert "is a file, not a directory" in err and "Traceback" not in err
   assert notes.read_text() == "my notes"
+
+
+@pytest.mark.parametrize("flag", ["--model_dir", "--params"])
+@pytest.mark.parametrize("command", ["run", "estimate", "analyze-input", "sweep"])
+def test_an_empty_path_flag_is_refused_not_taken_as_the_default(capsys, command, flag):
+  """``--model_dir "$UNSET"`` used to run in ./model_dir, resuming whatever checkpoints were there."""
+  with pytest.raises(SystemExit) as info:
+    cli.main([command, flag, ""])
+  assert info.value.code == 2
+  assert f"argument {flag}: an empty path" in capsys.readouterr().err
