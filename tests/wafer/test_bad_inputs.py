@@ -6,6 +6,7 @@ run loop from the outside (issue: bad inputs made elsewhere). Nothing here train
 
 from __future__ import annotations
 
+import errno
 import gzip
 import math
 import re
@@ -372,3 +373,22 @@ def test_an_empty_path_flag_is_refused_not_taken_as_the_default(capsys, command,
     cli.main([command, flag, ""])
   assert info.value.code == 2
   assert f"argument {flag}: an empty path" in capsys.readouterr().err
+
+
+def test_a_checkpoint_that_cannot_be_written_says_which_one_is_kept(tmp_path, monkeypatch):
+  """A full disk at a checkpoint used to end the run with TensorStore's ValueError traceback."""
+  checkpoints = Checkpoints(tmp_path, None)
+  try:
+    checkpoints.save(_State(jnp.zeros(3), jnp.int32(2)), {})
+
+    def full(*args, **kwargs):
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoints.manager, "save", full)
+    with pytest.raises(
+      ExecutorError, match=r"step 4 .*No space left.*newest saved checkpoint is step 2.*rerun"
+    ):
+      checkpoints.save(_State(jnp.ones(3), jnp.int32(4)), {})
+  finally:
+    checkpoints.close()
+  assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["2"]

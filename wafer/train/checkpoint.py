@@ -54,12 +54,24 @@ class Checkpoints:
         (self.directory / str(step)).rename(_aside(self.directory, step))
       _barrier(f"wafer-checkpoint-aside-{step}")
       self.manager.reload()
-    self.manager.save(
-      step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-      force=True,
-    )
-    self.manager.wait_until_finished()
+    try:
+      self.manager.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+        force=True,
+      )
+      self.manager.wait_until_finished()
+    except (
+      OSError,
+      ValueError,
+    ) as error:  # a full disk, a read-only or vanished model_dir (TensorStore: ValueError)
+      saved = [s for s in self.steps() if s != step]
+      newest = f"the newest saved checkpoint is step {max(saved)}" if saved else "no checkpoint was saved"
+      raise ExecutorError(
+        f"Cannot save the checkpoint of step {step} in {self.directory} ({_reason(error)}); {newest}, and "
+        "nothing saved before was changed. Free space in model_dir (or make it writable) and rerun the same "
+        "command: it resumes from there."
+      ) from error
     return step
 
   def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:

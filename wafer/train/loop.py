@@ -467,7 +467,13 @@ def _write_compile_report(step_fn, state, batch, task, num_csx, policy, model_di
   except Exception as error:  # the cost model must not stop a run; say why it is missing
     print(f"note: no compile report ({type(error).__name__}: {error})", flush=True)
     return
-  report.save(model_dir)
+  try:
+    report.save(model_dir)
+  except OSError as error:  # a full or read-only model_dir: say so now, before any step is trained
+    raise ExecutorError(
+      f"cannot write the compile report into model_dir {model_dir} ({error.strerror or error}); checkpoints "
+      "could not be saved either: free space there, or give another --model_dir"
+    ) from None
   summary["compile_report"] = str(model_dir / "compile_report.txt")
   summary["samples_per_sec_estimate"] = float(report.samples_per_sec)
   print(f"Estimated {report.samples_per_sec:,.1f} samples/s on the wafer ({report.mode}); "
