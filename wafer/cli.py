@@ -102,6 +102,10 @@ def _distributed(args: argparse.Namespace) -> bool:
   scheduled = any(int(env.get(k, "1") or 1) > 1 for k in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"))
   if all(f is None for f in flags) and not env.get("JAX_COORDINATOR_ADDRESS") and not scheduled:
     return False
+  if args.num_processes is not None and args.num_processes < 1:
+    raise cluster.ClusterConfigError(
+      f"--num_processes {args.num_processes}; allowed: the number of processes in the run, >= 1"
+    )
   if args.num_processes == 1:
     return False
   cluster.initialize(args.coordinator_address, args.num_processes, args.process_id)

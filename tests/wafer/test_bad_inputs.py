@@ -392,3 +392,9 @@ def test_a_checkpoint_that_cannot_be_written_says_which_one_is_kept(tmp_path, mo
   finally:
     checkpoints.close()
   assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["2"]
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_num_processes_below_one_is_named(capsys, n):
+  assert cli.main(["run", "--num_processes", n, "--validate_only"]) == 1
+  assert f"--num_processes {n}; allowed: the number of processes in the run, >= 1" in capsys.readouterr().err
