@@ -47,7 +47,10 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
       hash(key)
     except TypeError:
       raise yaml.constructor.ConstructorError(
-        None, None, f"a key must be a name, not a {type(key).__name__} (a [...] or {...} key)", key_node.start_mark
+        None,
+        None,
+        f"a key must be a name, not a {type(key).__name__} (a [...] or {...} key)",
+        key_node.start_mark,
       ) from None
     if key in seen:
       raise yaml.constructor.ConstructorError(
