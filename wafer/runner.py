@@ -71,8 +71,34 @@ def _line(path: str | Path | dict) -> int | None:
     return None
 
 
+def schedule_note(params: Params) -> str | None:
+  """A note when the learning-rate schedule ends before ``max_steps`` at a rate of 0, else None.
+
+  The rate then stays 0 (Cerebras holds a schedule's last value), so the steps after the schedule's end
+  change nothing: usually ``total_iters`` and ``max_steps`` were meant to agree.
+  """
+  rc, opt = params.runconfig, params.optimizer
+  if opt is None or rc.max_steps is None or rc.mode not in ("train", "train_and_eval"):
+    return None
+  try:
+    schedule = opt.schedule()
+  except Exception:  # optimizers without a schedule (Rprop's number, Adafactor's relative steps)
+    return None
+  end = schedule.total_iters
+  if end is None or end >= rc.max_steps or float(schedule(end)) != 0.0:
+    return None
+  return (
+    f"note: optimizer.learning_rate ends at step {end} with rate 0, before runconfig.max_steps={rc.max_steps}: "
+    f"steps {end + 1}..{rc.max_steps} will not change the weights (make the schedule's total_iters add up "
+    "to max_steps to use them)"
+  )
+
+
 def run_plan(p: Plan, *, progress: bool = True) -> dict[str, Any]:
   """Run a plan; returns the run loop's summary."""
+  note = schedule_note(p.params)
+  if note is not None:
+    print(note, flush=True)
   return run(p.task, p.runconfig, p.optimizer, p.loss_scale, p.policy, progress=progress)
 
 

@@ -398,3 +398,21 @@ def test_a_checkpoint_that_cannot_be_written_says_which_one_is_kept(tmp_path, mo
 def test_num_processes_below_one_is_named(capsys, n):
   assert cli.main(["run", "--num_processes", n, "--validate_only"]) == 1
   assert f"--num_processes {n}; allowed: the number of processes in the run, >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("max_steps", "noted"), [(200, True), (60, False), (40, False)])
+def test_a_schedule_that_ends_at_rate_0_before_max_steps_is_noted(max_steps, noted):
+  """total_iters adding up to less than max_steps left the last steps training at rate 0, silently."""
+  data = yaml.safe_load(EXAMPLE_PARAMS)
+  data["runconfig"]["max_steps"] = max_steps
+  data["optimizer"]["learning_rate"] = [
+    {"scheduler": "LinearLR", "initial_learning_rate": 0.0, "end_learning_rate": 0.1, "total_iters": 10},
+    {"scheduler": "LinearLR", "initial_learning_rate": 0.1, "end_learning_rate": 0.0, "total_iters": 50},
+  ]
+  note = runner.schedule_note(load_params(data))
+  if noted:
+    assert note is not None and "ends at step 60 with rate 0" in note and "steps 61..200" in note
+  else:
+    assert note is None
+  data["optimizer"]["learning_rate"][1]["end_learning_rate"] = 0.01  # a rate that still trains: no note
+  assert runner.schedule_note(load_params(data)) is None
