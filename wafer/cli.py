@@ -102,6 +102,10 @@ def _distributed(args: argparse.Namespace) -> bool:
   scheduled = any(int(env.get(k, "1") or 1) > 1 for k in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"))
   if all(f is None for f in flags) and not env.get("JAX_COORDINATOR_ADDRESS") and not scheduled:
     return False
+  if args.num_processes is not None and args.num_processes < 1:
+    raise cluster.ClusterConfigError(
+      f"--num_processes {args.num_processes}; allowed: the number of processes in the run, >= 1"
+    )
   if args.num_processes == 1:
     return False
   cluster.initialize(args.coordinator_address, args.num_processes, args.process_id)
@@ -128,9 +132,10 @@ def _run(args: argparse.Namespace) -> int:
   source = args.params if args.params is not None else _default_params()
   try:
     plan = runner.load_plan(source, overrides)
-    wafer.enable_compilation_cache(
-      Path(plan.runconfig.model_dir) / "compile_cache"
-    )  # reruns load, not compile
+    from wafer.train.loop import make_model_dir
+
+    model_dir = make_model_dir(plan.runconfig.model_dir)  # a bad model_dir is refused before any work
+    wafer.enable_compilation_cache(model_dir / "compile_cache")  # reruns load, not compile
     summary = runner.run_plan(plan)
   except KeyboardInterrupt:
     print(
@@ -238,6 +243,10 @@ def _estimate(args: argparse.Namespace) -> int:
       value = getattr(args, key)
       if value is not None:
         kwargs[key] = value
+    if args.model_dir:  # refused before the estimate, not after it
+      from wafer.train.loop import make_model_dir
+
+      make_model_dir(args.model_dir, "--model_dir")
     report = wafer.estimate(fn, *example_args, name=name, **kwargs)
   except (CommandError, EstimateError, TraceError) as exc:
     print(f"wafer estimate: error: {exc}", file=sys.stderr)
@@ -265,6 +274,9 @@ def _analyze_input(args: argparse.Namespace) -> int:
     overrides.append(f"runconfig.model_dir={args.model_dir}")
   try:
     plan = runner.load_plan(args.params, overrides)
+    from wafer.train.loop import make_model_dir
+
+    make_model_dir(plan.runconfig.model_dir)  # where the result goes: refused before measuring, not after
     print(
       f"Measuring the input pipeline of {plan.task.name} ({args.seconds:g} s per worker count)...", flush=True
     )
@@ -286,6 +298,13 @@ def _analyze_input(args: argparse.Namespace) -> int:
   return 0
 
 
+def _path(text: str) -> str:
+  """A --params / --model_dir value: an empty one (``--model_dir "$UNSET"``) would silently mean the default."""
+  if not text.strip():
+    raise argparse.ArgumentTypeError("an empty path; give a file or directory name")
+  return text
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="wafer", description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -300,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
   )
   target = est.add_argument_group("what to estimate")
   target.add_argument("--workload", metavar="NAME", help="a built-in workload (see --list)")
-  target.add_argument("--params", metavar="FILE", help="a params YAML: estimates its train step")
+  target.add_argument("--params", metavar="FILE", type=_path, help="a params YAML: estimates its train step")
   target.add_argument("--list", action="store_true", help="list the built-in workloads and exit")
   est.add_argument("--system", help="wse2 (CS-2, default), wse3 (CS-3) or wse1 (CS-1)")
   est.add_argument("--mode", help="auto (default), pipeline or weight_streaming")
@@ -308,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
   est.add_argument("--num_csx", type=int, help="systems in data parallel (weight streaming)")
   est.add_argument("--micro_batch_size", type=int, help="force the micro-batch (default: searched)")
   est.add_argument("--compute_format", help="compute format (default: cbfloat16)")
-  est.add_argument("--model_dir", metavar="DIR", help="write the report files into DIR")
+  est.add_argument("--model_dir", metavar="DIR", type=_path, help="write the report files into DIR")
   est.add_argument("overrides", nargs="*", metavar="key.path=value", help="overrides of --params keys")
   est.set_defaults(handler=_estimate)
   ana = commands.add_parser(
@@ -319,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     "the step rate measured here) and recommend runconfig.num_workers_per_csx. Writes "
     "model_dir/input_analysis.json.",
   )
-  ana.add_argument("--params", metavar="FILE", required=True, help="a params YAML")
+  ana.add_argument("--params", metavar="FILE", type=_path, required=True, help="a params YAML")
   ana.add_argument(
     "--workers", type=int, nargs="+", metavar="N", help="worker counts (default: 1, 2, 4, ... CPUs)"
   )
@@ -331,7 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
     help="consumption rate: the wafer cost model's estimate (default) or the step rate measured here",
   )
   ana.add_argument(
-    "--model_dir", metavar="DIR", help="where input_analysis.json goes (default: runconfig.model_dir)"
+    "--model_dir",
+    metavar="DIR",
+    type=_path,
+    help="where input_analysis.json goes (default: runconfig.model_dir)",
   )
   ana.add_argument("overrides", nargs="*", metavar="key.path=value", help="overrides of --params keys")
   ana.set_defaults(handler=_analyze_input)
@@ -342,9 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     "model_dir/metrics.jsonl and TensorBoard; checkpoints to model_dir/checkpoints (a rerun "
     "resumes from the latest); the compile report to model_dir/compile_report.txt.",
   )
-  run.add_argument("--params", metavar="FILE", help="a params YAML (modelzoo layout or trainer layout)")
+  run.add_argument(
+    "--params", metavar="FILE", type=_path, help="a params YAML (modelzoo layout or trainer layout)"
+  )
   run.add_argument("--mode", choices=("train", "eval", "train_and_eval", "eval_all"), help="runconfig.mode")
-  run.add_argument("--model_dir", metavar="DIR", help="runconfig.model_dir")
+  run.add_argument("--model_dir", metavar="DIR", type=_path, help="runconfig.model_dir")
   only = run.add_mutually_exclusive_group()
   only.add_argument(
     "--validate_only", action="store_true", help="trace and check the step; no compile, no run"
@@ -372,7 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     "difference from float32. The table's deviation is the worst |loss - loss_float32| / (|loss_float32| u), "
     "u = 2^-(mantissa bits + 1) of the run's format (needs float32 among the formats).",
   )
-  swp.add_argument("--params", metavar="FILE", help="a params YAML (default: the embedded BERT-tiny job)")
+  swp.add_argument(
+    "--params", metavar="FILE", type=_path, help="a params YAML (default: the embedded BERT-tiny job)"
+  )
   swp.add_argument(
     "--formats",
     default="cbfloat16,bfloat16,float16,float32",
@@ -381,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
   swp.add_argument(
     "--levels", help="comma-separated runconfig.precision_opt_level values, 0-2 (default: the params file's)"
   )
-  swp.add_argument("--model_dir", metavar="DIR", required=True, help="the sweep's folder")
+  swp.add_argument("--model_dir", metavar="DIR", type=_path, required=True, help="the sweep's folder")
   swp.add_argument("overrides", nargs="*", metavar="key.path=value", help="e.g. runconfig.max_steps=10")
   swp.set_defaults(handler=_sweep)
   return parser

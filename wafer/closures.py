@@ -38,7 +38,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from wafer.errors import WaferError
+
 STEP, CHECKPOINT = "step", "checkpoint"
+
+
+class ClosureError(WaferError, ValueError):
+  """A closure registered with arguments it cannot run with (not callable, ``args`` not a tuple, ...)."""
 
 
 @dataclasses.dataclass
@@ -145,8 +151,19 @@ def add_step_closure(
     args, kwargs: may hold JAX arrays (traced values of the step); they arrive as NumPy arrays.
     kind: ``"step"`` (log and activation steps) or ``"checkpoint"`` (checkpoint steps only).
   """
+  _check_fn(fn, "add_step_closure")
   if kind not in (STEP, CHECKPOINT):
-    raise ValueError(f"kind={kind!r}; allowed: 'step', 'checkpoint'")
+    raise ClosureError(f"add_step_closure: kind={kind!r}; allowed: 'step', 'checkpoint'")
+  if not isinstance(args, (tuple, list)):  # add_step_closure(log, loss) would unpack the array's rows
+    raise ClosureError(
+      f"add_step_closure({getattr(fn, '__name__', fn)}, args=...): args is a {type(args).__name__}; allowed: "
+      "a tuple of the closure's arguments, e.g. add_step_closure(log, (loss,)) or args=(loss, step)"
+    )
+  if kwargs is not None and not isinstance(kwargs, dict):
+    raise ClosureError(
+      f"add_step_closure({getattr(fn, '__name__', fn)}, kwargs=...): kwargs is a {type(kwargs).__name__}; "
+      "allowed: a dict of keyword arguments, or None"
+    )
   kwargs = {} if kwargs is None else kwargs
   leaves, treedef = jax.tree.flatten((tuple(args), kwargs))
   if not _ACTIVE:
@@ -178,8 +195,22 @@ def add_step_closure(
   collector.closures.append(QueuedClosure(fn, treedef, kept, slots, kind))
 
 
+def _check_fn(fn: Any, where: str) -> None:
+  if not callable(fn):
+    raise ClosureError(
+      f"{where}: {_short(fn)} is not callable; allowed: the host function to run after the step "
+      "(use @wafer.step_closure without parentheses, on a def)"
+    )
+
+
+def _short(value: Any, limit: int = 60) -> str:
+  text = repr(value)
+  return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def step_closure(fn: Callable[..., Any]) -> Callable[..., None]:
   """Decorator: calls inside a compiled step are queued to run after it (see the module doc)."""
+  _check_fn(fn, "step_closure")
 
   @functools.wraps(fn)
   def queued(*args: Any, **kwargs: Any) -> None:
@@ -190,6 +221,7 @@ def step_closure(fn: Callable[..., Any]) -> Callable[..., None]:
 
 def checkpoint_closure(fn: Callable[..., Any]) -> Callable[..., None]:
   """Decorator: like `step_closure`, but the body runs only at checkpoint steps."""
+  _check_fn(fn, "checkpoint_closure")
 
   @functools.wraps(fn)
   def queued(*args: Any, **kwargs: Any) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -147,6 +148,10 @@ def analyze(
   headroom: float = HEADROOM,
 ) -> InputAnalysis:
   """Measure the pipeline of ``plan`` (a `wafer.runner.Plan`) and recommend ``num_workers_per_csx``."""
+  if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+    raise InputAnalysisError(
+      f"--seconds {seconds!r}: allowed: seconds measured per worker count, > 0 (default 2)"
+    )
   counts = sorted(set(worker_counts or default_worker_counts()))
   if not counts or counts[0] < 1:
     raise InputAnalysisError(f"worker counts must be positive integers (got {list(worker_counts or [])})")

@@ -25,7 +25,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from wafer.errors import WaferError
 
@@ -96,6 +95,14 @@ def _num(name: str, key: str, value: Any) -> float:
   return float(value)
 
 
+def _rate(name: str, key: str, value: Any) -> float:
+  """A learning rate (or a factor of one): a negative value would turn descent into ascent."""
+  v = _num(name, key, value)
+  if v < 0:
+    raise _err(name, key, value, "a finite number >= 0 (a negative learning rate climbs the loss)")
+  return v
+
+
 def _positive(name: str, key: str, value: Any) -> float:
   v = _num(name, key, value)
   if not v > 0:
@@ -103,19 +110,23 @@ def _positive(name: str, key: str, value: Any) -> float:
   return v
 
 
+MAX_ITERS = 2**30 - 1
+"""The largest step count a schedule argument takes: the step is int32, and some forms double it."""
+
+
 def _int(name: str, key: str, value: Any, minimum: int = 1) -> int:
   if isinstance(value, float) and value.is_integer():
     value = int(value)
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise _err(name, key, value, f"an int >= {minimum}")
+  if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_ITERS:
+    raise _err(name, key, value, f"an int >= {minimum} and <= 2**30 - 1 (the step counter is int32)")
   return value
 
 
 def _milestones(name: str, key: str, value: Any) -> tuple[int, ...]:
   if not isinstance(value, (list, tuple)) or not all(
-    isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in value
+    isinstance(m, int) and not isinstance(m, bool) and 0 <= m <= MAX_ITERS for m in value
   ):
-    raise _err(name, key, value, "a list of ints >= 0")
+    raise _err(name, key, value, "a list of ints from 0 to 2**30 - 1 (the step counter is int32)")
   if any(b <= a for a, b in zip(value, value[1:])):
     raise _err(name, key, value, "strictly increasing ints")
   return tuple(value)
@@ -147,7 +158,7 @@ def _count_at_or_below(milestones: Sequence[int], t: jax.Array) -> jax.Array:
 
 def constant_lr(learning_rate: float, total_iters: int | None = None) -> Schedule:
   """ConstantLR: ``lr(t) = learning_rate``; ``total_iters`` only feeds SequentialLR milestones."""
-  lr = _num("ConstantLR", "learning_rate", learning_rate)
+  lr = _rate("ConstantLR", "learning_rate", learning_rate)
   if total_iters is not None:
     total_iters = _int("ConstantLR", "total_iters", total_iters)
   return Schedule("ConstantLR", lambda t: jnp.zeros(t.shape, jnp.float32) + _f32(lr), lr, total_iters)
@@ -166,22 +177,29 @@ def polynomial_lr(
 
   ``a = 1``, or ``ceil((t+1)/T)`` with ``cycle``. Cerebras applies the ``t >= T`` guard even when
   ``cycle`` is set, and for ``t < T`` the ceiling is 1, so ``cycle`` does not change the values;
-  it is accepted for parity. Built on ``optax.polynomial_schedule`` (which clips ``t`` to ``T``).
+  it is accepted for parity. ``1 - t/T`` is computed as ``(T - t) / T`` from the integers, the value
+  as ``i w + e (1 - w)`` with ``w = (1 - t/T)^power``, and it is ``i`` itself at 0 and ``e`` itself
+  from ``T`` on: inside a compiled step XLA rewrites ``1 - t/T`` and ``(i - e) w + e`` so that they
+  can come out just below 0, which made a fractional power NaN past ``T`` and a decay to 0 (or a
+  warm-up from 0) a negative learning rate. ``power >= 0`` (a negative one grows without bound).
+
+  >>> s = polynomial_lr(0.1, 0.0, total_iters=10, power=2.5)
+  >>> [float(v) for v in jax.jit(s)(jnp.array([10, 11, 10**6]))]
+  [0.0, 0.0, 0.0]
   """
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
-  e = _num(name, "end_learning_rate", end_learning_rate)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
+  e = _rate(name, "end_learning_rate", end_learning_rate)
   T = _int(name, "total_iters", total_iters)
   p = _num(name, "power", power)
+  if p < 0:
+    raise _err(name, "power", power, "a finite number >= 0")
   if not isinstance(cycle, bool):
     raise _err(name, "cycle", cycle, "true or false")
-  base = optax.polynomial_schedule(init_value=i, end_value=e, power=p, transition_steps=T)
 
   def fn(t: jax.Array) -> jax.Array:
-    if not cycle:
-      return base(t)
-    alpha = jnp.ceil(_tf(t + 1) / _f32(T))
-    frac = 1 - _tf(t) / (_f32(T) * alpha)
-    return jnp.where(t >= T, _f32(e), frac ** _f32(p) * _f32(i - e) + _f32(e))
+    w = (_tf(T - jnp.clip(t, 0, T)) / _f32(T)) ** p  # the weight of i: 1 at t = 0, 0 from T on
+    value = _f32(i) * w + _f32(e) * (1 - w)  # a convex combination of rates >= 0: never negative
+    return jnp.where(t >= T, _f32(e), jnp.where(t <= 0, _f32(i), value))
 
   return Schedule(name, fn, i, T)
 
@@ -198,7 +216,7 @@ def exponential_lr(
 ) -> Schedule:
   """ExponentialLR: ``i * decay_rate^(t/T)``, the exponent floored with ``staircase``; no clamp."""
   name = "ExponentialLR"
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
   T = _int(name, "total_iters", total_iters)
   rate = _positive(name, "decay_rate", decay_rate)
 
@@ -220,10 +238,10 @@ def inverse_exponential_time_decay_lr(
   """InverseExponentialTimeDecayLR: ``i / (1 + decay_rate * r)``, ``r = t^step_exponent / T``,
   floored with ``staircase``."""
   name = "InverseExponentialTimeDecayLR"
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
   k = _num(name, "step_exponent", step_exponent)
   T = _int(name, "total_iters", total_iters)
-  rate = _num(name, "decay_rate", decay_rate)
+  rate = _rate(name, "decay_rate", decay_rate)
 
   def fn(t: jax.Array) -> jax.Array:
     r = jnp.power(_tf(t), _f32(k)) / _f32(T)
@@ -238,8 +256,8 @@ def inverse_square_root_decay_lr(
 ) -> Schedule:
   """InverseSquareRootDecayLR: ``i * scale / sqrt(max(t, warmup_steps))``."""
   name = "InverseSquareRootDecayLR"
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
-  s = _num(name, "scale", scale)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
+  s = _rate(name, "scale", scale)
   w = _int(name, "warmup_steps", warmup_steps)
   return Schedule(name, lambda t: _f32(i * s) / jnp.sqrt(_tf(jnp.maximum(t, w))), i)
 
@@ -247,18 +265,20 @@ def inverse_square_root_decay_lr(
 def cosine_decay_lr(initial_learning_rate: float, end_learning_rate: float, total_iters: int) -> Schedule:
   """CosineDecayLR: ``e + (i - e) * (1 + cos(pi * min(t, T) / T)) / 2`` (flat at ``e`` after T)."""
   name = "CosineDecayLR"
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
-  e = _num(name, "end_learning_rate", end_learning_rate)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
+  e = _rate(name, "end_learning_rate", end_learning_rate)
   T = _int(name, "total_iters", total_iters)
-  return Schedule(name, lambda t: _cosine(i, e, _tf(jnp.minimum(t, T)) / _f32(T)), i, T)
+  return Schedule(
+    name, lambda t: jnp.where(t >= T, _f32(e), _cosine(i, e, _tf(jnp.clip(t, 0, T)) / _f32(T))), i, T
+  )
 
 
 def cosine_annealing_lr(initial_learning_rate: float, T_max: int, eta_min: float = 0.0) -> Schedule:
   """CosineAnnealingLR: ``eta_min + (i - eta_min) * (1 + cos(pi * t / T_max)) / 2`` (periodic)."""
   name = "CosineAnnealingLR"
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
   T = _int(name, "T_max", T_max)
-  lo = _num(name, "eta_min", eta_min)
+  lo = _rate(name, "eta_min", eta_min)
   # cos is 2*T_max-periodic in t: reduce t in integers first so large t keeps float32 accuracy
   return Schedule(name, lambda t: _cosine(i, lo, _tf(t % (2 * T)) / _f32(T)), i)
 
@@ -275,11 +295,11 @@ def cosine_annealing_warm_restarts(
   raises, as in Cerebras.
   """
   name = "CosineAnnealingWarmRestarts"
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
   T = _int(name, "T_0", T_0)
   if isinstance(T_mult, bool) or T_mult != 1:
     raise _err(name, "T_mult", T_mult, "1 only (Cerebras does not support other values)")
-  lo = _num(name, "eta_min", eta_min)
+  lo = _rate(name, "eta_min", eta_min)
 
   def fn(t: jax.Array) -> jax.Array:
     t_cur = jnp.where(t < T, t, (t // T - 1) * T)
@@ -291,17 +311,17 @@ def cosine_annealing_warm_restarts(
 def step_lr(initial_learning_rate: float, step_size: int, gamma: float) -> Schedule:
   """StepLR: ``i * gamma^floor(t / step_size)``."""
   name = "StepLR"
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
   n = _int(name, "step_size", step_size)
-  g = _num(name, "gamma", gamma)
+  g = _rate(name, "gamma", gamma)
   return Schedule(name, lambda t: _f32(i) * jnp.power(_f32(g), _tf(t // n)), i)
 
 
 def multi_step_lr(initial_learning_rate: float, gamma: float, milestones: Sequence[int]) -> Schedule:
   """MultiStepLR: ``i * gamma^(number of milestones <= t)``."""
   name = "MultiStepLR"
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
-  g = _num(name, "gamma", gamma)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
+  g = _rate(name, "gamma", gamma)
   ms = _milestones(name, "milestones", milestones)
   return Schedule(name, lambda t: _f32(i) * jnp.power(_f32(g), _tf(_count_at_or_below(ms, t))), i)
 
@@ -309,8 +329,8 @@ def multi_step_lr(initial_learning_rate: float, gamma: float, milestones: Sequen
 def multiplicative_lr(initial_learning_rate: float, coefficient: float) -> Schedule:
   """MultiplicativeLR: ``i * coefficient^t``."""
   name = "MultiplicativeLR"
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
-  c = _num(name, "coefficient", coefficient)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
+  c = _rate(name, "coefficient", coefficient)
   return Schedule(name, lambda t: _f32(i) * jnp.power(_f32(c), _tf(t)), i)
 
 
@@ -322,7 +342,7 @@ def piecewise_constant_lr(learning_rates: Sequence[float], milestones: Sequence[
     raise _err(
       name, "learning_rates", learning_rates, f"a list of len(milestones) + 1 = {len(ms) + 1} numbers"
     )
-  lrs = [_num(name, "learning_rates", v) for v in learning_rates]
+  lrs = [_rate(name, "learning_rates", v) for v in learning_rates]
   table = jnp.asarray(lrs, jnp.float32)
   return Schedule(name, lambda t: table[_count_at_or_below(ms, t)], lrs[0])
 
@@ -343,14 +363,14 @@ def cyclic_lr(
   ``1 / 2^(cycle - 1)`` (triangular2) or ``gamma^t`` (exp_range); the mode forces ``scale_mode``.
   """
   name = "CyclicLR"
-  lo = _num(name, "base_lr", base_lr)
-  hi = _num(name, "max_lr", max_lr)
+  lo = _rate(name, "base_lr", base_lr)
+  hi = _rate(name, "max_lr", max_lr)
   up = _int(name, "step_size_up", step_size_up)
   down = up if step_size_down is None else _int(name, "step_size_down", step_size_down)
   modes = ("triangular", "triangular2", "exp_range")
   if mode not in modes:
     raise _err(name, "mode", mode, " | ".join(modes))
-  g = _num(name, "gamma", gamma)
+  g = _rate(name, "gamma", gamma)
   if scale_mode not in ("cycle", "iterations"):
     raise _err(name, "scale_mode", scale_mode, "cycle | iterations")
   tot = up + down
@@ -390,8 +410,8 @@ def one_cycle_lr(
   raises there; Cerebras' behaviour past the end is not documented).
   """
   name = "OneCycleLR"
-  i = _num(name, "initial_learning_rate", initial_learning_rate)
-  hi = _num(name, "max_lr", max_lr)
+  i = _rate(name, "initial_learning_rate", initial_learning_rate)
+  hi = _rate(name, "max_lr", max_lr)
   n = _int(name, "total_steps", total_steps, minimum=2)
   pct = _num(name, "pct_start", pct_start)
   if not 0 < pct < 1:

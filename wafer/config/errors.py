@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import reprlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -38,9 +39,15 @@ def suggest(name: Any, options: Iterable[str], cutoff: float = 0.6) -> str | Non
   return lowered[close[0]] if close else None
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 200
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 12
+_REPR.maxlevel = 4
+
+
 def short_repr(value: Any, limit: int = 60) -> str:
-  """``repr(value)``, cut to ``limit`` characters."""
-  text = repr(value)
+  """``repr(value)``, cut to ``limit`` characters (built bounded: a value of nested YAML aliases is huge)."""
+  text = _REPR.repr(value)
   return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -43,6 +43,15 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
   seen: dict[Any, int] = {}
   for key_node, _ in node.value:
     key = loader.construct_object(key_node, deep=deep)
+    try:
+      hash(key)
+    except TypeError:
+      raise yaml.constructor.ConstructorError(
+        None,
+        None,
+        f"a key must be a name, not a {type(key).__name__} (a [...] or {...} key)",
+        key_node.start_mark,
+      ) from None
     if key in seen:
       raise yaml.constructor.ConstructorError(
         None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
@@ -75,21 +84,27 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Loc, int]
     raise ConfigError(f"YAML syntax error: {detail}", where) from None
   lines: dict[Loc, int] = {}
   if node is not None:
-    _index_lines(node, (), lines)
+    _index_lines(node, (), lines, set())
   return data, lines
 
 
-def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
+def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], seen: set[int]) -> None:
+  """Index each node once: a node reached again through an alias (``*name``) keeps the line of its
+  first path (a problem under the alias is shown at the alias's line), so a file of nested aliases
+  is indexed in linear time, not in the exponential size of what it expands to."""
+  if id(node) in seen:
+    return
+  seen.add(id(node))
   if isinstance(node, yaml.MappingNode):
     for key_node, value_node in node.value:
       if isinstance(key_node, yaml.ScalarNode):
         sub = loc + (key_node.value,)
         lines.setdefault(sub, key_node.start_mark.line + 1)
-        _index_lines(value_node, sub, lines)
+        _index_lines(value_node, sub, lines, seen)
   elif isinstance(node, yaml.SequenceNode):
     for i, item in enumerate(node.value):
       lines.setdefault(loc + (i,), item.start_mark.line + 1)
-      _index_lines(item, loc + (i,), lines)
+      _index_lines(item, loc + (i,), lines, seen)
 
 
 def parse_override(text: str) -> tuple[Loc, Any]:
@@ -292,6 +307,19 @@ def _locate(
   return dataclasses.replace(p, shown_path=shown)
 
 
+def _not_utf8(error: UnicodeDecodeError, source: str) -> str:
+  """Where a params file stops being UTF-8 text: line and column of the first bad byte."""
+  with open(source, "rb") as f:
+    head = f.read(error.start)
+  line = head.count(b"\n") + 1
+  column = error.start - (head.rfind(b"\n") + 1) + 1
+  bad = error.object[error.start : error.end]
+  return (
+    f"line {line}, column {column}: byte {bad[:4]!r} is not UTF-8 text; a params file is a UTF-8 YAML "
+    "text file (is this a binary file, or one saved in another encoding? Re-save it as UTF-8)"
+  )
+
+
 def load_params(
   path: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str] = (), mode: str | None = None
 ) -> Params:
@@ -321,6 +349,8 @@ def load_params(
         text = f.read()
     except OSError as e:
       raise ConfigError(f"cannot read the params file: {e.strerror or e}", source) from None
+    except UnicodeDecodeError as e:
+      raise ConfigError(_not_utf8(e, source), source) from None
     data, lines = parse_yaml(text, source)
   if not isinstance(data, dict):
     what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"

@@ -18,6 +18,8 @@ from wafer.config.errors import Problem
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(ge=1)]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
+"""A random seed: JAX's keys and NumPy's generators take 0 .. 2**32 - 1 from every seed key alike."""
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
@@ -111,7 +113,7 @@ class RunConfig(Section):
   save_initial_checkpoint: bool = False
   eval_steps: PosInt | None = None
   eval_frequency: PosInt | None = None
-  seed: int | None = None
+  seed: Seed | None = None
   num_csx: PosInt = 1
   num_workers_per_csx: NonNegInt = 0
   num_wgt_servers: PosInt | None = None
@@ -262,7 +264,7 @@ class InputConfig(OpenSection):
   batch_size: PosInt
   micro_batch_size: Any = "auto"
   shuffle: bool = False
-  shuffle_seed: int | None = None
+  shuffle_seed: Seed | None = None
   shuffle_buffer: PosInt | None = None
   num_workers: NonNegInt = 0
   prefetch_factor: PosInt | None = None

@@ -15,7 +15,10 @@ and ``eval_input`` without a ``data_dir`` see different text.
 
 from __future__ import annotations
 
+import csv
 import os
+import struct
+import zlib
 from typing import Any
 
 from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass
@@ -26,9 +29,23 @@ class DataError(WaferError, ValueError):
   """An input section names data that cannot be read or does not fit; the message says which and why."""
 
 
-def _section_error(section: str, cfg: Any, error: Exception) -> DataError:
+DAMAGED_DATA: tuple[type[BaseException], ...] = (
+  ValueError,
+  OSError,
+  EOFError,
+  csv.Error,
+  struct.error,
+  zlib.error,
+)
+"""What readers raise on data that is missing, truncated or corrupt (not a bug): reported as a `DataError`."""
+
+
+def _section_error(section: str, cfg: Any, error: BaseException) -> DataError:
   where = f"{section} ({cfg.data_processor}, data_dir={cfg.data_dir!r})"
-  return DataError(f"{where}: {error}")
+  detail = str(error) or type(error).__name__
+  if isinstance(error, (EOFError, zlib.error)):  # the readers' own messages name no file
+    detail += " (a file in data_dir ends early or is corrupt: copy it again)"
+  return DataError(f"{where}: {detail}")
 
 
 EVAL_SPLITS = ("val", "eval", "test", "validation")
@@ -116,7 +133,7 @@ def train_source(
     )
   except DataError:
     raise
-  except (ValueError, OSError) as error:
+  except DAMAGED_DATA as error:
     raise _section_error(section, cfg, error) from error
 
 
@@ -157,7 +174,7 @@ def eval_source(
     src = ArraySource(
       _features(cfg, cache_dir, data_seed, eval_split=True), name=f"{cfg.data_processor}:{cfg.data_dir}"
     )
-  except (ValueError, OSError) as error:
+  except DAMAGED_DATA as error:
     raise _section_error(section, cfg, error) from error
   if cfg.drop_remainder and len(src) < cfg.batch_size:
     raise DataError(

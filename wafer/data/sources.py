@@ -62,6 +62,8 @@ def pretokenised(
   if data_dir is None:
     return None
   path = os.fspath(data_dir)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"data_dir {path}: no such file or directory; point data_dir at the data")
   names = [path] if os.path.isfile(path) else (os.listdir(path) if os.path.isdir(path) else [])
   if not any(n.endswith(suffixes) for n in names):
     return None

@@ -131,6 +131,20 @@ def embedded_corpus() -> list[str]:
   return docs
 
 
+def _read_utf8(path: str) -> str:
+  """The text of ``path`` (newlines as ``open`` reads them); not UTF-8: a ``ValueError`` naming file and byte."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as open()
+  except UnicodeDecodeError as e:
+    line = raw.count(b"\n", 0, e.start) + 1
+    raise ValueError(
+      f"{path}:{line}: byte {raw[e.start : e.end][:4]!r} at offset {e.start} is not UTF-8; text data must be "
+      "UTF-8 (re-encode the file, e.g. iconv -f latin1 -t utf-8)"
+    ) from None
+
+
 def read_text_dir(path: str | os.PathLike) -> list[str]:
   """Documents from a directory of ``*.txt`` files (one document per file, sorted by name)."""
   path = os.fspath(path)
@@ -141,8 +155,7 @@ def read_text_dir(path: str | os.PathLike) -> list[str]:
     raise FileNotFoundError(f"no *.txt files in {path}")
   docs = []
   for name in files:
-    with open(os.path.join(path, name), encoding="utf-8") as f:
-      docs.append(f.read())
+    docs.append(_read_utf8(os.path.join(path, name)))
   return docs
 
 
@@ -151,17 +164,16 @@ def read_jsonl(path: str | os.PathLike, key: str = "text") -> list[str]:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"JSONL file not found: {path}")
   docs = []
-  with open(path, encoding="utf-8") as f:
-    for line_no, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        obj = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{line_no}: not valid JSON: {e}") from e
-      if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
-        raise ValueError(f"{path}:{line_no}: expected an object with a string {key!r} field")
-      docs.append(obj[key])
+  for line_no, line in enumerate(_read_utf8(os.fspath(path)).split("\n"), start=1):  # \n only, as JSONL
+    if not line.strip():
+      continue
+    try:
+      obj = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}:{line_no}: not valid JSON: {e}") from e
+    if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
+      raise ValueError(f"{path}:{line_no}: expected an object with a string {key!r} field")
+    docs.append(obj[key])
   return docs
 
 
@@ -174,8 +186,7 @@ def read_documents(data_dir: str | os.PathLike | None) -> list[str]:
     if path.endswith(".jsonl"):
       return read_jsonl(path)
     if path.endswith(".txt"):
-      with open(path, encoding="utf-8") as f:
-        return [f.read()]
+      return [_read_utf8(path)]
     raise ValueError(f"{path}: text data must be a .txt or .jsonl file, or a directory of them")
   if os.path.isdir(path):
     jsonl = sorted(f for f in os.listdir(path) if f.endswith(".jsonl"))

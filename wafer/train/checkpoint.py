@@ -5,7 +5,7 @@ identity of the input pipeline it was written with (not its position: that is in
 `Checkpoints.restore_latest` skips a checkpoint that cannot be read (truncated or missing
 files): it reports the step and the path in one line and restores the newest readable one.
 Nothing is deleted; a later save at the step of an unreadable checkpoint first moves it aside
-to ``checkpoints/<step>.unreadable``.
+to ``checkpoints/<step>.unreadable`` (``<step>.unreadable.1``, ... when that name is taken).
 """
 
 from __future__ import annotations
@@ -51,15 +51,27 @@ class Checkpoints:
     step = int(jax.device_get(state.step))
     if step in self.manager.all_steps():  # an unreadable checkpoint we resumed before: keep it, aside
       if jax.process_index() == 0:
-        (self.directory / str(step)).rename(self.directory / f"{step}.unreadable")
+        (self.directory / str(step)).rename(_aside(self.directory, step))
       _barrier(f"wafer-checkpoint-aside-{step}")
       self.manager.reload()
-    self.manager.save(
-      step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-      force=True,
-    )
-    self.manager.wait_until_finished()
+    try:
+      self.manager.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+        force=True,
+      )
+      self.manager.wait_until_finished()
+    except (
+      OSError,
+      ValueError,
+    ) as error:  # a full disk, a read-only or vanished model_dir (TensorStore: ValueError)
+      saved = [s for s in self.steps() if s != step]
+      newest = f"the newest saved checkpoint is step {max(saved)}" if saved else "no checkpoint was saved"
+      raise ExecutorError(
+        f"Cannot save the checkpoint of step {step} in {self.directory} ({_reason(error)}); {newest}, and "
+        "nothing saved before was changed. Free space in model_dir (or make it writable) and rerun the same "
+        "command: it resumes from there."
+      ) from error
     return step
 
   def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
@@ -118,6 +130,17 @@ class Checkpoints:
         "Move them away (nothing was deleted) or use a new model_dir."
       )
     return None
+
+
+def _aside(directory: Path, step: int) -> Path:
+  """A free name for setting checkpoint ``step`` aside: ``<step>.unreadable``, else ``<step>.unreadable.<n>``.
+
+  A step can be set aside more than once (damaged again after a resume); an earlier one is kept.
+  """
+  path, n = directory / f"{step}.unreadable", 1
+  while path.exists():
+    path, n = directory / f"{step}.unreadable.{n}", n + 1
+  return path
 
 
 def _reason(error: BaseException) -> str:

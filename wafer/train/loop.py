@@ -20,6 +20,7 @@ Nothing process-wide (JAX config, caches, cluster) is changed by `run`.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,7 +33,8 @@ import optax
 import precision
 import wafer
 from wafer import cluster
-from wafer.config import RunConfig
+from wafer.config import ConfigError, RunConfig
+from wafer.config.errors import Problem
 from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
 from wafer.train.metrics import Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
@@ -59,8 +61,77 @@ def steps_to_run(runconfig: RunConfig, initial_step: int, data: Any = None) -> i
   """
   if runconfig.max_steps is not None and initial_step == runconfig.max_steps:
     return 0
+  if runconfig.max_steps is not None and initial_step > runconfig.max_steps:  # resumed past it
+    raise ConfigError(
+      Problem(
+        ("runconfig", "max_steps"),
+        f"Initial global step {initial_step} already exceeds max step {runconfig.max_steps}: model_dir holds "
+        f"the checkpoint of step {initial_step}. Raise runconfig.max_steps above {initial_step} to train "
+        "further, evaluate it with --mode eval, or use a new model_dir",
+        runconfig.max_steps,
+      ),
+      f"model_dir {runconfig.model_dir}",
+    )
   epoch = getattr(data, "epoch_steps", None)
   return runconfig.num_train_steps(initial_step, epoch() if callable(epoch) else None)
+
+
+def make_model_dir(path: str | os.PathLike[str], key: str = "runconfig.model_dir") -> Path:
+  """``runconfig.model_dir`` (named ``key`` in messages), created if missing and checked writable first.
+
+  Raises:
+    ExecutorError: it is a file, or it cannot be created or written (checkpoints would be lost).
+  """
+  model_dir = Path(path)
+  try:
+    model_dir.mkdir(parents=True, exist_ok=True)
+  except OSError as error:
+    what = (
+      "is a file, not a directory"
+      if model_dir.is_file()
+      else f"cannot be created ({error.strerror or error})"
+    )
+    raise ExecutorError(
+      f"{key}={str(path)!r} {what}; give a directory wafer can write (--model_dir DIR)"
+    ) from None
+  if not os.access(model_dir, os.W_OK | os.X_OK):
+    raise ExecutorError(
+      f"{key}={str(path)!r} is not writable, so no checkpoint or metric could be saved; "
+      "give a directory wafer can write (--model_dir DIR)"
+    )
+  return model_dir
+
+
+_RESUME_ONLY = (
+  ("checkpoint_path", None),
+  ("load_checkpoint_states", None),
+  ("autoload_last_checkpoint", True),
+  ("disable_strict_checkpoint_loading", False),
+)
+"""Checkpoint-loading keys of modelzoo that wafer does not implement, with the one value it honours."""
+
+
+def check_checkpoint_keys(runconfig: RunConfig) -> None:
+  """Refuse checkpoint-loading settings the run would otherwise ignore (and train other weights).
+
+  wafer resumes from the newest readable checkpoint in ``model_dir`` and loads nothing else; a run
+  that silently ignored ``checkpoint_path`` would train from scratch where the user asked for a
+  warm start, and one that ignored ``autoload_last_checkpoint: false`` would resume where the user
+  asked for a fresh start.
+
+  Raises:
+    ExecutorError: naming each such key, its value and what to do instead.
+  """
+  found = [(k, getattr(runconfig, k)) for k, honoured in _RESUME_ONLY if getattr(runconfig, k) != honoured]
+  if not found:
+    return
+  keys = ", ".join(f"runconfig.{k}={v!r}" for k, v in found)
+  raise ExecutorError(
+    f"{keys}: not implemented; wafer resumes from the newest readable checkpoint in model_dir "
+    f"({runconfig.model_dir}) and loads no other. To start from a wafer checkpoint, copy its step folder "
+    "(model_dir/checkpoints/<step>) into a new model_dir's checkpoints/; to start fresh, use a new model_dir. "
+    "Then remove the key(s) (or set them to null / their defaults)."
+  )
 
 
 def checkpoint_iterations(checkpoint_steps: int, first: int, last: int) -> set[int]:
@@ -120,7 +191,8 @@ class _Run:
 
   def go(self) -> dict[str, Any]:
     task, rc = self.task, self.rc
-    self.model_dir.mkdir(parents=True, exist_ok=True)
+    check_checkpoint_keys(rc)
+    make_model_dir(self.model_dir)
     seed = seed_of(rc)
     check_only = rc.validate_only or rc.compile_only
     if check_only and task.batch_spec is not None:
@@ -194,6 +266,8 @@ class _Run:
     """The newest readable checkpoint's state, the data source moved to its position; else ``init``."""
     restored = self.checkpoints.restore_latest(self.template, say=self.say)
     if restored is None:
+      if self.rc.save_initial_checkpoint:  # the step-0 checkpoint of a fresh run (modelzoo's key)
+        self.checkpoints.save(init, {"data_pipeline": self._pipeline()})
       return init
     state, meta = restored
     step, position = int(state.step), int(state.data_position)
@@ -393,7 +467,13 @@ def _write_compile_report(step_fn, state, batch, task, num_csx, policy, model_di
   except Exception as error:  # the cost model must not stop a run; say why it is missing
     print(f"note: no compile report ({type(error).__name__}: {error})", flush=True)
     return
-  report.save(model_dir)
+  try:
+    report.save(model_dir)
+  except OSError as error:  # a full or read-only model_dir: say so now, before any step is trained
+    raise ExecutorError(
+      f"cannot write the compile report into model_dir {model_dir} ({error.strerror or error}); checkpoints "
+      "could not be saved either: free space there, or give another --model_dir"
+    ) from None
   summary["compile_report"] = str(model_dir / "compile_report.txt")
   summary["samples_per_sec_estimate"] = float(report.samples_per_sec)
   print(f"Estimated {report.samples_per_sec:,.1f} samples/s on the wafer ({report.mode}); "
