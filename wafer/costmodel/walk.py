@@ -428,6 +428,10 @@ def classify(eqn: Any) -> str | None:
   if prim in _MOVE:
     return "move"
   if prim in _REDUCE:
+    axes = eqn.params.get("axes")
+    shape = getattr(eqn.invars[0].aval, "shape", ())
+    if axes is not None and all(shape[a] == 1 for a in axes):  # over size-1 axes only: a reshape
+      return None
     return "reduce"
   if prim in _TRANSCENDENTAL:
     return "transcendental"

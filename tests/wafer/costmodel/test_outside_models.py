@@ -408,9 +408,29 @@ def test_the_libraries_agree_with_plain_jax_in_weight_streaming(library):
   assert wafer.costmodel.extract(
     step, (params, tokens), batch_argnums=(1,), compute_bits=16
   ).param_elements == (_n_params(cfg))
-  # measured: linen 1.07x, nnx 1.15x, equinox 0.94x, haiku 0.94x of plain JAX (the gap of nnx is
-  # the bias gradients' size-1 reductions of plain JAX, each costed as a fabric traversal)
-  assert _within(r.samples_per_sec, plain.samples_per_sec, 1.17), (r.samples_per_sec, plain.samples_per_sec)
+  # measured: linen 1.04x, nnx 1.05x, equinox 0.94x, haiku 0.94x of plain JAX
+  assert _within(r.samples_per_sec, plain.samples_per_sec, 1.08), (r.samples_per_sec, plain.samples_per_sec)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 64), (1, 8, 1, 32), (1, 300)])
+def test_a_reduction_over_size_one_axes_costs_nothing(shape):
+  """The gradient of a bias added as ``y + b.reshape(1, 1, d)`` sums over the size-1 axes: a
+  reshape, not a reduction across the wafer (each cost a fabric traversal, ~1,000 cycles, in the
+  weight update: plain JAX was 1.15x slower than flax.nnx)."""
+  size1 = tuple(i for i, n in enumerate(shape) if n == 1)
+
+  def step(w, x, extra):
+    y = jnp.tanh(x @ w)
+    if extra:
+      y = y + jnp.sum(jnp.reshape(w[0], shape), axis=size1).reshape(1, -1)[:, : y.shape[1]]
+    return jnp.sum(y)
+
+  d = math.prod(shape)
+  args = (sds(d, d), sds(8, d))
+  without = wafer.costmodel.extract(lambda w, x: step(w, x, False), args, batch_argnums=(1,), compute_bits=16)
+  with_sum = wafer.costmodel.extract(lambda w, x: step(w, x, True), args, batch_argnums=(1,), compute_bits=16)
+  reduces = [key for kern in with_sum.kernels for key in kern.vector if key[1] == "reduce"]
+  assert reduces == [key for kern in without.kernels for key in kern.vector if key[1] == "reduce"]
 
 
 @pytest.mark.parametrize("layers", [3, pytest.param(6, marks=pytest.mark.slow)])
