@@ -69,10 +69,9 @@ chunking, and the cast report counts nothing rounded, at every level.
 **Nesting**: an `autocast` function called while another autocast traces keeps its own
 policy (the inner policy wins); the outer pass leaves its equations alone.
 
-**Transformations.** ``jit``/``pjit`` bodies are transformed and stay ``jit`` calls when
-traced (so ``jax.grad(autocast(f))`` sums a cotangent's contributions in the order
-``jax.grad(f)`` does), inlined when evaluated eagerly or when the ``jit`` has shardings of its
-own; ``remat``, ``scan``, ``while``, ``cond`` and ``shard_map`` are rebound with transformed bodies; a loop carry's state is the
+**Transformations.** ``jit``/``pjit`` bodies are transformed and stay ``jit`` calls with
+their shardings when traced (so ``jax.grad(autocast(f))`` sums a cotangent's contributions in
+the order ``jax.grad(f)`` does), and are inlined when evaluated eagerly (unless sharded); ``remat``, ``scan``, ``while``, ``cond`` and ``shard_map`` are rebound with transformed bodies; a loop carry's state is the
 fixed point of the body (so the first iteration of a scan sees the joined state: a scan over
 layers equals the unrolled loop when each layer's output state is its input's, e.g. ends
 in a rounded activation); ``cond`` branches are transformed separately and their output
@@ -159,6 +158,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import partial_eval as _pe
+from jax._src.sharding_impls import UNSPECIFIED as _UNSPECIFIED_VALUE
 from jax._src.sharding_impls import UnspecifiedValue as _UNSPECIFIED
 from jax.custom_derivatives import SymbolicZero
 from jax.extend import core as jcore
@@ -1248,23 +1248,21 @@ def _inline(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tu
 
 def _jit(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
   """A ``jit`` inside the function (``jax.nn.silu``, ``jnp.var``, a user's jitted layer): its
-  body transformed, kept a ``jit`` when traced (under ``jit``, ``grad``, ``vmap``), inlined when
-  evaluated eagerly (op by op, nothing to compile).
+  body transformed and bound as a ``jit`` again (same shardings, layouts, mesh and name) when
+  traced (under ``jit``, ``grad``, ``vmap``); inlined when evaluated eagerly (op by op,
+  nothing to compile) unless it has shardings or layouts of its own.
 
   Keeping the boundary keeps the association of the sums JAX's transpose makes of a
   cotangent, so ``jax.grad(autocast(f))`` adds the gradient contributions of a value used
   inside and outside a jitted function in the same order as ``jax.grad(f)`` (inlined, a float32
-  policy's gradients differed from ``jax.grad(f)`` in the last bit). The body is evaluated by
-  this pass (same sites, same stochastic bits as inlined). A ``jit`` with shardings, layouts or
-  a mesh of its own is inlined."""
+  policy's gradients differed from ``jax.grad(f)`` in the last bit), and keeps a sharded jit's
+  shardings (inlined, they were dropped and the values changed). The body is evaluated by this
+  pass: same rounding sites and stochastic bits as inlined."""
   params = eqn.params
-  plain = (
-    not any(isinstance(v, jax.core.Tracer) for v in values)
-    or any(not isinstance(s, _UNSPECIFIED) for s in (*params["in_shardings"], *params["out_shardings"]))
-    or any(layout is not None for layout in (*params["in_layouts"], *params["out_layouts"]))
-    or not params["ctx_mesh"].empty
-  )
-  if plain:
+  traced = any(isinstance(v, jax.core.Tracer) for v in values)
+  placed = any(not isinstance(s, _UNSPECIFIED) for s in (*params["in_shardings"], *params["out_shardings"]))
+  placed = placed or any(layout is not None for layout in (*params["in_layouts"], *params["out_layouts"]))
+  if not (traced or placed):
     return _inline(p, eqn, values, tags)
   closed = params["jaxpr"]
   box: list[list[Tag | None]] = []
@@ -1274,9 +1272,20 @@ def _jit(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple
     box.append(out_tags)
     return outs
 
-  body.__name__ = body.__qualname__ = str(params["name"])
-  outs = jax.jit(body, keep_unused=params["keep_unused"], inline=params["inline"])(*values)
-  return list(outs), box[-1]
+  in_avals = [v.aval for v in eqn.invars]
+  new_jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(
+    lu.wrap_init(body, debug_info=closed.jaxpr.debug_info), in_avals
+  )
+  n = len(consts)  # the new constants (rounded weights, keys of stochastic sites) lead the arguments
+  outs = _bind(
+    eqn,
+    [*consts, *values],
+    jaxpr=jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(new_jaxpr), ()),
+    in_shardings=(_UNSPECIFIED_VALUE,) * n + tuple(params["in_shardings"]),
+    in_layouts=(None,) * n + tuple(params["in_layouts"]),
+    donated_invars=(False,) * n + tuple(params["donated_invars"]),
+  )
+  return outs, box[-1]
 
 
 def _remat(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:

@@ -210,6 +210,27 @@ def test_gradients_through_jitted_functions_are_the_identity_under_float32():
   _assert_tree_same(eager, jax.jit(precision.autocast(_silu_residual, "c=bf16"))(x))
 
 
+def test_a_jit_with_its_own_shardings_keeps_them():
+  # Was: inlined, its shardings dropped, and the float32 policy's values differed by an ulp.
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("d",))
+  rows = NamedSharding(mesh, P("d"))
+  w = _normal(18, (16, 16), 0.3)
+  layer = jax.jit(lambda a: jnp.tanh(a @ w), in_shardings=rows, out_shardings=rows)
+
+  def f(x):
+    return jnp.sum(layer(x) * 2)
+
+  x = _normal(19, (4, 16))
+  for policy in F32[1:2]:
+    _assert_tree_same(
+      jax.jit(jax.value_and_grad(precision.autocast(f, policy)))(x), jax.jit(jax.value_and_grad(f))(x)
+    )
+  jaxpr = jax.make_jaxpr(precision.autocast(f, "c=bf16"))(x)
+  (inner,) = [e for e in jaxpr.eqns if e.primitive.name == "jit"]
+  assert inner.params["out_shardings"] == (rows,)
+  assert precision.autocast(layer, "c=bf16")(x).sharding == rows  # eagerly too
+
+
 def test_stochastic_bits_do_not_depend_on_jit_boundaries():
   def f(x, w):
     return jnp.sum(jax.jit(lambda a: jnp.tanh(a @ w) * 1.7)(x) ** 2)
