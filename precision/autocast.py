@@ -69,8 +69,9 @@ chunking, and the cast report counts nothing rounded, at every level.
 **Nesting**: an `autocast` function called while another autocast traces keeps its own
 policy (the inner policy wins); the outer pass leaves its equations alone.
 
-**Transformations.** ``jit``/``pjit`` bodies are inlined; ``remat``, ``scan``, ``while``,
-``cond`` and ``shard_map`` are rebound with transformed bodies; a loop carry's state is the
+**Transformations.** ``jit``/``pjit`` bodies are transformed and stay ``jit`` calls with
+their shardings when traced (so ``jax.grad(autocast(f))`` sums a cotangent's contributions in
+the order ``jax.grad(f)`` does), and are inlined when evaluated eagerly (unless sharded); ``remat``, ``scan``, ``while``, ``cond`` and ``shard_map`` are rebound with transformed bodies; a loop carry's state is the
 fixed point of the body (so the first iteration of a scan sees the joined state: a scan over
 layers equals the unrolled loop when each layer's output state is its input's, e.g. ends
 in a rounded activation); ``cond`` branches are transformed separately and their output
@@ -157,6 +158,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import partial_eval as _pe
+from jax._src.sharding_impls import UNSPECIFIED as _UNSPECIFIED_VALUE
+from jax._src.sharding_impls import UnspecifiedValue as _UNSPECIFIED
 from jax.custom_derivatives import SymbolicZero
 from jax.extend import core as jcore
 from jax.extend import linear_util as lu
@@ -209,6 +212,11 @@ class float32_region(contextlib.ContextDecorator):  # noqa: N801  (used like a f
   """
 
   def __init__(self, fn: Callable[..., Any] | None = None):
+    if fn is not None and not callable(fn):
+      raise TypeError(
+        f"float32_region takes no arguments as a context manager (with precision.float32_region(): ...) or "
+        f"one function as a decorator; got {type(fn).__name__} {fn!r:.60}"
+      )
     self._fn = fn
     self._scopes: list[Any] = []
     if fn is not None:
@@ -254,11 +262,14 @@ def autocast(
   Args:
     fn: any function of arrays (pytrees of arrays in, pytrees out), e.g. a loss written in
       float32, ``jax.value_and_grad(loss)``, or a function that merges an NNX module
-      (``lambda state, x: nnx.merge(graphdef, state)(x)``).
+      (``lambda state, x: nnx.merge(graphdef, state)(x)``). Leaves that are arrays or Python
+      numbers are traced; any other leaf (an Equinox module's activation function, a string)
+      is passed to ``fn`` unchanged, as ``eqx.filter_jit`` does, and such leaves of the
+      result are returned unchanged: ``eqx.filter_jit(autocast(loss, policy))(model, x)`` works.
     policy: a `Policy` or its string form (``"c=cb16,level=1"``).
-    static_argnums, static_argnames: arguments that are not arrays (flags, configs), as in
-      ``jax.jit`` (a name also covers the argument passed by position, and a position the
-      argument passed by name); they must be hashable.
+    static_argnums, static_argnames: arguments to pass unchanged rather than trace (Python
+      bools and numbers used as flags, configs), as in ``jax.jit`` (a name also covers the
+      argument passed by position, and a position the argument passed by name).
 
   Returns:
     A function with ``fn``'s signature plus one keyword, ``rounding_key``: the PRNG key
@@ -270,6 +281,8 @@ def autocast(
 
   Raises:
     PolicyError: the policy rounds stochastically and no ``rounding_key`` was given.
+    TypeError: ``fn`` is not callable, or a static argument spec of the wrong type.
+    ValueError: a static position or name that ``fn``'s signature does not have.
 
   Example:
     >>> import jax.numpy as jnp, precision
@@ -277,22 +290,37 @@ def autocast(
     >>> f(jnp.ones((2, 3)), jnp.full((3, 2), 0.1)).dtype
     dtype('float32')
   """
-  policy = _as_policy(policy)
-  statics = _Statics.of(fn, static_argnums, static_argnames)
+  _check_callable(fn, "autocast")
+  return _Autocast(fn, _as_policy(policy), _Statics.of(fn, static_argnums, static_argnames))
 
-  @functools.wraps(fn)
-  def wrapped(*args: Any, rounding_key: Any = None, **kwargs: Any) -> Any:
+
+class _Autocast:
+  """The function `autocast` returns: ``fn``'s name, docstring and signature (``__wrapped__``),
+  plus ``policy``. A callable object rather than a plain function, so that Equinox does not
+  take it for a ``jax.jit``-style wrapper of arrays (``eqx.filter_jit(autocast(f, p))`` of an
+  ``eqx.filter_value_and_grad`` would warn); like a function, it binds as a method."""
+
+  def __init__(self, fn: Callable[..., Any], policy: Policy, statics: _Statics):
+    functools.update_wrapper(self, fn)
+    self.policy = policy
+    self._statics = statics
+
+  def __call__(self, *args: Any, rounding_key: Any = None, **kwargs: Any) -> Any:
+    fn, policy = self.__wrapped__, self.policy
     p = _Pass(policy)
     if p.stochastic:
       p.key = _check_key(fn, policy, rounding_key)
     nested = getattr(_TRACING, "depth", 0) > 0
-    closed, out_tree, flat = _trace(fn, statics, args, kwargs)
+    closed, outputs, flat = _trace(fn, self._statics, args, kwargs)
     with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
       outs = _run(p, closed, flat)
-    return jax.tree.unflatten(out_tree, outs)
+    return outputs.unflatten(outs)
 
-  wrapped.policy = policy  # type: ignore[attr-defined]
-  return wrapped
+  def __get__(self, instance: Any, owner: Any = None) -> Any:
+    return self if instance is None else functools.partial(self, instance)
+
+  def __repr__(self) -> str:
+    return f"<autocast {getattr(self, '__qualname__', _name(self.__wrapped__))} ({self.policy})>"
 
 
 def cast_report(
@@ -311,6 +339,7 @@ def cast_report(
   Returns:
     A `CastReport` (prints as tables, ``.to_dict()`` for JSON).
   """
+  _check_callable(fn, "cast_report")
   policy = _as_policy(policy)
   closed, _, flat = _trace(fn, _Statics.of(fn, static_argnums, static_argnames), args, kwargs)
   p = _Pass(policy)
@@ -328,22 +357,80 @@ class _Statics(NamedTuple):
 
   @classmethod
   def of(cls, fn: Callable[..., Any], argnums: Any, argnames: Any) -> _Statics:
-    """Static positions and names, each completed from ``fn``'s signature (as ``jax.jit`` does)."""
-    nums = {argnums} if isinstance(argnums, int) else set(argnums)
-    names = {argnames} if isinstance(argnames, str) else set(argnames)
+    """Static positions and names, each completed from ``fn``'s signature (as ``jax.jit`` does).
+
+    Raises:
+      TypeError: ``argnums`` is not an int or a sequence of ints, ``argnames`` not a string or
+        a sequence of strings.
+      ValueError: a position or a name ``fn``'s signature does not have (as ``jax.jit``).
+    """
+    name = _name(fn)
+    nums, names = (
+      _as_set(name, "static_argnums", argnums, int),
+      _as_set(name, "static_argnames", argnames, str),
+    )
     try:
       parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-      parameters = []
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    for i, param in enumerate(parameters):
-      if param.kind not in positional:
-        break
+      return cls(tuple(sorted(nums)), tuple(sorted(names)))  # no signature: taken as given
+    kinds = {param.kind for param in parameters}
+    positional = [
+      param
+      for param in parameters
+      if param.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if inspect.Parameter.VAR_POSITIONAL not in kinds:
+      bad = sorted(i for i in nums if not -len(positional) <= i < len(positional))
+      if bad:
+        raise ValueError(
+          f"autocast({name!r}): static_argnums={bad} out of range: {name} takes {len(positional)} positional "
+          f"argument(s) ({', '.join(p.name for p in positional) or 'none'}); allowed: 0 to {len(positional) - 1}, "
+          "or negative positions counted from the end."
+        )
+      nums = {i % len(positional) for i in nums}
+    if inspect.Parameter.VAR_KEYWORD not in kinds:
+      known = {p.name for p in parameters if p.kind != inspect.Parameter.POSITIONAL_ONLY}
+      bad_names = sorted(names - known)
+      if bad_names:
+        raise ValueError(
+          f"autocast({name!r}): static_argnames={bad_names} are not parameters of {name}; its parameters: "
+          f"{', '.join(sorted(known)) or 'none'}."
+        )
+    for i, param in enumerate(positional):
       if param.name in names:
         nums.add(i)
       if i in nums and param.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
         names.add(param.name)
     return cls(tuple(sorted(nums)), tuple(sorted(names)))
+
+
+def _as_set(where: str, what: str, value: Any, kind: type) -> set:
+  """``value`` (one ``kind`` or a sequence of them) as a set, or a TypeError saying what is allowed."""
+  if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+    return {value}
+  items = list(value) if isinstance(value, (list, tuple, set, frozenset, range)) else None
+  if items is None or not all(isinstance(v, kind) and not isinstance(v, bool) for v in items):
+    example = "1 or (0, 2)" if kind is int else "'train' or ('train', 'config')"
+    raise TypeError(
+      f"autocast({where!r}): {what} must be {'an int' if kind is int else 'a string'} or a sequence of them, "
+      f"e.g. {example}; got {value!r}"
+    )
+  return set(items)
+
+
+def _name(fn: Any) -> str:
+  return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _check_callable(fn: Any, where: str) -> None:
+  """A TypeError naming what was given in place of the function, if it is not callable."""
+  if callable(fn):
+    return
+  hint = " Did you swap fn and policy?" if isinstance(fn, (str, Policy)) else ""
+  raise TypeError(
+    f"{where}(fn, policy, ...): fn must be a function (e.g. a loss, or jax.value_and_grad(loss)); got "
+    f"{type(fn).__name__} {fn!r:.60}.{hint}"
+  )
 
 
 def _check_key(fn: Callable[..., Any], policy: Policy, key: Any) -> jax.Array:
@@ -373,33 +460,53 @@ def _as_policy(policy: Policy | str) -> Policy:
   raise TypeError(f"policy must be a precision.Policy or a string like 'c=cb16'; got {type(policy).__name__}")
 
 
-def _trace(fn: Callable[..., Any], statics: _Statics, args: tuple, kwargs: dict) -> tuple[Any, Any, list]:
-  """(closed jaxpr, output treedef, flat dynamic arguments) of ``fn(*args, **kwargs)``."""
+_ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, complex, jax.ShapeDtypeStruct)
+
+
+class _Outputs(NamedTuple):
+  """How to rebuild ``fn``'s result from the traced outputs: its treedef, and the leaves that
+  are not arrays (functions, strings of an Equinox module ...), which are returned as they are."""
+
+  tree: Any
+  static: tuple[Any, ...]  # per leaf: the object itself, or _TRACED for a traced output
+
+  def unflatten(self, outs: Sequence[Any]) -> Any:
+    it = iter(outs)
+    return jax.tree.unflatten(self.tree, [next(it) if s is _TRACED else s for s in self.static])
+
+
+_TRACED = object()
+
+
+def _trace(
+  fn: Callable[..., Any], statics: _Statics, args: tuple, kwargs: dict
+) -> tuple[Any, _Outputs, list]:
+  """(closed jaxpr, how to rebuild the output, flat dynamic arguments) of ``fn(*args, **kwargs)``.
+
+  Leaves that are arrays or Python numbers are traced; any other leaf (a function or a string
+  held by an Equinox module, an enum, a config object) is static: passed to ``fn`` as it is,
+  as ``eqx.filter_jit`` does. Such leaves among ``fn``'s outputs are returned as they are."""
   static_args = {i: args[i] for i in statics.argnums if i < len(args)}
   static_kwargs = {k: kwargs[k] for k in statics.argnames if k in kwargs}
   dyn_args = tuple(None if i in static_args else a for i, a in enumerate(args))
   dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_kwargs}
-  flat, in_tree = jax.tree.flatten((dyn_args, dyn_kwargs))
-  for leaf in flat:
-    if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex, jax.ShapeDtypeStruct)):
-      raise TypeError(
-        f"autocast({getattr(fn, '__name__', fn)!r}) got a {type(leaf).__name__} argument ({leaf!r:.60}); "
-        "arguments must be arrays or pytrees of arrays. Mark non-array arguments with "
-        "static_argnums= or static_argnames=, as with jax.jit."
-      )
-  out_tree_box: list[Any] = []
+  leaves, in_tree = jax.tree.flatten((dyn_args, dyn_kwargs))
+  traced = [isinstance(leaf, _ARRAY_LEAVES) for leaf in leaves]
+  flat = [leaf for leaf, t in zip(leaves, traced) if t]
+  outputs: list[_Outputs] = []
 
-  def flat_fn(*leaves: Any) -> list[Any]:
-    a, k = jax.tree.unflatten(in_tree, leaves)
+  def flat_fn(*dynamic: Any) -> list[Any]:
+    it = iter(dynamic)
+    a, k = jax.tree.unflatten(in_tree, [next(it) if t else leaf for leaf, t in zip(leaves, traced)])
     a = tuple(static_args.get(i, x) for i, x in enumerate(a))
-    out = fn(*a, **k, **static_kwargs)
-    out_flat, out_tree = jax.tree.flatten(out)
-    out_tree_box.append(out_tree)
-    return out_flat
+    out_flat, out_tree = jax.tree.flatten(fn(*a, **k, **static_kwargs))
+    keep = tuple(_TRACED if isinstance(o, _ARRAY_LEAVES) else o for o in out_flat)
+    outputs.append(_Outputs(out_tree, keep))
+    return [o for o, s in zip(out_flat, keep) if s is _TRACED]
 
   with _tracing():
     closed = jax.make_jaxpr(flat_fn)(*flat)
-  return closed, out_tree_box[0], flat
+  return closed, outputs[0], flat
 
 
 def _run(p: _Pass, closed: jcore.ClosedJaxpr, flat: Sequence[Any]) -> list[Any]:
@@ -981,6 +1088,8 @@ def _dot_chunking(eqn: Any, block: int) -> tuple[int, int, int] | None:
     return None
   lhs_shape = eqn.invars[0].aval.shape
   sizes = [lhs_shape[d] for d in lhs_contract]
+  if 0 in sizes:  # an empty contraction: zeros, nothing to chunk
+    return None
   j = int(np.argmax(sizes))
   others = math.prod(sizes) // sizes[j]
   length = max(1, block // others)
@@ -1135,6 +1244,48 @@ def _inline(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tu
   if isinstance(closed, jcore.ClosedJaxpr):
     return _interpret(p, closed.jaxpr, closed.consts, values, tags)
   return _interpret(p, closed, (), values, tags)
+
+
+def _jit(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
+  """A ``jit`` inside the function (``jax.nn.silu``, ``jnp.var``, a user's jitted layer): its
+  body transformed and bound as a ``jit`` again (same shardings, layouts, mesh and name) when
+  traced (under ``jit``, ``grad``, ``vmap``); inlined when evaluated eagerly (op by op,
+  nothing to compile) unless it has shardings or layouts of its own.
+
+  Keeping the boundary keeps the association of the sums JAX's transpose makes of a
+  cotangent, so ``jax.grad(autocast(f))`` adds the gradient contributions of a value used
+  inside and outside a jitted function in the same order as ``jax.grad(f)`` (inlined, a float32
+  policy's gradients differed from ``jax.grad(f)`` in the last bit), and keeps a sharded jit's
+  shardings (inlined, they were dropped and the values changed). The body is evaluated by this
+  pass: same rounding sites and stochastic bits as inlined."""
+  params = eqn.params
+  traced = any(isinstance(v, jax.core.Tracer) for v in values)
+  placed = any(not isinstance(s, _UNSPECIFIED) for s in (*params["in_shardings"], *params["out_shardings"]))
+  placed = placed or any(layout is not None for layout in (*params["in_layouts"], *params["out_layouts"]))
+  if not (traced or placed):
+    return _inline(p, eqn, values, tags)
+  closed = params["jaxpr"]
+  box: list[list[Tag | None]] = []
+
+  def body(*args: Any) -> list[Any]:
+    outs, out_tags = _interpret(p, closed.jaxpr, closed.consts, args, tags)
+    box.append(out_tags)
+    return outs
+
+  in_avals = [v.aval for v in eqn.invars]
+  new_jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(
+    lu.wrap_init(body, debug_info=closed.jaxpr.debug_info), in_avals
+  )
+  n = len(consts)  # the new constants (rounded weights, keys of stochastic sites) lead the arguments
+  outs = _bind(
+    eqn,
+    [*consts, *values],
+    jaxpr=jcore.ClosedJaxpr(_pe.convert_constvars_jaxpr(new_jaxpr), ()),
+    in_shardings=(_UNSPECIFIED_VALUE,) * n + tuple(params["in_shardings"]),
+    in_layouts=(None,) * n + tuple(params["in_layouts"]),
+    donated_invars=(False,) * n + tuple(params["donated_invars"]),
+  )
+  return outs, box[-1]
 
 
 def _remat(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
@@ -1346,8 +1497,8 @@ def _autocast_bwd(p: _Pass, bwd: Any, *args: Any) -> list[Any]:
 
 
 _CONTROL_FLOW: dict[str, Callable[..., tuple[list, list]]] = {
-  "jit": _inline,
-  "pjit": _inline,
+  "jit": _jit,
+  "pjit": _jit,
   "closed_call": _inline,
   "core_call": _inline,
   "remat2": _remat,

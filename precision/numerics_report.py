@@ -92,7 +92,7 @@ import numpy as np
 from jax.extend import source_info_util
 
 from precision._op_classes import CONTROL_FLOW, PRIMITIVE_CLASSES
-from precision.autocast import _as_policy, _Pass, _run, _Statics, _trace
+from precision.autocast import _as_policy, _check_callable, _Pass, _run, _Statics, _trace
 from precision.formats import FloatFormat
 from precision.policy import Policy
 from precision.rounding import _host_round
@@ -547,8 +547,9 @@ def numerics_report(
   Returns:
     A `NumericsReport`; see the module docstring for the method, the columns and the cost.
   """
+  _check_callable(fn, "numerics_report")
   policy = _as_policy(policy)
-  closed, out_tree, flat = _trace(fn, _Statics.of(fn, (), ()), args, kwargs)
+  closed, outputs, flat = _trace(fn, _Statics.of(fn, (), ()), args, kwargs)
   collector = _Collector(policy.compute)
   identity = Policy.parse("c=f32")
 
@@ -560,4 +561,4 @@ def numerics_report(
   jax.effects_barrier()
   outs = jax.block_until_ready(run(policy, "policy"))
   jax.effects_barrier()
-  return NumericsReport(policy, collector.rows(), jax.tree.unflatten(out_tree, outs), collector.missing)
+  return NumericsReport(policy, collector.rows(), outputs.unflatten(outs), collector.missing)

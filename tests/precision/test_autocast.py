@@ -284,8 +284,9 @@ def test_pytrees_kwargs_static_arguments_and_output_format():
   out = auto(params, x, scale=jnp.float32(3.0), activation="tanh")
   _same(out["y"], precision.round(r(r(jnp.tanh(r(r(x) @ r(params["w"])))) * 3.0), "bf16"))
   assert out["n"].dtype == jnp.int32 and auto.policy.output is precision.bfloat16
-  with pytest.raises(TypeError, match="static_argnums= or static_argnames="):
-    precision.autocast(f, "c=cb16")(params, x, scale=1.0, activation="tanh")
+  # A leaf that is neither an array nor a number (the string) is passed unchanged, marked static or not.
+  unmarked = precision.autocast(f, auto.policy)(params, x, scale=jnp.float32(3.0), activation="tanh")
+  _same(unmarked["y"], out["y"])
 
 
 def test_float32_compute_and_non_float32_values_are_untouched():
