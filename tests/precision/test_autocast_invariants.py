@@ -261,7 +261,10 @@ def test_cast_report_counts_equal_the_jaxpr(ops, seed, policy):
   f, x, p = _case(ops, seed)
   report = precision.cast_report(f, policy, x, p)
   jaxpr = jax.make_jaxpr(precision.autocast(f, policy))(x, p).jaxpr
-  assert report.total.rounded == _rounded_in_jaxpr(jaxpr) > 0
+  rounded = _rounded_in_jaxpr(jaxpr)
+  assert report.total.rounded == rounded
+  if set(ops) - {"relu"}:  # relu alone is exact on the float32 input: nothing to round
+    assert rounded > 0
 
 
 # ---- what an op computes decides its treatment, not how it is spelled ----
