@@ -196,7 +196,8 @@ def test_data_errors_name_the_section(tmp_path):
   from wafer.data import DataError
 
   with pytest.raises(
-    DataError, match=r"train_input \(BertCSVDynamicMaskDataProcessor, data_dir='.*nowhere'\).*(not found|no such file or directory)"
+    DataError,
+    match=r"train_input \(BertCSVDynamicMaskDataProcessor, data_dir='.*nowhere'\).*(not found|no such file or directory)",
   ):
     _run(DEFAULT_JOB, tmp_path, f"train_input.data_dir={tmp_path / 'nowhere'}", "runconfig.max_steps=1")
   from wafer.config import ConfigError
