@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from precision._table import Table
@@ -290,6 +291,9 @@ class Report:
   def save(self, model_dir: str | os.PathLike[str]) -> dict[str, str]:
     """Write ``compile_report.txt``, ``compile_report.json`` and ``placement.png`` into ``model_dir``.
 
+    Each file is written beside its name and renamed into place, so a failed write (a full disk)
+    leaves the previous report whole and no partial file.
+
     Returns:
       ``{"text": path, "json": path, "png": path}``.
     """
@@ -300,12 +304,32 @@ class Report:
       "json": os.path.join(model_dir, "compile_report.json"),
       "png": os.path.join(model_dir, "placement.png"),
     }
-    with open(paths["text"], "w") as fh:
-      fh.write(self.to_text())
-    with open(paths["json"], "w") as fh:
-      fh.write(self.to_json() + "\n")
-    self.plot(paths["png"])
+
+    def write_text(text: str) -> Callable[[str], object]:
+      def write(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+          fh.write(text)
+
+      return write
+
+    _replace_atomically(paths["text"], write_text(self.to_text()))
+    _replace_atomically(paths["json"], write_text(self.to_json() + "\n"))
+    _replace_atomically(paths["png"], self.plot)
     return paths
+
+
+def _replace_atomically(path: str, write: Callable[[str], object]) -> None:
+  """``write(tmp)`` to a temporary name with the same extension, then rename it onto ``path``;
+  on any error the temporary file is removed and ``path`` is left as it was."""
+  base, ext = os.path.splitext(path)
+  tmp = f"{base}.tmp{ext}"
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
 
 
 def _mode_name(mode: str) -> str:

@@ -75,6 +75,24 @@ def test_save_writes_the_three_files(pipeline_report, tmp_path):
   assert paths["text"].endswith("compile_report.txt")
 
 
+def test_a_failed_save_leaves_the_previous_report_whole(pipeline_report, tmp_path, monkeypatch):
+  model_dir = tmp_path / "model_dir"
+  pipeline_report.save(model_dir)
+  before = {name: (model_dir / name).read_bytes() for name in FILES}
+
+  def full_disk(self, path):  # the disk fills in the middle of writing the picture
+    with open(path, "wb") as fh:
+      fh.write(b"\x89PN")
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(type(pipeline_report), "plot", full_disk)
+  with pytest.raises(OSError, match="No space left"):
+    pipeline_report.save(model_dir)
+  after = {name: (model_dir / name).read_bytes() for name in FILES}
+  assert after == before  # the half-written picture never replaced the old one
+  assert sorted(p.name for p in model_dir.iterdir()) == sorted(FILES)  # no temporary files left
+
+
 def test_cli_estimate_writes_the_files(tmp_path, capsys):
   rc = main(
     ["estimate", "--workload", "esm2_35m", "--mode", "weight_streaming", "--model_dir", str(tmp_path)]
