@@ -77,6 +77,12 @@ def _input_section(params: Any, which: str, processors_allowed: tuple[str, ...],
 def _check_tokens(features: Mapping[str, np.ndarray], vocab_size: int, msl_limit: int, where: str) -> None:
   """Token ids must index the embedding table, and sequences must fit the position table."""
   ids = features["input_ids"]
+  low = int(ids.min()) if ids.size else 0
+  if low < 0:
+    raise DataConfigError(
+      f"{where}: token id {low} is negative; token ids index the embedding table, 0 to "
+      f"model.vocab_size - 1 = {vocab_size - 1} (JAX would clamp it to a real token silently)"
+    )
   top = int(ids.max()) if ids.size else 0
   if top >= vocab_size:
     raise DataConfigError(
@@ -220,6 +226,13 @@ def fc_mnist_task(params: Any) -> Task:
     width = features["images"].reshape(len(features["images"]), -1).shape[1]
     if width != model.input_size:
       raise DataConfigError(f"{where}: images have {width} pixels, model.input_size is {model.input_size}")
+    labels = features["labels"]
+    if labels.size and (labels.min() < 0 or labels.max() >= model.num_classes):
+      raise DataConfigError(
+        f"{where}: labels {int(labels.min())}..{int(labels.max())} are outside 0..{model.num_classes - 1} "
+        f"(model.num_classes={model.num_classes}); a label out of range would index a logit that does "
+        "not exist; raise model.num_classes or fix the labels"
+      )
 
   return Task(
     name="fc_mnist",

@@ -226,6 +226,21 @@ def test_data_errors_name_the_section(tmp_path):
     )
   with pytest.raises(DataError, match=r"split='bogus'; allowed: train, or val, eval, test, validation"):
     _run(FC_MNIST, tmp_path, "train_input.split=bogus", "runconfig.max_steps=1")
+  # labels beyond the model's classes would index logits that do not exist (JAX clamps silently)
+  with pytest.raises(DataError, match=r"labels 0\.\.9 are outside 0\.\.4 \(model.num_classes=5\)"):
+    _run(FC_MNIST, tmp_path, "model.num_classes=5", "runconfig.max_steps=1")
+
+
+def test_negative_token_ids_are_an_error_naming_the_section():
+  from models.registry import _check_tokens
+  from wafer.data import DataError
+
+  ids = np.array([[5, 3, -1, 7]], np.int32)
+  with pytest.raises(
+    DataError, match=r"train_input: token id -1 is negative.*0 to model.vocab_size - 1 = 99"
+  ):
+    _check_tokens({"input_ids": ids}, 100, 512, "train_input")
+  _check_tokens({"input_ids": np.abs(ids)}, 100, 512, "train_input")  # in range: no error
 
 
 def test_analyze_input_recommends_workers(tmp_path, capsys):
