@@ -273,7 +273,8 @@ def _xent(logits, tokens):
   return -jnp.mean(jnp.take_along_axis(logp, tokens[..., None], axis=-1))
 
 
-def _linen(cfg: Cfg, batch: int):
+def _linen(cfg: Cfg, batch: int, remat: bool = False):
+  """The LM in flax.linen; ``remat`` wraps each block in ``nn.remat``."""
   import flax.linen as nn
 
   class Block(nn.Module):
@@ -282,12 +283,14 @@ def _linen(cfg: Cfg, batch: int):
       x = x + nn.MultiHeadDotProductAttention(num_heads=cfg.heads)(nn.LayerNorm()(x))
       return x + nn.Dense(cfg.d)(nn.gelu(nn.Dense(cfg.ffn)(nn.LayerNorm()(x))))
 
+  block = nn.remat(Block) if remat else Block
+
   class LM(nn.Module):
     @nn.compact
     def __call__(self, tokens):
       x = nn.Embed(cfg.vocab, cfg.d)(tokens)
       for _ in range(cfg.layers):
-        x = Block()(x)
+        x = block()(x)
       return nn.Dense(cfg.vocab)(nn.LayerNorm()(x))
 
   model = LM()
@@ -517,34 +520,10 @@ def test_flax_nn_remat_keeps_each_block_one_kernel(mode):
   ``transpose(jvp(LM))/jvp(LM)/CheckpointBlock_0/...``, the same scope seen through two transforms;
   read as ``LM/LM/...`` every layer's backward was a second set of kernels (weight streaming
   streamed every weight twice: 0.63x)."""
-  import flax.linen as nn
-
   cfg, batch = SHAPES[0]
-
-  class Block(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      x = x + nn.MultiHeadDotProductAttention(num_heads=cfg.heads)(nn.LayerNorm()(x))
-      return x + nn.Dense(cfg.d)(nn.gelu(nn.Dense(cfg.ffn)(nn.LayerNorm()(x))))
-
-  def lm(remat: bool):
-    block = nn.remat(Block) if remat else Block
-
-    class LM(nn.Module):
-      @nn.compact
-      def __call__(self, tokens):
-        x = nn.Embed(cfg.vocab, cfg.d)(tokens)
-        for _ in range(cfg.layers):
-          x = block()(x)
-        return nn.Dense(cfg.vocab)(nn.LayerNorm()(x))
-
-    model = LM()
-    params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((batch, cfg.seq), jnp.int32))
-    return _sgd(lambda p, t: _xent(model.apply(p, t), t)), params
-
   tokens = _tokens(cfg, batch)
-  plain = wafer.estimate(*lm(False), tokens, mode=mode)
-  remat = wafer.estimate(*lm(True), tokens, mode=mode)
+  plain = wafer.estimate(*_linen(cfg, batch), tokens, mode=mode)
+  remat = wafer.estimate(*_linen(cfg, batch, remat=True), tokens, mode=mode)
   assert len(remat.kernels) == len(plain.kernels)
   assert not any(k.name.startswith("LM/LM") for k in remat.kernels)
   assert remat.flops_per_sample > plain.flops_per_sample
