@@ -62,7 +62,9 @@ weakest state both satisfy (``raw`` if nothing better is known).
   ``unknown`` primitives are left unchanged (the cast report lists the unknown ones).
 
 **compute="float32"** is the identity: every rule becomes ``float32``; no rounding, no
-chunking, and the cast report counts nothing rounded, at every level.
+chunking, and the cast report counts nothing rounded, at every level. Called eagerly (no
+tracer among the arguments) it runs ``fn`` itself, its products at ``HIGHEST``, so a jitted
+function inside is compiled and fused exactly as ``fn`` runs it.
 
 **Regions.** Equations traced inside `float32_region` (a context manager or decorator, like
 ``torch.autocast(enabled=False)``) are bound unchanged and their results are ``float32``.
@@ -311,6 +313,12 @@ class _Autocast:
     if p.stochastic:
       p.key = _check_key(fn, policy, rounding_key)
     nested = getattr(_TRACING, "depth", 0) > 0
+    if not (nested or policy.is_mixed or policy.output != float32 or _traced(args, kwargs)):
+      # compute="float32" evaluated eagerly: ``fn`` itself, its products at HIGHEST as the pass
+      # would make them. The pass inlines a jitted call's body when evaluating eagerly, op by op,
+      # where ``fn`` runs it compiled and fused (XLA may contract a * b + c): the last bit differed.
+      with jax.default_matmul_precision("highest"):
+        return fn(*args, **kwargs)
     closed, outputs, flat = _trace(fn, self._statics, args, kwargs)
     with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
       outs = _run(p, closed, flat)
@@ -321,6 +329,11 @@ class _Autocast:
 
   def __repr__(self) -> str:
     return f"<autocast {getattr(self, '__qualname__', _name(self.__wrapped__))} ({self.policy})>"
+
+
+def _traced(args: tuple, kwargs: dict) -> bool:
+  """Whether any leaf of the arguments is a tracer (autocast called under jit, grad, vmap...)."""
+  return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs)))
 
 
 def cast_report(

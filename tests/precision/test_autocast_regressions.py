@@ -166,6 +166,25 @@ def test_float32_compute_is_the_identity(level):
   _same(jax.jit(precision.autocast(jax.grad(f), baseline))(x, w), jax.jit(jax.grad(f))(x, w))
 
 
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_float32_compute_is_the_identity_when_called_eagerly(level):
+  # A jitted function inside (jnp.einsum, jax.nn.* and users' layers are): evaluated eagerly, the
+  # pass ran its body op by op while ``f`` runs it compiled and fused, where XLA contracts
+  # a * 1.7 + b into one FMA: the last bit differed.
+  @jax.jit
+  def layer(x, w):
+    return jnp.tanh(x @ w) * 1.7 + jnp.exp(-jnp.sum(x))
+
+  def f(x, w):
+    return layer(x, w) ** 2 + jnp.log1p(jnp.abs(x[:, :16]))
+
+  x, w = _normal(18, (8, 16)), _normal(19, (16, 16))
+  policy = precision.Policy(compute="float32", level=level)
+  _same(precision.autocast(f, policy)(x, w), f(x, w))
+  grad = jax.grad(lambda x, w: jnp.sum(f(x, w)))
+  _same(jax.grad(lambda x, w: jnp.sum(precision.autocast(f, policy)(x, w)))(x, w), grad(x, w))
+
+
 # ---- 5. Policy.param: see tests/precision/test_policy.py ----
 
 
