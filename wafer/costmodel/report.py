@@ -84,7 +84,7 @@ class Report:
     details: mode-specific numbers (micro-batches, I/O seconds, memory...).
     notes: approximations the estimate made.
     batch_arguments: the step's arguments taken as the batch (axis 0 = samples).
-    accuracy: the cost model's leave-one-out accuracy, for ``expected_range``.
+    accuracy: the cost model's accuracy on runs it was not fitted to, for ``expected_range``.
   """
 
   name: str
@@ -125,7 +125,8 @@ class Report:
   @property
   def expected_range(self) -> tuple[float, float] | None:
     """``(low, high)`` samples/s a measured run is expected in: the estimate times the band of the
-    cost model's leave-one-out errors on the published runs (`wafer.costmodel.ACCURACY`)."""
+    cost model's errors on published runs it was not fitted to (leave-one-out and held out;
+    `wafer.costmodel.ACCURACY`)."""
     if self.accuracy is None or not self.samples_per_sec:
       return None
     lo, hi = self.accuracy.band
@@ -197,7 +198,8 @@ class Report:
       a = self.accuracy
       lines.append(
         f" {'Expected range:':<30}{_rate(band[0])} - {_rate(band[1])} samples/s (x{a.band[0]:.2f}-x{a.band[1]:.2f}: "
-        f"leave-one-out errors on {a.points} published runs, median |ln ratio| {a.median:.2f})"
+        f"errors on {a.runs} published runs not fitted, median |ln ratio| {a.median:.2f} left out, "
+        f"{a.held_out_median:.2f} held out)"
       )
     if not self.fits:
       lines += ["", f" Does not fit in {_mode_name(self.mode)} mode: {self.reason}"]

@@ -40,10 +40,16 @@ def test_the_quoted_accuracy_is_the_benchmarks_leave_one_out(bench):
   assert ACCURACY.median == pytest.approx(bench["leave_one_out_median"], abs=5e-4)
   assert ACCURACY.worst == pytest.approx(bench["leave_one_out_worst"], abs=5e-4)
   assert ACCURACY.band == pytest.approx(tuple(bench["band"]), abs=5e-3)
-  # the band covers every left-out point
-  for r in bench["rows"]:
-    ratio = r["measured"] / r["leave_one_out"]
-    assert ACCURACY.band[0] - 5e-3 <= ratio <= ACCURACY.band[1] + 5e-3, r
+  assert ACCURACY.held_out == len(bench["held_out_rows"])
+  assert ACCURACY.held_out_median == pytest.approx(bench["held_out_median"], abs=5e-4)
+  assert ACCURACY.held_out_worst == pytest.approx(bench["held_out_worst"], abs=5e-4)
+  # the band covers every run not fitted: each left-out point and each held-out run
+  ratios = [r["measured"] / r["leave_one_out"] for r in bench["rows"]]
+  ratios += [r["measured"] / r["predicted"] for r in bench["held_out_rows"]]
+  for ratio in ratios:
+    assert ACCURACY.band[0] - 5e-3 <= ratio <= ACCURACY.band[1] + 5e-3, ratio
+  assert min(ratios) == pytest.approx(ACCURACY.band[0], abs=5e-3)  # and no wider
+  assert max(max(ratios), 1.0) == pytest.approx(ACCURACY.band[1], abs=5e-3)
 
 
 def test_the_benchmark_rows_are_the_published_points(bench, rows):
