@@ -497,9 +497,11 @@ WORKLOADS: dict[str, Workload] = {
       "LLaMA-7B: 32 x d4096, 32 heads, SwiGLU 11008, RMSNorm, rotary, vocab 32000, seq 2048",
       LLAMA_7B,
       99,
-      # Releases before 2.5 needed a micro-batch that divides the per-system batch: of 99's
-      # divisors (1, 3, 9, 11, 33, 99) the largest that fits is 11 (33 exceeds the SRAM). Later
-      # releases also allow ceil(99 / n) (25, 20, ...), which the search would otherwise pick.
+      # The run's compile log: gradient accumulation tried sub-batches 3, 33, 9 and 11, then "No
+      # benefit from gradient accumulation expected. Compile will proceed at original per-box
+      # batch size 99 with 9 lanes". Modelled as 9 micro-batches of 11: of 99's divisors, 11 is the
+      # largest whose activations fit on the wafer here (33 exceeds the SRAM). Releases from 2.5
+      # also allow ceil(99 / n) (25, 20, ...), which the search would otherwise pick.
       estimate_kwargs={"system": "wse2", "mode": "weight_streaming", "micro_batch_size": 11},
       measurement=Measurement(
         "V06",
@@ -513,7 +515,8 @@ WORKLOADS: dict[str, Workload] = {
       "ESM-2 t12 35M: 12 x d480, 20 heads, FFN 1920, rotary, bidirectional, vocab 33, seq 1026",
       ESM2_35M,
       2048,
-      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+      # the run's compile log: "Gradient accumulation picked micro batch size 64"
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming", "micro_batch_size": 64},
       measurement=Measurement(
         "V08",
         585.9,
