@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from wafer._io import replace_atomically
 from wafer.data import text
 
 Features = dict[str, np.ndarray]
@@ -23,15 +24,15 @@ def cached_features(
   write: Callable[[str, Features], None],
   build: Callable[[], Features],
 ) -> Features:
-  """``cache_dir/name`` if it exists; else ``build()``, written there atomically (tmp file + rename)."""
+  """``cache_dir/name`` if it exists; else ``build()``, written there atomically
+  (`wafer._io.replace_atomically`: a run killed while writing leaves no partial cache file)."""
   if cache_dir is None:
     return build()
   path = os.path.join(os.fspath(cache_dir), name)
   if os.path.isfile(path):
     return read(path)
   feats = build()
-  write(path + ".tmp", feats)
-  os.replace(path + ".tmp", path)
+  replace_atomically(path, lambda tmp: write(tmp, feats))
   return feats
 
 

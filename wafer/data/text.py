@@ -19,6 +19,8 @@ import re
 import sysconfig
 from collections.abc import Iterable, Sequence
 
+from wafer._io import replace_atomically
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 EOT_TOKEN = "<|endoftext|>"
 EOT = 0  # id of EOT_TOKEN in the tokenizers of train_bpe
@@ -239,7 +241,7 @@ def corpus_hash(docs: Sequence[str]) -> str:
 
 
 def _cached_tokenizer(cache_dir: str | os.PathLike | None, name: str, train):
-  """``cache_dir/name`` if it exists; else ``train()``, saved there atomically (tmp file + rename)."""
+  """``cache_dir/name`` if it exists; else ``train()``, saved there atomically (`wafer._io`)."""
   from tokenizers import Tokenizer
 
   if cache_dir is None:
@@ -249,8 +251,7 @@ def _cached_tokenizer(cache_dir: str | os.PathLike | None, name: str, train):
     return Tokenizer.from_file(path)
   tok = train()
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tok.save(path + ".tmp")
-  os.replace(path + ".tmp", path)
+  replace_atomically(path, tok.save)
   return tok
 
 

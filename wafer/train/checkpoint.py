@@ -90,6 +90,8 @@ class Checkpoints:
       saved = self.manager.item_metadata(step)["state"]
     except Exception as error:  # unreadable metadata
       raise UnreadableCheckpoint(_reason(error)) from error
+    if not _path_shapes(saved) and _path_shapes(like):  # state/_METADATA lost: orbax would report 0 arrays
+      raise UnreadableCheckpoint("its array metadata (state/_METADATA) is missing or lists no arrays")
     mismatch = _shape_mismatch(saved, like)
     if mismatch is not None:  # checked before orbax starts reading: a failed read leaves its threads behind
       raise ExecutorError(

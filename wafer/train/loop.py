@@ -36,12 +36,20 @@ from wafer import cluster
 from wafer.config import ConfigError, RunConfig
 from wafer.config.errors import Problem
 from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
-from wafer.train.metrics import Metrics, Progress
+from wafer.train.metrics import SUPERSEDED, Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
 from wafer.train.step import make_eval_step, make_train_step
 from wafer.train.task import ExecutorError, Task
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
+
+
+class RunInterrupted(KeyboardInterrupt):
+  """ctrl-C during `run`: a `KeyboardInterrupt` (code that stops on one still does) whose message says
+  the step reached, the newest checkpoint in model_dir and that rerunning the same command resumes.
+
+  Not a `wafer.errors.WaferError`: an ``except Exception`` must not swallow a ctrl-C.
+  """
 
 
 def seed_of(runconfig: RunConfig) -> int:
@@ -254,10 +262,32 @@ class _Run:
         self._eval_all()
       else:
         self._train_and_eval(init)
+    except KeyboardInterrupt:  # ctrl-C: say where model_dir stands and how to go on
+      raise RunInterrupted(self._interrupted()) from None
     finally:
       self.metrics.close()
       self.checkpoints.close()
     return self.summary
+
+  def _interrupted(self) -> str:
+    """What an interrupted run leaves in model_dir and how to go on."""
+    where = f" at step {self.at_step}" if getattr(self, "at_step", None) is not None else ""
+    if self.rc.mode in ("eval", "eval_all"):
+      return (
+        f"Interrupted{where} while evaluating; nothing in {self.model_dir} was changed but metrics.jsonl."
+      )
+    steps = self.checkpoints.steps()
+    if not steps:
+      return (
+        f"Interrupted{where}, before the first checkpoint: rerunning the same command starts again from step "
+        f"0 (the records in {self.model_dir / 'metrics.jsonl'} then move to {SUPERSEDED})."
+      )
+    newest = max(steps)
+    return (
+      f"Interrupted{where}. {self.model_dir} is consistent: its newest checkpoint is step {newest} "
+      f"({self.checkpoints.directory / str(newest)}). Rerun the same command to resume from there (records of "
+      f"later steps in metrics.jsonl then move to {SUPERSEDED})."
+    )
 
   def _batch_argnums(self) -> tuple[int, ...]:
     return (1,) if self.num_csx > 1 else ()
@@ -266,6 +296,7 @@ class _Run:
     """The newest readable checkpoint's state, the data source moved to its position; else ``init``."""
     restored = self.checkpoints.restore_latest(self.template, say=self.say)
     if restored is None:
+      self.metrics.resume(int(init.step))  # records of a run killed before its first checkpoint move aside
       if self.rc.save_initial_checkpoint:  # the step-0 checkpoint of a fresh run (modelzoo's key)
         self.checkpoints.save(init, {"data_pipeline": self._pipeline()})
       return init
@@ -282,6 +313,7 @@ class _Run:
         "model_dir."
       ) from error
     self.say(f"Resuming from the checkpoint at step {step}.")
+    self.metrics.resume(step)  # the killed run's records after `step` move to metrics.superseded.jsonl
     return state
 
   def _pipeline(self) -> dict[str, Any]:
@@ -310,6 +342,7 @@ class _Run:
       batch = cluster.global_batch(next(self.data), self.num_csx, local=self.local_rows)
       state, step_metrics = self.compiled(state, batch)
       done += 1
+      self.at_step = done
       is_log = done % log_every == 0 or done == last or done == 1
       if is_log or (activation and done % activation == 0):
         self.compiled.run_closures(checkpoint=done in marks)  # step closures: log and activation steps
