@@ -80,6 +80,22 @@ def read_metrics(path: str | os.PathLike[str], say: Callable[[str], object] | No
   return records
 
 
+def _append(path: Path, data: bytes) -> None:
+  """Append ``data`` to ``path`` (created if missing); on an error the file is cut back to its old size."""
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    size = os.lseek(fd, 0, os.SEEK_END)
+    try:
+      done = 0
+      while done < len(data):  # one write unless the disk fills or a signal cuts it short
+        done += os.write(fd, data[done:])
+    except OSError:
+      os.ftruncate(fd, size)  # no partial line: the file as it was before this record
+      raise
+  finally:
+    os.close(fd)
+
+
 class Metrics:
   """Appends one JSON object per record to ``model_dir/metrics.jsonl``, mirrors numbers to TensorBoard
   and prints the log line. With ``enabled=False`` (processes other than 0) it writes nothing.
@@ -168,8 +184,7 @@ class Metrics:
           return
     except FileNotFoundError:
       return
-    with self.path.open("ab") as f:  # read_metrics reports and skips the partial line
-      f.write(b"\n")
+    _append(self.path, b"\n")  # read_metrics reports and skips the partial line
     self.say(f"Warning: {self.path} ended in a partial line (a run killed while writing it); it is skipped.")
 
   def write(self, record: dict[str, Any], line: str) -> None:
@@ -185,15 +200,7 @@ class Metrics:
     try:
       if not self._checked_tail:
         self._fix_tail()
-      with self.path.open("ab", buffering=0) as f:
-        size = f.seek(0, os.SEEK_END)
-        try:
-          done = 0
-          while done < len(data):  # one write unless the disk is full or a signal cuts it short
-            done += f.write(data[done:])
-        except OSError:
-          f.truncate(size)  # no partial line: the file as it was before this record
-          raise
+      _append(self.path, data)
     except OSError as error:
       raise ExecutorError(
         f"Cannot write the metrics of step {record.get('step')} to {self.path} ({error.strerror or error}). "
