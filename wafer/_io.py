@@ -9,11 +9,11 @@ propagates; one left by a SIGKILL is named ``<stem>.tmp-<pid>-<hex><ext>`` (safe
 
 `write_text_atomically` / `write_bytes_atomically` are the common cases.
 
->>> import os, tempfile
+>>> import os, pathlib, tempfile
 >>> folder = tempfile.mkdtemp()
 >>> path = os.path.join(folder, "report.json")
 >>> write_text_atomically(path, '{"a": 1}\\n')
->>> open(path).read()
+>>> pathlib.Path(path).read_text()
 '{"a": 1}\\n'
 >>> def broken(tmp):
 ...   with open(tmp, "w") as f:
@@ -22,7 +22,7 @@ propagates; one left by a SIGKILL is named ``<stem>.tmp-<pid>-<hex><ext>`` (safe
 >>> replace_atomically(path, broken)
 Traceback (most recent call last):
 OSError: [Errno 28] No space left on device
->>> open(path).read(), sorted(os.listdir(folder))  # the old file, and no temporary left behind
+>>> pathlib.Path(path).read_text(), sorted(os.listdir(folder))  # the old file, and no temporary left behind
 ('{"a": 1}\\n', ['report.json'])
 """
 

@@ -60,9 +60,9 @@ def read_metrics(path: str | os.PathLike[str], say: Callable[[str], object] | No
   killed while writing it, or damage) is reported with ``say`` as ``PATH:LINE: ...`` (``say=None``:
   silently) and skipped, never merged with the next record.
 
-  >>> import tempfile, os
+  >>> import os, pathlib, tempfile
   >>> path = os.path.join(tempfile.mkdtemp(), "metrics.jsonl")
-  >>> _ = open(path, "w").write('{"step": 1, "loss": 2.5}\\n{"step": 2, "lo')
+  >>> _ = pathlib.Path(path).write_text('{"step": 1, "loss": 2.5}\\n{"step": 2, "lo')
   >>> read_metrics(path, say=lambda line: print(line.replace(path, "metrics.jsonl")))
   metrics.jsonl:2: not a complete record (a run killed while writing it?); skipped: '{"step": 2, "lo'
   [{'step': 1, 'loss': 2.5}]

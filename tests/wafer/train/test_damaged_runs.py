@@ -216,13 +216,44 @@ def test_every_kind_of_damaged_latest_checkpoint_resumes_from_the_one_before(
   assert _steps(model_dir) == [1, 5, 10, 15, 20, 25, 30]
 
 
-def test_a_checkpoint_of_another_batch_size_or_model_names_what_to_change(tmp_path):
+def test_a_resume_with_another_batch_size_names_the_key(tmp_path):
+  """The example's batches are drawn by step number: another batch size used to resume silently."""
   _run(tmp_path, max_steps=10, checkpoint_steps=10, log_steps=5)
   task, rc, optimizer, loss_scale, policy = example_run(str(tmp_path), max_steps=20)
-  wide = task.init_params
-  task.init_params = lambda key: {**wide(key), "extra": {"w": jax.numpy.zeros((3, 3))}}
-  with pytest.raises(ExecutorError, match=r"does not fit this model: .*(use a new model_dir)"):
+  task.batch_size = 32
+  with pytest.raises(
+    ExecutorError,
+    match=r"Cannot resume from the checkpoint of step 10: it was written with train_input\.batch_size=64, this "
+    r"run has 32 .* Set train_input\.batch_size back to 64, or use a new model_dir .* Settings changed since "
+    r"that checkpoint was written: train_input\.batch_size: checkpoint 64, now 32\.",
+  ):
     run(task, rc, optimizer, loss_scale, policy, progress=False)
+  assert _steps(tmp_path) == [1, 5, 10]  # nothing was changed
+
+
+def test_a_resume_with_another_model_shape_names_the_changed_key_not_an_array_path(tmp_path, capsys):
+  from wafer import cli
+
+  fc_mnist = Path(__file__).resolve().parents[3] / "models" / "fc_mnist" / "configs" / "params_fc_mnist.yaml"
+  argv = ["run", "--params", str(fc_mnist), "--model_dir", str(tmp_path), "runconfig.log_steps=1"]
+  assert cli.main([*argv, "runconfig.max_steps=2", "runconfig.checkpoint_steps=2", "model.depth=2"]) == 0
+  capsys.readouterr()
+  rc = cli.main(
+    [*argv, "runconfig.max_steps=4", "model.depth=2", "model.hidden_size=40", "optimizer.momentum=0.5"]
+  )
+  err = capsys.readouterr().err
+  assert rc == 1 and "Traceback" not in err
+  assert "The checkpoint of step 2 in" in err and "does not fit this model" in err
+  assert (
+    "Settings changed since that checkpoint was written: model.hidden_size: checkpoint 50, now 40; " in err
+  )
+  assert "optimizer.momentum: checkpoint 0.9, now 0.5." in err
+  assert cli.main([*argv, "runconfig.max_steps=3", "model.depth=2", "optimizer.momentum=0.5"]) == 0
+  out = capsys.readouterr().out  # a change that fits is a note, not an error
+  assert (
+    "Note: settings changed since the checkpoint of step 2: optimizer.momentum: checkpoint 0.9, now 0.5."
+    in out
+  )
 
 
 # ctrl-C ------------------------------------------------------------------------------------------
@@ -312,3 +343,12 @@ def test_errors_of_damaged_runs_are_wafer_errors():
   m = Metrics(Path("/nonexistent-wafer-dir"), "CPU")
   with pytest.raises(ExecutorError, match=r"Cannot write the metrics of step 1 to /nonexistent-wafer-dir"):
     m.write({"step": 1, "loss": 1.0}, "line")
+
+
+@pytest.mark.parametrize("module", ["wafer._io", "wafer.train.metrics", "wafer.train.loop"])
+def test_the_docstring_examples_run(module):
+  import doctest
+  import importlib
+
+  result = doctest.testmod(importlib.import_module(module))
+  assert result.attempted > 0 and result.failed == 0
