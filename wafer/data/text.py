@@ -241,14 +241,17 @@ def corpus_hash(docs: Sequence[str]) -> str:
 
 
 def _cached_tokenizer(cache_dir: str | os.PathLike | None, name: str, train):
-  """``cache_dir/name`` if it exists; else ``train()``, saved there atomically (`wafer._io`)."""
+  """``cache_dir/name`` if it exists and reads; else ``train()``, saved there atomically (`wafer._io`)."""
   from tokenizers import Tokenizer
 
   if cache_dir is None:
     return train()
   path = os.path.join(os.fspath(cache_dir), name)
   if os.path.isfile(path):
-    return Tokenizer.from_file(path)
+    try:
+      return Tokenizer.from_file(path)
+    except Exception as error:  # tokenizers raises a bare Exception on a damaged file: train it again
+      print(f"Warning: the cached tokenizer {path} cannot be read ({error}); training it again.", flush=True)
   tok = train()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   replace_atomically(path, tok.save)
