@@ -287,6 +287,32 @@ def test_ctrl_c_during_a_step_leaves_a_consistent_model_dir_and_says_how_to_resu
   assert _steps(tmp_path / "md") == _steps(tmp_path / "whole") == [1, 5, 10, 15, 20, 25, 30]
 
 
+def test_ctrl_c_in_the_middle_of_a_checkpoint_keeps_the_one_before_and_the_rerun_replaces_it(
+  tmp_path, monkeypatch, capsys
+):
+  import orbax.checkpoint as ocp
+
+  real = ocp.JsonCheckpointHandler.async_save
+  calls = {"n": 0}
+
+  def interrupted_second_save(self, *args, **kwargs):  # the arrays of step 20 are written, its JSON is not
+    calls["n"] += 1
+    if calls["n"] == 2:
+      raise KeyboardInterrupt
+    return real(self, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.JsonCheckpointHandler, "async_save", interrupted_second_save)
+  with pytest.raises(RunInterrupted, match=r"Interrupted at step 20\. .* newest checkpoint is step 10 "):
+    _run(tmp_path, max_steps=30, checkpoint_steps=10, log_steps=5)
+  monkeypatch.undo()
+  checkpoints = tmp_path / "checkpoints"
+  assert "20" not in os.listdir(checkpoints) and "10" in os.listdir(checkpoints)
+  summary = _run(tmp_path, max_steps=30, checkpoint_steps=10, log_steps=5)
+  assert "Resuming from the checkpoint at step 10." in capsys.readouterr().out
+  assert summary["final_step"] == 30 and sorted(os.listdir(checkpoints)) == ["10", "20", "30"]
+  assert _steps(tmp_path) == [1, 5, 10, 15, 20, 25, 30]
+
+
 def test_the_cli_prints_the_resume_advice_on_ctrl_c(tmp_path, monkeypatch, capsys):
   from wafer import cli, runner
 
