@@ -162,8 +162,12 @@ class Metrics:
         f"Cannot rewrite {self.path} for the resume at step {step} ({error.strerror or error}); nothing was "
         "trained. Free space in model_dir (or make it writable) and rerun the same command."
       ) from None
-    for note in notes:
+    for note in notes[:3]:
       self.say(f"Warning: {note}; moved to {aside}.")
+    if len(notes) > 3:
+      self.say(
+        f"Warning: and {len(notes) - 3} more line(s) of {self.path} that are not records; moved to {aside}."
+      )
     if later:
       self.say(
         f"Note: {self.path.name} held {len(later)} record(s) of steps after the checkpoint of step {step} "

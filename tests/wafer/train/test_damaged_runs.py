@@ -155,6 +155,32 @@ def test_a_full_disk_during_a_metrics_write_leaves_no_partial_line(tmp_path, mon
   assert _steps(tmp_path) == [1, 5, 10, 15, 20]
 
 
+def test_a_metrics_file_of_garbage_is_moved_aside_with_a_few_lines_of_report(tmp_path, capsys):
+  path = tmp_path / "metrics.jsonl"
+  path.write_bytes(bytes(range(256)) * 40)  # 41 lines (b"\n" is among the bytes), none a record
+  m = Metrics(tmp_path, "CPU")
+  m.resume(0)
+  out = capsys.readouterr().out.splitlines()
+  assert len(out) == 4 and out[0].startswith(f"Warning: {path}:1: not a record") and "and 38 more" in out[3]
+  assert path.read_bytes() == b"" and (tmp_path / SUPERSEDED).stat().st_size > 0
+
+
+def test_a_full_disk_while_resuming_the_history_changes_nothing(killed_at_25, tmp_path, monkeypatch):
+  model_dir = tmp_path / "md"
+  shutil.copytree(killed_at_25, model_dir)
+  before = (model_dir / "metrics.jsonl").read_bytes()
+
+  def full(path, data):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(metrics_module, "write_bytes_atomically", full)
+  with pytest.raises(
+    ExecutorError, match=r"Cannot rewrite .*metrics\.jsonl for the resume at step 20 \(No space "
+  ):
+    _run(model_dir, max_steps=30, checkpoint_steps=10, log_steps=5)
+  assert (model_dir / "metrics.jsonl").read_bytes() == before and not (model_dir / SUPERSEDED).exists()
+
+
 def test_a_model_dir_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys):
   from wafer import cli
 
