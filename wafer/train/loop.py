@@ -10,7 +10,12 @@ donated), restores the newest readable checkpoint in ``model_dir`` if there is o
   the final one and step 1, from the step's metrics fetched then (the device is not synchronised
   on other steps); step closures run at those steps and every ``activation_steps``-th step,
   checkpoint closures at checkpoint steps;
-* a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step: the whole `TrainState`.
+* a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step: the whole `TrainState`,
+  with the input pipeline's identity and the run's settings (`settings_of`), so that a resume
+  that does not fit names the keys that changed;
+* on resume from the checkpoint of step k, ``metrics.jsonl`` keeps the records up to k and moves
+  the killed run's later ones to ``metrics.superseded.jsonl`` (`Metrics.resume`): each step once;
+* ctrl-C raises `RunInterrupted`, whose message names the newest checkpoint and how to resume.
 
 Eval runs the eval step compiled once through `wafer.compile`, under the same `precision.Policy`
 and the same ``num_csx`` sharding as training, in every eval mode. With many processes
