@@ -7,7 +7,9 @@ sees the old file or the new one, never a part: a process killed (SIGKILL, ctrl-
 in the middle leaves ``path`` as it was. On an error the temporary file is removed and the error
 propagates; one left by a SIGKILL is named ``<stem>.tmp-<pid>-<hex><ext>`` (safe to delete).
 
-`write_text_atomically` / `write_bytes_atomically` are the common cases.
+`write_text_atomically` / `write_bytes_atomically` are the common cases; `what_to_do(error)` is
+the advice an error message gives for an ``OSError`` of a write (full disk, permissions, a folder
+where a file belongs).
 
 >>> import os, pathlib, tempfile
 >>> folder = tempfile.mkdtemp()
@@ -28,11 +30,12 @@ OSError: [Errno 28] No space left on device
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from collections.abc import Callable
 
-__all__ = ("replace_atomically", "write_bytes_atomically", "write_text_atomically")
+__all__ = ("replace_atomically", "what_to_do", "write_bytes_atomically", "write_text_atomically")
 
 
 def _temporary_name(path: str) -> str:
@@ -92,3 +95,20 @@ def write_bytes_atomically(path: str | os.PathLike[str], data: bytes) -> None:
       f.write(data)
 
   replace_atomically(path, write)
+
+
+def what_to_do(error: OSError) -> str:
+  """What to do about an ``OSError`` of writing into model_dir, for an error message.
+
+  >>> what_to_do(OSError(errno.ENOSPC, "No space left on device"))
+  'free space in model_dir (or give another --model_dir)'
+  >>> what_to_do(IsADirectoryError(errno.EISDIR, "Is a directory"))
+  'a folder stands where a file belongs (or a file where a folder belongs): move it away'
+  """
+  if error.errno in (errno.ENOSPC, errno.EDQUOT):
+    return "free space in model_dir (or give another --model_dir)"
+  if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    return "make model_dir writable (or give another --model_dir)"
+  if error.errno in (errno.EISDIR, errno.ENOTDIR, errno.EEXIST):
+    return "a folder stands where a file belongs (or a file where a folder belongs): move it away"
+  return "check model_dir (or give another --model_dir)"

@@ -38,6 +38,10 @@ class Checkpoints:
 
     self._ocp = ocp
     self.directory = Path(model_dir).resolve() / "checkpoints"
+    if self.directory.exists() and not self.directory.is_dir():  # refused before training, not at the save
+      raise ExecutorError(
+        f"{self.directory} is a file, not the folder of checkpoints: move it away (or give another --model_dir)"
+      )
     self.manager = ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from wafer._io import write_bytes_atomically
+from wafer._io import what_to_do, write_bytes_atomically
 from wafer.train.task import ExecutorError
 
 __all__ = ("SUPERSEDED", "Metrics", "Progress", "read_metrics")
@@ -160,7 +160,7 @@ class Metrics:
     except OSError as error:
       raise ExecutorError(
         f"Cannot rewrite {self.path} for the resume at step {step} ({error.strerror or error}); nothing was "
-        "trained. Free space in model_dir (or make it writable) and rerun the same command."
+        f"trained: {what_to_do(error)}, and rerun the same command."
       ) from None
     for note in notes[:3]:
       self.say(f"Warning: {note}; moved to {aside}.")
@@ -207,9 +207,9 @@ class Metrics:
       _append(self.path, data)
     except OSError as error:
       raise ExecutorError(
-        f"Cannot write the metrics of step {record.get('step')} to {self.path} ({error.strerror or error}). "
-        "Free space in model_dir (or make it writable) and rerun the same command: it resumes from the "
-        "newest checkpoint and logs the steps after it again."
+        f"Cannot write the metrics of step {record.get('step')} to {self.path} ({error.strerror or error}): "
+        f"{what_to_do(error)}, and rerun the same command: it resumes from the newest checkpoint and logs the "
+        "steps after it again."
       ) from None
     if self.writer is None:
       from tensorboardX import SummaryWriter

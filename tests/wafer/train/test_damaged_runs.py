@@ -24,6 +24,8 @@ from wafer.train import ExecutorError, RunInterrupted, read_metrics, run
 from wafer.train import metrics as metrics_module
 from wafer.train.metrics import SUPERSEDED, Metrics
 
+ROOT = Path(__file__).resolve().parents[3]
+
 
 def _run(model_dir, **overrides):
   return run(*example_run(str(model_dir), **overrides), progress=False)
@@ -147,7 +149,7 @@ def test_a_full_disk_during_a_metrics_write_leaves_no_partial_line(tmp_path, mon
   fake_os.write = half_then_full
   monkeypatch.setattr(metrics_module, "os", fake_os)
   with pytest.raises(ExecutorError, match=r"Cannot write the metrics of step 11 to .*metrics\.jsonl \(No space "
-                     r"left on device\)\. Free space in model_dir .* rerun the same command"):  # fmt: skip
+                     r"left on device\): free space in model_dir .* rerun the same command"):  # fmt: skip
     _run(tmp_path, max_steps=20, checkpoint_steps=10, log_steps=1)
   monkeypatch.undo()
   assert (tmp_path / "metrics.jsonl").read_bytes() == before  # the half record was cut off again
@@ -179,6 +181,33 @@ def test_a_full_disk_while_resuming_the_history_changes_nothing(killed_at_25, tm
   ):
     _run(model_dir, max_steps=30, checkpoint_steps=10, log_steps=5)
   assert (model_dir / "metrics.jsonl").read_bytes() == before and not (model_dir / SUPERSEDED).exists()
+
+
+def test_a_folder_where_metrics_jsonl_belongs_or_a_file_where_checkpoints_belong_is_refused_before_training(
+  tmp_path, capsys
+):
+  from wafer import cli
+
+  argv = [
+    "run",
+    "--params",
+    str(ROOT / "models" / "mlp" / "configs" / "params_mlp.yaml"),
+    "runconfig.max_steps=5",
+  ]
+  (tmp_path / "a" / "metrics.jsonl").mkdir(parents=True)
+  assert cli.main([*argv, "--model_dir", str(tmp_path / "a")]) == 1
+  err = capsys.readouterr().err
+  assert (
+    "metrics.jsonl for the resume at step 0 (Is a directory); nothing was trained: a folder stands" in err
+  )
+  (tmp_path / "b").mkdir()
+  (tmp_path / "b" / "checkpoints").write_text("")
+  assert cli.main([*argv, "--model_dir", str(tmp_path / "b")]) == 1
+  captured = capsys.readouterr()
+  assert (
+    f"{tmp_path / 'b' / 'checkpoints'} is a file, not the folder of checkpoints: move it away" in captured.err
+  )
+  assert "| Train" not in captured.out  # refused before training, not at the first save
 
 
 def test_a_model_dir_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys):
@@ -399,6 +428,7 @@ def test_errors_of_damaged_runs_are_wafer_errors():
 
 @pytest.mark.parametrize("module", ["wafer._io", "wafer.train.metrics", "wafer.train.loop"])
 def test_the_docstring_examples_run(module):
+  """The default pytest run collects no doctests; these modules' examples run here."""
   import doctest
   import importlib
 
