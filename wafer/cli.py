@@ -137,10 +137,9 @@ def _run(args: argparse.Namespace) -> int:
     model_dir = make_model_dir(plan.runconfig.model_dir)  # a bad model_dir is refused before any work
     wafer.enable_compilation_cache(model_dir / "compile_cache")  # reruns load, not compile
     summary = runner.run_plan(plan)
-  except KeyboardInterrupt:
-    print(
-      "\nwafer run: interrupted; the last checkpoint in model_dir is where a rerun resumes.", file=sys.stderr
-    )
+  except KeyboardInterrupt as error:  # wafer.train.RunInterrupted says where model_dir stands
+    detail = str(error) or "the last checkpoint in model_dir is where a rerun resumes."
+    print(f"\nwafer run: interrupted. {detail}", file=sys.stderr)
     return 130
   except Exception as error:  # user-facing errors: the message, not a traceback
     message = _user_error(error)

@@ -29,6 +29,7 @@ from typing import Any
 import jax
 
 from precision._table import Table
+from wafer._io import write_text_atomically
 from wafer.data.analyze import HEADROOM, WorkerRate, measure_samples_per_s, recommend_workers
 from wafer.data.pipeline import GrainBatchSource
 from wafer.errors import WaferError
@@ -184,5 +185,5 @@ def save(analysis: InputAnalysis, model_dir: str | os.PathLike) -> Path:
   """Write ``model_dir/input_analysis.json``."""
   path = Path(model_dir) / "input_analysis.json"
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(analysis.to_dict(), indent=2) + "\n")
+  write_text_atomically(path, json.dumps(analysis.to_dict(), indent=2) + "\n")
   return path

@@ -99,7 +99,7 @@ def run_plan(p: Plan, *, progress: bool = True) -> dict[str, Any]:
   note = schedule_note(p.params)
   if note is not None:
     print(note, flush=True)
-  return run(p.task, p.runconfig, p.optimizer, p.loss_scale, p.policy, progress=progress)
+  return run(p.task, p.runconfig, p.optimizer, p.loss_scale, p.policy, progress=progress, config=p.params)
 
 
 def run_params(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:

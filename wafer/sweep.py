@@ -41,6 +41,7 @@ from typing import Any
 
 import precision
 from precision._table import Table
+from wafer._io import replace_atomically, write_text_atomically
 from wafer.errors import WaferError
 
 __all__ = ("FORMATS", "LEVELS", "Run", "SweepError", "SweepResult", "parse_formats", "parse_levels", "sweep")
@@ -188,7 +189,7 @@ class SweepResult:
       axes[1].set(xlabel="step", ylabel="loss - loss(float32)", title="Difference from float32")
       axes[1].legend()
     path = Path(path)
-    fig.savefig(path, dpi=100)
+    replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=100))
     return path
 
   @classmethod
@@ -203,7 +204,7 @@ class SweepResult:
     out = Path(model_dir or self.model_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "sweep.json"
-    json_path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+    write_text_atomically(json_path, json.dumps(self.to_dict(), indent=1) + "\n")
     return {"json": json_path, "png": self.plot(out / "sweep.png")}
 
 

@@ -399,3 +399,90 @@ def test_a_process_builds_only_its_systems_rows(systems):
       np.testing.assert_array_equal(part[name], want)
   with pytest.raises(ValueError, match="allowed: a non-empty subset of 0..3"):
     full.for_systems((4,))
+
+
+# damaged data files ------------------------------------------------------------------------------
+
+
+def _bert_examples():
+  tok = text.train_bert_tokenizer(small_corpus(), 200)
+  return bert.create_mlm_nsp_examples(
+    text.tokenize_documents(tok, small_corpus()),
+    msl=24,
+    vocab_size=200,
+    cls_id=2,
+    sep_id=3,
+    mask_id=4,
+    num_special=5,
+    seed=1,
+  )
+
+
+def _garbage(path):
+  path.write_bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8).tobytes())
+
+
+def _truncated_hdf5(path):
+  bert.write_hdf5(path, _bert_examples())
+  path.write_bytes(path.read_bytes()[:1500])  # the signature is there, the data is not
+
+
+DAMAGED_FILES = [
+  # (file name, how it is damaged, what the error says about that file)
+  ("a.h5", lambda p: p.write_bytes(b""), r"the file is empty \(0 bytes"),
+  ("a.csv", lambda p: p.write_bytes(b""), r"the file is empty \(0 bytes"),
+  ("a.h5", _garbage, r"not an HDF5 file \(it starts with"),
+  (
+    "a.hdf5",
+    lambda p: p.write_text("<html>404 Not Found</html>"),
+    r"not an HDF5 file \(it starts with b'<html>4",
+  ),
+  ("a.h5", _truncated_hdf5, r"cannot be read \(OSError: .*truncated or corrupt: copy it again"),
+  ("a.csv", _garbage, r"cannot be read \(UnicodeDecodeError: .*truncated or corrupt: copy it again"),
+]
+
+
+@pytest.mark.parametrize("name, damage, fragment", DAMAGED_FILES)
+def test_a_damaged_pretokenised_file_is_named_in_the_data_error(tmp_path, name, damage, fragment):
+  """Used to be h5py's "file signature not found" or a bare UnicodeDecodeError, naming no file."""
+  import re
+
+  from wafer.config.schema import InputConfig
+  from wafer.data import DataError
+  from wafer.data.processors import as_processor, train_source
+
+  damage(tmp_path / name)
+  cfg = as_processor(
+    InputConfig(
+      data_processor="BertCSVDynamicMaskDataProcessor", data_dir=str(tmp_path), batch_size=2,
+      max_sequence_length=24,
+    )
+  )  # fmt: skip
+  with pytest.raises(DataError, match=r"train_input \(BertCSVDynamicMaskDataProcessor, .*\): ") as info:
+    train_source(cfg, seed=0)
+  message = str(info.value)
+  assert str(tmp_path) in message and re.search(fragment, message), message
+
+
+def test_damaged_caches_are_rebuilt_not_fatal(tmp_path, capsys):
+  from wafer.data.sources import cached_features
+
+  calls = []
+
+  def build():
+    calls.append(1)
+    return _bert_examples()
+
+  first = cached_features(tmp_path, "f.h5", bert.read_hdf5, bert.write_hdf5, build)
+  (tmp_path / "f.h5").write_bytes((tmp_path / "f.h5").read_bytes()[:700])  # a cache damaged on disk
+  again = cached_features(tmp_path, "f.h5", bert.read_hdf5, bert.write_hdf5, build)
+  assert len(calls) == 2 and "cached features" in capsys.readouterr().out
+  assert all(np.array_equal(first[k], again[k]) for k in first)
+  assert bert.read_hdf5(tmp_path / "f.h5")["input_ids"].shape == first["input_ids"].shape  # rewritten whole
+  assert sorted(os.listdir(tmp_path)) == ["f.h5"]  # no temporary file left
+  tok = text.train_bert_tokenizer(small_corpus(), 150, tmp_path / "tok")
+  (cached,) = os.listdir(tmp_path / "tok")
+  (tmp_path / "tok" / cached).write_text('{"version": "1.0", "trunc')
+  again_tok = text.train_bert_tokenizer(small_corpus(), 150, tmp_path / "tok")
+  assert "cached tokenizer" in capsys.readouterr().out
+  assert again_tok.get_vocab() == tok.get_vocab()

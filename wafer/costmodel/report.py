@@ -11,10 +11,10 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Callable
 from typing import Any
 
 from precision._table import Table
+from wafer._io import replace_atomically, write_text_atomically
 from wafer.costmodel.calibration import Accuracy, Calibration
 from wafer.costmodel.placement import Rect
 
@@ -307,31 +307,10 @@ class Report:
       "png": os.path.join(model_dir, "placement.png"),
     }
 
-    def write_text(text: str) -> Callable[[str], object]:
-      def write(tmp: str) -> None:
-        with open(tmp, "w") as fh:
-          fh.write(text)
-
-      return write
-
-    _replace_atomically(paths["text"], write_text(self.to_text()))
-    _replace_atomically(paths["json"], write_text(self.to_json() + "\n"))
-    _replace_atomically(paths["png"], self.plot)
+    write_text_atomically(paths["text"], self.to_text())
+    write_text_atomically(paths["json"], self.to_json() + "\n")
+    replace_atomically(paths["png"], self.plot)
     return paths
-
-
-def _replace_atomically(path: str, write: Callable[[str], object]) -> None:
-  """``write(tmp)`` to a temporary name with the same extension, then rename it onto ``path``;
-  on any error the temporary file is removed and ``path`` is left as it was."""
-  base, ext = os.path.splitext(path)
-  tmp = f"{base}.tmp{ext}"
-  try:
-    write(tmp)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 def _mode_name(mode: str) -> str:

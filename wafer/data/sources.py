@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from wafer._io import replace_atomically
 from wafer.data import text
 
 Features = dict[str, np.ndarray]
@@ -23,15 +24,19 @@ def cached_features(
   write: Callable[[str, Features], None],
   build: Callable[[], Features],
 ) -> Features:
-  """``cache_dir/name`` if it exists; else ``build()``, written there atomically (tmp file + rename)."""
+  """``cache_dir/name`` if it exists and reads; else ``build()``, written there atomically
+  (`wafer._io.replace_atomically`: a run killed while writing leaves no partial cache file)."""
   if cache_dir is None:
     return build()
   path = os.path.join(os.fspath(cache_dir), name)
   if os.path.isfile(path):
-    return read(path)
+    try:
+      return read(path)
+    except (OSError, ValueError, EOFError, KeyError) as error:  # damaged (disk, an older non-atomic write)
+      print(f"Warning: the cached features {path} cannot be read ({type(error).__name__}: {error}); "
+            "building them again.", flush=True)  # fmt: skip
   feats = build()
-  write(path + ".tmp", feats)
-  os.replace(path + ".tmp", path)
+  replace_atomically(path, lambda tmp: write(tmp, feats))
   return feats
 
 
@@ -58,6 +63,10 @@ def pretokenised(
   """Pre-tokenised features when ``data_dir`` is (or holds) a file with one of ``suffixes``, else None (text).
 
   Checks the sequence length against ``msl``; a ``split`` is an error (pre-tokenised data is split by files).
+
+  Raises:
+    ValueError: naming the file: it is empty, an ``.h5``/``.hdf5`` file without the HDF5 signature
+      (garbage, or a download that is not the file), or the reader fails on it (truncated, corrupt).
   """
   if data_dir is None:
     return None
@@ -72,9 +81,51 @@ def pretokenised(
       f"{path}: split={split!r} selects documents of a text corpus; pre-tokenised data is "
       "split by its files: remove split and point data_dir at that split's files"
     )
-  feats = read(path)
+  files = (
+    [path] if os.path.isfile(path) else [os.path.join(path, n) for n in sorted(names) if n.endswith(suffixes)]
+  )
+  for name in files:
+    _check_file(name)
+  try:
+    feats = read(path)
+  except (OSError, ValueError, EOFError) as error:  # the readers' own messages do not always name the file
+    if path in str(error):
+      raise
+    raise ValueError(
+      f"{path}: cannot be read ({type(error).__name__}: {error}); a file there is truncated or corrupt: copy it "
+      "again or regenerate it"
+    ) from error
   if feats["input_ids"].shape[1] != msl:
     raise ValueError(
       f"{path}: sequences have length {feats['input_ids'].shape[1]}, but max_sequence_length is {msl}"
     )
   return feats
+
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+"""The first 8 bytes of an HDF5 file (at offset 0, or 512, 1024, ... after a user block)."""
+
+
+def _check_file(path: str) -> None:
+  """A data file that is empty, or an HDF5 file without the HDF5 signature: a ``ValueError`` naming it."""
+  size = os.path.getsize(path)
+  if size == 0:
+    raise ValueError(
+      f"{path}: the file is empty (0 bytes; a copy or a write that did not finish?): copy it again, or remove it "
+      "from data_dir"
+    )
+  if not path.endswith((".h5", ".hdf5")):
+    return
+  with open(path, "rb") as f:
+    head = f.read(8)
+    offset = 512
+    while head != HDF5_SIGNATURE and offset < min(size, 1 << 30):
+      f.seek(offset)
+      if f.read(8) == HDF5_SIGNATURE:
+        return
+      offset *= 2
+  if head != HDF5_SIGNATURE:
+    raise ValueError(
+      f"{path}: not an HDF5 file (it starts with {head!r}; an HDF5 file with {HDF5_SIGNATURE!r}): the file is "
+      "damaged or is not what its name says: copy it again or regenerate it"
+    )

@@ -19,6 +19,8 @@ import re
 import sysconfig
 from collections.abc import Iterable, Sequence
 
+from wafer._io import replace_atomically
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 EOT_TOKEN = "<|endoftext|>"
 EOT = 0  # id of EOT_TOKEN in the tokenizers of train_bpe
@@ -239,18 +241,20 @@ def corpus_hash(docs: Sequence[str]) -> str:
 
 
 def _cached_tokenizer(cache_dir: str | os.PathLike | None, name: str, train):
-  """``cache_dir/name`` if it exists; else ``train()``, saved there atomically (tmp file + rename)."""
+  """``cache_dir/name`` if it exists and reads; else ``train()``, saved there atomically (`wafer._io`)."""
   from tokenizers import Tokenizer
 
   if cache_dir is None:
     return train()
   path = os.path.join(os.fspath(cache_dir), name)
   if os.path.isfile(path):
-    return Tokenizer.from_file(path)
+    try:
+      return Tokenizer.from_file(path)
+    except Exception as error:  # tokenizers raises a bare Exception on a damaged file: train it again
+      print(f"Warning: the cached tokenizer {path} cannot be read ({error}); training it again.", flush=True)
   tok = train()
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tok.save(path + ".tmp")
-  os.replace(path + ".tmp", path)
+  replace_atomically(path, tok.save)
   return tok
 
 

@@ -8,17 +8,21 @@
 * `run` (`loop`): the modes train / eval / eval_all / train_and_eval on the typed
   `wafer.config.RunConfig`;
 * `Checkpoints` (`checkpoint`): orbax, damaged checkpoints reported and skipped;
-* `Metrics` / `Progress` (`metrics`): metrics.jsonl, TensorBoard, log lines (process 0).
+* `Metrics` / `Progress` (`metrics`): metrics.jsonl, TensorBoard, log lines (process 0);
+  `read_metrics`: the records of a metrics.jsonl (a partial line of a killed run skipped, with file:line);
+* `RunInterrupted`: the `KeyboardInterrupt` of a ctrl-C, saying how to resume.
 """
 
 from wafer.train.checkpoint import Checkpoints as Checkpoints
 from wafer.train.loop import MODES as MODES
+from wafer.train.loop import RunInterrupted as RunInterrupted
 from wafer.train.loop import checkpoint_iterations as checkpoint_iterations
 from wafer.train.loop import run as run
 from wafer.train.loop import seed_of as seed_of
 from wafer.train.loop import steps_to_run as steps_to_run
 from wafer.train.metrics import Metrics as Metrics
 from wafer.train.metrics import Progress as Progress
+from wafer.train.metrics import read_metrics as read_metrics
 from wafer.train.state import TrainState as TrainState
 from wafer.train.state import initial_state as initial_state
 from wafer.train.state import schedule_counts as schedule_counts
@@ -38,6 +42,7 @@ __all__ = (
   "IndexedBatches",
   "Metrics",
   "Progress",
+  "RunInterrupted",
   "Task",
   "TrainState",
   "checkpoint_iterations",
@@ -45,6 +50,7 @@ __all__ = (
   "step_shapes",
   "make_eval_step",
   "make_train_step",
+  "read_metrics",
   "run",
   "schedule_counts",
   "seed_of",

@@ -22,6 +22,14 @@ class UnreadableCheckpoint(Exception):
   """A checkpoint whose files cannot be read (truncated, missing, corrupt); ``str()`` says why."""
 
 
+class CheckpointMismatch(ExecutorError):
+  """A readable checkpoint whose arrays do not fit the model's state; ``step``: its number."""
+
+  def __init__(self, message: str, step: int):
+    super().__init__(message)
+    self.step = step
+
+
 class Checkpoints:
   """An orbax `CheckpointManager` of train states, every process taking part (``jax.distributed``)."""
 
@@ -30,6 +38,10 @@ class Checkpoints:
 
     self._ocp = ocp
     self.directory = Path(model_dir).resolve() / "checkpoints"
+    if self.directory.exists() and not self.directory.is_dir():  # refused before training, not at the save
+      raise ExecutorError(
+        f"{self.directory} is a file, not the folder of checkpoints: move it away (or give another --model_dir)"
+      )
     self.manager = ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(
@@ -80,7 +92,7 @@ class Checkpoints:
     Raises:
       UnreadableCheckpoint: its files cannot be read (checked before orbax starts reading, so a
         damaged checkpoint leaves no orbax/TensorStore work behind).
-      ExecutorError: the checkpoint's arrays do not fit ``like`` (another model or optimizer).
+      CheckpointMismatch: the checkpoint's arrays do not fit ``like`` (another model or optimizer).
     """
     ocp = self._ocp
     damage = _damage(self.directory / str(step))
@@ -90,12 +102,15 @@ class Checkpoints:
       saved = self.manager.item_metadata(step)["state"]
     except Exception as error:  # unreadable metadata
       raise UnreadableCheckpoint(_reason(error)) from error
+    if not _path_shapes(saved) and _path_shapes(like):  # state/_METADATA lost: orbax would report 0 arrays
+      raise UnreadableCheckpoint("its array metadata (state/_METADATA) is missing or lists no arrays")
     mismatch = _shape_mismatch(saved, like)
     if mismatch is not None:  # checked before orbax starts reading: a failed read leaves its threads behind
-      raise ExecutorError(
+      raise CheckpointMismatch(
         f"The checkpoint of step {step} in {self.directory} does not fit this model: {mismatch}. The "
         "model keys (sizes, vocab_size, layers) and the optimizer must be the ones the checkpoint was written "
-        "with; restore them, or use a new model_dir."
+        "with; restore them, or use a new model_dir.",
+        step,
       )
     try:
       restored = self.manager.restore(
@@ -104,6 +119,16 @@ class Checkpoints:
     except Exception as error:
       raise UnreadableCheckpoint(_reason(error)) from error
     return restored.state, restored.meta
+
+  def meta(self, step: int) -> dict[str, Any]:
+    """The JSON metadata saved with checkpoint ``step`` as far as it can be read ({} when it cannot)."""
+    import json
+
+    try:
+      meta = json.loads((self.directory / str(step) / "meta" / "metadata").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+      return {}
+    return meta if isinstance(meta, dict) else {}
 
   def unreadable(self, step: int, why: UnreadableCheckpoint) -> str:
     """The one-line report of an unreadable checkpoint."""

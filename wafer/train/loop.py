@@ -10,7 +10,12 @@ donated), restores the newest readable checkpoint in ``model_dir`` if there is o
   the final one and step 1, from the step's metrics fetched then (the device is not synchronised
   on other steps); step closures run at those steps and every ``activation_steps``-th step,
   checkpoint closures at checkpoint steps;
-* a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step: the whole `TrainState`.
+* a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step: the whole `TrainState`,
+  with the input pipeline's identity and the run's settings (`settings_of`), so that a resume
+  that does not fit names the keys that changed;
+* on resume from the checkpoint of step k, ``metrics.jsonl`` keeps the records up to k and moves
+  the killed run's later ones to ``metrics.superseded.jsonl`` (`Metrics.resume`): each step once;
+* ctrl-C raises `RunInterrupted`, whose message names the newest checkpoint and how to resume.
 
 Eval runs the eval step compiled once through `wafer.compile`, under the same `precision.Policy`
 and the same ``num_csx`` sharding as training, in every eval mode. With many processes
@@ -35,13 +40,21 @@ import wafer
 from wafer import cluster
 from wafer.config import ConfigError, RunConfig
 from wafer.config.errors import Problem
-from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
-from wafer.train.metrics import Metrics, Progress
+from wafer.train.checkpoint import CheckpointMismatch, Checkpoints, UnreadableCheckpoint
+from wafer.train.metrics import SUPERSEDED, Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
 from wafer.train.step import make_eval_step, make_train_step
 from wafer.train.task import ExecutorError, Task
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
+
+
+class RunInterrupted(KeyboardInterrupt):
+  """ctrl-C during `run`: a `KeyboardInterrupt` (code that stops on one still does) whose message says
+  the step reached, the newest checkpoint in model_dir and that rerunning the same command resumes.
+
+  Not a `wafer.errors.WaferError`: an ``except Exception`` must not swallow a ctrl-C.
+  """
 
 
 def seed_of(runconfig: RunConfig) -> int:
@@ -154,18 +167,76 @@ def run(
   policy: precision.Policy,
   *,
   progress: bool = True,
+  config: Any = None,
 ) -> dict[str, Any]:
   """Run ``runconfig.mode``; returns a summary (final step, losses, eval metric, paths).
 
-  ``progress``: show a progress bar when stderr is a terminal.
+  ``progress``: show a progress bar when stderr is a terminal. ``config``: the run's
+  `wafer.config.Params` (or None); its ``model``, ``train_input`` and ``optimizer`` settings are
+  saved with every checkpoint (with the batch size, always saved), so that a resume whose settings
+  changed names the keys (`changed_settings`): an error when the checkpoint does not fit (another
+  model shape, batch size or input pipeline), a note otherwise (e.g. a new learning rate).
   """
-  return _Run(task, runconfig, optimizer, loss_scale, policy, progress).go()
+  return _Run(task, runconfig, optimizer, loss_scale, policy, progress, config).go()
+
+
+_COMPARED_SECTIONS = ("model", "train_input", "optimizer")
+"""The params sections a checkpoint records (runconfig keys such as max_steps change between runs by design)."""
+
+
+def settings_of(config: Any) -> dict[str, Any]:
+  """``{"model.hidden_size": 50, ...}``: the `_COMPARED_SECTIONS` keys of a `Params` (JSON values), else {}.
+
+  >>> settings_of({"model": {"name": "m", "sizes": [2, 3]}, "runconfig": {"max_steps": 5}})
+  {'model.name': 'm', 'model.sizes': [2, 3]}
+  """
+  if config is None:
+    return {}
+  dump: dict[str, Any] = {}
+  for section in _COMPARED_SECTIONS:
+    value = config.get(section) if isinstance(config, dict) else getattr(config, section, None)
+    try:  # each section by its own (model plugin's) schema: the Params field's type would drop its keys
+      dump[section] = value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+    except Exception:  # a section that cannot be dumped is not recorded (nothing to compare, no error)
+      continue
+  out: dict[str, Any] = {}
+
+  def walk(prefix: str, value: Any) -> None:
+    if isinstance(value, dict):
+      for k, v in value.items():
+        walk(f"{prefix}.{k}", v)
+    else:
+      out[prefix] = value
+
+  for section in _COMPARED_SECTIONS:
+    if isinstance(dump.get(section), dict):
+      walk(section, dump[section])
+  return out
+
+
+def changed_settings(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+  """``["model.hidden_size: checkpoint 50, now 40", ...]`` for the keys whose value differs (sorted).
+
+  >>> changed_settings({"model.width": 50, "optimizer.lr": 0.1}, {"model.width": 40, "optimizer.lr": 0.1})
+  ['model.width: checkpoint 50, now 40']
+  """
+  missing = object()
+  return [
+    f"{k}: checkpoint {_show(saved.get(k, missing))}, now {_show(now.get(k, missing))}"
+    for k in sorted(set(saved) | set(now))
+    if saved.get(k, missing) != now.get(k, missing)
+  ]
+
+
+def _show(value: Any) -> str:
+  return "(unset)" if type(value) is object else repr(value)
 
 
 class _Run:
-  def __init__(self, task, rc, optimizer, loss_scale, policy, progress):
+  def __init__(self, task, rc, optimizer, loss_scale, policy, progress, config=None):
     if rc.mode not in MODES:
       raise ExecutorError(f"mode={rc.mode!r}; allowed: {', '.join(MODES)}")
+    self.settings = {**settings_of(config), "train_input.batch_size": task.batch_size}
     self.task, self.rc, self.policy, self.progress = task, rc, policy, progress
     self.optimizer, self.loss_scale = optimizer, loss_scale
     self.num_csx = rc.num_csx
@@ -254,35 +325,105 @@ class _Run:
         self._eval_all()
       else:
         self._train_and_eval(init)
+    except KeyboardInterrupt:  # ctrl-C: say where model_dir stands and how to go on
+      raise RunInterrupted(self._interrupted()) from None
     finally:
       self.metrics.close()
       self.checkpoints.close()
     return self.summary
 
+  def _interrupted(self) -> str:
+    """What an interrupted run leaves in model_dir and how to go on."""
+    where = f" at step {self.at_step}" if getattr(self, "at_step", None) is not None else ""
+    if self.rc.mode in ("eval", "eval_all"):
+      return (
+        f"Interrupted{where} while evaluating; nothing in {self.model_dir} was changed but metrics.jsonl."
+      )
+    steps = self.checkpoints.steps()
+    if not steps:
+      return (
+        f"Interrupted{where}, before the first checkpoint: rerunning the same command starts again from step "
+        f"0 (the records in {self.model_dir / 'metrics.jsonl'} then move to {SUPERSEDED})."
+      )
+    newest = max(steps)
+    return (
+      f"Interrupted{where}. {self.model_dir} is consistent: its newest checkpoint is step {newest} "
+      f"({self.checkpoints.directory / str(newest)}). Rerun the same command to resume from there (records of "
+      f"later steps in metrics.jsonl then move to {SUPERSEDED})."
+    )
+
   def _batch_argnums(self) -> tuple[int, ...]:
     return (1,) if self.num_csx > 1 else ()
 
   def _resume(self, init: TrainState) -> TrainState:
-    """The newest readable checkpoint's state, the data source moved to its position; else ``init``."""
-    restored = self.checkpoints.restore_latest(self.template, say=self.say)
+    """The newest readable checkpoint's state, the data source moved to its position; else ``init``.
+
+    Also starts metrics.jsonl's history at the restored step (`Metrics.resume`: the killed run's
+    records of later steps move to metrics.superseded.jsonl).
+
+    Raises:
+      ExecutorError: the checkpoint does not fit this run (model shapes, batch size, input
+        pipeline); the message names the settings that changed since it was written.
+    """
+    restored = self._restore_latest()
     if restored is None:
+      self.metrics.resume(int(init.step))  # records of a run killed before its first checkpoint move aside
       if self.rc.save_initial_checkpoint:  # the step-0 checkpoint of a fresh run (modelzoo's key)
-        self.checkpoints.save(init, {"data_pipeline": self._pipeline()})
+        self.checkpoints.save(init, self._meta())
       return init
     state, meta = restored
     step, position = int(state.step), int(state.data_position)
+    saved_batch = meta.get("config", {}).get("train_input.batch_size", self.task.batch_size)
+    if saved_batch != self.task.batch_size:  # batch k of the data would not be the run's batch k
+      raise ExecutorError(
+        self._with_changes(
+          f"Cannot resume from the checkpoint of step {step}: it was written with train_input.batch_size="
+          f"{saved_batch}, this run has {self.task.batch_size} (batch k of the data would not be the run's "
+          f"batch k). Set train_input.batch_size back to {saved_batch}, or use a new model_dir (not "
+          f"{self.model_dir}).",
+          step,
+        )
+      )
     wanted = {**self.data.get_state(), **meta.get("data_pipeline", {}), "next_batch": position}
     try:
       self.data.set_state(wanted)
     except ValueError as error:
       raise ExecutorError(
-        f"Cannot resume from the checkpoint of step {step}: {error}. Batch k of a run depends on the batch "
-        "size, the number of input workers (num_workers_per_csx x num_csx; workers shard the data), the "
-        "shuffle settings and the data; restore the settings the checkpoint was written with, or use a new "
-        "model_dir."
+        self._with_changes(
+          f"Cannot resume from the checkpoint of step {step}: {error}. Batch k of a run depends on the batch "
+          "size, the number of input workers (num_workers_per_csx x num_csx; workers shard the data), the "
+          "shuffle settings and the data; restore the settings the checkpoint was written with, or use a new "
+          "model_dir.",
+          step,
+        )
       ) from error
     self.say(f"Resuming from the checkpoint at step {step}.")
+    changes = changed_settings(meta.get("config", {}), self.settings) if "config" in meta else []
+    if changes:
+      self.say(f"Note: settings changed since the checkpoint of step {step}: {'; '.join(changes)}.")
+    self.metrics.resume(step)  # the killed run's records after `step` move to metrics.superseded.jsonl
     return state
+
+  def _restore_latest(self) -> tuple[TrainState, dict[str, Any]] | None:
+    """`Checkpoints.restore_latest`; a checkpoint of another model names the settings that changed."""
+    try:
+      return self.checkpoints.restore_latest(self.template, say=self.say)
+    except CheckpointMismatch as error:
+      raise ExecutorError(self._with_changes(str(error), error.step)) from None
+
+  def _with_changes(self, message: str, step: int) -> str:
+    """``message`` and the settings that changed since checkpoint ``step`` was written (when it recorded them)."""
+    meta = self.checkpoints.meta(step)
+    if "config" not in meta:
+      return message
+    changes = changed_settings(meta["config"], self.settings)
+    if not changes:
+      return message
+    return f"{message} Settings changed since that checkpoint was written: {'; '.join(changes)}."
+
+  def _meta(self) -> dict[str, Any]:
+    """What a checkpoint records beside the state: the input pipeline's identity and the run's settings."""
+    return {"data_pipeline": self._pipeline(), "config": self.settings}
 
   def _pipeline(self) -> dict[str, Any]:
     """What identifies the input pipeline (its state without the position, which is in the train state)."""
@@ -310,6 +451,7 @@ class _Run:
       batch = cluster.global_batch(next(self.data), self.num_csx, local=self.local_rows)
       state, step_metrics = self.compiled(state, batch)
       done += 1
+      self.at_step = done
       is_log = done % log_every == 0 or done == last or done == 1
       if is_log or (activation and done % activation == 0):
         self.compiled.run_closures(checkpoint=done in marks)  # step closures: log and activation steps
@@ -330,7 +472,7 @@ class _Run:
         losses.append((done, loss))
         bar.update(done, loss, rate)
       if done in marks:
-        self.checkpoints.save(state, {"data_pipeline": self._pipeline()})
+        self.checkpoints.save(state, self._meta())
     bar.close()
     elapsed = time.perf_counter() - start_time
     samples = (done - start_step) * task.batch_size
@@ -375,7 +517,7 @@ class _Run:
       self.summary["evals"].append((done, self._evaluate(state.params, done)))
 
   def _eval(self, init: TrainState) -> None:
-    restored = self.checkpoints.restore_latest(self.template, say=self.say)
+    restored = self._restore_latest()
     if restored is None:
       self.say(
         f"Warning: no checkpoint in {self.model_dir / 'checkpoints'}: evaluating the initial (untrained) weights."
@@ -401,6 +543,8 @@ class _Run:
       except UnreadableCheckpoint as why:  # say so, evaluate the others
         self.say(f"{self.checkpoints.unreadable(step, why)}; skipping it.")
         continue
+      except CheckpointMismatch as error:
+        raise ExecutorError(self._with_changes(str(error), step)) from None
       self.summary["eval_all"][step] = self._evaluate(state.params, step)
 
   def _evaluate(self, params: Any, step: int) -> float:

@@ -93,6 +93,12 @@ def test_sigkill_and_restart_end_with_identical_parameters(tmp_path):
   subprocess.run([sys.executable, script, str(tmp_path / "killed"), str(steps), str(tmp_path / "killed.npz")],
                  check=True, env=env, capture_output=True, timeout=300)  # fmt: skip
   assert any((tmp_path / "killed" / "compile_cache").iterdir())  # compiled artifacts persisted for reruns
+  from wafer.train import read_metrics
+
+  steps = [r["step"] for r in read_metrics(tmp_path / "killed" / "metrics.jsonl")]
+  assert (
+    steps == sorted(set(steps)) == [r["step"] for r in read_metrics(tmp_path / "whole" / "metrics.jsonl")]
+  )
   whole, killed = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "killed.npz")
   assert sorted(whole.files) == sorted(killed.files)
   for name in whole.files:
