@@ -49,10 +49,14 @@ MNIST_FILES = {
 def _read_idx(path: str) -> np.ndarray:
   """One IDX file (MNIST's format: magic 0x0000 0x08 ndim, big-endian int32 dims, uint8 data)."""
   import gzip
+  import zlib
 
   opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rb") as f:
-    raw = f.read()
+  try:
+    with opener(path, "rb") as f:
+      raw = f.read()
+  except (gzip.BadGzipFile, EOFError, zlib.error) as error:  # their messages name no file
+    raise ValueError(f"{path}: {error} (not a whole gzip file: copy it again)") from None
   if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
     raise ValueError(
       f"{path}: not an IDX file of unsigned bytes (magic {raw[:4].hex()!r}, expected 000008xx)"

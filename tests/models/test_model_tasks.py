@@ -310,6 +310,16 @@ def test_mnist_idx_files_in_data_dir(tmp_path):
   (tmp_path / "bad" / "train-labels-idx1-ubyte").write_bytes(b"\x01\x02\x03\x04")
   with pytest.raises(DataError, match="not an IDX file"):
     processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / "bad")}), seed=0)
+  # a .gz that is not gzip, and one cut short: the error names the file (gzip's own messages do not)
+  whole = (tmp_path / "train-images-idx3-ubyte.gz").read_bytes()
+  for name, damaged in (("garbage", b"!\x8a" + bytes(64)), ("truncated", whole[: len(whole) // 2])):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "train-images-idx3-ubyte.gz").write_bytes(damaged)
+    (tmp_path / name / "train-labels-idx1-ubyte.gz").write_bytes(
+      (tmp_path / "train-labels-idx1-ubyte.gz").read_bytes()
+    )
+    with pytest.raises(DataError, match=rf"{name}/train-images-idx3-ubyte.gz: .*copy it again"):
+      processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / name)}), seed=0)
 
 
 def test_num_epochs_runs_one_pass_over_each_input_workers_shard(tmp_path):

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 
+from wafer._io import what_to_do
 from wafer.train.task import ExecutorError
 
 
@@ -79,10 +80,13 @@ class Checkpoints:
     ) as error:  # a full disk, a read-only or vanished model_dir (TensorStore: ValueError)
       saved = [s for s in self.steps() if s != step]
       newest = f"the newest saved checkpoint is step {max(saved)}" if saved else "no checkpoint was saved"
+      todo = (
+        what_to_do(error) if isinstance(error, OSError) else "free space in model_dir (or make it writable)"
+      )
       raise ExecutorError(
         f"Cannot save the checkpoint of step {step} in {self.directory} ({_reason(error)}); {newest}, and "
-        "nothing saved before was changed. Free space in model_dir (or make it writable) and rerun the same "
-        "command: it resumes from there."
+        f"nothing saved before was changed. {todo[0].upper()}{todo[1:]} and rerun the same command: it "
+        "resumes from there."
       ) from error
     return step
 
