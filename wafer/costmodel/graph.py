@@ -318,7 +318,8 @@ def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[
   if len(flat_is_param) != len(jaxpr.invars):
     flat_is_param = [True] * len(jaxpr.invars)
   walker = Walker(len(jaxpr.invars), flat_is_param)
-  walker.walk(jaxpr, walker.top_keys, (), False, 1)
+  consts = closed.consts if len(closed.consts) == len(jaxpr.constvars) else ()
+  walker.walk(jaxpr, walker.top_keys, (), False, 1, consts)
   return walker, closed
 
 
