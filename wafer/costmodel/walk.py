@@ -60,6 +60,7 @@ _SAME_AXES = frozenset({
 })
 _INDEX_ARITH = frozenset({"add", "sub", "mul", "max", "min", "rem", "div", "neg", "abs"})
 _ORDER = frozenset({"lt", "le", "gt", "ge"})  # i >= j on two position indices: a triangle
+_INDEX_SELECT = frozenset({"eq", "ne", "select_n", "clamp", "and", "or", "not"})  # (jnp.take's wrap)
 _LOGICAL = frozenset({"and", "or", "not"})
 # Where a mask meets the scores: ``scores + bias`` (an additive mask), ``scores * mask``.
 _APPLY = frozenset({"add", "sub", "mul", "add_any"})
@@ -231,7 +232,7 @@ class Walker:
       self._propagate_root(ins, outs, eqn)
     elif prim in _SLICE and ins and ins[0] in self.root and not any(k in self.data for k in ins if k):
       held = self.param_size.get(ins[0], math.inf)
-      by_position = any(k in self.index for k in ins[1:] if k is not None)
+      by_position = any(k in self.index or k in self.causal for k in ins[1:] if k is not None)
       for o, var in zip(outs, eqn.outvars):
         if by_position or _size(var.aval) >= held:  # a table looked up at positions (``wpe(arange(s))``
           self.root[o] = self.root[ins[0]]  # broadcast over the batch): the table, no more
@@ -367,12 +368,12 @@ class Walker:
       if moved is not None:
         self.index[out] = moved
         return False
-    if prim in _INDEX_ARITH or prim in _ORDER:
+    if prim in _INDEX_ARITH or prim in _ORDER or prim in _INDEX_SELECT:
       if all(k in self.index for k in keys):
         axes = frozenset().union(*(self.index[k] for k in keys))
         if prim in _ORDER and len(axes) >= 2:
           self.causal.add(out)
-        elif prim in _INDEX_ARITH:
+        else:  # still a function of the positions (``where(i < 0, i + n, i)`` in ``jnp.take``)
           self.index[out] = axes
         return False
     causal = [k for k in keys if k in self.causal]

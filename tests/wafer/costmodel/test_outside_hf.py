@@ -62,7 +62,7 @@ class Attention(nn.Module):
       self.bias = self.param(
         "bias", nn.initializers.zeros, (self.heads, self.max_positions, self.max_positions)
       )
-    if self.mask == "relative_bias":
+    if self.mask in ("relative_bias", "causal_relative_bias"):
       self.relative_attention_bias = nn.Embed(32, self.heads)
 
   def _relative_bias(self, s: int) -> jax.Array:
@@ -102,6 +102,11 @@ class Attention(nn.Module):
       bias = jnp.broadcast_to(self.bias[None, :, :s, :s], (b, self.heads, s, s))
     elif self.mask == "relative_bias":
       bias = jnp.broadcast_to(self._relative_bias(s), (b, self.heads, s, s))
+    elif self.mask == "causal_relative_bias":  # T5's decoder: position_bias + the causal mask's bias
+      combined = nn.combine_masks(padding, causal)
+      bias = self._relative_bias(s) + lax.select(
+        combined > 0, jnp.full(combined.shape, 0.0), jnp.full(combined.shape, -1e10)
+      )
     weights = nn.dot_product_attention_weights(
       q, k, bias=bias, mask=mask, dropout_rng=None, dropout_rate=0.1, deterministic=deterministic
     )
@@ -146,8 +151,9 @@ class LM(nn.Module):
     else:
       pos = wpe.embedding[None, :s]
     x = nn.Dropout(rate=0.1)(wte(ids.astype("i4")) + pos, deterministic=deterministic)
+    masks = self.mask.split(",")  # one for all layers, or one per layer
     for i in range(self.layers):
-      x = Block(self.d, self.heads, self.max_positions, self.mask, name=str(i))(
+      x = Block(self.d, self.heads, self.max_positions, masks[i % len(masks)], name=str(i))(
         x, attention_mask, deterministic
       )
     return wte.attend(nn.LayerNorm(name="ln_f")(x))
@@ -197,6 +203,25 @@ def test_nothing_else_is_taken_for_a_causal_mask(mask):
   assert not any(m.masked for m in products)
 
 
+def test_a_masked_layer_does_not_mask_the_others_through_the_optimizer():
+  """T5: a bidirectional layer (the encoder) and a causal one (the decoder), each with a learned
+  relative-position bias. The causal layer's bias gradient reaches AdamW, whose step count every
+  other parameter's update reads; the mask must not follow that path into the bidirectional layer."""
+  step, args = _args(LM(2, 32, 2, 50, 64, "relative_bias,causal_relative_bias"), 2, 16)
+  graph = extract(step, args, batch_argnums=(2, 3, 4), compute_bits=16)
+  by_layer = {
+    layer: [
+      m.masked
+      for k in graph.kernels
+      if f"/{layer}/" in k.name + "/"
+      for m in k.matmuls
+      if not m.weight and m.instances.at_trace > 1
+    ]
+    for layer in ("0", "1")
+  }
+  assert by_layer["0"] == [False] * 6 and by_layer["1"] == [True] * 6, by_layer
+
+
 @settings(max_examples=6)
 @given(
   st.sampled_from(MASKS),
@@ -225,16 +250,17 @@ def test_the_additive_mask_gets_the_estimate_of_the_select_mask(mode):
   assert rates["hf_additive"] > 1.1 * rates["none"], rates
 
 
-@pytest.mark.parametrize("batch", [1, 8])
+def _param_elements(positions: str, batch: int, seq: int) -> int:
+  step, args = _args(LM(2, 32, 2, 50, 64, "hf_additive", positions), batch, seq)
+  return extract(step, args, batch_argnums=(2, 3, 4), compute_bits=16).param_elements
+
+
+@pytest.mark.parametrize("batch", [1, 2, 8])
 def test_a_table_read_at_broadcast_positions_is_one_table(batch):
   """``wpe(broadcast_to(arange(s), (b, s)))`` reads the position table, not a ``b x s x d`` parameter:
-  the parameter count is the model's, at every batch, and equals that of ``wpe.embedding[None, :s]``."""
-  counts = {}
-  for positions in ("broadcast_ids", "slice"):
-    model = LM(2, 32, 2, 50, 64, "hf_additive", positions)
-    step, args = _args(model, batch, 64)
-    graph = extract(step, args, batch_argnums=(2, 3, 4), compute_bits=16)
-    counts[positions] = graph.param_elements
-    n_params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(args[0]))
-    assert graph.param_elements == n_params
-  assert counts["broadcast_ids"] == counts["slice"]
+  at ``s = max_positions`` the parameter count is the model's, as with ``wpe.embedding[None, :s]``,
+  and at a shorter sequence it does not grow with the batch."""
+  step, args = _args(LM(2, 32, 2, 50, 64, "hf_additive"), batch, 64)
+  n_params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(args[0]))
+  assert _param_elements("broadcast_ids", batch, 64) == n_params == _param_elements("slice", batch, 64)
+  assert _param_elements("broadcast_ids", batch, 16) == _param_elements("broadcast_ids", 1, 16)
