@@ -250,7 +250,9 @@ def assert_close(
   ``-0.0`` against ``+0.0`` fails unless ``check_zero_sign=False``). Each element must satisfy
   ``distance <= ulps``: ``ulps=0`` asks for equal values, ``ulps=0.5`` is the bound of one
   correct rounding of ``expected`` to ``fmt``, ``ulps=float("inf")`` checks only the special
-  values (a distance of ``inf`` always fails).
+  values (a distance of ``inf`` always fails). Pytrees (a dict or ``FrozenDict`` of gradients,
+  ``(loss, grads)``, a model's output dataclass) are compared leaf by leaf; a failure names the leaf's
+  key path (``['h']['0']['kernel']: ...``) and structures must be equal.
 
   Raises:
     AssertionError: naming how many elements fail, then the worst distance, its index, the two
