@@ -160,6 +160,8 @@ class Walker:
     stack = getattr(eqn.source_info.name_stack, "stack", ())
     names = list(scopes)
     crossed = False  # a transform since the last scope name
+    segment = 0  # where the names since the last transform begin
+    replay: int | None = None  # the next name of a segment seen again
     for item in stack:
       kind = type(item).__name__
       if kind == "Transform":
@@ -167,11 +169,21 @@ class Walker:
         if item.name == "transpose":
           transposed = True
       elif item.name and "->" not in str(item.name) and str(item.name) not in _JAX_SCOPES:
-        # (jnp.einsum names its call by its spec: not a scope). The same scope seen again through
-        # another transform is one scope: flax's nn.remat in the backward pass is named
-        # ``transpose(jvp(LM))/jvp(LM)/...``, not ``LM/LM/...``
-        if not (crossed and names and names[-1] == str(item.name)):
-          names.append(str(item.name))
+        # (jnp.einsum names its call by its spec: not a scope). The same scopes seen again through
+        # another transform are the same scopes: flax's nn.remat in the backward pass is named
+        # ``transpose(jvp(LM))/jvp(LM)/...``, not ``LM/LM/...``, and a remat'd layer deeper in the
+        # module tree (Hugging Face's gradient checkpointing) ``transpose(jvp(M/bert/encoder/layer))
+        # /jvp(M/bert/encoder/layer)/1/...``, not ``M/bert/encoder/layer/M/bert/encoder/layer/1/...``
+        name = str(item.name)
+        if crossed and segment < len(names) and names[segment] == name:
+          replay = segment + 1
+        elif replay is not None and replay < len(names) and names[replay] == name:
+          replay += 1
+        elif not (crossed and names and names[-1] == name):
+          if crossed:
+            segment = len(names)
+          replay = None
+          names.append(name)
         crossed = False
     return tuple(names), transposed
 
