@@ -14,7 +14,10 @@ only from constants (``jnp.zeros``, ``jnp.full(s, 0.5)``). Everything else is a 
 argument, every closed-over array that is not inlined, every result of an operation on a
 value, **0-d arrays included** (a 0-d argument, a learned scalar, each example under
 ``vmap`` are values like any other). Constants are never rounded; a constant that is exactly
-representable in the compute format counts as rounded for the rules below.
+representable in the compute format counts as rounded for the rules below. One constant stands
+for a format's number rather than float32's: where the attention scores are rounded, a literal
+``+-finfo(float32).max`` (``jnp.finfo(dtype).min``, a mask bias) becomes the compute format's ``+-max``
+(`_extremes`).
 
 **State of a float32 value** while the pass runs: ``rounded`` (exactly representable in the
 compute format), ``float32`` (deliberately kept in float32 by a ``"float32"`` rule),
@@ -564,11 +567,15 @@ class _Pass:
     self.stochastic: frozenset[str] = frozenset(policy.stochastic if policy.is_mixed else ())
     self.key: jax.Array | None = None
     self.sites = 0
+    # what a literal +-finfo(float32).max stands for (`_extremes`): the compute format's largest number
+    # where the attention scores, which a mask bias joins, are rounded
+    self.extreme: float = self.fmt.max if self.rules["attention_softmax"] == "round" else float32.max
 
   def child(self) -> _Pass:
     """A pass for a sub-jaxpr; its rounding stream is a fresh site of this one's."""
     child = _Pass(self.policy, CastLog(), self.score_dots, self.observer)
     child.analysed = self.analysed
+    child.extreme = self.extreme
     if self.stochastic and self.key is not None:
       child.key = self.site_key()
     return child
@@ -725,6 +732,7 @@ def _interpret(
     with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
       region = _region(eqn.source_info.name_stack)  # this jaxpr's own scopes, not the caller's
       if region is None:
+        values, in_tags = _extremes(p, eqn, values, in_tags)
         outs, out_tags = _apply(p, eqn, values, in_tags, memo)
       else:
         outs, out_tags = _in_region(p, eqn, values, region)
@@ -738,6 +746,34 @@ def _interpret(
       env[var] = (value, tag)
   results = [read(atom) for atom in jaxpr.outvars]
   return [v for v, _ in results], [t for _, t in results]
+
+
+def _extremes(
+  p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]
+) -> tuple[list[Any], list[Tag | None]]:
+  """Literals ``+-finfo(float32).max`` become ``+-p.extreme``, the compute format's largest number.
+
+  Code writes ``jnp.finfo(dtype).min`` for "the lowest number of the working dtype": Hugging Face's
+  attention bias ``select(mask > 0, full(0), full(finfo(dtype).min))``, flax's ``big_neg``. Where the
+  policy rounds the attention scores (``attention_softmax="round"``: level 2, modelzoo's cbfloat16
+  override), that dtype is the compute format, and with its largest number the program computes what
+  it computes with the format as its dtype. Kept as float32's, the rounding of ``scores + bias`` is an
+  infinity, and a row of scores masked everywhere (the query at a left-padded position) gives
+  ``inf - inf``: NaN where float32 gives a uniform row. Where the scores stay float32 (and under a
+  float32 policy) nothing changes: there float32's number is the working dtype's, and a smaller one
+  (float16's 65504) would not absorb the scores it is added to.
+  """
+  if p.extreme == float32.max:
+    return values, tags
+  values, tags = list(values), list(tags)
+  for i, atom in enumerate(eqn.invars):
+    if not (isinstance(atom, jcore.Literal) and _is_f32(atom.aval) and np.ndim(atom.val) == 0):
+      continue
+    if abs(float(atom.val)) == float32.max:
+      new = math.copysign(p.extreme, float(atom.val))
+      values[i] = np.asarray(new, np.float32) if isinstance(atom.val, (np.ndarray, np.generic)) else new
+      tags[i] = Tag(CONST_ROUNDED)
+  return values, tags
 
 
 def _single_uses(jaxpr: jcore.Jaxpr) -> dict[Any, Any]:

@@ -555,6 +555,7 @@ def numerics_report(
 
   def run(pol: Policy, mode: str) -> Any:
     p = _Pass(pol, observer=collector.observer(mode))
+    p.extreme = _Pass(policy).extreme  # the shadow reads finfo(float32).min as the policy run does
     return jax.jit(lambda *xs: _run(p, closed, xs))(*flat)
 
   jax.block_until_ready(run(identity, "shadow"))

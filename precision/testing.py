@@ -7,8 +7,10 @@ a format (gfloat, a dev dependency, is imported only when that is asked for).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import jax
 import ml_dtypes
 import numpy as np
 
@@ -23,11 +25,50 @@ _REFERENCE_DTYPES = {
 }
 
 
+def _is_tree(x: Any) -> bool:
+  """A container of arrays rather than one array-like: a mapping (a dict of gradients, Flax's
+  ``FrozenDict``, a Transformers ``ModelOutput``), or a list or tuple NumPy cannot read as one real
+  array (``(loss, grads)``). NumPy reads a mapping as its keys, so ``FrozenDict({"0": w})`` would
+  otherwise be the number 0."""
+  if isinstance(x, Mapping):
+    return True
+  if not isinstance(x, (list, tuple)):
+    return False
+  try:
+    return np.asarray(x).dtype.kind not in "biuf"
+  except (ValueError, TypeError):  # ragged: arrays of different shapes
+    return True
+
+
+def _tree_pairs(actual: Any, expected: Any, context: str) -> Iterator[tuple[str, Any, Any]] | None:
+  """``(context + key path, actual leaf, expected leaf)`` for two pytrees of one structure; None when
+  neither is a pytree. Structures that differ are an AssertionError naming both."""
+  if not (_is_tree(actual) or _is_tree(expected)):
+    return None
+  flat_a, tree_a = jax.tree_util.tree_flatten_with_path(actual)
+  flat_e, tree_e = jax.tree_util.tree_flatten_with_path(expected)
+  if tree_a != tree_e:
+    prefix = f"{context}: " if context else ""
+    raise AssertionError(f"{prefix}pytree structures differ: actual {tree_a}, expected {tree_e}")
+  return ((f"{context}{jax.tree_util.keystr(p)}", a, e) for (p, a), (_, e) in zip(flat_a, flat_e))
+
+
+def _no_tree(what: str, x: Any, fn: str) -> None:
+  if _is_tree(x):
+    raise TypeError(
+      f"{fn}: {what} is a {type(x).__name__} (a pytree), not one array; compare leaf by leaf: "
+      f"jax.tree.map(lambda a, e: {fn}(a, e, ...), actual, expected), or use assert_close / "
+      "assert_same_floats, which take pytrees"
+    )
+
+
 def same_floats(actual: Any, expected: Any) -> np.ndarray:
   """Elementwise: equal bit patterns, or both NaN (so -0.0 differs from 0.0).
 
   Compared as float32, or as float64 when either side is float64 (nothing is narrowed).
   """
+  _no_tree("actual", actual, "same_floats")
+  _no_tree("expected", expected, "same_floats")
   actual, expected, bits = _as_common_float(actual, expected)
   return (actual.view(bits) == expected.view(bits)) | (np.isnan(actual) & np.isnan(expected))
 
@@ -42,7 +83,16 @@ def _as_common_float(actual: Any, expected: Any) -> tuple[np.ndarray, np.ndarray
 
 
 def assert_same_floats(actual: Any, expected: Any, context: str = "") -> None:
-  """Raise AssertionError naming the first differing elements unless `same_floats` holds everywhere."""
+  """Raise AssertionError naming the first differing elements unless `same_floats` holds everywhere.
+
+  Pytrees (a dict or ``FrozenDict`` of gradients, ``(loss, grads)``) are compared leaf by leaf, the
+  message naming the leaf's key path; their structures must be equal.
+  """
+  pairs = _tree_pairs(actual, expected, context)
+  if pairs is not None:
+    for where, a, e in pairs:
+      assert_same_floats(a, e, where)
+    return
   actual, expected, bits = _as_common_float(actual, expected)
   if actual.shape != expected.shape:
     raise AssertionError(f"{context}: shapes differ: {actual.shape} vs {expected.shape}")
@@ -154,6 +204,8 @@ def ulp_distance(
   array([ 0., inf, inf])
   """
   fmt = get_format(fmt)
+  _no_tree("actual", actual, "ulp_distance")
+  _no_tree("expected", expected, "ulp_distance")
   a = _float64(actual, "actual")
   e = _float64(expected, "expected")
   if a.shape != e.shape:
@@ -198,7 +250,9 @@ def assert_close(
   ``-0.0`` against ``+0.0`` fails unless ``check_zero_sign=False``). Each element must satisfy
   ``distance <= ulps``: ``ulps=0`` asks for equal values, ``ulps=0.5`` is the bound of one
   correct rounding of ``expected`` to ``fmt``, ``ulps=float("inf")`` checks only the special
-  values (a distance of ``inf`` always fails).
+  values (a distance of ``inf`` always fails). Pytrees (a dict or ``FrozenDict`` of gradients,
+  ``(loss, grads)``, a model's output dataclass) are compared leaf by leaf; a failure names the leaf's
+  key path (``['h']['0']['kernel']: ...``) and structures must be equal.
 
   Raises:
     AssertionError: naming how many elements fail, then the worst distance, its index, the two
@@ -220,6 +274,11 @@ def assert_close(
     raise TypeError(f"assert_close: ulps={ulps!r}; allowed: a number >= 0 (e.g. ulps=0.5, one rounding)")
   if not ulps >= 0:
     raise ValueError(f"assert_close: ulps={ulps!r}; allowed: a number >= 0 (e.g. ulps=0.5, one rounding)")
+  pairs = _tree_pairs(actual, expected, context)
+  if pairs is not None:  # leaf by leaf, each message naming its key path
+    for where, a, e in pairs:
+      assert_close(a, e, fmt, ulps=ulps, check_zero_sign=check_zero_sign, context=where)
+    return
   prefix = f"{context}: " if context else ""
   try:
     dist = ulp_distance(actual, expected, fmt, check_zero_sign=check_zero_sign)

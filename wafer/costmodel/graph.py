@@ -318,7 +318,8 @@ def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[
   if len(flat_is_param) != len(jaxpr.invars):
     flat_is_param = [True] * len(jaxpr.invars)
   walker = Walker(len(jaxpr.invars), flat_is_param)
-  walker.walk(jaxpr, walker.top_keys, (), False, 1)
+  consts = closed.consts if len(closed.consts) == len(jaxpr.constvars) else ()
+  walker.walk(jaxpr, walker.top_keys, (), False, 1, consts)
   return walker, closed
 
 
@@ -447,7 +448,7 @@ def _group(
   last_fwd: tuple[Any, ...] | None = None
   in_backward = False
   last_bwd: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-  masked = _masked_products(sites, walker.flow)
+  masked = _masked_products(sites, walker.flow, per_sample)
 
   def ahead(i: int, base: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The occurrence the next backward equations of ``base`` show by forward evidence alone (for
@@ -646,13 +647,15 @@ def _shape_exponent(shape: tuple[int, ...], exps: tuple[int, ...]) -> int:
   return 1 if max(exps, default=0) >= 1 and len(shape) > 0 else 0
 
 
-def _masked_products(sites: list[Site], flow: dict[int, int]) -> set[int]:
+def _masked_products(sites: list[Site], flow: dict[int, int], per_sample: list[bool]) -> set[int]:
   """Indices of the activation x activation products a causal mask touches, whatever kernel each
-  lands in: from every constant-predicate select (`Site.masked`: the mask, and its transpose in the
-  backward pass) along the data flow through non-product equations (across loop boundaries:
-  `Walker.flow`), back to the products that made the masked scores (``Q K^T``, ``dO V^T``) and on
-  to the products that read them (``P V``, ``P^T dO``, ``dS K``, ``dS^T Q``); a product ends the
-  walk."""
+  lands in: from every equation that applies a causal mask (`Site.masked`: the mask, and its
+  transpose in the backward pass) along the data flow through non-product per-sample equations
+  (across loop boundaries: `Walker.flow`), back to the products that made the masked scores
+  (``Q K^T``, ``dO V^T``) and on to the products that read them (``P V``, ``P^T dO``, ``dS K``,
+  ``dS^T Q``); a product ends the walk, and so does the weight update (a learned bias's gradient
+  reaches the optimizer, whose step count every other parameter's update reads: through it the
+  walk would reach every layer's backward, T5's unmasked encoder included)."""
 
   def origin(key: int) -> int:
     while key in flow:
@@ -671,7 +674,7 @@ def _masked_products(sites: list[Site], flow: dict[int, int]) -> set[int]:
   todo = [i for i, s in enumerate(sites) if s.masked]
   while todo:
     i = todo.pop()
-    if i in seen:
+    if i in seen or not per_sample[i]:
       continue
     seen.add(i)
     s = sites[i]

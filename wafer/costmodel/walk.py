@@ -5,7 +5,9 @@ Used by `wafer.costmodel.graph`. The walk recurses through ``jit``/``pjit``, ``c
 length), ``while`` (the body once) and ``cond`` (the most expensive branch), tracks which values are
 parameters (through view ops such as transposes and casts) and which depend on the batch, and
 classifies each leaf equation: matrix product, element-wise, transcendental, reduction, cast,
-data movement, or no work (integer arithmetic, reshapes). A call that bitcasts a float to an integer
+data movement, or no work (integer arithmetic, reshapes). It also follows position indices (``iota``) to
+the comparisons that make a triangular (causal) mask, and that mask through logical ops, casts and
+``select`` to where it meets per-sample data (`Site.masked`). A call that bitcasts a float to an integer
 and back (a *fake cast*, e.g. stochastic `precision.round`) is one cast, and so is each
 ``precision_round`` equation (nearest-even roundings, the ones `precision.autocast` inserts).
 """
@@ -51,6 +53,17 @@ _VIEW = frozenset({
 })
 # Slices of a parameter that are parameters themselves (``stacked[i]`` in an unrolled loop).
 _SLICE = frozenset({"slice", "dynamic_slice", "gather", "index_in_dim", "squeeze"})
+# Ops that keep the axes a value varies along (a position index, a mask) where they are.
+_SAME_AXES = frozenset({
+    "slice", "dynamic_slice", "convert_element_type", "copy", "copy_p", "neg", "rev", "reduce_precision",
+    "sharding_constraint", "pvary", "stop_gradient", "optimization_barrier",
+})
+_INDEX_ARITH = frozenset({"add", "sub", "mul", "max", "min", "rem", "div", "neg", "abs"})
+_ORDER = frozenset({"lt", "le", "gt", "ge"})  # i >= j on two position indices: a triangle
+_INDEX_SELECT = frozenset({"eq", "ne", "select_n", "clamp", "and", "or", "not"})  # (jnp.take's wrap)
+_LOGICAL = frozenset({"and", "or", "not"})
+# Where a mask meets the scores: ``scores + bias`` (an additive mask), ``scores * mask``.
+_APPLY = frozenset({"add", "sub", "mul", "add_any"})
 # fmt: on
 _CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 # Names JAX itself pushes on the name stack: not the user's scopes. ``jax.checkpoint`` runs the
@@ -76,7 +89,9 @@ class Site:
   bits: int  # dtype bits of the data
   weight_roots: tuple[int, ...] = ()  # roots of parameter operands
   ops: float = 1.0  # vector ops per element (integer_pow)
-  masked: bool = False  # a select over per-sample data by a constant predicate (a causal mask)
+  # a causal mask applied to per-sample data: a select by a constant predicate, or a select, sum or
+  # product with a mask made from a triangular comparison of positions (`Walker._mask_flow`)
+  masked: bool = False
 
 
 class Walker:
@@ -95,6 +110,11 @@ class Walker:
     # a key made at a scan boundary (an iteration's slice of ``xs``, an output of the loop) -> the
     # key its values come from: the data flow across loops (`wafer.costmodel.graph._masked_products`)
     self.flow: dict[int, int] = {}
+    # key -> axes a position index varies along (values computed from ``iota`` and literals alone)
+    self.index: dict[int, frozenset[int]] = {}
+    # keys holding a causal mask or a value made from one alone (the bias ``where(tril, 0, -inf)``);
+    # a mask combined with per-sample padding (``and``) is still causal
+    self.causal: set[int] = set()
     self.eqn_count = 0
     self._fake_cast_cache: dict[int, bool] = {}
     self.top_keys = [self._new() for _ in range(n_invars)]
@@ -115,14 +135,17 @@ class Walker:
     scopes: tuple[str, ...],
     transposed: bool,
     mult: int,
+    consts: Sequence[Any] = (),
   ) -> list[int]:
     env: dict[Any, int | None] = {}
     for var, key in zip(jaxpr.invars, in_keys):
       env[var] = key
       if key is not None and key in self.root:  # a parameter, or one iteration's slice of a stack
         self.param_size[key] = min(self.param_size.get(key, math.inf), _size(var.aval))
-    for var in jaxpr.constvars:
+    for i, var in enumerate(jaxpr.constvars):
       env[var] = self._new()
+      if i < len(consts) and _triangular(consts[i]):  # a mask closed over as a NumPy constant
+        self.causal.add(env[var])
     for eqn in jaxpr.eqns:
       self.eqn_count += 1
       ins = tuple(None if isinstance(v, jcore.Literal) else env.get(v) for v in eqn.invars)
@@ -137,6 +160,8 @@ class Walker:
     stack = getattr(eqn.source_info.name_stack, "stack", ())
     names = list(scopes)
     crossed = False  # a transform since the last scope name
+    segment = 0  # where the names since the last transform begin
+    replay: int | None = None  # the next name of a segment seen again
     for item in stack:
       kind = type(item).__name__
       if kind == "Transform":
@@ -144,11 +169,21 @@ class Walker:
         if item.name == "transpose":
           transposed = True
       elif item.name and "->" not in str(item.name) and str(item.name) not in _JAX_SCOPES:
-        # (jnp.einsum names its call by its spec: not a scope). The same scope seen again through
-        # another transform is one scope: flax's nn.remat in the backward pass is named
-        # ``transpose(jvp(LM))/jvp(LM)/...``, not ``LM/LM/...``
-        if not (crossed and names and names[-1] == str(item.name)):
-          names.append(str(item.name))
+        # (jnp.einsum names its call by its spec: not a scope). The same scopes seen again through
+        # another transform are the same scopes: flax's nn.remat in the backward pass is named
+        # ``transpose(jvp(LM))/jvp(LM)/...``, not ``LM/LM/...``, and a remat'd layer deeper in the
+        # module tree (Hugging Face's gradient checkpointing) ``transpose(jvp(M/bert/encoder/layer))
+        # /jvp(M/bert/encoder/layer)/1/...``, not ``M/bert/encoder/layer/M/bert/encoder/layer/1/...``
+        name = str(item.name)
+        if crossed and segment < len(names) and names[segment] == name:
+          replay = segment + 1
+        elif replay is not None and replay < len(names) and names[replay] == name:
+          replay += 1
+        elif not (crossed and names and names[-1] == name):
+          if crossed:
+            segment = len(names)
+          replay = None
+          names.append(name)
         crossed = False
     return tuple(names), transposed
 
@@ -185,7 +220,8 @@ class Walker:
       inner_jaxpr = inner.jaxpr if isinstance(inner, jcore.ClosedJaxpr) else inner
       n = len(inner_jaxpr.invars)
       keys = list(ins[-n:]) if n <= len(ins) else list(ins) + [None] * (n - len(ins))
-      res = self.walk(inner_jaxpr, keys, scopes, transposed, inner_mult)
+      consts = inner.consts if isinstance(inner, jcore.ClosedJaxpr) else ()
+      res = self.walk(inner_jaxpr, keys, scopes, transposed, inner_mult, consts)
       outs = [k if k is not None else self._new() for k in res]
       if any(k in self.data for k in ins if k is not None):
         self.data.update(outs)
@@ -203,14 +239,21 @@ class Walker:
     if subs:
       return outs
     kind = classify(eqn)
+    applies_mask = self._mask_flow(eqn, ins, outs)
     if prim in _VIEW:
       self._propagate_root(ins, outs, eqn)
     elif prim in _SLICE and ins and ins[0] in self.root and not any(k in self.data for k in ins if k):
-      for o, var in zip(outs, eqn.outvars):  # one layer's slice of stacked parameters (an unrolled
-        self.root[o] = o  # loop): a parameter itself
-        self.param_size[o] = _size(var.aval)
+      held = self.param_size.get(ins[0], math.inf)
+      by_position = any(k in self.index or k in self.causal for k in ins[1:] if k is not None)
+      for o, var in zip(outs, eqn.outvars):
+        if by_position or _size(var.aval) >= held:  # a table looked up at positions (``wpe(arange(s))``
+          self.root[o] = self.root[ins[0]]  # broadcast over the batch): the table, no more
+          self.param_size[o] = min(held, _size(var.aval))
+        else:  # one layer's slice of stacked parameters (an unrolled loop): a parameter itself
+          self.root[o] = o
+          self.param_size[o] = _size(var.aval)
     if kind is not None:
-      self._site(eqn, kind, ins, outs, scopes, transposed, mult)
+      self._site(eqn, kind, ins, outs, scopes, transposed, mult, applies_mask)
     else:
       src = next((k for k in ins if k is not None), None)
       if src is not None:
@@ -235,6 +278,7 @@ class Walker:
     scopes: tuple[str, ...],
     transposed: bool,
     mult: int,
+    applies_mask: bool = False,
   ) -> None:
     in_avals = [v.aval for v in eqn.invars]
     out_avals = [v.aval for v in eqn.outvars]
@@ -264,13 +308,15 @@ class Walker:
       if eqn.primitive.name == "integer_pow":
         ops = float(max(1, abs(int(eqn.params.get("y", 2))) - 1))
     masked = (
-      eqn.primitive.name == "select_n"
-      and ins[0] is not None
-      and ins[0] not in self.data
-      and ins[0] not in self.root
-      and any(k in self.data for k in ins[1:] if k is not None)
-      and len(out_shapes[0]) >= 2
-    )
+      applies_mask
+      or (
+        eqn.primitive.name == "select_n"
+        and ins[0] is not None
+        and ins[0] not in self.data
+        and ins[0] not in self.root
+        and any(k in self.data for k in ins[1:] if k is not None)
+      )
+    ) and len(out_shapes[0]) >= 2
     self.sites.append(
       Site(
         kind,
@@ -288,6 +334,83 @@ class Walker:
         masked,
       )
     )
+
+  # -- causal masks ---------------------------------------------------------------------------
+  def _mask_flow(self, eqn: Any, ins: tuple[int | None, ...], outs: Sequence[int]) -> bool:
+    """Follow position indices and causal masks through one equation; whether it applies a causal
+    mask to per-sample data.
+
+    A position index is a value computed from ``iota`` and literals alone; ``self.index`` keeps the
+    axes it varies along. An order comparison (``i >= j``) of indices that vary along two axes or more
+    makes a causal mask (``jnp.tril``, ``nn.make_causal_mask``, ``arange(s)[:, None] >= arange(s)``).
+    The mask stays causal through views, slices, casts, logical ops (``and`` with a padding mask),
+    comparisons and arithmetic with constants, and a ``select`` it drives between constants (the
+    additive bias ``where(mask, 0, finfo.min)``). Where it meets per-sample data that is not a mask
+    (``select(mask, scores, -inf)``, ``scores + bias``, ``scores * mask``), the mask is applied: the
+    result is data, not a mask. A padding mask (from the batch) or a learned bias (a parameter) never
+    becomes causal.
+    """
+    prim = eqn.primitive.name
+    if len(outs) != 1:
+      return False
+    out, params = outs[0], eqn.params
+    shape_of = lambda v: tuple(getattr(v.aval, "shape", ()))  # noqa: E731
+    if prim == "iota":
+      self.index[out] = frozenset({int(params["dimension"])})
+      return False
+    keys = [k for k in ins if k is not None]
+    if not keys:
+      return False
+    first = ins[0]
+    if first in self.index and not any(k not in self.index for k in keys[1:] if k is not first):
+      axes = self.index[first]
+      moved: frozenset[int] | None = None
+      if prim == "broadcast_in_dim" and len(keys) == 1:
+        moved = frozenset(params["broadcast_dimensions"][a] for a in axes)
+      elif prim == "reshape":
+        moved = _reshape_axes(shape_of(eqn.invars[0]), shape_of(eqn.outvars[0]), axes)
+      elif prim == "squeeze":
+        gone = {d % len(shape_of(eqn.invars[0])) for d in params["dimensions"]}
+        kept = [d for d in range(len(shape_of(eqn.invars[0]))) if d not in gone]
+        moved = frozenset(kept.index(a) for a in axes if a in kept)
+      elif prim == "transpose":
+        moved = frozenset(i for i, a in enumerate(params["permutation"]) if a in axes)
+      elif prim in _SAME_AXES and len(keys) == 1:
+        moved = axes
+      if moved is not None:
+        self.index[out] = moved
+        return False
+    if prim in _INDEX_ARITH or prim in _ORDER or prim in _INDEX_SELECT:
+      if all(k in self.index for k in keys):
+        axes = frozenset().union(*(self.index[k] for k in keys))
+        if prim in _ORDER and len(axes) >= 2:
+          self.causal.add(out)
+        else:  # still a function of the positions (``where(i < 0, i + n, i)`` in ``jnp.take``)
+          self.index[out] = axes
+        return False
+    causal = [k for k in keys if k in self.causal]
+    if not causal:
+      return False
+    others = [k for k in keys if k not in self.causal]
+    data = [k for k in others if k in self.data]
+    if prim == "select_n":
+      if first not in self.causal:
+        return False
+      if any(k in self.data for k in ins[1:] if k is not None and k not in self.causal):
+        return True  # where(mask, scores, -inf)
+      self.causal.add(out)  # where(mask, 0, -inf): the bias
+      return False
+    if prim in _LOGICAL:  # mask & padding, ~mask, mask | padding_out: still at least a triangle masked
+      self.causal.add(out)
+      return False
+    if not data and (prim in _INDEX_ARITH or first in self.causal and prim in _VIEW | _SLICE | _SAME_AXES):
+      self.causal.add(out)  # (1 - mask) * -1e9, the mask broadcast over heads (a table looked up
+      return False  # at indices made from a comparison, T5's relative-position buckets, is not a mask)
+    if prim in ("eq", "ne") or prim in _ORDER:
+      if not data:
+        self.causal.add(out)  # mask > 0, mask == 0
+      return False
+    return prim in _APPLY and bool(data)
 
   # -- control flow ---------------------------------------------------------------------------
   def _scan(
@@ -357,6 +480,35 @@ class Walker:
     if key not in self._fake_cast_cache:
       self._fake_cast_cache[key] = _contains_float_to_int_bitcast(j)
     return self._fake_cast_cache[key]
+
+
+def _reshape_axes(
+  before: tuple[int, ...], after: tuple[int, ...], axes: frozenset[int]
+) -> frozenset[int] | None:
+  """The axes of a reshape's output that ``axes`` of its input become, when the reshape only adds or
+  drops axes of size 1 (else None: the index is no longer followed)."""
+  src = [d for d in range(len(before)) if before[d] != 1]
+  dst = [d for d in range(len(after)) if after[d] != 1]
+  if [before[d] for d in src] != [after[d] for d in dst]:
+    return None
+  return frozenset(dst[src.index(a)] for a in axes if a in src)
+
+
+def _triangular(value: Any) -> bool:
+  """Whether a constant holds a causal mask on its last two axes: two values, split along a diagonal
+  (``np.tril(ones)``, ``np.triu(full(-inf), 1)``), the same for every leading index."""
+  shape = tuple(getattr(value, "shape", ()))
+  if len(shape) < 2 or shape[-1] < 2 or shape[-2] < 2 or math.prod(shape) > 1 << 24:
+    return False
+  try:
+    a = np.asarray(value).reshape(-1, *shape[-2:])
+  except Exception:  # noqa: BLE001 (not a host array: nothing to read)
+    return False
+  if not (a == a[:1]).all():
+    return False
+  keep = a[0] == a[0][-1, 0]  # the side the bottom-left entry is on (kept by tril, left by triu(-inf, 1))
+  n, m = keep.shape
+  return not keep.all() and bool(np.array_equal(keep, np.tri(n, m, int(keep[0].sum()) - 1, dtype=bool)))
 
 
 def _has_subjaxprs(params: dict[str, Any]) -> bool:
