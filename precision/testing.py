@@ -40,17 +40,36 @@ def _is_tree(x: Any) -> bool:
     return True
 
 
+def _plain(x: Any) -> Any:
+  """``x`` with every mapping JAX takes for a leaf (a ``dict`` subclass it does not know,
+  ``MappingProxyType``, ``UserDict``) as a ``dict``, so that it flattens into its values."""
+  if isinstance(x, Mapping) and jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x)):
+    return {k: _plain(v) for k, v in x.items()}
+  if not _is_tree(x):
+    return x
+  return jax.tree_util.tree_map(lambda leaf: _plain(leaf) if isinstance(leaf, Mapping) else leaf, x)
+
+
 def _tree_pairs(actual: Any, expected: Any, context: str) -> Iterator[tuple[str, Any, Any]] | None:
   """``(context + key path, actual leaf, expected leaf)`` for two pytrees of one structure; None when
   neither is a pytree. Structures that differ are an AssertionError naming both."""
   if not (_is_tree(actual) or _is_tree(expected)):
     return None
+  actual, expected = _plain(actual), _plain(expected)
   flat_a, tree_a = jax.tree_util.tree_flatten_with_path(actual)
   flat_e, tree_e = jax.tree_util.tree_flatten_with_path(expected)
-  if tree_a != tree_e:
+  # compared by key paths, not container types: a FrozenDict matches the dict with its keys
+  paths_a = [jax.tree_util.keystr(p) for p, _ in flat_a]
+  paths_e = [jax.tree_util.keystr(p) for p, _ in flat_e]
+  if paths_a != paths_e:
     prefix = f"{context}: " if context else ""
-    raise AssertionError(f"{prefix}pytree structures differ: actual {tree_a}, expected {tree_e}")
-  return ((f"{context}{jax.tree_util.keystr(p)}", a, e) for (p, a), (_, e) in zip(flat_a, flat_e))
+    only_a = sorted(set(paths_a) - set(paths_e))[:5]
+    only_e = sorted(set(paths_e) - set(paths_a))[:5]
+    raise AssertionError(
+      f"{prefix}pytree structures differ: actual {tree_a}, expected {tree_e} "
+      f"(leaves only in actual: {only_a or 'none'}; only in expected: {only_e or 'none'})"
+    )
+  return ((f"{context}{path}", a, e) for path, (_, a), (_, e) in zip(paths_a, flat_a, flat_e))
 
 
 def _no_tree(what: str, x: Any, fn: str) -> None:
