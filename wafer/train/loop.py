@@ -217,13 +217,20 @@ def settings_of(config: Any) -> dict[str, Any]:
 def changed_settings(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
   """``["model.hidden_size: checkpoint 50, now 40", ...]`` for the keys whose value differs (sorted).
 
+  A run started without a params file (``wafer.train.run(task, ...)``) records only its batch size;
+  when either side is such a run, only the keys both recorded are compared.
+
   >>> changed_settings({"model.width": 50, "optimizer.lr": 0.1}, {"model.width": 40, "optimizer.lr": 0.1})
   ['model.width: checkpoint 50, now 40']
+  >>> changed_settings({"model.width": 50, "train_input.batch_size": 8}, {"train_input.batch_size": 8})
+  []
   """
   missing = object()
+  configured = all(any(k != "train_input.batch_size" for k in side) for side in (saved, now))
+  keys = set(saved) | set(now) if configured else set(saved) & set(now)
   return [
     f"{k}: checkpoint {_show(saved.get(k, missing))}, now {_show(now.get(k, missing))}"
-    for k in sorted(set(saved) | set(now))
+    for k in sorted(keys)
     if saved.get(k, missing) != now.get(k, missing)
   ]
 
@@ -337,9 +344,13 @@ class _Run:
     where = f" at step {self.at_step}" if getattr(self, "at_step", None) is not None else ""
     if self.rc.mode in ("eval", "eval_all"):
       return (
-        f"Interrupted{where} while evaluating; nothing in {self.model_dir} was changed but metrics.jsonl."
+        f"Interrupted{where} while evaluating; evaluation writes no checkpoint: those in {self.model_dir} "
+        "are as they were, and metrics.jsonl holds the evaluations done."
       )
-    steps = self.checkpoints.steps()
+    try:
+      steps = self.checkpoints.steps()
+    except Exception:  # noqa: BLE001 (model_dir gone or unreadable: still report the interruption)
+      return f"Interrupted{where}; the checkpoints in {self.model_dir} could not be listed."
     if not steps:
       return (
         f"Interrupted{where}, before the first checkpoint: rerunning the same command starts again from step "

@@ -9,8 +9,9 @@ training records (``loss``, ``loss_scale``, ``samples_per_sec``, ...) and the ev
   `read_metrics` skips it, reporting ``file:line``;
 * resuming from the checkpoint of step k (`Metrics.resume`) moves the records of steps after k
   (the killed run logged them; the rerun logs them again) and any partial line out of
-  ``metrics.jsonl`` into ``metrics.superseded.jsonl`` (appended; nothing is deleted), in one
-  atomic rewrite, and says so in the log. ``metrics.jsonl`` then never holds a step twice from
+  ``metrics.jsonl`` into ``metrics.superseded.jsonl`` (appended; nothing is deleted), in two
+  atomic rewrites (the superseded file first: a crash in between leaves a record in both files,
+  never in neither), and says so in the log. ``metrics.jsonl`` then never holds a step twice from
   training, and its records after k are the rerun's. TensorBoard hides the same steps
   (``purge_step``).
 """
