@@ -115,6 +115,9 @@ class Walker:
     # keys holding a causal mask or a value made from one alone (the bias ``where(tril, 0, -inf)``);
     # a mask combined with per-sample padding (``and``) is still causal
     self.causal: set[int] = set()
+    # position values symmetric in their axes (``abs(i - j)``): an order comparison of one is a band
+    # around the diagonal (bidirectional local attention), not a triangle
+    self.symmetric: set[int] = set()
     self.eqn_count = 0
     self._fake_cast_cache: dict[int, bool] = {}
     self.top_keys = [self._new() for _ in range(n_invars)]
@@ -379,14 +382,19 @@ class Walker:
         moved = axes
       if moved is not None:
         self.index[out] = moved
+        if first in self.symmetric:
+          self.symmetric.add(out)
         return False
     if prim in _INDEX_ARITH or prim in _ORDER or prim in _INDEX_SELECT:
       if all(k in self.index for k in keys):
         axes = frozenset().union(*(self.index[k] for k in keys))
-        if prim in _ORDER and len(axes) >= 2:
+        symmetric = any(k in self.symmetric for k in keys)
+        if prim in _ORDER and len(axes) >= 2 and not symmetric:
           self.causal.add(out)
         else:  # still a function of the positions (``where(i < 0, i + n, i)`` in ``jnp.take``)
           self.index[out] = axes
+          if (prim == "abs" and len(axes) >= 2) or (symmetric and prim in _INDEX_ARITH and len(keys) == 1):
+            self.symmetric.add(out)  # abs(i - j), and it scaled or shifted by constants
         return False
     causal = [k for k in keys if k in self.causal]
     if not causal:

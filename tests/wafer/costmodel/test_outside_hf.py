@@ -34,7 +34,7 @@ from tests.wafer.costmodel.helpers import sds
 from wafer.costmodel import extract
 
 MASKS = ("hf_additive", "hf_flax_mask", "where_bias", "numpy_triu", "select_tril")
-NOT_CAUSAL = ("none", "padding_additive", "learned_bias", "relative_bias")
+NOT_CAUSAL = ("none", "padding_additive", "learned_bias", "relative_bias", "band_bias")
 
 
 @pytest.fixture(autouse=True)
@@ -100,6 +100,9 @@ class Attention(nn.Module):
       bias = lax.select(padding > 0, jnp.full(padding.shape, 0.0), jnp.full(padding.shape, fmin))
     elif self.mask == "learned_bias":
       bias = jnp.broadcast_to(self.bias[None, :, :s, :s], (b, self.heads, s, s))
+    elif self.mask == "band_bias":  # bidirectional local attention (ModernBERT, Longformer): |i - j| <= w
+      near = jnp.abs(jnp.arange(s)[:, None] - jnp.arange(s)[None, :]) <= 4
+      bias = jnp.broadcast_to(jnp.where(near, jnp.float32(0), fmin), (b, 1, s, s))
     elif self.mask == "relative_bias":
       bias = jnp.broadcast_to(self._relative_bias(s), (b, self.heads, s, s))
     elif self.mask == "causal_relative_bias":  # T5's decoder: position_bias + the causal mask's bias
