@@ -748,6 +748,11 @@ def _interpret(
   return [v for v, _ in results], [t for _, t in results]
 
 
+# A comparison or a clamp with float32's largest number tests a float32 value (an overflow count,
+# ``clip(x, -finfo.max, finfo.max)``): its literal keeps its value.
+_NOT_EXTREMES = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "max", "min", "clamp"})
+
+
 def _extremes(
   p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]
 ) -> tuple[list[Any], list[Tag | None]]:
@@ -761,9 +766,10 @@ def _extremes(
   infinity, and a row of scores masked everywhere (the query at a left-padded position) gives
   ``inf - inf``: NaN where float32 gives a uniform row. Where the scores stay float32 (and under a
   float32 policy) nothing changes: there float32's number is the working dtype's, and a smaller one
-  (float16's 65504) would not absorb the scores it is added to.
+  (float16's 65504) would not absorb the scores it is added to. Comparisons, ``max``, ``min`` and
+  ``clamp`` keep the literal (`_NOT_EXTREMES`).
   """
-  if p.extreme == float32.max:
+  if p.extreme == float32.max or eqn.primitive.name in _NOT_EXTREMES:
     return values, tags
   values, tags = list(values), list(tags)
   for i, atom in enumerate(eqn.invars):

@@ -131,6 +131,21 @@ def test_the_float32_policy_is_the_identity_under_jit_and_vmap(level):
   assert_same_floats(per_example, jax.vmap(one, in_axes=(None, 0, 0, 0))(params, *batch))
 
 
+def test_a_comparison_with_finfo_max_keeps_float32s_number():
+  """The rule is for a value the program computes with (the mask bias), not for a test of float32
+  values: an overflow count or a clip at ``+-finfo(float32).max`` keeps its meaning."""
+  big = jnp.finfo(jnp.float32).max
+
+  def f(x):
+    return jnp.sum(jnp.abs(x) > big * 0.5), jnp.sum(jnp.abs(x) >= big), jnp.clip(x, -big, big)
+
+  x = jnp.float32([3.0e38, -3.395e38, 1.0])
+  policy = precision.Policy(compute="bfloat16", level=2)
+  counts_over, counts_max, clipped = jax.jit(precision.autocast(f, policy))(x)
+  assert int(counts_over) == 2 and int(counts_max) == 0  # 3.395e38 < float32's max
+  assert np.isfinite(clipped).all()
+
+
 def test_the_numerics_report_of_a_left_padded_batch_is_finite():
   """The report's policy run is the autocast run (finite now), and its float32 shadow reads the mask
   bias as the policy run does: the bias is not reported as an error."""
