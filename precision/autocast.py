@@ -62,7 +62,11 @@ weakest state both satisfy (``raw`` if nothing better is known).
   ``unknown`` primitives are left unchanged (the cast report lists the unknown ones).
 
 **compute="float32"** is the identity: every rule becomes ``float32``; no rounding, no
-chunking, and the cast report counts nothing rounded, at every level.
+chunking, and the cast report counts nothing rounded, at every level. With ``output="float32"``
+too, the autocast function calls ``fn`` itself (matrix products in true float32:
+``jax.default_matmul_precision("highest")``), so it is bitwise ``fn`` eagerly as well as under
+``jit`` (evaluated op by op, the bodies of library jits that tracing inlines, such as
+``jnp.einsum``'s, round differently in the last bit); `numerics_report` runs the pass itself.
 
 **Regions.** Equations traced inside `float32_region` (a context manager or decorator, like
 ``torch.autocast(enabled=False)``) are bound unchanged and their results are ``float32``.
@@ -307,10 +311,17 @@ class _Autocast:
 
   def __call__(self, *args: Any, rounding_key: Any = None, **kwargs: Any) -> Any:
     fn, policy = self.__wrapped__, self.policy
+    nested = getattr(_TRACING, "depth", 0) > 0
+    if not policy.is_mixed and policy.output == float32:
+      # The identity is ``fn`` itself (products in true float32, as the pass binds them). The
+      # pass would evaluate the bodies of inlined library jits (``jnp.einsum``) op by op, which
+      # XLA rounds differently in the last bit when ``fn`` runs eagerly.
+      with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
+        with jax.default_matmul_precision("highest"):
+          return fn(*args, **kwargs)
     p = _Pass(policy)
     if p.stochastic:
       p.key = _check_key(fn, policy, rounding_key)
-    nested = getattr(_TRACING, "depth", 0) > 0
     closed, outputs, flat = _trace(fn, self._statics, args, kwargs)
     with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
       outs = _run(p, closed, flat)
