@@ -113,13 +113,20 @@ test_float32_policy_is_the_identity_many = pytest.mark.slow(
 def _commutes(names, seed, low, policy):
   f, x, a = gen.case(names, seed, low)
   auto = precision.autocast(f, policy)
-  assert jax.tree.structure(auto(x, a)) == jax.tree.structure(jax.jit(auto)(x, a))
+  with jax.checking_leaks():  # eagerly: no tracer of the pass escapes
+    assert jax.tree.structure(auto(x, a)) == jax.tree.structure(jax.jit(auto)(x, a))
   xs = jnp.stack([x, x * 0.5, -x])
-  inner = jax.jit(jax.vmap(auto, (0, None)))(xs, a)
-  outer = jax.jit(precision.autocast(jax.vmap(f, (0, None)), policy))(xs, a)
+  axes = (0, None)
+  if seed % 2:  # an ensemble: every example has its own weights and indices
+    a, axes = (
+      jax.tree.map(lambda *v: jnp.stack(v), *(gen.case(names, seed + k, low)[2] for k in range(3))),
+      (0, 0),
+    )
+  inner = jax.jit(jax.vmap(auto, axes))(xs, a)
+  outer = jax.jit(precision.autocast(jax.vmap(f, axes), policy))(xs, a)
   _assert_tree_same(inner, outer, f"vmap(autocast) vs autocast(vmap) {policy}")
   # vmap(autocast(f))(xs)[i] is autocast(f)(xs[i]): each example rounded on its own.
-  one = jax.jit(auto)(xs[1], a)
+  one = jax.jit(auto)(xs[1], a if axes[1] is None else jax.tree.map(lambda v: v[1], a))
   _assert_tree_same(jax.tree.map(lambda v: v[1], inner), one, "vmap example vs one call")
 
 
@@ -157,7 +164,9 @@ test_jit_and_vmap_commute_many = pytest.mark.slow(
   settings(max_examples=120)(given(**commute_args)(_commutes))
 )
 scan_args = dict(
-  names=gen.steps.filter(lambda n: not {"while"} & set(n)),
+  # softmax(h) @ w after a layer's own product is attention by structure (the module docstring):
+  # in a scan that one equation is a score product in every iteration, unrolled not in the last.
+  names=gen.steps.filter(lambda n: "softmax" not in n),
   seed=gen.seeds,
   low=gen.lows,
   policy=gen.mixed_policies,
