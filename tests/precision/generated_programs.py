@@ -70,6 +70,22 @@ def _clip_bwd(x: jax.Array, g: jax.Array) -> tuple[jax.Array]:
 _clip_grad_tanh.defvjp(_clip_fwd, _clip_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _scaled_tanh(c: float, x: jax.Array) -> jax.Array:
+  return jnp.tanh(x) * c
+
+
+def _scaled_fwd(c: float, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  return _scaled_tanh(c, x), x
+
+
+def _scaled_bwd(c: float, x: jax.Array, g: jax.Array) -> tuple[jax.Array]:
+  return (g * c * (1 - jnp.tanh(x) ** 2),)
+
+
+_scaled_tanh.defvjp(_scaled_fwd, _scaled_bwd)
+
+
 @jax.custom_jvp
 def _softsign(x: jax.Array) -> jax.Array:
   return x / (1 + jnp.abs(x))
@@ -166,7 +182,24 @@ STEPS: dict = {
   "while": lambda h, a: lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, h))[1],
   "jit": lambda h, a: jax.jit(lambda v, w: jnp.tanh(v @ w))(h, a["w"]),
   "jit_donated": lambda h, a: _donating(h * 1.0, a["w"]),
+  "scan_reverse": lambda h, a: lax.scan(
+    lambda c, w: (jnp.tanh(c @ w), c[0]), h, a["wb"], reverse=True, unroll=2
+  )[0],
+  "cond_constant": lambda h, a: lax.cond(a["i0"] > 1, lambda v: jnp.full_like(v, 0.1), lambda v: v * 1.3, h),
+  "custom_vjp_nondiff": lambda h, a: _scaled_tanh(1.7, h),
+  "stop_gradient": lambda h, a: jnp.tanh(lax.stop_gradient(h * 1.3)) + h,
+  "conv_transpose": lambda h, a: lax.conv_transpose(
+    h[None], a["k"], (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC")
+  )[0],
+  "solve": lambda h, a: jnp.linalg.solve(4 * jnp.eye(h.shape[-1]) + a["w"], h.T).T,  # unknown primitives
+  "reduce_precision": lambda h, a: lax.reduce_precision(h * 1.3, 5, 10) + h,  # a cast the user wrote
   # integer, bool and 16-bit intermediates
+  "low_dot": lambda h, a: lax.dot_general(
+    h.astype(a["lo"].dtype),
+    a["w"].astype(a["lo"].dtype),
+    (((1,), (0,)), ((), ())),
+    preferred_element_type=F32,
+  ),
   "int_scale": lambda h, a: h * (a["idx"][:, None] % 3 + 1).astype(F32),
   "bool_mask": lambda h, a: jnp.where((h > 0) & (a["idx"][:, None] > 2), h, -h),
   "low_mix": _low_mix,
@@ -187,6 +220,7 @@ DISCONTINUOUS = frozenset(
     "max_sub",
     "clamp",
     "clip",
+    "cond_constant",
   )
 )
 

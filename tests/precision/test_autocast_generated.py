@@ -205,7 +205,9 @@ def _mixed(names, seed, low, policy, to_output):
         precision.round(got[k], policy.compute), got[k], f"{k} is not a {policy.compute.name} value"
       )
   exact = all(np.array_equal(np.asarray(got[k]), np.asarray(want[k]), equal_nan=True) for k in floats)
-  assert not exact, f"nothing rounded: {names} {policy}"
+  # Something rounds (level 0 keeps cumsum(h) * 0.3 float32) and no clip saturates it away.
+  if gen.continuous(names) and precision.cast_report(f, policy, x, a).total.rounded:
+    assert not exact, f"nothing rounded: {names} {policy}"
   if gen.continuous(names):
     tol = GENERATED_PROGRAM[policy.compute.name]
     h, e = np.asarray(got["h"], np.float64), np.asarray(want["h"], np.float64)
