@@ -65,9 +65,11 @@ weakest state both satisfy (``raw`` if nothing better is known).
   ``unknown`` primitives are left unchanged (the cast report lists the unknown ones).
 
 **compute="float32"** is the identity: every rule becomes ``float32``; no rounding, no
-chunking, and the cast report counts nothing rounded, at every level. Called eagerly (no
-tracer among the arguments) it runs ``fn`` itself, its products at ``HIGHEST``, so a jitted
-function inside is compiled and fused exactly as ``fn`` runs it.
+chunking, and the cast report counts nothing rounded, at every level. With ``output="float32"``
+too, the autocast function calls ``fn`` itself (matrix products without a precision of their own
+in true float32: ``jax.default_matmul_precision("highest")``), so it is bitwise ``fn`` eagerly as well as under
+``jit`` (evaluated op by op, the bodies of library jits that tracing inlines, such as
+``jnp.einsum``'s, round differently in the last bit); `numerics_report` runs the pass itself.
 
 **Regions.** Equations traced inside `float32_region` (a context manager or decorator, like
 ``torch.autocast(enabled=False)``) are bound unchanged and their results are ``float32``.
@@ -312,16 +314,17 @@ class _Autocast:
 
   def __call__(self, *args: Any, rounding_key: Any = None, **kwargs: Any) -> Any:
     fn, policy = self.__wrapped__, self.policy
+    nested = getattr(_TRACING, "depth", 0) > 0
+    if not policy.is_mixed and policy.output == float32:
+      # The identity is ``fn`` itself (products in true float32, as the pass binds them). The
+      # pass would evaluate the bodies of inlined library jits (``jnp.einsum``) op by op, which
+      # XLA rounds differently in the last bit when ``fn`` runs eagerly.
+      with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
+        with jax.default_matmul_precision("highest"):
+          return fn(*args, **kwargs)
     p = _Pass(policy)
     if p.stochastic:
       p.key = _check_key(fn, policy, rounding_key)
-    nested = getattr(_TRACING, "depth", 0) > 0
-    if not (nested or policy.is_mixed or policy.output != float32 or _traced(args, kwargs)):
-      # compute="float32" evaluated eagerly: ``fn`` itself, its products at HIGHEST as the pass
-      # would make them. The pass inlines a jitted call's body when evaluating eagerly, op by op,
-      # where ``fn`` runs it compiled and fused (XLA may contract a * b + c): the last bit differed.
-      with jax.default_matmul_precision("highest"):
-        return fn(*args, **kwargs)
     closed, outputs, flat = _trace(fn, self._statics, args, kwargs)
     with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
       outs = _run(p, closed, flat)
@@ -332,11 +335,6 @@ class _Autocast:
 
   def __repr__(self) -> str:
     return f"<autocast {getattr(self, '__qualname__', _name(self.__wrapped__))} ({self.policy})>"
-
-
-def _traced(args: tuple, kwargs: dict) -> bool:
-  """Whether any leaf of the arguments is a tracer (autocast called under jit, grad, vmap...)."""
-  return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs)))
 
 
 def cast_report(

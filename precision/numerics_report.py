@@ -396,7 +396,7 @@ class NumericsReport:
   def __init__(self, policy: Policy, rows: list[Row], outputs: Any, unmatched: int = 0):
     self.policy = policy
     self.rows = rows
-    self.outputs = outputs  # the policy run's results (what autocast(fn)(*args) returns)
+    self.outputs = outputs  # the policy's results: what jax.jit(autocast(fn, policy))(*args) returns
     self.unmatched = unmatched
 
   def __len__(self) -> int:
@@ -560,6 +560,9 @@ def numerics_report(
 
   jax.block_until_ready(run(identity, "shadow"))
   jax.effects_barrier()
-  outs = jax.block_until_ready(run(policy, "policy"))
+  jax.block_until_ready(run(policy, "policy"))
   jax.effects_barrier()
+  # The outputs of a run without the observer's callbacks, which change XLA's fusion and so
+  # the last bit of some float32 results: exactly those of jax.jit(autocast(fn, policy)).
+  outs = jax.jit(lambda *xs: _run(_Pass(policy), closed, xs))(*flat)
   return NumericsReport(policy, collector.rows(), outputs.unflatten(outs), collector.missing)
