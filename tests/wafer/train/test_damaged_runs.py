@@ -286,6 +286,7 @@ def test_a_resume_with_another_batch_size_names_the_key(tmp_path):
   assert _steps(tmp_path) == [1, 5, 10]  # nothing was changed
 
 
+@pytest.mark.slow  # two fc_mnist runs through the CLI (~10 s); the batch-size case above runs by default
 def test_a_resume_with_another_model_shape_names_the_changed_key_not_an_array_path(tmp_path, capsys):
   from wafer import cli
 
