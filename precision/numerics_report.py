@@ -480,17 +480,20 @@ class NumericsReport:
     return f"<table><caption>numerics report, {html.escape(str(self.policy))}</caption><tr>{head}</tr>{body}</table>"
 
   def plot(self, path: str | os.PathLike, depth: int = 2, title: str | None = None) -> None:
-    """SQNR (dB) of each equation's output along the program, colored by scope; written to ``path``."""
-    import matplotlib
+    """SQNR (dB) of each equation's output along the program, colored by scope; written to ``path``.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn on a bare ``matplotlib.figure.Figure``: pyplot, its backend (a notebook's inline one) and
+    its list of open figures are left as they were.
+    """
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
     rows = [r for r in self.in_program_order() if r.elements]
     scopes = sorted({_scope_key(r.scope, depth) for r in rows})
-    cmap = plt.get_cmap("tab20")
+    cmap = colormaps["tab20"]
     colors = {s: cmap(i % 20) for i, s in enumerate(scopes)}
-    fig, ax = plt.subplots(figsize=(12, 4.5))
+    fig = Figure(figsize=(12, 4.5))
+    ax = fig.subplots()
     finite = [r.sqnr_db for r in rows if math.isfinite(r.sqnr_db)]
     top = (max(finite) if finite else 100.0) + 10
     for s in scopes:
@@ -511,7 +514,6 @@ class NumericsReport:
     ax.legend(fontsize=6, ncol=2, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def _scope_key(scope: str, depth: int | None) -> str:
