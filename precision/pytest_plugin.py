@@ -12,8 +12,8 @@ thin shim that imports it only when a test uses the marker or requests ``fmt``.
 * Like ``pytest.mark.parametrize``, the marker may sit on a test, a class or a module
   (``pytestmark``); the closest one applies, and every test it covers must request ``fmt``.
 * Mistakes are errors, never a silently skipped format: an unknown format name, a format
-  listed twice, a marker without names (or given a list: pass the names one by one,
-  ``formats(*names)``), a marked test that does not request ``fmt`` or that also parametrizes
+  listed twice (or two formats of one name), a marker without names (or given a list: pass
+  the names one by one, ``formats(*names)``), a marked test that does not request ``fmt`` or that also parametrizes
   ``fmt`` with ``@pytest.mark.parametrize``, or a test that requests ``fmt`` without the marker
   (and without a fixture or parametrization of that name) fail the collection of the test's
   module, naming the test and the known formats.
@@ -103,13 +103,21 @@ def generate_tests(metafunc: pytest.Metafunc) -> None:
     )
   formats = [_resolve(where, arg) for arg in marker.args]
   seen: dict[FloatFormat, Any] = {}
+  named: dict[str, Any] = {}
   for arg, f in zip(marker.args, formats):
     if f in seen:
       pytest.fail(
         f"{where}: @pytest.mark.{MARKER}: {arg!r} and {seen[f]!r} are the same format ({f.name}); list it once",
         pytrace=False,
       )
-    seen[f] = arg
+    if f.name in named:  # the id and assert_close's messages name the format: they must tell them apart
+      pytest.fail(
+        f"{where}: @pytest.mark.{MARKER}: {arg!r} and {named[f.name]!r} are different formats named "
+        f"{f.name!r}, which the test ids and failure messages could not tell apart; give one its own name "
+        f"(FloatFormat.replace names it by the changed fields, e.g. {f.name}[overflow=saturate])",
+        pytrace=False,
+      )
+    seen[f], named[f.name] = arg, arg
   # `_calls` holds the parametrizations so far (this hook runs last); without it, pytest's own
   # "duplicate parametrization of 'fmt'" remains
   if any(FIXTURE in getattr(call, "params", {}) for call in getattr(metafunc, "_calls", ())):

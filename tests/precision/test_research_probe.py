@@ -134,6 +134,24 @@ def test_fmt_parametrized_under_a_module_marker_names_both(run):
   )
 
 
+def test_two_formats_of_one_name_are_a_collection_error(run):
+  # they were run as test[bfloat16_0] and test[bfloat16_1], and failed with "ulp of bfloat16" both
+  result = run(
+    """
+    import pytest
+    import precision
+
+    @pytest.mark.formats("bf16", precision.FloatFormat("bfloat16", 8, 7, overflow="saturate"))
+    def test_a(fmt):
+      pass
+    """
+  )
+  result.assert_outcomes(errors=1)
+  result.stdout.fnmatch_lines(
+    ["test_research.py::test_a: @pytest.mark.formats: * are different formats named 'bfloat16'*"]
+  )
+
+
 def test_assert_close_failure_names_the_format_and_the_element(run):
   result = run(
     """
