@@ -183,7 +183,7 @@ class SweepResult:
     return Table(columns, rows, title=f"Format sweep ({self.model_dir})", footer=footer)
 
   def plot(self, path: str | Path) -> Path:
-    """Write the loss curves overlaid and (with a float32 run and another) each run's ``loss - loss_float32``."""
+    """Write the loss curves overlaid and (float32 and another run) each run's ``loss - loss_float32``."""
     from matplotlib.figure import Figure
 
     base = self.baseline()
