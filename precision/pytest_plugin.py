@@ -14,9 +14,9 @@ thin shim that imports it only when a test uses the marker or requests ``fmt``.
 * Mistakes are errors, never a silently skipped format: an unknown format name, a format
   listed twice (or two formats of one name), a marker without names (or given a list: pass
   the names one by one, ``formats(*names)``), a marked test that does not request ``fmt`` or
-  that also parametrizes ``fmt`` with ``@pytest.mark.parametrize``, or a test that requests ``fmt`` without the marker
-  (and without a fixture or parametrization of that name) fail the collection of the test's
-  module, naming the test and the known formats.
+  that also parametrizes ``fmt`` with ``@pytest.mark.parametrize``, or a test that requests
+  ``fmt`` without the marker (and without a fixture or parametrization of that name) fail the
+  collection of the test's module, naming the test and the known formats.
 * ``fmt`` is a parametrized argument, not a fixture, so ``@hypothesis.given`` tests take it
   without tripping hypothesis's health check on function-scoped fixtures.
 
