@@ -102,7 +102,11 @@ __all__ = ("NumericsReport", "Row", "numerics_report")
 _COMPARISONS = ("gt", "ge", "lt", "le", "eq", "ne")
 _CHOICES = ("max", "min")
 _ARG = ("argmax", "argmin")
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames not the user's: this package, JAX (wherever it is installed, a source checkout too), and
+# installed packages: `site-packages`, or `dist-packages` (Debian/Ubuntu's pip, NVIDIA's JAX containers).
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
+_INSTALLED = frozenset({"site-packages", "dist-packages"})
 
 
 @dataclasses.dataclass
@@ -372,7 +376,8 @@ def _user_source(tb: Any) -> str:
     return "?"
   for frame in tb.frames:
     path = os.path.abspath(frame.file_name)
-    if path.startswith(_PACKAGE_DIR) or "site-packages" in path or "/jax/" in path or "<" in frame.file_name:
+    library = path.startswith((_PACKAGE_DIR, _JAX_DIR)) or not _INSTALLED.isdisjoint(path.split(os.sep))
+    if library or "<" in frame.file_name:
       continue
     return f"{_short(path)}:{frame.line_num}"
   return "?"

@@ -233,3 +233,39 @@ def test_plot_leaves_the_users_matplotlib_backend_and_figures_alone(tmp_path):
   finally:
     matplotlib.use(before)
   assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def _module_at(path, source: str):
+  import importlib.util
+
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(textwrap.dedent(source))
+  spec = importlib.util.spec_from_file_location(path.stem, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_source_skips_dist_packages_and_keeps_a_users_folder_named_jax(tmp_path):
+  # Debian/Ubuntu's pip and NVIDIA's JAX containers install into dist-packages: those frames were
+  # taken for the user's; a user's own folder named `jax` was taken for JAX's.
+  lib = _module_at(
+    tmp_path / "dist-packages" / "probe_dist_lib.py",
+    """
+    import jax.numpy as jnp
+
+    def layer(x, w):
+      return jnp.tanh(x @ w)
+    """,
+  )
+  user = _module_at(
+    tmp_path / "jax" / "probe_user_model.py",
+    """
+    def model(layer, x, w):
+      return layer(x, w) * 2.0  # the user's line
+    """,
+  )
+  x, w = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4), jnp.eye(4) * 0.7
+  report = precision.numerics_report(lambda x, w: user.model(lib.layer, x, w), "c=bf16", x, w)
+  (matmul,) = [r for r in report.rows if r.primitive == "dot_general"]
+  assert matmul.source.endswith("/jax/" + _line(user.model, "the user's line"))
