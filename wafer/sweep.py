@@ -249,7 +249,7 @@ def sweep(
 
   Args:
     params: a params file (path or dict), as for ``wafer run``.
-    formats: names among `FORMATS` (``"a,b"`` or a sequence).
+    formats: names among `FORMATS` or their aliases (``"bf16,f32"`` or a sequence).
     levels: ``runconfig.precision_opt_level`` values among 0, 1, 2; default: the params file's
       (after ``overrides``).
     model_dir: the sweep's folder; run ``(f, L)`` writes into ``model_dir/<f>_L<L>/``.
