@@ -102,7 +102,11 @@ __all__ = ("NumericsReport", "Row", "numerics_report")
 _COMPARISONS = ("gt", "ge", "lt", "le", "eq", "ne")
 _CHOICES = ("max", "min")
 _ARG = ("argmax", "argmin")
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames not the user's: this package, JAX (wherever it is installed, a source checkout too), and
+# installed packages: `site-packages`, or `dist-packages` (Debian/Ubuntu's pip, NVIDIA's JAX containers).
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
+_INSTALLED = frozenset({"site-packages", "dist-packages"})
 
 
 @dataclasses.dataclass
@@ -372,7 +376,8 @@ def _user_source(tb: Any) -> str:
     return "?"
   for frame in tb.frames:
     path = os.path.abspath(frame.file_name)
-    if path.startswith(_PACKAGE_DIR) or "site-packages" in path or "/jax/" in path or "<" in frame.file_name:
+    library = path.startswith((_PACKAGE_DIR, _JAX_DIR)) or not _INSTALLED.isdisjoint(path.split(os.sep))
+    if library or "<" in frame.file_name:
       continue
     return f"{_short(path)}:{frame.line_num}"
   return "?"
@@ -480,17 +485,20 @@ class NumericsReport:
     return f"<table><caption>numerics report, {html.escape(str(self.policy))}</caption><tr>{head}</tr>{body}</table>"
 
   def plot(self, path: str | os.PathLike, depth: int = 2, title: str | None = None) -> None:
-    """SQNR (dB) of each equation's output along the program, colored by scope; written to ``path``."""
-    import matplotlib
+    """SQNR (dB) of each equation's output along the program, colored by scope; written to ``path``.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn on a bare ``matplotlib.figure.Figure``: pyplot, its backend (a notebook's inline one) and
+    its list of open figures are left as they were.
+    """
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
     rows = [r for r in self.in_program_order() if r.elements]
     scopes = sorted({_scope_key(r.scope, depth) for r in rows})
-    cmap = plt.get_cmap("tab20")
+    cmap = colormaps["tab20"]
     colors = {s: cmap(i % 20) for i, s in enumerate(scopes)}
-    fig, ax = plt.subplots(figsize=(12, 4.5))
+    fig = Figure(figsize=(12, 4.5))
+    ax = fig.subplots()
     finite = [r.sqnr_db for r in rows if math.isfinite(r.sqnr_db)]
     top = (max(finite) if finite else 100.0) + 10
     for s in scopes:
@@ -511,7 +519,6 @@ class NumericsReport:
     ax.legend(fontsize=6, ncol=2, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def _scope_key(scope: str, depth: int | None) -> str:

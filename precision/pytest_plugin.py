@@ -12,9 +12,11 @@ thin shim that imports it only when a test uses the marker or requests ``fmt``.
 * Like ``pytest.mark.parametrize``, the marker may sit on a test, a class or a module
   (``pytestmark``); the closest one applies, and every test it covers must request ``fmt``.
 * Mistakes are errors, never a silently skipped format: an unknown format name, a format
-  listed twice, a marker without names, a marked test that does not request ``fmt``, or a
-  test that requests ``fmt`` without the marker (and without a fixture or parametrization of
-  that name) fail the collection of the test's module, naming the test and the known formats.
+  listed twice (or two formats of one name), a marker without names (or given a list: pass
+  the names one by one, ``formats(*names)``), a marked test that does not request ``fmt`` or
+  that also parametrizes ``fmt`` with ``@pytest.mark.parametrize``, or a test that requests
+  ``fmt`` without the marker (and without a fixture or parametrization of that name) fail the
+  collection of the test's module, naming the test and the known formats.
 * ``fmt`` is a parametrized argument, not a fixture, so ``@hypothesis.given`` tests take it
   without tripping hypothesis's health check on function-scoped fixtures.
 
@@ -57,7 +59,11 @@ def _resolve(where: str, arg: Any) -> FloatFormat:
   try:
     return get_format(arg)
   except FormatError as err:
-    pytest.fail(f"{where}: @pytest.mark.{MARKER}({arg!r}): {err}", pytrace=False)
+    message = f"{where}: @pytest.mark.{MARKER}({arg!r}): {err}"
+  if isinstance(arg, (list, tuple)):  # as for @pytest.mark.parametrize; the marker takes the names one by one
+    message += f"; pass the names as separate arguments: @pytest.mark.{MARKER}(*{list(arg)!r})"
+  # failed outside the `except`: no "During handling of the above exception" in the report
+  pytest.fail(message, pytrace=False)
 
 
 def generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -97,11 +103,28 @@ def generate_tests(metafunc: pytest.Metafunc) -> None:
     )
   formats = [_resolve(where, arg) for arg in marker.args]
   seen: dict[FloatFormat, Any] = {}
+  named: dict[str, Any] = {}
   for arg, f in zip(marker.args, formats):
     if f in seen:
       pytest.fail(
         f"{where}: @pytest.mark.{MARKER}: {arg!r} and {seen[f]!r} are the same format ({f.name}); list it once",
         pytrace=False,
       )
-    seen[f] = arg
+    if f.name in named:  # the id and assert_close's messages name the format: they must tell them apart
+      pytest.fail(
+        f"{where}: @pytest.mark.{MARKER}: {arg!r} and {named[f.name]!r} are different formats named "
+        f"{f.name!r}, which the test ids and failure messages could not tell apart; give one its own name "
+        f"(FloatFormat.replace names it by the changed fields, e.g. {f.name}[overflow=saturate])",
+        pytrace=False,
+      )
+    seen[f], named[f.name] = arg, arg
+  # `_calls` holds the parametrizations so far (this hook runs last); without it, pytest's own
+  # "duplicate parametrization of 'fmt'" remains
+  if any(FIXTURE in getattr(call, "params", {}) for call in getattr(metafunc, "_calls", ())):
+    pytest.fail(
+      f"{where}: `{FIXTURE}` is parametrized twice: by @pytest.mark.parametrize({FIXTURE!r}, ...) and by "
+      f"@pytest.mark.{MARKER}(...) (on the test, its class or its module); keep one, or rename the "
+      "parametrized argument",
+      pytrace=False,
+    )
   metafunc.parametrize(FIXTURE, formats, ids=[f.name for f in formats])

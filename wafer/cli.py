@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
   swp.add_argument(
     "--formats",
     default="cbfloat16,bfloat16,float16,float32",
-    help="comma-separated: cbfloat16, bfloat16, float16, float32 (default: all four)",
+    help="comma-separated: cbfloat16, bfloat16, float16, float32 or aliases (cb16, bf16, fp16, f32; default: all four)",
   )
   swp.add_argument(
     "--levels", help="comma-separated runconfig.precision_opt_level values, 0-2 (default: the params file's)"

@@ -56,26 +56,42 @@ class SweepError(WaferError):
 
 
 def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
-  """Format names from ``"a,b,c"`` or a sequence; each one of `FORMATS`.
+  """Format names from ``"a,b,c"`` or a sequence, each resolved as `precision.get_format` does
+  (aliases such as ``bf16``, ``cb16``, ``f32``; any case) to its canonical name, one of `FORMATS`.
 
   >>> parse_formats("cbfloat16, float32")
   ('cbfloat16', 'float32')
+  >>> parse_formats("bf16,f32")
+  ('bfloat16', 'float32')
   >>> parse_formats("bfloat61")
   Traceback (most recent call last):
   ...
-  wafer.sweep.SweepError: --formats: unknown format 'bfloat61'; did you mean 'bfloat16'? Allowed: cbfloat16, bfloat16, float16, float32
+  wafer.sweep.SweepError: --formats: unknown format 'bfloat61'; did you mean 'bfloat16'? Allowed: cbfloat16, bfloat16, float16, float32 (or an alias: cb16, bf16, fp16, f32, ...)
   """
-  names = [f.strip() for f in formats.split(",")] if isinstance(formats, str) else [str(f) for f in formats]
-  names = [n for n in names if n]
-  if not names:
-    raise SweepError(f"--formats: no format given; allowed: {', '.join(FORMATS)}")
-  for name in names:
-    if name not in FORMATS:
-      close = difflib.get_close_matches(name, FORMATS, n=1)
+  items = formats.split(",") if isinstance(formats, str) else [str(f) for f in formats]
+  given = [n.strip() for n in items if n.strip()]
+  allowed = f"Allowed: {', '.join(FORMATS)} (or an alias: cb16, bf16, fp16, f32, ...)"
+  if not given:
+    raise SweepError(f"--formats: no format given; {allowed}")
+  names = []
+  for name in given:
+    try:
+      canonical = precision.get_format(name).name
+    except precision.FormatError:
+      close = difflib.get_close_matches(name.lower(), FORMATS, n=1)
       hint = f"; did you mean {close[0]!r}?" if close else ";"
-      raise SweepError(f"--formats: unknown format {name!r}{hint} Allowed: {', '.join(FORMATS)}")
-  if len(set(names)) != len(names):
-    raise SweepError(f"--formats: {','.join(names)} names a format twice")
+      raise SweepError(f"--formats: unknown format {name!r}{hint} {allowed}") from None
+    if canonical not in FORMATS:
+      raise SweepError(
+        f"--formats: {name!r} ({canonical}) is a float format a run cannot compute in "
+        f"(model.fp16_type takes cbfloat16, bfloat16, float16); {allowed}"
+      )
+    if canonical in names:
+      first = given[names.index(canonical)]
+      raise SweepError(
+        f"--formats: {','.join(given)} names a format twice: {first!r} and {name!r} are both {canonical}"
+      )
+    names.append(canonical)
   return tuple(names)
 
 
@@ -167,10 +183,12 @@ class SweepResult:
     return Table(columns, rows, title=f"Format sweep ({self.model_dir})", footer=footer)
 
   def plot(self, path: str | Path) -> Path:
-    """Write the loss curves overlaid and (with a float32 run) each run's ``loss - loss_float32``."""
+    """Write the loss curves overlaid and (float32 and another run) each run's ``loss - loss_float32``."""
     from matplotlib.figure import Figure
 
     base = self.baseline()
+    if base is not None and all(r is base for r in self.runs):
+      base = None  # float32 alone: no difference to draw (an empty panel, a legend with no entries)
     fig = Figure(figsize=(11 if base else 6, 4), layout="constrained")
     axes = fig.subplots(1, 2 if base else 1, squeeze=False)[0]
     colors = {r.name: f"C{i}" for i, r in enumerate(self.runs)}  # one color per run in both panels
@@ -231,7 +249,7 @@ def sweep(
 
   Args:
     params: a params file (path or dict), as for ``wafer run``.
-    formats: names among `FORMATS` (``"a,b"`` or a sequence).
+    formats: names among `FORMATS` or their aliases (``"bf16,f32"`` or a sequence).
     levels: ``runconfig.precision_opt_level`` values among 0, 1, 2; default: the params file's
       (after ``overrides``).
     model_dir: the sweep's folder; run ``(f, L)`` writes into ``model_dir/<f>_L<L>/``.
@@ -274,11 +292,24 @@ def sweep(
 
 
 def _run_of(fmt: str, level: int, out: Path, summary: dict[str, Any]) -> Run:
-  losses = list(summary.get("losses") or [])
-  evals = list(summary.get("evals") or [])
-  if "eval" in summary:
-    evals.append((summary.get("eval_step"), summary["eval"]))
-  last_eval = {"step": evals[-1][0], summary.get("eval_metric", "loss"): float(evals[-1][1])} if evals else {}
+  """The run's losses and last eval from its ``metrics.jsonl``: the whole history of the run folder,
+  also when the run resumed from a checkpoint (a sweep rerun after an interruption, or after it
+  finished: then nothing trains and the summary has no losses). The summary is the fallback when
+  there is no metrics.jsonl."""
+  from wafer.train import read_metrics
+
+  metric = summary.get("eval_metric", "loss")
+  path = out / "metrics.jsonl"
+  if path.exists():  # holds a step at most once (a resumed run moves later records aside)
+    records = read_metrics(path)
+    losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    evals = [(r["step"], r[f"eval/{metric}"]) for r in records if f"eval/{metric}" in r]
+  else:
+    losses = list(summary.get("losses") or [])
+    evals = list(summary.get("evals") or [])
+    if "eval" in summary:
+      evals.append((summary.get("eval_step"), summary["eval"]))
+  last_eval = {"step": evals[-1][0], metric: float(evals[-1][1])} if evals else {}
   return Run(
     format=fmt,
     level=level,

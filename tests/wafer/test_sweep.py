@@ -135,3 +135,37 @@ def test_cli_sweep_over_levels(tmp_path, capsys):
   runs = json.loads((out / "sweep.json").read_text())["runs"]
   assert [(r["format"], r["level"]) for r in runs] == [("float32", 0), ("cbfloat16", 2), ("cbfloat16", 0)]
   assert all(r["steps"] == [1, 2] and r["eval"] == {} for r in runs)  # mode train: no eval
+
+
+def test_formats_resolve_aliases_to_canonical_names():
+  """Aliases and case resolve as `precision.get_format` does; the same format twice, under two
+  spellings, is still a repeat; a known format no run computes in names itself."""
+  assert sweep.parse_formats("bf16, CB16,fp16,f32") == ("bfloat16", "cbfloat16", "float16", "float32")
+  assert sweep.parse_formats([" bfloat16", "float32 "]) == ("bfloat16", "float32")
+  with pytest.raises(sweep.SweepError, match="names a format twice: 'bfloat16' and 'bf16' are both bfloat16"):
+    sweep.parse_formats("bfloat16,bf16")
+  with pytest.raises(sweep.SweepError, match="'float8_e4m3fn' .* a run cannot compute in"):
+    sweep.parse_formats("float8_e4m3fn")
+
+
+def test_rerun_into_the_same_folder_keeps_the_losses(tmp_path):
+  """A sweep run again into its folder (after an interruption, or after it finished) resumes each
+  run from its checkpoint: the losses come from the run's whole metrics.jsonl, not only the steps
+  trained this time (a finished sweep rerun trains nothing and used to write empty losses)."""
+  from models import mlp
+
+  def run(max_steps, save=False):
+    overrides = [f"runconfig.max_steps={max_steps}", "runconfig.checkpoint_steps=1"]
+    return sweep.sweep(mlp.CONFIG, "f32", None, tmp_path, overrides, progress=False, save=save).runs[0]
+
+  first = run(2)
+  longer = run(3, save=True)  # resumes at the checkpoint of step 2 and trains step 3 only
+  assert longer.steps == [1, 2, 3] and longer.losses[:2] == first.losses
+  assert sweep.SweepResult.load(tmp_path).runs[0].losses == longer.losses
+
+
+def test_plot_of_a_float32_only_sweep_has_no_empty_panel(tmp_path):
+  """float32 alone: the loss panel only (the difference panel's empty legend was a UserWarning,
+  an error under filterwarnings=error)."""
+  run = sweep.Run("float32", 1, str(tmp_path), [1, 2], [2.0, 1.5], {}, None, 0.0)
+  assert sweep.SweepResult([run], str(tmp_path)).plot(tmp_path / "p.png").stat().st_size > 0
