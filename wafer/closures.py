@@ -38,7 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from wafer.errors import WaferError
+from wafer.errors import WaferError, in_installed_library
 
 STEP, CHECKPOINT = "step", "checkpoint"
 
@@ -113,7 +113,7 @@ def _user_line() -> str:
   found = None
   for frame in traceback.extract_stack():
     path = str(Path(frame.filename).resolve())
-    if path.startswith(internal) or "site-packages" in path or frame.filename.startswith("<frozen"):
+    if path.startswith(internal) or in_installed_library(path) or frame.filename.startswith("<frozen"):
       continue
     found = frame
   if found is None:

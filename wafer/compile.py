@@ -32,7 +32,7 @@ import numpy as np
 
 from wafer import closures as _closures
 from wafer.cluster import data_parallel_shardings
-from wafer.errors import WaferError
+from wafer.errors import WaferError, in_installed_library
 
 _INTERNAL_DIRS = tuple(
   str(Path(m.__file__).resolve().parent) + os.sep
@@ -97,7 +97,7 @@ def _user_frame(tb: Any) -> tuple[str, int, str] | None:
   found = None
   for frame in traceback.extract_tb(tb):
     path = str(Path(frame.filename).resolve())
-    if path.startswith(_INTERNAL_DIRS) or "site-packages" in path or frame.filename.startswith("<frozen"):
+    if path.startswith(_INTERNAL_DIRS) or in_installed_library(path) or frame.filename.startswith("<frozen"):
       continue
     found = (frame.filename, frame.lineno or 0, (frame.line or "").strip())
   return found

@@ -18,3 +18,21 @@ __all__ = ("WaferError",)
 
 class WaferError(Exception):
   """An error in what the user gave `wafer` (config, step, data, cluster), not a bug in `wafer`."""
+
+
+# Folders pip and distribution packages install libraries into: a frame there is not the user's line.
+_LIBRARY_FOLDERS = frozenset({"site-packages", "dist-packages"})
+
+
+def in_installed_library(path: str) -> bool:
+  """Whether ``path`` lies in an installed package (``site-packages`` or Debian's ``dist-packages``),
+  so that an error message names the user's own line instead.
+
+  >>> in_installed_library("/usr/lib/python3/dist-packages/flax/linen/module.py")
+  True
+  >>> in_installed_library("/home/me/jax/train.py")
+  False
+  """
+  import os
+
+  return not _LIBRARY_FOLDERS.isdisjoint(path.split(os.sep))

@@ -16,27 +16,24 @@ if TYPE_CHECKING:
 __all__ = ("plot_report",)
 
 
-def _figure():
-  import matplotlib
-
-  matplotlib.use("Agg", force=False)
-  import matplotlib.pyplot as plt
-
-  return plt
-
-
 def plot_report(report: Report, path: str) -> str:
-  """Draw ``report``'s placement into ``path`` (PNG)."""
-  plt = _figure()
+  """Draw ``report``'s placement into ``path`` (PNG).
+
+  Drawn on a bare ``matplotlib.figure.Figure``: pyplot, its backend (a notebook's inline one) and
+  its open figures are left alone."""
+  from matplotlib import colormaps
+  from matplotlib.figure import Figure
   from matplotlib.patches import Patch, Rectangle
 
   fab_w, fab_h = report.fabric
   ox, oy = report.offset
   streaming = report.mode == "weight_streaming"
   if streaming:
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 7), gridspec_kw={"width_ratios": [1.0, 1.1]})
+    fig = Figure(figsize=(13, 7))
+    ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.0, 1.1]})
   else:
-    fig, ax = plt.subplots(figsize=(8.5, 9))
+    fig = Figure(figsize=(8.5, 9))
+    ax = fig.subplots()
     bx = None
   ax.add_patch(Rectangle((0, 0), fab_w, fab_h, facecolor="#f2f2f2", edgecolor="#444444", linewidth=1.2))
   gw, gh = report.grid
@@ -47,7 +44,7 @@ def plot_report(report: Report, path: str) -> str:
   for k in report.kernels:
     if k.name not in names:
       names.append(k.name)
-  cmap = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
+  cmap = colormaps["tab20" if len(names) > 10 else "tab10"]
   colour = {n: cmap(i % cmap.N) for i, n in enumerate(names)}
   for r in report.placement:
     base = r.label.split("[")[0]
@@ -119,7 +116,6 @@ def plot_report(report: Report, path: str) -> str:
   )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
 
 

@@ -75,6 +75,23 @@ def test_save_writes_the_three_files(pipeline_report, tmp_path):
   assert paths["text"].endswith("compile_report.txt")
 
 
+def test_the_placement_picture_leaves_the_users_matplotlib_backend_and_figures_alone(
+  pipeline_report, tmp_path
+):
+  # A notebook's inline backend would be switched to Agg (later plt.show() showed nothing).
+  import matplotlib
+  import matplotlib.pyplot as plt
+
+  before = matplotlib.get_backend()
+  matplotlib.use("pdf")
+  try:
+    pipeline_report.plot(str(tmp_path / "p.png"))
+    assert matplotlib.get_backend() == "pdf" and plt.get_fignums() == []
+  finally:
+    matplotlib.use(before)
+  assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_failed_save_leaves_the_previous_report_whole(pipeline_report, tmp_path, monkeypatch):
   model_dir = tmp_path / "model_dir"
   pipeline_report.save(model_dir)
