@@ -99,7 +99,7 @@ def _float32_identity(names, seed, low, policy):
 
 
 float32_identity_args = dict(names=gen.steps, seed=gen.seeds, low=gen.lows, policy=gen.float32_policies)
-test_float32_policy_is_the_identity = settings(max_examples=5)(
+test_float32_policy_is_the_identity = settings(max_examples=3)(
   given(**float32_identity_args)(_float32_identity)
 )
 test_float32_policy_is_the_identity_many = pytest.mark.slow(
@@ -159,7 +159,7 @@ def _scan_over_layers(names, seed, low, policy):
 
 
 commute_args = dict(names=gen.steps, seed=gen.seeds, low=gen.lows, policy=gen.mixed_policies)
-test_jit_and_vmap_commute = settings(max_examples=4)(given(**commute_args)(_commutes))
+test_jit_and_vmap_commute = settings(max_examples=2)(given(**commute_args)(_commutes))
 test_jit_and_vmap_commute_many = pytest.mark.slow(
   settings(max_examples=120)(given(**commute_args)(_commutes))
 )
@@ -221,7 +221,7 @@ def _mixed(names, seed, low, policy, to_output):
 mixed_args = dict(
   names=gen.steps, seed=gen.seeds, low=gen.lows, policy=gen.mixed_policies, to_output=st.booleans()
 )
-test_mixed_policy_keeps_the_signature_and_rounds = settings(max_examples=6)(given(**mixed_args)(_mixed))
+test_mixed_policy_keeps_the_signature_and_rounds = settings(max_examples=3)(given(**mixed_args)(_mixed))
 test_mixed_policy_keeps_the_signature_and_rounds_many = pytest.mark.slow(
   settings(max_examples=200)(given(**mixed_args)(_mixed))
 )
@@ -243,7 +243,7 @@ def _report(names, seed, low, policy):
 
 
 report_args = dict(names=gen.steps, seed=gen.seeds, low=gen.lows, policy=gen.mixed_policies)
-test_numerics_report_float32_is_exact = settings(max_examples=3)(given(**report_args)(_report))
+test_numerics_report_float32_is_exact = settings(max_examples=2)(given(**report_args)(_report))
 test_numerics_report_float32_is_exact_many = pytest.mark.slow(
   settings(max_examples=60)(given(**report_args)(_report))
 )

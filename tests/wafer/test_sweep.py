@@ -148,6 +148,7 @@ def test_formats_resolve_aliases_to_canonical_names():
     sweep.parse_formats("float8_e4m3fn")
 
 
+@pytest.mark.slow  # two sweeps of real training runs
 def test_rerun_into_the_same_folder_keeps_the_losses(tmp_path):
   """A sweep run again into its folder (after an interruption, or after it finished) resumes each
   run from its checkpoint: the losses come from the run's whole metrics.jsonl, not only the steps

@@ -90,6 +90,7 @@ def test_a_partial_last_line_is_moved_aside_on_resume_never_merged(killed_at_25,
   assert (model_dir / SUPERSEDED).read_text().splitlines()[-1] == '{"step": 26, "loss": 1.2'
 
 
+@pytest.mark.slow  # a few seconds of training; kept out of the default suite's 10 minutes
 def test_eval_after_a_partial_line_starts_a_line_of_its_own(tmp_path, capsys):
   _run(tmp_path, max_steps=10, checkpoint_steps=10, log_steps=5)
   path = tmp_path / "metrics.jsonl"
@@ -103,6 +104,7 @@ def test_eval_after_a_partial_line_starts_a_line_of_its_own(tmp_path, capsys):
   assert len(said) == 1 and f"{path}:4:" in said[0]
 
 
+@pytest.mark.slow  # a few seconds of training; kept out of the default suite's 10 minutes
 def test_a_run_killed_before_its_first_checkpoint_starts_the_history_again(tmp_path, capsys):
   _run(tmp_path, max_steps=5, checkpoint_steps=0, log_steps=1)  # no checkpoint: a rerun starts at 0
   assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
@@ -133,6 +135,7 @@ def test_read_metrics_returns_exactly_the_whole_records(tmp_path_factory, record
   assert all(s.startswith(f"{path}:{len(records) + 1}: ") for s in said)
 
 
+@pytest.mark.slow  # a few seconds of training; kept out of the default suite's 10 minutes
 def test_a_full_disk_during_a_metrics_write_leaves_no_partial_line(tmp_path, monkeypatch):
   import types
 
@@ -343,6 +346,7 @@ def test_ctrl_c_during_a_step_leaves_a_consistent_model_dir_and_says_how_to_resu
   assert _steps(tmp_path / "md") == _steps(tmp_path / "whole") == [1, 5, 10, 15, 20, 25, 30]
 
 
+@pytest.mark.slow  # a few seconds of training; kept out of the default suite's 10 minutes
 def test_ctrl_c_in_the_middle_of_a_checkpoint_keeps_the_one_before_and_the_rerun_replaces_it(
   tmp_path, monkeypatch, capsys
 ):
