@@ -15,15 +15,9 @@ import numpy as np
 import pytest
 
 import precision
+from tests.precision.test_pytest_plugin import STRICT_INI
 
 pytest_plugins = ["pytester"]
-
-STRICT_INI = """
-[pytest]
-addopts = --strict-markers -p no:cacheprovider
-filterwarnings =
-    error
-"""
 
 
 @pytest.fixture
