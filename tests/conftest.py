@@ -28,3 +28,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture
 def rng() -> np.random.Generator:
   return np.random.default_rng(20261122)
+
+
+@pytest.fixture
+def standard_promotion():
+  """JAX's standard dtype promotion instead of the suite's strict one, for code written for it:
+  Hugging Face's models mix int and bool masks (``logical_and(attention_mask, causal)``)."""
+  with jax.numpy_dtype_promotion("standard"):
+    yield

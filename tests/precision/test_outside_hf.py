@@ -31,12 +31,9 @@ from tests.tolerances import AUTOCAST_TRANSFORMER
 B, S, D, HEADS, VOCAB = 2, 8, 32, 2, 40
 
 
-@pytest.fixture(autouse=True)
-def _standard_promotion():
-  """Hugging Face's code mixes int and bool masks (``logical_and(attention_mask, causal)``): it runs
-  under JAX's standard dtype promotion, not the strict one the test suite sets."""
-  with jax.numpy_dtype_promotion("standard"):
-    yield
+pytestmark = pytest.mark.usefixtures(
+  "standard_promotion"
+)  # Hugging Face's int and bool masks (tests/conftest.py)
 
 
 class Attention(nn.Module):

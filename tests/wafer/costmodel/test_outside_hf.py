@@ -37,12 +37,9 @@ MASKS = ("hf_additive", "hf_flax_mask", "where_bias", "numpy_triu", "select_tril
 NOT_CAUSAL = ("none", "padding_additive", "learned_bias", "relative_bias", "band_bias")
 
 
-@pytest.fixture(autouse=True)
-def _standard_promotion():
-  """Hugging Face's code mixes int and bool masks (``logical_and(attention_mask, causal)``): it runs
-  under JAX's standard dtype promotion, not the strict one the test suite sets."""
-  with jax.numpy_dtype_promotion("standard"):
-    yield
+pytestmark = pytest.mark.usefixtures(
+  "standard_promotion"
+)  # Hugging Face's int and bool masks (tests/conftest.py)
 
 
 class Attention(nn.Module):
