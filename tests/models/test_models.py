@@ -333,6 +333,7 @@ def test_functional_form_for_the_executor():
   assert float(jax.jit(loss_fn)(a, batch)) == float(la)  # deterministic: dropout off
 
 
+@pytest.mark.slow  # over 7 s on the 2-core CI machine; runs in the slow stage
 def test_dropout_follows_the_batch_key():
   """models.functional: a ``dropout_key`` in the batch turns dropout on (train mode), reproducibly."""
   import models

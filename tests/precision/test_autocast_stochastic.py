@@ -124,6 +124,7 @@ def test_two_sites_with_equal_inputs_get_different_bits():
   assert not same_floats(first, second).all()
 
 
+@pytest.mark.slow  # over 7 s on the 2-core CI machine; runs in the slow stage
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), fmt=st.sampled_from(FORMATS), level=st.sampled_from((0, 1, 2)))
 def test_same_key_same_bits_different_keys_different_bits(seed, fmt, level):
@@ -136,6 +137,7 @@ def test_same_key_same_bits_different_keys_different_bits(seed, fmt, level):
   assert not same_floats(a, jitted(*args, rounding_key=other)).all()
 
 
+@pytest.mark.slow  # over 7 s on the 2-core CI machine; runs in the slow stage
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_without_jit_the_same_bits_as_with_jit(fmt):
   f, jitted = _stochastic_model(fmt, 1)
@@ -163,6 +165,7 @@ def test_vmap_over_keys_equals_one_call_per_key_and_an_unbatched_key_is_shared()
     assert_same_floats(shared[i], f(xs[i], c, rounding_key=keys[0]))
 
 
+@pytest.mark.slow  # over 7 s on the 2-core CI machine; runs in the slow stage
 def test_gradients_round_stochastically_through_custom_jvp_rules():
   """softmax and logaddexp are custom_jvp: their rules' roundings must transpose."""
 

@@ -112,6 +112,7 @@ def _net(w, x):
   return jnp.mean(jax.checkpoint(lambda v: jax.nn.softmax(v) * v)(h))
 
 
+@pytest.mark.slow  # over 7 s on the 2-core CI machine; runs in the slow stage
 @settings(max_examples=5, deadline=None)
 @given(seed=seeds)
 def test_value_and_grad_and_scan(seed):
@@ -134,6 +135,7 @@ def test_value_and_grad_and_scan(seed):
   assert [r.drop_db for r in report.rows] == sorted((r.drop_db for r in report.rows), reverse=True)
 
 
+@pytest.mark.slow  # over 7 s on the 2-core CI machine; runs in the slow stage
 @settings(max_examples=5, deadline=None)
 @given(seed=seeds)
 def test_float32_policy_is_exact_everywhere(seed):

@@ -120,6 +120,7 @@ def test_a_left_padded_batch_stays_finite_with_the_mask_bias_in_16_bits(policy):
   assert not np.array_equal(flat_m, flat_r)  # and rounding happened
 
 
+@pytest.mark.slow  # over 7 s on the 2-core CI machine; runs in the slow stage
 @pytest.mark.parametrize("level", [0, 1, 2])
 def test_the_float32_policy_is_the_identity_under_jit_and_vmap(level):
   """Values and gradients bit for bit, FrozenDict and all (compared leaf by leaf)."""

@@ -23,6 +23,7 @@ def _params_file(tmp_path, **changes):
   return path
 
 
+@pytest.mark.slow  # over 7 s on the 2-core CI machine; runs in the slow stage
 def test_run_without_params_runs_the_embedded_default_job(tmp_path, capsys):
   rc = cli.main(
     [
