@@ -188,10 +188,10 @@ class Accuracy:
 
 ACCURACY = Accuracy(
   points=8,
-  median=0.167,
+  median=0.094,
   worst=0.264,
-  band=(0.58, 1.30),
+  band=(0.65, 1.51),
   held_out=7,
-  held_out_median=0.275,
-  held_out_worst=0.539,
+  held_out_median=0.231,
+  held_out_worst=0.433,
 )

@@ -38,6 +38,16 @@ def test_dense_peak_is_in_the_derived_range():
   assert get_system("wse2").chip.peak_flops_per_cycle(32) < get_system("wse2").chip.peak_flops_per_cycle(16)
 
 
+def test_sram_ports_match_the_published_memory_bandwidth():
+  # wafer.md §1.1 (VERIFIED): 20 PB/s on WSE-2's 850k cores, 21 PB/s on WSE-3's 900k. At the
+  # published clock range (0.85-1.1 GHz) that is 21-28 bytes per PE per cycle on both chips: the
+  # HC34 ports (2 x 64-bit read + 1 x 64-bit write = 24 B) fit both; doubled ports on WSE-3 would not.
+  for key, aggregate, cores in (("wse2", 20e15, 850e3), ("wse3", 21e15, 900e3)):
+    chip = get_system(key).chip
+    per_cycle = chip.sram_read_bytes_per_cycle + chip.sram_write_bytes_per_cycle
+    assert aggregate / cores / 1.1e9 <= per_cycle <= aggregate / cores / 0.85e9, (key, per_cycle)
+
+
 def test_io_bandwidth():
   assert get_system("cs2").io_bytes_per_sec == pytest.approx(150e9)  # 12 x 100 GbE
   assert get_system("wse3").io_bytes_per_sec > get_system("wse2").io_bytes_per_sec  # ~30 % more on CS-3

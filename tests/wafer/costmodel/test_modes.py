@@ -112,8 +112,9 @@ def test_wse3_is_faster_than_wse2_for_compute_bound_work():
   widths = [64, 4096, 4096, 64]
   two = _mlp_estimate(widths, 256, tokens=2048, mode="weight_streaming", system="wse2")
   three = _mlp_estimate(widths, 256, tokens=2048, mode="weight_streaming", system="wse3")
-  # more PEs (+19 %), SIMD-8 with wider SRAM ports, instruction setup overlapped by microthreads
-  assert three.samples_per_sec > 1.2 * two.samples_per_sec
+  # more PEs (+19 %) and instruction setup overlapped by microthreads; not 2x: the SRAM ports are
+  # WSE-2's (21 vs 20 PB/s), so 16-bit products into FP32 accumulators stay write-port bound
+  assert 1.15 * two.samples_per_sec < three.samples_per_sec < 2 * two.samples_per_sec
 
 
 def test_compute_format_and_autocast_unwrapping():
