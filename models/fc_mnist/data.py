@@ -11,7 +11,7 @@ from pydantic import ConfigDict
 from wafer.config import InputConfig
 from wafer.data.pipeline import ArraySource, GrainBatchSource
 from wafer.data.processors import EVAL_SPLITS, data_dir
-from wafer.data.sources import Features
+from wafer.data.sources import Features, unreadable_file
 
 IMAGE_PIXELS = 28 * 28  # MNIST's images, flattened
 
@@ -56,7 +56,7 @@ def _read_idx(path: str) -> np.ndarray:
     with opener(path, "rb") as f:
       raw = f.read()
   except (gzip.BadGzipFile, EOFError, zlib.error) as error:  # their messages name no file
-    raise ValueError(f"{path}: {error} (not a whole gzip file: copy it again)") from None
+    raise unreadable_file(path, error) from None
   if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
     raise ValueError(
       f"{path}: not an IDX file of unsigned bytes (magic {raw[:4].hex()!r}, expected 000008xx)"

@@ -22,6 +22,7 @@ import zlib
 from typing import Any
 
 from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass
+from wafer.data.sources import DAMAGED_FILE_FIX
 from wafer.errors import WaferError
 
 
@@ -44,7 +45,7 @@ def _section_error(section: str, cfg: Any, error: BaseException) -> DataError:
   where = f"{section} ({cfg.data_processor}, data_dir={cfg.data_dir!r})"
   detail = str(error) or type(error).__name__
   if isinstance(error, (EOFError, zlib.error)):  # the readers' own messages name no file
-    detail += " (a file in data_dir ends early or is corrupt: copy it again)"
+    detail += f" (a file in data_dir ends early or is corrupt: {DAMAGED_FILE_FIX})"
   return DataError(f"{where}: {detail}")
 
 

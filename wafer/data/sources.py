@@ -91,15 +91,28 @@ def pretokenised(
   except (OSError, ValueError, EOFError) as error:  # the readers' own messages do not always name the file
     if path in str(error):
       raise
-    raise ValueError(
-      f"{path}: cannot be read ({type(error).__name__}: {error}); a file there is truncated or corrupt: copy it "
-      "again or regenerate it"
-    ) from error
+    raise unreadable_file(path, error) from error
   if feats["input_ids"].shape[1] != msl:
     raise ValueError(
       f"{path}: sequences have length {feats['input_ids'].shape[1]}, but max_sequence_length is {msl}"
     )
   return feats
+
+
+DAMAGED_FILE_FIX = "copy it again or regenerate it"
+"""The advice every damaged-data error gives (one wording: `unreadable_file`, the section errors)."""
+
+
+def unreadable_file(path: str, error: BaseException) -> ValueError:
+  """The error for data a reader fails on (truncated, corrupt): names the path, the reader's error and the fix.
+
+  >>> str(unreadable_file("/nonexistent/a.gz", EOFError("Compressed file ended before the end-of-stream marker")))
+  '/nonexistent/a.gz: cannot be read (EOFError: Compressed file ended before the end-of-stream marker); a file there is truncated or corrupt: copy it again or regenerate it'
+  """
+  which = "the file is" if os.path.isfile(path) else "a file there is"
+  return ValueError(
+    f"{path}: cannot be read ({type(error).__name__}: {error}); {which} truncated or corrupt: {DAMAGED_FILE_FIX}"
+  )
 
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -127,5 +140,5 @@ def _check_file(path: str) -> None:
   if head != HDF5_SIGNATURE:
     raise ValueError(
       f"{path}: not an HDF5 file (it starts with {head!r}; an HDF5 file with {HDF5_SIGNATURE!r}): the file is "
-      "damaged or is not what its name says: copy it again or regenerate it"
+      f"damaged or is not what its name says: {DAMAGED_FILE_FIX}"
     )
