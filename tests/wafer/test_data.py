@@ -196,17 +196,7 @@ def test_tokenizer_training_is_deterministic():
 
 
 def test_hdf5_and_csv_round_trip(tmp_path):
-  tok = text.train_bert_tokenizer(small_corpus(), 200)
-  f = bert.create_mlm_nsp_examples(
-    text.tokenize_documents(tok, small_corpus()),
-    msl=24,
-    vocab_size=200,
-    cls_id=2,
-    sep_id=3,
-    mask_id=4,
-    num_special=5,
-    seed=1,
-  )
+  f = _bert_examples()
   bert.write_hdf5(tmp_path / "a.h5", f)
   bert.write_csv(tmp_path / "b.csv", f)
   for got in (bert.read_hdf5(tmp_path / "a.h5"), bert.read_csv(tmp_path / "b.csv")):
