@@ -154,7 +154,8 @@ WSE3 = Chip(
   fp32_lanes=1,  # UNCONFIRMED
   # DERIVED from VERIFIED aggregates: memory bandwidth 21 PB/s (WSE-2: 20 PB/s) over 19 % more PEs
   # at the same clock is the same per PE, so the ports are WSE-2's: a 16-bit AXPY into FP32
-  # accumulators stays bound by the 8-byte write port, and SIMD-8 speeds up register-bound work.
+  # accumulators stays bound by the 8-byte write port; SIMD-8 speeds up the rest of the vector work
+  # (element-wise ops and attention rows in this model).
   sram_read_bytes_per_cycle=16,
   sram_write_bytes_per_cycle=8,
   link_bytes_per_cycle=4,  # assumed unchanged (214 Pb/s aggregate ~ WSE-2's 220 Pb/s)
