@@ -377,6 +377,8 @@ def attention_cycles(
   True
   >>> attention_cycles(m2, 20, 128, 64, 128, 1.0, 750, 994, 16) < long / 100  # 46 side by side
   True
+  >>> attention_cycles(m2, 20, 1026, 24, 1026, 0.25, 750, 994, 16) == long / 4  # a mask keeps 1/4
+  True
   """
   scores = max(m * n, m * k, k * n)
   rows = math.sqrt(scores) * kept
