@@ -10,8 +10,8 @@ the comparisons that make a triangular (causal) mask, and that mask through logi
 ``select`` to where it meets per-sample data. A mask made from positions and constants alone has a
 value at trace time: where it meets per-sample data, the walk evaluates it (`Walker._kept`) and
 records the fraction of entries it keeps (`Site.kept`: (s + 1) / (2 s) for causal, about w / s for a
-window of w); a causal mask whose value it cannot evaluate keeps half. A call that bitcasts a float to an integer
-and back (a *fake cast*, e.g. stochastic `precision.round`) is one cast, and so is each
+window of w); a causal mask whose value it cannot evaluate keeps half. A call that bitcasts a float
+to an integer and back (a *fake cast*, e.g. stochastic `precision.round`) is one cast, and so is each
 ``precision_round`` equation (nearest-even roundings, the ones `precision.autocast` inserts).
 """
 

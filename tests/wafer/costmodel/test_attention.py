@@ -168,4 +168,4 @@ def test_the_mask_is_found_across_the_scan_of_a_layer_stack():
   fn, args = dataclasses.replace(WORKLOADS["gpt2_small"], config=cfg, batch_size=2).example()
   graph = extract(fn, args, batch_argnums=(len(args) - 1,), compute_bits=16)
   attention = [m for k in graph.kernels for m in k.matmuls if not m.weight and m.instances.at_trace > 1]
-  assert len(attention) == 6 and all(m.masked for m in attention)
+  assert len(attention) == 6 and all(m.kept == pytest.approx((S + 1) / (2 * S)) for m in attention)

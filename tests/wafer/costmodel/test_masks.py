@@ -47,19 +47,29 @@ def _forms(i, j, lib, w=W, block=BLOCK):
   }
 
 
-FORMS = (*_forms(np.zeros((1, 1)), np.zeros((1, 1)), np), "causal_tril")
+# written otherwise: jnp.tril; a closed-over NumPy band; a prefix LM concatenated (evaluated by JAX)
+OTHER = ("causal_tril", "band_numpy", "prefix_concat")
+FORMS = (*_forms(np.zeros((1, 1)), np.zeros((1, 1)), np), *OTHER)
 
 
 def _reference(form: str, s: int, w: int = W, block: int = BLOCK) -> float:
   """The kept fraction, in NumPy."""
   i, j = np.arange(s)[:, None], np.arange(s)[None, :]
-  mask = np.tri(s, s, dtype=bool) if form == "causal_tril" else _forms(i, j, np, w, block)[form]
+  reference = {"causal_tril": "causal_cmp", "band_numpy": "band_abs", "prefix_concat": "prefix_lm"}
+  mask = _forms(i, j, np, w, block)[reference.get(form, form)]
   return float(np.broadcast_to(mask, (s, s)).mean())
 
 
 def _traced(form: str, s: int, w: int, block: int) -> jax.Array:
   if form == "causal_tril":
     return jnp.tril(jnp.ones((s, s), jnp.bool_))
+  if form == "band_numpy":
+    return jnp.asarray(np.abs(np.arange(s)[:, None] - np.arange(s)[None, :]) <= w)
+  if form == "prefix_concat":
+    p = min(PREFIX, s)
+    return jnp.concatenate(
+      [jnp.ones((s, p), jnp.bool_), jnp.tril(jnp.ones((s, s), jnp.bool_))[:, p:]], axis=1
+    )
   return _forms(jnp.arange(s)[:, None], jnp.arange(s)[None, :], jnp, w, block)[form]
 
 
@@ -214,7 +224,7 @@ def test_a_mask_too_large_to_evaluate_falls_back_to_its_structure(monkeypatch, f
   assert len(products) == 6 and all(m.kept == fallback for m in products), [m.kept for m in products]
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
   st.sampled_from(["window", "band_abs", "band_two", "block"]),
   st.integers(min_value=8, max_value=96),
