@@ -162,7 +162,8 @@ class Walker:
     # where such a value meets per-sample data; ``value`` keeps the results (None: not evaluable)
     self.recipe: dict[int, tuple[Any, tuple[Any, ...], tuple[int, ...]]] = {}
     self.value: dict[int, np.ndarray | None] = {}
-    self._memo: dict[tuple[Any, ...], tuple[tuple[np.ndarray, ...], list[np.ndarray | None] | None]] = {}
+    # memoized evaluations and kept fractions, with the operands they read (kept alive: ids stay theirs)
+    self._memo: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
     self._literals: dict[tuple[Any, ...], np.ndarray] = {}
     self.eqn_count = 0
     self._fake_cast_cache: dict[int, bool] = {}
@@ -552,13 +553,19 @@ class Walker:
       pred = self._value(refs[0])
       if pred is None:
         return None
-      chosen = np.isin(pred.astype(np.int64), [i - 1 for i in data])
-      return float(np.mean(chosen)) or None  # (keeping nothing is no attention mask)
+      memo = ("select", id(pred), tuple(data))
+      if memo not in self._memo:
+        chosen = np.logical_or.reduce([pred == i - 1 for i in data])
+        self._memo[memo] = ((pred,), float(np.mean(chosen)) or None)  # (keeping nothing: no mask)
+      return self._memo[memo][1]
     values = [self._value(refs[i]) for i in known]
     if any(v is None for v in values) or not _is_float(eqn.outvars[0].aval):
       return None
     if prim in ("add", "add_any", "sub"):
       with np.errstate(all="ignore"):
+        if len(values) == 1:  # the common case, without a float64 copy
+          keeps = values[0] < -_REMOVED if prim == "sub" and known == [1] else values[0] > _REMOVED
+          return float(np.mean(keeps)) or None
         bias = sum(
           (-v.astype(np.float64) if prim == "sub" and i == 1 else v.astype(np.float64))
           for i, v in zip(known, values)
