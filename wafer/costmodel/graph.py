@@ -659,8 +659,7 @@ def _masked_products(sites: list[Site], flow: dict[int, int], per_sample: list[b
   """The activation x activation products a mask touches, whatever kernel each lands in, by index,
   with the fraction of their scores it keeps: from every equation that applies a mask (`Site.kept`
   < 1: the mask, and its transpose in the backward pass) along the data flow through non-product
-  per-sample equations
-  (across loop boundaries: `Walker.flow`), back to the products that made the masked scores
+  per-sample equations (across loop boundaries: `Walker.flow`), back to the products that made the masked scores
   (``Q K^T``, ``dO V^T``) and on to the products that read them (``P V``, ``P^T dO``, ``dS K``,
   ``dS^T Q``); a product ends the walk, and so does the weight update (a learned bias's gradient
   reaches the optimizer, whose step count every other parameter's update reads: through it the

@@ -36,9 +36,10 @@ per PE, so the cycles of ``instances`` products on ``P`` PEs are::
 
 with ``scores = s_q s_k`` and ``rows = sqrt(s_q s_k)`` (``s`` for self-attention) times the fraction
 of the scores a mask keeps (`Matmul.kept`: (s + 1) / (2 s) for a causal mask, about w / s for a
-sliding window of w, 1 / blocks for a block-diagonal one; 1 without a mask). Long sequences (``s^2 >= P``: GPT-2's 2048 tokens,
-ESM-2's 1026) therefore cost a fixed time per (sample, head) row, whatever the head width; short
-ones (BERT's 128: about 46 instances side by side on a CS-2) almost nothing.
+sliding window of w, 1 / blocks for a block-diagonal one; 1 without a mask). Long sequences
+(``s^2 >= P``: GPT-2's 2048 tokens, ESM-2's 1026) therefore cost a fixed time per (sample, head)
+row, whatever the head width; short ones (BERT's 128: about 46 instances side by side on a CS-2)
+almost nothing.
 
 This is the term that is *fitted* rather than derived (about one cycle per row). Its form comes
 from the published runs, not from a hardware figure: the time they leave unexplained by the mesh
