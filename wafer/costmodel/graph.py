@@ -81,9 +81,12 @@ class Matmul:
       operand (products of the dimensions of each group).
     bits: operand width on the wafer (16 or 32): the compute format, or narrower operands.
     weight: whether one operand is a parameter of the step (a weight product).
-    masked: an activation x activation product whose scores a causal mask selects
-      (``jnp.where(tril, scores, -inf)``, found by data flow: `_masked_products`), so it computes
-      only their unmasked half (`wafer.costmodel.mesh.attention_cycles`).
+    kept: the fraction of an activation x activation product's scores a mask keeps (1.0: no
+      mask; found by data flow from where the mask is applied, ``jnp.where(mask, scores, -inf)`` or
+      ``scores + bias``: `_masked_products`): (s + 1) / (2 s) for a causal mask of ``s`` positions,
+      about w / s for a sliding window of w, 1 / blocks for a block-diagonal one; 0.5 for a causal
+      mask whose value is not known at trace time. Its row work scales with it
+      (`wafer.costmodel.mesh.attention_cycles`).
   """
 
   phase: str
@@ -93,7 +96,12 @@ class Matmul:
   n: Size
   bits: int
   weight: bool
-  masked: bool = False
+  kept: float = 1.0
+
+  @property
+  def masked(self) -> bool:
+    """Whether a mask keeps only part of the product's scores (`kept` < 1)."""
+    return self.kept < 1.0
 
   def flops(self, ratio: float) -> float:
     """``2 * instances * m * k * n`` at ``batch = ratio * b0``."""
@@ -534,7 +542,7 @@ def _group(
       for key in s.in_keys:
         if key not in walker.root:
           act_owner.setdefault(key, kid)
-    _add_site(k, s, exps[i], phase, compute_bits, walker, i in masked)
+    _add_site(k, s, exps[i], phase, compute_bits, walker, masked.get(i, 1.0))
 
   # boundary activations (forward, per-sample): inputs made elsewhere, outputs read elsewhere
   consumers: dict[int, set[tuple[Any, ...]]] = {}
@@ -647,15 +655,16 @@ def _shape_exponent(shape: tuple[int, ...], exps: tuple[int, ...]) -> int:
   return 1 if max(exps, default=0) >= 1 and len(shape) > 0 else 0
 
 
-def _masked_products(sites: list[Site], flow: dict[int, int], per_sample: list[bool]) -> set[int]:
-  """Indices of the activation x activation products a causal mask touches, whatever kernel each
-  lands in: from every equation that applies a causal mask (`Site.masked`: the mask, and its
-  transpose in the backward pass) along the data flow through non-product per-sample equations
-  (across loop boundaries: `Walker.flow`), back to the products that made the masked scores
+def _masked_products(sites: list[Site], flow: dict[int, int], per_sample: list[bool]) -> dict[int, float]:
+  """The activation x activation products a mask touches, whatever kernel each lands in, by index,
+  with the fraction of their scores it keeps: from every equation that applies a mask (`Site.kept`
+  < 1: the mask, and its transpose in the backward pass) along the data flow through non-product
+  per-sample equations (across loop boundaries: `Walker.flow`), back to the products that made the masked scores
   (``Q K^T``, ``dO V^T``) and on to the products that read them (``P V``, ``P^T dO``, ``dS K``,
   ``dS^T Q``); a product ends the walk, and so does the weight update (a learned bias's gradient
   reaches the optimizer, whose step count every other parameter's update reads: through it the
-  walk would reach every layer's backward, T5's unmasked encoder included)."""
+  walk would reach every layer's backward, T5's unmasked encoder included). A product two masks
+  reach keeps the smaller fraction (the walks start from the mask that keeps least)."""
 
   def origin(key: int) -> int:
     while key in flow:
@@ -669,27 +678,29 @@ def _masked_products(sites: list[Site], flow: dict[int, int], per_sample: list[b
       made_by[origin(key)] = i
     for key in s.in_keys:
       read_by.setdefault(origin(key), []).append(i)
-  found: set[int] = set()
+  found: dict[int, float] = {}
   seen: set[int] = set()
-  todo = [i for i, s in enumerate(sites) if s.masked]
-  while todo:
-    i = todo.pop()
-    if i in seen or not per_sample[i]:
-      continue
-    seen.add(i)
-    s = sites[i]
-    if s.kind == "matmul":
-      if not s.weight_roots and s.measures[0] > 1:
-        found.add(i)
-      continue
-    near = [made_by[k] for k in map(origin, s.in_keys) if k in made_by]
-    near += [j for k in map(origin, s.out_keys) for j in read_by.get(k, ())]
-    todo.extend(j for j in near if j not in seen)
+  for start in sorted((i for i, s in enumerate(sites) if s.masked), key=lambda i: sites[i].kept):
+    kept = sites[start].kept
+    todo = [start]
+    while todo:
+      i = todo.pop()
+      if i in seen or not per_sample[i]:
+        continue
+      seen.add(i)
+      s = sites[i]
+      if s.kind == "matmul":
+        if not s.weight_roots and s.measures[0] > 1:
+          found[i] = kept
+        continue
+      near = [made_by[k] for k in map(origin, s.in_keys) if k in made_by]
+      near += [j for k in map(origin, s.out_keys) for j in read_by.get(k, ())]
+      todo.extend(j for j in near if j not in seen)
   return found
 
 
 def _add_site(
-  k: Kernel, s: Site, e: tuple[int, ...], phase: str, compute_bits: int, walker: Walker, masked: bool
+  k: Kernel, s: Site, e: tuple[int, ...], phase: str, compute_bits: int, walker: Walker, kept: float
 ) -> None:
   """Add one equation's work to its kernel (its ``mult`` equals the kernel's ``count``)."""
   bits = min(s.bits, compute_bits)
@@ -704,7 +715,7 @@ def _add_site(
         Size(n, e[3]),
         bits,
         weight=bool(s.weight_roots),
-        masked=masked,
+        kept=kept,
       )
     )
   else:

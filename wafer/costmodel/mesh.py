@@ -34,10 +34,12 @@ per PE, so the cycles of ``instances`` products on ``P`` PEs are::
 
     row_cycles * (4 / simd) * instances * rows / max(1, P / scores)
 
-with ``scores = s_q s_k`` and ``rows = sqrt(s_q s_k)`` (``s`` for self-attention); a kernel with a
-causal mask (`Matmul.masked`) does half the row work. Long sequences (``s^2 >= P``: GPT-2's 2048 tokens,
-ESM-2's 1026) therefore cost a fixed time per (sample, head) row, whatever the head width; short
-ones (BERT's 128: about 46 instances side by side on a CS-2) almost nothing.
+with ``scores = s_q s_k`` and ``rows = sqrt(s_q s_k)`` (``s`` for self-attention) times the fraction
+of the scores a mask keeps (`Matmul.kept`: (s + 1) / (2 s) for a causal mask, about w / s for a
+sliding window of w, 1 / blocks for a block-diagonal one; 1 without a mask). Long sequences
+(``s^2 >= P``: GPT-2's 2048 tokens, ESM-2's 1026) therefore cost a fixed time per (sample, head)
+row, whatever the head width; short ones (BERT's 128: about 46 instances side by side on a CS-2)
+almost nothing.
 
 This is the term that is *fitted* rather than derived (about one cycle per row). Its form comes
 from the published runs, not from a hardware figure: the time they leave unexplained by the mesh
@@ -355,7 +357,7 @@ def attention_cycles(
   m: float,
   k: float,
   n: float,
-  masked: bool,
+  kept: float,
   width: int,
   height: int,
   bits: int,
@@ -363,22 +365,24 @@ def attention_cycles(
   """Cycles of the row work of ``instances`` activation x activation products ``[m x k] @ [k x n]``
   (attention) on a ``width x height`` rectangle, on top of their mesh cycles (see the module text).
 
-  The instance's score matrix is its largest, ``max(m n, m k, k n)`` elements; ``masked`` (causal)
-  halves the row work.
+  The instance's score matrix is its largest, ``max(m n, m k, k n)`` elements; the row work scales
+  with ``kept``, the fraction of the scores a mask keeps (1.0 without a mask, about 0.5 for causal).
 
   >>> from wafer.costmodel import CALIBRATION
   >>> from wafer.costmodel.hardware import WSE2, WSE3
   >>> m2, m3 = Machine(WSE2, CALIBRATION), Machine(WSE3, CALIBRATION)
-  >>> long = attention_cycles(m2, 20, 1026, 24, 1026, False, 750, 994, 16)  # 20 heads, 1026 tokens
+  >>> long = attention_cycles(m2, 20, 1026, 24, 1026, 1.0, 750, 994, 16)  # 20 heads, 1026 tokens
   >>> round(long / (20 * 1026 * CALIBRATION.attention_row_cycles))  # one row after another
   1
-  >>> attention_cycles(m3, 20, 1026, 24, 1026, False, 750, 994, 16) == long / 2  # 8-wide SIMD
+  >>> attention_cycles(m3, 20, 1026, 24, 1026, 1.0, 750, 994, 16) == long / 2  # 8-wide SIMD
   True
-  >>> attention_cycles(m2, 20, 128, 64, 128, False, 750, 994, 16) < long / 100  # 46 side by side
+  >>> attention_cycles(m2, 20, 128, 64, 128, 1.0, 750, 994, 16) < long / 100  # 46 side by side
+  True
+  >>> attention_cycles(m2, 20, 1026, 24, 1026, 0.25, 750, 994, 16) == long / 4  # a mask keeps 1/4
   True
   """
   scores = max(m * n, m * k, k * n)
-  rows = math.sqrt(scores) * (0.5 if masked else 1.0)
+  rows = math.sqrt(scores) * kept
   concurrent = max(1.0, width * height / scores)
   simd = machine.chip.lanes(bits)
   return machine.calib.attention_row_cycles * (4 / simd) * instances * rows / concurrent
@@ -414,7 +418,7 @@ def kernel_cycles(
           mm.m.at(ratio),
           mm.k.at(ratio),
           mm.n.at(ratio),
-          mm.masked,
+          mm.kept,
           width,
           height,
           mm.bits,

@@ -7,8 +7,11 @@ parameters (through view ops such as transposes and casts) and which depend on t
 classifies each leaf equation: matrix product, element-wise, transcendental, reduction, cast,
 data movement, or no work (integer arithmetic, reshapes). It also follows position indices (``iota``) to
 the comparisons that make a triangular (causal) mask, and that mask through logical ops, casts and
-``select`` to where it meets per-sample data (`Site.masked`). A call that bitcasts a float to an integer
-and back (a *fake cast*, e.g. stochastic `precision.round`) is one cast, and so is each
+``select`` to where it meets per-sample data. A mask made from positions and constants alone has a
+value at trace time: where it meets per-sample data, the walk evaluates it (`Walker._kept`) and
+records the fraction of entries it keeps (`Site.kept`: (s + 1) / (2 s) for causal, about w / s for a
+window of w); a causal mask whose value it cannot evaluate keeps half. A call that bitcasts a float
+to an integer and back (a *fake cast*, e.g. stochastic `precision.round`) is one cast, and so is each
 ``precision_round`` equation (nearest-even roundings, the ones `precision.autocast` inserts).
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,7 +68,35 @@ _INDEX_SELECT = frozenset({"eq", "ne", "select_n", "clamp", "and", "or", "not"})
 _LOGICAL = frozenset({"and", "or", "not"})
 # Where a mask meets the scores: ``scores + bias`` (an additive mask), ``scores * mask``.
 _APPLY = frozenset({"add", "sub", "mul", "add_any"})
+# Not evaluated at trace time even on constant operands: random bits, products, collectives, effects.
+_NOT_EVALUATED = frozenset({
+  "dot_general", "conv_general_dilated", "random_bits", "random_seed", "random_wrap", "random_unwrap",
+  "random_fold_in", "random_split", "threefry2x32", "rng_bit_generator", "rng_uniform", "psum", "pmax",
+  "pmin", "all_gather", "all_to_all", "ppermute", "reduce_scatter", "axis_index", "create_token",
+  "debug_callback", "pure_callback", "io_callback", "infeed", "outfeed", "name",
+})
+_NUMPY_UNARY = {
+  "neg": np.negative, "abs": np.abs, "sign": np.sign, "not": np.invert, "floor": np.floor, "ceil": np.ceil,
+  "exp": np.exp, "exp2": np.exp2, "log": np.log, "log1p": np.log1p, "sqrt": np.sqrt, "sin": np.sin,
+  "cos": np.cos, "tanh": np.tanh, "square": np.square, "is_finite": np.isfinite,
+  "rsqrt": lambda x: 1 / np.sqrt(x),
+}
+_NUMPY_BINARY = {
+  "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum,
+  "min": np.minimum, "rem": np.fmod, "pow": np.power, "and": np.bitwise_and, "or": np.bitwise_or,
+  "xor": np.bitwise_xor, "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+  "gt": np.greater, "ge": np.greater_equal, "shift_left": np.left_shift,
+  "shift_right_arithmetic": np.right_shift,
+}
+_NUMPY_SAME = frozenset({
+  "copy", "copy_p", "pvary", "sharding_constraint", "optimization_barrier", "reduce_precision",
+  "stop_gradient", "convert_element_type",
+})
 # fmt: on
+# A mask's value is evaluated up to this many elements (a 4096 x 4096 mask); a larger one is costed by
+# its structure alone (half, where causal).
+_VALUE_CAP = 1 << 24
+_REMOVED = -1e4  # a bias at or below this removes a score: finfo.min, -inf, -1e9, BERT's -10000.0
 _CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 # Names JAX itself pushes on the name stack: not the user's scopes. ``jax.checkpoint`` runs the
 # recomputed forward of every rematerialized block under ``rematted_computation``; kept, it would
@@ -89,9 +121,16 @@ class Site:
   bits: int  # dtype bits of the data
   weight_roots: tuple[int, ...] = ()  # roots of parameter operands
   ops: float = 1.0  # vector ops per element (integer_pow)
-  # a causal mask applied to per-sample data: a select by a constant predicate, or a select, sum or
-  # product with a mask made from a triangular comparison of positions (`Walker._mask_flow`)
-  masked: bool = False
+  # the fraction of the output's entries a mask applied here keeps (1.0: none applied): a select by
+  # a constant predicate, a sum with a constant bias, a product with a constant 0/1 mask, evaluated
+  # where the mask's value is known (`Walker._kept`); 0.5 for a causal one whose value is not (a
+  # triangular comparison of positions, `Walker._mask_flow`, or a constant predicate it cannot read)
+  kept: float = 1.0
+
+  @property
+  def masked(self) -> bool:
+    """Whether a mask applied here keeps only part of the output."""
+    return self.kept < 1.0
 
 
 class Walker:
@@ -118,6 +157,14 @@ class Walker:
     # position values symmetric in their axes (``abs(i - j)``): an order comparison of one is a band
     # around the diagonal (bidirectional local attention), not a triangle
     self.symmetric: set[int] = set()
+    # key -> how to compute its value from positions, literals and constants alone: ``(equation,
+    # operands, output keys)``, an operand a key or ``(value,)``. Evaluated lazily (`_value`), only
+    # where such a value meets per-sample data; ``value`` keeps the results (None: not evaluable)
+    self.recipe: dict[int, tuple[Any, tuple[Any, ...], tuple[int, ...]]] = {}
+    self.value: dict[int, np.ndarray | None] = {}
+    # memoized evaluations and kept fractions, with the operands they read (kept alive: ids stay theirs)
+    self._memo: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+    self._literals: dict[tuple[Any, ...], np.ndarray] = {}
     self.eqn_count = 0
     self._fake_cast_cache: dict[int, bool] = {}
     self.top_keys = [self._new() for _ in range(n_invars)]
@@ -139,24 +186,51 @@ class Walker:
     transposed: bool,
     mult: int,
     consts: Sequence[Any] = (),
+    in_values: Sequence[Any] = (),
   ) -> list[int]:
     env: dict[Any, int | None] = {}
-    for var, key in zip(jaxpr.invars, in_keys):
+    literal: dict[Any, tuple[np.ndarray]] = {}  # invars the caller passed a literal (``in_values``)
+    for i, (var, key) in enumerate(zip(jaxpr.invars, in_keys)):
       env[var] = key
       if key is not None and key in self.root:  # a parameter, or one iteration's slice of a stack
         self.param_size[key] = min(self.param_size.get(key, math.inf), _size(var.aval))
+      if key is None and i < len(in_values) and isinstance(in_values[i], tuple):
+        literal[var] = in_values[i]
     for i, var in enumerate(jaxpr.constvars):
       env[var] = self._new()
       if i < len(consts) and _triangular(consts[i]):  # a mask closed over as a NumPy constant
         self.causal.add(env[var])
+      if i < len(consts):
+        self.recipe[env[var]] = (("const", var.aval, None), ((consts[i],),), (env[var],))
     for eqn in jaxpr.eqns:
       self.eqn_count += 1
       ins = tuple(None if isinstance(v, jcore.Literal) else env.get(v) for v in eqn.invars)
+      refs = tuple(self._ref(v, env, literal) for v in eqn.invars)
       e_scopes, e_transposed = self._context(eqn, scopes, transposed)
-      outs = self._eqn(eqn, ins, e_scopes, e_transposed, mult)
+      outs = self._eqn(eqn, ins, refs, e_scopes, e_transposed, mult)
       for var, key in zip(eqn.outvars, outs):
         env[var] = key
     return [None if isinstance(v, jcore.Literal) else env.get(v) for v in jaxpr.outvars]
+
+  def _ref(self, var: Any, env: dict[Any, int | None], literal: dict[Any, tuple[np.ndarray]]) -> Any:
+    """An operand whose value positions and constants alone determine: its key, ``(value,)`` for a
+    literal; None for any other."""
+    if isinstance(var, jcore.Literal):
+      return self._literal(var.val, var.aval)
+    if var in literal:
+      return literal[var]
+    key = env.get(var)
+    return key if key is not None and key in self.recipe else None
+
+  def _literal(self, val: Any, aval: Any) -> tuple[np.ndarray] | None:
+    """A literal as a NumPy value, one object per distinct literal (so that `_evaluate` memoizes)."""
+    try:
+      arr = np.asarray(val, dtype=getattr(aval, "dtype", None))
+    except Exception:  # noqa: BLE001 (an extended dtype: no NumPy value)
+      return None
+    if arr.size > 64:
+      return (arr,)
+    return (self._literals.setdefault((arr.dtype.str, arr.shape, arr.tobytes()), arr),)
 
   @staticmethod
   def _context(eqn: Any, scopes: tuple[str, ...], transposed: bool) -> tuple[tuple[str, ...], bool]:
@@ -198,7 +272,13 @@ class Walker:
 
   # -- one equation ---------------------------------------------------------------------------
   def _eqn(
-    self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
+    self,
+    eqn: Any,
+    ins: tuple[int | None, ...],
+    refs: tuple[Any, ...],
+    scopes: tuple[str, ...],
+    transposed: bool,
+    mult: int,
   ) -> list[int]:
     prim = eqn.primitive.name
     params = eqn.params
@@ -223,8 +303,9 @@ class Walker:
       inner_jaxpr = inner.jaxpr if isinstance(inner, jcore.ClosedJaxpr) else inner
       n = len(inner_jaxpr.invars)
       keys = list(ins[-n:]) if n <= len(ins) else list(ins) + [None] * (n - len(ins))
+      values = list(refs[-n:]) if n <= len(refs) else list(refs) + [None] * (n - len(refs))
       consts = inner.consts if isinstance(inner, jcore.ClosedJaxpr) else ()
-      res = self.walk(inner_jaxpr, keys, scopes, transposed, inner_mult, consts)
+      res = self.walk(inner_jaxpr, keys, scopes, transposed, inner_mult, consts, values)
       outs = [k if k is not None else self._new() for k in res]
       if any(k in self.data for k in ins if k is not None):
         self.data.update(outs)
@@ -243,6 +324,9 @@ class Walker:
       return outs
     kind = classify(eqn)
     applies_mask = self._mask_flow(eqn, ins, outs)
+    kept = self._values(eqn, ins, refs, outs)
+    if kept is None and applies_mask:
+      kept = 0.5  # a causal mask whose value is unknown (too large, or not evaluable): half
     if prim in _VIEW:
       self._propagate_root(ins, outs, eqn)
     elif prim in _SLICE and ins and ins[0] in self.root and not any(k in self.data for k in ins if k):
@@ -256,7 +340,7 @@ class Walker:
           self.root[o] = o
           self.param_size[o] = _size(var.aval)
     if kind is not None:
-      self._site(eqn, kind, ins, outs, scopes, transposed, mult, applies_mask)
+      self._site(eqn, kind, ins, outs, scopes, transposed, mult, kept)
     else:
       src = next((k for k in ins if k is not None), None)
       if src is not None:
@@ -281,7 +365,7 @@ class Walker:
     scopes: tuple[str, ...],
     transposed: bool,
     mult: int,
-    applies_mask: bool = False,
+    kept: float | None = None,
   ) -> None:
     in_avals = [v.aval for v in eqn.invars]
     out_avals = [v.aval for v in eqn.outvars]
@@ -310,16 +394,17 @@ class Walker:
       weight_roots = tuple(self.root[k] for k in ins if k is not None and k in self.root)
       if eqn.primitive.name == "integer_pow":
         ops = float(max(1, abs(int(eqn.params.get("y", 2))) - 1))
-    masked = (
-      applies_mask
-      or (
-        eqn.primitive.name == "select_n"
-        and ins[0] is not None
-        and ins[0] not in self.data
-        and ins[0] not in self.root
-        and any(k in self.data for k in ins[1:] if k is not None)
-      )
-    ) and len(out_shapes[0]) >= 2
+    if (
+      kept is None
+      and eqn.primitive.name == "select_n"
+      and ins[0] is not None
+      and ins[0] not in self.data
+      and ins[0] not in self.root
+      and any(k in self.data for k in ins[1:] if k is not None)
+    ):
+      kept = 0.5  # a select by a constant predicate whose value is unknown
+    if kept is None or len(out_shapes[0]) < 2:
+      kept = 1.0
     self.sites.append(
       Site(
         kind,
@@ -334,7 +419,7 @@ class Walker:
         bits,
         weight_roots,
         ops,
-        masked,
+        kept,
       )
     )
 
@@ -420,6 +505,128 @@ class Walker:
       return False
     return prim in _APPLY and bool(data)
 
+  # -- mask values ----------------------------------------------------------------------------
+  def _values(
+    self, eqn: Any, ins: tuple[int | None, ...], refs: tuple[Any, ...], outs: Sequence[int]
+  ) -> float | None:
+    """Record how to compute the outputs of an equation whose operands positions and constants alone
+    determine; where such a value (a mask) meets per-sample data, the fraction of entries it keeps.
+
+    A mask combined with the batch's padding (``tril & padding``) keeps what the mask keeps (padding
+    assumed to keep every position), and a constant bias plus a learned one (T5's decoder) removes
+    what the constant one removes (a learned bias is finite). None where no mask of known value is
+    applied here.
+    """
+    if eqn.primitive.name in _NOT_EVALUATED or _has_subjaxprs(eqn.params):
+      return None
+    known = [i for i, r in enumerate(refs) if r is not None]
+    if len(known) == len(refs):
+      for o in outs:
+        self.recipe[o] = (eqn, refs, tuple(outs))
+      return None
+    if not known or len(outs) != 1 or len(getattr(eqn.outvars[0].aval, "shape", ())) < 2:
+      return None
+    prim = eqn.primitive.name
+    unknown = [i for i, r in enumerate(refs) if r is None]
+    data = [i for i in unknown if ins[i] in self.data]
+    out_dtype = getattr(eqn.outvars[0].aval, "dtype", None)
+    if prim == "and" and out_dtype == np.bool_ and data == unknown:  # the mask & the batch's padding
+      self.recipe[outs[0]] = (("and", eqn.outvars[0].aval, None), tuple(refs[i] for i in known), tuple(outs))
+      return None
+    if prim in ("add", "add_any", "sub") and not data and _is_float(eqn.outvars[0].aval):
+      signs = tuple(-1.0 if prim == "sub" and i == 1 else 1.0 for i in known)  # the learned part: 0
+      self.recipe[outs[0]] = (("sum", eqn.outvars[0].aval, signs), tuple(refs[i] for i in known), tuple(outs))
+      return None
+    if not data:
+      return None
+    return self._kept(eqn, refs, known, data)
+
+  def _kept(self, eqn: Any, refs: tuple[Any, ...], known: list[int], data: list[int]) -> float | None:
+    """The fraction of entries kept where a mask of known value meets per-sample data: a select
+    (the entries that take a per-sample case), a sum with a bias (the entries it leaves above
+    ``-1e4``: ``finfo.min``, ``-inf``, ``-1e9`` and BERT's ``-10000`` remove a score, ALiBi's
+    slopes do not), a product with a 0/1 mask (the ones). None for anything else."""
+    prim = eqn.primitive.name
+    if prim == "select_n":
+      if 0 not in known:
+        return None
+      pred = self._value(refs[0])
+      if pred is None:
+        return None
+      memo = ("select", id(pred), tuple(data))
+      if memo not in self._memo:
+        chosen = np.logical_or.reduce([pred == i - 1 for i in data])
+        self._memo[memo] = ((pred,), float(np.mean(chosen)) or None)  # (keeping nothing: no mask)
+      return self._memo[memo][1]
+    values = [self._value(refs[i]) for i in known]
+    if any(v is None for v in values) or not _is_float(eqn.outvars[0].aval):
+      return None
+    if prim in ("add", "add_any", "sub"):
+      with np.errstate(all="ignore"):
+        if len(values) == 1:  # the common case, without a float64 copy
+          keeps = values[0] < -_REMOVED if prim == "sub" and known == [1] else values[0] > _REMOVED
+          return float(np.mean(keeps)) or None
+        bias = sum(
+          (-v.astype(np.float64) if prim == "sub" and i == 1 else v.astype(np.float64))
+          for i, v in zip(known, values)
+        )
+        return float(np.mean(bias > _REMOVED)) or None
+    if prim == "mul":
+      factor = values[0].astype(np.float64)
+      for v in values[1:]:
+        factor = factor * v
+      if factor.size > _VALUE_CAP or not np.isin(factor, (0.0, 1.0)).all():
+        return None
+      return float(np.mean(factor != 0)) or None
+    return None
+
+  def _value(self, ref: Any) -> np.ndarray | None:
+    """The value of an operand (`_ref`), evaluated on first use from its recipe; compact: an axis
+    the value does not vary along may have size 1 (``iota`` of ``[s, s]`` along axis 0 is ``[s, 1]``).
+    None where an operand is too large (over ``_VALUE_CAP`` elements) or not evaluable."""
+    if isinstance(ref, tuple):
+      return ref[0]
+    todo = [ref]
+    while todo:  # iteratively: a chain of position arithmetic can be long
+      key = todo[-1]
+      if key in self.value:
+        todo.pop()
+        continue
+      eqn, operands, out_keys = self.recipe[key]
+      pending = [r for r in operands if isinstance(r, int) and r not in self.value]
+      if pending:
+        todo.extend(pending)
+        continue
+      todo.pop()
+      args = [r[0] if isinstance(r, tuple) else self.value[r] for r in operands]
+      results = self._evaluate(eqn, args) if all(a is not None for a in args) else None
+      for i, o in enumerate(out_keys):
+        self.value[o] = None if results is None else results[i]
+    return self.value[ref]
+
+  def _evaluate(self, op: Any, args: list[Any]) -> list[np.ndarray | None] | None:
+    """`_evaluate`, memoized on the primitive, its parameters and the operand objects: the same mask
+    built again in every layer of an unrolled loop is evaluated once."""
+    try:
+      if isinstance(op, tuple):
+        memo: tuple[Any, ...] | None = (op[0], str(op[1]), op[2], *map(id, args))
+      else:
+        memo = (
+          op.primitive,
+          tuple(sorted(op.params.items())),
+          tuple(str(v.aval) for v in op.outvars),
+          *map(id, args),
+        )
+      hash(memo)
+    except TypeError:  # an unhashable parameter: not memoized
+      memo = None
+    if memo is not None and memo in self._memo:
+      return self._memo[memo][1]
+    results = _evaluate(op, args)
+    if memo is not None:
+      self._memo[memo] = (tuple(args), results)  # (the operands kept alive: their ids stay theirs)
+    return results
+
   # -- control flow ---------------------------------------------------------------------------
   def _scan(
     self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
@@ -428,7 +635,7 @@ class Walker:
     body = p["jaxpr"].jaxpr
     n_consts, n_carry = p["num_consts"], p["num_carry"]
     length = int(p["length"])
-    keys: list[int | None] = list(ins[: n_consts + n_carry])
+    keys: list[int | None] = list(ins[:n_consts]) + self._carried(ins[n_consts : n_consts + n_carry])
     for k in ins[n_consts + n_carry :]:  # xs: one slice per iteration, same parameter root
       sliced = self._new()
       if k is not None and k in self.root and k not in self.data:
@@ -445,13 +652,28 @@ class Walker:
     self.flow.update((o, b) for o, b in zip(outs, body_outs) if b is not None)
     return outs
 
+  def _carried(self, keys: Sequence[int | None]) -> list[int | None]:
+    """A loop's carried values as its body sees them: a value known before the loop (a counter's
+    start) changes from one iteration to the next, so the body gets a key without it."""
+    out: list[int | None] = []
+    for k in keys:
+      if k is not None and k in self.recipe:
+        fresh = self._new()
+        if k in self.data:
+          self.data.add(fresh)
+        if k in self.root:
+          self.root[fresh] = self.root[k]
+        k = fresh
+      out.append(k)
+    return out
+
   def _while(
     self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
   ) -> list[int]:
     p = eqn.params
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
     body = p["body_jaxpr"].jaxpr
-    keys = list(ins[cn : cn + bn]) + list(ins[cn + bn :])
+    keys = list(ins[cn : cn + bn]) + self._carried(ins[cn + bn :])
     self.notes.add("while loops (unknown trip count) are counted as one iteration")
     self.walk(body, keys, scopes, transposed, mult)
     return self._fresh_outs(eqn, ins)
@@ -517,6 +739,135 @@ def _triangular(value: Any) -> bool:
   keep = a[0] == a[0][-1, 0]  # the side the bottom-left entry is on (kept by tril, left by triu(-inf, 1))
   n, m = keep.shape
   return not keep.all() and bool(np.array_equal(keep, np.tri(n, m, int(keep[0].sum()) - 1, dtype=bool)))
+
+
+def _evaluate(op: Any, args: list[Any]) -> list[np.ndarray | None] | None:
+  """The values of an equation's outputs from its operands' (`Walker._value`), compact (an axis an
+  output does not vary along may have size 1); ``op`` is an equation or ``(kind, aval, extra)``: a
+  closed-over constant, the mask of a ``mask & padding``, the constant part of a ``bias + learned``.
+  NumPy rules for position arithmetic, comparisons, selects and views; any other primitive is bound
+  on the full operands. None where a value would exceed ``_VALUE_CAP`` elements or cannot be had."""
+  try:
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      if isinstance(op, tuple):
+        kind, aval, extra = op
+        return [_fit(_nominal(kind, extra, args), aval)]
+      results = _rule(op, [np.asarray(a) for a in args])
+      if results is None:
+        return None
+      return [_fit(r, v.aval) for r, v in zip(results, op.outvars)]
+  except Exception:  # noqa: BLE001 (a value that cannot be had: the mask is costed by its structure)
+    return None
+
+
+def _nominal(kind: str, extra: Any, args: list[Any]) -> np.ndarray | None:
+  if kind == "const":
+    value = args[0]
+    if _size_of(value) > _VALUE_CAP:
+      return None
+    return np.asarray(value)
+  if kind == "and":
+    out = args[0]
+    for a in args[1:]:
+      out = np.bitwise_and(out, a)
+    return out
+  return sum(sign * np.asarray(a) for sign, a in zip(extra, args))  # "sum"
+
+
+def _size_of(value: Any) -> int:
+  return int(math.prod(getattr(value, "shape", ())))
+
+
+def _fit(value: Any, aval: Any) -> np.ndarray | None:
+  """``value`` as a compact value of ``aval``: its dtype, as many axes, each of size 1 or the full size."""
+  if value is None:
+    return None
+  shape = tuple(getattr(aval, "shape", ()))
+  value = np.asarray(value)
+  if value.ndim < len(shape):
+    value = value.reshape((1,) * (len(shape) - value.ndim) + value.shape)
+  if value.ndim != len(shape) or any(v not in (1, n) for v, n in zip(value.shape, shape)):
+    return None
+  if value.size > _VALUE_CAP:
+    return None
+  return value.astype(np.dtype(aval.dtype))
+
+
+def _rule(eqn: Any, args: list[np.ndarray]) -> list[np.ndarray] | None:
+  """One equation on compact NumPy operands (`_evaluate`)."""
+  prim, params = eqn.primitive.name, eqn.params
+  shape = tuple(getattr(eqn.outvars[0].aval, "shape", ()))
+  if prim == "iota":
+    d = int(params["dimension"])
+    return [np.arange(shape[d]).reshape([shape[d] if a == d else 1 for a in range(len(shape))])]
+  if prim in _NUMPY_SAME:
+    return list(args[: len(eqn.outvars)])
+  if prim in _NUMPY_UNARY and len(args) == 1:
+    return [_NUMPY_UNARY[prim](args[0])]
+  if len(args) > 1 and math.prod(np.broadcast_shapes(*(a.shape for a in args))) > _VALUE_CAP:
+    return None
+  if prim in _NUMPY_BINARY and len(args) == 2:
+    return [_NUMPY_BINARY[prim](*args)]
+  x = args[0]
+  if prim == "div":
+    if np.issubdtype(x.dtype, np.integer):  # rounds toward zero, as lax.div
+      return [np.sign(x) * np.sign(args[1]) * (np.abs(x) // np.abs(args[1]))]
+    return [x / args[1]]
+  if prim == "integer_pow":
+    return [x ** int(params["y"])]
+  if prim == "select_n":
+    out = args[1]
+    for i, case in enumerate(args[2:], 1):
+      out = np.where(x.astype(np.int64) == i, case, out)
+    return [out]
+  if prim == "clamp":  # clamp(lo, x, hi)
+    return [np.minimum(np.maximum(args[1], x), args[2])]
+  if prim == "broadcast_in_dim":
+    compact = [1] * len(shape)
+    for i, d in enumerate(params["broadcast_dimensions"]):
+      compact[d] = x.shape[i]
+    return [x.reshape(compact)]
+  if prim == "transpose":
+    return [np.transpose(x, params["permutation"])]
+  if prim == "squeeze":
+    return [np.squeeze(x, axis=tuple(int(d) % x.ndim for d in params["dimensions"]))]
+  if prim == "expand_dims":
+    return [np.expand_dims(x, tuple(params["dimensions"]))]
+  before = tuple(getattr(eqn.invars[0].aval, "shape", ()))
+  if prim == "reshape" and x.shape == before:
+    return [x.reshape(shape)]
+  if prim == "reshape":
+    src = [d for d in range(len(before)) if before[d] != 1]
+    dst = [d for d in range(len(shape)) if shape[d] != 1]
+    if [before[d] for d in src] == [shape[d] for d in dst]:  # only axes of size 1 come and go
+      compact = [1] * len(shape)
+      for a, b in zip(src, dst):
+        compact[b] = x.shape[a]
+      return [x.reshape(compact)]
+    if math.prod(before) <= _VALUE_CAP:
+      return [np.broadcast_to(x, before).reshape(shape)]
+    return None
+  if prim == "slice":
+    strides = params.get("strides") or (1,) * x.ndim
+    return [
+      x[
+        tuple(
+          slice(0, 1) if x.shape[a] == 1 else slice(lo, hi, st)
+          for a, (lo, hi, st) in enumerate(zip(params["start_indices"], params["limit_indices"], strides))
+        )
+      ]
+    ]
+  if prim == "rev":
+    return [np.flip(x, tuple(d for d in params["dimensions"] if x.shape[d] > 1))]
+  # anything else: on the full operands, by JAX itself
+  full = [tuple(getattr(v.aval, "shape", ())) for v in eqn.invars]
+  if any(math.prod(sh) > _VALUE_CAP for sh in full) or any(_size(v.aval) > _VALUE_CAP for v in eqn.outvars):
+    return None
+  operands = [np.broadcast_to(a, sh) for a, sh in zip(args, full)]
+  with jax.ensure_compile_time_eval():
+    out = eqn.primitive.bind(*operands, **params)
+  return [np.asarray(o) for o in (out if eqn.primitive.multiple_results else [out])]
 
 
 def _has_subjaxprs(params: dict[str, Any]) -> bool:

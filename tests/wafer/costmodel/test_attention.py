@@ -26,19 +26,22 @@ heads = st.integers(min_value=1, max_value=256)
 widths = st.sampled_from([16, 24, 32, 64, 80, 128, 256])
 
 
-def _cycles(machine, inst, s, dh, masked=False, rect=RECT, bits=16):
-  return attention_cycles(machine, inst, s, dh, s, masked, *rect, bits)
+def _cycles(machine, inst, s, dh, kept=1.0, rect=RECT, bits=16):
+  return attention_cycles(machine, inst, s, dh, s, kept, *rect, bits)
 
 
-@given(seqs, widths, heads, st.booleans())
-def test_linear_in_the_instances(s, dh, inst, masked):
-  one = _cycles(W2, 1, s, dh, masked)
-  assert _cycles(W2, inst, s, dh, masked) == pytest.approx(inst * one, rel=1e-12)
+kepts = st.floats(min_value=1e-3, max_value=1.0)
 
 
-@given(seqs, widths, heads)
-def test_a_causal_mask_halves_the_row_work(s, dh, inst):
-  assert _cycles(W2, inst, s, dh, True) == pytest.approx(_cycles(W2, inst, s, dh) / 2, rel=1e-12)
+@given(seqs, widths, heads, kepts)
+def test_linear_in_the_instances(s, dh, inst, kept):
+  one = _cycles(W2, 1, s, dh, kept)
+  assert _cycles(W2, inst, s, dh, kept) == pytest.approx(inst * one, rel=1e-12)
+
+
+@given(seqs, widths, heads, kepts)
+def test_the_row_work_scales_with_the_fraction_a_mask_keeps(s, dh, inst, kept):
+  assert _cycles(W2, inst, s, dh, kept) == pytest.approx(_cycles(W2, inst, s, dh) * kept, rel=1e-12)
 
 
 @given(seqs, widths, heads)
@@ -49,8 +52,8 @@ def test_the_8_wide_wse3_takes_half_the_cycles_of_the_4_wide_wse2(s, dh, inst):
 @given(seqs, widths, heads)
 def test_the_product_orientation_does_not_matter(s, dh, inst):
   # Q K^T ([s x dh] @ [dh x s]) and P V ([s x s] @ [s x dh]) have the same score matrix
-  qk = attention_cycles(W2, inst, s, dh, s, False, *RECT, 16)
-  pv = attention_cycles(W2, inst, s, s, dh, False, *RECT, 16)
+  qk = attention_cycles(W2, inst, s, dh, s, 1.0, *RECT, 16)
+  pv = attention_cycles(W2, inst, s, s, dh, 1.0, *RECT, 16)
   assert qk == pytest.approx(pv, rel=1e-12)
 
 
@@ -82,8 +85,9 @@ def test_it_fits_both_gpt2_and_esm2_with_one_constant():
   64) and ESM-2 35M (1026 tokens, heads of 24) get the same row work, as their measured runs need;
   a cost per score element would give GPT-2 twice ESM-2's."""
   gpt2, esm2 = WORKLOADS["gpt2_small"].config, WORKLOADS["esm2_35m"].config
-  per_gpt2 = _cycles(W2, 1, gpt2.seq, gpt2.head_dim, gpt2.causal)
-  per_esm2 = _cycles(W2, 1, esm2.seq, esm2.head_dim, esm2.causal)
+  causal = lambda cfg: (cfg.seq + 1) / (2 * cfg.seq) if cfg.causal else 1.0  # noqa: E731
+  per_gpt2 = _cycles(W2, 1, gpt2.seq, gpt2.head_dim, causal(gpt2))
+  per_esm2 = _cycles(W2, 1, esm2.seq, esm2.head_dim, causal(esm2))
   assert per_gpt2 / per_esm2 == pytest.approx(1.0, abs=0.01)
   per_score = (gpt2.seq**2 / 2) / esm2.seq**2
   assert per_score == pytest.approx(2.0, abs=0.01)
@@ -136,11 +140,11 @@ KINDS = ("einsum", "heads_first", "dot_product_attention")
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_causal_mask_halves_all_six_attention_products(kind):
+def test_the_causal_mask_keeps_its_triangle_in_all_six_attention_products(kind):
   graph = extract(_attention_step(kind, True), ATTENTION_ARGS, batch_argnums=(1,), compute_bits=16)
   attention = [m for k in graph.kernels for m in k.matmuls if not m.weight and m.instances.at_trace > 1]
   assert len(attention) == 6  # Q K^T and P V, and their four backward products
-  assert all(m.masked for m in attention)
+  assert all(m.kept == pytest.approx((S + 1) / (2 * S)) for m in attention), [m.kept for m in attention]
   plain = extract(_attention_step(kind, False), ATTENTION_ARGS, batch_argnums=(1,), compute_bits=16)
   assert not any(m.masked for k in plain.kernels for m in k.matmuls)
 
@@ -164,4 +168,4 @@ def test_the_mask_is_found_across_the_scan_of_a_layer_stack():
   fn, args = dataclasses.replace(WORKLOADS["gpt2_small"], config=cfg, batch_size=2).example()
   graph = extract(fn, args, batch_argnums=(len(args) - 1,), compute_bits=16)
   attention = [m for k in graph.kernels for m in k.matmuls if not m.weight and m.instances.at_trace > 1]
-  assert len(attention) == 6 and all(m.masked for m in attention)
+  assert len(attention) == 6 and all(m.kept == pytest.approx((S + 1) / (2 * S)) for m in attention)

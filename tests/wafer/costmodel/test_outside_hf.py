@@ -34,7 +34,7 @@ from tests.wafer.costmodel.helpers import sds
 from wafer.costmodel import extract
 
 MASKS = ("hf_additive", "hf_flax_mask", "where_bias", "numpy_triu", "select_tril")
-NOT_CAUSAL = ("none", "padding_additive", "learned_bias", "relative_bias", "band_bias")
+NOT_CAUSAL = ("none", "padding_additive", "learned_bias", "relative_bias")
 
 
 pytestmark = pytest.mark.usefixtures(
@@ -214,7 +214,8 @@ def _attention_products(model: LM, batch: int, seq: int) -> list:
 def test_a_causal_mask_is_found_however_it_is_applied(mask):
   products = _attention_products(LM(2, 32, 2, 50, 64, mask), 2, 16)
   assert len(products) == 12  # two layers of Q K^T, P V and their four backward products
-  assert all(m.masked for m in products), [m.masked for m in products]
+  kept = float(np.tri(16, 16).mean())  # (s + 1) / (2 s) of the scores
+  assert all(m.kept == pytest.approx(kept) for m in products), [m.kept for m in products]
 
 
 @pytest.mark.parametrize("mask", NOT_CAUSAL)
@@ -222,6 +223,13 @@ def test_nothing_else_is_taken_for_a_causal_mask(mask):
   products = _attention_products(LM(2, 32, 2, 50, 64, mask), 2, 16)
   assert len(products) == 12
   assert not any(m.masked for m in products)
+
+
+def test_a_band_keeps_its_band():
+  """Bidirectional local attention (``abs(i - j) <= 4`` as a bias): not causal, and not full."""
+  products = _attention_products(LM(2, 32, 2, 50, 64, "band_bias"), 2, 16)
+  band = np.abs(np.arange(16)[:, None] - np.arange(16)[None, :]) <= 4
+  assert len(products) == 12 and all(m.kept == pytest.approx(band.mean()) for m in products)
 
 
 def test_a_masked_layer_does_not_mask_the_others_through_the_optimizer():
@@ -241,6 +249,8 @@ def test_a_masked_layer_does_not_mask_the_others_through_the_optimizer():
     for layer in ("0", "1")
   }
   assert by_layer["0"] == [False] * 6 and by_layer["1"] == [True] * 6, by_layer
+  kept = [m.kept for k in graph.kernels if "/1/" in k.name + "/" for m in k.matmuls if m.masked]
+  assert kept == pytest.approx([np.tri(16, 16).mean()] * 6)  # the learned bias does not hide the mask
 
 
 @settings(max_examples=6)
