@@ -97,6 +97,16 @@ def test_estimate_a_params_file(tmp_path, capsys):
   ).exists()
 
 
+def test_estimate_a_params_file_at_another_batch_size(tmp_path, capsys):
+  """--batch_size with --params sets train_input.batch_size (it was silently ignored)."""
+  path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"))
+  assert cli.main(["estimate", "--params", str(path), "--batch_size", "32"]) == 0
+  out = capsys.readouterr().out
+  assert " 32 per step" in out and " 64 per step" not in out
+  assert cli.main(["estimate", "--params", str(path), "--batch_size", "0"]) == 2
+  assert "--batch_size 0; allowed: a positive integer" in capsys.readouterr().err
+
+
 def test_process_flags_are_checked_before_anything_starts(tmp_path, capsys):
   path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"))
   flags = ["--num_processes", "2", "--process_id", "2", "--coordinator_address", "127.0.0.1:1"]

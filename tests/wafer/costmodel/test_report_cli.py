@@ -139,9 +139,19 @@ def test_cli_lists_workloads(capsys):
     (["estimate", "--workload", "bert"], "--workload 'bert' is not a built-in workload"),
     (["estimate"], "--workload NAME"),
     (["estimate", "--params", "params.yaml"], "params.yaml: cannot read the params file"),
+    (["estimate", "--workload", "gpt2_small", "model.hidden_size=64"], "overrides change a --params file"),
   ],
 )
 def test_cli_errors_print_a_message_not_a_traceback(argv, message, capsys):
   assert main(argv) == 2
   err = capsys.readouterr().err
   assert message in err and "Traceback" not in err
+
+
+def test_cli_refuses_a_workload_and_a_params_file_together(capsys):
+  """Both given used to estimate the params file and ignore --workload without a word."""
+  with pytest.raises(SystemExit) as exc:
+    main(["estimate", "--workload", "gpt2_small", "--params", "params.yaml"])
+  assert exc.value.code == 2
+  err = capsys.readouterr().err
+  assert "not allowed with argument" in err and "Traceback" not in err
