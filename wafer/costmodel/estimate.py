@@ -55,6 +55,21 @@ def _format(name: str, value: Any) -> precision.FloatFormat:
     raise EstimateError(f"{name}={value!r} is not a float format: {exc}") from None
 
 
+def _policy(policy: Any) -> Any:
+  """A policy string parsed (``"c=bf16"``), a policy object as it is; anything else an `EstimateError`."""
+  if isinstance(policy, str):
+    try:
+      return precision.Policy.parse(policy)
+    except ValueError as exc:
+      raise EstimateError(f"policy={policy!r} is not a precision policy: {exc}") from None
+  if policy is not None and getattr(policy, "compute", None) is None:
+    raise EstimateError(
+      f"policy={policy!r}; allowed: a precision.Policy (anything with .compute) or a policy string such "
+      "as 'c=bf16'"
+    )
+  return policy
+
+
 def estimate(
   step_fn: Callable[..., Any],
   *example_args: Any,
@@ -94,7 +109,8 @@ def estimate(
     compute_format: format of matrix-product operands and activations (name or
       `precision.FloatFormat`): 16-bit formats run at the 16-bit SIMD rate, wider ones at the FP32
       rate. Default: the policy's compute format, else ``"cbfloat16"``.
-    policy: a ``precision.Policy`` (anything with ``.compute``) giving the compute format.
+    policy: a ``precision.Policy`` (anything with ``.compute``) or a policy string (``"c=bf16"``,
+      `precision.Policy.parse`) giving the compute format.
     accumulate_format: accumulator format of matrix products (``"float32"``: Cerebras mixed
       precision; ``"float16"``: half-precision FMAC).
     micro_batch_size: force the micro-batch (weight streaming) or wave size (pipeline), at most the
@@ -127,6 +143,7 @@ def estimate(
     step_fn = step_fn.__wrapped__
   if not callable(step_fn):
     raise EstimateError(f"step_fn={step_fn!r} is not callable")
+  policy = _policy(policy)
   if compute_format is None:
     compute_format = getattr(policy, "compute", None) or "cbfloat16"
   compute = _format("compute_format", compute_format)
