@@ -402,12 +402,19 @@ def _rect(rect: tuple[int, int] | None, max_w: int, max_h: int) -> tuple[int, in
 
 
 def _sequence_length(args: Sequence[Any], argnums: Sequence[int]) -> int | None:
+  """Axis 1 of the first batch array that holds a sequence: integer token ids ``[batch, seq]`` or
+  float ``[batch, seq, features]``. Other arrays have no sequence axis (a float ``[batch, features]``
+  is an MLP's input, ``[batch, h, w, c]`` an image), and without a sequence there is no tokens/s."""
   import jax
+  import jax.numpy as jnp
 
   for i in argnums:
     for leaf in jax.tree.leaves(args[i]):
       shape = getattr(leaf, "shape", ())
-      if len(shape) >= 2:
+      dtype = getattr(leaf, "dtype", jnp.float32)
+      if (len(shape) == 2 and jnp.issubdtype(dtype, jnp.integer)) or (
+        len(shape) == 3 and jnp.issubdtype(dtype, jnp.floating)
+      ):
         return int(shape[1])
   return None
 
@@ -504,6 +511,7 @@ def _pipeline_report(
   rate = pipe.samples_per_sec if fits else 0.0
   details = {
     "sequence_length": seq,
+    "training": graph.training,
     "memory_bytes": pipe.memory_bytes,
     "needed_pes": pipe.needed_pes,
     "update_s": pipe.update_s,
@@ -554,7 +562,7 @@ def _streaming_report(
       step_time_s=math.inf,
       kernels=(),
       placement=(rect,),
-      details={"sequence_length": seq},
+      details={"sequence_length": seq, "training": graph.training},
       notes=tuple(notes),
       **common,
     )
@@ -585,6 +593,7 @@ def _streaming_report(
     notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
   details = {
     "sequence_length": seq,
+    "training": graph.training,
     "micro_batches": ws.n_micro,
     "compute_s": ws.compute_s,
     "io_s": ws.io_s,
