@@ -233,7 +233,7 @@ def estimate_graph(
   chip = sys_.chip
   width, height = _rect(rect, chip.usable_width, chip.usable_height)
   batch = graph.traced_batch if batch_size is None else _positive_int("batch_size", batch_size)
-  problem = batch_split_problem(batch, num_csx)
+  problem = batch_split_problem(batch, num_csx, "num_csx")
   if problem is not None:
     raise EstimateError(f"batch_size={batch}: {problem}")
   per_system = batch // num_csx

@@ -169,7 +169,8 @@ def test_a_policy_string_sets_the_compute_format(text):
     ({"num_csx": 0}, r"num_csx=0; allowed: a positive integer"),
     ({"num_csx": 500}, r"num_csx=500; allowed: 1 to 192 CS-2"),
     ({"num_csx": 2, "mode": "pipeline"}, r"num_csx=2 with mode='pipeline'"),
-    ({"num_csx": 3, "batch_size": 8}, r"batch_size=8: must be a multiple of runconfig.num_csx=3"),
+    # the argument's name, not the params file's key (runconfig.num_csx), which estimate has not seen
+    ({"num_csx": 3, "batch_size": 8}, r"batch_size=8: must be a multiple of num_csx=3 \("),
     ({"micro_batch_size": 9, "batch_size": 8}, r"micro_batch_size=9 is larger than the 8 samples per system"),
     ({"compute_format": "float13"}, r"compute_format='float13' is not a float format"),
     ({"rect": (2000, 10)}, r"rect=\(2000, 10\); allowed: 1..750 x 1..994"),
