@@ -321,8 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     "estimate",
     help="estimate samples/s on a Cerebras system and write the compile report",
     description="Estimate a step's rate on a Cerebras system (layer pipelined or weight streaming) and "
-    "print a compile report; with --model_dir, also write compile_report.txt, "
-    "compile_report.json and placement.png there.",
+    "print a compile report; with --model_dir (with --params: by default its runconfig.model_dir), also "
+    "write compile_report.txt, compile_report.json and placement.png there.",
   )
   target = est.add_argument_group("what to estimate").add_mutually_exclusive_group()
   target.add_argument("--workload", metavar="NAME", help="a built-in workload (see --list)")
@@ -341,7 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
     "--compute_format",
     help="compute format (default: the params file's policy with --params, else cbfloat16)",
   )
-  est.add_argument("--model_dir", metavar="DIR", type=_path, help="write the report files into DIR")
+  est.add_argument(
+    "--model_dir",
+    metavar="DIR",
+    type=_path,
+    help="write the report files into DIR (default with --params: runconfig.model_dir; else none)",
+  )
   est.add_argument("overrides", nargs="*", metavar="key.path=value", help="overrides of --params keys")
   est.set_defaults(handler=_estimate)
   ana = commands.add_parser(

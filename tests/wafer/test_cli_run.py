@@ -97,6 +97,16 @@ def test_estimate_a_params_file(tmp_path, capsys):
   ).exists()
 
 
+def test_estimate_help_says_a_params_file_writes_into_its_model_dir(capsys):
+  """`wafer estimate --params` writes the report into runconfig.model_dir; the help said only
+  --model_dir writes files."""
+  with pytest.raises(SystemExit):
+    cli.main(["estimate", "--help"])
+  help_text = " ".join(capsys.readouterr().out.split())
+  assert "with --params: by default its runconfig.model_dir" in help_text
+  assert "default with --params: runconfig.model_dir" in help_text
+
+
 def test_estimate_a_params_file_at_another_batch_size(tmp_path, capsys):
   """--batch_size with --params sets train_input.batch_size (it was silently ignored)."""
   path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"))
