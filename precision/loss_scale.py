@@ -28,6 +28,7 @@ The rules (``../shared/reference/cerebras.md`` section 3):
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -36,6 +37,21 @@ import jax.numpy as jnp
 from precision.formats import FloatFormat, get_format
 
 MIN_LOSS_SCALE = 2.0**-14
+
+
+def _setting(name: str, value: Any, *, zero: bool = False) -> float:
+  """A loss-scaling setting as a float: a finite number > 0 (``>= 0`` with ``zero``), else a
+  ValueError naming it (a string or a bool is a mistake, not a number)."""
+  allowed = "a finite number >= 0" if zero else "a finite positive number"
+  if isinstance(value, (str, bytes, bool)) or value is None:
+    raise ValueError(f"{name}={value!r}; allowed: {allowed}")
+  try:
+    out = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name}={value!r}; allowed: {allowed}") from None
+  if not (math.isfinite(out) and (out >= 0 if zero else out > 0)):
+    raise ValueError(f"{name}={value!r}; allowed: {allowed}")
+  return out
 
 
 def _scale_floats(tree: Any, factor: jax.Array) -> Any:
@@ -75,9 +91,7 @@ class StaticLossScale:
 
   @classmethod
   def create(cls, loss_scale: float = 1.0) -> StaticLossScale:
-    if not loss_scale > 0:
-      raise ValueError(f"loss_scale={loss_scale!r}; allowed: a positive float")
-    return cls(jnp.asarray(loss_scale, jnp.float32))
+    return cls(jnp.asarray(_setting("loss_scale", loss_scale), jnp.float32))
 
   def scale(self, tree: Any) -> Any:
     """``tree * loss_scale`` (the loss, before differentiation)."""
@@ -128,17 +142,14 @@ class DynamicLossScale:
     """
     fmt = get_format(half_dtype)
     default = 2.0**31 if fmt.name == "cbfloat16" else 2.0**15
-    max_scale = default if max_loss_scale is None else float(max_loss_scale)
-    min_scale = MIN_LOSS_SCALE if min_loss_scale is None else float(min_loss_scale)
-    initial = default if initial_loss_scale is None else float(initial_loss_scale)
+    max_scale = default if max_loss_scale is None else _setting("max_loss_scale", max_loss_scale)
+    min_scale = MIN_LOSS_SCALE if min_loss_scale is None else _setting("min_loss_scale", min_loss_scale)
+    initial = default if initial_loss_scale is None else _setting("initial_loss_scale", initial_loss_scale)
+    overflow_tolerance = _setting("overflow_tolerance", overflow_tolerance, zero=True)
     if min_scale < MIN_LOSS_SCALE:
       raise ValueError(f"min_loss_scale={min_scale!r} is too small; allowed: at least 2^-14")
     if not min_scale <= max_scale:
       raise ValueError(f"min_loss_scale={min_scale!r} exceeds max_loss_scale={max_scale!r}")
-    if not initial > 0:
-      raise ValueError(f"initial_loss_scale={initial!r}; allowed: a positive float")
-    if overflow_tolerance < 0:
-      raise ValueError(f"overflow_tolerance={overflow_tolerance!r}; allowed: >= 0")
     if (
       isinstance(steps_per_increase, bool)
       or not isinstance(steps_per_increase, int)
@@ -154,7 +165,7 @@ class DynamicLossScale:
       steps_per_increase=steps_per_increase,
       min_loss_scale=min_scale,
       max_loss_scale=max_scale,
-      overflow_tolerance=float(overflow_tolerance),
+      overflow_tolerance=overflow_tolerance,
     )
 
   scale = StaticLossScale.scale

@@ -249,6 +249,8 @@ class Policy:
     Raises:
       PolicyError: a malformed item, an unknown or repeated key (with a suggestion).
     """
+    if not isinstance(text, str):
+      raise PolicyError(f"policy {text!r}: a policy string is text such as 'c=cb16,level=1'")
     settings: dict[str, Any] = {}
     rules: dict[str, str] = {}
     seen: dict[str, str] = {}
@@ -257,6 +259,11 @@ class Policy:
       key, value = key.strip().lower(), value.strip()
       if not sep or not value:
         raise PolicyError(f"policy {text!r}: item {item!r} is not key=value (e.g. 'c=cb16')")
+      if "=" in value:  # 'c=bf16;level=2', 'c=bf16 level=2'
+        raise PolicyError(
+          f"policy {text!r}: item {item!r} holds two settings; separate items with commas "
+          "(e.g. 'c=cb16,level=2')"
+        )
       if key not in _PARSE_KEYS and key not in RULE_CLASSES:
         close = difflib.get_close_matches(key, [*_PARSE_KEYS, *RULE_CLASSES], n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""

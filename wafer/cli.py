@@ -65,18 +65,23 @@ def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], di
   """
   from wafer.costmodel import workloads
 
+  if args.batch_size is not None and args.batch_size < 1:
+    raise CommandError(f"--batch_size {args.batch_size}; allowed: a positive integer")
   if args.params is not None:
     return _params_target(args)
   if args.workload is None:
     names = ", ".join(sorted(workloads.WORKLOADS))
     raise CommandError(f"say what to estimate: --workload NAME, one of: {names}")
+  if args.overrides:
+    raise CommandError(
+      f"{args.overrides[0]}: key.path=value overrides change a --params file; a --workload has no params "
+      "file (its options are --batch_size, --system, --mode, --num_csx, --micro_batch_size, --compute_format)"
+    )
   try:
     w = workloads.get_workload(args.workload)
   except ValueError as exc:
     raise CommandError(str(exc).replace("workload=", "--workload ")) from None
   batch = args.batch_size if args.batch_size is not None else w.batch_size
-  if batch < 1:
-    raise CommandError(f"--batch_size {batch}; allowed: a positive integer")
   fn, example_args = w.example(batch)
   return fn, example_args, dict(w.estimate_kwargs), w.name
 
@@ -85,7 +90,10 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
   """The train step of a params file, at its batch size, with its state shapes."""
   from wafer import runner, train
 
-  p = runner.load_plan(args.params, list(args.overrides or ()))
+  overrides = list(args.overrides or ())
+  if args.batch_size is not None:  # the params file's batch: the step is traced at it
+    overrides.append(f"train_input.batch_size={args.batch_size}")
+  p = runner.load_plan(args.params, overrides)
   state, batch = train.step_shapes(p.task, p.optimizer, p.loss_scale, p.seed)  # no weights, no data
   if args.model_dir is None:
     args.model_dir = p.runconfig.model_dir
@@ -313,20 +321,32 @@ def build_parser() -> argparse.ArgumentParser:
     "estimate",
     help="estimate samples/s on a Cerebras system and write the compile report",
     description="Estimate a step's rate on a Cerebras system (layer pipelined or weight streaming) and "
-    "print a compile report; with --model_dir, also write compile_report.txt, "
-    "compile_report.json and placement.png there.",
+    "print a compile report; with --model_dir (with --params: by default its runconfig.model_dir), also "
+    "write compile_report.txt, compile_report.json and placement.png there.",
   )
-  target = est.add_argument_group("what to estimate")
+  target = est.add_argument_group("what to estimate").add_mutually_exclusive_group()
   target.add_argument("--workload", metavar="NAME", help="a built-in workload (see --list)")
   target.add_argument("--params", metavar="FILE", type=_path, help="a params YAML: estimates its train step")
   target.add_argument("--list", action="store_true", help="list the built-in workloads and exit")
   est.add_argument("--system", help="wse2 (CS-2, default), wse3 (CS-3) or wse1 (CS-1)")
   est.add_argument("--mode", help="auto (default), pipeline or weight_streaming")
-  est.add_argument("--batch_size", type=int, help="samples per step (default: the workload's)")
+  est.add_argument(
+    "--batch_size",
+    type=int,
+    help="samples per step (default: the workload's; with --params: train_input.batch_size)",
+  )
   est.add_argument("--num_csx", type=int, help="systems in data parallel (weight streaming)")
   est.add_argument("--micro_batch_size", type=int, help="force the micro-batch (default: searched)")
-  est.add_argument("--compute_format", help="compute format (default: cbfloat16)")
-  est.add_argument("--model_dir", metavar="DIR", type=_path, help="write the report files into DIR")
+  est.add_argument(
+    "--compute_format",
+    help="compute format (default: the params file's policy with --params, else cbfloat16)",
+  )
+  est.add_argument(
+    "--model_dir",
+    metavar="DIR",
+    type=_path,
+    help="write the report files into DIR (default with --params: runconfig.model_dir; else none)",
+  )
   est.add_argument("overrides", nargs="*", metavar="key.path=value", help="overrides of --params keys")
   est.set_defaults(handler=_estimate)
   ana = commands.add_parser(

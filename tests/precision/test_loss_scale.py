@@ -77,6 +77,13 @@ def test_overflow_tolerance():
     (dict(steps_per_increase=0), "steps_per_increase"),
     (dict(min_loss_scale=4.0, max_loss_scale=2.0), "exceeds max_loss_scale"),
     (dict(half_dtype="fp17"), "unknown float format"),
+    # a string or a non-finite number is named, not a bare TypeError / "could not convert string"
+    (dict(initial_loss_scale="2**15"), r"initial_loss_scale='2\*\*15'; allowed: a finite positive number"),
+    (dict(initial_loss_scale=float("inf")), "initial_loss_scale=inf; allowed"),
+    (dict(initial_loss_scale=float("nan")), "initial_loss_scale=nan; allowed"),
+    (dict(max_loss_scale="big"), "max_loss_scale='big'; allowed"),
+    (dict(min_loss_scale=None, max_loss_scale=True), "max_loss_scale=True; allowed"),
+    (dict(overflow_tolerance="0.5"), "overflow_tolerance='0.5'; allowed: a finite number >= 0"),
   ],
 )
 def test_bad_settings_are_explained(kwargs, fragment):
@@ -102,6 +109,13 @@ def test_scale_and_unscale():
   assert ls.adjust(jnp.asarray(False)) is ls
   with pytest.raises(ValueError, match="positive"):
     StaticLossScale.create(0.0)
+
+
+@pytest.mark.parametrize("bad", ["1024", None, True, float("inf"), float("nan"), -2.0, [8.0]])
+def test_static_loss_scale_names_a_bad_value(bad):
+  """StaticLossScale.create("1024") was a bare TypeError ('>' not supported between str and int)."""
+  with pytest.raises(ValueError, match=r"loss_scale=.*; allowed: a finite positive number"):
+    StaticLossScale.create(bad)
 
 
 def test_nonfinite_step_is_skipped_entirely():

@@ -153,6 +153,21 @@ def test_parse_rejects_duplicate_keys():
     precision.Policy.parse("attention_softmax=round,attention_softmax=float32")
 
 
+@pytest.mark.parametrize(
+  "text", ["c=bf16;level=2", "c=bf16 level=2", "level=2;c=bf16", "c=bf16,level=2 block=64"]
+)
+def test_parse_says_to_separate_items_with_commas(text):
+  """'c=bf16;level=2' was read as the format name 'bf16;level=2' ("unknown float format")."""
+  with pytest.raises(PolicyError, match="holds two settings; separate items with commas"):
+    precision.Policy.parse(text)
+
+
+@pytest.mark.parametrize("text", [None, 16, b"c=bf16"])
+def test_parse_of_something_not_a_string_is_a_policy_error(text):
+  with pytest.raises(PolicyError, match="a policy string is text"):
+    precision.Policy.parse(text)
+
+
 def test_level_and_block_types():
   for bad in (1.0, "1", 1.5):
     with pytest.raises(PolicyError, match="must be 0, 1 or 2"):

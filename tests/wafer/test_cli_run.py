@@ -97,6 +97,26 @@ def test_estimate_a_params_file(tmp_path, capsys):
   ).exists()
 
 
+def test_estimate_help_says_a_params_file_writes_into_its_model_dir(capsys):
+  """`wafer estimate --params` writes the report into runconfig.model_dir; the help said only
+  --model_dir writes files."""
+  with pytest.raises(SystemExit):
+    cli.main(["estimate", "--help"])
+  help_text = " ".join(capsys.readouterr().out.split())
+  assert "with --params: by default its runconfig.model_dir" in help_text
+  assert "default with --params: runconfig.model_dir" in help_text
+
+
+def test_estimate_a_params_file_at_another_batch_size(tmp_path, capsys):
+  """--batch_size with --params sets train_input.batch_size (it was silently ignored)."""
+  path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"))
+  assert cli.main(["estimate", "--params", str(path), "--batch_size", "32"]) == 0
+  out = capsys.readouterr().out
+  assert " 32 per step" in out and " 64 per step" not in out
+  assert cli.main(["estimate", "--params", str(path), "--batch_size", "0"]) == 2
+  assert "--batch_size 0; allowed: a positive integer" in capsys.readouterr().err
+
+
 def test_process_flags_are_checked_before_anything_starts(tmp_path, capsys):
   path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"))
   flags = ["--num_processes", "2", "--process_id", "2", "--coordinator_address", "127.0.0.1:1"]

@@ -30,10 +30,11 @@ FP16_TYPES = ("float16", "bfloat16", "cbfloat16")
 MIN_DLS_LOSS_SCALE = 2.0**-14
 
 
-def batch_split_problem(batch_size: int, num_csx: int) -> str | None:
+def batch_split_problem(batch_size: int, num_csx: int, name: str = "runconfig.num_csx") -> str | None:
   """Why a global ``batch_size`` cannot be split over ``num_csx`` systems, or None (Cerebras' rule).
 
   The one place this rule lives: the config checks it, the data pipeline and the runtime call it.
+  ``name`` is what the caller calls ``num_csx`` (``wafer.estimate``'s argument is ``num_csx``).
 
   >>> batch_split_problem(8, 2) is None
   True
@@ -41,7 +42,7 @@ def batch_split_problem(batch_size: int, num_csx: int) -> str | None:
   'must be a multiple of runconfig.num_csx=4 (batch_size is the global batch, split evenly across systems); e.g. 4 or 8'
   """
   if num_csx < 1:
-    return f"runconfig.num_csx must be a positive integer (got {num_csx})"
+    return f"{name} must be a positive integer (got {num_csx})"
   if batch_size < num_csx:
     return (
       f"The number of CS devices ({num_csx}) must be less than or equal to the model batch size "
@@ -50,7 +51,7 @@ def batch_split_problem(batch_size: int, num_csx: int) -> str | None:
   if batch_size % num_csx:
     b, n = batch_size, num_csx
     return (
-      f"must be a multiple of runconfig.num_csx={n} (batch_size is the global batch, split evenly across "
+      f"must be a multiple of {name}={n} (batch_size is the global batch, split evenly across "
       f"systems); e.g. {b - b % n} or {b - b % n + n}"
     )
   return None

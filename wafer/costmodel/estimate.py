@@ -55,6 +55,21 @@ def _format(name: str, value: Any) -> precision.FloatFormat:
     raise EstimateError(f"{name}={value!r} is not a float format: {exc}") from None
 
 
+def _policy(policy: Any) -> Any:
+  """A policy string parsed (``"c=bf16"``), a policy object as it is; anything else an `EstimateError`."""
+  if isinstance(policy, str):
+    try:
+      return precision.Policy.parse(policy)
+    except ValueError as exc:
+      raise EstimateError(f"policy={policy!r} is not a precision policy: {exc}") from None
+  if policy is not None and getattr(policy, "compute", None) is None:
+    raise EstimateError(
+      f"policy={policy!r}; allowed: a precision.Policy (anything with .compute) or a policy string such "
+      "as 'c=bf16'"
+    )
+  return policy
+
+
 def estimate(
   step_fn: Callable[..., Any],
   *example_args: Any,
@@ -94,7 +109,8 @@ def estimate(
     compute_format: format of matrix-product operands and activations (name or
       `precision.FloatFormat`): 16-bit formats run at the 16-bit SIMD rate, wider ones at the FP32
       rate. Default: the policy's compute format, else ``"cbfloat16"``.
-    policy: a ``precision.Policy`` (anything with ``.compute``) giving the compute format.
+    policy: a ``precision.Policy`` (anything with ``.compute``) or a policy string (``"c=bf16"``,
+      `precision.Policy.parse`) giving the compute format.
     accumulate_format: accumulator format of matrix products (``"float32"``: Cerebras mixed
       precision; ``"float16"``: half-precision FMAC).
     micro_batch_size: force the micro-batch (weight streaming) or wave size (pipeline), at most the
@@ -127,6 +143,7 @@ def estimate(
     step_fn = step_fn.__wrapped__
   if not callable(step_fn):
     raise EstimateError(f"step_fn={step_fn!r} is not callable")
+  policy = _policy(policy)
   if compute_format is None:
     compute_format = getattr(policy, "compute", None) or "cbfloat16"
   compute = _format("compute_format", compute_format)
@@ -216,7 +233,7 @@ def estimate_graph(
   chip = sys_.chip
   width, height = _rect(rect, chip.usable_width, chip.usable_height)
   batch = graph.traced_batch if batch_size is None else _positive_int("batch_size", batch_size)
-  problem = batch_split_problem(batch, num_csx)
+  problem = batch_split_problem(batch, num_csx, "num_csx")
   if problem is not None:
     raise EstimateError(f"batch_size={batch}: {problem}")
   per_system = batch // num_csx
@@ -385,12 +402,19 @@ def _rect(rect: tuple[int, int] | None, max_w: int, max_h: int) -> tuple[int, in
 
 
 def _sequence_length(args: Sequence[Any], argnums: Sequence[int]) -> int | None:
+  """Axis 1 of the first batch array that holds a sequence: integer token ids ``[batch, seq]`` or
+  float ``[batch, seq, features]``. Other arrays have no sequence axis (a float ``[batch, features]``
+  is an MLP's input, ``[batch, h, w, c]`` an image), and without a sequence there is no tokens/s."""
   import jax
+  import jax.numpy as jnp
 
   for i in argnums:
     for leaf in jax.tree.leaves(args[i]):
       shape = getattr(leaf, "shape", ())
-      if len(shape) >= 2:
+      dtype = getattr(leaf, "dtype", jnp.float32)
+      if (len(shape) == 2 and jnp.issubdtype(dtype, jnp.integer)) or (
+        len(shape) == 3 and jnp.issubdtype(dtype, jnp.floating)
+      ):
         return int(shape[1])
   return None
 
@@ -487,6 +511,7 @@ def _pipeline_report(
   rate = pipe.samples_per_sec if fits else 0.0
   details = {
     "sequence_length": seq,
+    "training": graph.training,
     "memory_bytes": pipe.memory_bytes,
     "needed_pes": pipe.needed_pes,
     "update_s": pipe.update_s,
@@ -537,7 +562,7 @@ def _streaming_report(
       step_time_s=math.inf,
       kernels=(),
       placement=(rect,),
-      details={"sequence_length": seq},
+      details={"sequence_length": seq, "training": graph.training},
       notes=tuple(notes),
       **common,
     )
@@ -568,6 +593,7 @@ def _streaming_report(
     notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
   details = {
     "sequence_length": seq,
+    "training": graph.training,
     "micro_batches": ws.n_micro,
     "compute_s": ws.compute_s,
     "io_s": ws.io_s,

@@ -71,7 +71,8 @@ class Report:
     transmission_samples_per_sec: the rate if compute were free (fabric transfers, I/O).
     active_pes: PEs doing work; ``total_pes``: PEs of the chip's fabric (per system).
     compute_utilization: the fraction of time the active PEs compute.
-    flops_per_sample: matrix-product FLOP per sample (forward + backward), the model FLOPs.
+    flops_per_sample: matrix-product FLOP per sample (forward + backward; forward only for an
+      inference step), the model FLOPs.
     peak_flops_per_sec: dense peak of all systems in the compute format at the calibrated clock.
     step_time_s: seconds per step.
     kernels: one row per kernel.
@@ -81,7 +82,8 @@ class Report:
     alternatives: ``mode -> samples/s`` (or the reason it does not fit) for the other mode.
     compute_format, accumulate_format: format names; ``clock_hz``: the clock used.
     calibration: the parameters used.
-    details: mode-specific numbers (micro-batches, I/O seconds, memory...).
+    details: mode-specific numbers (micro-batches, I/O seconds, memory...), and ``sequence_length``
+      (axis 1 of the batch's token ids, for tokens/s) and ``training`` (False: forward only).
     notes: approximations the estimate made.
     batch_arguments: the step's arguments taken as the batch (axis 0 = samples).
     accuracy: the cost model's accuracy on runs it was not fitted to, for ``expected_range``.
@@ -223,9 +225,9 @@ class Report:
     if self.batch_arguments:
       lines.append(f" {'Batch args:':<16}{', '.join(self.batch_arguments)}")
     lines.append(f" {'Formats:':<16}{self.compute_format} operands, {self.accumulate_format} accumulation")
+    passes = "forward + backward" if d.get("training", True) else "forward only"
     lines.append(
-      f" {'Work:':<16}{self.flops_per_sample / 1e12:.4g} TFLOP per sample (matrix products, "
-      "forward + backward)"
+      f" {'Work:':<16}{self.flops_per_sample / 1e12:.4g} TFLOP per sample (matrix products, {passes})"
     )
     lines.append(
       f" {'Model FLOP/s:':<16}{self.model_flops_per_sec / 1e15:.3g} PFLOP/s = "

@@ -149,6 +149,16 @@ def test_compute_format_and_autocast_unwrapping():
   assert wrapped.samples_per_sec == pytest.approx(fp32.samples_per_sec)
 
 
+@pytest.mark.parametrize("text", ["c=bf16", "c=float32,level=2", "c=fp16,o=f32"])
+def test_a_policy_string_sets_the_compute_format(text):
+  """``policy="c=bf16"`` was accepted and ignored (the estimate stayed cbfloat16)."""
+  widths = [64, 256, 64]
+  by_string = _mlp_estimate(widths, 8, tokens=16, policy=text)
+  by_policy = _mlp_estimate(widths, 8, tokens=16, policy=precision.Policy.parse(text))
+  assert by_string.compute_format == by_policy.compute_format == precision.Policy.parse(text).compute.name
+  assert by_string.samples_per_sec == by_policy.samples_per_sec
+
+
 @pytest.mark.parametrize(
   ("kwargs", "pattern"),
   [
@@ -159,12 +169,15 @@ def test_compute_format_and_autocast_unwrapping():
     ({"num_csx": 0}, r"num_csx=0; allowed: a positive integer"),
     ({"num_csx": 500}, r"num_csx=500; allowed: 1 to 192 CS-2"),
     ({"num_csx": 2, "mode": "pipeline"}, r"num_csx=2 with mode='pipeline'"),
-    ({"num_csx": 3, "batch_size": 8}, r"batch_size=8: must be a multiple of runconfig.num_csx=3"),
+    # the argument's name, not the params file's key (runconfig.num_csx), which estimate has not seen
+    ({"num_csx": 3, "batch_size": 8}, r"batch_size=8: must be a multiple of num_csx=3 \("),
     ({"micro_batch_size": 9, "batch_size": 8}, r"micro_batch_size=9 is larger than the 8 samples per system"),
     ({"compute_format": "float13"}, r"compute_format='float13' is not a float format"),
     ({"rect": (2000, 10)}, r"rect=\(2000, 10\); allowed: 1..750 x 1..994"),
     ({"gemm_algorithm": "magic"}, r"gemm_algorithm='magic'"),
     ({"batch_argnums": 7}, r"batch_argnums=7"),
+    ({"policy": "c=bf61"}, r"policy='c=bf61' is not a precision policy: .*Did you mean 'bf16'"),
+    ({"policy": 16}, r"policy=16; allowed: a precision.Policy"),
   ],
 )
 def test_bad_arguments_name_the_argument_the_value_and_what_is_allowed(kwargs, pattern):

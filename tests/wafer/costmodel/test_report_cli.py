@@ -2,10 +2,12 @@
 
 import json
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 import wafer
-from tests.wafer.costmodel.helpers import batch_args, mlp_params, mlp_train_step
+from tests.wafer.costmodel.helpers import batch_args, mlp_params, mlp_train_step, sds
 from wafer.cli import main
 
 FILES = ("compile_report.txt", "compile_report.json", "placement.png")
@@ -44,6 +46,65 @@ def test_text_follows_the_compile_report_layout(pipeline_report):
     assert column in header
   assert all(name in text for name in ("layer0", "layer1", "layer2"))
   assert "layer pipelined" in text and "CS-2" in text
+
+
+def _work_and_tokens(report):
+  text = report.to_text()
+  work = next(line for line in text.splitlines() if line.startswith(" Work:"))
+  return work, report.tokens_per_sec, "Tokens/s" in text
+
+
+@pytest.mark.parametrize("mode", ["pipeline", "weight_streaming"])
+def test_forward_only_work_is_not_called_forward_and_backward(mode):
+  """The Work line of an inference step said "forward + backward" beside the note "forward only"."""
+  w = {"w1": sds(64, 256), "w2": sds(256, 8)}
+
+  def forward(w, x):
+    return jnp.tanh(x @ w["w1"]) @ w["w2"]
+
+  def train(w, x):
+    grads = jax.grad(lambda w: jnp.mean(forward(w, x) ** 2))(w)
+    return jax.tree.map(lambda a, g: a - 0.1 * g, w, grads)
+
+  infer = wafer.estimate(forward, w, sds(32, 16, 64), mode=mode)
+  trained = wafer.estimate(train, w, sds(32, 16, 64), mode=mode)
+  assert _work_and_tokens(infer)[0].endswith("(matrix products, forward only)")
+  assert _work_and_tokens(trained)[0].endswith("(matrix products, forward + backward)")
+  assert infer.flops_per_sample < trained.flops_per_sample
+
+
+def test_tokens_per_second_only_for_a_batch_with_a_sequence_axis():
+  """A float [batch, features] input (an MLP) or an image has no tokens; tokens/s used to be the
+  samples/s times the feature width (or the image height)."""
+  w = {"emb": sds(1000, 64), "w": sds(64, 8), "conv": sds(3, 3, 3, 8)}
+
+  def mlp(w, x):  # x [batch, features]
+    return jnp.tanh(x @ w["emb"].T[:, :64]) @ w["w"]
+
+  def tokens(w, ids):  # ids [batch, seq] int32
+    return jnp.tanh(w["emb"][ids]) @ w["w"]
+
+  def embedded(w, x):  # x [batch, seq, features]
+    return jnp.tanh(x).astype(jnp.float32) @ w["w"]
+
+  def image(w, x):  # x [batch, h, w, c]
+    return jax.lax.conv_general_dilated(
+      x, w["conv"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+
+  for fn, x, seq in [
+    (mlp, sds(32, 64), None),
+    (image, sds(32, 24, 24, 3), None),
+    (tokens, sds(32, 128, dtype=jnp.int32), 128),
+    (embedded, sds(32, 128, 64), 128),
+    (embedded, sds(32, 128, 64, dtype=jnp.bfloat16), 128),
+  ]:
+    report = wafer.estimate(fn, w, x)
+    _, rate, shown = _work_and_tokens(report)
+    if seq is None:
+      assert rate is None and not shown, (fn.__name__, x)
+    else:
+      assert rate == pytest.approx(seq * report.samples_per_sec) and shown, (fn.__name__, x)
 
 
 def test_json_has_the_promised_fields(pipeline_report):
@@ -139,9 +200,19 @@ def test_cli_lists_workloads(capsys):
     (["estimate", "--workload", "bert"], "--workload 'bert' is not a built-in workload"),
     (["estimate"], "--workload NAME"),
     (["estimate", "--params", "params.yaml"], "params.yaml: cannot read the params file"),
+    (["estimate", "--workload", "gpt2_small", "model.hidden_size=64"], "overrides change a --params file"),
   ],
 )
 def test_cli_errors_print_a_message_not_a_traceback(argv, message, capsys):
   assert main(argv) == 2
   err = capsys.readouterr().err
   assert message in err and "Traceback" not in err
+
+
+def test_cli_refuses_a_workload_and_a_params_file_together(capsys):
+  """Both given used to estimate the params file and ignore --workload without a word."""
+  with pytest.raises(SystemExit) as exc:
+    main(["estimate", "--workload", "gpt2_small", "--params", "params.yaml"])
+  assert exc.value.code == 2
+  err = capsys.readouterr().err
+  assert "not allowed with argument" in err and "Traceback" not in err
