@@ -24,8 +24,9 @@ What is counted (per equation): matrix products as ``2 * instances * m * k * n``
 compute format; float element-wise ops as one op per output element (transcendentals flagged);
 reductions per input element; data movement (transpose, gather, concatenate...) in bytes.
 Integer and boolean ops (index arithmetic, random bits, the bit-twiddling of emulated rounding)
-are not work. A call whose body bitcasts a float to an integer and back — a *fake cast* such as
-`precision.round` — costs one element-wise cast, what a real cast costs on the wafer.
+are not work, nor are `precision`'s roundings (autocast's, `precision.round`): they emulate the
+format the wafer computes in. A call whose body bitcasts a float to an integer and back — a *fake
+cast* of another emulation library — costs one element-wise cast, what a real cast costs on the wafer.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ the comparisons that make a triangular (causal) mask, and that mask through logi
 value at trace time: where it meets per-sample data, the walk evaluates it (`Walker._kept`) and
 records the fraction of entries it keeps (`Site.kept`: (s + 1) / (2 s) for causal, about w / s for a
 window of w); a causal mask whose value it cannot evaluate keeps half. A call that bitcasts a float
-to an integer and back (a *fake cast*, e.g. stochastic `precision.round`) is one cast, and so is each
-``precision_round`` equation (nearest-even roundings, the ones `precision.autocast` inserts).
+to an integer and back (a *fake cast*, another library's emulated format) is one cast. The roundings
+of `precision` (``precision_round``, ``precision_round_bits``: what `precision.autocast` inserts, and
+`precision.round`) are views that cost nothing: they emulate the format the wafer computes in, so a
+step under autocast gets the estimate of the same step in its compute format.
 """
 
 from __future__ import annotations
@@ -53,14 +55,15 @@ _MOVE = frozenset({
 # View-like ops: a parameter seen through them is still the same parameter (same root).
 _VIEW = frozenset({
     "transpose", "reshape", "convert_element_type", "broadcast_in_dim", "squeeze", "expand_dims", "copy",
-    "copy_p", "bitcast_convert_type", "reduce_precision", "sharding_constraint", "pvary", "stop_gradient",
+    "copy_p", "bitcast_convert_type", "reduce_precision", "precision_round", "precision_round_bits",
+    "sharding_constraint", "pvary", "stop_gradient",
 })
 # Slices of a parameter that are parameters themselves (``stacked[i]`` in an unrolled loop).
 _SLICE = frozenset({"slice", "dynamic_slice", "gather", "index_in_dim", "squeeze"})
 # Ops that keep the axes a value varies along (a position index, a mask) where they are.
 _SAME_AXES = frozenset({
     "slice", "dynamic_slice", "convert_element_type", "copy", "copy_p", "neg", "rev", "reduce_precision",
-    "sharding_constraint", "pvary", "stop_gradient", "optimization_barrier",
+    "precision_round", "sharding_constraint", "pvary", "stop_gradient", "optimization_barrier",
 })
 _INDEX_ARITH = frozenset({"add", "sub", "mul", "max", "min", "rem", "div", "neg", "abs"})
 _ORDER = frozenset({"lt", "le", "gt", "ge"})  # i >= j on two position indices: a triangle
@@ -946,7 +949,9 @@ def classify(eqn: Any) -> str | None:
     return "reduce"
   if prim in _TRANSCENDENTAL:
     return "transcendental"
-  if prim in ("convert_element_type", "precision_round"):  # precision_round: autocast's roundings
+  if prim in ("precision_round", "precision_round_bits"):  # the format a value is kept in, not an op:
+    return None  # the wafer computes in it (autocast's roundings; `precision.round`)
+  if prim == "convert_element_type":
     return "cast" if _is_float(eqn.outvars[0].aval) else None
   return "vector"
 

@@ -86,11 +86,20 @@ def test_elementwise_counts_and_what_is_not_work():
   assert "transcendental" in kinds
 
 
-def test_fake_cast_costs_one_cast():
+def test_fake_cast_costs_one_cast_and_precision_round_nothing():
   n = 256
+
+  @jax.jit
+  def truncate_to_bfloat16(x):  # another library's emulated format: float -> bits -> float in a call
+    bits = lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0xFFFF0000)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+  g = extract(lambda x: truncate_to_bfloat16(x) * 2.0, (sds(n),), batch_argnums=(0,), compute_bits=16)
+  work = {key[1]: v[0] for k in g.kernels for key, v in k.vector.items()}
+  assert work == {"cast": n, "vector": n}  # the call's integer ops are not counted
   g = extract(lambda x: precision.round(x, "cbfloat16") * 2.0, (sds(n),), batch_argnums=(0,), compute_bits=16)
   work = {key[1]: v[0] for k in g.kernels for key, v in k.vector.items()}
-  assert work == {"cast": n, "vector": n}  # the rounding kernel's integer ops are not counted
+  assert work == {"vector": n}  # the format the wafer computes in, not an op
 
 
 def test_scan_multiplies_by_length_and_keeps_one_kernel_with_a_count():
@@ -216,18 +225,26 @@ def test_trace_errors_are_reported():
     extract(lambda x, y: x, (sds(4, 2), sds(5, 2)), batch_argnums=(0, 1), compute_bits=16)
 
 
-def test_autocast_roundings_cost_one_cast_each():
+@pytest.mark.parametrize(
+  "policy", ["c=cbfloat16,level=0", "c=bfloat16,level=2", "c=cbfloat16,sr=elementwise"]
+)
+def test_autocast_roundings_are_the_compute_format_not_work(policy):
   n, d = 8, 32
-  policy = precision.Policy(compute="cbfloat16", level=0)
   f = lambda x, w: jnp.tanh(x @ w)
-  g = extract(precision.autocast(f, policy), (sds(n, d), sds(d, d)), batch_argnums=(0,), compute_bits=16)
+  mixed = precision.autocast(f, policy)
+  if "sr=" in policy:  # stochastic roundings take a key (``precision_round_bits``)
+    mixed = lambda x, w, mixed=mixed: mixed(x, w, rounding_key=jax.random.key(0))
+  g = extract(mixed, (sds(n, d), sds(d, d)), batch_argnums=(0,), compute_bits=16)
+  plain = extract(f, (sds(n, d), sds(d, d)), batch_argnums=(0,), compute_bits=16)
   work: dict[str, float] = {}
   for k in g.kernels:
     for key, v in k.vector.items():
       work[key[1]] = work.get(key[1], 0) + v[0]
-  # roundings: x (n*d), w (d*d), the product (n*d), tanh's result (n*d); tanh itself is not a cast
-  assert work["cast"] == 3 * n * d + d * d
-  assert sum(work.values()) - work["cast"] == n * d
+  # the roundings of x, w, the product and tanh's result cost nothing; tanh's n*d elements remain
+  assert "cast" not in work and sum(work.values()) == n * d
+  # w seen through its rounding is still the weight
+  assert [k.weight_bytes() for k in g.kernels] == [k.weight_bytes() for k in plain.kernels]
+  assert sum(k.weight_bytes() for k in g.kernels) == d * d * 2
 
 
 def test_prng_keys_in_the_step_and_in_its_arguments():

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import precision
 import wafer
 from tests.wafer.costmodel.helpers import sds
 from wafer.costmodel import EstimateError, TraceError
@@ -187,3 +188,34 @@ def test_fp8_compute_is_costed_at_the_16_bit_rate_and_says_so(fmt, system):
   assert fp8.samples_per_sec == pytest.approx(bf16.samples_per_sec)
   assert any(f"compute format {fmt}" in n and "16-bit SIMD rate" in n for n in fp8.notes)
   assert f"compute format {fmt}" in fp8.to_text()
+
+
+@pytest.mark.parametrize("mode", ["pipeline", "weight_streaming"])
+@pytest.mark.parametrize(("cfg", "batch"), SHAPES[:2], ids=IDS[:2])
+@pytest.mark.parametrize("policy", ["c=cbfloat16", "c=bfloat16,level=2", "c=float16,level=0"])
+def test_autocast_inside_the_step_keeps_the_weights_and_the_estimate(cfg, batch, mode, policy):
+  """``grad(autocast(loss))``, how ``wafer run`` builds its step: the roundings autocast inserts
+  (``precision_round``) are views of the weights, not new values, so every kernel keeps its
+  weights and the estimate is the one of the same step in the policy's compute format."""
+  fn, args = W.train_example(cfg, batch)
+  params, opt_state, tokens = args
+  parsed = precision.Policy.parse(policy)
+  loss = precision.autocast(lambda p, t: W.loss_fn(cfg, p, t), parsed)
+
+  def step(params, opt_state, tokens):
+    value, grads = jax.value_and_grad(loss)(params, tokens)
+    params, opt_state = W.adamw_update(grads, opt_state, params)
+    return params, opt_state, value
+
+  plain = wafer.estimate(fn, *args, mode=mode, compute_format=parsed.compute)
+  mixed = wafer.estimate(step, params, opt_state, tokens, mode=mode, compute_format=parsed.compute)
+  assert sum(k.weight_bytes for k in mixed.kernels) == pytest.approx(
+    sum(k.weight_bytes for k in plain.kernels)
+  )
+  assert mixed.flops_per_sample == pytest.approx(plain.flops_per_sample, rel=1e-6)
+  # the same weights and products; the element-wise work may differ (the policy's float32 softmax
+  # and reductions, level 1's chunk sums), and the pipeline floorplan follows it
+  assert abs(math.log(mixed.samples_per_sec / plain.samples_per_sec)) <= math.log(1.1), (
+    plain.samples_per_sec,
+    mixed.samples_per_sec,
+  )
