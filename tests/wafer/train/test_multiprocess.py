@@ -2,10 +2,16 @@
 
 Their losses must match a one-process ``num_csx=2`` run over two local devices, process 0 alone
 writes metrics.jsonl, and both write and restore orbax checkpoints in one shared model_dir.
+
+A mistake one process finds (settings that do not fit the checkpoint, a damaged checkpoint, a
+model_dir process 0 cannot write, data only one process reads) stops both with the same message,
+at once: the subprocesses must finish well inside their timeout (``jax.distributed`` would
+otherwise leave the other process waiting in a collective, then fail it with a traceback).
 """
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -34,28 +40,67 @@ def _params(tmp_path: Path) -> Path:
   return path
 
 
-def _two_processes(params: Path, model_dir: Path, max_steps: int) -> list[str]:
-  port = _free_port()
+def _env() -> dict[str, str]:
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
   env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
-  procs = []
-  for i in range(2):
-    cmd = [sys.executable, "-c", "import sys; from wafer.cli import main; sys.exit(main(sys.argv[1:]))", "run",
-           "--params", str(params), "--model_dir", str(model_dir), "--num_processes", "2", "--process_id", str(i),
-           "--coordinator_address", f"127.0.0.1:{port}", f"runconfig.max_steps={max_steps}"]  # fmt: skip
-    procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  return env
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
+  """``(exit code, output)`` of each process; fails the test when one is still running after ``timeout`` s."""
   outs = []
   try:
     for p in procs:
-      outs.append(p.communicate(timeout=240)[0])
+      try:
+        outs.append(p.communicate(timeout=timeout)[0])
+      except subprocess.TimeoutExpired:
+        pytest.fail(f"process {len(outs)} still runs after {timeout} s: it waits for the other one")
   finally:
     for p in procs:
       if p.poll() is None:
         p.kill()
         p.wait()
-  for p, out in zip(procs, outs):
-    assert p.returncode == 0, out[-3000:]
-  return outs
+  return [(p.returncode, out) for p, out in zip(procs, outs)]
+
+
+def _launch(
+  params: Path, model_dir: Path, max_steps: int, *overrides: str, patch: str = ""
+) -> list[tuple[int, str]]:
+  """``wafer run`` in two processes: ``(exit code, output)`` of each.
+
+  ``patch``: Python run in each process before the CLI, with ``PROCESS`` its process id (to make one
+  process alone see a damaged file, as a file system that caches differently on each host would).
+  """
+  port = _free_port()
+  procs = []
+  for i in range(2):
+    code = f"import sys\nPROCESS = {i}\n{patch}\nfrom wafer.cli import main\nsys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", code, "run",
+           "--params", str(params), "--model_dir", str(model_dir), "--num_processes", "2", "--process_id", str(i),
+           "--coordinator_address", f"127.0.0.1:{port}", f"runconfig.max_steps={max_steps}", *overrides]  # fmt: skip
+    procs.append(
+      subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    )
+  return _finish(procs)
+
+
+def _two_processes(
+  params: Path, model_dir: Path, max_steps: int, *overrides: str, patch: str = ""
+) -> list[str]:
+  results = _launch(params, model_dir, max_steps, *overrides, patch=patch)
+  for code, out in results:
+    assert code == 0, out[-3000:]
+  return [out for _, out in results]
+
+
+def _errors(results: list[tuple[int, str]]) -> list[str]:
+  """The ``wafer run: error:`` line of each process, checking that each exited 1 without a traceback."""
+  lines = []
+  for code, out in results:
+    assert code == 1 and "Traceback" not in out, out[-3000:]
+    lines += [line for line in out.splitlines() if line.startswith("wafer run: error: ")]
+  assert len(lines) == len(results), lines
+  return lines
 
 
 def _losses(model_dir: Path) -> dict[int, float]:
@@ -91,3 +136,103 @@ def test_two_processes_split_the_input_workers_and_match_one_process(tmp_path):
   many, one = _losses(tmp_path / "shared"), _losses(ref)
   assert sorted(many) == list(range(1, 6))
   assert many == one
+
+
+# A mistake one process finds stops both, with the same message ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_to_6(tmp_path_factory):
+  """params.yaml and a model_dir two processes trained to step 6 (checkpoints 3 and 6)."""
+  tmp = tmp_path_factory.mktemp("mp")
+  params = _params(tmp)
+  _two_processes(params, tmp / "shared", max_steps=6)
+  return params, tmp / "shared"
+
+
+def _copy(trained: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+  params, model_dir = trained
+  shutil.copytree(model_dir, tmp_path / "md")
+  return params, tmp_path / "md"
+
+
+def _checkpoints(model_dir: Path) -> list[str]:
+  return sorted(p.name for p in (model_dir / "checkpoints").iterdir() if not p.name.startswith("."))
+
+
+@pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
+def test_a_resume_with_other_settings_stops_every_process_with_the_same_message(trained_to_6, tmp_path):
+  params, model_dir = _copy(trained_to_6, tmp_path)
+  first, second = _errors(_launch(params, model_dir, 9, "train_input.batch_size=32"))
+  assert first == second
+  assert "Cannot resume from the checkpoint of step 6" in first
+  assert "train_input.batch_size: checkpoint 64, now 32" in first
+  assert _checkpoints(model_dir) == ["3", "6"]  # nothing was changed
+
+
+@pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
+def test_a_damaged_latest_checkpoint_is_skipped_by_every_process(trained_to_6, tmp_path):
+  params, model_dir = _copy(trained_to_6, tmp_path)
+  for f in (model_dir / "checkpoints" / "6" / "state" / "d").iterdir():
+    f.write_bytes(f.read_bytes()[:3])
+  first, second = _two_processes(params, model_dir, 9)
+  assert f"the checkpoint of step 6 at {model_dir / 'checkpoints' / '6'} cannot be read" in first
+  assert "Resuming from the checkpoint at step 3." in first and "Step=9" in first
+  assert _checkpoints(model_dir) == ["3", "6", "6.unreadable", "9"]
+  assert sorted(_losses(model_dir)) == list(range(1, 10))
+
+
+@pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
+def test_a_checkpoint_only_one_process_cannot_read_is_skipped_by_both(trained_to_6, tmp_path):
+  # process 1 alone finds step 6 damaged: both must restore step 3 (not each its own), and say why
+  params, model_dir = _copy(trained_to_6, tmp_path)
+  patch = (
+    "import wafer.train.checkpoint as c\n"
+    "_real = c._damage\n"
+    "if PROCESS == 1:\n"
+    "  c._damage = lambda d: 'seen damaged by process 1' if d.name == '6' else _real(d)\n"
+  )
+  first, second = _two_processes(params, model_dir, 9, patch=patch)
+  assert "the checkpoint of step 6" in first and "cannot be read (seen damaged by process 1)" in first
+  assert "Resuming from the checkpoint at step 3." in first and "Step=9" in first
+  assert _checkpoints(model_dir) == ["3", "6", "6.unreadable", "9"]
+  assert sorted(_losses(model_dir)) == list(range(1, 10))
+
+
+@pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
+def test_all_checkpoints_damaged_stops_every_process_with_the_same_message(trained_to_6, tmp_path):
+  params, model_dir = _copy(trained_to_6, tmp_path)
+  for step in ("3", "6"):
+    (model_dir / "checkpoints" / step / "meta" / "metadata").write_bytes(b"")
+  first, second = _errors(_launch(params, model_dir, 9))
+  assert first == second and "None of the checkpoints in" in first and "(steps 3, 6) can be read" in first
+
+
+@pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
+def test_a_model_dir_process_0_cannot_write_stops_every_process_with_its_message(tmp_path):
+  # process 0 alone writes the compile report: its error used to leave process 1 waiting, then a traceback
+  params = _params(tmp_path)
+  (tmp_path / "md" / "compile_report.txt").mkdir(parents=True)
+  first, second = _errors(_launch(params, tmp_path / "md", 3))
+  assert first == second and "cannot write the compile report into model_dir" in first
+
+
+@pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
+def test_data_only_one_process_cannot_read_stops_every_process_with_its_message(tmp_path):
+  # each process may read other files (its own input workers): process 1 alone finds them damaged
+  params = _params(tmp_path)
+  patch = (
+    "import models.mlp as m\n"
+    "from wafer.data.processors import DataError\n"
+    "_task = m.example_task\n"
+    "def example_task(*a, **k):\n"
+    "  task = _task(*a, **k)\n"
+    "  def damaged(seed):\n"
+    "    raise DataError('shard-1.bin:3: a damaged record (simulated)')\n"
+    "  if PROCESS == 1:\n"
+    "    task.train_data = damaged\n"
+    "  return task\n"
+    "m.example_task = example_task\n"
+  )
+  first, second = _errors(_launch(params, tmp_path / "md", 3, patch=patch))
+  assert first == second == "wafer run: error: shard-1.bin:3: a damaged record (simulated)"
