@@ -22,9 +22,12 @@ Nothing here changes process-wide settings except `initialize`, which the CLI ca
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib
+import io
 import json
+import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -59,8 +62,9 @@ def first_error(error: BaseException | None) -> BaseException | None:
   back (its traceback kept); every other process gets one of the same type with the same message
   (and the same ``int``/``float``/``str``/``bool``/None attributes, e.g. a step number), so each
   process takes the same branch, or raises the same error and the CLI prints the same line. An
-  error whose type is not wafer's or precision's (a bug) reaches the others as `OtherProcessFailed`
-  naming the process, its type and its message. With one process: ``error`` as is, no collective.
+  error whose type is not wafer's, precision's or the models' (a bug) reaches the others as
+  `OtherProcessFailed` naming the process, its type and its message. With one process: ``error``
+  as is, no collective.
 
   >>> first_error(None) is None
   True
@@ -114,22 +118,54 @@ def same_outcome() -> Iterator[None]:
   agree(None)
 
 
+_OWN_PACKAGES = ("wafer", "precision", "models")
+"""Packages whose exceptions `first_error` rebuilds on the other processes (the rest are bugs to them)."""
+
+
 def _describe(error: BaseException) -> bytes:
-  """What `first_error` tells the other processes about ``error``: its type, message and simple attributes."""
+  """What `first_error` tells the other processes about ``error``: type, message, attributes, a pickle.
+
+  The pickle (when ``error`` pickles) carries attributes JSON cannot, e.g. a `ConfigError`'s problems.
+  """
   cls = type(error)
   attrs = {k: v for k, v in vars(error).items() if v is None or isinstance(v, (bool, int, float, str))}
-  message = str(error)[:_MAX_MESSAGE]
-  return json.dumps(
-    {"type": f"{cls.__module__}:{cls.__qualname__}", "message": message, "attrs": attrs},
-  ).encode("utf-8")
+  try:
+    pickled = base64.b64encode(pickle.dumps(error)).decode("ascii") if _own(cls.__module__) else None
+  except Exception:  # noqa: BLE001 (an attribute that does not pickle: the type, message and attributes do)
+    pickled = None
+  described = {"type": f"{cls.__module__}:{cls.__qualname__}", "message": str(error), "attrs": attrs}
+  if pickled is not None and len(pickled) <= _MAX_MESSAGE:
+    described["pickle"] = pickled
+  described["message"] = described["message"][:_MAX_MESSAGE]
+  return json.dumps(described).encode("utf-8")
+
+
+def _own(module: str) -> bool:
+  return module.split(".")[0] in _OWN_PACKAGES
+
+
+class _OwnUnpickler(pickle.Unpickler):
+  """Unpickles only classes of `_OWN_PACKAGES` (and plain builtins): an error, never arbitrary code."""
+
+  def find_class(self, module: str, name: str) -> Any:
+    if _own(module) or (module == "builtins" and name in ("object", "set", "frozenset", "complex", "slice")):
+      return super().find_class(module, name)
+    raise pickle.UnpicklingError(f"{module}.{name} is not an error class of this run")
 
 
 def _rebuild(described: dict[str, Any], source: int) -> BaseException:
   """An exception of the described type and message, else `OtherProcessFailed` naming process ``source``."""
   module, _, qualname = described["type"].partition(":")
   message = described["message"]
+  if described.get("pickle") is not None:
+    try:
+      copy = _OwnUnpickler(io.BytesIO(base64.b64decode(described["pickle"]))).load()
+      if isinstance(copy, Exception) and type(copy).__qualname__ == qualname and str(copy) == message:
+        return copy
+    except Exception:  # noqa: BLE001 (a type whose constructor takes more than its message: rebuilt below)
+      pass
   cls: Any = None
-  if module.split(".")[0] in ("wafer", "precision", "models"):
+  if _own(module):
     try:
       cls = importlib.import_module(module)
       for part in qualname.split("."):

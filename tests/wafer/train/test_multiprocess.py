@@ -19,9 +19,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from models.mlp import EXAMPLE_PARAMS
-from wafer import runner
+from wafer import cluster, runner
+from wafer.cluster import ClusterConfigError, OtherProcessFailed
+from wafer.config import ConfigError
+from wafer.config.errors import Problem
+from wafer.data.processors import DataError
+from wafer.train.checkpoint import CheckpointMismatch, UnreadableCheckpoint
+from wafer.train.task import ExecutorError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -236,3 +244,93 @@ def test_data_only_one_process_cannot_read_stops_every_process_with_its_message(
   )
   first, second = _errors(_launch(params, tmp_path / "md", 3, patch=patch))
   assert first == second == "wafer run: error: shard-1.bin:3: a damaged record (simulated)"
+
+
+# How an error reaches the other processes (wafer.cluster.first_error) ----------------------------
+
+
+def _passed_on(error: BaseException, source: int = 1) -> BaseException:
+  """``error`` as another process receives it: described, sent as bytes, rebuilt."""
+  return cluster._rebuild(json.loads(cluster._describe(error).decode("utf-8")), source)
+
+
+ERRORS = {
+  "executor": lambda m: ExecutorError(m),
+  "mismatch": lambda m: CheckpointMismatch(m, 7),
+  "unreadable": lambda m: UnreadableCheckpoint(m),
+  "cluster": lambda m: ClusterConfigError(m),
+  "data": lambda m: DataError(m),
+  "config": lambda m: ConfigError([Problem(("runconfig", "max_steps"), m, 3), Problem((), "two")], "p.yaml"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ERRORS))
+@given(message=st.text(max_size=200))
+def test_a_wafer_error_reaches_the_other_processes_as_the_same_type_and_message(kind, message):
+  error = ERRORS[kind](message)
+  copy = _passed_on(error)
+  assert type(copy) is type(error) and str(copy) == str(error)
+  assert getattr(copy, "step", None) == getattr(error, "step", None)  # a checkpoint's number is kept
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyError("k"), ZeroDivisionError()])
+def test_a_bug_reaches_the_other_processes_as_other_process_failed_naming_it(error):
+  copy = _passed_on(error, source=1)
+  assert isinstance(copy, OtherProcessFailed)
+  assert str(copy).startswith(f"process 1 of 1 stopped with builtins.{type(error).__name__}: {error}")
+
+
+def test_one_process_gets_its_own_error_back_and_no_error_is_none():
+  error = ExecutorError("x")
+  assert cluster.first_error(error) is error and cluster.first_error(None) is None
+  with pytest.raises(ExecutorError, match="^x$"):
+    with cluster.same_outcome():
+      raise error
+
+
+_AGREE = """
+import json, sys
+import jax
+jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+from wafer import cluster
+from wafer.train.checkpoint import CheckpointMismatch
+me = jax.process_index()
+cases = {
+  "none": None,
+  "one": CheckpointMismatch("step 7 d\u00f6es not fit " + "x" * 5000, 7) if me == 1 else None,
+  "both": ValueError(f"bug on {me}") if me == 0 else CheckpointMismatch("other", 1),
+}
+out = {}
+for name, error in cases.items():
+  got = cluster.first_error(error)
+  out[name] = None if got is None else [type(got).__name__, str(got), getattr(got, "step", None), got is error]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # two processes start jax.distributed (~5-10 s)
+def test_first_error_passes_the_lowest_processs_error_to_every_process():
+  port = _free_port()
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", _AGREE, f"127.0.0.1:{port}", str(i)],
+      env=_env(),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )  # fmt: skip
+    for i in range(2)
+  ]
+  results = _finish(procs, timeout=120)
+  for code, out in results:
+    assert code == 0, out[-3000:]
+  zero, one = (json.loads(out.strip().splitlines()[-1]) for _, out in results)
+  assert zero["none"] is None and one["none"] is None
+  message = "step 7 d\u00f6es not fit " + "x" * 5000
+  assert zero["one"] == ["CheckpointMismatch", message, 7, False] and one["one"][-1] is True
+  assert one["one"][:3] == zero["one"][:3]
+  assert zero["both"] == ["ValueError", "bug on 0", None, True]  # process 0's, the lowest of the two
+  assert (
+    one["both"][0] == "OtherProcessFailed"
+    and "process 0 of 2 stopped with builtins.ValueError: bug on 0" in (one["both"][1])
+  )
