@@ -79,14 +79,48 @@ def first_error(error: BaseException | None) -> BaseException | None:
   if not failed.any():
     return None
   source = int(np.argmax(failed))
+  received = _broadcast_bytes(_describe(error) if error is not None else b"", source)
+  if jax.process_index() == source:
+    return error
+  return _rebuild(json.loads(received.decode("utf-8")), source)
+
+
+def same_on_every_process(values: dict[str, Any]) -> None:
+  """Stop every process when one was started with other settings than process 0 (a collective).
+
+  ``values``: ``{"key.path": JSON value}``, the settings every process of the run must share (all
+  run the same command; only ``--process_id`` differs). With one process: nothing to compare.
+
+  Raises:
+    ClusterConfigError: on every process, naming the first process that differs and its keys.
+  """
+  if jax.process_count() == 1:
+    return
+  mine = json.dumps(values, sort_keys=True, default=repr)
+  first = json.loads(_broadcast_bytes(mine.encode("utf-8"), 0).decode("utf-8"))
+  ours = json.loads(mine)
+  keys = sorted(k for k in set(first) | set(ours) if first.get(k, "(unset)") != ours.get(k, "(unset)"))
+  problem = None
+  if keys:
+    shown = "; ".join(
+      f"{k}: process 0 {first.get(k, '(unset)')!r}, process {jax.process_index()} {ours.get(k, '(unset)')!r}"
+      for k in keys[:5]
+    ) + (f" (and {len(keys) - 5} more)" if len(keys) > 5 else "")
+    problem = ClusterConfigError(
+      f"the processes of this run were started with different settings ({shown}). Every process runs the "
+      "same command with the same params file and overrides; only --process_id differs."
+    )
+  agree(problem)
+
+
+def _broadcast_bytes(payload: bytes, source: int) -> bytes:
+  """Process ``source``'s ``payload`` on every process (the others' payload is ignored; a collective)."""
+  from jax.experimental import multihost_utils
+
   me = jax.process_index()
-  payload = _describe(error) if me == source else b""
   size = int(multihost_utils.broadcast_one_to_all(np.int32(len(payload)), is_source=me == source))
   sent = np.frombuffer(payload, np.uint8) if me == source else np.zeros(size, np.uint8)
-  received = np.asarray(multihost_utils.broadcast_one_to_all(sent, is_source=me == source))
-  if me == source:
-    return error
-  return _rebuild(json.loads(received.tobytes().decode("utf-8")), source)
+  return np.asarray(multihost_utils.broadcast_one_to_all(sent, is_source=me == source)).tobytes()
 
 
 def agree(error: BaseException | None) -> None:

@@ -22,9 +22,11 @@ and the same ``num_csx`` sharding as training, in every eval mode. With many pro
 (`wafer.cluster.initialize`) every process runs this loop; process 0 writes metrics and logs.
 A mistake any one process finds (damaged data or checkpoint, settings that do not fit the
 checkpoint, a model_dir process 0 cannot write) stops every process with the same error
-(`wafer.cluster.agree`), at these points: after the data and compile step (and the compile
-report), at each checkpoint a resume or eval tries, after the resume's checks, at each checkpoint
-save and at each metrics record.
+(`wafer.cluster.agree`), at these points: at the start (every process must have been started with
+the same settings), after the data and compile step (and the compile report), at each checkpoint
+a resume or eval tries, after the resume's checks, at each checkpoint save and at each metrics
+record. An error reading a training batch in the middle of training is not shared (that would
+cost a collective, and a device synchronisation, on every step).
 Nothing process-wide (JAX config, caches, cluster) is changed by `run`.
 """
 
@@ -273,6 +275,8 @@ class _Run:
     return cluster.replicated(state, self.num_csx) if self.num_csx > 1 or self.distributed else state
 
   def go(self) -> dict[str, Any]:
+    run_keys = self.rc.model_dump(mode="json", exclude={"model_dir"})  # hosts may mount model_dir elsewhere
+    cluster.same_on_every_process({**self.settings, **{f"runconfig.{k}": v for k, v in run_keys.items()}})
     with cluster.same_outcome():  # damaged data or a model_dir process 0 cannot write stops every process
       init = self._prepare()
     if init is None:

@@ -246,6 +246,16 @@ def test_data_only_one_process_cannot_read_stops_every_process_with_its_message(
   assert first == second == "wafer run: error: shard-1.bin:3: a damaged record (simulated)"
 
 
+@pytest.mark.slow  # two processes through the CLI (~10 s)
+def test_processes_started_with_different_settings_stop_with_the_same_message(tmp_path):
+  params = _params(tmp_path)
+  patch = "if PROCESS == 1:\n  sys.argv.append('optimizer.learning_rate=0.1')\n"
+  first, second = _errors(_launch(params, tmp_path / "md", 3, patch=patch))
+  assert first == second
+  assert "started with different settings (optimizer.learning_rate: process 0 0.05, process 1 0.1)" in first
+  assert not (tmp_path / "md" / "metrics.jsonl").exists()  # stopped before any work
+
+
 # How an error reaches the other processes (wafer.cluster.first_error) ----------------------------
 
 
