@@ -447,8 +447,9 @@ class _Run:
     """`Checkpoints.restore_latest`; a checkpoint of another model names the settings that changed."""
     try:
       return self.checkpoints.restore_latest(self.template, say=self.say)
-    except CheckpointMismatch as error:
-      raise ExecutorError(self._with_changes(str(error), error.step)) from None
+    except CheckpointMismatch as error:  # on every process (agreed); each reads the recorded settings,
+      with cluster.same_outcome():  # so they raise one message even if one process read them otherwise
+        raise ExecutorError(self._with_changes(str(error), error.step)) from None
 
   def _with_changes(self, message: str, step: int) -> str:
     """``message`` and the settings that changed since checkpoint ``step`` was written (when it recorded them)."""
@@ -543,7 +544,8 @@ class _Run:
         f"checkpoint_steps ({ckpt}) and frequency of evaluation steps ({freq}) must be multiples of each other."
       )
     if self.task.eval_data is not None:
-      self.task.eval_data()  # build the eval data now, not in the middle of the training log
+      with cluster.same_outcome():  # eval data one process cannot read stops every process
+        self.task.eval_data()  # build the eval data now, not in the middle of the training log
     state = self._resume(init)
     done = int(state.step)
     end = done + steps_to_run(rc, done, self.data)
@@ -584,7 +586,8 @@ class _Run:
         self.say(f"{self.checkpoints.unreadable(step, why)}; skipping it.")
         continue
       except CheckpointMismatch as error:
-        raise ExecutorError(self._with_changes(str(error), step)) from None
+        with cluster.same_outcome():  # every process is here (agreed): one message
+          raise ExecutorError(self._with_changes(str(error), step)) from None
       self.summary["eval_all"][step] = self._evaluate(state.params, step)
 
   def _evaluate(self, params: Any, step: int) -> float:

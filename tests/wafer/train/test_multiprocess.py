@@ -179,6 +179,27 @@ def test_a_resume_with_other_settings_stops_every_process_with_the_same_message(
 
 
 @pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
+def test_a_resume_with_another_optimizer_stops_every_process_with_one_message_naming_the_keys(
+  trained_to_6, tmp_path
+):
+  # Adam's state does not fit SGD's checkpoint; process 1 alone cannot read the settings the checkpoint
+  # recorded (as a file system caching otherwise would): both still print process 0's message
+  params, model_dir = _copy(trained_to_6, tmp_path)
+  data = yaml.safe_load(params.read_text())
+  data["optimizer"] = {"optimizer_type": "Adam", "learning_rate": 0.01, "loss_scaling_factor": "dynamic"}
+  params = tmp_path / "adam.yaml"
+  params.write_text(yaml.safe_dump(data))
+  patch = (
+    "import wafer.train.checkpoint as c\nif PROCESS == 1:\n  c.Checkpoints.meta = lambda self, step: {}\n"
+  )
+  first, second = _errors(_launch(params, model_dir, 9, patch=patch))
+  assert first == second
+  assert "The checkpoint of step 6 in" in first and "does not fit this model" in first
+  assert "optimizer.optimizer_type: checkpoint 'SGD', now 'Adam'" in first
+  assert _checkpoints(model_dir) == ["3", "6"]
+
+
+@pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
 def test_a_damaged_latest_checkpoint_is_skipped_by_every_process(trained_to_6, tmp_path):
   params, model_dir = _copy(trained_to_6, tmp_path)
   for f in (model_dir / "checkpoints" / "6" / "state" / "d").iterdir():
