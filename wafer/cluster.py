@@ -11,12 +11,24 @@ environment). `mesh` then spreads the ``num_csx`` systems evenly over all proces
 each process reads the whole global batch and hands JAX only its own rows
 (`global_batch`); the replicated train state is assembled with `replicated`.
 
+A mistake that one process finds (a resume whose settings do not fit, a damaged file, a model_dir
+process 0 cannot write) must stop every process, not leave the others waiting in the next
+collective until ``jax.distributed`` times out. At each such decision every process calls
+`agree` (or runs the code under `same_outcome`): if any process has an error, every process
+raises it, the same type with the same message (`first_error`).
+
 Nothing here changes process-wide settings except `initialize`, which the CLI calls once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import contextlib
+import importlib
+import io
+import json
+import pickle
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -31,6 +43,183 @@ AXIS = "csx"
 
 class ClusterConfigError(WaferError, ValueError):
   """Cluster settings that cannot be used (systems, devices, processes)."""
+
+
+class OtherProcessFailed(WaferError, RuntimeError):
+  """Another process of the run stopped with an error that is not a user error (a bug: its output has the
+  traceback); this process stops with it instead of waiting in the next collective."""
+
+
+_MAX_MESSAGE = 64 * 1024
+"""Characters of an error message that `first_error` passes to the other processes (the rest is cut)."""
+
+
+def first_error(error: BaseException | None) -> BaseException | None:
+  """The error of the lowest-numbered process that has one at this point, on every process; None if none has.
+
+  Call it on every process at the same point of the run (it is a collective with many processes),
+  with this process's own error or None. The process that had the error gets its own exception
+  back (its traceback kept); every other process gets one of the same type with the same message
+  (and the same ``int``/``float``/``str``/``bool``/None attributes, e.g. a step number), so each
+  process takes the same branch, or raises the same error and the CLI prints the same line. An
+  error whose type is not wafer's, precision's or the models' (a bug) reaches the others as
+  `OtherProcessFailed` naming the process, its type and its message. With one process: ``error``
+  as is, no collective.
+
+  >>> first_error(None) is None
+  True
+  >>> first_error(KeyError("k"))
+  KeyError('k')
+  """
+  if jax.process_count() == 1:
+    return error
+  from jax.experimental import multihost_utils
+
+  failed = np.asarray(multihost_utils.process_allgather(np.int32(error is not None))).reshape(-1)
+  if not failed.any():
+    return None
+  source = int(np.argmax(failed))
+  received = _broadcast_bytes(_describe(error) if error is not None else b"", source)
+  if jax.process_index() == source:
+    return error
+  return _rebuild(json.loads(received.decode("utf-8")), source)
+
+
+def same_on_every_process(values: dict[str, Any]) -> None:
+  """Stop every process when one was started with other settings than process 0 (a collective).
+
+  ``values``: ``{"key.path": JSON value}``, the settings every process of the run must share (all
+  run the same command; only ``--process_id`` differs). With one process: nothing to compare.
+
+  Raises:
+    ClusterConfigError: on every process, naming the first process that differs and its keys.
+  """
+  if jax.process_count() == 1:
+    return
+  mine = json.dumps(values, sort_keys=True, default=repr)
+  first = json.loads(_broadcast_bytes(mine.encode("utf-8"), 0).decode("utf-8"))
+  ours = json.loads(mine)
+  keys = sorted(k for k in set(first) | set(ours) if first.get(k, "(unset)") != ours.get(k, "(unset)"))
+  problem = None
+  if keys:
+    shown = "; ".join(
+      f"{k}: process 0 {first.get(k, '(unset)')!r}, process {jax.process_index()} {ours.get(k, '(unset)')!r}"
+      for k in keys[:5]
+    ) + (f" (and {len(keys) - 5} more)" if len(keys) > 5 else "")
+    problem = ClusterConfigError(
+      f"the processes of this run were started with different settings ({shown}). Every process runs the "
+      "same command with the same params file and overrides; only --process_id differs."
+    )
+  agree(problem)
+
+
+def _broadcast_bytes(payload: bytes, source: int) -> bytes:
+  """Process ``source``'s ``payload`` on every process (the others' payload is ignored; a collective)."""
+  from jax.experimental import multihost_utils
+
+  me = jax.process_index()
+  size = int(multihost_utils.broadcast_one_to_all(np.int32(len(payload)), is_source=me == source))
+  sent = np.frombuffer(payload, np.uint8) if me == source else np.zeros(size, np.uint8)
+  return np.asarray(multihost_utils.broadcast_one_to_all(sent, is_source=me == source)).tobytes()
+
+
+def agree(error: BaseException | None) -> None:
+  """Raise `first_error` ``(error)`` when there is one (on every process), else return (a collective)."""
+  shared = first_error(error)
+  if shared is None:
+    return
+  if shared is error:
+    raise error
+  raise shared from None
+
+
+@contextlib.contextmanager
+def same_outcome() -> Iterator[None]:
+  """Run a block on every process and `agree` on how it ended: an ``Exception`` on any process stops all.
+
+  The block must hold no collective (a process that failed before it would leave the others there).
+
+  >>> with same_outcome():
+  ...   raise ValueError("no")
+  Traceback (most recent call last):
+  ValueError: no
+  """
+  try:
+    yield
+  except Exception as error:
+    agree(error)
+    raise
+  agree(None)
+
+
+_OWN_PACKAGES = ("wafer", "precision", "models")
+"""Packages whose exceptions `first_error` rebuilds on the other processes (the rest are bugs to them)."""
+
+
+def _describe(error: BaseException) -> bytes:
+  """What `first_error` tells the other processes about ``error``: type, message, attributes, a pickle.
+
+  The pickle (when ``error`` pickles) carries attributes JSON cannot, e.g. a `ConfigError`'s problems.
+  """
+  cls = type(error)
+  attrs = {k: v for k, v in vars(error).items() if v is None or isinstance(v, (bool, int, float, str))}
+  try:
+    pickled = base64.b64encode(pickle.dumps(error)).decode("ascii") if _own(cls.__module__) else None
+  except Exception:  # noqa: BLE001 (an attribute that does not pickle: the type, message and attributes do)
+    pickled = None
+  described = {"type": f"{cls.__module__}:{cls.__qualname__}", "message": str(error), "attrs": attrs}
+  if pickled is not None and len(pickled) <= _MAX_MESSAGE:
+    described["pickle"] = pickled
+  described["message"] = described["message"][:_MAX_MESSAGE]
+  return json.dumps(described).encode("utf-8")
+
+
+def _own(module: str) -> bool:
+  return module.split(".")[0] in _OWN_PACKAGES
+
+
+class _OwnUnpickler(pickle.Unpickler):
+  """Unpickles only classes of `_OWN_PACKAGES` (and plain builtins): an error, never arbitrary code."""
+
+  def find_class(self, module: str, name: str) -> Any:
+    if _own(module) or (module == "builtins" and name in ("object", "set", "frozenset", "complex", "slice")):
+      return super().find_class(module, name)
+    raise pickle.UnpicklingError(f"{module}.{name} is not an error class of this run")
+
+
+def _rebuild(described: dict[str, Any], source: int) -> BaseException:
+  """An exception of the described type and message, else `OtherProcessFailed` naming process ``source``."""
+  module, _, qualname = described["type"].partition(":")
+  message = described["message"]
+  if described.get("pickle") is not None:
+    try:
+      copy = _OwnUnpickler(io.BytesIO(base64.b64decode(described["pickle"]))).load()
+      if isinstance(copy, Exception) and type(copy).__qualname__ == qualname and str(copy) == message:
+        return copy
+    except Exception:  # noqa: BLE001 (a type whose constructor takes more than its message: rebuilt below)
+      pass
+  cls: Any = None
+  if _own(module):
+    try:
+      cls = importlib.import_module(module)
+      for part in qualname.split("."):
+        cls = getattr(cls, part)
+    except (ImportError, AttributeError):
+      cls = None
+  if isinstance(cls, type) and issubclass(cls, Exception):
+    copy = cls.__new__(cls)
+    BaseException.__init__(copy, message)
+    try:
+      for key, value in described["attrs"].items():
+        setattr(copy, key, value)
+      if str(copy) == message:
+        return copy
+    except Exception:  # noqa: BLE001 (a type that cannot be copied this way: say what it was instead)
+      pass
+  return OtherProcessFailed(
+    f"process {source} of {jax.process_count()} stopped with {described['type'].replace(':', '.')}: {message} "
+    "(its output has the details); every process of the run stops with it."
+  )
 
 
 def initialize(

@@ -17,7 +17,18 @@ from wafer.errors import WaferError
 
 Loc = tuple[str | int, ...]
 
-_MISSING = object()
+
+class _Missing:
+  """The type of `_MISSING`; it pickles as a reference to it, so a copied `Problem` still has no value."""
+
+  def __repr__(self) -> str:
+    return "_MISSING"
+
+  def __reduce__(self) -> str:
+    return "_MISSING"
+
+
+_MISSING = _Missing()
 
 
 def dotted(loc: Sequence[str | int]) -> str:

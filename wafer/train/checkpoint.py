@@ -6,6 +6,11 @@ identity of the input pipeline it was written with (not its position: that is in
 files): it reports the step and the path in one line and restores the newest readable one.
 Nothing is deleted; a later save at the step of an unreadable checkpoint first moves it aside
 to ``checkpoints/<step>.unreadable`` (``<step>.unreadable.1``, ... when that name is taken).
+
+With many processes every process reads the checkpoint's files itself, and the processes agree
+(`wafer.cluster.agree`) on each outcome: a checkpoint one process cannot read is skipped by all
+(each says the same reason), one that does not fit the model stops all with the same error, and a
+save that fails on one process (or process 0's move aside) stops all.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 import jax
 
+from wafer import cluster
 from wafer._io import what_to_do
 from wafer.train.task import ExecutorError
 
@@ -63,10 +69,11 @@ class Checkpoints:
     ocp = self._ocp
     step = int(jax.device_get(state.step))
     if step in self.manager.all_steps():  # an unreadable checkpoint we resumed before: keep it, aside
-      if jax.process_index() == 0:
-        (self.directory / str(step)).rename(_aside(self.directory, step))
-      _barrier(f"wafer-checkpoint-aside-{step}")
+      with cluster.same_outcome():  # also the barrier: the others reload once process 0 has moved it
+        if jax.process_index() == 0:
+          self._set_aside(step)
       self.manager.reload()
+    failure = None
     try:
       self.manager.save(
         step,
@@ -83,12 +90,26 @@ class Checkpoints:
       todo = (
         what_to_do(error) if isinstance(error, OSError) else "free space in model_dir (or make it writable)"
       )
-      raise ExecutorError(
+      failure = ExecutorError(
         f"Cannot save the checkpoint of step {step} in {self.directory} ({_reason(error)}); {newest}, and "
         f"nothing saved before was changed. {todo[0].upper()}{todo[1:]} and rerun the same command: it "
         "resumes from there."
-      ) from error
+      )
+      failure.__cause__ = error
+    cluster.agree(failure)
     return step
+
+  def _set_aside(self, step: int) -> None:
+    """Move the unreadable checkpoint ``step`` to a free ``<step>.unreadable`` name (process 0 does it)."""
+    path, aside = self.directory / str(step), _aside(self.directory, step)
+    try:
+      path.rename(aside)
+    except OSError as error:
+      raise ExecutorError(
+        f"Cannot move the unreadable checkpoint of step {step} aside ({path} -> {aside}: "
+        f"{error.strerror or error}) before saving step {step} again: {what_to_do(error)}, or move it away "
+        "yourself (it is kept for inspection), and rerun the same command."
+      ) from None
 
   def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
     """The state and metadata of checkpoint ``step``; ``like``: the state or its `abstract` form.
@@ -99,6 +120,21 @@ class Checkpoints:
       CheckpointMismatch: the checkpoint's arrays do not fit ``like`` (another model or optimizer).
     """
     ocp = self._ocp
+    with cluster.same_outcome():  # every process reads the files; one that cannot stops the others alike
+      self._check(step, like)
+    restored, failure = None, None
+    try:
+      restored = self.manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
+      )
+    except Exception as error:
+      failure = UnreadableCheckpoint(_reason(error))
+      failure.__cause__ = error
+    cluster.agree(failure)
+    return restored.state, restored.meta
+
+  def _check(self, step: int, like: Any) -> None:
+    """`restore`'s checks of checkpoint ``step`` before orbax reads it (its errors), on this process's reading."""
     damage = _damage(self.directory / str(step))
     if damage is not None:
       raise UnreadableCheckpoint(damage)
@@ -116,13 +152,6 @@ class Checkpoints:
         "with; restore them, or use a new model_dir.",
         step,
       )
-    try:
-      restored = self.manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
-      )
-    except Exception as error:
-      raise UnreadableCheckpoint(_reason(error)) from error
-    return restored.state, restored.meta
 
   def meta(self, step: int) -> dict[str, Any]:
     """The JSON metadata saved with checkpoint ``step`` as far as it can be read ({} when it cannot)."""
@@ -189,13 +218,6 @@ def _damage(step_dir: Path) -> str | None:
   except Exception as error:  # TensorStore: truncated, missing or corrupt files
     return _reason(error)
   return None
-
-
-def _barrier(name: str) -> None:
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices(name)
 
 
 def _path_shapes(tree: Any) -> dict[str, tuple[int, ...]]:

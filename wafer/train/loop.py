@@ -20,6 +20,13 @@ donated), restores the newest readable checkpoint in ``model_dir`` if there is o
 Eval runs the eval step compiled once through `wafer.compile`, under the same `precision.Policy`
 and the same ``num_csx`` sharding as training, in every eval mode. With many processes
 (`wafer.cluster.initialize`) every process runs this loop; process 0 writes metrics and logs.
+A mistake any one process finds (damaged data or checkpoint, settings that do not fit the
+checkpoint, a model_dir process 0 cannot write) stops every process with the same error
+(`wafer.cluster.agree`), at these points: at the start (every process must have been started with
+the same settings), after the data and compile step (and the compile report), at each checkpoint
+a resume or eval tries, after the resume's checks, at each checkpoint save and at each metrics
+record. An error reading a training batch in the middle of training is not shared (that would
+cost a collective, and a device synchronisation, on every step).
 Nothing process-wide (JAX config, caches, cluster) is changed by `run`.
 """
 
@@ -268,6 +275,21 @@ class _Run:
     return cluster.replicated(state, self.num_csx) if self.num_csx > 1 or self.distributed else state
 
   def go(self) -> dict[str, Any]:
+    run_keys = self.rc.model_dump(mode="json", exclude={"model_dir"})  # hosts may mount model_dir elsewhere
+    cluster.same_on_every_process({**self.settings, **{f"runconfig.{k}": v for k, v in run_keys.items()}})
+    with cluster.same_outcome():  # damaged data or a model_dir process 0 cannot write stops every process
+      init = self._prepare()
+    if init is None:
+      kind = "Validation" if self.rc.validate_only else "Compile"
+      self.say(f"{kind} completed successfully ({self.task.name}).")
+      return self.summary
+    return self._go(init)
+
+  def _prepare(self) -> TrainState | None:
+    """Check the settings, read the data, compile the train step, write the compile report (no collective).
+
+    Returns the initial train state, or None for a run that only checks (validate_only / compile_only).
+    """
     task, rc = self.task, self.rc
     check_checkpoint_keys(rc)
     make_model_dir(self.model_dir)
@@ -315,9 +337,10 @@ class _Run:
       _write_compile_report(
         step_fn, init, example_batch, task, self.num_csx, self.policy, self.model_dir, self.summary
       )
-    if check_only:
-      self.say(f"{'Validation' if rc.validate_only else 'Compile'} completed successfully ({task.name}).")
-      return self.summary
+    return None if check_only else init
+
+  def _go(self, init: TrainState) -> dict[str, Any]:
+    rc = self.rc
     self.checkpoints = Checkpoints(self.model_dir, rc.max_checkpoints)
     self.metrics = Metrics(self.model_dir, jax.devices()[0].platform.upper(), enabled=self.main)
     try:
@@ -378,11 +401,16 @@ class _Run:
     """
     restored = self._restore_latest()
     if restored is None:
-      self.metrics.resume(int(init.step))  # records of a run killed before its first checkpoint move aside
+      with cluster.same_outcome():  # process 0 rewrites metrics.jsonl: its error stops every process
+        self.metrics.resume(int(init.step))  # records of a run killed before its first checkpoint move aside
       if self.rc.save_initial_checkpoint:  # the step-0 checkpoint of a fresh run (modelzoo's key)
         self.checkpoints.save(init, self._meta())
       return init
-    state, meta = restored
+    with cluster.same_outcome():  # settings that do not fit the checkpoint stop every process, alike
+      return self._resume_from(*restored)
+
+  def _resume_from(self, state: TrainState, meta: dict[str, Any]) -> TrainState:
+    """`_resume` once a checkpoint is restored: its settings checked, the data moved, metrics.jsonl cut."""
     step, position = int(state.step), int(state.data_position)
     saved_batch = meta.get("config", {}).get("train_input.batch_size", self.task.batch_size)
     if saved_batch != self.task.batch_size:  # batch k of the data would not be the run's batch k
@@ -419,8 +447,9 @@ class _Run:
     """`Checkpoints.restore_latest`; a checkpoint of another model names the settings that changed."""
     try:
       return self.checkpoints.restore_latest(self.template, say=self.say)
-    except CheckpointMismatch as error:
-      raise ExecutorError(self._with_changes(str(error), error.step)) from None
+    except CheckpointMismatch as error:  # on every process (agreed); each reads the recorded settings,
+      with cluster.same_outcome():  # so they raise one message even if one process read them otherwise
+        raise ExecutorError(self._with_changes(str(error), error.step)) from None
 
   def _with_changes(self, message: str, step: int) -> str:
     """``message`` and the settings that changed since checkpoint ``step`` was written (when it recorded them)."""
@@ -479,7 +508,8 @@ class _Run:
         record.update(skipped=bool(m["skipped"]), samples_per_sec=rate, avg_samples_per_sec=global_rate)
         line = (f"| Train Device={metrics.device}, Step={done}, Loss={loss:.5f}, Rate={rate:.2f} samples/sec, "
                 f"GlobalRate={global_rate:.2f} samples/sec")  # fmt: skip
-        metrics.write(record, line)
+        with cluster.same_outcome():  # process 0 writes: its full disk stops every process
+          metrics.write(record, line)
         losses.append((done, loss))
         bar.update(done, loss, rate)
       if done in marks:
@@ -514,7 +544,8 @@ class _Run:
         f"checkpoint_steps ({ckpt}) and frequency of evaluation steps ({freq}) must be multiples of each other."
       )
     if self.task.eval_data is not None:
-      self.task.eval_data()  # build the eval data now, not in the middle of the training log
+      with cluster.same_outcome():  # eval data one process cannot read stops every process
+        self.task.eval_data()  # build the eval data now, not in the middle of the training log
     state = self._resume(init)
     done = int(state.step)
     end = done + steps_to_run(rc, done, self.data)
@@ -555,7 +586,8 @@ class _Run:
         self.say(f"{self.checkpoints.unreadable(step, why)}; skipping it.")
         continue
       except CheckpointMismatch as error:
-        raise ExecutorError(self._with_changes(str(error), step)) from None
+        with cluster.same_outcome():  # every process is here (agreed): one message
+          raise ExecutorError(self._with_changes(str(error), step)) from None
       self.summary["eval_all"][step] = self._evaluate(state.params, step)
 
   def _evaluate(self, params: Any, step: int) -> float:
@@ -582,9 +614,10 @@ class _Run:
       )
     value = float(np.mean(jax.device_get(values)))
     name = task.eval_metric_name
-    self.metrics.write(
-      {"step": step, f"eval/{name}": value}, f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})"
-    )
+    with cluster.same_outcome():  # process 0 writes: its full disk stops every process
+      self.metrics.write(
+        {"step": step, f"eval/{name}": value}, f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})"
+      )
     return value
 
 

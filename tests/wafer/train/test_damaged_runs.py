@@ -431,7 +431,7 @@ def test_errors_of_damaged_runs_are_wafer_errors():
     m.write({"step": 1, "loss": 1.0}, "line")
 
 
-@pytest.mark.parametrize("module", ["wafer._io", "wafer.train.metrics", "wafer.train.loop"])
+@pytest.mark.parametrize("module", ["wafer._io", "wafer.cluster", "wafer.train.metrics", "wafer.train.loop"])
 def test_the_docstring_examples_run(module):
   """The default pytest run collects no doctests; these modules' examples run here."""
   import doctest
