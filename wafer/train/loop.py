@@ -664,5 +664,6 @@ def _write_compile_report(step_fn, state, batch, task, num_csx, policy, model_di
     ) from None
   summary["compile_report"] = str(model_dir / "compile_report.txt")
   summary["samples_per_sec_estimate"] = float(report.samples_per_sec)
-  print(f"Estimated {report.samples_per_sec:,.1f} samples/s on the wafer ({report.mode}); "
+  mode = report.mode.replace("_", " ")  # "pipeline", "weight streaming"
+  print(f"Estimated {report.samples_per_sec:,.1f} samples/s on the wafer ({mode}); "
         f"see {model_dir / 'compile_report.txt'}", flush=True)  # fmt: skip
