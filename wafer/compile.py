@@ -32,13 +32,8 @@ import numpy as np
 
 from wafer import closures as _closures
 from wafer.cluster import data_parallel_shardings
-from wafer.errors import WaferError, in_installed_library
+from wafer.errors import WaferError, user_frame
 
-_INTERNAL_DIRS = tuple(
-  str(Path(m.__file__).resolve().parent) + os.sep
-  for m in (jax, np, contextlib, logging)
-  if getattr(m, "__file__", None)
-) + (str(Path(__file__).resolve().parent) + os.sep,)
 _JAX_DIRS = tuple(
   str(Path(m.__file__).resolve().parent) + os.sep for m in (jax, jaxlib) if getattr(m, "__file__", None)
 )
@@ -92,20 +87,9 @@ _FIXES = {
 }
 
 
-def _user_frame(tb: Any) -> tuple[str, int, str] | None:
-  """(file, line, source text) of the deepest frame outside JAX, NumPy and wafer.compile."""
-  found = None
-  for frame in traceback.extract_tb(tb):
-    path = str(Path(frame.filename).resolve())
-    if path.startswith(_INTERNAL_DIRS) or in_installed_library(path) or frame.filename.startswith("<frozen"):
-      continue
-    found = (frame.filename, frame.lineno or 0, (frame.line or "").strip())
-  return found
-
-
 def _static_graph_error(kind: str, error: BaseException) -> StaticGraphError:
   what, why, fix = _FIXES[kind]
-  frame = _user_frame(error.__traceback__)
+  frame = user_frame(error.__traceback__)
   if frame is None:
     where, location = None, ""
   else:
@@ -400,7 +384,7 @@ def _in_logging(error: BaseException) -> bool:
 
 
 def _is_branch(error: BaseException) -> bool:
-  frame = _user_frame(error.__traceback__)
+  frame = user_frame(error.__traceback__)
   if frame is None:
     return False
   text = frame[2]

@@ -13,7 +13,12 @@ True
 
 from __future__ import annotations
 
-__all__ = ("WaferError",)
+import os
+import traceback
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ("WaferError", "in_installed_library", "user_frame")
 
 
 class WaferError(Exception):
@@ -33,6 +38,41 @@ def in_installed_library(path: str) -> bool:
   >>> in_installed_library("/home/me/jax/train.py")
   False
   """
-  import os
-
   return not _LIBRARY_FOLDERS.isdisjoint(path.split(os.sep))
+
+
+def _internal_dirs() -> tuple[str, ...]:
+  import contextlib
+  import logging
+
+  import jax
+  import numpy as np
+
+  import precision
+
+  mods = (jax, np, contextlib, logging, precision)
+  dirs = tuple(str(Path(m.__file__).resolve().parent) + os.sep for m in mods if getattr(m, "__file__", None))
+  return dirs + (str(Path(__file__).resolve().parent) + os.sep,)  # wafer itself
+
+
+def user_frame(tb: TracebackType | None) -> tuple[str, int, str] | None:
+  """``(file, line, source text)`` of the deepest frame of ``tb`` in the user's own code: outside
+  JAX, NumPy, ``contextlib``, ``logging``, ``precision``, ``wafer`` and installed packages; None if
+  there is none (the error arose in a library the user called directly).
+
+  >>> def f():
+  ...   return 1 / 0
+  >>> try:
+  ...   f()
+  ... except ZeroDivisionError as error:
+  ...   user_frame(error.__traceback__)[2]
+  'return 1 / 0'
+  """
+  internal = _internal_dirs()
+  found = None
+  for frame in traceback.extract_tb(tb):
+    path = str(Path(frame.filename).resolve())
+    if path.startswith(internal) or in_installed_library(path) or frame.filename.startswith("<frozen"):
+      continue
+    found = (frame.filename, frame.lineno or 0, (frame.line or "").strip())
+  return found

@@ -345,7 +345,7 @@ def test_a_truncated_gzip_data_file_is_a_data_error(tmp_path):
   )
   with pytest.raises(
     DataError,
-    match=r"train_input \(MNISTDataProcessor, .*train-images-idx3-ubyte.gz: .*not a whole gzip file",
+    match=r"train_input \(MNISTDataProcessor, .*train-images-idx3-ubyte.gz: cannot be read .*truncated or corrupt: copy it again",
   ):
     plan.task.train_data(1)
 

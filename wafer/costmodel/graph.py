@@ -42,7 +42,7 @@ from jax._src.interpreters import partial_eval as pe
 
 from wafer.costmodel import walk
 from wafer.costmodel.walk import Site, Walker
-from wafer.errors import WaferError
+from wafer.errors import WaferError, user_frame
 
 __all__ = ("PHASES", "Graph", "Kernel", "Matmul", "Size", "TraceError", "extract")
 
@@ -313,8 +313,12 @@ def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[
 
   try:
     closed = jax.make_jaxpr(traced)(*args)
-  except Exception as exc:  # the user's function failed to trace: say so, keep the cause
-    raise TraceError(f"could not trace the step with abstract inputs: {type(exc).__name__}: {exc}") from exc
+  except Exception as exc:  # the user's function failed to trace: say so, where, keep the cause
+    frame = user_frame(exc.__traceback__)
+    where = f" at {frame[0]}:{frame[1]}\n    {frame[2]}\n" if frame else ": "
+    raise TraceError(
+      f"could not trace the step with abstract inputs{where}{type(exc).__name__}: {exc}"
+    ) from exc
   flat_is_param: list[bool] = []
   for i, a in enumerate(args):
     n = len(jax.tree.leaves(a))

@@ -225,6 +225,19 @@ def test_trace_errors_are_reported():
     extract(lambda x, y: x, (sds(4, 2), sds(5, 2)), batch_argnums=(0, 1), compute_bits=16)
 
 
+def test_a_step_that_cannot_run_on_its_arguments_names_the_users_line():
+  from wafer.costmodel import TraceError
+
+  def step(w, x, y):  # x has 64 rows, y 32: the step itself cannot run
+    return jnp.mean((x @ w - y[:, None]) ** 2)
+
+  with pytest.raises(TraceError) as info:
+    extract(step, (sds(8, 4), sds(64, 8), sds(32)), batch_argnums=(1,), compute_bits=16)
+  line = step.__code__.co_firstlineno + 1
+  assert f"{__file__}:{line}\n    return jnp.mean((x @ w - y[:, None]) ** 2)" in str(info.value)
+  assert "incompatible shapes" in str(info.value)
+
+
 @pytest.mark.parametrize(
   "policy", ["c=cbfloat16,level=0", "c=bfloat16,level=2", "c=cbfloat16,sr=elementwise"]
 )
