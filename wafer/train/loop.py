@@ -517,12 +517,18 @@ class _Run:
     bar.close()
     elapsed = time.perf_counter() - start_time
     samples = (done - start_step) * task.batch_size
+    # train_and_eval trains in stretches between evaluations: the final line counts them all
+    total_samples = self.summary.get("trained_samples", 0) + samples
+    total_elapsed = self.summary.get("trained_seconds", 0.0) + elapsed
+    self.summary.update(trained_samples=total_samples, trained_seconds=total_elapsed)
     if run_end is not None and done < run_end:
       self.say(
         f"Trained to step {done} of {run_end} ({samples} sample(s) in {elapsed:.2f} seconds); evaluating."
       )
     else:
-      self.say(f"Training completed successfully! Processed {samples} sample(s) in {elapsed:.2f} seconds.")
+      self.say(
+        f"Training completed successfully! Processed {total_samples} sample(s) in {total_elapsed:.2f} seconds."
+      )
     self.summary.update(final_step=done, params=state.params)
     self.summary["losses"] = self.summary.get("losses", []) + losses
     return state

@@ -116,6 +116,11 @@ def test_eval_modes(tmp_path, capsys):
   assert "Avg Eval Accuracy:" in capsys.readouterr().out
   both = _run(tmp_path / "tae", mode="train_and_eval", max_steps=20, eval_frequency=10, checkpoint_steps=10)
   assert [step for step, _ in both["evals"]] == [10, 20]
+  # the final line counts both stretches between evaluations, each stretch line its own
+  batch = example_run(str(tmp_path / "x"))[0].batch_size
+  out = capsys.readouterr().out
+  assert f"Trained to step 10 of 20 ({10 * batch} sample(s)" in out
+  assert f"Training completed successfully! Processed {20 * batch} sample(s)" in out
   with pytest.raises(ExecutorError, match="must be multiples of each other"):
     _run(tmp_path / "bad", mode="train_and_eval", max_steps=20, eval_frequency=10, checkpoint_steps=3)
 
