@@ -178,12 +178,21 @@ def _own(module: str) -> bool:
   return module.split(".")[0] in _OWN_PACKAGES
 
 
+# What an error of ours holds besides builtins: a `ConfigError`'s problems and their "no value" marker.
+_ERROR_PARTS = frozenset({("wafer.config.errors", "Problem"), ("wafer.config.errors", "_MISSING")})
+
+
 class _OwnUnpickler(pickle.Unpickler):
-  """Unpickles only classes of `_OWN_PACKAGES` (and plain builtins): an error, never arbitrary code."""
+  """Unpickles only exception classes of `_OWN_PACKAGES`, the parts of `_ERROR_PARTS` and plain
+  builtins: an error, never a call of one of our functions or other classes."""
 
   def find_class(self, module: str, name: str) -> Any:
-    if _own(module) or (module == "builtins" and name in ("object", "set", "frozenset", "complex", "slice")):
+    if module == "builtins" and name in ("object", "set", "frozenset", "complex", "slice"):
       return super().find_class(module, name)
+    if _own(module):
+      found = super().find_class(module, name)
+      if (isinstance(found, type) and issubclass(found, BaseException)) or (module, name) in _ERROR_PARTS:
+        return found
     raise pickle.UnpicklingError(f"{module}.{name} is not an error class of this run")
 
 

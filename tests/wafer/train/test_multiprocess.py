@@ -9,8 +9,10 @@ at once: the subprocesses must finish well inside their timeout (``jax.distribut
 otherwise leave the other process waiting in a collective, then fail it with a traceback).
 """
 
+import base64
 import json
 import os
+import pickle
 import shutil
 import socket
 import subprocess
@@ -309,6 +311,24 @@ def test_a_bug_reaches_the_other_processes_as_other_process_failed_naming_it(err
   copy = _passed_on(error, source=1)
   assert isinstance(copy, OtherProcessFailed)
   assert str(copy).startswith(f"process 1 of 1 stopped with builtins.{type(error).__name__}: {error}")
+
+
+def test_a_payload_that_calls_one_of_our_functions_is_not_unpickled(tmp_path):
+  # what another process sends is unpickled as an error only: a function of ours (here one that
+  # writes a file) named in the payload is refused, and the error arrives as OtherProcessFailed
+  target = tmp_path / "written"
+
+  class Payload(Exception):
+    def __reduce__(self):
+      from wafer._io import write_bytes_atomically
+
+      return write_bytes_atomically, (str(target), b"x")
+
+  described = {"type": "wafer.train.loop:ExecutorError", "message": "m", "attrs": {}}
+  described["pickle"] = base64.b64encode(pickle.dumps(Payload())).decode("ascii")
+  copy = cluster._rebuild(described, 1)
+  assert not target.exists()
+  assert type(copy).__name__ == "ExecutorError" and str(copy) == "m"  # rebuilt from type and message
 
 
 def test_one_process_gets_its_own_error_back_and_no_error_is_none():
