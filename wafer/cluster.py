@@ -85,11 +85,19 @@ def first_error(error: BaseException | None) -> BaseException | None:
   return _rebuild(json.loads(received.decode("utf-8")), source)
 
 
-def same_on_every_process(values: dict[str, Any]) -> None:
+_SAME_COMMAND = (
+  "Every process runs the same command with the same params file and overrides; only --process_id differs."
+)
+
+
+def same_on_every_process(
+  values: dict[str, Any], what: str = "were started with different settings", fix: str = _SAME_COMMAND
+) -> None:
   """Stop every process when one was started with other settings than process 0 (a collective).
 
   ``values``: ``{"key.path": JSON value}``, the settings every process of the run must share (all
   run the same command; only ``--process_id`` differs). With one process: nothing to compare.
+  ``what`` and ``fix`` word the error for other shared values (the checkpoints every process sees).
 
   Raises:
     ClusterConfigError: on every process, naming the first process that differs and its keys.
@@ -106,10 +114,7 @@ def same_on_every_process(values: dict[str, Any]) -> None:
       f"{k}: process 0 {first.get(k, '(unset)')!r}, process {jax.process_index()} {ours.get(k, '(unset)')!r}"
       for k in keys[:5]
     ) + (f" (and {len(keys) - 5} more)" if len(keys) > 5 else "")
-    problem = ClusterConfigError(
-      f"the processes of this run were started with different settings ({shown}). Every process runs the "
-      "same command with the same params file and overrides; only --process_id differs."
-    )
+    problem = ClusterConfigError(f"the processes of this run {what} ({shown}). {fix}")
   agree(problem)
 
 
@@ -189,7 +194,7 @@ class _OwnUnpickler(pickle.Unpickler):
   def find_class(self, module: str, name: str) -> Any:
     if module == "builtins" and name in ("object", "set", "frozenset", "complex", "slice"):
       return super().find_class(module, name)
-    if _own(module):
+    if _own(module) and "." not in name:  # a dotted name reaches through a module to anything
       found = super().find_class(module, name)
       if (isinstance(found, type) and issubclass(found, BaseException)) or (module, name) in _ERROR_PARTS:
         return found

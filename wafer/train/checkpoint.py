@@ -167,6 +167,21 @@ class Checkpoints:
     """The one-line report of an unreadable checkpoint."""
     return f"Warning: the checkpoint of step {step} at {self.directory / str(step)} cannot be read ({why})"
 
+  def agreed_steps(self) -> list[int]:
+    """`steps`, checked to be the same on every process (each then tries the same checkpoints, in
+    the same order, through the same agreements); a collective with many processes.
+
+    Raises:
+      ClusterConfigError: the processes see different checkpoints (model_dir is not one shared folder).
+    """
+    steps = self.steps()
+    cluster.same_on_every_process(
+      {"checkpoint steps": steps},
+      what="see different checkpoints",
+      fix=f"model_dir ({self.directory.parent}) must be one folder every host sees (a shared file system).",
+    )
+    return steps
+
   def restore_latest(self, like: Any, say: Any = print) -> tuple[Any, dict[str, Any]] | None:
     """The newest checkpoint that can be read, or None when there is none.
 
@@ -176,7 +191,7 @@ class Checkpoints:
     Raises:
       ExecutorError: checkpoints exist but none can be read.
     """
-    steps = self.steps()
+    steps = self.agreed_steps()
     for step in reversed(steps):
       try:
         return self.restore(step, like)

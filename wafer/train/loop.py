@@ -578,7 +578,7 @@ class _Run:
     self.summary["eval_step"] = step
 
   def _eval_all(self) -> None:
-    steps = self.checkpoints.steps()
+    steps = self.checkpoints.agreed_steps()
     if not steps:
       raise ExecutorError(
         "No checkpoints were found for evaluation. Please ensure that the model directory "

@@ -10,6 +10,7 @@ otherwise leave the other process waiting in a collective, then fail it with a t
 """
 
 import base64
+import io
 import json
 import os
 import pickle
@@ -231,6 +232,23 @@ def test_a_checkpoint_only_one_process_cannot_read_is_skipped_by_both(trained_to
 
 
 @pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
+def test_processes_that_see_different_checkpoints_stop_with_the_same_message(trained_to_6, tmp_path):
+  # each process tries the checkpoints it sees, each try an agreement: different lists would pair the
+  # agreements up wrongly (or leave one process in a collective), so the lists are agreed first
+  params, model_dir = _copy(trained_to_6, tmp_path)
+  patch = (
+    "import wafer.train.checkpoint as c\n"
+    "_real = c.Checkpoints.steps\n"
+    "if PROCESS == 1:\n"
+    "  c.Checkpoints.steps = lambda self: [s for s in _real(self) if s != 6]\n"
+  )
+  first, second = _errors(_launch(params, model_dir, 9, patch=patch))
+  assert first == second
+  assert "see different checkpoints (checkpoint steps: process 0 [3, 6], process 1 [3])" in first
+  assert "must be one folder every host sees" in first
+
+
+@pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
 def test_all_checkpoints_damaged_stops_every_process_with_the_same_message(trained_to_6, tmp_path):
   params, model_dir = _copy(trained_to_6, tmp_path)
   for step in ("3", "6"):
@@ -329,6 +347,16 @@ def test_a_payload_that_calls_one_of_our_functions_is_not_unpickled(tmp_path):
   copy = cluster._rebuild(described, 1)
   assert not target.exists()
   assert type(copy).__name__ == "ExecutorError" and str(copy) == "m"  # rebuilt from type and message
+
+
+def test_a_dotted_name_does_not_reach_through_our_modules():
+  # pickle protocol 4 resolves "pickle.loads" in module "wafer.cluster" to the unrestricted pickle.loads
+  def text(s):
+    return b"\x8c" + bytes([len(s)]) + s.encode()
+
+  payload = b"\x80\x04" + text("wafer.cluster") + text("pickle.loads") + b"\x93" + text("x") + b"\x85R."
+  with pytest.raises(pickle.UnpicklingError, match="not an error class"):
+    cluster._OwnUnpickler(io.BytesIO(payload)).load()
 
 
 def test_one_process_gets_its_own_error_back_and_no_error_is_none():
