@@ -152,8 +152,9 @@ WSE3 = Chip(
   sram_bytes_per_pe=48 * 1024,  # VERIFIED: csl-examples wse3 pe.csl; ALCF CS-3 docs
   simd16=8,  # SECONDARY: SDK-derived SIMD table, "max SIMD width (16-bit) WSE-3 8"
   fp32_lanes=1,  # UNCONFIRMED
-  # DERIVED from VERIFIED aggregates: memory bandwidth 21 PB/s (WSE-2: 20 PB/s) over 19 % more PEs
-  # at the same clock is the same per PE, so the ports are WSE-2's: a 16-bit AXPY into FP32
+  # DERIVED from VERIFIED aggregates: memory bandwidth 21 PB/s over 900k cores (WSE-2: 20 PB/s over
+  # 850k) is the same per core at the same clock (0.88 of it over the SDK grids' 896k and 754k PEs),
+  # not twice, so the ports are the WSE-2's: a 16-bit AXPY into FP32
   # accumulators stays bound by the 8-byte write port; SIMD-8 speeds up the rest of the vector work
   # (element-wise ops and attention rows in this model).
   sram_read_bytes_per_cycle=16,
