@@ -202,6 +202,14 @@ def test_a_resume_with_another_optimizer_stops_every_process_with_one_message_na
   assert _checkpoints(model_dir) == ["3", "6"]
 
 
+def _on_process_1(name: str, replacement: str) -> str:
+  """A `_launch` patch: on process 1 only, ``wafer.train.checkpoint.<name>`` becomes ``replacement``
+  (an expression that may call ``_real``, the original)."""
+  return (
+    f"import wafer.train.checkpoint as c\n_real = c.{name}\nif PROCESS == 1:\n  c.{name} = {replacement}\n"
+  )
+
+
 @pytest.mark.slow  # two processes through the CLI (~10-20 s a run)
 def test_a_damaged_latest_checkpoint_is_skipped_by_every_process(trained_to_6, tmp_path):
   params, model_dir = _copy(trained_to_6, tmp_path)
@@ -218,12 +226,7 @@ def test_a_damaged_latest_checkpoint_is_skipped_by_every_process(trained_to_6, t
 def test_a_checkpoint_only_one_process_cannot_read_is_skipped_by_both(trained_to_6, tmp_path):
   # process 1 alone finds step 6 damaged: both must restore step 3 (not each its own), and say why
   params, model_dir = _copy(trained_to_6, tmp_path)
-  patch = (
-    "import wafer.train.checkpoint as c\n"
-    "_real = c._damage\n"
-    "if PROCESS == 1:\n"
-    "  c._damage = lambda d: 'seen damaged by process 1' if d.name == '6' else _real(d)\n"
-  )
+  patch = _on_process_1("_damage", "lambda d: 'seen damaged by process 1' if d.name == '6' else _real(d)")
   first, second = _two_processes(params, model_dir, 9, patch=patch)
   assert "the checkpoint of step 6" in first and "cannot be read (seen damaged by process 1)" in first
   assert "Resuming from the checkpoint at step 3." in first and "Step=9" in first
@@ -236,12 +239,7 @@ def test_processes_that_see_different_checkpoints_stop_with_the_same_message(tra
   # each process tries the checkpoints it sees, each try an agreement: different lists would pair the
   # agreements up wrongly (or leave one process in a collective), so the lists are agreed first
   params, model_dir = _copy(trained_to_6, tmp_path)
-  patch = (
-    "import wafer.train.checkpoint as c\n"
-    "_real = c.Checkpoints.steps\n"
-    "if PROCESS == 1:\n"
-    "  c.Checkpoints.steps = lambda self: [s for s in _real(self) if s != 6]\n"
-  )
+  patch = _on_process_1("Checkpoints.steps", "lambda self: [s for s in _real(self) if s != 6]")
   first, second = _errors(_launch(params, model_dir, 9, patch=patch))
   assert first == second
   assert "see different checkpoints (checkpoint steps: process 0 [3, 6], process 1 [3])" in first
