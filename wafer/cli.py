@@ -123,6 +123,7 @@ def _distributed(args: argparse.Namespace) -> bool:
 def _run(args: argparse.Namespace) -> int:
   import wafer
   from wafer import runner
+  from wafer.config.loader import literal_override
 
   try:
     _distributed(args)
@@ -132,8 +133,8 @@ def _run(args: argparse.Namespace) -> int:
   overrides = list(args.overrides or ())
   for flag in ("mode", "model_dir"):
     value = getattr(args, flag)
-    if value is not None:
-      overrides.append(f"runconfig.{flag}={value}")
+    if value is not None:  # the value as given: a path is not YAML (``runs/a #2``, ``~``, ``2024``)
+      overrides.append(literal_override(f"runconfig.{flag}", value))
   for flag in ("validate_only", "compile_only"):
     if getattr(args, flag):
       overrides.append(f"runconfig.{flag}=true")
@@ -275,10 +276,11 @@ def _estimate(args: argparse.Namespace) -> int:
 
 def _analyze_input(args: argparse.Namespace) -> int:
   from wafer import input_analyzer, runner
+  from wafer.config.loader import literal_override
 
   overrides = list(args.overrides or ())
   if args.model_dir is not None:
-    overrides.append(f"runconfig.model_dir={args.model_dir}")
+    overrides.append(literal_override("runconfig.model_dir", args.model_dir))
   try:
     plan = runner.load_plan(args.params, overrides)
     from wafer.train.loop import make_model_dir

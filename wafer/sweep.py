@@ -262,6 +262,7 @@ def sweep(
   """
   from wafer import registry, runner
   from wafer.config import load_params
+  from wafer.config.loader import literal_override
 
   names = parse_formats(formats)
   if levels is None:  # the config's level (its default lives in the schema)
@@ -280,7 +281,8 @@ def sweep(
     if progress:
       print(f"[sweep {i}/{len(jobs)}] {fmt} at precision_opt_level {level} -> {out}", flush=True)
     plan = runner.load_plan(
-      params, defaults + user + format_overrides(fmt, level) + [f"runconfig.model_dir={out}"]
+      params,
+      defaults + user + format_overrides(fmt, level) + [literal_override("runconfig.model_dir", str(out))],
     )
     summary = runner.run_plan(plan, progress=progress)
     runs.append(_run_of(fmt, level, out, summary))

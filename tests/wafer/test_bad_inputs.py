@@ -39,7 +39,7 @@ from wafer.train.loop import check_checkpoint_keys, make_model_dir, steps_to_run
 
 def _params(tmp_path, text_: str | None = None, **runconfig) -> str:
   data = yaml.safe_load(EXAMPLE_PARAMS)
-  data["runconfig"].update(model_dir=str(tmp_path / "md"), **runconfig)
+  data["runconfig"].update({"model_dir": str(tmp_path / "md"), **runconfig})
   path = tmp_path / "params.yaml"
   path.write_text(text_ if text_ is not None else yaml.safe_dump(data, sort_keys=False))
   return str(path)
@@ -419,3 +419,58 @@ def test_a_schedule_that_ends_at_rate_0_before_max_steps_is_noted(max_steps, not
     assert note is None
   data["optimizer"]["learning_rate"][1]["end_learning_rate"] = 0.01  # a rate that still trains: no note
   assert runner.schedule_note(load_params(data)) is None
+
+
+# ----------------------------------------------------------------------------- paths that are not YAML
+
+
+@given(st.text())
+def test_a_literal_override_sets_exactly_the_string_given(value):
+  from wafer.config.loader import literal_override, parse_override
+
+  assert parse_override(literal_override("runconfig.model_dir", value)) == (("runconfig", "model_dir"), value)
+
+
+class _Planned(Exception):
+  """Raised in place of the work, carrying the plan the command built."""
+
+
+_NOT_YAML_PATHS = ["run #2", "~", "null", "2024", "a: b", "|", "[x]", 'it\'s "here"']
+
+
+@pytest.mark.parametrize("name", _NOT_YAML_PATHS)
+@pytest.mark.parametrize("command", ["run", "analyze-input"])
+def test_a_model_dir_flag_is_the_path_given_not_yaml(tmp_path, monkeypatch, command, name):
+  """``--model_dir "runs/a #2"`` ran in runs/a (a YAML comment), ``~`` / ``null`` in ./model_dir, and ``2024``
+  or ``a: b`` were type errors: the flag was pasted into a ``key=value`` override and parsed as YAML."""
+  params = _params(tmp_path)
+  monkeypatch.chdir(tmp_path)
+
+  def planned(plan, *args, **kwargs):
+    raise _Planned(plan)
+
+  monkeypatch.setattr(runner, "run_plan", planned)
+  monkeypatch.setattr(input_analyzer, "analyze", planned)
+  with pytest.raises(_Planned) as info:
+    cli.main(
+      [command, "--params", params, "--model_dir", name, "--seconds", "0.1"][: 5 if command == "run" else 7]
+    )
+  assert info.value.args[0].runconfig.model_dir == name
+  assert (tmp_path / name).is_dir()
+
+
+@pytest.mark.parametrize("name", ["sweep #2", "~"])
+def test_a_sweep_runs_in_the_folder_given(tmp_path, monkeypatch, name):
+  from wafer import sweep
+
+  monkeypatch.setattr(runner, "run_plan", lambda plan, **_: (_ for _ in ()).throw(_Planned(plan)))
+  with pytest.raises(_Planned) as info:
+    sweep.sweep(_params(tmp_path), ["float32"], None, tmp_path / name, save=False)
+  assert info.value.args[0].runconfig.model_dir == str(tmp_path / name / "float32_L1")
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_model_dir_in_the_params_file_is_refused(tmp_path, value):
+  """``model_dir: ""`` was Path(""): the run wrote its checkpoints into the current directory."""
+  with pytest.raises(ConfigError, match=r"line \d+: runconfig.model_dir: must name a directory"):
+    load_params(_params(tmp_path, model_dir=value))

@@ -141,6 +141,31 @@ def parse_override(text: str) -> tuple[Loc, Any]:
   return loc, value
 
 
+_YAML_PRINTABLE = re.compile("[\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def literal_override(key: str, value: str) -> str:
+  """A ``key.path=value`` override that sets ``key`` to the string ``value`` exactly (a quoted YAML scalar).
+
+  For values that are not YAML, such as a ``--model_dir`` path: unquoted, ``/runs/a #2`` would be
+  ``/runs/a`` (a comment), ``~`` or ``null`` the default and ``2024`` an int.
+
+  >>> literal_override("runconfig.model_dir", "runs/a #2")
+  'runconfig.model_dir="runs/a #2"'
+  >>> parse_override(literal_override("runconfig.model_dir", "~"))
+  (('runconfig', 'model_dir'), '~')
+  """
+
+  def quoted(ch: str) -> str:
+    if ch in '"\\':
+      return "\\" + ch
+    if ch in "\t\n\r\x85\u2028\u2029" or not _YAML_PRINTABLE.fullmatch(ch):  # YAML folds line breaks
+      return f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}"
+    return ch
+
+  return f'{key}="{"".join(map(quoted, value))}"'
+
+
 def apply_override(data: dict[str, Any], loc: Loc, value: Any, text: str) -> None:
   """Set ``data[loc] = value``, creating mappings on the way; list indices must exist."""
   where = f"override {text!r}"
@@ -396,6 +421,7 @@ def load_params(
 __all__ = (
   "MODES",
   "apply_override",
+  "literal_override",
   "load_params",
   "parse_override",
   "parse_yaml",

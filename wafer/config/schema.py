@@ -167,6 +167,13 @@ class RunConfig(Section):
   save_losses: bool = False
   use_cs_grad_accum: bool = False
 
+  @field_validator("model_dir")
+  @classmethod
+  def _model_dir(cls, v: str) -> str:
+    if not v.strip():  # Path("") is the current directory: checkpoints would land among the user's files
+      raise ValueError("must name a directory (an empty path would mean the current directory)")
+    return v
+
   def num_train_steps(self, initial_step: int = 0, dataloader_len: int | None = None) -> int:
     """Steps to run from ``initial_step`` (cstorch's ``compute_num_steps``, cerebras.md §6).
 
