@@ -15,6 +15,7 @@ from wafer.closures import step_closure as step_closure
 from wafer.cluster import ClusterConfigError as ClusterConfigError
 from wafer.compile import CompiledStep as CompiledStep
 from wafer.compile import StaticGraphError as StaticGraphError
+from wafer.compile import StepUsageError as StepUsageError
 from wafer.compile import compile as compile
 from wafer.compile import enable_compilation_cache as enable_compilation_cache
 from wafer.costmodel import Report as Report
@@ -28,6 +29,7 @@ __all__ = (
   "CompiledStep",
   "Report",
   "StaticGraphError",
+  "StepUsageError",
   "WaferError",
   "__version__",
   "add_step_closure",

@@ -18,6 +18,7 @@ a rerun of the same step loads the compiled artifact instead of compiling again.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import sys
@@ -51,6 +52,17 @@ class StaticGraphError(WaferError):
     self.where = where
 
 
+class StepUsageError(WaferError):
+  """`wafer.compile` or a `CompiledStep` used in a way no step can be: an argument that is neither an
+  array nor a number, a ``static_argnums`` / ``batch_argnums`` that names no argument, an unhashable
+  static value, an output that is not an array, a donated buffer passed again, a call to a step that
+  was only validated."""
+
+  def __init__(self, message: str):
+    super().__init__(message)
+    self.message = message  # JAX appends its traceback-filtering note to the args of errors raised in a trace
+
+
 _FIXES = {
   "control_flow": (
     "Python control flow on a traced value",
@@ -65,6 +77,13 @@ _FIXES = {
     "the step is traced (tensor-to-scalar decay).",
     "keep the value as an array (jnp ops), or read it after the step in a step closure: "
     "@wafer.step_closure def log(loss): print(float(loss)).",
+  ),
+  "mask": (
+    "boolean-mask indexing (x[mask]) inside the step",
+    "x[mask] has as many elements as mask has True values, which is not known when the step is compiled; "
+    "every shape in the graph is fixed.",
+    "keep the shape: jnp.where(mask, x, 0) (then sum or average with mask as weights), or "
+    "jnp.nonzero(mask, size=N, fill_value=...) with a fixed N.",
   ),
   "shape": (
     "a traced value used as a shape inside the step",
@@ -182,7 +201,7 @@ class CompiledStep:
     for name, (want, got) in zip(
       self._static.names(args, kwargs), zip(self._static_values, self._static.values(args, kwargs))
     ):
-      if not (got is want or got == want):
+      if not _same_static(got, want):
         raise StaticGraphError(
           f"static argument {name} is {got!r}; the step was compiled for {want!r}. A static argument is "
           "part of the graph, so a new value would need a second compile, which a wafer run does not "
@@ -198,6 +217,13 @@ class CompiledStep:
         "number of leaves) every step."
       )
     for (_path, leaf), want, name in zip(leaves_with_paths, self.in_avals, self._paths):
+      if isinstance(leaf, jax.Array) and leaf.is_deleted():
+        raise StepUsageError(
+          f"argument {name} is an array whose buffer was donated to an earlier call of the step (or "
+          "deleted): the step reused it for its outputs, so its values are gone. Fix: pass the step's "
+          "output, e.g. state = step(state, batch), not the array passed before; or compile without "
+          "donate_argnums to keep the inputs."
+        )
       got = _aval(leaf)
       if got.shape != want.shape or got.dtype != want.dtype:
         hint = (
@@ -214,7 +240,10 @@ class CompiledStep:
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     """Run the compiled graph; returns ``step_fn``'s outputs (closure values are kept aside)."""
     if self.compiled is None:
-      raise RuntimeError("this step was only validated (validate_only=True); compile it to run it")
+      raise StepUsageError(
+        "this step was only validated (validate_only=True), not compiled, so it cannot run: compile it "
+        "without validate_only to run it"
+      )
     self.check_args(args, kwargs)
     dyn_args, dyn_kwargs = self._static.dynamic(args, kwargs)
     out, closure_arrays = self.compiled(*dyn_args, **dyn_kwargs)
@@ -291,9 +320,39 @@ def compile(
     StaticGraphError: the step reads values or branches on them while traced (the message
       names your file and line and the fix).
   """
+  if not callable(step_fn):
+    raise StepUsageError(
+      f"the step must be a function; got a {type(step_fn).__name__} ({step_fn!r:.60}): "
+      "wafer.compile(step_fn, *example_args)"
+    )
+  try:
+    signature = inspect.signature(step_fn)
+  except (TypeError, ValueError):  # a builtin or C function: JAX reports a mismatch itself
+    signature = None
+  if signature is not None:
+    try:
+      signature.bind(*example_args, **example_kwargs)
+    except TypeError as e:
+      code = getattr(step_fn, "__code__", None)
+      where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+      raise StepUsageError(
+        f"the example arguments do not fit the step {getattr(step_fn, '__qualname__', step_fn)!s}{where}: {e}. "
+        f"Give wafer.compile one example per argument of the step{signature}."
+      ) from None
   static = _Static(
-    tuple(int(i) % len(example_args) for i in _as_tuple(static_argnums)), tuple(_as_tuple(static_argnames))
+    tuple(_argnum(i, len(example_args), "static_argnums") for i in _as_tuple(static_argnums)),
+    tuple(_as_tuple(static_argnames)),
   )
+  _check_example_args(static, example_args, example_kwargs)
+  if isinstance(num_csx, bool) or not isinstance(num_csx, (int, np.integer)) or num_csx < 1:
+    raise StepUsageError(f"num_csx={num_csx!r}; allowed: a positive integer (the data-parallel systems)")
+  batch_argnums = tuple(_argnum(i, len(example_args), "batch_argnums") for i in _as_tuple(batch_argnums))
+  for i in batch_argnums:
+    if i in static.argnums:
+      raise StepUsageError(
+        f"batch_argnums names argument {i}, which is static (static_argnums); a batch argument is an "
+        "array split on axis 0 over the systems"
+      )
   in_shardings = None
   if num_csx > 1:
     dyn_args, _ = static.dynamic(example_args, example_kwargs)
@@ -304,6 +363,7 @@ def compile(
   def with_closures(*args: Any, **kwargs: Any) -> tuple[Any, list[Any]]:
     with _closures.collecting() as collector:
       out = step_fn(*args, **kwargs)
+    _check_outputs(step_fn, out)
     collector_box.append(collector)
     return out, list(collector.arrays)
 
@@ -323,6 +383,10 @@ def compile(
           jax.errors.TracerIntegerConversionError) as e:  # fmt: skip
     kind = "shape" if _is_shape(e) else "control_flow" if _is_branch(e) else "value_fetch"
     raise _static_graph_error(kind, e) from None
+  except StepUsageError as e:  # the step's outputs (checked inside the trace)
+    raise StepUsageError(e.message) from None
+  except jax.errors.NonConcreteBooleanIndexError as e:
+    raise _static_graph_error("mask", e) from None
   except TypeError as e:
     if not _is_shape(e):
       raise
@@ -344,6 +408,74 @@ def _arg_name(path: tuple) -> str:
 
 def _as_tuple(x: Any) -> tuple:
   return (x,) if isinstance(x, (int, str)) else tuple(x)
+
+
+def _argnum(i: Any, n: int, what: str) -> int:
+  """Argument number ``i`` (negative counts from the end) of ``n`` positional example arguments."""
+  if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= i < n:
+    raise StepUsageError(
+      f"{what} names argument {i!r}, but the step was given {n} positional example argument(s); allowed: "
+      f"an int in {-n}..{n - 1}"
+      if n
+      else f"{what} names argument {i!r}, but the step was given no positional example arguments"
+    )
+  return int(i) % n
+
+
+def _same_static(got: Any, want: Any) -> bool:
+  """Whether static value ``got`` equals the compiled ``want`` (an array's ``==`` is not one bool)."""
+  if got is want:
+    return True
+  try:
+    return bool(got == want)
+  except Exception:  # an array's elementwise ==, or a value that cannot be compared
+    return False
+
+
+def _is_array_like(x: Any) -> bool:
+  return isinstance(
+    x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct, bool, int, float, complex)
+  ) or (hasattr(x, "shape") and hasattr(x, "dtype"))
+
+
+def _check_example_args(static: _Static, args: tuple, kwargs: dict) -> None:
+  """Refuse static values that cannot be hashed and dynamic leaves that are not arrays or numbers."""
+  for name, value in zip(static.names(args, kwargs), static.values(args, kwargs)):
+    try:
+      hash(value)
+    except TypeError:
+      raise StepUsageError(
+        f"static argument {name} is a {type(value).__name__} ({value!r:.60}), which cannot be hashed; a static "
+        "argument is part of the compiled graph and must be hashable. Fix: pass a tuple instead of a list, a "
+        "frozen dataclass or tuple of pairs instead of a dict, or close over the value in the step."
+      ) from None
+  dyn = static.dynamic(args, kwargs)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(dyn)[0]:
+    if not _is_array_like(leaf):
+      names = (
+        f"static_argnums={path[1].idx}"
+        if getattr(path[0], "idx", 0) == 0
+        else f"static_argnames={path[1].key!r}"
+      )
+      raise StepUsageError(
+        f"argument {_arg_name(path)} is a {type(leaf).__name__} ({leaf!r:.60}); a dynamic argument's leaves must "
+        f"be arrays or numbers. Fix: make the argument static ({names}, if it is the whole argument) or "
+        "close over the value in the step."
+      )
+
+
+def _check_outputs(step_fn: Callable, out: Any) -> None:
+  """Refuse a step output leaf that is not an array or a number (a string, an object)."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
+    if not _is_array_like(leaf):
+      code = getattr(step_fn, "__code__", None)
+      where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+      raise StepUsageError(
+        f"the step {getattr(step_fn, '__qualname__', step_fn)!s}{where} returned a {type(leaf).__name__} "
+        f"({leaf!r:.60}) at output{jax.tree_util.keystr(path)}; a step returns a pytree of arrays (the "
+        "compiled graph's outputs). Fix: return arrays only, and report other values from a step closure "
+        "(@wafer.step_closure)."
+      )
 
 
 class _Static:

@@ -103,7 +103,7 @@ def test_validate_only_does_not_compile():
   step = wafer.compile(_step, params, data, validate_only=True)
   assert step.compiled is None and step.compilations == 0
   assert "stablehlo" in step.lowered.as_text() or "func" in step.lowered.as_text()
-  with pytest.raises(RuntimeError, match="validate_only"):
+  with pytest.raises(wafer.StepUsageError, match="validate_only"):
     step(params, data)
   with pytest.raises(wafer.StaticGraphError):
     wafer.compile(_branchy, params, data, validate_only=True)
@@ -307,3 +307,93 @@ def test_logging_a_traced_value_is_a_clear_error(capsys):
   ):
     wafer.compile(step, jnp.ones(3))
   assert "Logging error" not in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- mistakes in using the API
+
+
+def _stays(x):
+  return x
+
+
+@pytest.mark.parametrize(
+  ("call", "message"),
+  [
+    (lambda: wafer.compile(lambda: jnp.ones(2)), None),  # no mistake: a step of no arguments
+    (
+      lambda: wafer.compile(_stays),
+      r"do not fit the step _stays \(.*test_compile\.py:\d+\): missing .*'x'.*\(x\)",
+    ),
+    (
+      lambda: wafer.compile(lambda: 1.0, static_argnums=0),
+      r"static_argnums names argument 0, .*no positional",
+    ),
+    (
+      lambda: wafer.compile(_stays, jnp.ones(2), static_argnums=3),
+      r"static_argnums names argument 3.* -1\.\.0",
+    ),
+    (
+      lambda: wafer.compile(_stays, jnp.ones((4, 2)), num_csx=2, batch_argnums=(1,)),
+      r"batch_argnums names argument 1",
+    ),
+    (
+      lambda: wafer.compile(lambda x, n: x, jnp.ones(4), 2, num_csx=2, batch_argnums=(1,), static_argnums=1),
+      r"argument 1, which is static",
+    ),
+    (lambda: wafer.compile(_stays, jnp.ones((4, 2)), num_csx=0), r"num_csx=0; allowed: a positive integer"),
+    (
+      lambda: wafer.compile(lambda x, c: x * c["a"], jnp.ones(2), {"a": 2}, static_argnums=1),
+      r"static argument args\[1\] is a dict.*hashable",
+    ),
+    (
+      lambda: wafer.compile(lambda x, s: x, jnp.ones(2), {"name": "abc"}),
+      r"argument args\[1\]\['name'\] is a str \('abc'\).*static_argnums=1",
+    ),
+    (
+      lambda: wafer.compile(lambda x, *, s: x, jnp.ones(2), s="abc"),
+      r"argument kwargs\['s'\] is a str.*static_argnames='s'",
+    ),
+    (
+      lambda: wafer.compile(lambda x: (x, "done"), jnp.ones(2)),
+      r"test_compile\.py:\d+\) returned a str \('done'\) at output\[1\]; .*step closure[^-]*$",
+    ),
+    (lambda: wafer.compile(5, jnp.ones(2)), r"the step must be a function; got a int"),
+  ],
+)
+def test_api_mistakes_are_step_usage_errors(call, message):
+  """Each used to be a bare JAX TypeError / ValueError (or a ZeroDivisionError, or an out-of-range
+  static_argnums wrapping round to another argument; an out-of-range batch_argnums was ignored: no data
+  parallelism)."""
+  if message is None:
+    call()
+    return
+  with pytest.raises(wafer.StepUsageError, match=message):
+    call()
+
+
+def test_a_donated_argument_passed_again_is_named():
+  step = wafer.compile(lambda x: x + 1, jnp.ones(3), donate_argnums=0)
+  x = jnp.ones(3)
+  y = step(x)
+  with pytest.raises(
+    wafer.StepUsageError, match=r"argument args\[0\] .* donated .*state = step\(state, batch\)"
+  ):
+    step(x)
+  assert step(y).tolist() == [3.0, 3.0, 3.0]  # the output goes on
+
+
+def test_a_static_array_where_a_number_was_compiled_is_a_static_graph_error():
+  step = wafer.compile(lambda x, n: x * n, jnp.ones(2), 3, static_argnums=1)
+  with pytest.raises(wafer.StaticGraphError, match=r"static argument args\[1\] is array\(\[3, 3\]\)"):
+    step(jnp.ones(2), np.array([3, 3]))
+
+
+def test_boolean_mask_indexing_names_the_line_and_a_fixed_shape_fix():
+  def masked(x):
+    return x[x > 0].sum()  # the line
+
+  with pytest.raises(
+    wafer.StaticGraphError, match=r"boolean-mask indexing.*test_compile\.py:\d+\n.*# the line"
+  ) as info:
+    wafer.compile(masked, jnp.ones(3))
+  assert "jnp.where(mask, x, 0)" in str(info.value)
