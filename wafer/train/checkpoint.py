@@ -135,7 +135,7 @@ class Checkpoints:
 
   def _check(self, step: int, like: Any) -> None:
     """`restore`'s checks of checkpoint ``step`` before orbax reads it (its errors), on this process's reading."""
-    damage = _damage(self.directory / str(step))
+    damage = _damage(self.directory / str(step)) or _json_damage(self.directory / str(step))
     if damage is not None:
       raise UnreadableCheckpoint(damage)
     try:
@@ -233,6 +233,50 @@ def _damage(step_dir: Path) -> str | None:
   except Exception as error:  # TensorStore: truncated, missing or corrupt files
     return _reason(error)
   return None
+
+
+_JSON_FILES = ("_METADATA", "_sharding")
+"""orbax's JSON files of an item (beside ``array_metadatas/process_<i>``), read only once restoring has started."""
+
+
+def _json_damage(step_dir: Path) -> str | None:
+  """Why orbax's JSON files or wafer's ``meta/metadata`` of a checkpoint cannot be used, or None.
+
+  orbax reads ``array_metadatas/*`` in the middle of a restore, when a failure leaves its reads behind
+  (tracebacks of orphaned coroutines); a ``meta/metadata`` that is JSON but not wafer's object (a list)
+  would fail later, in the resume checks.
+  """
+  import json
+
+  files = [
+    p
+    for p in step_dir.rglob("*")
+    if p.is_file() and (p.name in _JSON_FILES or p.parent.name == "array_metadatas")
+  ]
+  meta = step_dir / "meta" / "metadata"
+  for path in [*sorted(files), *([meta] if meta.is_file() else [])]:
+    where = path.relative_to(step_dir)
+    try:
+      value = json.loads(path.read_bytes())
+    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+      return f"{where}: {_reason(error)}"
+    if path == meta:
+      kinds = (
+        {k: type(value.get(k)).__name__ for k in ("config", "data_pipeline")}
+        if isinstance(value, dict)
+        else {}
+      )
+      if not isinstance(value, dict) or any(v not in ("dict", "NoneType") for v in kinds.values()):
+        return (
+          f"{where} is not the JSON object wafer writes (a {{'config': {{...}}, 'data_pipeline': {{...}}}}; "
+          f"found {_short(value)})"
+        )
+  return None
+
+
+def _short(value: object) -> str:
+  text = repr(value)
+  return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _path_shapes(tree: Any) -> dict[str, tuple[int, ...]]:

@@ -256,6 +256,14 @@ DAMAGE = {
   "meta garbage": lambda p: (p / "meta" / "metadata").write_bytes(b"\xff\x00"),
   "no state": lambda p: shutil.rmtree(p / "state"),
   "empty folder": lambda p: [shutil.rmtree(p), p.mkdir()],
+  # orbax reads these in the middle of the restore: the failure left orphaned reads ("Exception ignored in
+  # <coroutine ...>", "RuntimeError: Event loop is closed" tracebacks) behind
+  "array metadata garbage": lambda p: [
+    f.write_bytes(b"{bad") for f in (p / "state" / "array_metadatas").iterdir()
+  ],
+  # JSON, but not wafer's object: a bare AttributeError ('list' object has no attribute 'get') in the resume
+  "meta a list": lambda p: (p / "meta" / "metadata").write_text("[1, 2]"),
+  "meta config a number": lambda p: (p / "meta" / "metadata").write_text('{"config": 5}'),
 }
 
 
@@ -268,10 +276,30 @@ def test_every_kind_of_damaged_latest_checkpoint_resumes_from_the_one_before(
   DAMAGE[how](model_dir / "checkpoints" / "20")
   capsys.readouterr()
   summary = _run(model_dir, max_steps=30, checkpoint_steps=10, log_steps=5)
-  out = capsys.readouterr().out
+  out, err = capsys.readouterr()
   assert f"the checkpoint of step 20 at {model_dir / 'checkpoints' / '20'} cannot be read" in out
+  assert "Traceback" not in err and "Exception ignored" not in err
   assert "Resuming from the checkpoint at step 10." in out and summary["final_step"] == 30
   assert _steps(model_dir) == [1, 5, 10, 15, 20, 25, 30]
+
+
+def test_damaged_orbax_json_is_found_before_orbax_starts_reading(killed_at_25, tmp_path, monkeypatch):
+  """A garbage ``state/array_metadatas/process_0`` failed inside orbax's restore, which left its reads
+  behind (tracebacks of orphaned coroutines after the warning); it is now found by the checks before."""
+  import orbax.checkpoint as ocp
+
+  model_dir = tmp_path / "md"
+  shutil.copytree(killed_at_25, model_dir)
+  DAMAGE["array metadata garbage"](model_dir / "checkpoints" / "20")
+  restored, original = [], ocp.CheckpointManager.restore
+
+  def restore(self, step, *args, **kwargs):
+    restored.append(step)
+    return original(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+  assert _run(model_dir, max_steps=30, checkpoint_steps=10, log_steps=5)["final_step"] == 30
+  assert restored == [10]
 
 
 def test_a_resume_with_another_batch_size_names_the_key(tmp_path):
