@@ -235,6 +235,28 @@ def format_overrides(fmt: str, level: int) -> list[str]:
   return precision_keys + [f"runconfig.precision_opt_level={level}"]
 
 
+_SET_BY_THE_SWEEP = {
+  "model.mixed_precision": "--formats (float32 runs without mixed precision)",
+  "model.fp16_type": "--formats",
+  "runconfig.model_dir": "--model_dir (run (f, L) writes into DIR/<f>_L<L>)",
+}
+
+
+def _check_overrides(overrides: Sequence[str], levels_given: bool) -> None:
+  """Refuse an override of a key each run of the sweep sets itself (it would be silently replaced).
+
+  ``runconfig.precision_opt_level`` is the level of every run when ``levels`` is not given, and a
+  conflict when it is.
+  """
+  for text in overrides:
+    key = text.split("=", 1)[0].strip()
+    flag = _SET_BY_THE_SWEEP.get(key)
+    if key == "runconfig.precision_opt_level" and levels_given:
+      flag = "--levels"
+    if flag is not None:
+      raise SweepError(f"override {text!r}: the sweep sets {key} for each run; choose it with {flag} instead")
+
+
 def sweep(
   params: str | Path | dict,
   formats: str | Sequence[str] = FORMATS,
@@ -265,6 +287,7 @@ def sweep(
   from wafer.config.loader import literal_override
 
   names = parse_formats(formats)
+  _check_overrides(overrides, levels is not None)
   if levels is None:  # the config's level (its default lives in the schema)
     registry.load_plugins()
     levels = [load_params(params, list(overrides)).runconfig.precision_opt_level]
@@ -284,6 +307,13 @@ def sweep(
       params,
       defaults + user + format_overrides(fmt, level) + [literal_override("runconfig.model_dir", str(out))],
     )
+    rc = plan.runconfig
+    if rc.mode not in ("train", "train_and_eval") or rc.validate_only or rc.compile_only:
+      what = "validate_only" if rc.validate_only else "compile_only" if rc.compile_only else f"mode {rc.mode}"
+      raise SweepError(
+        f"runconfig has {what}: a sweep trains every run (runconfig.mode train or train_and_eval, no "
+        "validate_only / compile_only) and compares the losses; set those keys back, or use `wafer run`"
+      )
     summary = runner.run_plan(plan, progress=progress)
     runs.append(_run_of(fmt, level, out, summary))
   _deviations(runs)

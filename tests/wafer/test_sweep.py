@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +172,32 @@ def test_plot_of_a_float32_only_sweep_has_no_empty_panel(tmp_path):
   an error under filterwarnings=error)."""
   run = sweep.Run("float32", 1, str(tmp_path), [1, 2], [2.0, 1.5], {}, None, 0.0)
   assert sweep.SweepResult([run], str(tmp_path)).plot(tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+  ("overrides", "levels", "message"),
+  [
+    (
+      ["runconfig.model_dir=elsewhere"],
+      None,
+      "sets runconfig.model_dir for each run; choose it with --model_dir",
+    ),
+    (["model.fp16_type=bfloat16"], None, "sets model.fp16_type for each run; choose it with --formats"),
+    (["model.mixed_precision=false"], None, "choose it with --formats"),
+    (["runconfig.precision_opt_level=2"], "0,1", "choose it with --levels"),
+    (["runconfig.validate_only=true"], None, "runconfig has validate_only: a sweep trains every run"),
+    (["runconfig.mode=eval"], None, "runconfig has mode eval: a sweep trains every run"),
+  ],
+)
+def test_overrides_the_sweep_would_replace_or_that_train_nothing_are_refused(
+  tmp_path, monkeypatch, overrides, levels, message
+):
+  """Each was replaced silently by the sweep's own override (runconfig.model_dir=elsewhere: the runs went
+  into --model_dir), or gave runs that trained nothing (validate_only, mode eval)."""
+  from models.mlp import EXAMPLE_PARAMS
+
+  monkeypatch.chdir(tmp_path)
+  Path("params.yaml").write_text(EXAMPLE_PARAMS)
+  with pytest.raises(sweep.SweepError, match=re.escape(message)):
+    sweep.sweep("params.yaml", "float32", levels, "s", overrides, progress=False)
+  assert not Path("s").exists() and not Path("elsewhere").exists()
