@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from wafer.train.task import Task
+from wafer.train.task import ExecutorError, Task
 
 
 @jax.tree_util.register_dataclass
@@ -49,10 +49,31 @@ def initial_state(
   twice).
   """
   params = task.init_params(key)
+  _check_params(task, params)
   state = TrainState(
     params, optimizer.init(params), loss_scale, jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32)
   )
   return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
+
+
+def where_defined(fn: Any) -> str:
+  """``"name (file:line)"`` of a user's function, for messages (its repr when it has no code)."""
+  code = getattr(fn, "__code__", None) or getattr(vars(type(fn)).get("__call__"), "__code__", None)
+  name = getattr(fn, "__qualname__", None) or type(fn).__name__
+  return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else repr(fn)[:80]
+
+
+def _check_params(task: Task, params: Any) -> None:
+  """Refuse parameters the optimizer cannot train: a leaf that is not a floating-point array."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):  # what jax.grad differentiates
+      what = f"a {dtype} array" if dtype is not None else f"a {type(leaf).__name__} ({leaf!r:.40})"
+      raise ExecutorError(
+        f"Task.init_params {where_defined(task.init_params)} returned params{jax.tree_util.keystr(path)} = "
+        f"{what}; every parameter must be a floating-point array (float32: autocast applies the policy). "
+        "Keep constants and integer tables out of the params: close over them in loss_fn."
+      )
 
 
 def schedule_counts(opt_state: Any) -> list[jax.Array]:

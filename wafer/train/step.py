@@ -15,12 +15,31 @@ import jax.numpy as jnp
 import optax
 
 import precision
-from wafer.train.state import TrainState, schedule_counts
-from wafer.train.task import Task
+from wafer.train.state import TrainState, schedule_counts, where_defined
+from wafer.train.task import ExecutorError, Task
 
 
-def _under_policy(fn: Callable, policy: precision.Policy) -> Callable:
-  return precision.autocast(fn, policy) if policy.is_mixed else fn
+def _under_policy(fn: Callable, policy: precision.Policy, what: str) -> Callable:
+  checked = _returns_a_float_scalar(fn, what)
+  return precision.autocast(checked, policy) if policy.is_mixed else checked
+
+
+def _returns_a_float_scalar(fn: Callable, what: str) -> Callable:
+  """``fn``, checked (while traced) to return one floating-point scalar: JAX's errors for a vector, a tuple
+  or an int loss name its own frames, not the task's function."""
+
+  def checked(params: Any, batch: Any) -> Any:
+    out = fn(params, batch)
+    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if shape != () or dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+      got = f"{dtype}{list(shape)}" if shape is not None and dtype is not None else f"a {type(out).__name__}"
+      raise ExecutorError(
+        f"Task.{what} {where_defined(fn)} returned {got}; it must return one floating-point scalar (e.g. the "
+        "batch mean: jnp.mean(per_example_losses)). Report other values from a step closure (@wafer.step_closure)."
+      )
+    return out
+
+  return checked
 
 
 def make_train_step(
@@ -33,7 +52,7 @@ def make_train_step(
   were held) and ``optimizer_step`` (int32, the schedule's count this step used; absent for an
   optimizer without one). ``state.step`` and ``state.data_position`` advance by one on every step.
   """
-  loss_fn = _under_policy(task.loss_fn, policy)
+  loss_fn = _under_policy(task.loss_fn, policy, "loss_fn")
 
   def train_step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
     ls = state.loss_scale
@@ -59,4 +78,6 @@ def make_train_step(
 
 def make_eval_step(task: Task, policy: precision.Policy) -> Callable[[Any, Any], jax.Array]:
   """``eval_step(params, batch) -> float32 scalar``: the eval metric (or the loss) under ``policy``."""
-  return _under_policy(task.eval_metric or task.loss_fn, policy)
+  return _under_policy(
+    task.eval_metric or task.loss_fn, policy, "eval_metric" if task.eval_metric else "loss_fn"
+  )
