@@ -527,6 +527,7 @@ def enable_compilation_cache(directory: str | os.PathLike) -> Path:
   """Use ``directory`` for JAX's persistent compilation cache (every compile is cached)."""
   path = Path(directory)
   path.mkdir(parents=True, exist_ok=True)
+  path = path.resolve()  # the setting outlives the call: a relative one would follow a later chdir
   if jax.config.jax_compilation_cache_dir != str(path):
     try:  # JAX opens its cache once per process; reopen it at the new directory
       from jax._src import compilation_cache

@@ -451,6 +451,7 @@ def test_a_model_dir_flag_is_the_path_given_not_yaml(tmp_path, monkeypatch, comm
 
   monkeypatch.setattr(runner, "run_plan", planned)
   monkeypatch.setattr(input_analyzer, "analyze", planned)
+  monkeypatch.setattr(wafer, "enable_compilation_cache", lambda d: d)  # process-wide: not from a test
   with pytest.raises(_Planned) as info:
     cli.main(
       [command, "--params", params, "--model_dir", name, "--seconds", "0.1"][: 5 if command == "run" else 7]
@@ -474,3 +475,68 @@ def test_an_empty_model_dir_in_the_params_file_is_refused(tmp_path, value):
   """``model_dir: ""`` was Path(""): the run wrote its checkpoints into the current directory."""
   with pytest.raises(ConfigError, match=r"line \d+: runconfig.model_dir: must name a directory"):
     load_params(_params(tmp_path, model_dir=value))
+
+
+# ----------------------------------------------------------------------------- a Task's functions
+
+
+def _traced_train_step(task):
+  from models.mlp import example_run
+  from wafer import train
+
+  _, _, optimizer, loss_scale, policy = example_run()
+  state, batch = train.step_shapes(task, optimizer, loss_scale, 0)
+  wafer.compile(train.make_train_step(task, optimizer, policy), state, batch, validate_only=True)
+  wafer.compile(train.make_eval_step(task, policy), state.params, batch, validate_only=True)
+
+
+def _vector_loss(params, batch):
+  return jnp.ones(3)
+
+
+@pytest.mark.parametrize(
+  ("change", "message"),
+  [
+    ({}, None),  # the task as it is: traces
+    (
+      {"loss_fn": _vector_loss},
+      r"Task.loss_fn _vector_loss \(.*test_bad_inputs\.py:\d+\) returned float32\[3\]",
+    ),
+    (
+      {"loss_fn": lambda p, b: (jnp.float32(1), {"aux": 1})},
+      r"returned a tuple; it must return one floating",
+    ),
+    ({"loss_fn": lambda p, b: jnp.int32(1)}, r"returned int32\[\]; it must return one floating-point scalar"),
+    ({"eval_metric": lambda p, b: jnp.ones(2)}, r"Task.eval_metric .* returned float32\[2\]"),
+    (
+      {"init_params": "str leaf"},
+      r"Task.init_params .* returned params\['name'\] = a str \('x'\); every parameter",
+    ),
+    (
+      {"init_params": "int leaf"},
+      r"returned params\['w'\] = a int32 array; every parameter must be a floating",
+    ),
+  ],
+)
+def test_task_functions_returning_the_wrong_thing_are_named(change, message):
+  """Each was a bare JAX TypeError from wafer's own frames (``Gradient only defined for scalar-output
+  functions``, ``data type 'x' not understood``, ``grad requires real- or complex-valued inputs``); a vector
+  eval metric was averaged into a number silently."""
+  import dataclasses
+
+  from models.mlp import example_task
+
+  task = example_task()
+  init = task.init_params
+  extra = {
+    "str leaf": lambda k: {**init(k), "name": "x"},
+    "int leaf": lambda k: {**init(k), "w": jnp.int32(1)},
+  }
+  if "init_params" in change:
+    change = {"init_params": extra[change["init_params"]]}
+  task = dataclasses.replace(task, **change)
+  if message is None:
+    _traced_train_step(task)
+    return
+  with pytest.raises(ExecutorError, match=message):
+    _traced_train_step(task)

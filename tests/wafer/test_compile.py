@@ -166,13 +166,18 @@ def test_data_parallel_num_csx_matches_one_device():
     cluster.mesh(8)
 
 
-def test_compilation_cache_directory(tmp_path):
+def test_compilation_cache_directory(tmp_path, monkeypatch):
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
            "jax_persistent_cache_min_entry_size_bytes")  # fmt: skip
   saved = {name: getattr(jax.config, name) for name in names}
   try:
     path = wafer.enable_compilation_cache(tmp_path / "cache")
     assert path.is_dir() and jax.config.jax_compilation_cache_dir == str(path)
+    # a relative directory (wafer run's ./model_dir/compile_cache) is held as the absolute path: a later
+    # chdir (a notebook, a test) used to send every later compile's cache files into the new directory
+    monkeypatch.chdir(tmp_path)
+    wafer.enable_compilation_cache("relative")
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path.resolve() / "relative")
   finally:
     for name, value in saved.items():
       jax.config.update(name, value)
