@@ -540,3 +540,42 @@ def test_task_functions_returning_the_wrong_thing_are_named(change, message):
     return
   with pytest.raises(ExecutorError, match=message):
     _traced_train_step(task)
+
+
+class _TwoBatches(wafer.train.IndexedBatches):
+  """A source that ends (a user's iterator over a list), where Task.train_data must repeat forever."""
+
+  def __next__(self):
+    if self.next_batch >= 2:
+      raise StopIteration
+    return super().__next__()
+
+
+def _finite_task(tmp_path, source):
+  import dataclasses
+
+  from models.mlp import example_run
+
+  task, *rest = example_run(str(tmp_path / "md"), max_steps=4, log_steps=1, checkpoint_steps=0)
+  return (
+    dataclasses.replace(task, train_data=lambda seed: source(task.train_data(seed)), batch_spec=None),
+    *rest,
+  )
+
+
+def test_training_data_that_ends_is_named_not_a_bare_stop_iteration(tmp_path):
+  """A source that ran out was a bare StopIteration (here from step_shapes; the run loop: the slow test)."""
+  task, _, optimizer, loss_scale, _ = _finite_task(tmp_path, lambda source: iter([]))
+  with pytest.raises(
+    ExecutorError, match=r"ended before step 1: its source \(list_iterator\).*IndexedBatches"
+  ):
+    wafer.train.step_shapes(task, optimizer, loss_scale, 0)
+
+
+@pytest.mark.slow
+def test_training_data_that_ends_mid_run_is_named(tmp_path):
+  task, runconfig, optimizer, loss_scale, policy = _finite_task(tmp_path, lambda s: _TwoBatches(s.batch_of))
+  with pytest.raises(
+    ExecutorError, match=r"the training data ended before step 3: its source \(_TwoBatches\)"
+  ):
+    wafer.train.run(task, runconfig, optimizer, loss_scale, policy, progress=False)

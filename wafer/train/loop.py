@@ -51,7 +51,7 @@ from wafer.train.checkpoint import CheckpointMismatch, Checkpoints, UnreadableCh
 from wafer.train.metrics import SUPERSEDED, Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
 from wafer.train.step import make_eval_step, make_train_step
-from wafer.train.task import ExecutorError, Task
+from wafer.train.task import ExecutorError, Task, next_batch
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
 
@@ -314,7 +314,9 @@ class _Run:
       if self.local_rows:
         self.data = self.data.for_systems(cluster.local_systems(self.num_csx))
       start = self.data.get_state()
-      example_batch = next(self.data)  # the compile's example; then rewind, so the data is built once
+      example_batch = next_batch(
+        self.data, 0
+      )  # the compile's example; then rewind, so the data is built once
       self.data.set_state(start)
       if task.batch_spec is not None:
         _check_batch_spec(example_batch, task.batch_spec(), self.local_rows, self.num_csx)
@@ -488,7 +490,7 @@ class _Run:
     window_time, window_step = start_time, done
     losses = []
     while done < last:
-      batch = cluster.global_batch(next(self.data), self.num_csx, local=self.local_rows)
+      batch = cluster.global_batch(next_batch(self.data, done), self.num_csx, local=self.local_rows)
       state, step_metrics = self.compiled(state, batch)
       done += 1
       self.at_step = done

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from wafer.train.task import ExecutorError, Task
+from wafer.train.task import ExecutorError, Task, next_batch
 
 
 @jax.tree_util.register_dataclass
@@ -108,5 +108,5 @@ def step_shapes(
   state = jax.eval_shape(lambda key: initial_state(task, optimizer, loss_scale, key), jax.random.key(seed))
   if task.batch_spec is not None:
     return state, task.batch_spec()
-  batch = next(task.train_data(seed))
+  batch = next_batch(task.train_data(seed), 0)
   return state, jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), batch)

@@ -59,6 +59,25 @@ class Task:
   batch_spec: Callable[[], Any] | None = None
 
 
+def next_batch(data: Any, step: int) -> Any:
+  """``next(data)``, the batch of step ``step + 1``; a source that ends is an `ExecutorError`.
+
+  >>> next_batch(iter([]), 3)
+  Traceback (most recent call last):
+  ...
+  wafer.train.task.ExecutorError: the training data ended before step 4: its source (list_iterator) raised StopIteration. Task.train_data must give a batch for every step, repeating forever: wafer.train.IndexedBatches(lambda k: batches[k % len(batches)]) cycles a list; or lower runconfig.max_steps.
+  """
+  try:
+    return next(data)
+  except StopIteration:
+    raise ExecutorError(
+      f"the training data ended before step {step + 1}: its source ({type(data).__name__}) raised "
+      "StopIteration. Task.train_data must give a batch for every step, repeating forever: "
+      "wafer.train.IndexedBatches(lambda k: batches[k % len(batches)]) cycles a list; or lower "
+      "runconfig.max_steps."
+    ) from None
+
+
 class IndexedBatches:
   """A `BatchSource` from ``batch_of(k)``: its position is the next batch number, so resuming is exact.
 
