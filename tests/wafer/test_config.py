@@ -214,6 +214,37 @@ def test_trainer_unconverted_keys_are_errors(tmp_path: pathlib.Path) -> None:
   assert "trainer.init.schedulers: only one learning-rate scheduler" in text
 
 
+def test_trainer_lr_and_learning_rate_together_and_the_examples_per_kind(tmp_path: pathlib.Path) -> None:
+  """``{SGD: {lr: 0.1, learning_rate: 0.2}}`` trained at whichever came last (the other silently dropped); the
+  "one key" errors of schedulers and callbacks showed an optimizer as their example."""
+  path = write(
+    tmp_path,
+    """\
+      trainer:
+        init:
+          model: {name: x}
+          optimizer:
+            SGD: {lr: 0.1, learning_rate: 0.2}
+          schedulers: 5
+          callbacks: [5]
+        fit:
+          train_dataloader: {batch_size: 2}
+      """,
+  )
+  text = error_of(path)
+  assert (
+    "line 5: trainer.init.optimizer.SGD.learning_rate: lr and learning_rate are the same setting (lr is its "
+    "trainer-layout name); give one of them (got 0.2)" in text
+  )
+  assert (
+    "trainer.init.schedulers: must be a mapping with one key, the scheduler name (e.g. {LinearLR: " in text
+  )
+  assert (
+    "trainer.init.callbacks[0]: must be a mapping with one key, the callback name (e.g. {ScopedTrainFlags"
+    in text
+  )
+
+
 def test_trainer_errors_are_shown_at_the_written_path(tmp_path: pathlib.Path) -> None:
   text = error_of(DATA / "bert_base_MSL128_v2.yaml", ["trainer.init.loop.max_steps=0"])
   assert "trainer.init.loop.max_steps (from override 'trainer.init.loop.max_steps=0')" in text

@@ -243,12 +243,17 @@ def _convert_init(c: _Converter, init: dict[str, Any], iloc: Loc) -> None:
     c.put(("runconfig", "log_steps"), logging["log_steps"], gloc + ("log_steps",))
 
 
+_EXAMPLES = {
+  "optimizer": "{AdamW: {lr: 0.001, weight_decay: 0.01}}",
+  "scheduler": "{LinearLR: {initial_learning_rate: 0.001, end_learning_rate: 0.0, total_iters: 1000}}",
+  "callback": "{ScopedTrainFlags: {csx.performance.micro_batch_size: 16}}",
+}
+
+
 def _single(c: _Converter, value: Any, loc: Loc, what: str) -> tuple[str, dict[str, Any]] | None:
   """``{Name: {...}}`` -> ``(Name, {...})``."""
   if not isinstance(value, dict) or len(value) != 1:
-    c.bad(
-      loc, f"must be a mapping with one key, the {what} name (e.g. {{AdamW: {{weight_decay: 0.01}}}})", value
-    )
+    c.bad(loc, f"must be a mapping with one key, the {what} name (e.g. {_EXAMPLES[what]})", value)
     return None
   ((name, args),) = value.items()
   if args is None:
@@ -265,6 +270,13 @@ def _convert_optimizer(c: _Converter, value: Any, oloc: Loc) -> None:
     return
   name, args = item
   c.put(("optimizer", "optimizer_type"), name, oloc + (name,))
+  if "lr" in args and "learning_rate" in args:  # both become optimizer.learning_rate: one would be dropped
+    c.bad(
+      oloc + (name, "learning_rate"),
+      "lr and learning_rate are the same setting (lr is its trainer-layout name); give one of them",
+      args["learning_rate"],
+    )
+    return
   for key, arg in args.items():
     legacy = "learning_rate" if key == "lr" else key
     c.put(("optimizer", legacy), arg, oloc + (name, key))
