@@ -579,3 +579,13 @@ def test_training_data_that_ends_mid_run_is_named(tmp_path):
     ExecutorError, match=r"the training data ended before step 3: its source \(_TwoBatches\)"
   ):
     wafer.train.run(task, runconfig, optimizer, loss_scale, policy, progress=False)
+
+
+@pytest.mark.parametrize("value", ["", " ", [""]])
+def test_an_empty_data_dir_is_a_config_error_not_a_missing_file_later(value):
+  """``data_dir: ""`` (``$DATA`` unset) passed the config and failed at data loading as ``data_dir : no such
+  file or directory``, or was ignored by a processor that has built-in data."""
+  data = yaml.safe_load(EXAMPLE_PARAMS)
+  data["train_input"]["data_dir"] = value
+  with pytest.raises(ConfigError, match=r"train_input.data_dir: an empty path names no data"):
+    load_params(data)

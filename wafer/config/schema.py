@@ -287,6 +287,15 @@ class InputConfig(OpenSection):
   @field_validator("data_dir", mode="before")
   @classmethod
   def _data_dir(cls, v: Any) -> Any:
+    if (
+      isinstance(v, str)
+      and not v.strip()
+      or isinstance(v, list)
+      and any(isinstance(x, str) and not x.strip() for x in v)
+    ):
+      raise ValueError(  # "" is no data ("data_dir: $DATA" with DATA unset), not the embedded corpus
+        "an empty path names no data; give the data's path, or remove data_dir for the built-in data"
+      )
     if v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)):
       return v
     raise ValueError("must be a path or a list of paths")
