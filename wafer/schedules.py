@@ -86,13 +86,25 @@ class Schedule:
 
 
 def _err(name: str, key: str, value: Any, allowed: str) -> ScheduleError:
-  return ScheduleError(f"{name}: {key}={value!r}; allowed: {allowed}")
+  shown = repr(value)
+  shown = shown if len(shown) <= 60 else f"{shown[:40]}...({len(shown)} characters)"
+  return ScheduleError(f"{name}: {key}={shown}; allowed: {allowed}")
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: schedules compute in float32, where a larger argument is inf."""
 
 
 def _num(name: str, key: str, value: Any) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise _err(name, key, value, "a finite number")
-  return float(value)
+  try:
+    v = float(value)  # an int beyond float64 (a YAML literal of 400 digits) raises OverflowError
+  except OverflowError:
+    v = math.inf
+  if not abs(v) <= FLOAT32_MAX:
+    raise _err(name, key, value, "a finite number (|x| <= 3.4e38: schedules compute in float32)")
+  return v
 
 
 def _rate(name: str, key: str, value: Any) -> float:
@@ -550,6 +562,31 @@ _STRING_KEYS = frozenset({"mode", "scale_mode", "anneal_strategy"})
 _INTERNAL_ARGS = frozenset({"name", "reset_steps"})
 
 
+def first_overflow(schedule: Schedule, last_step: int, samples: int = 1 << 12) -> tuple[int, float] | None:
+  """``(step, value)`` of the first checked step in ``0..last_step`` whose rate is not finite in float32, or None.
+
+  Steps ``0 .. samples-1`` are all checked (the first such step exactly), later ones at ``samples`` evenly
+  spaced points and ``last_step``: a growing schedule (ExponentialLR with ``decay_rate > 1``) is caught at
+  most ``last_step / samples`` steps after it overflows.
+
+  >>> first_overflow(build_schedule({"scheduler": "ExponentialLR", "initial_learning_rate": 0.1,
+  ...   "decay_rate": 1e10, "total_iters": 1}), 10)
+  (4, inf)
+  >>> first_overflow(build_schedule(0.1), 10**9) is None
+  True
+  """
+  import numpy as np
+
+  if schedule.name == "ConstantLR":  # its rate was checked finite when it was built
+    return None
+  dense = np.arange(min(last_step, samples - 1) + 1)
+  spread = np.linspace(0, last_step, samples).astype(np.int64) if last_step >= samples else dense[:0]
+  steps = np.unique(np.concatenate([dense, spread, [last_step]])).astype(np.int32)
+  values = np.asarray(schedule(jnp.asarray(steps)))  # eager: no compile for a config check
+  bad = np.flatnonzero(~np.isfinite(values))
+  return None if not bad.size else (int(steps[bad[0]]), float(values[bad[0]]))
+
+
 def _did_you_mean(word: str, options: Sequence[str]) -> str:
   lower = {o.lower(): o for o in options}
   close = difflib.get_close_matches(word.lower(), list(lower), n=1, cutoff=0.6)
@@ -699,7 +736,7 @@ def _build_node(node: Any, path: str, reset_steps: bool) -> Schedule:
   if isinstance(node, str):
     node = _coerce("learning_rate", node)
   if isinstance(node, (int, float)) and not isinstance(node, bool):
-    return constant_lr(float(node))
+    return constant_lr(node)
   if isinstance(node, list):
     return _build_list(node, path, reset_steps)
   if isinstance(node, dict) and "scheduler" in node:

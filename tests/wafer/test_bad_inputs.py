@@ -589,3 +589,48 @@ def test_an_empty_data_dir_is_a_config_error_not_a_missing_file_later(value):
   data["train_input"]["data_dir"] = value
   with pytest.raises(ConfigError, match=r"train_input.data_dir: an empty path names no data"):
     load_params(data)
+
+
+@pytest.mark.parametrize(
+  "rate",
+  [
+    10**400,  # a YAML int literal of 400 digits: float() raises OverflowError (was a bare traceback)
+    1e39,  # finite in float64, inf in the float32 the schedule computes in
+    {"scheduler": "LinearLR", "initial_learning_rate": 10**400, "end_learning_rate": 0.0, "total_iters": 3},
+  ],
+)
+def test_a_learning_rate_beyond_float32_is_a_config_error(rate):
+  data = yaml.safe_load(EXAMPLE_PARAMS)
+  data["optimizer"]["learning_rate"] = rate
+  with pytest.raises(ConfigError, match=r"optimizer.learning_rate: .*finite number") as info:
+    load_params(data)
+  assert len(str(info.value)) < 400  # the 400-digit value is shortened
+
+
+@pytest.mark.parametrize(
+  ("decay_rate", "max_steps"), [(1e10, 100), (1.01, 20_000), (1.01, 8000), (1.0, 10**6)]
+)
+def test_a_schedule_that_grows_past_float32_before_max_steps_is_refused(decay_rate, max_steps):
+  """ExponentialLR with decay_rate > 1 reached inf: inf weights, then NaN losses (skipped steps) for the rest of
+  the run, silently."""
+  spec = {
+    "scheduler": "ExponentialLR",
+    "initial_learning_rate": 0.1,
+    "decay_rate": decay_rate,
+    "total_iters": 1,
+  }
+  data = yaml.safe_load(EXAMPLE_PARAMS)
+  data["runconfig"]["max_steps"] = max_steps
+  data["optimizer"]["learning_rate"] = spec
+  rates = np.asarray(schedules.build_schedule(spec)(jnp.arange(min(max_steps, 30_000) + 1)))
+  overflows = np.flatnonzero(~np.isfinite(rates))
+  if not overflows.size:
+    load_params(data)
+    return
+  with pytest.raises(
+    ConfigError, match=r"optimizer.learning_rate: reaches inf by step (\d+) \(beyond float32"
+  ) as info:
+    load_params(data)
+  named = int(re.search(r"by step (\d+)", str(info.value)).group(1))
+  first = int(overflows[0])
+  assert first <= named <= first + max_steps // 4096 + 1  # exact below 4096 steps, sampled above

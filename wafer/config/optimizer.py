@@ -94,11 +94,17 @@ class OptimizerConfig(Section):
   @classmethod
   def _learning_rate(cls, v: Any) -> Any:
     if _number(v):
-      if v < 0 or not math.isfinite(v):
+      from wafer.schedules import FLOAT32_MAX
+
+      try:
+        f = float(v)
+      except OverflowError:  # an int literal beyond float64
+        f = math.inf
+      if not 0 <= f <= FLOAT32_MAX:  # schedules compute in float32: a larger rate is inf there
         raise ValueError(
           "must be a finite number >= 0, a scheduler ({scheduler: Name, ...}) or a list of schedulers"
         )
-      return float(v)
+      return f
     if not isinstance(v, (dict, list)):
       raise ValueError("must be a number, a scheduler ({scheduler: Name, ...}) or a list of schedulers")
     return v

@@ -196,7 +196,30 @@ class Params(BaseModel):
           self.optimizer.loss_scale(policy.compute)
         except OptimizerError as e:
           out.append(Problem(("optimizer", e.key), e.detail))
+      if not optimizer_problems and mode in TRAIN_MODES and rc.max_steps is not None:
+        out += self._schedule_overflow(rc.max_steps)
     return out
+
+  def _schedule_overflow(self, max_steps: int) -> list[Problem]:
+    """A learning rate that grows past float32 before ``max_steps`` (inf weights, then NaN losses forever)."""
+    from wafer.schedules import ScheduleError, first_overflow
+
+    try:
+      schedule = self.optimizer.schedule()
+    except ScheduleError:  # optimizers without a schedule (Rprop's number, Adafactor's relative steps)
+      return []
+    found = first_overflow(schedule, max_steps)
+    if found is None:
+      return []
+    step, value = found
+    return [
+      Problem(
+        ("optimizer", "learning_rate"),
+        f"reaches {value} by step {step} (beyond float32's largest number, 3.4e38) before runconfig.max_steps="
+        f"{max_steps}: the weights would become inf and every later loss NaN. Lower the growth (decay_rate, "
+        "gamma, coefficient) or end the schedule (total_iters) before it overflows",
+      )
+    ]
 
   def build_optimizer(self) -> tuple[Any, Any]:
     """``(tx, loss_scale)`` of the ``optimizer`` section under this file's policy.
