@@ -170,8 +170,10 @@ class CompiledStep:
     compiled: Any,
     collector: Any,
     static: _Static | None = None,
+    donated: tuple[int, ...] = (),
   ):
     self._static = static or _Static((), ())
+    self._donated = donated
     self._static_values = self._static.values(example_args[0], example_args[1])
     example_args = self._static.dynamic(example_args[0], example_args[1])
     leaves_with_paths, self._in_tree = jax.tree_util.tree_flatten_with_path(example_args)
@@ -245,6 +247,8 @@ class CompiledStep:
         "without validate_only to run it"
       )
     self.check_args(args, kwargs)
+    if self._donated:
+      _check_no_donated_alias(args, kwargs, self._donated)
     dyn_args, dyn_kwargs = self._static.dynamic(args, kwargs)
     out, closure_arrays = self.compiled(*dyn_args, **dyn_kwargs)
     self._pending = closure_arrays
@@ -343,6 +347,24 @@ def compile(
     tuple(_argnum(i, len(example_args), "static_argnums") for i in _as_tuple(static_argnums)),
     tuple(_as_tuple(static_argnames)),
   )
+  takes_any_keyword = signature is None or any(
+    p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+  )
+  for name in static.argnames:
+    if not takes_any_keyword and name not in signature.parameters:
+      raise StepUsageError(
+        f"static_argnames names {name!r}, which is not an argument of the step{signature}; a name there "
+        "would be ignored"
+      )
+  donated = tuple(
+    sorted({_argnum(i, len(example_args), "donate_argnums") for i in _as_tuple(donate_argnums)})
+  )
+  for i in donated:
+    if i in static.argnums:
+      raise StepUsageError(
+        f"donate_argnums names argument {i}, which is static (static_argnums): only an array argument has "
+        "buffers to donate"
+      )
   _check_example_args(static, example_args, example_kwargs)
   if isinstance(num_csx, bool) or not isinstance(num_csx, (int, np.integer)) or num_csx < 1:
     raise StepUsageError(f"num_csx={num_csx!r}; allowed: a positive integer (the data-parallel systems)")
@@ -371,7 +393,7 @@ def compile(
     with_closures,
     static_argnums=static.argnums,
     static_argnames=static.argnames,
-    donate_argnums=donate_argnums,
+    donate_argnums=donated,
     in_shardings=in_shardings,
   )
   try:
@@ -396,7 +418,7 @@ def compile(
   lowered = traced.lower()
   compiled = None if validate_only else lowered.compile()
   return CompiledStep(
-    step_fn, (example_args, example_kwargs), traced, lowered, compiled, collector_box[-1], static
+    step_fn, (example_args, example_kwargs), traced, lowered, compiled, collector_box[-1], static, donated
   )
 
 
@@ -420,6 +442,25 @@ def _argnum(i: Any, n: int, what: str) -> int:
       else f"{what} names argument {i!r}, but the step was given no positional example arguments"
     )
   return int(i) % n
+
+
+def _check_no_donated_alias(args: tuple, kwargs: dict, donated: tuple[int, ...]) -> None:
+  """Refuse one array passed as a donated argument and again elsewhere in the call (XLA would read a buffer
+  it is overwriting)."""
+  seen: dict[int, str] = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
+    if not isinstance(leaf, jax.Array):
+      continue
+    name = _arg_name(path)
+    first = seen.setdefault(id(leaf), name)
+    if first == name:
+      continue
+    donated_one = next((n for n in (first, name) if any(n.startswith(f"args[{i}]") for i in donated)), None)
+    if donated_one is not None:
+      raise StepUsageError(
+        f"arguments {first} and {name} are the same array, and {donated_one} is donated (donate_argnums): the "
+        "step would overwrite the buffer it also reads. Fix: pass a copy (x.copy()) for one of them."
+      )
 
 
 def _same_static(got: Any, want: Any) -> bool:

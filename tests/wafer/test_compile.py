@@ -363,6 +363,15 @@ def _stays(x):
       r"test_compile\.py:\d+\) returned a str \('done'\) at output\[1\]; .*step closure[^-]*$",
     ),
     (lambda: wafer.compile(5, jnp.ones(2)), r"the step must be a function; got a int"),
+    (lambda: wafer.compile(_stays, jnp.ones(2), donate_argnums=5), r"donate_argnums names argument 5"),
+    (
+      lambda: wafer.compile(lambda x, n: x * n, jnp.ones(2), 2, static_argnums=1, donate_argnums=1),
+      r"donate_argnums names argument 1, which is static",
+    ),
+    (
+      lambda: wafer.compile(_stays, jnp.ones(2), static_argnames="y"),
+      r"static_argnames names 'y', which is not",
+    ),
   ],
 )
 def test_api_mistakes_are_step_usage_errors(call, message):
@@ -385,6 +394,18 @@ def test_a_donated_argument_passed_again_is_named():
   ):
     step(x)
   assert step(y).tolist() == [3.0, 3.0, 3.0]  # the output goes on
+
+
+def test_one_array_as_a_donated_and_another_argument_is_named():
+  """``step(x, x)`` with argument 0 donated was a bare JaxRuntimeError (``Attempt to use a buffer that was
+  previously donated in the same call``)."""
+  step = wafer.compile(lambda a, b: a + b, jnp.ones(3), jnp.ones(3), donate_argnums=0)
+  x = jnp.ones(3)
+  with pytest.raises(
+    wafer.StepUsageError, match=r"args\[0\] and args\[1\] are the same array, and args\[0\] is donated"
+  ):
+    step(x, x)
+  assert step(x, x.copy()).tolist() == [2.0, 2.0, 2.0]
 
 
 def test_a_static_array_where_a_number_was_compiled_is_a_static_graph_error():
