@@ -307,10 +307,12 @@ def _batched(
   """``inst`` independent products (samples x heads): parallel work. The rectangle is split into
   ``g`` groups (``g`` a power of two, searched); each group computes ``ceil(inst / g)`` instances one
   after another on its sub-rectangle, the operand wave of the next instance following the last
-  (the fill latency ``alpha * (w + h)`` is paid once per group)."""
+  (the fill latency ``alpha * (w + h)`` is paid once per group). ``g`` may exceed ``inst`` (groups
+  left idle): a few instances need not pay the fill latency of a group larger than they use, so
+  more instances never take fewer cycles."""
   best: GemmPlan | None = None
   g = 1
-  while g <= min(inst, width * height):
+  while g <= width * height:
     w, h = _halve(width, height, g)
     if algorithm == "search":  # one operand stationary on the group, the other streams through
       a = _streamed(k, n, m, w, h, pe, 1)
