@@ -164,3 +164,19 @@ def test_doubling_the_pipeline_wave_at_most_doubles_the_compute_rate(cfg, batch)
   ]
   for small, big in zip(rates, rates[1:]):
     assert big <= 2.0 * small * 1.02, rates
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "e5m2"])
+def test_an_8_bit_accumulator_is_an_error_naming_it(fmt):
+  """FP8 compute is costed at the 16-bit rate with a note; an FP8 accumulator was accepted silently
+  and costed as a 16-bit one. The WSE accumulates in 16 or 32 bits."""
+  step = lambda p, x: jax.grad(lambda p: jax.numpy.mean((x @ p) ** 2))(p)  # noqa: E731
+  args = jax.ShapeDtypeStruct((16, 8), jax.numpy.float32), jax.ShapeDtypeStruct((32, 16), jax.numpy.float32)
+  with pytest.raises(
+    wafer.costmodel.EstimateError, match=r"accumulate_format=.*no 8-bit accumulator.*allowed"
+  ):
+    wafer.estimate(step, *args, accumulate_format=fmt)
+  graph = wafer.costmodel.extract(step, args, batch_argnums=(1,), compute_bits=16)
+  with pytest.raises(wafer.costmodel.EstimateError, match=r"no 8-bit accumulator"):
+    wafer.costmodel.estimate_graph(graph, accumulate_format=fmt)
+  assert wafer.estimate(step, *args, accumulate_format="float16").accumulate_format == "float16"
