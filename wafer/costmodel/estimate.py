@@ -55,6 +55,17 @@ def _format(name: str, value: Any) -> precision.FloatFormat:
     raise EstimateError(f"{name}={value!r} is not a float format: {exc}") from None
 
 
+def _accumulate_format(value: Any) -> precision.FloatFormat:
+  """The accumulator format: 16 bits or wider (the WSE's FMAC accumulates in FP16 or FP32)."""
+  fmt = _format("accumulate_format", value)
+  if fmt.bits < 16:
+    raise EstimateError(
+      f"accumulate_format={value!r}: the WSE has no {fmt.bits}-bit accumulator (its FMAC accumulates in 16 "
+      "or 32 bits); allowed: 'float32' (Cerebras mixed precision) or a 16-bit format such as 'float16'"
+    )
+  return fmt
+
+
 def _policy(policy: Any) -> Any:
   """A policy string parsed (``"c=bf16"``), a policy object as it is; anything else an `EstimateError`."""
   if isinstance(policy, str):
@@ -147,7 +158,7 @@ def estimate(
   if compute_format is None:
     compute_format = getattr(policy, "compute", None) or "cbfloat16"
   compute = _format("compute_format", compute_format)
-  accumulate = _format("accumulate_format", accumulate_format)
+  accumulate = _accumulate_format(accumulate_format)
   calib = calibration or CALIBRATION
   if not isinstance(calib, Calibration):
     raise EstimateError(f"calibration={calib!r}; allowed: a wafer.costmodel.Calibration")
@@ -228,7 +239,7 @@ def estimate_graph(
   fixed at extraction. Arguments as in `estimate`."""
   sys_, mode, num_csx = _check_run(system, mode, num_csx, gemm_algorithm)
   compute = _format("compute_format", compute_format)
-  accumulate = _format("accumulate_format", accumulate_format)
+  accumulate = _accumulate_format(accumulate_format)
   calib = calibration or CALIBRATION
   chip = sys_.chip
   width, height = _rect(rect, chip.usable_width, chip.usable_height)

@@ -197,6 +197,8 @@ class Graph:
     notes: things the extraction approximated.
     sequence_length: axis 1 of the first batch argument, when it has one (to report tokens/s).
     batch_arguments: names of the arguments taken as the batch.
+    param_arrays: parameter arrays of the arguments read as weights (a stacked array counts once,
+      however many layers read slices of it): what an optimizer issues its instructions over.
   """
 
   kernels: list[Kernel]
@@ -210,6 +212,7 @@ class Graph:
   notes: list[str]
   sequence_length: int | None = None
   batch_arguments: tuple[str, ...] = ()
+  param_arrays: int = 0
 
   def flops_per_sample(self, phases: Sequence[str] = ("fwd", "bwd")) -> float:
     """Matrix-product FLOP per sample (all kernel instances), the 'model FLOPs'."""
@@ -233,14 +236,16 @@ class Graph:
 
 
 def _abstract(args: tuple[Any, ...], names: Sequence[str]) -> tuple[Any, ...]:
-  """Arrays -> `jax.ShapeDtypeStruct`; Python numbers stay; anything else cannot be costed."""
+  """Arrays -> `jax.ShapeDtypeStruct`; Python numbers and functions stay (a function in a model's
+  pytree, such as an Equinox module's activation, is part of the step: `_trace` closes over it, as
+  ``eqx.filter_jit`` does); anything else cannot be costed."""
 
   def conv(path: Any, x: Any, name: str) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct):
       return x
     if hasattr(x, "shape") and hasattr(x, "dtype"):
       return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
-    if isinstance(x, (bool, int, float, complex)) or x is None:
+    if isinstance(x, (bool, int, float, complex)) or x is None or _static(x):
       return x
     raise TraceError(
       f"{name}{jax.tree_util.keystr(path)} is a {type(x).__name__}, which the cost model cannot cost; "
@@ -306,13 +311,23 @@ def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int], names: Seq
   return first[1]
 
 
-def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[int]) -> tuple[Walker, Any]:
+def _static(x: Any) -> bool:
+  """A function leaf of an argument (not an array, not a number): closed over, not traced."""
+  return callable(x) and not isinstance(x, (jax.ShapeDtypeStruct, type))
 
-  def traced(*a: Any) -> Any:  # the arguments come back too: a step that updates them in place
-    return fn(*a), a  # (flax.nnx: nnx.jit with nnx.Optimizer) keeps its backward and its update
+
+def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[int]) -> tuple[Walker, Any]:
+  leaves, treedef = jax.tree.flatten(tuple(args))
+  static = [_static(x) for x in leaves]
+
+  def traced(*dynamic: Any) -> Any:  # the arguments come back too: a step that updates them in place
+    it = iter(dynamic)  # (flax.nnx: nnx.jit with nnx.Optimizer) keeps its backward and its update
+    a = jax.tree.unflatten(treedef, [x if st else next(it) for x, st in zip(leaves, static)])
+    out = fn(*a), a
+    return [x for x in jax.tree.leaves(out) if not _static(x)]  # (an Equinox model's functions)
 
   try:
-    closed = jax.make_jaxpr(traced)(*args)
+    closed = jax.make_jaxpr(traced)(*[x for x, st in zip(leaves, static) if not st])
   except Exception as exc:  # the user's function failed to trace: say so, where, keep the cause
     frame = user_frame(exc.__traceback__)
     where = f" at {frame[0]}:{frame[1]}\n    {frame[2]}\n" if frame else ": "
@@ -321,7 +336,7 @@ def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[
     ) from exc
   flat_is_param: list[bool] = []
   for i, a in enumerate(args):
-    n = len(jax.tree.leaves(a))
+    n = sum(not _static(x) for x in jax.tree.leaves(a))
     flat_is_param += [i not in batch_argnums] * n
   jaxpr = closed.jaxpr
   try:  # dead code (e.g. the unused gradient of a max under value_and_grad) is not run on the wafer
@@ -434,6 +449,7 @@ def extract(
     eqn_count=w1.eqn_count,
     notes=sorted(notes),
     batch_arguments=tuple(names[i] for i in sorted(batch_argnums)),
+    param_arrays=len({w1.origin.get(r, r) for k in kernels for r in k.weights}),
   )
 
 
@@ -497,6 +513,14 @@ def _group(
             for n in range(len(prev), 0, -1):
               if prev[:n] == scopes[:n]:
                 break
+              if (prev[:n], prev_mult) in occurrence:
+                left.add((prev[:n], prev_mult))
+          elif last_fwd is not None and len(last_fwd[0]) > len(scopes) and s.kind not in ("move", "cast"):
+            # back in an enclosing scope for arithmetic: its sub-scopes are left (equinox's ``MLP``
+            # runs its activation between its ``MLP/Linear`` calls; each call is its own layer). A
+            # copy or a cast there (autocast's roundings) leaves nothing.
+            prev, prev_mult = last_fwd
+            for n in range(len(prev), len(scopes), -1):
               if (prev[:n], prev_mult) in occurrence:
                 left.add((prev[:n], prev_mult))
           if base in left:

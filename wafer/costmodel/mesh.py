@@ -307,10 +307,14 @@ def _batched(
   """``inst`` independent products (samples x heads): parallel work. The rectangle is split into
   ``g`` groups (``g`` a power of two, searched); each group computes ``ceil(inst / g)`` instances one
   after another on its sub-rectangle, the operand wave of the next instance following the last
-  (the fill latency ``alpha * (w + h)`` is paid once per group)."""
+  (the fill latency ``alpha * (w + h)`` is paid once per group). ``g`` may exceed ``inst`` (groups
+  left idle) while a group still has a PE for every element of an instance's largest matrix: a few
+  small instances need not pay the fill latency of a group larger than they use (4 heads of 64
+  tokens took longer than 8)."""
   best: GemmPlan | None = None
+  largest = max(m * n, m * k, k * n)
   g = 1
-  while g <= min(inst, width * height):
+  while g <= min(inst, width * height) or (g <= width * height and width * height // g >= largest):
     w, h = _halve(width, height, g)
     if algorithm == "search":  # one operand stationary on the group, the other streams through
       a = _streamed(k, n, m, w, h, pe, 1)

@@ -31,7 +31,7 @@ import math
 
 from wafer.costmodel.graph import Graph, Kernel
 from wafer.costmodel.hardware import System
-from wafer.costmodel.mesh import Machine, kernel_cycles
+from wafer.costmodel.mesh import Machine, kernel_cycles, vector_cycles
 from wafer.costmodel.placement import Rect, pack, pack_options
 
 __all__ = ("PipelineResult", "PipelineUnit", "dataflow_units", "layer_pipelined")
@@ -240,7 +240,7 @@ def _evaluate(
       memory_bytes=sum(memory),
       needed_pes=needed,
     )
-  update_cycles = sum(kernel_cycles(machine, k, width, height, ratio, ("update",)) for k in graph.kernels)
+  update_cycles = _update_cycles(graph, machine, width, height, ratio)
   update_s = update_cycles / f + (machine.calib.step_overhead_s if graph.training else 0.0)
   compute = f * wave / worst_compute if worst_compute else math.inf
   data_rate = (
@@ -252,6 +252,41 @@ def _evaluate(
   return PipelineResult(
     True, "", wave, rate, compute, transmit, tuple(placed_units), sum(memory), needed, update_s
   )
+
+
+def _update_cycles(graph: Graph, machine: Machine, width: int, height: int, ratio: float) -> float:
+  """Cycles of the per-step weight update. Every region updates the weights it holds, all regions at
+  once, so the count of instructions a region issues is what it costs, not the step's total.
+
+  * A kernel's own update work (e.g. a cast of its weights) runs in its region: the slowest kernel's
+    counts (one instance; the others run beside it).
+  * The optimizer's element-wise work over all parameters (kernels holding no weights:
+    ``weight_update``) issues the same instructions for every parameter array: ``N / R`` per array
+    for ``N`` instructions over ``R`` arrays, and a region holds at most ``r_max`` arrays (the kernel
+    reading the most), so it costs ``N r_max / R`` instructions over its ``E`` elements spread on the
+    rectangle. One stacked array per weight of a ``scan`` over layers and one array per layer of a
+    Python loop then cost the same (summing every instruction made the loop's update 3x the scan's).
+  * Matrix products in the update (an orthogonalizing optimizer) run on the whole rectangle, after.
+
+  A step whose kernels hold no weights keeps every instruction (the sum over kernels)."""
+  holders = [k for k in graph.kernels if k.weights]
+  if not holders:
+    return sum(kernel_cycles(machine, k, width, height, ratio, ("update",)) for k in graph.kernels)
+  arrays = graph.param_arrays or len({root for k in holders for root in k.weights})
+  per_region = min(1.0, max(len(k.weights) for k in holders) / arrays)
+  cycles = max(kernel_cycles(machine, k, width, height, ratio, ("update",)) for k in holders)
+  for k in graph.kernels:
+    if k.weights:
+      continue
+    for (phase, kind, exponent, bits), (elements, instructions) in k.vector.items():
+      if phase == "update":
+        cycles += k.count * vector_cycles(
+          machine, kind, elements * ratio**exponent, instructions * per_region, bits, width, height
+        )
+    if any(mm.phase == "update" for mm in k.matmuls):
+      products = dataclasses.replace(k, vector={}, matmuls=[mm for mm in k.matmuls if mm.phase == "update"])
+      cycles += k.count * kernel_cycles(machine, products, width, height, ratio, ("update",))
+  return cycles
 
 
 def _links(rects: list[Rect], j: int) -> int:

@@ -143,6 +143,7 @@ class Walker:
     self.sites: list[Site] = []
     self.next_key = 0
     self.root: dict[int, int] = {}  # key -> root key of a parameter
+    self.origin: dict[int, int] = {}  # root key -> the argument's array it was sliced from (itself if none)
     # key -> elements of the parameter it holds: a broadcast (a bias added to every token) reads no
     # more of the parameter than its input (`wafer.costmodel.graph._root_elements`)
     self.param_size: dict[int, int] = {}
@@ -341,6 +342,7 @@ class Walker:
           self.param_size[o] = min(held, _size(var.aval))
         else:  # one layer's slice of stacked parameters (an unrolled loop): a parameter itself
           self.root[o] = o
+          self.origin[o] = self.origin.get(self.root[ins[0]], self.root[ins[0]])
           self.param_size[o] = _size(var.aval)
     if kind is not None:
       self._site(eqn, kind, ins, outs, scopes, transposed, mult, kept)

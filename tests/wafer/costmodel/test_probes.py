@@ -1,0 +1,184 @@
+"""Findings of probing the estimate with steps written the way users write them (issue 12, item 1).
+
+Each test is a finding that failed before its fix: the model written two ways, other libraries'
+conventions, bad inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import wafer
+from wafer.costmodel import CALIBRATION
+from wafer.costmodel import workloads as W
+from wafer.costmodel.hardware import WSE2
+from wafer.costmodel.mesh import Machine, gemm_cycles
+
+SHAPES = [
+  (W.TransformerConfig(layers=4, d_model=128, heads=4, ffn=512, vocab=500, seq=64), 32),
+  (W.TransformerConfig(layers=6, d_model=256, heads=8, ffn=1024, vocab=1000, seq=128), 16),
+]
+IDS = ["d128", "d256"]
+
+
+def _per_layer_step(cfg: W.TransformerConfig):
+  """The workloads' train step with one parameter dict per layer (a list) in a Python loop, as a
+  user writes an unrolled model: the optimizer then runs over ``layers`` times as many arrays."""
+
+  def layers(x, layer_params):
+    for p in layer_params:
+      x = W._layer(cfg, x, p)
+    return x
+
+  def step(params, opt_state, tokens):
+    value, grads = jax.value_and_grad(lambda p: W.loss_fn(cfg, p, tokens, layers=layers))(params)
+    params, opt_state = W.adamw_update(grads, opt_state, params)
+    return params, opt_state, value
+
+  return step
+
+
+def _per_layer_args(cfg: W.TransformerConfig, args):
+  """The stacked example arguments split into a list of per-layer dicts (params and AdamW moments)."""
+
+  def split(tree):
+    out = dict(tree)
+    out["layers"] = [
+      jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree["layers"])
+      for _ in range(cfg.layers)
+    ]
+    return out
+
+  params, opt_state, tokens = args
+  opt_state = opt_state._replace(mu=split(opt_state.mu), nu=split(opt_state.nu))
+  return split(params), opt_state, tokens
+
+
+@pytest.mark.parametrize(("cfg", "batch"), SHAPES, ids=IDS)
+def test_the_pipelined_weight_update_does_not_depend_on_how_the_parameters_are_split(cfg, batch):
+  """Layer pipelined, every region updates its own weights at once. Summing every optimizer
+  instruction over the whole wafer made the per-layer arrays of a Python loop pay about ``layers``
+  times the scan's instructions: 3.2x (d128) and 4.7x (d256) the update time and the loop 2.2x and
+  2.1x slower overall (a Flax BERT-style encoder, ``nn.scan`` against its loop at batch 32: 1.78x)."""
+  fn, args = W.train_example(cfg, batch)
+  scanned = wafer.estimate(fn, *args, mode="pipeline")
+  unrolled = wafer.estimate(_per_layer_step(cfg), *_per_layer_args(cfg, args), mode="pipeline")
+  assert scanned.fits and unrolled.fits
+  assert unrolled.flops_per_sample == pytest.approx(scanned.flops_per_sample, rel=1e-6)
+  assert unrolled.details["update_s"] == pytest.approx(scanned.details["update_s"], rel=0.1)
+  assert abs(math.log(unrolled.samples_per_sec / scanned.samples_per_sec)) <= math.log(1.05)
+
+
+def _equinox_mlp(widths):
+  eqx = pytest.importorskip("equinox")
+  return eqx, eqx.nn.MLP(widths[0], widths[-1], widths[1], len(widths) - 2, key=jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("widths", [(128, 512, 512, 512, 32)])
+def test_an_equinox_module_with_its_activation_function_is_costed(widths):
+  """An ``eqx.nn.MLP`` holds its activation (a function) as a pytree leaf; ``eqx.filter_jit`` closes
+  over such leaves, and so does the estimate (it raised 'model.activation is a custom_jvp, which the
+  cost model cannot cost'). Its products are the plain-JAX MLP's, each layer its own kernel."""
+  eqx, model = _equinox_mlp(widths)
+  x = jax.ShapeDtypeStruct((32, widths[0]), jax.numpy.float32)
+
+  def step(model, x):
+    grads = eqx.filter_grad(lambda m: jax.numpy.mean(jax.vmap(m)(x) ** 2))(model)
+    return eqx.apply_updates(model, jax.tree.map(lambda g: -0.1 * g, grads))
+
+  r = wafer.estimate(step, model, x, mode="pipeline")
+  assert r.batch_arguments == ("x",) and r.details["training"]
+  products = sum(2 * a * b for a, b in zip(widths[:-1], widths[1:]))
+  # forward and two backward products per layer, less the first layer's input gradient (x is data)
+  assert r.flops_per_sample == pytest.approx(3 * products - 2 * widths[0] * widths[1])
+  assert sum(k.count for k in r.kernels if k.flops_per_sample > 0) == len(widths) - 1
+
+
+@pytest.mark.parametrize("widths", [(64, 256, 256, 64), (128, 512, 512, 512, 32)])
+def test_equinox_layers_called_between_their_parents_ops_are_one_kernel_each(widths):
+  """``eqx.nn.MLP`` names every layer ``eqx.nn.MLP/eqx.nn.Linear`` and runs its activation in
+  ``eqx.nn.MLP`` between them: all layers were one kernel, which runs them one after another on one
+  rectangle (layer pipelined 3.7x slower than the same MLP in plain JAX). Returning to the enclosing
+  scope leaves the layer's scope, as a new scope does."""
+  eqx, model = _equinox_mlp(widths)
+  params, static = eqx.partition(model, eqx.is_array)
+  x = jax.ShapeDtypeStruct((32, widths[0]), jax.numpy.float32)
+
+  def eqx_step(params, x):
+    loss = lambda p: jax.numpy.mean(jax.vmap(eqx.combine(p, static))(x) ** 2)  # noqa: E731
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, jax.grad(loss)(params))
+
+  def plain_step(params, x):
+    def loss(p):
+      h = x
+      for i, layer in enumerate(p.layers):
+        h = h @ layer.weight.T + layer.bias[None]
+        h = jax.nn.relu(h) if i < len(p.layers) - 1 else h
+      return jax.numpy.mean(h**2)
+
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, jax.grad(loss)(params))
+
+  for mode in ("pipeline", "weight_streaming"):
+    a = wafer.estimate(eqx_step, params, x, mode=mode)
+    b = wafer.estimate(plain_step, params, x, mode=mode)
+    assert a.flops_per_sample == pytest.approx(b.flops_per_sample)
+    assert abs(math.log(a.samples_per_sec / b.samples_per_sec)) <= math.log(1.2), (
+      mode,
+      a.samples_per_sec,
+      b.samples_per_sec,
+    )
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+  inst=st.integers(2, 64),
+  m=st.sampled_from([16, 32, 64, 128, 256]),
+  k=st.sampled_from([16, 32, 64, 128]),
+  n=st.sampled_from([16, 32, 64, 128, 256]),
+  side=st.sampled_from([(750, 994), (600, 500), (128, 128)]),
+)
+def test_more_attention_instances_never_take_fewer_cycles(inst, m, k, n, side):
+  """``inst`` independent products (samples x heads) on a rectangle, in the regime where twice as
+  many still fit side by side with a PE per element of each one's largest matrix: doubling them
+  cannot finish sooner. The groups were capped at ``inst``, so 4 instances paid the fill latency of
+  quarter-wafer groups and 8 instances of eighth-wafer ones: a wave of one sample took longer than
+  a wave of two (layer pipelined, micro-batch 1 to 2 gave 2.15x the compute rate). (Outside this
+  regime, and for one product alone, which takes the single-product path over the whole rectangle,
+  the cycles are not monotone: 2 products of 16 x 16 x 128 on 64 x 64 PEs take 240 cycles, 4 take 224.)"""
+  assume(2 * inst * max(m * n, m * k, k * n) <= side[0] * side[1])
+  machine = Machine(WSE2, CALIBRATION)
+  one = gemm_cycles(machine, m, k, n, side[0], side[1], 16, inst).cycles
+  two = gemm_cycles(machine, m, k, n, side[0], side[1], 16, 2 * inst).cycles
+  assert one <= two
+
+
+@pytest.mark.parametrize(("cfg", "batch"), SHAPES, ids=IDS)
+def test_doubling_the_pipeline_wave_at_most_doubles_the_compute_rate(cfg, batch):
+  """Without the weight update (which hid it), the compute rate from wave 1 to 2 was 2.15x (d128)."""
+  fn, args = W.train_example(cfg, batch)
+  rates = [
+    wafer.estimate(fn, *args, mode="pipeline", micro_batch_size=s).compute_samples_per_sec for s in (1, 2, 4)
+  ]
+  for small, big in zip(rates, rates[1:]):
+    assert big <= 2.0 * small * 1.02, rates
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "e5m2"])
+def test_an_8_bit_accumulator_is_an_error_naming_it(fmt):
+  """FP8 compute is costed at the 16-bit rate with a note; an FP8 accumulator was accepted silently
+  and costed as a 16-bit one. The WSE accumulates in 16 or 32 bits."""
+  step = lambda p, x: jax.grad(lambda p: jax.numpy.mean((x @ p) ** 2))(p)  # noqa: E731
+  args = jax.ShapeDtypeStruct((16, 8), jax.numpy.float32), jax.ShapeDtypeStruct((32, 16), jax.numpy.float32)
+  with pytest.raises(
+    wafer.costmodel.EstimateError, match=r"accumulate_format=.*no 8-bit accumulator.*allowed"
+  ):
+    wafer.estimate(step, *args, accumulate_format=fmt)
+  graph = wafer.costmodel.extract(step, args, batch_argnums=(1,), compute_bits=16)
+  with pytest.raises(wafer.costmodel.EstimateError, match=r"no 8-bit accumulator"):
+    wafer.costmodel.estimate_graph(graph, accumulate_format=fmt)
+  assert wafer.estimate(step, *args, accumulate_format="float16").accumulate_format == "float16"
