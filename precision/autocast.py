@@ -1421,12 +1421,28 @@ def _join_all_opt(tags: Sequence[Tag | None]) -> Tag | None:
   return None if all(t is None for t in tags) else _join_all(tags)
 
 
+_MANUAL = threading.local()  # mesh axes of the shard_map bodies being interpreted (innermost last)
+
+
+def _manual_axes() -> tuple[str, ...]:
+  """The mesh axis names that are manual where the pass is now tracing (inside ``shard_map``
+  bodies; empty outside). An observer (`numerics_report`) uses them to tell the shards apart."""
+  return getattr(_MANUAL, "axes", ())
+
+
 def _shard_map(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
   params = eqn.params
   box: list[list[Tag | None]] = []
+  manual = set(params.get("newly_manual_axes", ())) or set(params["mesh"].axis_names)
+  names = tuple(n for n in params["mesh"].axis_names if n in manual)
 
   def body(*args: Any) -> tuple[Any, ...]:
-    outs, out_tags = _interpret(p, params["jaxpr"], (), args, tags)
+    outer = _manual_axes()
+    _MANUAL.axes = outer + tuple(n for n in names if n not in outer)
+    try:
+      outs, out_tags = _interpret(p, params["jaxpr"], (), args, tags)
+    finally:
+      _MANUAL.axes = outer
     box.append(out_tags)
     return tuple(outs)
 
