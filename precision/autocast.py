@@ -502,20 +502,49 @@ class _Outputs(NamedTuple):
 _TRACED = object()
 
 
+def _traced_leaves(tree: Any, leaves: list[Any]) -> list[bool]:
+  """Which of ``tree``'s ``leaves`` (``jax.tree.leaves(tree)``) are traced: arrays, and Python
+  numbers that are neither bools nor fields of an Equinox module.
+
+  A Python bool is a flag (``inference``, ``use_bias``, ``deterministic``): traced, ``if flag:``
+  fails. Inside an Equinox module only arrays are traced, as ``eqx.filter_jit`` does: its Python
+  numbers are hyperparameters (a convolution's strides, a number of heads, a dropout rate).
+  """
+  traced = [isinstance(leaf, _ARRAY_LEAVES) and not isinstance(leaf, bool) for leaf in leaves]
+  eqx = _sys.modules.get("equinox")
+  if eqx is None:
+    return traced
+  pieces = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, eqx.Module))
+  if not any(isinstance(piece, eqx.Module) for piece in pieces):
+    return traced
+  i = 0
+  for piece in pieces:
+    n = len(jax.tree.leaves(piece)) if isinstance(piece, eqx.Module) else 1
+    if isinstance(piece, eqx.Module):
+      for j in range(i, i + n):
+        traced[j] = traced[j] and isinstance(leaves[j], _ARRAYS)
+    i += n
+  return traced
+
+
+_ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
+
+
 def _trace(
   fn: Callable[..., Any], statics: _Statics, args: tuple, kwargs: dict
 ) -> tuple[Any, _Outputs, list]:
   """(closed jaxpr, how to rebuild the output, flat dynamic arguments) of ``fn(*args, **kwargs)``.
 
-  Leaves that are arrays or Python numbers are traced; any other leaf (a function or a string
-  held by an Equinox module, an enum, a config object) is static: passed to ``fn`` as it is,
-  as ``eqx.filter_jit`` does. Such leaves among ``fn``'s outputs are returned as they are."""
+  Leaves that are arrays or Python numbers are traced (not Python bools, nor the numbers of an
+  Equinox module: `_traced_leaves`); any other leaf (a function or a string held by an Equinox
+  module, an enum, a config object) is static: passed to ``fn`` as it is, as ``eqx.filter_jit``
+  does. Such leaves among ``fn``'s outputs are returned as they are."""
   static_args = {i: args[i] for i in statics.argnums if i < len(args)}
   static_kwargs = {k: kwargs[k] for k in statics.argnames if k in kwargs}
   dyn_args = tuple(None if i in static_args else a for i, a in enumerate(args))
   dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_kwargs}
   leaves, in_tree = jax.tree.flatten((dyn_args, dyn_kwargs))
-  traced = [isinstance(leaf, _ARRAY_LEAVES) for leaf in leaves]
+  traced = _traced_leaves((dyn_args, dyn_kwargs), leaves)
   flat = [leaf for leaf, t in zip(leaves, traced) if t]
   outputs: list[_Outputs] = []
 
@@ -523,8 +552,9 @@ def _trace(
     it = iter(dynamic)
     a, k = jax.tree.unflatten(in_tree, [next(it) if t else leaf for leaf, t in zip(leaves, traced)])
     a = tuple(static_args.get(i, x) for i, x in enumerate(a))
-    out_flat, out_tree = jax.tree.flatten(fn(*a, **k, **static_kwargs))
-    keep = tuple(_TRACED if isinstance(o, _ARRAY_LEAVES) else o for o in out_flat)
+    out = fn(*a, **k, **static_kwargs)
+    out_flat, out_tree = jax.tree.flatten(out)
+    keep = tuple(_TRACED if t else o for o, t in zip(out_flat, _traced_leaves(out, out_flat)))
     outputs.append(_Outputs(out_tree, keep))
     return [o for o, s in zip(out_flat, keep) if s is _TRACED]
 
