@@ -156,6 +156,7 @@ import contextlib
 import functools
 import inspect
 import math
+import sys as _sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -273,6 +274,9 @@ def autocast(
       numbers are traced; any other leaf (an Equinox module's activation function, a string)
       is passed to ``fn`` unchanged, as ``eqx.filter_jit`` does, and such leaves of the
       result are returned unchanged: ``eqx.filter_jit(autocast(loss, policy))(model, x)`` works.
+      A Flax NNX module among the arguments is handled as ``nnx.jit`` does: its state is traced
+      and what ``fn`` changes in it (BatchNorm statistics, ``nnx.Rngs`` counts) is written back
+      (not rounded to ``output``), so ``nnx.value_and_grad(autocast(loss, policy))(model, x)`` works.
     policy: a `Policy` or its string form (``"c=cb16,level=1"``).
     static_argnums, static_argnames: arguments to pass unchanged rather than trace (Python
       bools and numbers used as flags, configs), as in ``jax.jit`` (a name also covers the
@@ -325,10 +329,16 @@ class _Autocast:
     p = _Pass(policy)
     if p.stochastic:
       p.key = _check_key(fn, policy, rounding_key)
-    closed, outputs, flat = _trace(fn, self._statics, args, kwargs)
+    lifted = _lift_nnx_modules(fn, self._statics, args, kwargs)
+    if lifted is None:
+      closed, outputs, flat = _trace(fn, self._statics, args, kwargs)
+      with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
+        outs = _run(p, closed, flat)
+      return outputs.unflatten(outs)
+    closed, outputs, flat = _trace(lifted.fn, _Statics((), ()), lifted.args, {})
     with jax.named_scope(_NESTED_SCOPE) if nested else contextlib.nullcontext():
-      outs = _run(p, closed, flat)
-    return outputs.unflatten(outs)
+      outs = _run(p, closed, flat, rounded_outputs=lifted.traced_outputs[0])
+    return lifted.finish(outputs.unflatten(outs))
 
   def __get__(self, instance: Any, owner: Any = None) -> Any:
     return self if instance is None else functools.partial(self, instance)
@@ -492,20 +502,49 @@ class _Outputs(NamedTuple):
 _TRACED = object()
 
 
+def _traced_leaves(tree: Any, leaves: list[Any]) -> list[bool]:
+  """Which of ``tree``'s ``leaves`` (``jax.tree.leaves(tree)``) are traced: arrays, and Python
+  numbers that are neither bools nor fields of an Equinox module.
+
+  A Python bool is a flag (``inference``, ``use_bias``, ``deterministic``): traced, ``if flag:``
+  fails. Inside an Equinox module only arrays are traced, as ``eqx.filter_jit`` does: its Python
+  numbers are hyperparameters (a convolution's strides, a number of heads, a dropout rate).
+  """
+  traced = [isinstance(leaf, _ARRAY_LEAVES) and not isinstance(leaf, bool) for leaf in leaves]
+  eqx = _sys.modules.get("equinox")
+  if eqx is None:
+    return traced
+  pieces = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, eqx.Module))
+  if not any(isinstance(piece, eqx.Module) for piece in pieces):
+    return traced
+  i = 0
+  for piece in pieces:
+    n = len(jax.tree.leaves(piece)) if isinstance(piece, eqx.Module) else 1
+    if isinstance(piece, eqx.Module):
+      for j in range(i, i + n):
+        traced[j] = traced[j] and isinstance(leaves[j], _ARRAYS)
+    i += n
+  return traced
+
+
+_ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
+
+
 def _trace(
   fn: Callable[..., Any], statics: _Statics, args: tuple, kwargs: dict
 ) -> tuple[Any, _Outputs, list]:
   """(closed jaxpr, how to rebuild the output, flat dynamic arguments) of ``fn(*args, **kwargs)``.
 
-  Leaves that are arrays or Python numbers are traced; any other leaf (a function or a string
-  held by an Equinox module, an enum, a config object) is static: passed to ``fn`` as it is,
-  as ``eqx.filter_jit`` does. Such leaves among ``fn``'s outputs are returned as they are."""
+  Leaves that are arrays or Python numbers are traced (not Python bools, nor the numbers of an
+  Equinox module: `_traced_leaves`); any other leaf (a function or a string held by an Equinox
+  module, an enum, a config object) is static: passed to ``fn`` as it is, as ``eqx.filter_jit``
+  does. Such leaves among ``fn``'s outputs are returned as they are."""
   static_args = {i: args[i] for i in statics.argnums if i < len(args)}
   static_kwargs = {k: kwargs[k] for k in statics.argnames if k in kwargs}
   dyn_args = tuple(None if i in static_args else a for i, a in enumerate(args))
   dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_kwargs}
   leaves, in_tree = jax.tree.flatten((dyn_args, dyn_kwargs))
-  traced = [isinstance(leaf, _ARRAY_LEAVES) for leaf in leaves]
+  traced = _traced_leaves((dyn_args, dyn_kwargs), leaves)
   flat = [leaf for leaf, t in zip(leaves, traced) if t]
   outputs: list[_Outputs] = []
 
@@ -513,8 +552,9 @@ def _trace(
     it = iter(dynamic)
     a, k = jax.tree.unflatten(in_tree, [next(it) if t else leaf for leaf, t in zip(leaves, traced)])
     a = tuple(static_args.get(i, x) for i, x in enumerate(a))
-    out_flat, out_tree = jax.tree.flatten(fn(*a, **k, **static_kwargs))
-    keep = tuple(_TRACED if isinstance(o, _ARRAY_LEAVES) else o for o in out_flat)
+    out = fn(*a, **k, **static_kwargs)
+    out_flat, out_tree = jax.tree.flatten(out)
+    keep = tuple(_TRACED if t else o for o, t in zip(out_flat, _traced_leaves(out, out_flat)))
     outputs.append(_Outputs(out_tree, keep))
     return [o for o, s in zip(out_flat, keep) if s is _TRACED]
 
@@ -523,19 +563,78 @@ def _trace(
   return closed, outputs[0], flat
 
 
-def _run(p: _Pass, closed: jcore.ClosedJaxpr, flat: Sequence[Any]) -> list[Any]:
+def _run(
+  p: _Pass, closed: jcore.ClosedJaxpr, flat: Sequence[Any], rounded_outputs: int | None = None
+) -> list[Any]:
+  """Interpret ``closed`` on ``flat``; float32 outputs (the first ``rounded_outputs`` of them, all
+  if None) are rounded to the policy's output format."""
   tags = [_RAW if _is_f32(v.aval) else None for v in closed.jaxpr.invars]
   outs, out_tags = _interpret(p, closed.jaxpr, closed.consts, list(flat), tags)
   if p.policy.output == float32:
     return outs
   # An output already rounded to the output format (it is the compute format) is not rounded again.
   done = (ROUNDED, CONST_ROUNDED) if p.policy.output == p.fmt and p.policy.is_mixed else ()
+  n = len(outs) if rounded_outputs is None else rounded_outputs
   return [
     p.round_to(o, p.policy.output, "<output>")
-    if _is_f32(jax.typeof(o)) and (t is None or t.state not in done)
+    if i < n and _is_f32(jax.typeof(o)) and (t is None or t.state not in done)
     else o
-    for o, t in zip(outs, out_tags)
+    for i, (o, t) in enumerate(zip(outs, out_tags))
   ]
+
+
+class _Lifted(NamedTuple):
+  """A call whose arguments hold Flax NNX modules, as a pure function of their state."""
+
+  fn: Callable[..., Any]  # (state, other leaves) -> (fn's result, the modules' new state)
+  args: tuple  # (state, other leaves)
+  finish: Callable[[Any], Any]  # writes the new state into the caller's modules; returns the result
+  traced_outputs: list[int]  # filled while tracing: how many traced outputs fn's result has
+
+
+def _lift_nnx_modules(fn: Callable[..., Any], statics: _Statics, args: tuple, kwargs: dict) -> _Lifted | None:
+  """``fn(*args, **kwargs)`` as ``nnx.jit`` runs it, where an argument holds an NNX module.
+
+  A module passed to a traced function is a copy inside the trace: what ``fn`` changes in it
+  (BatchNorm statistics, the counts of the ``nnx.Rngs`` that draw dropout masks) would be lost.
+  Here the modules are split into their state (traced), merged inside, and the state ``fn`` leaves
+  is written back with ``nnx.update``, as ``nnx.jit`` does. None when no argument holds a module
+  (or Flax is not imported: nothing here imports it).
+  """
+  nnx = _sys.modules.get("flax.nnx")
+  if nnx is None:
+    return None
+  is_node = nnx.graph.is_graph_node
+  static_args = {i: args[i] for i in statics.argnums if i < len(args)}
+  static_kwargs = {k: kwargs[k] for k in statics.argnames if k in kwargs}
+  dyn_args = tuple(None if i in static_args else a for i, a in enumerate(args))
+  dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_kwargs}
+  leaves, tree = jax.tree.flatten((dyn_args, dyn_kwargs), is_leaf=is_node)
+  where = [i for i, leaf in enumerate(leaves) if is_node(leaf)]
+  if not where:
+    return None
+  nodes = tuple(leaves[i] for i in where)
+  graphdef, state = nnx.split(nodes)
+  rest = [None if i in where else leaf for i, leaf in enumerate(leaves)]
+  traced_outputs: list[int] = []
+
+  def pure(state: Any, rest: list) -> tuple[Any, Any]:
+    copies = nnx.merge(graphdef, state)
+    full = list(rest)
+    for i, copy in zip(where, copies):
+      full[i] = copy
+    a, k = jax.tree.unflatten(tree, full)
+    a = tuple(static_args.get(i, x) for i, x in enumerate(a))
+    out = fn(*a, **k, **static_kwargs)
+    traced_outputs.append(sum(isinstance(o, _ARRAY_LEAVES) for o in jax.tree.leaves(out)))
+    return out, nnx.state(copies)
+
+  def finish(result: tuple[Any, Any]) -> Any:
+    out, new_state = result
+    nnx.update(nodes, new_state)
+    return out
+
+  return _Lifted(pure, (state, rest), finish, traced_outputs)
 
 
 # ---- the interpreter ----
@@ -1421,12 +1520,28 @@ def _join_all_opt(tags: Sequence[Tag | None]) -> Tag | None:
   return None if all(t is None for t in tags) else _join_all(tags)
 
 
+_MANUAL = threading.local()  # mesh axes of the shard_map bodies being interpreted (innermost last)
+
+
+def _manual_axes() -> tuple[str, ...]:
+  """The mesh axis names that are manual where the pass is now tracing (inside ``shard_map``
+  bodies; empty outside). An observer (`numerics_report`) uses them to tell the shards apart."""
+  return getattr(_MANUAL, "axes", ())
+
+
 def _shard_map(p: _Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
   params = eqn.params
   box: list[list[Tag | None]] = []
+  manual = set(params.get("newly_manual_axes", ())) or set(params["mesh"].axis_names)
+  names = tuple(n for n in params["mesh"].axis_names if n in manual)
 
   def body(*args: Any) -> tuple[Any, ...]:
-    outs, out_tags = _interpret(p, params["jaxpr"], (), args, tags)
+    outer = _manual_axes()
+    _MANUAL.axes = outer + tuple(n for n in names if n not in outer)
+    try:
+      outs, out_tags = _interpret(p, params["jaxpr"], (), args, tags)
+    finally:
+      _MANUAL.axes = outer
     box.append(out_tags)
     return tuple(outs)
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from precision.formats import FloatFormat, get_format
 
@@ -55,11 +56,16 @@ def _setting(name: str, value: Any, *, zero: bool = False) -> float:
 
 
 def _scale_floats(tree: Any, factor: jax.Array) -> Any:
-  """Multiply every floating leaf by the float32 ``factor``; leaves narrower than float32 are
-  promoted to float32 first (cstorch's ``loss.float() * scale``); other leaves are unchanged."""
+  """Multiply every floating or complex leaf by the float32 ``factor``; real leaves narrower than
+  float32 are promoted to float32 first (cstorch's ``loss.float() * scale``); a complex leaf has
+  its real and imaginary parts scaled (a complex product would turn ``inf * 0`` into NaN); other
+  leaves (integers, ``float0`` gradients, PRNG keys) are unchanged."""
 
   def scale_leaf(leaf: Any) -> Any:
     leaf = jnp.asarray(leaf)
+    if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
+      part = factor.astype(leaf.real.dtype)
+      return jax.lax.complex(leaf.real * part, leaf.imag * part)
     if not jnp.issubdtype(leaf.dtype, jnp.floating):
       return leaf
     if jnp.finfo(leaf.dtype).bits < 32:
@@ -70,17 +76,84 @@ def _scale_floats(tree: Any, factor: jax.Array) -> Any:
 
 
 def all_finite(grads: Any) -> jax.Array:
-  """Cerebras' overflow test: ``sqrt(sum of g^2 over all leaves) < inf`` in float32 (bool scalar)."""
-  leaves = [jnp.asarray(g, jnp.float32) for g in jax.tree.leaves(grads)]
-  if not leaves:
+  """Cerebras' overflow test: ``sqrt(sum of |g|^2 over all leaves) < inf`` in float32 (bool scalar).
+
+  Every floating leaf counts (float64 and 16-bit ones are converted to float32 first), and a
+  complex leaf by its real and imaginary parts. Leaves that cannot overflow are left out:
+  integers and booleans, the ``float0`` gradients of integer inputs
+  (``jax.grad(..., allow_int=True)``) and PRNG keys.
+
+  >>> import jax.numpy as jnp, precision
+  >>> bool(precision.all_finite({"w": jnp.ones(3), "step": jnp.int32(7), "z": jnp.array([1j])}))
+  True
+  >>> bool(precision.all_finite({"w": jnp.ones(3), "z": jnp.array([complex(1, float("inf"))])}))
+  False
+  """
+  parts = []
+  for g in jax.tree.leaves(grads):
+    g = jnp.asarray(g)
+    if jnp.issubdtype(g.dtype, jnp.complexfloating):
+      parts += [g.real, g.imag]
+    elif jnp.issubdtype(g.dtype, jnp.floating):
+      parts.append(g)
+  if not parts:
     return jnp.asarray(True)
-  squares = sum(jnp.sum(g * g) for g in leaves)
+  squares = sum(jnp.sum(jnp.square(p.astype(jnp.float32))) for p in parts)
   return jnp.sqrt(squares) < jnp.float32(jnp.inf)
 
 
 def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
-  """Leafwise ``jnp.where(pred, a, b)`` over two pytrees of the same structure (skipping updates)."""
-  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+  """Leafwise ``jnp.where(pred, a, b)`` over two pytrees of the same structure (skipping updates).
+
+  ``pred`` is one boolean (a 0-d array or a Python bool): the whole tree is taken from one side.
+  Leaves that are not arrays (an Equinox module's activation function, a string) must be the same
+  object on both sides and are returned as they are.
+
+  Raises:
+    ValueError: ``pred`` is not a scalar, the trees differ in structure (the message names the
+      first key path that differs), or a non-array leaf differs between the two trees.
+  """
+  shape = jnp.shape(pred)
+  if shape != ():
+    raise ValueError(
+      f"select_tree: pred must be one boolean (a 0-d array such as all_finite(grads)); got shape {shape}, "
+      "which would mix the two trees element by element"
+    )
+  true_paths, true_def = jax.tree_util.tree_flatten_with_path(on_true)
+  false_paths, false_def = jax.tree_util.tree_flatten_with_path(on_false)
+  if true_def != false_def:
+    names_t = [jax.tree_util.keystr(k) for k, _ in true_paths]
+    names_f = [jax.tree_util.keystr(k) for k, _ in false_paths]
+    first = next((a for a, b in zip(names_t, names_f) if a != b), None)
+    where = f"first at {first}" if first is not None else f"{len(names_t)} and {len(names_f)} leaves"
+    raise ValueError(
+      f"select_tree: on_true and on_false must have the same structure; they differ ({where}): "
+      f"{true_def} vs {false_def}"
+    )
+
+  def pick(path: Any, a: Any, b: Any) -> Any:
+    if _is_array_like(a) and _is_array_like(b):
+      return jnp.where(pred, a, b)
+    if a is b or (not _is_array_like(a) and not _is_array_like(b) and _same_object(a, b)):
+      return a
+    raise ValueError(
+      f"select_tree: the leaf at {jax.tree_util.keystr(path)} is not an array ({type(a).__name__} and "
+      f"{type(b).__name__}) and differs between on_true and on_false; only arrays can be selected by a "
+      "traced predicate (partition the tree first, e.g. eqx.partition(model, eqx.is_array))"
+    )
+
+  return jax.tree_util.tree_map_with_path(pick, on_true, on_false)
+
+
+def _is_array_like(x: Any) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, complex))
+
+
+def _same_object(a: Any, b: Any) -> bool:
+  try:
+    return bool(a == b)
+  except Exception:  # noqa: BLE001  (an object whose == is not a bool: not the same)
+    return False
 
 
 @dataclasses.dataclass(frozen=True)

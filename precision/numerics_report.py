@@ -15,7 +15,9 @@ The interpreter's observer hook sees every equation of both runs (inside ``jit``
 interpreted by the same pass); for each equation with float inputs or outputs it sends the
 inputs and outputs to the host (``jax.debug.callback``). The shadow run's arrays are kept
 until the policy run delivers the same equation's arrays (matched by equation and by call
-count, so iteration ``i`` of a scan meets iteration ``i``). Statistics are accumulated in
+count, so iteration ``i`` of a scan meets iteration ``i``; inside a ``shard_map`` body each
+shard calls back with its position on the mesh and is matched with the same shard's shadow,
+and a row sums the shards). Statistics are accumulated in
 float64 NumPy, summed over the calls of an equation (a scan's iterations aggregate into
 one row):
 
@@ -83,6 +85,7 @@ import functools
 import html
 import math
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -92,7 +95,7 @@ import numpy as np
 from jax.extend import source_info_util
 
 from precision._op_classes import CONTROL_FLOW, PRIMITIVE_CLASSES
-from precision.autocast import _as_policy, _check_callable, _Pass, _run, _Statics, _trace
+from precision.autocast import _as_policy, _check_callable, _manual_axes, _Pass, _run, _Statics, _trace
 from precision.formats import FloatFormat
 from precision.policy import Policy
 from precision.rounding import _host_round
@@ -189,6 +192,7 @@ class _Collector:
     self.calls = 0
     self.missing = 0
     self.pending: list[Any] = []  # keys whose source is the next enclosing equation's
+    self.lock = threading.Lock()
 
   def observer(self, run: str) -> Callable[..., None]:
     def observe(eqn: Any, values: list, in_tags: list, outs: list, out_tags: list) -> None:
@@ -221,17 +225,35 @@ class _Collector:
       out_list = (
         [jnp.asarray(outs[i]) for i in range(len(outs))] if decision else [outs[i] for i in floats_out]
       )
+      axes = _manual_axes()
+      if axes:  # in a shard_map body: one call per shard, told apart by its position on the mesh
+        # (ordered callbacks are refused on more than one device; a shard's calls of one equation
+        # still arrive in program order, and the two runs are matched per shard)
+        receive = functools.partial(self._receive_shard, run, key, tuple(send_in), len(ins), len(axes))
+        jax.debug.callback(receive, *[jax.lax.axis_index(a) for a in axes], *ins, *out_list)
+        return
       receive = functools.partial(self._receive, run, key, tuple(send_in), len(ins))
       jax.debug.callback(receive, *ins, *out_list, ordered=True)
 
     return observe
 
-  def _receive(self, run: str, key: Any, in_index: tuple, n_in: int, *arrays: Any) -> None:
+  def _receive_shard(self, run: str, key: Any, in_index: tuple, n_in: int, n_axes: int, *arrays: Any) -> None:
+    shard = tuple(int(i) for i in arrays[:n_axes])
+    self._receive(run, key, in_index, n_in, *arrays[n_axes:], shard=shard)
+
+  def _receive(self, run: str, key: Any, in_index: tuple, n_in: int, *arrays: Any, shard: Any = None) -> None:
     arrays = tuple(np.asarray(a) for a in arrays)
+    with self.lock:  # the shards of a shard_map call back from several threads
+      self._receive_locked(run, key, in_index, n_in, arrays, shard)
+
+  def _receive_locked(
+    self, run: str, key: Any, in_index: tuple, n_in: int, arrays: tuple, shard: Any
+  ) -> None:
+    queue_key = key if shard is None else (key, shard)
     if run == "shadow":
-      self.shadow[key].append(arrays)
+      self.shadow[queue_key].append(arrays)
       return
-    queue = self.shadow.get(key)
+    queue = self.shadow.get(queue_key)
     if not queue:
       self.missing += 1
       return

@@ -317,8 +317,12 @@ class Policy:
       use_bfloat16: the 1.x-era spelling of ``fp16_type: bfloat16``.
 
     Raises:
-      PolicyError: an unknown ``fp16_type`` or level, or conflicting keys.
+      PolicyError: an unknown ``fp16_type`` or level, conflicting keys, or a flag that is not
+        a boolean (a string ``"false"`` would be true: flags are ``True``/``False``, or ``0``/``1``).
     """
+    mixed_precision = _as_flag("mixed_precision", mixed_precision, optional=False)
+    attention_softmax_fp32 = _as_flag("attention_softmax_fp32", attention_softmax_fp32)
+    use_bfloat16 = _as_flag("use_bfloat16", use_bfloat16)
     level = 1 if precision_opt_level is None else _as_int(precision_opt_level)
     if level not in LEVELS:
       raise PolicyError(f"precision_opt_level={precision_opt_level!r}: must be an integer in range [0, 3)")
@@ -338,6 +342,22 @@ class Policy:
     wanted = "float32" if softmax_fp32 else "round"
     rules = {} if wanted == default else {"attention_softmax": wanted}
     return cls(compute=half, level=level, rules=rules)
+
+
+def _as_flag(name: str, value: Any, optional: bool = True) -> bool | None:
+  """A modelzoo boolean key: ``True``/``False`` (Python or NumPy) or the integers 0 and 1; None
+  (the key is absent) where ``optional``. Anything else is a `PolicyError`: Python's truth value
+  of the string ``"false"`` is True, which would switch mixed precision on."""
+  if value is None and optional:
+    return None
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  if _as_int(value) in (0, 1):
+    return bool(value)
+  raise PolicyError(
+    f"{name}={value!r} ({type(value).__name__}): a flag is True or False (unquoted in YAML: "
+    f"{name}: false){'; or None for the default' if optional else ''}"
+  )
 
 
 def _as_int(value: Any) -> int | None:

@@ -94,11 +94,30 @@ def same_floats(actual: Any, expected: Any) -> np.ndarray:
 
 def _as_common_float(actual: Any, expected: Any) -> tuple[np.ndarray, np.ndarray, Any]:
   """Both as float32, or both as float64 when either is float64 (never narrowed: a float64
-  that is not a float32 value differs from every float32), and the matching uint dtype."""
-  actual, expected = np.asarray(actual), np.asarray(expected)
-  wide = np.float64 in (actual.dtype, expected.dtype)
+  that is not a float32 value differs from every float32), and the matching uint dtype.
+
+  Integers and booleans on both sides are compared exactly (as int64: float32 holds integers
+  only up to 2^24, so 16777217 and 16777216, or two uint32 bit patterns, would compare equal);
+  an integer against a float is compared in float64. Complex values are compared as their real
+  and imaginary parts (a new last axis of 2); PRNG keys as their key data."""
+  actual, expected = _plain_array(actual), _plain_array(expected)
+  kinds = {actual.dtype.kind, expected.dtype.kind}
+  if kinds <= set("biu"):
+    return actual.astype(np.int64), expected.astype(np.int64), np.int64
+  if "c" in kinds:
+    wide = np.float64 in (actual.real.dtype, expected.real.dtype) or not kinds <= set("cf")
+    dtype, bits = (np.float64, np.uint64) if wide else (np.float32, np.uint32)
+    parts = lambda z: np.stack([np.real(z), np.imag(z)], axis=-1).astype(dtype)  # noqa: E731
+    return parts(actual), parts(expected), bits
+  wide = np.float64 in (actual.dtype, expected.dtype) or not kinds <= set("f")
   dtype, bits = (np.float64, np.uint64) if wide else (np.float32, np.uint32)
   return actual.astype(dtype), expected.astype(dtype), bits
+
+
+def _plain_array(x: Any) -> np.ndarray:
+  if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  return np.asarray(x)
 
 
 def assert_same_floats(actual: Any, expected: Any, context: str = "") -> None:

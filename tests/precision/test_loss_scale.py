@@ -167,3 +167,61 @@ def test_float16_training_diverges_without_dls_and_converges_with_it():
   assert not np.isfinite(without_dls)  # inf gradients reached the weights
   assert with_dls < 1.0  # from ~1570
   assert int(ls.num_skipped_steps) > 0 and float(ls.loss_scale) < 2.0**15
+
+
+# ---- gradients of programs written by others: complex weights, integer inputs, keys ----
+
+
+def test_all_finite_skips_float0_gradients_and_keys():
+  """``jax.grad(..., allow_int=True)`` gives integer inputs a float0 gradient, and a train state
+  holds PRNG keys: all_finite raised ValueError ("setting an array element with a sequence",
+  "Cannot convert_element_type from key<fry>") instead of testing the float leaves."""
+  grads = jax.grad(lambda w, n: jnp.sum(w * w), argnums=(0, 1), allow_int=True)(jnp.ones(3), jnp.int32(4))
+  assert grads[1].dtype == jax.dtypes.float0
+  tree = {"grads": grads, "key": jax.random.key(0), "step": jnp.int32(3)}
+  assert bool(precision.all_finite(tree))
+  assert not bool(precision.all_finite({**tree, "bad": jnp.array([jnp.inf])}))
+  assert bool(jax.jit(precision.all_finite)(tree))
+
+
+@pytest.mark.parametrize("bad", [complex(1, float("inf")), complex(float("nan"), 0), complex(0, 3e20)])
+def test_all_finite_sees_the_imaginary_part(bad):
+  """The leaves were converted to float32 with jnp.asarray(g, float32): a complex gradient lost
+  its imaginary part (an inf there counted as finite) and NumPy's ComplexWarning, an error under
+  pytest's filterwarnings=error, was raised."""
+  ok = jnp.array([1 + 2j, -3j], jnp.complex64)
+  assert bool(precision.all_finite({"z": ok}))
+  assert not bool(precision.all_finite({"z": ok.at[1].set(bad)}))  # 3e20: |g|^2 overflows float32
+
+
+@pytest.mark.parametrize("ls", [StaticLossScale.create(2.0**20), DynamicLossScale.create("cbfloat16")])
+def test_scale_and_unscale_complex_leaves_both_parts(ls):
+  """Complex gradients were left as they were: unscale returned them still multiplied by the loss
+  scale (2^31 for cbfloat16), a silently wrong update for complex-valued weights."""
+  s = float(ls.loss_scale)
+  z = jnp.array([1.5 - 2j, complex(float("inf"), 1.0), complex(0.0, -0.0)], jnp.complex64)
+  scaled = ls.scale({"z": z, "r": jnp.float32(1.5)})
+  assert scaled["z"].dtype == jnp.complex64
+  np.testing.assert_array_equal(np.asarray(scaled["z"]).real, np.asarray(z).real * np.float32(s))
+  np.testing.assert_array_equal(np.asarray(scaled["z"]).imag, np.asarray(z).imag * np.float32(s))
+  back = ls.unscale(scaled)["z"]
+  np.testing.assert_array_equal(np.asarray(back), np.asarray(z))  # inf stays inf: no inf * 0 = NaN
+  assert np.signbit(np.asarray(back).imag[2])
+
+
+def test_select_tree_checks_the_predicate_and_passes_non_array_leaves():
+  """A predicate of shape (n,) mixed the trees element by element (jnp.where broadcasts), a
+  non-array leaf (an Equinox module's activation function) was a TypeError from jnp.where, and a
+  structure mismatch was tree_map's message without the key path."""
+  new = {"w": jnp.ones(3), "act": jax.nn.gelu, "name": "mlp", "step": jnp.int32(1)}
+  old = {"w": jnp.zeros(3), "act": jax.nn.gelu, "name": "mlp", "step": jnp.int32(0)}
+  out = jax.jit(lambda p: {k: precision.select_tree(p, new, old)[k] for k in ("w", "step")})(jnp.bool_(False))
+  assert out["w"].tolist() == [0.0, 0.0, 0.0] and int(out["step"]) == 0
+  assert precision.select_tree(True, new, old)["act"] is jax.nn.gelu
+  assert precision.select_tree(True, new, old)["name"] == "mlp"
+  with pytest.raises(ValueError, match=r"pred must be one boolean .* shape \(3,\)"):
+    precision.select_tree(jnp.array([True, False, True]), new, old)
+  with pytest.raises(ValueError, match=r"\['act'\] is not an array .*differs"):
+    precision.select_tree(True, new, {**old, "act": jax.nn.relu})
+  with pytest.raises(ValueError, match=r"same structure.*first at \['v'\]"):
+    precision.select_tree(True, {"v": jnp.ones(1), "w": jnp.ones(1)}, {"u": jnp.ones(1), "w": jnp.ones(1)})

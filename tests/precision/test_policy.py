@@ -179,3 +179,22 @@ def test_level_and_block_types():
   assert type(p.level) is int and type(p.accumulation_block) is int
   with pytest.raises(PolicyError, match="accumulation_block=64.0"):
     precision.Policy(accumulation_block=64.0)
+
+
+@pytest.mark.parametrize("key", ["mixed_precision", "attention_softmax_fp32", "use_bfloat16"])
+@pytest.mark.parametrize("text", ["false", "False", "0", "no", "true", ""])
+def test_from_config_flags_that_are_strings_are_errors(key, text):
+  """``from_config(mixed_precision="false")`` (a value read from a quoted YAML entry, an argparse
+  option or an environment variable) gave a bfloat16 policy: the truth value of any non-empty
+  string is True."""
+  with pytest.raises(PolicyError, match=rf"{key}='{text}' \(str\): a flag is True or False"):
+    precision.Policy.from_config(**{key: text})
+
+
+@pytest.mark.parametrize("flag", [True, False, np.bool_(True), np.bool_(False), 0, 1])
+def test_from_config_flags_accept_booleans_and_0_or_1(flag):
+  assert precision.Policy.from_config(mixed_precision=flag).is_mixed == bool(flag)
+  softmax = precision.Policy.from_config(fp16_type="float16", attention_softmax_fp32=flag)
+  assert softmax.rule("attention_softmax") == ("float32" if flag else "round")
+  with pytest.raises(PolicyError, match="mixed_precision=None"):
+    precision.Policy.from_config(mixed_precision=None)

@@ -5,6 +5,7 @@ exponent range from the format's fields; `precision` computes the ulp with integ
 arithmetic on float32 (``FloatFormat.ulp``) after narrowing float64 references toward zero.
 """
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import precision
-from precision.testing import assert_close, ulp_distance
+from precision.testing import assert_close, assert_same_floats, ulp_distance
 
 PREDEFINED = [f.name for f in precision.formats.PREDEFINED]
 CUSTOM = [
@@ -263,3 +264,36 @@ def test_usage_errors():
     assert_close([1j], [1.0], "cb16", ulps=1)
   with pytest.raises(precision.FormatError, match="unknown float format 'cbfloat61'"):
     assert_close([1.0], [1.0], "cbfloat61", ulps=1)
+
+
+# ---- assert_same_floats on the leaves of other people's pytrees: integers, bit patterns, keys, complex ----
+
+
+@pytest.mark.parametrize(
+  ("a", "e"),
+  [
+    (np.int32(16777217), np.int32(16777216)),  # 2^24 + 1: float32 holds integers only up to 2^24
+    (np.uint32(0xFFFFFFFF), np.uint32(0xFFFFFFFE)),  # bit patterns (precision.encode, key data)
+    (np.array([2**31 - 1], np.int32), np.array([2**31 - 2], np.int32)),
+    (np.int32(16777217), np.float32(16777216)),
+    (np.array([1 + 2j], np.complex64), np.array([1 + 3j], np.complex64)),  # only the imaginary part
+    (np.complex64(1 + 2j), np.complex64(1 - 2j)),
+  ],
+  ids=["int32-2^24+1", "uint32-bits", "int32-max", "int-vs-float", "complex-imag", "complex-0d"],
+)
+def test_assert_same_floats_compares_integers_and_complex_exactly(a, e):
+  """Every leaf was converted to float32: integers above 2^24 and uint32 bit patterns that differ
+  in their last bits compared equal, and a complex leaf lost its imaginary part (NumPy's
+  ComplexWarning, an error under filterwarnings=error)."""
+  with pytest.raises(AssertionError, match="1 of"):
+    assert_same_floats(a, e)
+  assert_same_floats(a, a)
+
+
+def test_assert_same_floats_compares_prng_keys_by_their_data():
+  """A tree holding a PRNG key (a train state, an NNX module's Rngs) was a bare TypeError:
+  'JAX array with PRNGKey dtype cannot be converted to a NumPy array'."""
+  tree = {"key": jax.random.key(0), "w": jnp.ones(2), "raw": jax.random.PRNGKey(3)}
+  assert_same_floats(tree, {"key": jax.random.key(0), "w": jnp.ones(2), "raw": jax.random.PRNGKey(3)})
+  with pytest.raises(AssertionError, match=r"\['key'\]"):
+    assert_same_floats(tree, {**tree, "key": jax.random.key(1)})
