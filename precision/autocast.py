@@ -631,7 +631,18 @@ def _lift_nnx_modules(fn: Callable[..., Any], statics: _Statics, args: tuple, kw
 
   def finish(result: tuple[Any, Any]) -> Any:
     out, new_state = result
-    nnx.update(nodes, new_state)
+    # Only what fn changed: an unchanged variable comes back as the very value passed in, and
+    # writing it would still count as a mutation (refused by NNX from another trace level, as
+    # when autocast runs inside jax.grad inside jax.jit).
+    before = dict(nnx.to_flat_state(state))
+    changed = [
+      (path, var)
+      for path, var in nnx.to_flat_state(new_state)
+      if path not in before
+      or any(a is not b for a, b in zip(jax.tree.leaves(var), jax.tree.leaves(before[path]), strict=True))
+    ]
+    if changed:
+      nnx.update(nodes, nnx.from_flat_state(changed))
     return out
 
   return _Lifted(pure, (state, rest), finish, traced_outputs)
