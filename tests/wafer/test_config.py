@@ -315,6 +315,22 @@ def test_an_error_in_a_list_element_set_by_a_negative_index_names_the_override()
   assert "optimizer.betas[1] (from override 'optimizer.betas.-1=ten'): must be a valid number" in text
 
 
+def test_an_override_inside_a_scheduler_list_is_named_not_the_lists_line() -> None:
+  """A schedule is checked as a whole (at optimizer.learning_rate): its errors named the list's line in the
+  file even when the bad value came from an override."""
+  for params, key in [
+    (DATA / "bert_base_MSL128.yaml", "optimizer.learning_rate.-1.total_iters"),
+    (
+      DATA / "bert_base_MSL128_v2.yaml",
+      "trainer.init.schedulers.0.SequentialLR.schedulers.1.LinearLR.total_iters",
+    ),
+  ]:
+    text = error_of(params, [f"{key}=ten"])
+    assert f"(from override '{key}=ten')" in text and "total_iters='ten'" in text and "line " not in text
+  text = error_of(DATA / "bert_base_MSL128.yaml", ["optimizer.momentum=ten"])  # a key of its own: as before
+  assert "optimizer.momentum (from override 'optimizer.momentum=ten')" in text
+
+
 def test_parse_override_values() -> None:
   assert parse_override("a.b=1e-3") == (("a", "b"), 1e-3)
   assert parse_override("a.b=") == (("a", "b"), None)

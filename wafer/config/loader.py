@@ -344,6 +344,9 @@ def _locate(
   for prefix, origin in origins:
     if p.loc[: len(prefix)] == prefix or lookup[: len(prefix)] == prefix:
       return dataclasses.replace(p, source=origin, shown_path=shown)
+  for prefix, origin in origins:  # an override set a part of the value checked as a whole (a scheduler list)
+    if any(len(loc) >= 2 and prefix[: len(loc)] == loc for loc in (p.loc, lookup)):
+      return dataclasses.replace(p, source=origin, shown_path=shown)
   for n in range(len(lookup), 0, -1):
     if lookup[:n] in lines:
       return dataclasses.replace(p, line=lines[lookup[:n]], shown_path=shown)
