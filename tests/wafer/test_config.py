@@ -302,12 +302,13 @@ def test_negative_override_indices_count_from_the_end_of_a_list() -> None:
     want[len(want) - n] = 100
     assert [s["total_iters"] for s in p.optimizer.learning_rate] == want != original
   text = error_of(bert, ["optimizer.learning_rate.-3.total_iters=1"])
+  assert text.startswith(f"{bert}: optimizer.learning_rate[-3]")  # the file, not "params:"
   assert (
     "optimizer.learning_rate[-3]" in text
     and "no element -3 in a list of 2 (0..1, or -2..-1 from the end)" in text
   )
   text = error_of(FC, ["runconfig.max_steps=10", "runconfig.max_steps.-1=2"])
-  assert "runconfig.max_steps (from override 'runconfig.max_steps.-1=2'): is not a mapping" in text
+  assert f"{FC}: runconfig.max_steps (from override 'runconfig.max_steps.-1=2'): is not a mapping" in text
 
 
 def test_an_error_in_a_list_element_set_by_a_negative_index_names_the_override() -> None:

@@ -212,6 +212,14 @@ def apply_override(data: dict[str, Any], loc: Loc, value: Any, text: str) -> Loc
   return tuple(resolved)
 
 
+def _apply(data: dict[str, Any], loc: Loc, value: Any, text: str, source: str) -> Loc:
+  """`apply_override`, its errors attributed to the params file (they said "params:")."""
+  try:
+    return apply_override(data, loc, value, text)
+  except ConfigError as e:
+    raise e.with_source(source) from None
+
+
 def _fields_at(schema: type[BaseModel], loc: Loc) -> list[str] | None:
   """The keys a (nested) schema allows at ``loc`` inside it."""
   for part in loc:
@@ -411,7 +419,7 @@ def load_params(
   if _trainer.is_trainer_layout(data):
     for (loc, value), text in parsed:
       if loc[0] == "trainer":
-        origins.insert(0, (apply_override(data, loc, value, text), f"override {text!r}"))
+        origins.insert(0, (_apply(data, loc, value, text, source), f"override {text!r}"))
     try:
       data, v2_map = _trainer.convert_with_origins(data)
     except ConfigError as e:
@@ -427,7 +435,7 @@ def load_params(
         ),
         source,
       )
-    origins.insert(0, (apply_override(data, loc, value, text), f"override {text!r}"))
+    origins.insert(0, (_apply(data, loc, value, text, source), f"override {text!r}"))
   if mode is not None:
     if data.get("runconfig") is None:
       data["runconfig"] = {}
