@@ -64,6 +64,24 @@ def dot_product_attention(
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
+def check_heads(hidden_size: int, num_heads: int) -> None:
+  """Raise ``ValueError`` unless ``num_heads`` divides ``hidden_size`` (each head gets ``hidden_size / num_heads``
+  features); the message lists the head counts that fit. Model configs check it at load time.
+
+  >>> check_heads(128, 3)
+  Traceback (most recent call last):
+  ...
+  ValueError: num_heads=3 does not divide hidden_size=128 (each head gets hidden_size / num_heads features); num_heads that fit: 1, 2, 4, 8, 16, 32, 64, 128
+  """
+  if hidden_size % num_heads:
+    fit = [n for n in range(1, hidden_size + 1) if hidden_size % n == 0]
+    shown = ", ".join(map(str, fit[:12])) + (", ..." if len(fit) > 12 else "")
+    raise ValueError(
+      f"num_heads={num_heads} does not divide hidden_size={hidden_size} (each head gets hidden_size / "
+      f"num_heads features); num_heads that fit: {shown}"
+    )
+
+
 class MultiHeadAttention(nnx.Module):
   """Self-attention with separate q, k, v projections and an output projection.
 
@@ -85,8 +103,7 @@ class MultiHeadAttention(nnx.Module):
     output_init: Any | None = None,
     rngs: nnx.Rngs,
   ):
-    if hidden_size % num_heads:
-      raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
+    check_heads(hidden_size, num_heads)
     self.num_heads = num_heads
     bias_init = nnx.initializers.zeros_init()
     dense = {"use_bias": use_bias, "kernel_init": kernel_init, "bias_init": bias_init, "rngs": rngs}

@@ -89,9 +89,14 @@ def _check_tokens(features: Mapping[str, np.ndarray], vocab_size: int, msl_limit
       f"{where}: token id {top} is outside model.vocab_size={vocab_size}; set model.vocab_size to at least "
       f"{top + 1}, or tokenise with a vocabulary of at most {vocab_size} ids ({where}.vocab_size)"
     )
-  if ids.shape[1] > msl_limit:
+  _check_length(ids.shape[1], msl_limit, where)
+
+
+def _check_length(length: int, msl_limit: int, where: str) -> None:
+  """Sequences of ``length`` tokens must fit the position table (JAX would clamp the positions past it)."""
+  if length > msl_limit:
     raise DataConfigError(
-      f"{where}: sequences of {ids.shape[1]} tokens exceed model.max_position_embeddings={msl_limit}; lower "
+      f"{where}: sequences of {length} tokens exceed model.max_position_embeddings={msl_limit}; lower "
       f"{where}.max_sequence_length or raise max_position_embeddings"
     )
 
@@ -184,12 +189,20 @@ def _language_model_task(
   def check(features: Mapping[str, np.ndarray], where: str) -> None:
     _check_tokens(features, model.vocab_size, model.max_position_embeddings, where)
 
+  data = _data(params, train_cfg, eval_cfg, check)
+  spec = data["batch_spec"]
+
+  def batch_spec() -> dict[str, Any]:  # --validate_only reads no data: the lengths are checked on the spec
+    out = spec()
+    _check_length(out["input_ids"].shape[1], model.max_position_embeddings, "train_input")
+    return out
+
   return Task(
     name=f"{name} (L={model.num_hidden_layers}, H={model.hidden_size})",
     init_params=init_params,
     loss_fn=loss_fn,
     batch_size=train_cfg.batch_size,
-    **_data(params, train_cfg, eval_cfg, check),
+    **{**data, "batch_spec": batch_spec},
   )
 
 

@@ -80,6 +80,23 @@ def test_wrong_model_value_is_an_error():
     load_params(bad)
 
 
+@pytest.mark.parametrize(
+  "path", [p for p in CONFIGS if p.parent.parent.name in ("bert", "gpt2")], ids=lambda p: p.name
+)
+def test_num_heads_that_does_not_divide_hidden_size_is_a_config_error_naming_the_override(path):
+  """It was a bare ValueError traceback from the attention layer, at --validate_only's trace."""
+  hidden = load_params(path).model.hidden_size
+  heads = next(n for n in range(2, hidden) if hidden % n)
+  with pytest.raises(ConfigError) as info:
+    load_params(path, [f"model.num_heads={heads}"])
+  text = str(info.value)
+  assert (
+    f"model.num_heads (from override 'model.num_heads={heads}'): num_heads={heads} does not divide " in text
+  )
+  assert f"hidden_size={hidden}" in text and "num_heads that fit: 1, 2" in text
+  assert load_params(path, [f"model.num_heads={hidden}"]).model.num_heads == hidden  # a divisor is fine
+
+
 # ---- parameter counts against the published ones (abstract shapes, nothing allocated) ----
 
 # (file, published count, relative tolerance, why the tolerance)

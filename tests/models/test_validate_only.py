@@ -122,3 +122,23 @@ def test_the_estimate_on_shapes_equals_the_estimate_on_the_first_batch(tmp_path)
   plan.task = dataclasses.replace(plan.task, batch_spec=None)  # the data path: the real first batch
   on_data = runner.run_plan(plan, progress=False)["samples_per_sec_estimate"]
   assert on_shapes == on_data
+
+
+@pytest.mark.parametrize(
+  "model, file", [("gpt2", "params_gpt2_tiny.yaml"), ("bert", "params_bert_tiny.yaml")]
+)
+def test_sequences_longer_than_the_position_table_are_refused_on_the_declared_shapes(tmp_path, model, file):
+  """--validate_only said "Validation completed successfully" for max_position_embeddings=8 and 128-token
+  sequences (JAX clamps the positions past the table); only a real run's data check refused it."""
+  from models.registry import DataConfigError
+
+  path = ROOT / "models" / model / "configs" / file
+  length = _task(path, tmp_path).batch_spec()["input_ids"].shape[1]
+  task = _task(path, tmp_path, f"model.max_position_embeddings={length - 1}")
+  with pytest.raises(DataConfigError, match=rf"train_input: sequences of {length} tokens exceed "
+                     rf"model.max_position_embeddings={length - 1}; lower train_input.max_sequence_length"):  # fmt: skip
+    task.batch_spec()
+  assert (
+    _task(path, tmp_path, f"model.max_position_embeddings={length}").batch_spec()["input_ids"].shape[1]
+    == length
+  )

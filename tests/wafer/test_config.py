@@ -292,10 +292,51 @@ def test_override_into_a_list_and_new_section() -> None:
   assert "optimizer.learning_rate[5]" in text and "no element 5 in a list of 2" in text
 
 
+def test_negative_override_indices_count_from_the_end_of_a_list() -> None:
+  """``optimizer.learning_rate.-1.total_iters=100`` was "no element '-1'" (the index was read as a key)."""
+  bert = DATA / "bert_base_MSL128.yaml"
+  original = [s["total_iters"] for s in load_params(bert).optimizer.learning_rate]
+  for n in (1, 2):
+    p = load_params(bert, [f"optimizer.learning_rate.-{n}.total_iters=100"])
+    want = list(original)
+    want[len(want) - n] = 100
+    assert [s["total_iters"] for s in p.optimizer.learning_rate] == want != original
+  text = error_of(bert, ["optimizer.learning_rate.-3.total_iters=1"])
+  assert text.startswith(f"{bert}: optimizer.learning_rate[-3]")  # the file, not "params:"
+  assert (
+    "optimizer.learning_rate[-3]" in text
+    and "no element -3 in a list of 2 (0..1, or -2..-1 from the end)" in text
+  )
+  text = error_of(FC, ["runconfig.max_steps=10", "runconfig.max_steps.-1=2"])
+  assert f"{FC}: runconfig.max_steps (from override 'runconfig.max_steps.-1=2'): is not a mapping" in text
+
+
+def test_an_error_in_a_list_element_set_by_a_negative_index_names_the_override() -> None:
+  text = error_of(DATA / "params_gpt2_small.yaml", ["optimizer.betas.-1=ten"])
+  assert "optimizer.betas[1] (from override 'optimizer.betas.-1=ten'): must be a valid number" in text
+
+
+def test_an_override_inside_a_scheduler_list_is_named_not_the_lists_line() -> None:
+  """A schedule is checked as a whole (at optimizer.learning_rate): its errors named the list's line in the
+  file even when the bad value came from an override."""
+  for params, key in [
+    (DATA / "bert_base_MSL128.yaml", "optimizer.learning_rate.-1.total_iters"),
+    (
+      DATA / "bert_base_MSL128_v2.yaml",
+      "trainer.init.schedulers.0.SequentialLR.schedulers.1.LinearLR.total_iters",
+    ),
+  ]:
+    text = error_of(params, [f"{key}=ten"])
+    assert f"(from override '{key}=ten')" in text and "total_iters='ten'" in text and "line " not in text
+  text = error_of(DATA / "bert_base_MSL128.yaml", ["optimizer.momentum=ten"])  # a key of its own: as before
+  assert "optimizer.momentum (from override 'optimizer.momentum=ten')" in text
+
+
 def test_parse_override_values() -> None:
   assert parse_override("a.b=1e-3") == (("a", "b"), 1e-3)
   assert parse_override("a.b=") == (("a", "b"), None)
   assert parse_override("a.0.b=dynamic") == (("a", 0, "b"), "dynamic")
+  assert parse_override("a.-1.b=1") == (("a", -1, "b"), 1) and parse_override("a.-b=1") == (("a", "-b"), 1)
   with pytest.raises(ConfigError, match="must look like key.path=value"):
     parse_override("runconfig.max_steps")
 

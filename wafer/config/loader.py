@@ -114,7 +114,11 @@ def parse_override(text: str) -> tuple[Loc, Any]:
   ``(('optimizer', 'learning_rate', 0, 'total_iters'), 100)``.
 
   The value is parsed as YAML (``10`` int, ``0.1`` / ``1e-3`` float, ``true`` bool, ``null``,
-  ``[0.9, 0.95]`` list); integer path parts index lists.
+  ``[0.9, 0.95]`` list); integer path parts index lists, negative ones from the end
+  (``optimizer.learning_rate.-1.total_iters=100``: the last scheduler).
+
+  >>> parse_override("optimizer.learning_rate.-1.total_iters=100")
+  (('optimizer', 'learning_rate', -1, 'total_iters'), 100)
   """
   key, sep, raw = text.partition("=")
   key = key.strip()
@@ -137,8 +141,12 @@ def parse_override(text: str) -> tuple[Loc, Any]:
       ),
       "command line",
     ) from None
-  loc = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+  loc = tuple(int(p) if _INDEX.fullmatch(p) else p for p in key.split("."))
   return loc, value
+
+
+_INDEX = re.compile(r"-?[0-9]+")
+"""An override's path part that indexes a list (``0``, ``-1`` from the end)."""
 
 
 _YAML_PRINTABLE = re.compile("[\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -166,32 +174,50 @@ def literal_override(key: str, value: str) -> str:
   return f'{key}="{"".join(map(quoted, value))}"'
 
 
-def apply_override(data: dict[str, Any], loc: Loc, value: Any, text: str) -> None:
-  """Set ``data[loc] = value``, creating mappings on the way; list indices must exist."""
+def apply_override(data: dict[str, Any], loc: Loc, value: Any, text: str) -> Loc:
+  """Set ``data[loc] = value``, creating mappings on the way; list indices must exist.
+
+  Returns ``loc`` with its negative list indices counted from the start (the path errors name).
+
+  >>> data = {"optimizer": {"learning_rate": [{"total_iters": 10}, {"total_iters": 20}]}}
+  >>> apply_override(data, ("optimizer", "learning_rate", -1, "total_iters"), 5, "...")
+  ('optimizer', 'learning_rate', 1, 'total_iters')
+  >>> data["optimizer"]["learning_rate"][1]
+  {'total_iters': 5}
+  """
   where = f"override {text!r}"
   node: Any = data
-  for i, part in enumerate(loc[:-1]):
+  resolved: list[Any] = []
+  for i, part in enumerate(loc):
     if isinstance(node, list):
       if not isinstance(part, int) or not -len(node) <= part < len(node):
+        allowed = f"0..{len(node) - 1}, or -{len(node)}..-1 from the end" if node else "it is empty"
         raise ConfigError(
-          Problem(loc[: i + 1], f"no element {part!r} in a list of {len(node)}", source=where)
+          Problem(
+            (*resolved, part), f"no element {part!r} in a list of {len(node)} ({allowed})", source=where
+          )
         )
+      part %= len(node)
+    elif not isinstance(node, dict):
+      raise ConfigError(
+        Problem(tuple(resolved), f"is not a mapping, so it has no key {part!r}", node, source=where)
+      )
+    resolved.append(part)
+    if i == len(loc) - 1:
+      node[part] = value
+    else:
+      if isinstance(node, dict) and node.get(part) is None:
+        node[part] = {}
       node = node[part]
-      continue
-    if not isinstance(node, dict):
-      raise ConfigError(Problem(loc[:i], f"is not a mapping, so it has no key {part!r}", node, source=where))
-    if node.get(part) is None:
-      node[part] = {}
-    node = node[part]
-  last = loc[-1]
-  if isinstance(node, list):
-    if not isinstance(last, int) or not -len(node) <= last < len(node):
-      raise ConfigError(Problem(loc, f"no element {last!r} in a list of {len(node)}", source=where))
-    node[last] = value
-  elif isinstance(node, dict):
-    node[last] = value
-  else:
-    raise ConfigError(Problem(loc[:-1], f"is not a mapping, so it has no key {last!r}", node, source=where))
+  return tuple(resolved)
+
+
+def _apply(data: dict[str, Any], loc: Loc, value: Any, text: str, source: str) -> Loc:
+  """`apply_override`, its errors attributed to the params file (they said "params:")."""
+  try:
+    return apply_override(data, loc, value, text)
+  except ConfigError as e:
+    raise e.with_source(source) from None
 
 
 def _fields_at(schema: type[BaseModel], loc: Loc) -> list[str] | None:
@@ -326,6 +352,9 @@ def _locate(
   for prefix, origin in origins:
     if p.loc[: len(prefix)] == prefix or lookup[: len(prefix)] == prefix:
       return dataclasses.replace(p, source=origin, shown_path=shown)
+  for prefix, origin in origins:  # an override set a part of the value checked as a whole (a scheduler list)
+    if any(len(loc) >= 2 and prefix[: len(loc)] == loc for loc in (p.loc, lookup)):
+      return dataclasses.replace(p, source=origin, shown_path=shown)
   for n in range(len(lookup), 0, -1):
     if lookup[:n] in lines:
       return dataclasses.replace(p, line=lines[lookup[:n]], shown_path=shown)
@@ -390,8 +419,7 @@ def load_params(
   if _trainer.is_trainer_layout(data):
     for (loc, value), text in parsed:
       if loc[0] == "trainer":
-        apply_override(data, loc, value, text)
-        origins.insert(0, (loc, f"override {text!r}"))
+        origins.insert(0, (_apply(data, loc, value, text, source), f"override {text!r}"))
     try:
       data, v2_map = _trainer.convert_with_origins(data)
     except ConfigError as e:
@@ -407,8 +435,7 @@ def load_params(
         ),
         source,
       )
-    apply_override(data, loc, value, text)
-    origins.insert(0, (loc, f"override {text!r}"))
+    origins.insert(0, (_apply(data, loc, value, text, source), f"override {text!r}"))
   if mode is not None:
     if data.get("runconfig") is None:
       data["runconfig"] = {}

@@ -4,8 +4,10 @@ A checkpoint holds the `TrainState` (its ``step`` is the checkpoint's number) an
 identity of the input pipeline it was written with (not its position: that is in the state).
 `Checkpoints.restore_latest` skips a checkpoint that cannot be read (truncated or missing
 files): it reports the step and the path in one line and restores the newest readable one.
-Nothing is deleted; a later save at the step of an unreadable checkpoint first moves it aside
-to ``checkpoints/<step>.unreadable`` (``<step>.unreadable.1``, ... when that name is taken).
+An entry named like a checkpoint that is not a folder (a file ``checkpoints/20``, which orbax
+does not list) counts as an unreadable checkpoint: reported and skipped alike. Nothing is deleted
+or overwritten; a later save at the step of an unreadable checkpoint first moves it aside to
+``checkpoints/<step>.unreadable`` (``<step>.unreadable.1``, ... when that name is taken) and says so.
 
 With many processes every process reads the checkpoint's files itself, and the processes agree
 (`wafer.cluster.agree`) on each outcome: a checkpoint one process cannot read is skipped by all
@@ -40,10 +42,10 @@ class CheckpointMismatch(ExecutorError):
 class Checkpoints:
   """An orbax `CheckpointManager` of train states, every process taking part (``jax.distributed``)."""
 
-  def __init__(self, model_dir: Path, max_to_keep: int | None):
+  def __init__(self, model_dir: Path, max_to_keep: int | None, say: Any = print):
     import orbax.checkpoint as ocp
 
-    self._ocp = ocp
+    self._ocp, self.say = ocp, say
     self.directory = Path(model_dir).resolve() / "checkpoints"
     if self.directory.exists() and not self.directory.is_dir():  # refused before training, not at the save
       raise ExecutorError(
@@ -58,7 +60,19 @@ class Checkpoints:
     )
 
   def steps(self) -> list[int]:
-    return sorted(self.manager.all_steps())
+    """The checkpoints' steps: orbax's and those of entries named like a checkpoint that are not folders."""
+    return sorted(set(self.manager.all_steps()) | set(self._not_folders()))
+
+  def _not_folders(self) -> list[int]:
+    """The steps of entries ``checkpoints/<step>`` that are not folders (orbax skips them, and its save at
+    that step would delete them)."""
+    try:
+      entries = list(self.directory.iterdir())
+    except OSError:
+      return []
+    return [
+      int(p.name) for p in entries if p.name.isdigit() and str(int(p.name)) == p.name and not p.is_dir()
+    ]
 
   def close(self) -> None:
     """Finish pending work and stop orbax's threads (a run that fails mid-restore leaves none behind)."""
@@ -68,7 +82,7 @@ class Checkpoints:
     """Save ``state`` as checkpoint number ``state.step``; returns that number."""
     ocp = self._ocp
     step = int(jax.device_get(state.step))
-    if step in self.manager.all_steps():  # an unreadable checkpoint we resumed before: keep it, aside
+    if step in self.steps():  # an unreadable checkpoint we resumed before (or a file): keep it, aside
       with cluster.same_outcome():  # also the barrier: the others reload once process 0 has moved it
         if jax.process_index() == 0:
           self._set_aside(step)
@@ -110,6 +124,9 @@ class Checkpoints:
         f"{error.strerror or error}) before saving step {step} again: {what_to_do(error)}, or move it away "
         "yourself (it is kept for inspection), and rerun the same command."
       ) from None
+    self.say(
+      f"Note: moved the unreadable checkpoint of step {step} aside ({path} -> {aside}) to save step {step}."
+    )
 
   def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
     """The state and metadata of checkpoint ``step``; ``like``: the state or its `abstract` form.
@@ -135,6 +152,10 @@ class Checkpoints:
 
   def _check(self, step: int, like: Any) -> None:
     """`restore`'s checks of checkpoint ``step`` before orbax reads it (its errors), on this process's reading."""
+    path = self.directory / str(step)
+    if path.exists() and not path.is_dir():
+      size = path.stat().st_size
+      raise UnreadableCheckpoint(f"it is a file of {size:,} byte{'s' * (size != 1)}, not a checkpoint folder")
     damage = _damage(self.directory / str(step)) or _json_damage(self.directory / str(step))
     if damage is not None:
       raise UnreadableCheckpoint(damage)

@@ -265,6 +265,7 @@ class _Run:
       "eval_metric": task.eval_metric_name,
     }
     self.eval_compiled: Any = None
+    self.said_short_eval = False  # eval_steps beyond the eval data: said once per run
 
   def say(self, line: str) -> None:
     if self.main:
@@ -343,7 +344,7 @@ class _Run:
 
   def _go(self, init: TrainState) -> dict[str, Any]:
     rc = self.rc
-    self.checkpoints = Checkpoints(self.model_dir, rc.max_checkpoints)
+    self.checkpoints = Checkpoints(self.model_dir, rc.max_checkpoints, say=self.say)
     self.metrics = Metrics(self.model_dir, jax.devices()[0].platform.upper(), enabled=self.main)
     try:
       if rc.mode == "train":
@@ -619,6 +620,13 @@ class _Run:
     if not values:
       raise ExecutorError(
         "Iterating the eval data did not return any values: the dataset is too small for the batch size."
+      )
+    if rc.eval_steps is not None and len(values) < rc.eval_steps and not self.said_short_eval:
+      self.said_short_eval = True  # once per run, not at every eval of train_and_eval / eval_all
+      self.say(
+        f"Warning: runconfig.eval_steps is {rc.eval_steps}, but the eval data has only {len(values)} batch"
+        f"{'es' * (len(values) != 1)}: evaluated those {len(values)} (one pass over the eval data). Set "
+        f"eval_steps to {len(values)} or less, or leave it unset (one pass), to evaluate what it says."
       )
     value = float(np.mean(jax.device_get(values)))
     name = task.eval_metric_name

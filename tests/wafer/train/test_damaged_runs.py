@@ -264,6 +264,9 @@ DAMAGE = {
   # JSON, but not wafer's object: a bare AttributeError ('list' object has no attribute 'get') in the resume
   "meta a list": lambda p: (p / "meta" / "metadata").write_text("[1, 2]"),
   "meta config a number": lambda p: (p / "meta" / "metadata").write_text('{"config": 5}'),
+  # orbax does not list a file named like a step: the run resumed from the one before without a word, and its
+  # save of step 20 deleted the file
+  "a zero-byte file": lambda p: [shutil.rmtree(p), p.write_bytes(b"")],
 }
 
 
@@ -281,6 +284,44 @@ def test_every_kind_of_damaged_latest_checkpoint_resumes_from_the_one_before(
   assert "Traceback" not in err and "Exception ignored" not in err
   assert "Resuming from the checkpoint at step 10." in out and summary["final_step"] == 30
   assert _steps(model_dir) == [1, 5, 10, 15, 20, 25, 30]
+  aside = model_dir / "checkpoints" / "20.unreadable"  # kept, not deleted or overwritten by the new step 20
+  assert (
+    aside.exists()
+    and f"Note: moved the unreadable checkpoint of step 20 aside ({aside.parent / '20'} -> {aside})" in out
+  )
+
+
+@pytest.mark.slow  # three runs, ~10 s; the zero-byte case of DAMAGE is in the default suite
+def test_a_file_named_like_a_checkpoint_is_reported_kept_and_never_overwritten(
+  killed_at_25, tmp_path, capsys
+):
+  """A file ``checkpoints/30`` (not a folder: orbax does not list it) is reported by eval_all and by a
+  resume, and moved aside, byte for byte, when the run saves step 30; an eval_all of only such files stops."""
+  model_dir = tmp_path / "md"
+  shutil.copytree(killed_at_25, model_dir)
+  mine = model_dir / "checkpoints" / "30"
+  mine.write_bytes(b"my notes")
+  capsys.readouterr()
+  summary = _run(model_dir, mode="eval_all")
+  out = capsys.readouterr().out
+  assert (
+    f"Warning: the checkpoint of step 30 at {mine} cannot be read (it is a file of 8 bytes, not a " in out
+  )
+  assert (
+    "skipping it." in out and sorted(summary["eval_all"]) == [10, 20] and mine.read_bytes() == b"my notes"
+  )
+  _run(model_dir, max_steps=30, checkpoint_steps=10, log_steps=5)
+  out = capsys.readouterr().out
+  assert "step 30" in out and "Resuming from the checkpoint at step 20." in out and mine.is_dir()
+  assert (model_dir / "checkpoints" / "30.unreadable").read_bytes() == b"my notes"
+  only = tmp_path / "only"
+  (only / "checkpoints").mkdir(parents=True)
+  (only / "checkpoints" / "5").write_bytes(b"")
+  with pytest.raises(
+    ExecutorError, match=r"None of the checkpoints in .* \(steps 5\) can be read. Move them away"
+  ):
+    _run(only, max_steps=10)
+  assert (only / "checkpoints" / "5").read_bytes() == b""
 
 
 def test_damaged_orbax_json_is_found_before_orbax_starts_reading(killed_at_25, tmp_path, monkeypatch):

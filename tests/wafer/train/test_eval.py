@@ -65,3 +65,26 @@ def test_eval_is_sharded_over_num_csx(trained, monkeypatch):
   eval_step = compiled[-1].compiled
   batch_shardings = jax.tree.leaves(eval_step.input_shardings[0][1])
   assert batch_shardings and all(len(s.device_set) == 2 for s in batch_shardings)  # the batch split over 2
+
+
+def test_eval_steps_beyond_the_eval_data_says_how_many_batches_were_evaluated(trained, capsys):
+  """eval_steps=10 on 4 eval batches evaluated 4 without a word; the warning comes once per run."""
+  model_dir, _ = trained
+  batches = sum(1 for _ in _job(model_dir)[0].eval_data())
+  capsys.readouterr()
+  evals = run(*_job(model_dir, mode="eval_all", eval_steps=batches + 6), progress=False)["eval_all"]
+  out = capsys.readouterr().out
+  want = (
+    f"Warning: runconfig.eval_steps is {batches + 6}, but the eval data has only {batches} batches: evaluated "
+    f"those {batches} (one pass over the eval data)"
+  )
+  assert out.count(want) == 1 and len(evals) == 2  # two evals, one warning
+
+
+@pytest.mark.slow  # one more eval run
+def test_eval_steps_within_the_eval_data_says_nothing(trained, capsys):
+  model_dir, _ = trained
+  batches = sum(1 for _ in _job(model_dir)[0].eval_data())
+  capsys.readouterr()
+  run(*_job(model_dir, mode="eval", eval_steps=batches), progress=False)
+  assert "eval_steps" not in capsys.readouterr().out
