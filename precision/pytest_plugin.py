@@ -127,4 +127,10 @@ def generate_tests(metafunc: pytest.Metafunc) -> None:
       "parametrized argument",
       pytrace=False,
     )
-  metafunc.parametrize(FIXTURE, formats, ids=[f.name for f in formats])
+  # Each run also carries a `parametrize` mark, which is how hypothesis's pytest plugin tells a
+  # parametrized test: it then gives each format its own example-database key and does not fail a
+  # @given method of a class, whose runs get one instance of the class each, as "differing executors".
+  metafunc.parametrize(
+    FIXTURE,
+    [pytest.param(f, id=f.name, marks=pytest.mark.parametrize(FIXTURE, [f], ids=[f.name])) for f in formats],
+  )

@@ -126,6 +126,34 @@ def test_combines_with_parametrize_and_hypothesis(run):
   result.stdout.fnmatch_lines(["*test_rounding_is_within_one_ulp?toward_zero-bfloat16? PASSED*"])
 
 
+def test_hypothesis_method_of_a_class_runs_once_per_format(run):
+  # Each format's run of a method gets a new instance of the class; hypothesis calls that a
+  # "differing executors" error unless the test is parametrized, as it is: the marker's runs count
+  # as parametrized for hypothesis (no health-check failure, one example database key per format),
+  # with the marker on the method and on the class, and alone (no @pytest.mark.parametrize).
+  result = run(
+    """
+    import pytest
+    from hypothesis import given, settings, strategies as st
+
+    class TestOnTheMethod:
+      @pytest.mark.formats("bfloat16", "cbfloat16")
+      @given(x=st.integers(0, 3))
+      @settings(max_examples=3)
+      def test_a(self, fmt, x):
+        assert fmt.name in ("bfloat16", "cbfloat16")
+
+    @pytest.mark.formats("f16", "f32")
+    class TestOnTheClass:
+      @given(x=st.integers(0, 3))
+      @settings(max_examples=3)
+      def test_b(self, fmt, x):
+        assert fmt.name in ("float16", "float32")
+    """,
+  )
+  result.assert_outcomes(passed=4)
+
+
 def test_assert_close_failure_shows_the_worst_ulps_index_and_values(run):
   result = run(
     """
