@@ -9,6 +9,8 @@ Numerics only; this package imports nothing else of the project.
 15872
 """
 
+from precision import testing as testing
+from precision._op_classes import PRIMITIVE_CLASSES as PRIMITIVE_CLASSES
 from precision.autocast import autocast as autocast
 from precision.autocast import cast_report as cast_report
 from precision.autocast import float32_region as float32_region
@@ -44,6 +46,7 @@ __all__ = (
   "FloatFormat",
   "FormatError",
   "NumericsReport",
+  "PRIMITIVE_CLASSES",
   "Policy",
   "PolicyError",
   "StaticLossScale",
@@ -65,4 +68,5 @@ __all__ = (
   "register_format",
   "round",
   "select_tree",
+  "testing",
 )

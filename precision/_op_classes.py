@@ -18,7 +18,7 @@ Classes that compute (their treatment comes from the `Policy` rule table): ``mat
 * ``unknown``: float primitives not in this table: left unchanged and listed in the report.
 
 `PRIMITIVE_CLASSES` is a plain dict: add a primitive (for example a custom op) with
-``precision.autocast.PRIMITIVE_CLASSES["my_op"] = "elementwise"``.
+``precision.PRIMITIVE_CLASSES["my_op"] = "elementwise"``.
 """
 
 from __future__ import annotations
