@@ -13,7 +13,8 @@
   then adds the partial tiles in a ``log2(c)``-level reduction over the fabric links (4 bytes per
   cycle); this is what makes weight-gradient products (huge ``k`` = tokens) efficient.
 * Operands stream in along rows and columns at ``link_bytes`` per cycle (overlapped with compute);
-  the wave fills the rectangle in ``hop_latency * (width + height)`` cycles.
+  the wave fills the PEs holding tiles in ``hop_latency * (rows + columns)`` of them, cycles (a
+  dimension shorter than its side leaves the PEs beyond it idle, and the wave does not cross them).
 * A mapping whose accumulator tile and operand buffers do not fit in a PE's SRAM is not allowed.
 * ``algorithm="meshgemm"`` instead fixes WaferLLM's MeshGEMM: a square ``P x P`` mesh, ``P``
   compute-shift steps, vectors along ``m`` (their ``@fmach`` over the sequence tile), no split.
@@ -50,8 +51,9 @@ ESM-2 35M at about 7,500 samples/s on a CS-2; the published run does 586.
 
 **Element-wise, reductions, casts and data movement**: per equation, ``elements / min(PEs,
 elements)`` per PE at ``lanes`` per cycle (transcendentals ``transcendental_ops`` times), moves at
-the write port's bytes per cycle, reductions plus one traversal ``hop_latency * max(width,
-height)``, each plus ``instruction_overhead_cycles``.
+the write port's bytes per cycle, reductions plus one traversal of the PEs holding the elements
+(``hop_latency`` times the long side of as square a region of them as fits), each plus
+``instruction_overhead_cycles``.
 """
 
 from __future__ import annotations
@@ -156,12 +158,15 @@ class PeParams:
 
 @dataclasses.dataclass(frozen=True)
 class GemmPlan:
-  """The chosen mapping of one product: cycles, split factor, tile and vector length."""
+  """The chosen mapping of one product: cycles, split factor, tile and vector length, and the
+  fabric fill latency included in ``cycles`` (``alpha`` times the rows plus columns of PEs holding
+  tiles: the wave does not cross idle PEs beyond a short dimension)."""
 
   cycles: float
   split: int
   tile: tuple[int, int]
   vector_length: int
+  fill: float = 0.0
 
 
 def _vec_cycles(length: int, lanes: int, in_b: float, acc_b: float, read_b: int, write_b: int) -> int:
@@ -200,7 +205,7 @@ def _gemm(m: int, k: int, n: int, width: int, height: int, pe: PeParams, algorit
     step_compute = kt * nt * pe.axpy(mt)
     step_comm = math.ceil((mt * kt + kt * nt) * in_b / pe.link_bytes) + 2 * pe.alpha
     cycles = p * max(step_compute, step_comm) + pe.alpha * 2 * p
-    return GemmPlan(float(cycles), 1, (mt, nt), mt)
+    return GemmPlan(float(cycles), 1, (mt, nt), mt, pe.alpha * 2 * p)
   best: GemmPlan | None = None
   pes = width * height
   for rows_dim, cols_dim in ((m, n), (n, m)):
@@ -214,13 +219,16 @@ def _gemm(m: int, k: int, n: int, width: int, height: int, pe: PeParams, algorit
         length, short = max(xt, yt), min(xt, yt)
         per_k = short * pe.axpy(length)
         comm_k = math.ceil((xt + yt) * in_b / pe.link_bytes)
-        cycles = kg * max(per_k, comm_k) + pe.alpha * (h + w)
+        fill = pe.alpha * (math.ceil(rows_dim / xt) + math.ceil(cols_dim / yt))  # PEs holding tiles
+        cycles = kg * max(per_k, comm_k) + fill
         if c > 1:
           tile = xt * yt
           level = pe.issue(max(math.ceil(tile * acc_b / pe.link_bytes), math.ceil(tile / pe.lanes)))
-          cycles += math.ceil(math.log2(c)) * level + pe.alpha * (height + width) / 2
+          # the partial tiles meet across the c groups: as far as the groups' tiles reach, at most the rectangle
+          reach = min(height + width, c * fill / pe.alpha) if pe.alpha else 0.0
+          cycles += math.ceil(math.log2(c)) * level + pe.alpha * reach / 2
         if best is None or cycles < best.cycles:
-          best = GemmPlan(float(cycles), c, (xt, yt), length)
+          best = GemmPlan(float(cycles), c, (xt, yt), length, fill)
       c *= 2
   if best is None:  # no tile fits: report it as infinitely slow (the caller shrinks the batch)
     return GemmPlan(math.inf, 1, (0, 0), 0)
@@ -253,14 +261,21 @@ def _streamed(a: int, b: int, tokens: int, width: int, height: int, pe: PeParams
     w, h = _halve(width, height, g)
     for rows, cols in ((a, b), (b, a)):
       at, bt = math.ceil(rows / min(h, rows)), math.ceil(cols / min(w, cols))
-      if at * bt * acc_b + 2 * (at + bt) * in_b > pe.sram:
-        continue
-      length, short = max(at, bt), min(at, bt)
-      per_token = short * pe.axpy(length)
-      comm = math.ceil((at + bt) * in_b / pe.link_bytes)
-      cycles = math.ceil(tokens / g) * max(per_token, comm) + pe.alpha * (w + h)
-      if best is None or cycles < best.cycles:
-        best = GemmPlan(float(cycles), g, (at, bt), length)
+      while at * bt * acc_b + 2 * (at + bt) * in_b <= pe.sram:
+        length, short = max(at, bt), min(at, bt)
+        per_token = short * pe.axpy(length)
+        comm = math.ceil((at + bt) * in_b / pe.link_bytes)
+        fill = pe.alpha * (math.ceil(rows / at) + math.ceil(cols / bt))  # the PEs holding tiles
+        work = math.ceil(tokens / g) * max(per_token, comm)
+        if best is None or work + fill < best.cycles:
+          best = GemmPlan(float(work + fill), g, (at, bt), length, fill)
+        # fill-bound (a small product on many PEs): try fewer PEs, twice the tile along the longer reach
+        if fill <= work or (at >= rows and bt >= cols):
+          break
+        if (math.ceil(rows / at) >= math.ceil(cols / bt) and at < rows) or bt >= cols:
+          at = min(rows, 2 * at)
+        else:
+          bt = min(cols, 2 * bt)
     if w == 1 and h == 1:
       break
     g *= 2
@@ -307,7 +322,7 @@ def _batched(
   """``inst`` independent products (samples x heads): parallel work. The rectangle is split into
   ``g`` groups (``g`` a power of two, searched); each group computes ``ceil(inst / g)`` instances one
   after another on its sub-rectangle, the operand wave of the next instance following the last
-  (the fill latency ``alpha * (w + h)`` is paid once per group). ``g`` may exceed ``inst`` (groups
+  (the fill latency, ``GemmPlan.fill``, is paid once per group). ``g`` may exceed ``inst`` (groups
   left idle) while a group still has a PE for every element of an instance's largest matrix: a few
   small instances need not pay the fill latency of a group larger than they use (4 heads of 64
   tokens took longer than 8)."""
@@ -323,7 +338,7 @@ def _batched(
     else:
       plan = _in_passes(m, k, n, w, h, pe, algorithm)
     if not math.isinf(plan.cycles):
-      fill = pe.alpha * (w + h)
+      fill = plan.fill
       per = max(plan.cycles - fill, 1.0)
       cycles = math.ceil(inst / g) * per + fill
       if best is None or cycles < best.cycles:
@@ -350,8 +365,9 @@ def vector_cycles(
     ops = calib.transcendental_ops if kind == "transcendental" else 1.0
     work = math.ceil(per_instr / used / chip.lanes(bits)) * ops
   cycles = instructions * _issue(work, calib.instruction_overhead_cycles, chip.overlapped_setup)
-  if kind == "reduce":
-    cycles += instructions * chip.hop_latency_cycles * max(width, height)
+  if kind == "reduce":  # one traversal of the PEs holding the elements (as square a region as fits)
+    short = min(width, height, math.ceil(math.sqrt(used)))
+    cycles += instructions * chip.hop_latency_cycles * min(max(width, height), math.ceil(used / short))
   return float(cycles)
 
 
