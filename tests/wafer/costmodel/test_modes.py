@@ -250,7 +250,9 @@ def test_a_micro_batch_that_does_not_split_evenly_is_replaced_by_the_nearest_eve
 
 
 @pytest.mark.parametrize("mode", ["pipeline", "weight_streaming"])
-@pytest.mark.parametrize(("width", "layers", "batch"), [(64, 3, 8), (64, 3, 64), (1024, 2, 8), (2048, 4, 512)])
+@pytest.mark.parametrize(
+  ("width", "layers", "batch"), [(64, 3, 8), (64, 3, 64), (1024, 2, 8), (2048, 4, 512)]
+)
 def test_a_cs3_is_never_slower_than_a_cs2(width, layers, batch, mode):
   """Tiny latency-bound steps too: a product's operand wave crosses the PEs holding its tiles, not
   the idle rest of a larger rectangle (the WSE-3's fabric is 18 % taller than the WSE-2's)."""
@@ -270,7 +272,11 @@ def test_a_cs3_is_never_slower_than_a_cs2(width, layers, batch, mode):
   for fn in (step, forward):
     two = wafer.estimate(fn, params, x, system="wse2", mode=mode)
     three = wafer.estimate(fn, params, x, system="wse3", mode=mode)
-    assert three.samples_per_sec >= two.samples_per_sec, (fn.__name__, two.samples_per_sec, three.samples_per_sec)
+    assert three.samples_per_sec >= two.samples_per_sec, (
+      fn.__name__,
+      two.samples_per_sec,
+      three.samples_per_sec,
+    )
 
 
 @pytest.mark.parametrize("mode", ["pipeline", "weight_streaming"])
@@ -280,7 +286,9 @@ def test_a_cs3_is_never_slower_than_a_cs2_for_tiny_transformers(d_model, seq, ba
   (before the wave crossed only the PEs holding tiles, these came out 1-5 % slower on a CS-3)."""
   from wafer.costmodel import workloads as W
 
-  cfg = W.TransformerConfig(layers=2, d_model=d_model, heads=d_model // 32, ffn=4 * d_model, vocab=500, seq=seq)
+  cfg = W.TransformerConfig(
+    layers=2, d_model=d_model, heads=d_model // 32, ffn=4 * d_model, vocab=500, seq=seq
+  )
   fn, args = W.train_example(cfg, batch)
   two = wafer.estimate(fn, *args, system="wse2", mode=mode).samples_per_sec
   three = wafer.estimate(fn, *args, system="wse3", mode=mode).samples_per_sec
