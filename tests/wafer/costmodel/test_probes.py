@@ -182,3 +182,78 @@ def test_an_8_bit_accumulator_is_an_error_naming_it(fmt):
   with pytest.raises(wafer.costmodel.EstimateError, match=r"no 8-bit accumulator"):
     wafer.costmodel.estimate_graph(graph, accumulate_format=fmt)
   assert wafer.estimate(step, *args, accumulate_format="float16").accumulate_format == "float16"
+
+
+def _linen_encoder_step(d_model: int, scan: bool, layers: int = 4, heads: int = 4, vocab: int = 500):
+  """A Transformers-style Flax linen encoder (einsum attention, an additive mask bias, post-LN) with
+  AdamW: its layers in a Python loop or in ``nn.scan``."""
+  import flax.linen as nn
+  import jax.numpy as jnp
+  import optax
+
+  class Layer(nn.Module):
+    @nn.compact
+    def __call__(self, x, mask):
+      def heads_of(t):
+        return t.reshape(t.shape[0], t.shape[1], heads, d_model // heads)
+
+      q, k, v = (heads_of(nn.Dense(d_model, name=n)(x)) for n in ("q", "k", "v"))
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d_model // heads)
+      scores = scores + jnp.where(mask[:, None, None, :], 0.0, jnp.finfo(jnp.float32).min)
+      context = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), v).reshape(x.shape)
+      x = nn.LayerNorm()(x + nn.Dense(d_model, name="o")(context))
+      return nn.LayerNorm()(x + nn.Dense(d_model)(jax.nn.gelu(nn.Dense(4 * d_model)(x))))
+
+  class Scanned(nn.Module):
+    @nn.compact
+    def __call__(self, x, mask):
+      return Layer()(x, mask), None
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, ids, mask):
+      x = nn.Embed(vocab, d_model)(ids)
+      if scan:
+        stack = nn.scan(
+          Scanned,
+          variable_axes={"params": 0},
+          split_rngs={"params": True},
+          in_axes=nn.broadcast,
+          length=layers,
+        )
+        x, _ = stack()(x, mask)
+      else:
+        for _ in range(layers):
+          x = Layer()(x, mask)
+      return nn.Dense(vocab)(x)
+
+  model, tx = Model(), optax.adamw(1e-3)
+
+  def step(params, opt_state, ids, mask):
+    def loss(p):
+      logits = model.apply(p, ids, mask)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, ids).mean()
+
+    updates, opt_state = tx.update(jax.grad(loss)(params), opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  return model, tx, step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("d_model", "batch"), [(64, 8), (128, 32)])
+def test_a_flax_linen_encoder_in_nn_scan_and_in_a_loop_agree_within_5_percent(d_model, batch):
+  """Issue 12's scan-vs-unrolled invariant on a model written as Transformers' Flax code is written."""
+  import jax.numpy as jnp
+
+  ids, mask = jnp.zeros((batch, 64), jnp.int32), jnp.ones((batch, 64), bool)
+  rates = {}
+  for scan in (False, True):
+    model, tx, step = _linen_encoder_step(d_model, scan)
+    params = jax.eval_shape(model.init, jax.random.key(0), ids, mask)
+    opt_state = jax.eval_shape(tx.init, params)
+    for mode in ("pipeline", "weight_streaming"):
+      with jax.numpy_dtype_promotion("standard"):  # optax's bias correction mixes int32 and float
+        rates[scan, mode] = wafer.estimate(step, params, opt_state, ids, mask, mode=mode).samples_per_sec
+  for mode in ("pipeline", "weight_streaming"):
+    assert rates[True, mode] == pytest.approx(rates[False, mode], rel=0.05), mode
