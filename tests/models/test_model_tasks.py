@@ -115,6 +115,7 @@ def test_gpt2_tiny_learns_the_embedded_corpus(tmp_path):
   assert list(_losses(tmp_path / "again").values()) == losses[:3]
 
 
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_fc_mnist_learns_the_digits(tmp_path):
   """The shipped config's own values train (modelzoo's stay at loss 2.30 for 1000 steps)."""
   summary = _run(
@@ -192,6 +193,7 @@ def _leaves(tree) -> list:
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_data_errors_name_the_section(tmp_path):
   from wafer.data import DataError
 
@@ -243,6 +245,7 @@ def test_negative_token_ids_are_an_error_naming_the_section():
   _check_tokens({"input_ids": np.abs(ids)}, 100, 512, "train_input")  # in range: no error
 
 
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_analyze_input_recommends_workers(tmp_path, capsys):
   from wafer import cli
 

@@ -130,7 +130,13 @@ def _count(config) -> int:
   return _COUNTS[key]
 
 
-@pytest.mark.parametrize("model, file, published, rtol, why", PUBLISHED, ids=[p[1] for p in PUBLISHED])
+@pytest.mark.parametrize(
+  "model, file, published, rtol, why",
+  [  # the 340M and 1.3B models take about 4 s each to build abstractly: slow
+    pytest.param(*p, id=p[1], marks=pytest.mark.slow if ("large" in p[1] or "xl" in p[1]) else ())
+    for p in PUBLISHED
+  ],
+)
 def test_parameter_count_matches_published(model, file, published, rtol, why):
   params = load_params(_config(model, file))
   count = _count(params.model)

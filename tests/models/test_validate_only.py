@@ -40,18 +40,20 @@ def _task(path: Path, model_dir: Path, *overrides: str):
   "name, overrides",
   [
     ("bert/configs/params_bert_tiny.yaml", ()),
-    (
+    pytest.param(  # about 4 s each: the other variants are slow
       "bert/configs/params_bert_tiny.yaml",
       (
         "train_input.max_sequence_length=64",
         "train_input.max_predictions_per_seq=11",
         "model.dropout_rate=0.0",
       ),
+      marks=pytest.mark.slow,
     ),
     ("gpt2/configs/params_gpt2_tiny.yaml", ()),
-    (
+    pytest.param(
       "gpt2/configs/params_gpt2_tiny.yaml",
       ("train_input.max_sequence_length=32", "train_input.batch_size=6"),
+      marks=pytest.mark.slow,
     ),
     ("fc_mnist/configs/params_fc_mnist.yaml", ()),
   ],
@@ -75,6 +77,7 @@ def test_every_shipped_params_file_validates_without_its_data(tmp_path, monkeypa
   assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_compile_only_of_a_model_whose_data_is_missing(tmp_path):
   path = ROOT / "models" / "gpt2" / "configs" / "params_gpt2_tiny.yaml"
   summary = runner.run_params(
@@ -115,6 +118,7 @@ def test_validate_only_uses_the_declared_shapes_without_building_data(tmp_path):
     run(dataclasses.replace(checked, batch_spec=None), rc, *rest, progress=False)
 
 
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_the_estimate_on_shapes_equals_the_estimate_on_the_first_batch(tmp_path):
   path = ROOT / "models" / "gpt2" / "configs" / "params_gpt2_tiny.yaml"
   plan = runner.load_plan(path, [f"runconfig.model_dir={tmp_path}", "runconfig.validate_only=true"])

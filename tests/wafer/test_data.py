@@ -186,6 +186,7 @@ def test_tokenizer_trains_and_caches(tmp_path):
   assert again.encode("sentence of document").ids == tok.encode("sentence of document").ids
 
 
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_tokenizer_training_is_deterministic():
   """Two trainings on the embedded corpus give one vocabulary (tokenizers' WordPiece trainer fails this:
   huggingface/tokenizers#1794), so two fresh runs of the default job see the same data."""

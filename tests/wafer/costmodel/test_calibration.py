@@ -52,6 +52,7 @@ def test_the_quoted_accuracy_is_the_benchmarks_leave_one_out(bench):
   assert max(max(ratios), 1.0) == pytest.approx(ACCURACY.band[1], abs=5e-3)
 
 
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_the_benchmark_rows_are_the_published_points(bench, rows):
   assert {r["id"] for r in bench["rows"]} == {r["id"] for r in rows if not r["held_out"]}
   assert {r["id"] for r in bench["held_out_rows"]} == {r["id"] for r in rows if r["held_out"]}
@@ -63,6 +64,7 @@ def test_the_benchmark_rows_are_the_published_points(bench, rows):
     )
 
 
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_the_measured_conditions_are_used(rows):
   by_id = {r["id"]: r for r in rows}
   assert by_id["V01"]["mode"] == by_id["V06"]["mode"] == by_id["V08"]["mode"] == "weight_streaming"

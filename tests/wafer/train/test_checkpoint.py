@@ -22,6 +22,7 @@ def _truncate_arrays(step_dir):
   return files
 
 
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_a_damaged_latest_checkpoint_is_reported_and_skipped(tmp_path, capsys):
   whole = _run(tmp_path / "whole", max_steps=30, checkpoint_steps=10, log_steps=10)
   _run(tmp_path / "parts", max_steps=20, checkpoint_steps=10, log_steps=10)

@@ -105,6 +105,7 @@ def test_sigkill_and_restart_end_with_identical_parameters(tmp_path):
     np.testing.assert_array_equal(whole[name], killed[name])
 
 
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_eval_modes(tmp_path, capsys):
   with pytest.raises(ExecutorError, match="No checkpoints were found for evaluation"):
     _run(tmp_path, mode="eval_all")
