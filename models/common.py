@@ -15,6 +15,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from pydantic import ValidationInfo, field_validator
+
+from wafer.config import ModelConfig
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
   "relu": jax.nn.relu,
@@ -80,6 +83,17 @@ def check_heads(hidden_size: int, num_heads: int) -> None:
       f"num_heads={num_heads} does not divide hidden_size={hidden_size} (each head gets hidden_size / "
       f"num_heads features); num_heads that fit: {shown}"
     )
+
+
+class AttentionConfig(ModelConfig):
+  """A model config with ``hidden_size`` and ``num_heads``: `check_heads` runs when it loads."""
+
+  @field_validator("num_heads", mode="after", check_fields=False)
+  @classmethod
+  def _heads_divide_hidden(cls, num_heads: int, info: ValidationInfo) -> int:
+    if "hidden_size" in info.data:  # else hidden_size has its own error
+      check_heads(info.data["hidden_size"], num_heads)
+    return num_heads
 
 
 class MultiHeadAttention(nnx.Module):

@@ -22,15 +22,14 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field
 
-from models.common import MultiHeadAttention, activation, check_heads, cross_entropy, truncated_normal
-from wafer.config import ModelConfig
+from models.common import AttentionConfig, MultiHeadAttention, activation, cross_entropy, truncated_normal
 
 Nonlinearity = Literal["gelu", "gelu_new", "relu", "tanh", "silu"]
 
 
-class BertConfig(ModelConfig):
+class BertConfig(AttentionConfig):
   """``model:`` of bert (closed: an unknown key is an error). Defaults are BERT-base's."""
 
   model_config = ConfigDict(extra="forbid")
@@ -55,13 +54,6 @@ class BertConfig(ModelConfig):
   mlm_loss_scaling: Literal["batch_size", "num_masked"] = "batch_size"
   initializer_range: float = Field(default=0.02, gt=0.0)
   enable_vts: bool = False
-
-  @field_validator("num_heads", mode="after")
-  @classmethod
-  def _heads_divide_hidden(cls, num_heads: int, info: ValidationInfo) -> int:
-    if "hidden_size" in info.data:  # else hidden_size has its own error
-      check_heads(info.data["hidden_size"], num_heads)
-    return num_heads
 
 
 class BertLayer(nnx.Module):

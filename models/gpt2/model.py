@@ -16,13 +16,12 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field
 
-from models.common import MultiHeadAttention, activation, check_heads, cross_entropy, truncated_normal
-from wafer.config import ModelConfig
+from models.common import AttentionConfig, MultiHeadAttention, activation, cross_entropy, truncated_normal
 
 
-class GPT2Config(ModelConfig):
+class GPT2Config(AttentionConfig):
   """``model:`` of gpt2 / gpt3 (closed: an unknown key is an error). Defaults are GPT-2 small's."""
 
   model_config = ConfigDict(extra="forbid")
@@ -51,13 +50,6 @@ class GPT2Config(ModelConfig):
   embedding_initializer: dict[str, Any] | None = None
   initializer: dict[str, Any] | None = None
   output_layer_initializer: dict[str, Any] | None = None
-
-  @field_validator("num_heads", mode="after")
-  @classmethod
-  def _heads_divide_hidden(cls, num_heads: int, info: ValidationInfo) -> int:
-    if "hidden_size" in info.data:  # else hidden_size has its own error
-      check_heads(info.data["hidden_size"], num_heads)
-    return num_heads
 
   def initializer_std(self, which: str) -> float:
     """The std of ``which`` (an initializer key), modelzoo's defaults when it is absent.
