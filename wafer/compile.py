@@ -33,7 +33,7 @@ import numpy as np
 
 from wafer import closures as _closures
 from wafer.cluster import data_parallel_shardings
-from wafer.errors import WaferError, user_frame
+from wafer.errors import WaferError, user_frame, where_defined
 
 _JAX_DIRS = tuple(
   str(Path(m.__file__).resolve().parent) + os.sep for m in (jax, jaxlib) if getattr(m, "__file__", None)
@@ -337,10 +337,8 @@ def compile(
     try:
       signature.bind(*example_args, **example_kwargs)
     except TypeError as e:
-      code = getattr(step_fn, "__code__", None)
-      where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
       raise StepUsageError(
-        f"the example arguments do not fit the step {getattr(step_fn, '__qualname__', step_fn)!s}{where}: {e}. "
+        f"the example arguments do not fit the step {where_defined(step_fn)}: {e}. "
         f"Give wafer.compile one example per argument of the step{signature}."
       ) from None
   static = _Static(
@@ -509,10 +507,8 @@ def _check_outputs(step_fn: Callable, out: Any) -> None:
   """Refuse a step output leaf that is not an array or a number (a string, an object)."""
   for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
     if not _is_array_like(leaf):
-      code = getattr(step_fn, "__code__", None)
-      where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
       raise StepUsageError(
-        f"the step {getattr(step_fn, '__qualname__', step_fn)!s}{where} returned a {type(leaf).__name__} "
+        f"the step {where_defined(step_fn)} returned a {type(leaf).__name__} "
         f"({leaf!r:.60}) at output{jax.tree_util.keystr(path)}; a step returns a pytree of arrays (the "
         "compiled graph's outputs). Fix: return arrays only, and report other values from a step closure "
         "(@wafer.step_closure)."

@@ -17,8 +17,9 @@ import os
 import traceback
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-__all__ = ("WaferError", "in_installed_library", "user_frame")
+__all__ = ("WaferError", "in_installed_library", "user_frame", "where_defined")
 
 
 class WaferError(Exception):
@@ -76,3 +77,10 @@ def user_frame(tb: TracebackType | None) -> tuple[str, int, str] | None:
       continue
     found = (frame.filename, frame.lineno or 0, (frame.line or "").strip())
   return found
+
+
+def where_defined(fn: Any) -> str:
+  """``"name (file:line)"`` of a user's function, for messages (its repr when it has no code)."""
+  code = getattr(fn, "__code__", None) or getattr(vars(type(fn)).get("__call__"), "__code__", None)
+  name = getattr(fn, "__qualname__", None) or type(fn).__name__
+  return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else repr(fn)[:80]

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from wafer.errors import where_defined
 from wafer.train.task import ExecutorError, Task, next_batch
 
 
@@ -54,13 +55,6 @@ def initial_state(
     params, optimizer.init(params), loss_scale, jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32)
   )
   return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
-
-
-def where_defined(fn: Any) -> str:
-  """``"name (file:line)"`` of a user's function, for messages (its repr when it has no code)."""
-  code = getattr(fn, "__code__", None) or getattr(vars(type(fn)).get("__call__"), "__code__", None)
-  name = getattr(fn, "__qualname__", None) or type(fn).__name__
-  return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code is not None else repr(fn)[:80]
 
 
 def _check_params(task: Task, params: Any) -> None:

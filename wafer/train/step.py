@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import optax
 
 import precision
-from wafer.train.state import TrainState, schedule_counts, where_defined
+from wafer.errors import where_defined
+from wafer.train.state import TrainState, schedule_counts
 from wafer.train.task import ExecutorError, Task
 
 
