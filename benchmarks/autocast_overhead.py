@@ -52,10 +52,10 @@ import jax.numpy as jnp
 import optax
 from _timing import alternating_rounds, summary
 from flax import nnx
-from jax.extend import core as jcore
 
 import precision
 from models.encoder import Encoder, EncoderConfig, parameter_count, token_loss
+from precision import _jax_compat as compat
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"step": 1.15, "compile": 1.3}
@@ -92,17 +92,13 @@ def build_steps(config: EncoderConfig, policy: precision.Policy) -> tuple[dict[s
   return steps, (params, opt_state), parameter_count(model)
 
 
-def rounding_sites(jaxpr: jcore.Jaxpr) -> int:
+def rounding_sites(jaxpr: Any) -> int:
   """``precision_round`` equations in ``jaxpr`` and the jaxprs inside it (each body once)."""
   count = 0
   for eqn in jaxpr.eqns:
     count += eqn.primitive.name == "precision_round"
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        if isinstance(sub, jcore.ClosedJaxpr):
-          count += rounding_sites(sub.jaxpr)
-        elif isinstance(sub, jcore.Jaxpr):
-          count += rounding_sites(sub)
+    for sub in compat.jaxprs_in_params(eqn.params):
+      count += rounding_sites(compat.split_closed(sub)[0])
   return count
 
 

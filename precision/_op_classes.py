@@ -58,8 +58,8 @@ _DATA_MOVEMENT = (
 )  # fmt: skip
 _CAST = ("convert_element_type", "reduce_precision", "bitcast_convert_type", "precision_round")
 CONTROL_FLOW = (
-    "jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint", "scan", "while", "cond",
-    "custom_jvp_call", "custom_vjp_call", "shard_map",
+    "jit", "pjit", "closed_call", "core_call", "eval_jaxpr", "remat2", "checkpoint", "scan", "while", "cond",
+    "custom_jvp_call", "custom_vjp_call", "shard_map", "custom_linear_solve",
 )  # fmt: skip
 
 PRIMITIVE_CLASSES: dict[str, str] = {}

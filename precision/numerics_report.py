@@ -92,10 +92,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend import source_info_util
 
+from precision import _control_flow, _interpreter
+from precision import _jax_compat as compat
 from precision._op_classes import CONTROL_FLOW, PRIMITIVE_CLASSES
-from precision.autocast import _as_policy, _check_callable, _manual_axes, _Pass, _run, _Statics, _trace
+from precision._state import Pass
+from precision._tracing import Statics, as_policy, check_callable, trace_fn
 from precision.formats import FloatFormat
 from precision.policy import Policy
 from precision.rounding import _host_round
@@ -201,7 +203,7 @@ class _Collector:
       if self.pending and name in CONTROL_FLOW:  # observed after its body: give the body its line
         source = _user_source(eqn.source_info.traceback)
         if source != "?":
-          outer = str(source_info_util.current_name_stack() + eqn.source_info.name_stack)
+          outer = compat.full_name_stack(eqn)
           for key in self.pending:  # tracing a custom rule's body resets the name stack
             name_, _, scope_, class_ = self.meta[key]
             self.meta[key] = (name_, source, scope_ or outer, class_)
@@ -213,7 +215,7 @@ class _Collector:
       decision = name in _COMPARISONS or name in _ARG or name == "select_n"
       if not floats_out and not (decision and floats_in) and name != "select_n":
         return
-      scope = str(source_info_util.current_name_stack() + eqn.source_info.name_stack)
+      scope = compat.full_name_stack(eqn)
       key = (id(eqn), scope)
       if key not in self.meta:
         source = _user_source(eqn.source_info.traceback)
@@ -225,7 +227,7 @@ class _Collector:
       out_list = (
         [jnp.asarray(outs[i]) for i in range(len(outs))] if decision else [outs[i] for i in floats_out]
       )
-      axes = _manual_axes()
+      axes = _control_flow.manual_axes()
       if axes:  # in a shard_map body: one call per shard, told apart by its position on the mesh
         # (ordered callbacks are refused on more than one device; a shard's calls of one equation
         # still arrive in program order, and the two runs are matched per shard)
@@ -576,22 +578,22 @@ def numerics_report(
   Returns:
     A `NumericsReport`; see the module docstring for the method, the columns and the cost.
   """
-  _check_callable(fn, "numerics_report")
-  policy = _as_policy(policy)
-  closed, outputs, flat = _trace(fn, _Statics.of(fn, (), ()), args, kwargs)
+  check_callable(fn, "numerics_report")
+  policy = as_policy(policy)
+  closed, outputs, flat = trace_fn(fn, Statics.of(fn, (), ()), args, kwargs)
   collector = _Collector(policy.compute)
   identity = Policy.parse("c=f32")
 
-  def run(pol: Policy, mode: str) -> Any:
-    p = _Pass(pol, observer=collector.observer(mode))
-    p.extreme = _Pass(policy).extreme  # the shadow reads finfo(float32).min as the policy run does
-    return jax.jit(lambda *xs: _run(p, closed, xs))(*flat)
+  def observed(pol: Policy, mode: str) -> Any:
+    p = Pass(pol, observer=collector.observer(mode))
+    p.extreme = Pass(policy).extreme  # the shadow reads finfo(float32).min as the policy run does
+    return jax.jit(lambda *xs: _interpreter.run(p, closed, xs))(*flat)
 
-  jax.block_until_ready(run(identity, "shadow"))
+  jax.block_until_ready(observed(identity, "shadow"))
   jax.effects_barrier()
-  jax.block_until_ready(run(policy, "policy"))
+  jax.block_until_ready(observed(policy, "policy"))
   jax.effects_barrier()
   # The outputs of a run without the observer's callbacks, which change XLA's fusion and so
   # the last bit of some float32 results: exactly those of jax.jit(autocast(fn, policy)).
-  outs = jax.jit(lambda *xs: _run(_Pass(policy), closed, xs))(*flat)
+  outs = jax.jit(lambda *xs: _interpreter.run(Pass(policy), closed, xs))(*flat)
   return NumericsReport(policy, collector.rows(), outputs.unflatten(outs), collector.missing)

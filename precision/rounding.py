@@ -13,10 +13,9 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend import core as jcore
-from jax.interpreters import ad, batching, mlir
 
 from precision import _kernel
+from precision._jax_compat import Primitive, ShapedArray, ad, batching, mlir
 from precision._kernel import MODES
 from precision.formats import FloatFormat, get_format
 
@@ -264,7 +263,7 @@ _round_with_vjp.defvjp(_round_fwd, _round_bwd)
 # that every cotangent reaching this rounding is already a value of ``fmt``: the transpose
 # then passes the cotangent on unchanged, which equals rounding it (nearest-even rounding is
 # idempotent, NaN and signed zeros included). The JVP still rounds the tangent.
-round_p = jcore.Primitive("precision_round")
+round_p = Primitive("precision_round")
 round_p.def_impl(lambda x, *, fmt, mode, ct_rounded=False: _round_jit(x, (None, None), fmt, mode))
 round_p.def_abstract_eval(lambda x, *, fmt, mode, ct_rounded=False: x)
 # Through the jitted kernel: its lowering is one private function per format, mode and shape,
@@ -298,7 +297,7 @@ def _round_map_lowering(
     attributes={"dimensions": mlir.dense_int_array(list(range(ctx.avals_in[0].ndim)))},
     regions=1,
   )
-  scalar = jax.core.ShapedArray((), jnp.float32)
+  scalar = ShapedArray((), jnp.float32)
   block = op.regions[0].blocks.append(ir.RankedTensorType.get([], ir.F32Type.get()))
   with ir.InsertionPoint(block):
     body = mlir.lower_fun(lambda v: _kernel.round_bits(v, fmt, mode, None), multiple_results=False)
@@ -331,7 +330,7 @@ batching.defvectorized(round_p)
 # logaddexp) must be transposable and a ``custom_vjp`` is not. Its JVP and transpose round the
 # tangent / cotangent stochastically with `_kernel.derive_bits` of the same words (the rule of
 # `round`'s ``grad="cast"``). Elementwise in both operands, so ``vmap`` broadcasts them.
-round_bits_p = jcore.Primitive("precision_round_bits")
+round_bits_p = Primitive("precision_round_bits")
 round_bits_p.def_impl(lambda x, rbits, *, fmt: _kernel.round_bits(x, fmt, "stochastic", rbits))
 round_bits_p.def_abstract_eval(lambda x, rbits, *, fmt: x)
 mlir.register_lowering(

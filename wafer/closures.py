@@ -38,6 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from precision import _jax_compat as compat
 from wafer.errors import WaferError, in_installed_library
 
 STEP, CHECKPOINT = "step", "checkpoint"
@@ -94,12 +95,7 @@ class _Collector:
 
 
 def _current_trace() -> Any:
-  try:
-    from jax._src import core
-
-    return core.trace_ctx.trace
-  except (ImportError, AttributeError):  # pragma: no cover - a JAX without trace_ctx
-    return None
+  return compat.current_trace()
 
 
 def _user_line() -> str:
@@ -122,9 +118,7 @@ def _user_line() -> str:
 
 
 def _is_batched(leaf: Any) -> bool:
-  from jax._src.interpreters import batching
-
-  return isinstance(leaf, batching.BatchTracer)
+  return compat.is_batch_tracer(leaf)
 
 
 _ACTIVE: list[_Collector] = []

@@ -31,6 +31,7 @@ import jax
 import jaxlib
 import numpy as np
 
+from precision import _jax_compat as compat
 from wafer import closures as _closures
 from wafer.cluster import data_parallel_shardings
 from wafer.errors import WaferError, user_frame, where_defined
@@ -566,12 +567,7 @@ def enable_compilation_cache(directory: str | os.PathLike) -> Path:
   path.mkdir(parents=True, exist_ok=True)
   path = path.resolve()  # the setting outlives the call: a relative one would follow a later chdir
   if jax.config.jax_compilation_cache_dir != str(path):
-    try:  # JAX opens its cache once per process; reopen it at the new directory
-      from jax._src import compilation_cache
-
-      compilation_cache.reset_cache()
-    except (ImportError, AttributeError):  # pragma: no cover - older/newer JAX without it
-      pass
+    compat.reset_compilation_cache()  # JAX opens its cache once per process; reopen it at the new directory
   jax.config.update("jax_compilation_cache_dir", str(path))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

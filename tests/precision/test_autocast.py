@@ -315,12 +315,12 @@ def test_shard_map_body_is_transformed():
 
 
 def test_unknown_primitives_pass_through_and_are_reported():
-  mystery = jax.extend.core.Primitive("mystery_scale")
+  from precision._jax_compat import Primitive, mlir
+
+  mystery = Primitive("mystery_scale")
   mystery.def_impl(lambda x: x * 3.0)
   mystery.def_abstract_eval(lambda x: x)
-  jax.interpreters.mlir.register_lowering(
-    mystery, jax.interpreters.mlir.lower_fun(lambda x: x * 3.0, multiple_results=False)
-  )
+  mlir.register_lowering(mystery, mlir.lower_fun(lambda x: x * 3.0, multiple_results=False))
   f = lambda x: jnp.tanh(mystery.bind(x))
   x = _normal(33, (8,))
   _same(precision.autocast(f, _level(0))(x), r(jnp.tanh(x * 3.0)))  # mystery ran unrounded

@@ -38,8 +38,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src.interpreters import partial_eval as pe
 
+from precision import _jax_compat as compat
 from wafer.costmodel import walk
 from wafer.costmodel.walk import Site, Walker
 from wafer.errors import WaferError, user_frame
@@ -338,15 +338,13 @@ def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[
   for i, a in enumerate(args):
     n = sum(not _static(x) for x in jax.tree.leaves(a))
     flat_is_param += [i not in batch_argnums] * n
-  jaxpr = closed.jaxpr
-  try:  # dead code (e.g. the unused gradient of a max under value_and_grad) is not run on the wafer
-    jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)
-  except Exception:  # noqa: BLE001 (a primitive without a DCE rule: walk the jaxpr as it is)
-    jaxpr = closed.jaxpr
+  jaxpr, consts = compat.split_closed(closed)
+  # dead code (e.g. the unused gradient of a max under value_and_grad) is not run on the wafer
+  jaxpr = compat.dce(jaxpr)
   if len(flat_is_param) != len(jaxpr.invars):
     flat_is_param = [True] * len(jaxpr.invars)
   walker = Walker(len(jaxpr.invars), flat_is_param)
-  consts = closed.consts if len(closed.consts) == len(jaxpr.constvars) else ()
+  consts = consts if len(consts) == len(jaxpr.constvars) else ()
   walker.walk(jaxpr, walker.top_keys, (), False, 1, consts)
   return walker, closed
 

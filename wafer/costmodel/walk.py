@@ -27,7 +27,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend import core as jcore
+
+from precision import _jax_compat as compat
 
 __all__ = ("Site", "Walker", "classify")
 
@@ -100,7 +101,6 @@ _NUMPY_SAME = frozenset({
 # its structure alone (half, where causal).
 _VALUE_CAP = 1 << 24
 _REMOVED = -1e4  # a bias at or below this removes a score: finfo.min, -inf, -1e9, BERT's -10000.0
-_CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 # Names JAX itself pushes on the name stack: not the user's scopes. ``jax.checkpoint`` runs the
 # recomputed forward of every rematerialized block under ``rematted_computation``; kept, it would
 # gather the recomputation of all layers into one kernel.
@@ -184,7 +184,7 @@ class Walker:
 
   def walk(
     self,
-    jaxpr: jcore.Jaxpr,
+    jaxpr: compat.Jaxpr,
     in_keys: Sequence[int | None],
     scopes: tuple[str, ...],
     transposed: bool,
@@ -208,18 +208,18 @@ class Walker:
         self.recipe[env[var]] = (("const", var.aval, None), ((consts[i],),), (env[var],))
     for eqn in jaxpr.eqns:
       self.eqn_count += 1
-      ins = tuple(None if isinstance(v, jcore.Literal) else env.get(v) for v in eqn.invars)
+      ins = tuple(None if isinstance(v, compat.Literal) else env.get(v) for v in eqn.invars)
       refs = tuple(self._ref(v, env, literal) for v in eqn.invars)
       e_scopes, e_transposed = self._context(eqn, scopes, transposed)
       outs = self._eqn(eqn, ins, refs, e_scopes, e_transposed, mult)
       for var, key in zip(eqn.outvars, outs):
         env[var] = key
-    return [None if isinstance(v, jcore.Literal) else env.get(v) for v in jaxpr.outvars]
+    return [None if isinstance(v, compat.Literal) else env.get(v) for v in jaxpr.outvars]
 
   def _ref(self, var: Any, env: dict[Any, int | None], literal: dict[Any, tuple[np.ndarray]]) -> Any:
     """An operand whose value positions and constants alone determine: its key, ``(value,)`` for a
     literal; None for any other."""
-    if isinstance(var, jcore.Literal):
+    if isinstance(var, compat.Literal):
       return self._literal(var.val, var.aval)
     if var in literal:
       return literal[var]
@@ -292,7 +292,7 @@ class Walker:
       return self._while(eqn, ins, scopes, transposed, mult)
     if prim == "cond":
       return self._cond(eqn, ins, scopes, transposed, mult)
-    inner = _call_jaxpr(params)
+    inner = compat.call_jaxpr(eqn)
     if inner is not None:
       if self._is_fake_cast(eqn, inner):
         outs = self._fresh_outs(eqn, ins)
@@ -304,11 +304,10 @@ class Walker:
         mesh = params.get("mesh")
         inner_mult = mult * int(getattr(mesh, "size", 1) or 1)
         self.notes.add("shard_map bodies are counted once per device of their mesh")
-      inner_jaxpr = inner.jaxpr if isinstance(inner, jcore.ClosedJaxpr) else inner
+      inner_jaxpr, consts = compat.split_closed(inner)
       n = len(inner_jaxpr.invars)
       keys = list(ins[-n:]) if n <= len(ins) else list(ins) + [None] * (n - len(ins))
       values = list(refs[-n:]) if n <= len(refs) else list(refs) + [None] * (n - len(refs))
-      consts = inner.consts if isinstance(inner, jcore.ClosedJaxpr) else ()
       res = self.walk(inner_jaxpr, keys, scopes, transposed, inner_mult, consts, values)
       outs = [k if k is not None else self._new() for k in res]
       if any(k in self.data for k in ins if k is not None):
@@ -318,11 +317,13 @@ class Walker:
     known = (
       prim in _MOVE or prim in _REDUCE or prim in _TRANSCENDENTAL or prim.startswith(("reduce", "scatter"))
     )
-    subs = list(jcore.jaxprs_in_params(params)) if not known and _has_subjaxprs(params) else []
+    if not known and compat.is_higher_order(eqn):  # never walked past silently
+      raise compat.unhandled(eqn, "the cost model")
+    subs = list(compat.jaxprs_in_params(params)) if not known and _has_subjaxprs(params) else []
     outs = self._fresh_outs(eqn, ins)
     for sub in subs:
       self.notes.add(f"primitive {prim!r}: its sub-computations are counted once")
-      sub_j = sub.jaxpr if isinstance(sub, jcore.ClosedJaxpr) else sub
+      sub_j, _ = compat.split_closed(sub)
       self.walk(sub_j, [None] * len(sub_j.invars), scopes, transposed, mult)
     if subs:
       return outs
@@ -637,8 +638,8 @@ class Walker:
     self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
   ) -> list[int]:
     p = eqn.params
-    body = p["jaxpr"].jaxpr
-    n_consts, n_carry = p["num_consts"], p["num_carry"]
+    body, _ = compat.split_closed(compat.scan_body(p))
+    n_consts, n_carry = compat.scan_counts(p)
     length = int(p["length"])
     keys: list[int | None] = list(ins[:n_consts]) + self._carried(ins[n_consts : n_consts + n_carry])
     for k in ins[n_consts + n_carry :]:  # xs: one slice per iteration, same parameter root
@@ -676,8 +677,8 @@ class Walker:
     self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
   ) -> list[int]:
     p = eqn.params
-    cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    body = p["body_jaxpr"].jaxpr
+    cn, bn = compat.while_counts(p)
+    body, _ = compat.split_closed(p["body_jaxpr"])
     keys = list(ins[cn : cn + bn]) + self._carried(ins[cn + bn :])
     self.notes.add("while loops (unknown trip count) are counted as one iteration")
     self.walk(body, keys, scopes, transposed, mult)
@@ -686,13 +687,13 @@ class Walker:
   def _cond(
     self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
   ) -> list[int]:
-    branches = eqn.params["branches"]
+    branches = [compat.split_closed(b)[0] for b in compat.cond_branches(eqn.params)]
     best: list[Site] | None = None
     best_cost = -1.0
     saved = self.sites
     for br in branches:
       self.sites = []
-      self.walk(br.jaxpr, list(ins[1:]), scopes, transposed, mult)
+      self.walk(br, list(ins[1:]), scopes, transposed, mult)
       cost = sum(s.mult * math.prod(s.measures) * (4.0 if s.kind == "matmul" else 1.0) for s in self.sites)
       if cost > best_cost:
         best, best_cost = self.sites, cost
@@ -710,7 +711,7 @@ class Walker:
       return False
     if tuple(floats_in[0].aval.shape) != tuple(eqn.outvars[0].aval.shape):
       return False
-    j = inner.jaxpr if isinstance(inner, jcore.ClosedJaxpr) else inner
+    j, _ = compat.split_closed(inner)
     key = id(j)
     if key not in self._fake_cast_cache:
       self._fake_cast_cache[key] = _contains_float_to_int_bitcast(j)
@@ -876,31 +877,18 @@ def _rule(eqn: Any, args: list[np.ndarray]) -> list[np.ndarray] | None:
 
 
 def _has_subjaxprs(params: dict[str, Any]) -> bool:
-  for v in params.values():
-    if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr)):
-      return True
-    if isinstance(v, (tuple, list)) and any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in v):
-      return True
-  return False
+  return next(compat.jaxprs_in_params(params), None) is not None
 
 
-def _call_jaxpr(params: dict[str, Any]) -> Any:
-  for name in _CALL_JAXPR_PARAMS:
-    v = params.get(name)
-    if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr)):
-      return v
-  return None
-
-
-def _contains_float_to_int_bitcast(jaxpr: jcore.Jaxpr) -> bool:
+def _contains_float_to_int_bitcast(jaxpr: compat.Jaxpr) -> bool:
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "bitcast_convert_type":
       src = eqn.invars[0].aval
       if _is_float(src) and not _is_float(eqn.outvars[0].aval):
         return True
-    inner = _call_jaxpr(eqn.params)
+    inner = compat.call_jaxpr(eqn)
     if inner is not None:
-      j = inner.jaxpr if isinstance(inner, jcore.ClosedJaxpr) else inner
+      j, _ = compat.split_closed(inner)
       if _contains_float_to_int_bitcast(j):
         return True
   return False

@@ -1,0 +1,109 @@
+"""Attention, recognised by structure: which ``dot_general`` equations are score products
+(module docstring of `precision.autocast`, op class ``attention_matmul``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from precision import _jax_compat as compat
+from precision._op_classes import PRIMITIVE_CLASSES
+
+# ---- attention: recognised by structure ----
+
+
+class _Facts(NamedTuple):
+  """Per variable: score-product candidates it is derived from (``dots``), and those of
+  which it is an ``exp``, a sum of an ``exp``, or a softmax."""
+
+  dots: frozenset = frozenset()
+  exps: frozenset = frozenset()
+  sums: frozenset = frozenset()
+  softmax: frozenset = frozenset()
+
+
+_NO_FACTS = _Facts()
+_KEEP_ALL = ("data_movement", "cast", "exact", "control_flow")
+
+
+def _union(facts: Sequence[_Facts]) -> _Facts:
+  if not facts:
+    return _NO_FACTS
+  return _Facts(*(frozenset().union(*(getattr(f, k) for f in facts)) for k in _Facts._fields))
+
+
+def find_attention(
+  jaxpr: compat.Jaxpr, in_facts: Sequence[_Facts | None], found: set[int], seen: set[int]
+) -> list:
+  """Forward data flow over ``jaxpr`` (and the jaxprs inside it): adds to ``found`` the
+  ids of the score products (module docstring) and returns the output variables' facts."""
+  seen.add(id(jaxpr))
+  env: dict[Any, _Facts] = {}
+
+  def get(atom: Any) -> _Facts:
+    return _NO_FACTS if isinstance(atom, compat.Literal) else env.get(atom, _NO_FACTS)
+
+  for var, facts in zip(jaxpr.invars, in_facts):
+    env[var] = facts or _NO_FACTS
+  for eqn in jaxpr.eqns:
+    ins = [get(a) for a in eqn.invars]
+    name = eqn.primitive.name
+    outs = _sub_jaxpr_facts(eqn, ins, found, seen)
+    if outs is None:
+      merged = _union(ins)
+      op_class = PRIMITIVE_CLASSES.get(name, "unknown")
+      if name == "dot_general":
+        for facts in ins:
+          found.update(facts.softmax)
+        out = _Facts(dots=frozenset((id(eqn),)))
+      elif op_class == "matmul":
+        out = _NO_FACTS
+      elif name == "exp":
+        out = _Facts(dots=merged.dots, exps=merged.dots)
+      elif name == "reduce_sum":
+        out = _Facts(dots=merged.dots, sums=merged.exps)
+      elif name == "div" and len(ins) == 2:
+        softmax = (ins[0].exps & ins[1].sums) | ins[0].softmax
+        out = _Facts(dots=merged.dots, softmax=softmax)
+      elif name == "mul":
+        out = _Facts(dots=merged.dots, softmax=merged.softmax)
+      elif op_class in _KEEP_ALL:
+        out = merged
+      else:
+        out = _Facts(dots=merged.dots)
+      outs = [out] * len(eqn.outvars)
+    for var, facts in zip(eqn.outvars, outs):
+      env[var] = facts
+  return [get(a) for a in jaxpr.outvars]
+
+
+def _sub_jaxpr_facts(eqn: Any, ins: list[_Facts], found: set[int], seen: set[int]) -> list | None:
+  """Facts of a higher-order equation's outputs, from its body; None for other equations."""
+  params, name = eqn.params, eqn.primitive.name
+
+  def run(closed: Any, facts: Sequence[_Facts]) -> list:
+    jaxpr, _ = compat.split_closed(closed)
+    padded = [_NO_FACTS] * (len(jaxpr.invars) - len(facts)) + list(facts)
+    return find_attention(jaxpr, padded, found, seen)
+
+  if name in ("jit", "pjit", "remat2", "checkpoint", "shard_map", "custom_jvp_call", "custom_vjp_call"):
+    return run(compat.call_jaxpr(eqn), ins)
+  if name in compat.CALL_PRIMITIVES:
+    return run(compat.call_jaxpr(eqn), ins)
+  if name == "cond":
+    results = [run(b, ins[1:]) for b in compat.cond_branches(params)]
+    return [_union(list(fs)) for fs in zip(*results)]
+  if name == "scan":
+    n_consts, n_carry = compat.scan_counts(params)
+    carry = ins[n_consts : n_consts + n_carry]
+    for _ in range(2):  # the carry's facts after one and two iterations
+      outs = run(compat.scan_body(params), ins[:n_consts] + carry + ins[n_consts + n_carry :])
+      carry = [_union([a, b]) for a, b in zip(carry, outs[:n_carry])]
+    return carry + outs[n_carry:]
+  if name == "while":
+    nc, nb = compat.while_counts(params)
+    carry = ins[nc + nb :]
+    for _ in range(2):
+      carry = [_union([a, b]) for a, b in zip(carry, run(params["body_jaxpr"], ins[nc : nc + nb] + carry))]
+    return carry
+  return None

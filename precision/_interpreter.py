@@ -1,0 +1,311 @@
+"""The interpreter of `autocast`: evaluates a jaxpr equation by equation, applying the policy's
+rules (module docstring of `precision.autocast`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from precision import _jax_compat as compat
+from precision import _state
+from precision._attention import find_attention
+from precision._matmul import matmul
+from precision._op_classes import PRIMITIVE_CLASSES
+from precision._state import (
+  CONST,
+  CONST_ROUNDED,
+  CONSTANTS,
+  FLOAT32,
+  HIGHER_ORDER,
+  RAW_TAG,
+  ROUNDED,
+  Deferred,
+  Pass,
+  Tag,
+  is_f32,
+  join_all,
+  numel,
+  region_of,
+)
+from precision.formats import FloatFormat, float32
+
+_PASS_COTANGENT = frozenset(("add", "sub", "add_any"))  # transpose: the cotangent, +-, same shape
+_COMMUTING = frozenset(
+  ("reshape", "squeeze", "expand_dims", "transpose", "rev", "copy", "copy_p", "convert_element_type")
+)
+
+
+def _representable(value: float, fmt: FloatFormat) -> bool:
+  """Whether a float32 scalar is exactly a value of ``fmt`` (host arithmetic, exact)."""
+  if value == 0 or not math.isfinite(value):
+    return True
+  exponent = math.frexp(abs(value))[1] - 1
+  quantum = max(exponent, fmt.emin) - fmt.mantissa_bits
+  return abs(value) <= fmt.max and (value / 2.0**quantum).is_integer()
+
+
+def _literal_tag(p: Pass, literal: Any) -> Tag | None:
+  if not is_f32(literal.aval):
+    return None
+  value = np.asarray(literal.val)
+  if value.ndim == 0 and _representable(float(value), p.fmt):
+    return Tag(CONST_ROUNDED)
+  return Tag(CONST)
+
+
+def run(p: Pass, closed: Any, flat: Sequence[Any], rounded_outputs: int | None = None) -> list[Any]:
+  """Interpret the closed jaxpr ``closed`` on ``flat``; float32 outputs (the first
+  ``rounded_outputs`` of them, all if None) are rounded to the policy's output format."""
+  jaxpr, consts = compat.split_closed(closed)
+  tags = [RAW_TAG if is_f32(v.aval) else None for v in jaxpr.invars]
+  outs, out_tags = interpret(p, jaxpr, consts, list(flat), tags)
+  if p.policy.output == float32:
+    return outs
+  # An output already rounded to the output format (it is the compute format) is not rounded again.
+  done = (ROUNDED, CONST_ROUNDED) if p.policy.output == p.fmt and p.policy.is_mixed else ()
+  n = len(outs) if rounded_outputs is None else rounded_outputs
+  return [
+    p.round_to(o, p.policy.output, "<output>")
+    if i < n and is_f32(jax.typeof(o)) and (t is None or t.state not in done)
+    else o
+    for i, (o, t) in enumerate(zip(outs, out_tags))
+  ]
+
+
+def interpret(
+  p: Pass, jaxpr: compat.Jaxpr, consts: Sequence[Any], args: Sequence[Any], tags: Sequence[Tag | None]
+) -> tuple[list[Any], list[Tag | None]]:
+  """Evaluate ``jaxpr`` on ``consts`` and ``args`` at the current trace, applying the policy's rules.
+
+  ``consts`` and ``args`` bind the jaxpr's inputs by position (`compat.binders`: its constvars,
+  then its invars; from JAX 0.11 a traced jaxpr's constants are leading invars). ``tags`` are
+  the tags of ``args``; constants are raw values."""
+  if id(jaxpr) not in p.analysed:
+    find_attention(jaxpr, [None] * len(jaxpr.invars), p.score_dots, p.analysed)
+  env: dict[Any, tuple[Any, Tag | None]] = {}
+  memo: dict[Any, jax.Array] = {}  # var -> its rounded value (round each weight once)
+
+  def read(atom: Any) -> tuple[Any, Tag | None]:
+    if isinstance(atom, compat.Literal):
+      return atom.val, _literal_tag(p, atom)
+    return env[atom]
+
+  variables = compat.binders(jaxpr)
+  values_in = [*consts, *args]
+  if len(variables) != len(values_in):
+    raise AssertionError(f"autocast: {len(values_in)} values for a jaxpr of {len(variables)} inputs")
+  tags_in = [RAW_TAG] * len(consts) + list(tags)
+  for var, value, tag in zip(variables, values_in, tags_in):
+    env[var] = (value, tag if is_f32(var.aval) else None)
+  single = _single_uses(jaxpr) if _state.SKIP_ROUNDED_COTANGENTS and p.observer is None else {}
+  for eqn in jaxpr.eqns:
+    pairs = [read(atom) for atom in eqn.invars]
+    values = [v for v, _ in pairs]
+    in_tags = [t for _, t in pairs]
+    if _commutes(eqn, values) and single.get(eqn.outvars[0]) is not None:
+      # A move of a rounding's only result on to a consumer that may pass a rounded cotangent
+      # back: round(move(x)) == move(round(x)) bit for bit (and the same element count), so
+      # the move is bound on the unrounded value and the rounding stays deferred.
+      outs, out_tags = _apply(p, eqn, [values[0].value], in_tags, memo)
+      env[eqn.outvars[0]] = (Deferred(outs[0]), out_tags[0])
+      continue
+    for i, value in enumerate(values):
+      if isinstance(value, Deferred):  # this equation is the value's only consumer
+        values[i] = value.bind(p, _rounds_cotangent(p, eqn, i, in_tags))
+    with compat.eqn_context(eqn), eqn.ctx.manager:
+      region = region_of(compat.name_stack(eqn))  # this jaxpr's own scopes, not the caller's
+      if region is None:
+        values, in_tags = _extremes(p, eqn, values, in_tags)
+        outs, out_tags = _apply(p, eqn, values, in_tags, memo)
+      else:
+        outs, out_tags = _in_region(p, eqn, values, region)
+    outs = [
+      value.bind(p) if isinstance(value, Deferred) and single.get(var) is None else value
+      for var, value in zip(eqn.outvars, outs)
+    ]
+    if p.observer is not None:
+      p.observer(eqn, values, in_tags, outs, out_tags)
+    for var, value, tag in zip(eqn.outvars, outs, out_tags):
+      env[var] = (value, tag)
+  results = [read(atom) for atom in jaxpr.outvars]
+  return [v for v, _ in results], [t for _, t in results]
+
+
+# A comparison or a clamp with float32's largest number tests a float32 value (an overflow count,
+# ``clip(x, -finfo.max, finfo.max)``): its literal keeps its value.
+_NOT_EXTREMES = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "max", "min", "clamp"})
+
+
+def _extremes(
+  p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]
+) -> tuple[list[Any], list[Tag | None]]:
+  """Literals ``+-finfo(float32).max`` become ``+-p.extreme``, the compute format's largest number.
+
+  Code writes ``jnp.finfo(dtype).min`` for "the lowest number of the working dtype": Hugging Face's
+  attention bias ``select(mask > 0, full(0), full(finfo(dtype).min))``, flax's ``big_neg``. Where the
+  policy rounds the attention scores (``attention_softmax="round"``: level 2, modelzoo's cbfloat16
+  override), that dtype is the compute format, and with its largest number the program computes what
+  it computes with the format as its dtype. Kept as float32's, the rounding of ``scores + bias`` is an
+  infinity, and a row of scores masked everywhere (the query at a left-padded position) gives
+  ``inf - inf``: NaN where float32 gives a uniform row. Where the scores stay float32 (and under a
+  float32 policy) nothing changes: there float32's number is the working dtype's, and a smaller one
+  (float16's 65504) would not absorb the scores it is added to. Comparisons, ``max``, ``min`` and
+  ``clamp`` keep the literal (`_NOT_EXTREMES`).
+  """
+  if p.extreme == float32.max or eqn.primitive.name in _NOT_EXTREMES:
+    return values, tags
+  values, tags = list(values), list(tags)
+  for i, atom in enumerate(eqn.invars):
+    if not (isinstance(atom, compat.Literal) and is_f32(atom.aval) and np.ndim(atom.val) == 0):
+      continue
+    if abs(float(atom.val)) == float32.max:
+      new = math.copysign(p.extreme, float(atom.val))
+      values[i] = np.asarray(new, np.float32) if isinstance(atom.val, (np.ndarray, np.generic)) else new
+      tags[i] = Tag(CONST_ROUNDED)
+  return values, tags
+
+
+def _single_uses(jaxpr: compat.Jaxpr) -> dict[Any, Any]:
+  """Variables read exactly once, by an equation that may pass a rounded cotangent back
+  (`_PASS_COTANGENT`, ``reduce_sum``), and not results of ``jaxpr``: variable -> equation."""
+  uses: dict[Any, list[Any]] = {}
+  for eqn in jaxpr.eqns:
+    for atom in eqn.invars:
+      if isinstance(atom, compat.Var):
+        uses.setdefault(atom, []).append(eqn)
+  for atom in jaxpr.outvars:
+    if isinstance(atom, compat.Var):
+      uses.setdefault(atom, []).extend((None, None))
+  candidates = (*_PASS_COTANGENT, "reduce_sum", *_COMMUTING)
+  return {v: e[0] for v, e in uses.items() if len(e) == 1 and e[0].primitive.name in candidates}
+
+
+def _commutes(eqn: Any, values: list[Any]) -> bool:
+  """Whether ``eqn`` moves a deferred rounding's value without changing any element or the
+  element count (a reshape, transpose, reversal, copy or float32 -> float32 conversion)."""
+  if eqn.primitive.name not in _COMMUTING or len(values) != 1 or not isinstance(values[0], Deferred):
+    return False
+  return is_f32(eqn.invars[0].aval) and is_f32(eqn.outvars[0].aval)
+
+
+def _rounds_cotangent(p: Pass, eqn: Any, position: int, tags: list[Tag | None]) -> bool:
+  """Whether, under reverse-mode differentiation of the pass's program, the cotangent that
+  ``eqn`` (the only consumer of its operand ``position``, a value the pass rounds to nearest)
+  sends back to that operand is already a value of the compute format.
+
+  True when ``eqn`` is an ``add``, ``sub`` or ``add_any`` whose operand has the result's
+  shape (the cotangent of the operand is the result's, up to sign) or a ``reduce_sum`` (a
+  broadcast of it), and the pass rounds ``eqn``'s result to nearest even (same rule as
+  `_value_op`): the cotangent of that rounding is rounded by its transpose. Rounding it again
+  would change nothing (nearest-even rounding is idempotent, NaN and signed zeros included),
+  so the operand's rounding binds ``ct_rounded=True`` and its transpose passes it on: a
+  cotangent is rounded once, not twice. Anything else (products, other ops, several consumers,
+  results of the jaxpr, float32 regions) answers False.
+  """
+  name = eqn.primitive.name
+  if region_of(eqn.source_info.name_stack) is not None or len(eqn.outvars) != 1:
+    return False
+  if name in _PASS_COTANGENT and eqn.invars[position].aval.shape != eqn.outvars[0].aval.shape:
+    return False
+  op_class = PRIMITIVE_CLASSES.get(name, "unknown")
+  treatment, rule_class = _value_treatment(p, op_class, [t for t in tags if t is not None])
+  return treatment == "round" and rule_class not in p.stochastic
+
+
+def _in_region(p: Pass, eqn: Any, values: list[Any], region: str) -> tuple[list, list]:
+  """An equation of a float32 region or of a nested autocast: bound exactly as written."""
+  outs = compat.bind(eqn, values)
+  avals = [v.aval for v in eqn.outvars]
+  size = sum(numel(a) for a in avals if is_f32(a))
+  if region == "float32_region":
+    p.log.record(eqn.primitive.name, region, kept_float32=size)
+    return outs, [Tag(FLOAT32) if is_f32(a) else None for a in avals]
+  p.log.record(eqn.primitive.name, region, untouched=size)
+  return outs, [RAW_TAG if is_f32(a) else None for a in avals]
+
+
+def _apply(
+  p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None], memo: dict[Any, jax.Array]
+) -> tuple[list[Any], list[Tag | None]]:
+  name = eqn.primitive.name
+  handler = HIGHER_ORDER.get(name)
+  if handler is not None:
+    return handler(p, eqn, values, tags)
+  if compat.is_higher_order(eqn):  # never a silent float32 pass-through of a body
+    raise compat.unhandled(eqn, "precision.autocast")
+  out_avals = [v.aval for v in eqn.outvars]
+  op_class = PRIMITIVE_CLASSES.get(name, "unknown")
+  if not any(is_f32(a) for a in out_avals):
+    outs = compat.bind(eqn, values)
+    p.log.record(
+      name, "integer" if op_class != "cast" else "cast", untouched=sum(numel(a) for a in out_avals)
+    )
+    return outs, [None] * len(outs)
+  if op_class == "matmul":
+    return matmul(p, eqn, values, tags, memo)
+  if op_class in ("elementwise", "transcendental", "reduction", "exact"):
+    return _value_op(p, eqn, values, tags, op_class)
+  outs = compat.bind(eqn, values)
+  size = sum(numel(a) for a in out_avals)
+  if op_class == "data_movement":
+    tag = join_all(tags)
+    p.log.record(name, op_class, untouched=size)
+    return outs, [tag if is_f32(a) else None for a in out_avals]
+  if op_class == "cast":
+    same = name == "convert_element_type" and len(tags) == 1 and tags[0] is not None
+    tag = tags[0] if same else RAW_TAG
+    if name == "precision_round" and eqn.params["fmt"] == p.fmt and eqn.params["mode"] == "nearest_even":
+      tag = Tag(ROUNDED, tags[0].attention if tags[0] else False)
+    p.log.record(name, op_class, untouched=size)
+    return outs, [tag if is_f32(a) else None for a in out_avals]
+  p.log.record(name, "unknown", untouched=size)
+  return outs, [RAW_TAG if is_f32(a) else None for a in out_avals]
+
+
+def _value_op(
+  p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None], op_class: str
+) -> tuple[list, list]:
+  """Elementwise, transcendental, reduction and exact ops: round or keep the result."""
+  name = eqn.primitive.name
+  out_avals = [v.aval for v in eqn.outvars]
+  size = sum(numel(a) for a in out_avals if is_f32(a))
+  floats = [t for t in tags if t is not None]
+  attention = any(t.attention for t in floats)
+  outs = compat.bind(eqn, values)
+
+  def tagged(state: str) -> list[Tag | None]:
+    return [Tag(state, attention) if is_f32(a) else None for a in out_avals]
+
+  treatment, rule_class = _value_treatment(p, op_class, floats)
+  if treatment == "constant":  # computed from constants only: a constant
+    p.log.record(name, "constant", untouched=size)
+    exact = op_class == "exact" and all(t.state == CONST_ROUNDED for t in floats)
+    return outs, tagged(CONST_ROUNDED if exact and floats else CONST)
+  if treatment == "exact":  # the result is one of the inputs' values: never rounded
+    p.log.record(name, op_class, untouched=size)
+    return outs, tagged(join_all(floats).state)
+  if treatment == "round":
+    p.log.record(name, rule_class, rounded=size)
+    outs = [p.round_result(o, rule_class) if is_f32(a) else o for o, a in zip(outs, out_avals)]
+    return outs, tagged(ROUNDED)
+  p.log.record(name, rule_class, kept_float32=size)
+  return outs, tagged(FLOAT32)
+
+
+def _value_treatment(p: Pass, op_class: str, floats: list[Tag]) -> tuple[str, str]:
+  """(treatment, rule class) of a value op whose float32 inputs have tags ``floats``:
+  ``"constant"``, ``"exact"``, ``"round"`` or ``"float32"``."""
+  if all(t.state in CONSTANTS for t in floats):
+    return "constant", op_class
+  if op_class == "exact":
+    return "exact", op_class
+  if op_class == "elementwise" and all(t.state in (FLOAT32, *CONSTANTS) for t in floats):
+    return "float32", op_class
+  if op_class not in ("elementwise", "transcendental", "reduction"):
+    return "unknown", op_class
+  rule_class = "attention_softmax" if any(t.attention for t in floats) else op_class
+  return ("round" if p.rules[rule_class] == "round" else "float32"), rule_class

@@ -1,0 +1,340 @@
+"""Every JAX internal the project reads, in one place, chosen by feature detection.
+
+`precision.autocast` and `wafer`'s cost model walk jaxprs: they read equations, their
+primitives' parameters and the jaxprs inside them, and rebuild higher-order primitives with
+transformed bodies. None of that is public API (``jax.extend`` has "no deprecation window"),
+and it changes between JAX releases. This module is the only one in the repository that
+imports ``jax._src``, ``jax.extend`` or ``jax.interpreters``, or reads the parameters of a
+higher-order primitive: a JAX layout change is fixed here and caught by ``tests/compat``.
+
+Rules:
+
+* **Feature detection, not version strings**: each reader checks for the layout it finds
+  (``"num_consts" in params`` or ``"ft_in" in params``), so a backport or a nightly works.
+* **Rebuild through public APIs** where one exists (``lax.scan``, ``lax.while_loop``,
+  ``lax.switch``, ``jax.shard_map``): only *reading* parameters stays private. ``jit``
+  (shardings, layouts, donation) and ``remat`` (``differentiated``) are rebound with updated
+  parameters, whose names have been stable.
+* **Never silently skip**: `is_higher_order` says whether an equation carries a computation
+  (a jaxpr in its parameters, or a ``call_hi_primitive``); a caller that does not handle one
+  raises `UnhandledPrimitiveError` naming the primitive and the user's line.
+
+Layouts handled (each verified by ``tests/compat``):
+
+* **Jaxprs and constants.** Up to JAX 0.10 a ``ClosedJaxpr`` wraps a ``Jaxpr`` whose
+  ``constvars`` pair with ``consts``. From 0.11 ``ClosedJaxpr`` is an alias of ``Jaxpr``
+  (jax-ml/jax commit cb3ad2fed5), ``.jaxpr`` returns the jaxpr itself, and tracing returns the
+  constants' variables as *leading invars* (ed98c34bc0). `binders` gives ``[*constvars,
+  *invars]`` in both, so binding ``[*consts, *args]`` by position is right everywhere.
+* **scan**: ``num_consts``/``num_carry`` up to 0.10, ``ft_in``/``ft_out`` flat trees from 0.11
+  (08958bdfe2). `scan_counts` reads both.
+* **custom_vjp**: from 0.11 the flattened bwd returns ``(cotangents, logs)`` (075da916a3,
+  ``defvjp_with_logs``). `bwd_returns_logs` detects it.
+* **call primitives**: ``closed_call``/``core_call`` and, from 0.11, ``eval_jaxpr``
+  (99a9f6e705) carry their body as ``call_jaxpr``: `CALL_PRIMITIVES`.
+* **shard_map**: the manual axes are ``newly_manual_axes`` from 0.10.2, ``manual_axes`` before:
+  `shard_map_manual_axes`.
+* ``Primitive.get_bind_params`` returns a dict of parameters (a tuple before 0.9.2, which is
+  below the supported floor: `bind` refuses it with a clear error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+from jax._src import api_util as _api_util
+from jax._src import core as _core
+from jax._src import source_info_util as _source_info_src
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching_src
+from jax._src.interpreters import partial_eval as _pe
+from jax._src.sharding_impls import UNSPECIFIED
+from jax._src.sharding_impls import UnspecifiedValue as _Unspecified
+from jax.custom_derivatives import SymbolicZero
+from jax.extend import core as jcore
+from jax.extend import linear_util as lu
+from jax.extend import source_info_util
+from jax.extend.core import primitives as _primitives
+from jax.interpreters import ad, batching, mlir
+
+__all__ = (
+  "CALL_PRIMITIVES",
+  "UNSPECIFIED",
+  "ClosedJaxpr",
+  "CustomVJPException",
+  "Jaxpr",
+  "Literal",
+  "Primitive",
+  "SymbolicZero",
+  "UnhandledPrimitiveError",
+  "Var",
+  "Zero",
+  "ad",
+  "batching",
+  "bind",
+  "binders",
+  "bwd_returns_logs",
+  "call_jaxpr",
+  "closed",
+  "cond_branches",
+  "current_trace",
+  "dce",
+  "eqn_context",
+  "is_batch_tracer",
+  "is_higher_order",
+  "is_unspecified",
+  "jaxpr_as_fun",
+  "jaxprs_in_params",
+  "mlir",
+  "reset_compilation_cache",
+  "scan_counts",
+  "shard_map_manual_axes",
+  "source_info_util",
+  "split_closed",
+  "trace",
+  "user_line",
+  "while_counts",
+)
+
+Jaxpr = jcore.Jaxpr
+ClosedJaxpr = jcore.ClosedJaxpr
+Literal = jcore.Literal
+Var = jcore.Var
+Primitive = jcore.Primitive
+jaxpr_as_fun = jcore.jaxpr_as_fun
+Zero = _ad.Zero
+CustomVJPException = _ad.CustomVJPException
+ShapedArray = jax.core.ShapedArray
+Tracer = jax.core.Tracer
+closed_call_p = _primitives.closed_call_p  # ``eval_jaxpr`` from JAX 0.11
+
+# Primitives whose body is a jaxpr evaluated once with the equation's inputs (inlined by autocast).
+CALL_PRIMITIVES = frozenset({"closed_call", "core_call", "eval_jaxpr"})
+# Primitives that carry a computation not as a jaxpr parameter (JAX's "hi" primitives, behind the
+# ``jax_remat3`` / ``jax_custom_vjp3`` / ``jax_custom_jvp3`` flags of JAX's main branch).
+_OPAQUE_HIGHER_ORDER = frozenset({"call_hi_primitive"})
+# First-order primitives whose jaxpr parameter only describes a scalar combiner (the monoid of a
+# scatter or a generic reduction), not a computation on the operands.
+_COMBINER_PREFIXES = ("scatter", "reduce", "select_and_scatter", "select_and_gather")
+_SPLIT_CLOSED = isinstance(ClosedJaxpr, type) and ClosedJaxpr is not Jaxpr  # JAX <= 0.10
+
+
+class UnhandledPrimitiveError(NotImplementedError):
+  """A higher-order primitive (one that carries a computation) that a jaxpr walker does not
+  handle. Never passed through silently: its body would escape the walker's rules."""
+
+
+# ---- jaxprs ----
+
+
+def split_closed(j: Any) -> tuple[Any, list[Any]]:
+  """(jaxpr, constants) of a closed jaxpr, or of an open one (no constants).
+
+  Bind ``binders(jaxpr)`` to ``[*constants, *args]`` by position."""
+  consts = getattr(j, "consts", None)
+  if consts is None:
+    return j, []
+  return (j.jaxpr if _SPLIT_CLOSED else j), list(consts)
+
+
+def binders(jaxpr: Any) -> list[Any]:
+  """The variables that take a jaxpr's inputs, in order: constants first, then arguments."""
+  return [*jaxpr.constvars, *jaxpr.invars]
+
+
+def closed(jaxpr: Any, consts: Sequence[Any] = ()) -> Any:
+  """A closed jaxpr of an open ``jaxpr`` (no constvars) and constants (for parameters)."""
+  return ClosedJaxpr(jaxpr, list(consts))
+
+
+def trace(
+  fn: Callable[..., Sequence[Any]], in_avals: Sequence[Any], debug_info: Any
+) -> tuple[Any, list[Any]]:
+  """Trace ``fn`` (flat arrays in, a flat list out) at the current trace level.
+
+  Returns ``(jaxpr, consts)``: an open jaxpr whose invars are the constants' variables followed
+  by ``in_avals``'s (no constvars), and the constants to pass first."""
+  if debug_info is None:
+    debug_info = _api_util.debug_info("precision", fn, tuple(in_avals), {})
+  jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(lu.wrap_init(fn, debug_info=debug_info), list(in_avals))
+  if jaxpr.constvars:
+    jaxpr = _pe.convert_constvars_jaxpr(jaxpr)
+  return jaxpr, list(consts)
+
+
+def debug_info_of(jaxpr: Any) -> Any:
+  """A jaxpr's debug info (for tracing a replacement body)."""
+  return getattr(jaxpr, "debug_info", None)
+
+
+def wrap(fn: Callable[..., Any], debug_info: Any) -> Any:
+  """``fn`` as a ``linear_util.WrappedFun`` (the ``subfuns`` of custom derivative primitives)."""
+  return lu.wrap_init(fn, debug_info=debug_info)
+
+
+def jaxprs_in_params(params: dict[str, Any]) -> Iterator[Any]:
+  """Every jaxpr (open or closed) among an equation's parameters, tuples included."""
+  for value in params.values():
+    for v in value if isinstance(value, (tuple, list)) else (value,):
+      if isinstance(v, (Jaxpr, ClosedJaxpr)):
+        yield v
+
+
+def call_jaxpr(eqn: Any) -> Any | None:
+  """The body of a call-like equation (``jit``, ``closed_call``, ``eval_jaxpr``, ``remat``,
+  ``shard_map``, custom derivatives): its ``jaxpr`` or ``call_jaxpr`` parameter; else None."""
+  for name in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+    value = eqn.params.get(name)
+    if isinstance(value, (Jaxpr, ClosedJaxpr)):
+      return value
+  return None
+
+
+def is_higher_order(eqn: Any) -> bool:
+  """Whether ``eqn`` carries a computation of its own (a jaxpr parameter, or an opaque one)."""
+  name = eqn.primitive.name
+  if name in _OPAQUE_HIGHER_ORDER:
+    return True
+  if name.startswith(_COMBINER_PREFIXES):
+    return False
+  return any(True for _ in jaxprs_in_params(eqn.params))
+
+
+def user_line(eqn: Any) -> str:
+  """``file:line (function)`` of the user's code that traced ``eqn`` (``<unknown>`` if none)."""
+  frame = _source_info_src.user_frame(eqn.source_info.traceback)
+  if frame is None:
+    return "<unknown>"
+  return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+
+
+def unhandled(eqn: Any, walker: str) -> UnhandledPrimitiveError:
+  """The error for a higher-order equation ``walker`` does not handle."""
+  return UnhandledPrimitiveError(
+    f"{walker}: the primitive {eqn.primitive.name!r} (traced at {user_line(eqn)}) carries a computation "
+    f"that {walker} does not know how to transform, so its body would escape the policy (it would run "
+    "unchanged, in float32). This JAX version may have introduced it: please report it with your JAX "
+    f"version ({jax.__version__}); meanwhile move the call out of the function, or wrap it in "
+    "precision.float32_region() to keep it float32 deliberately."
+  )
+
+
+def eqn_context(eqn: Any) -> Any:
+  """A context that makes equations bound inside it carry ``eqn``'s source line and name stack."""
+  name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+  return source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack)
+
+
+def name_stack(eqn: Any) -> str:
+  """``eqn``'s own name stack (its jaxpr's scopes, not the caller's), as text."""
+  return str(eqn.source_info.name_stack)
+
+
+def full_name_stack(eqn: Any) -> str:
+  """The name stack of the trace in progress plus ``eqn``'s own."""
+  return str(source_info_util.current_name_stack() + eqn.source_info.name_stack)
+
+
+# ---- binding equations ----
+
+
+def bind(eqn: Any, values: Sequence[Any], **param_updates: Any) -> list[Any]:
+  """Bind ``eqn``'s primitive again on ``values`` with its parameters (some replaced)."""
+  params = bind_params(eqn, {**eqn.params, **param_updates})
+  out = eqn.primitive.bind(*values, **params)
+  return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def bind_params(eqn: Any, params: dict[str, Any]) -> dict[str, Any]:
+  """``primitive.get_bind_params(params)``: the keyword arguments of ``bind``."""
+  bind_params = eqn.primitive.get_bind_params(params)
+  if not isinstance(bind_params, dict):  # JAX < 0.9.2: (subfuns, params)
+    raise RuntimeError(
+      f"JAX {jax.__version__} is older than this project supports (Primitive.get_bind_params returned a "
+      f"{type(bind_params).__name__}); see the supported versions in docs/jax-versions.md."
+    )
+  return bind_params
+
+
+def is_unspecified(sharding: Any) -> bool:
+  """Whether a ``jit`` sharding parameter is JAX's "unspecified" marker."""
+  return isinstance(sharding, _Unspecified)
+
+
+# ---- reading higher-order primitives ----
+
+
+def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
+  """(number of constants, number of carried values) of a ``scan`` equation; the rest are xs."""
+  if "num_consts" in params:  # JAX <= 0.10
+    return int(params["num_consts"]), int(params["num_carry"])
+  if "ft_in" in params:  # JAX >= 0.11: flat trees (consts, carry, xs)
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+  raise RuntimeError(f"scan parameters of an unknown layout: {sorted(params)} (JAX {jax.__version__})")
+
+
+def scan_body(params: dict[str, Any]) -> Any:
+  """A ``scan``'s body (a closed jaxpr: consts, carry and xs in; carry and ys out)."""
+  return params["jaxpr"]
+
+
+def while_counts(params: dict[str, Any]) -> tuple[int, int]:
+  """(cond constants, body constants) of a ``while`` equation; the rest is the carry."""
+  return int(params["cond_nconsts"]), int(params["body_nconsts"])
+
+
+def cond_branches(params: dict[str, Any]) -> tuple[Any, ...]:
+  """A ``cond``'s branches (closed jaxprs), in index order."""
+  return tuple(params["branches"])
+
+
+def shard_map_manual_axes(params: dict[str, Any]) -> set[str]:
+  """The mesh axes a ``shard_map`` makes manual (empty: all of its mesh's axes)."""
+  for name in ("newly_manual_axes", "manual_axes"):
+    if name in params:
+      return set(params[name])
+  return set()
+
+
+# ---- custom derivatives ----
+
+
+def bwd_returns_logs() -> bool:
+  """Whether a custom_vjp's flattened bwd rule returns ``(cotangents, logs)`` (JAX >= 0.11)."""
+  return hasattr(jax.custom_vjp, "defvjp_with_logs")
+
+
+# ---- for wafer: traces, tracers, the compilation cache, dead code ----
+
+
+def current_trace() -> Any:
+  """The trace in progress (identifies a trace level), or None if JAX has no trace context."""
+  ctx = getattr(_core, "trace_ctx", None)
+  return None if ctx is None else ctx.trace
+
+
+def is_batch_tracer(x: Any) -> bool:
+  """Whether ``x`` is a ``vmap`` tracer."""
+  return isinstance(x, _batching_src.BatchTracer)
+
+
+def reset_compilation_cache() -> None:
+  """Make JAX reopen its persistent compilation cache (after its directory changed)."""
+  try:
+    from jax._src import compilation_cache
+  except ImportError:  # pragma: no cover - a JAX without it
+    return
+  reset = getattr(compilation_cache, "reset_cache", None)
+  if reset is not None:
+    reset()
+
+
+def dce(jaxpr: Any) -> Any:
+  """``jaxpr`` without dead code (all outputs used); the jaxpr itself if JAX cannot."""
+  try:
+    return _pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)[0]
+  except Exception:  # noqa: BLE001 (a primitive without a DCE rule: the jaxpr as it is)
+    return jaxpr
