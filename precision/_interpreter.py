@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from precision import _jax_compat as compat
 from precision import _state
-from precision._attention import find_attention
+from precision._attention import extreme_atom, extreme_literal, find_attention
 from precision._matmul import matmul
 from precision._op_classes import PRIMITIVE_CLASSES
 from precision._state import (
@@ -40,9 +41,19 @@ _COMMUTING = frozenset(
 
 
 def _representable(value: float, fmt: FloatFormat) -> bool:
-  """Whether a float32 scalar is exactly a value of ``fmt`` (host arithmetic, exact)."""
-  if value == 0 or not math.isfinite(value):
+  """Whether a float32 scalar is exactly a value of ``fmt``: rounding it to ``fmt`` gives it back
+  (host arithmetic, exact).
+
+  Zeros and NaN are. An infinity is only where the format has one and rounding keeps it
+  (``overflow="inf"``: a saturating format rounds it to ``+-max``, one without infinities to NaN);
+  a magnitude below ``min_normal`` only where the format has subnormals (else it is flushed to zero).
+  """
+  if value == 0 or math.isnan(value):
     return True
+  if math.isinf(value):
+    return fmt.has_inf and fmt.overflow == "inf"
+  if abs(value) < fmt.min_normal and not fmt.subnormals:
+    return False
   exponent = math.frexp(abs(value))[1] - 1
   quantum = max(exponent, fmt.emin) - fmt.mantissa_bits
   return abs(value) <= fmt.max and (value / 2.0**quantum).is_integer()
@@ -85,7 +96,7 @@ def interpret(
   then its invars; from JAX 0.11 a traced jaxpr's constants are leading invars). ``tags`` are
   the tags of ``args``; constants are raw values."""
   if id(jaxpr) not in p.analysed:
-    find_attention(jaxpr, [None] * len(jaxpr.invars), p.score_dots, p.analysed)
+    find_attention(jaxpr, [None] * len(jaxpr.invars), p.score_dots, p.analysed, p.extreme_meets)
   env: dict[Any, tuple[Any, Tag | None]] = {}
   memo: dict[Any, jax.Array] = {}  # var -> its rounded value (round each weight once)
 
@@ -135,15 +146,11 @@ def interpret(
   return [v for v, _ in results], [t for _, t in results]
 
 
-# A comparison or a clamp with float32's largest number tests a float32 value (an overflow count,
-# ``clip(x, -finfo.max, finfo.max)``): its literal keeps its value.
-_NOT_EXTREMES = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "max", "min", "clamp"})
-
-
 def _extremes(
   p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]
 ) -> tuple[list[Any], list[Tag | None]]:
-  """Literals ``+-finfo(float32).max`` become ``+-p.extreme``, the compute format's largest number.
+  """Literals ``+-finfo(float32).max`` of attention masks become ``+-p.extreme``, the compute
+  format's largest number.
 
   Code writes ``jnp.finfo(dtype).min`` for "the lowest number of the working dtype": Hugging Face's
   attention bias ``select(mask > 0, full(0), full(finfo(dtype).min))``, flax's ``big_neg``. Where the
@@ -153,16 +160,21 @@ def _extremes(
   infinity, and a row of scores masked everywhere (the query at a left-padded position) gives
   ``inf - inf``: NaN where float32 gives a uniform row. Where the scores stay float32 (and under a
   float32 policy) nothing changes: there float32's number is the working dtype's, and a smaller one
-  (float16's 65504) would not absorb the scores it is added to. Comparisons, ``max``, ``min`` and
-  ``clamp`` keep the literal (`_NOT_EXTREMES`).
+  (float16's 65504) would not absorb the scores it is added to.
+
+  Only a literal whose equation's result reaches the scores of a recognised attention before any
+  matrix product (``p.extreme_meets``, found by `find_attention`: the bias is added to the scores
+  or selected into them) is swapped: anywhere else (``min(where(x > 0, exp(x), finfo.max))``) the
+  program means float32's number, and the format's max would be a value that appears nowhere.
+  Comparisons, ``max``, ``min`` and ``clamp`` keep the literal (`extreme_literal`).
   """
-  if p.extreme == float32.max or eqn.primitive.name in _NOT_EXTREMES:
+  if p.extreme == float32.max or not extreme_literal(eqn):
+    return values, tags
+  if not p.extreme_meets.get(id(eqn), set()) & p.score_dots:
     return values, tags
   values, tags = list(values), list(tags)
   for i, atom in enumerate(eqn.invars):
-    if not (isinstance(atom, compat.Literal) and is_f32(atom.aval) and np.ndim(atom.val) == 0):
-      continue
-    if abs(float(atom.val)) == float32.max:
+    if extreme_atom(atom):
       new = math.copysign(p.extreme, float(atom.val))
       values[i] = np.asarray(new, np.float32) if isinstance(atom.val, (np.ndarray, np.generic)) else new
       tags[i] = Tag(CONST_ROUNDED)
@@ -273,7 +285,9 @@ def _value_op(
   name = eqn.primitive.name
   out_avals = [v.aval for v in eqn.outvars]
   size = sum(numel(a) for a in out_avals if is_f32(a))
-  floats = [t for t in tags if t is not None]
+  floats = [t for t in tags if t is not None] + _other_dtype_values(eqn, op_class)
+  if op_class == "exact" and any(_is_complex(a.aval) for a in eqn.invars):
+    op_class = "elementwise"  # abs of a complex value computes its modulus: not one of its inputs' values
   attention = any(t.attention for t in floats)
   outs = compat.bind(eqn, values)
 
@@ -294,6 +308,31 @@ def _value_op(
     return outs, tagged(ROUNDED)
   p.log.record(name, rule_class, kept_float32=size)
   return outs, tagged(FLOAT32)
+
+
+def _other_dtype_values(eqn: Any, op_class: str) -> list[Tag]:
+  """A raw tag per input of ``eqn`` that is a value of another dtype than float32 (complex, integer,
+  bool, 16-bit: an argument, or a result computed from one; not a literal).
+
+  The pass keeps no state for such values, so a float32 result computed from one (``abs`` of a
+  complex value, ``pow`` with an integer exponent array, a ``scatter_add`` at integer indices) is
+  a value, rounded like any other, not a constant. Integer and bool inputs of an exact op only
+  select or order its float32 inputs (``select_n``'s predicate, ``sort``'s keys): its result is
+  still one of those inputs' values, so they add nothing.
+  """
+  tags = []
+  for atom in eqn.invars:
+    if isinstance(atom, compat.Literal) or is_f32(atom.aval) or getattr(atom.aval, "dtype", None) is None:
+      continue
+    if op_class == "exact" and not jnp.issubdtype(atom.aval.dtype, jnp.inexact):
+      continue
+    tags.append(RAW_TAG)
+  return tags
+
+
+def _is_complex(aval: Any) -> bool:
+  dtype = getattr(aval, "dtype", None)
+  return dtype is not None and jnp.issubdtype(dtype, jnp.complexfloating)
 
 
 def _value_treatment(p: Pass, op_class: str, floats: list[Tag]) -> tuple[str, str]:

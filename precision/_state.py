@@ -57,15 +57,18 @@ class Pass:
     self.stochastic: frozenset[str] = frozenset(policy.stochastic if policy.is_mixed else ())
     self.key: jax.Array | None = None
     self.sites = 0
-    # what a literal +-finfo(float32).max stands for (`_extremes`): the compute format's largest number
-    # where the attention scores, which a mask bias joins, are rounded
+    # what a literal +-finfo(float32).max that reaches attention scores stands for (`_extremes`): the
+    # compute format's largest number where the attention scores, which a mask bias joins, are rounded
     self.extreme: float = self.fmt.max if self.rules["attention_softmax"] == "round" else float32.max
+    # id(equation with such a literal) -> ids of the score-product candidates its result meets
+    self.extreme_meets: dict[int, set[int]] = {}
 
   def child(self) -> Pass:
     """A pass for a sub-jaxpr; its rounding stream is a fresh site of this one's."""
     child = Pass(self.policy, CastLog(), self.score_dots, self.observer)
     child.analysed = self.analysed
     child.extreme = self.extreme
+    child.extreme_meets = self.extreme_meets
     if self.stochastic and self.key is not None:
       child.key = self.site_key()
     return child

@@ -191,16 +191,21 @@ def trace_fn(
 ) -> tuple[Any, _Outputs, list]:
   """(closed jaxpr, how to rebuild the output, flat dynamic arguments) of ``fn(*args, **kwargs)``.
 
-  Leaves that are arrays or Python numbers are traced (not Python bools, nor the numbers of an
-  Equinox module: `_traced_leaves`); any other leaf (a function or a string held by an Equinox
-  module, an enum, a config object) is static: passed to ``fn`` as it is, as ``eqx.filter_jit``
-  does. Such leaves among ``fn``'s outputs are returned as they are."""
+  Leaves that are arrays (NumPy scalars included) are traced; Python numbers and bools are static,
+  as the float32 policy passes them (it calls ``fn`` itself), so a loop count works under every
+  policy; any other leaf (a function or a string held by an Equinox module, an enum, a config
+  object) is static too: passed to ``fn`` as it is, as ``eqx.filter_jit`` does. Such leaves among
+  ``fn``'s outputs are returned as they are. An array used as a Python value while tracing
+  (``range(n)``, ``if flag:``) raises JAX's error with a note naming ``static_argnums``."""
   static_args = {i: args[i] for i in statics.argnums if i < len(args)}
   static_kwargs = {k: kwargs[k] for k in statics.argnames if k in kwargs}
   dyn_args = tuple(None if i in static_args else a for i, a in enumerate(args))
   dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_kwargs}
   leaves, in_tree = jax.tree.flatten((dyn_args, dyn_kwargs))
-  traced = _traced_leaves((dyn_args, dyn_kwargs), leaves)
+  traced = [
+    t and not (isinstance(leaf, (int, float, complex)) and not isinstance(leaf, np.generic))
+    for leaf, t in zip(leaves, _traced_leaves((dyn_args, dyn_kwargs), leaves))
+  ]
   flat = [leaf for leaf, t in zip(leaves, traced) if t]
   outputs: list[_Outputs] = []
 
@@ -214,8 +219,16 @@ def trace_fn(
     outputs.append(_Outputs(out_tree, keep))
     return [o for o, s in zip(out_flat, keep) if s is _TRACED]
 
-  with tracing():
-    closed = jax.make_jaxpr(flat_fn)(*flat)
+  try:
+    with tracing():
+      closed = jax.make_jaxpr(flat_fn)(*flat)
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError) as e:
+    e.add_note(
+      f"autocast traces {fn_name(fn)}'s array arguments, as jax.jit does (Python numbers and bools are passed "
+      "unchanged): an array used as a Python value (a loop count, a shape, a flag) must be static: "
+      "autocast(fn, policy, static_argnums=...) or static_argnames=... (cast_report takes the same)."
+    )
+    raise
   return closed, outputs[0], flat
 
 

@@ -10,14 +10,19 @@ casts"): shapes and dtypes never change, so the result has the function's exact 
 
 **Values and constants.** A *constant* is a number known when the function is traced: a
 Python scalar, or a literal the tracer inlined (a jaxpr ``Literal``), and anything computed
-only from constants (``jnp.zeros``, ``jnp.full(s, 0.5)``). Everything else is a *value*: every
-argument, every closed-over array that is not inlined, every result of an operation on a
+only from constants (``jnp.zeros``, ``jnp.full(s, 0.5)``); a Python number passed as an argument
+is one (it is passed to the function unchanged, under every policy). Everything else is a *value*:
+every array argument, every closed-over array that is not inlined, every result of an operation on a
 value, **0-d arrays included** (a 0-d argument, a learned scalar, each example under
-``vmap`` are values like any other). Constants are never rounded; a constant that is exactly
-representable in the compute format counts as rounded for the rules below. One constant stands
-for a format's number rather than float32's: where the attention scores are rounded, a literal
-``+-finfo(float32).max`` (``jnp.finfo(dtype).min``, a mask bias) becomes the compute format's ``+-max``
-(`_extremes`).
+``vmap`` are values like any other), and every float32 result of an operation on a value of
+another dtype (``abs`` of a complex value, which computes its modulus, a ``pow`` with an integer
+exponent array: the pass keeps no state for other dtypes). Constants are never rounded; a
+constant that is exactly representable in the compute format (rounding it gives it back:
+subnormals, infinities and saturation as the format has them) counts as rounded for the rules
+below. One constant stands for a format's number rather than float32's: where the attention
+scores are rounded, a literal ``+-finfo(float32).max`` (``jnp.finfo(dtype).min``) that reaches
+the scores of a recognised attention (a mask bias added to them or selected into them) becomes
+the compute format's ``+-max`` (`_extremes`); anywhere else it keeps float32's value.
 
 **State of a float32 value** while the pass runs: ``rounded`` (exactly representable in the
 compute format), ``float32`` (deliberately kept in float32 by a ``"float32"`` rule),
@@ -254,17 +259,22 @@ def autocast(
   Args:
     fn: any function of arrays (pytrees of arrays in, pytrees out), e.g. a loss written in
       float32, ``jax.value_and_grad(loss)``, or a function that merges an NNX module
-      (``lambda state, x: nnx.merge(graphdef, state)(x)``). Leaves that are arrays or Python
-      numbers are traced; any other leaf (an Equinox module's activation function, a string)
+      (``lambda state, x: nnx.merge(graphdef, state)(x)``). Leaves that are arrays (NumPy
+      scalars included) are traced. Python numbers and bools are passed to ``fn`` unchanged,
+      under every policy, as the float32 policy (which calls ``fn`` itself) passes them: a loop
+      count ``n`` in ``for _ in range(n)`` works at every format, and a Python number is a
+      constant. Any other leaf (an Equinox module's activation function, a string)
       is passed to ``fn`` unchanged, as ``eqx.filter_jit`` does, and such leaves of the
       result are returned unchanged: ``eqx.filter_jit(autocast(loss, policy))(model, x)`` works.
+      An *array* used as a Python value (a 0-d array as a loop count or a flag) is a tracer
+      under a mixed policy, as under ``jax.jit``: JAX's error then names ``static_argnums``.
       A Flax NNX module among the arguments is handled as ``nnx.jit`` does: its state is traced
       and what ``fn`` changes in it (BatchNorm statistics, ``nnx.Rngs`` counts) is written back
       (not rounded to ``output``), so ``nnx.value_and_grad(autocast(loss, policy))(model, x)`` works.
     policy: a `Policy` or its string form (``"c=cb16,level=1"``).
-    static_argnums, static_argnames: arguments to pass unchanged rather than trace (Python
-      bools and numbers used as flags, configs), as in ``jax.jit`` (a name also covers the
-      argument passed by position, and a position the argument passed by name).
+    static_argnums, static_argnames: arguments to pass unchanged rather than trace (arrays
+      used as Python values, configs), as in ``jax.jit`` (a name also covers the argument
+      passed by position, and a position the argument passed by name).
 
   Returns:
     A function with ``fn``'s signature plus one keyword, ``rounding_key``: the PRNG key

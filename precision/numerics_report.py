@@ -41,7 +41,9 @@ one row):
   became 0; ``subnormal``: non-zero outputs below the format's smallest normal.
 * ``flips``: decisions that differ from the shadow's: comparisons (``gt``, ``ge``, ... : a
   ReLU's gradient mask), ``max`` / ``min`` choices (ReLU, max-pooling written with
-  ``max``), the predicate of ``select_n``, and ``argmax`` / ``argmin`` indices;
+  ``max``: the order of the two operands, a tie included, so a ReLU input that cancels to
+  exactly zero where float32's is positive is a flip, as the gradient mask changes), the
+  predicate of ``select_n``, and ``argmax`` / ``argmin`` indices;
   ``flip_distance`` is the smallest ``|a - b|`` of the shadow operands among the flipped
   elements (for argmax: the shadow gap between the two chosen elements; for ``eq`` / ``ne``,
   as in the gradient of ``max``, among the flipped pairs that differ in float32: the gap
@@ -355,10 +357,12 @@ def _flips(
       far = flipped & (gap > 0)
       return count, (float(np.min(gap[far])) if np.any(far) else None)
   elif name in _CHOICES and len(x_in) == 2:
+    # The decision is the operands' order, ties included: a tie picks the same value, but not the
+    # same gradient (``max``'s derivative splits a tie, ``jax.nn.relu``'s sends none to its input).
+    # A ReLU input that cancels to exactly zero where float32's is positive changes the mask.
     xa, xb = np.broadcast_arrays(*x_in)
     sa, sb = np.broadcast_arrays(*s_in)
-    flipped = (xa > xb) != (sa > sb)
-    flipped &= xa != xb  # a tie in the policy run picks the same value either way
+    flipped = ((xa > xb) != (sa > sb)) | ((xa < xb) != (sa < sb))
     gap = np.abs(sa.astype(np.float64) - sb.astype(np.float64))
   elif name == "select_n":
     flipped = np.asarray(x_in[0]) != np.asarray(s_in[0])
