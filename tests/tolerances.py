@@ -136,7 +136,7 @@ _FLOAT32_FUSION = (
   "(XLA's default, no fast-math flag needed; gone with --xla_cpu_max_isa=AVX, i.e. without FMA "
   "units), skipping the rounding of a*b: <= 1/2 ulp of a*b, i.e. of the array's scale here (the "
   "vocabulary's kept multiply-adds, h * 1.7 + 0.25 and h * h + h, do not cancel at the scale); "
-  "(b) XLA's own exp/log1p/tanh/sin/rsqrt polynomials (<= 1-2 ulps from the correctly rounded "
+  "(b) XLA's own exp/log1p/tanh/rsqrt/erf approximations (<= 1-2 ulps from the correctly rounded "
   "value, not libm), whose Horner steps contract differently when vectorised in a fusion: <= 1 ulp "
   "between two evaluations. So <= 2 ulps of the scale per kept-float32 layer (measured: <= 2, "
   "in a quarter of the elements of exp(-x*x)*0.7+0.1 on an Intel Xeon and an AMD EPYC). A "

@@ -144,7 +144,8 @@ def fusion_exposure(fn: Any, policy: precision.Policy | str, *args: Any) -> Expo
     tags.update(zip(eqn.outvars, out_tags))
 
   closed, _, flat = autocast._trace(fn, autocast._Statics.of(fn, (), ()), args, {})
-  autocast._run(autocast._Pass(policy, observer=observe), closed, flat)
+  # abstractly: the tags are all it needs, and evaluating op by op would cost seconds
+  jax.eval_shape(lambda *v: autocast._run(autocast._Pass(policy, observer=observe), closed, v), *flat)
   invars = set(closed.jaxpr.invars)
   outputs = tuple(
     "raw" if v in invars else (tags[v].state if tags.get(v) is not None else None)
