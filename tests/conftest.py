@@ -2,7 +2,10 @@
 
 * CPU platform, with 4 forced CPU devices for sharding tests;
 * strict dtype promotion and rank promotion errors, so silent up-casts fail loudly;
-* a derandomized hypothesis profile, so CI runs are reproducible.
+* a derandomized hypothesis profile, so CI runs are reproducible; ``HYPOTHESIS_PROFILE=thorough``
+  runs 8x the examples, fresh ones each run (not derandomized, no example database), to find
+  tests that hold only for the examples CI happens to draw (`tests.values.examples` scales the
+  tests' own ``max_examples`` with it).
 """
 
 import os
@@ -22,6 +25,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=200, print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=200)
+settings.register_profile("thorough", deadline=None, max_examples=1600, database=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

@@ -55,7 +55,7 @@ def loss_of(f):
 
 
 @pytest.mark.slow  # over 7 s on the 2-core CI machine; runs in the slow stage
-@settings(max_examples=25)
+@settings(max_examples=V.examples(25))
 @given(ops=vector_ops, seed=seeds, policy=policies)
 def test_rule_changes_no_bit_of_the_gradient(ops, seed, policy):
   f, x, p = _case(ops, seed)

@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 import precision
 from precision.testing import assert_same_floats
 from tests.precision import generated_programs as gen
-from tests.tolerances import GENERATED_PROGRAM
+from tests.tolerances import GENERATED_PROGRAM, transform_tolerance
+from tests.values import assert_equal_up_to_fusion, examples, fusion_exposure
 
 NO_GRAD = frozenset(("while",))  # reverse mode of a while_loop is a JAX error, autocast or not
 
@@ -99,11 +100,11 @@ def _float32_identity(names, seed, low, policy):
 
 
 float32_identity_args = dict(names=gen.steps, seed=gen.seeds, low=gen.lows, policy=gen.float32_policies)
-test_float32_policy_is_the_identity = settings(max_examples=3)(
+test_float32_policy_is_the_identity = settings(max_examples=examples(3))(
   given(**float32_identity_args)(_float32_identity)
 )
 test_float32_policy_is_the_identity_many = pytest.mark.slow(
-  settings(max_examples=150)(given(**float32_identity_args)(_float32_identity))
+  settings(max_examples=examples(150))(given(**float32_identity_args)(_float32_identity))
 )
 
 
@@ -124,10 +125,30 @@ def _commutes(names, seed, low, policy):
     )
   inner = jax.jit(jax.vmap(auto, axes))(xs, a)
   outer = jax.jit(precision.autocast(jax.vmap(f, axes), policy))(xs, a)
-  _assert_tree_same(inner, outer, f"vmap(autocast) vs autocast(vmap) {policy}")
+  _assert_same_up_to_fusion(
+    inner, outer, names, policy, jax.vmap(f, axes), xs, a, context="vmap(autocast) vs autocast(vmap)"
+  )
   # vmap(autocast(f))(xs)[i] is autocast(f)(xs[i]): each example rounded on its own.
-  one = jax.jit(auto)(xs[1], a if axes[1] is None else jax.tree.map(lambda v: v[1], a))
-  _assert_tree_same(jax.tree.map(lambda v: v[1], inner), one, "vmap example vs one call")
+  a1 = a if axes[1] is None else jax.tree.map(lambda v: v[1], a)
+  one = jax.jit(auto)(xs[1], a1)
+  example = jax.tree.map(lambda v: v[1], inner)
+  _assert_same_up_to_fusion(example, one, names, policy, f, xs[1], a1, context="vmap example vs one call")
+
+
+def _assert_same_up_to_fusion(actual, expected, names, policy, fn, *args, context=""):
+  """Two compilations of ``autocast(fn, policy)(*args)`` agree as `docs/invariants.md` states
+  (dtypes and shapes exactly; values by `tests.values.assert_equal_up_to_fusion`)."""
+  assert jax.tree.structure(actual) == jax.tree.structure(expected), context
+  for x, y in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+    assert (x.dtype, x.shape) == (y.dtype, y.shape), f"{context}: {x.dtype}{x.shape} vs {y.dtype}{y.shape}"
+  if isinstance(actual, dict):  # integer arithmetic only: never changed
+    _assert_tree_same(actual["int"], expected["int"], f"{context} integer-only result")
+  exposure = fusion_exposure(fn, policy, *args)
+  where = f"{context} {names} {policy}"
+  tol = transform_tolerance()
+  assert_equal_up_to_fusion(
+    actual, expected, policy.compute, exposure, tol, where, continuous=gen.continuous(names)
+  )
 
 
 LAYERS = 3
@@ -155,13 +176,13 @@ def _scan_over_layers(names, seed, low, policy):
 
   a = jax.jit(precision.autocast(scanned, policy))(x, stacked)
   b = jax.jit(precision.autocast(unrolled, policy))(x, stacked)
-  assert_same_floats(a, b, f"scan vs unrolled {names} {policy}")
+  _assert_same_up_to_fusion(a, b, names, policy, unrolled, x, stacked, context="scan vs unrolled")
 
 
 commute_args = dict(names=gen.steps, seed=gen.seeds, low=gen.lows, policy=gen.mixed_policies)
-test_jit_and_vmap_commute = settings(max_examples=2)(given(**commute_args)(_commutes))
+test_jit_and_vmap_commute = settings(max_examples=examples(2))(given(**commute_args)(_commutes))
 test_jit_and_vmap_commute_many = pytest.mark.slow(
-  settings(max_examples=120)(given(**commute_args)(_commutes))
+  settings(max_examples=examples(120))(given(**commute_args)(_commutes))
 )
 scan_args = dict(
   # softmax(h) @ w after a layer's own product is attention by structure (the module docstring):
@@ -171,11 +192,11 @@ scan_args = dict(
   low=gen.lows,
   policy=gen.mixed_policies,
 )
-test_scan_over_layers_equals_the_unrolled_loop = settings(max_examples=3)(
+test_scan_over_layers_equals_the_unrolled_loop = settings(max_examples=examples(3))(
   given(**scan_args)(_scan_over_layers)
 )
 test_scan_over_layers_equals_the_unrolled_loop_many = pytest.mark.slow(
-  settings(max_examples=80)(given(**scan_args)(_scan_over_layers))
+  settings(max_examples=examples(80))(given(**scan_args)(_scan_over_layers))
 )
 
 
@@ -221,9 +242,11 @@ def _mixed(names, seed, low, policy, to_output):
 mixed_args = dict(
   names=gen.steps, seed=gen.seeds, low=gen.lows, policy=gen.mixed_policies, to_output=st.booleans()
 )
-test_mixed_policy_keeps_the_signature_and_rounds = settings(max_examples=3)(given(**mixed_args)(_mixed))
+test_mixed_policy_keeps_the_signature_and_rounds = settings(max_examples=examples(3))(
+  given(**mixed_args)(_mixed)
+)
 test_mixed_policy_keeps_the_signature_and_rounds_many = pytest.mark.slow(
-  settings(max_examples=200)(given(**mixed_args)(_mixed))
+  settings(max_examples=examples(200))(given(**mixed_args)(_mixed))
 )
 
 
@@ -243,9 +266,9 @@ def _report(names, seed, low, policy):
 
 
 report_args = dict(names=gen.steps, seed=gen.seeds, low=gen.lows, policy=gen.mixed_policies)
-test_numerics_report_float32_is_exact = settings(max_examples=2)(given(**report_args)(_report))
+test_numerics_report_float32_is_exact = settings(max_examples=examples(2))(given(**report_args)(_report))
 test_numerics_report_float32_is_exact_many = pytest.mark.slow(
-  settings(max_examples=60)(given(**report_args)(_report))
+  settings(max_examples=examples(60))(given(**report_args)(_report))
 )
 
 
