@@ -55,7 +55,7 @@ from wafer.config.schema import MIN_DLS_LOSS_SCALE, NonNegFloat, PosFloat, PosIn
 Beta = Annotated[float, Field(ge=0, lt=1)]
 Betas = Annotated[list[Beta], Field(min_length=2, max_length=2)]
 
-# ASSUMPTION: cstorch's Adam/AdamW/Lamb default eps is 1e-6 (HF-style); the configs in cerebras.md
+# ASSUMPTION: cstorch's Adam/AdamW/Lamb default eps is 1e-6 (HF-style); the configs in docs/references.md
 # section 8 that care set eps explicitly.
 DEFAULT_EPS = 1e-6
 

@@ -175,7 +175,8 @@ class RunConfig(Section):
     return v
 
   def num_train_steps(self, initial_step: int = 0, dataloader_len: int | None = None) -> int:
-    """Steps to run from ``initial_step`` (cstorch's ``compute_num_steps``, cerebras.md §6).
+    """Steps to run from ``initial_step`` (cstorch's ``compute_num_steps``; docs/references.md, "Step
+    closures, the executor and the run config").
 
     The result is ``min(num_epochs * steps_per_epoch, num_steps, max_steps - initial_step)``
     over the keys that are set; ``steps_per_epoch`` defaults to ``dataloader_len``.

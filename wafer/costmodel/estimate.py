@@ -440,7 +440,7 @@ def _choose(
 ) -> tuple[str, str, dict[str, Any]]:
   """The mode, a sentence saying which mode Cerebras would use and why, and the other mode's rate.
 
-  Cerebras' rule (``../shared/reference/wafer.md`` §4): layer pipelined when the whole model, its
+  Cerebras' rule (``docs/references.md``, "Execution modes"): layer pipelined when the whole model, its
   optimizer state and the activations in flight fit in the wafer's SRAM (a single system; "below
   ~1B parameters"), weight streaming otherwise or for several systems; where both fit, the faster.
   """

@@ -1,6 +1,6 @@
 """Input pipelines on grain: sharded input workers, per-worker shuffles, exact resume.
 
-The model of the Cerebras input workers (``cerebras.md`` section 6):
+The model of the Cerebras input workers (``docs/references.md``, "Step closures, the executor and the run config"):
 
 - ``num_workers_per_csx * num_csx`` input workers (at least one). Worker ``w`` owns the shard
   ``examples[w::W]``: every example belongs to exactly one worker, so one epoch across the
