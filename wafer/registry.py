@@ -19,17 +19,9 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
-from wafer.errors import WaferError
+from wafer.errors import PluginError, UnknownModelError
 
 GROUP = "wafer.models"
-
-
-class UnknownModelError(WaferError, ValueError):
-  """``model.name`` names no registered model."""
-
-
-class PluginError(WaferError, RuntimeError):
-  """A ``wafer.models`` entry point that does not load or is not a `ModelSpec`."""
 
 
 @dataclasses.dataclass(frozen=True)

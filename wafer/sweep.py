@@ -42,17 +42,13 @@ from typing import Any
 import precision
 from precision._table import Table
 from wafer._io import replace_atomically, write_text_atomically
-from wafer.errors import WaferError
+from wafer.errors import SweepError
 
 __all__ = ("FORMATS", "LEVELS", "Run", "SweepError", "SweepResult", "parse_formats", "parse_levels", "sweep")
 
 FORMATS = ("cbfloat16", "bfloat16", "float16", "float32")
 LEVELS = (0, 1, 2)
 BASELINE = "float32"
-
-
-class SweepError(WaferError):
-  """A sweep's formats or levels are not ones a run can use."""
 
 
 def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
@@ -66,7 +62,7 @@ def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
   >>> parse_formats("bfloat61")
   Traceback (most recent call last):
   ...
-  wafer.sweep.SweepError: --formats: unknown format 'bfloat61'; did you mean 'bfloat16'? Allowed: cbfloat16, bfloat16, float16, float32 (or an alias: cb16, bf16, fp16, f32, ...)
+  wafer.errors.SweepError: --formats: unknown format 'bfloat61'; did you mean 'bfloat16'? Allowed: cbfloat16, bfloat16, float16, float32 (or an alias: cb16, bf16, fp16, f32, ...)
   """
   items = formats.split(",") if isinstance(formats, str) else [str(f) for f in formats]
   given = [n.strip() for n in items if n.strip()]

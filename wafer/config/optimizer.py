@@ -215,7 +215,7 @@ class OptimizerConfig(Section):
     Raises:
       OptimizerError: cbfloat16 without dynamic loss scaling, or a setting the scaler rejects.
     """
-    from wafer.optim import OptimizerError
+    from wafer.errors import OptimizerError
 
     fmt = get_format(half_dtype)
     factor, dynamic = self.loss_scaling_factor, self.dynamic_loss_scaling

@@ -190,7 +190,7 @@ class Params(BaseModel):
       optimizer_problems = self.optimizer.problems()
       out += optimizer_problems
       if policy is not None and not optimizer_problems:
-        from wafer.optim import OptimizerError
+        from wafer.errors import OptimizerError
 
         try:  # the loss-scale rules live where the loss scale is built
           self.optimizer.loss_scale(policy.compute)

@@ -17,7 +17,7 @@ from wafer.costmodel.pipeline import PipelineResult, layer_pipelined
 from wafer.costmodel.placement import Rect
 from wafer.costmodel.report import KernelRow, Report
 from wafer.costmodel.streaming import StreamingResult, supported_micro_batch, weight_streaming
-from wafer.errors import WaferError
+from wafer.errors import EstimateError
 
 __all__ = ("MODES", "EstimateError", "estimate", "estimate_graph")
 
@@ -28,10 +28,6 @@ _MODE_ALIASES = {
   "ws": "weight_streaming",
   "weight-streaming": "weight_streaming",
 }
-
-
-class EstimateError(WaferError, ValueError):
-  """An argument of `estimate` that cannot be used; the message names it and what is allowed."""
 
 
 def _positive_int(name: str, value: Any) -> int:

@@ -23,12 +23,7 @@ from typing import Any
 
 from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass
 from wafer.data.sources import DAMAGED_FILE_FIX
-from wafer.errors import WaferError
-
-
-class DataError(WaferError, ValueError):
-  """An input section names data that cannot be read or does not fit; the message says which and why."""
-
+from wafer.errors import DataError
 
 DAMAGED_DATA: tuple[type[BaseException], ...] = (
   ValueError,

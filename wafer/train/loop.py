@@ -47,21 +47,14 @@ import wafer
 from wafer import cluster
 from wafer.config import ConfigError, RunConfig
 from wafer.config.errors import Problem
-from wafer.train.checkpoint import CheckpointMismatch, Checkpoints, UnreadableCheckpoint
+from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted
+from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
 from wafer.train.metrics import SUPERSEDED, Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
 from wafer.train.step import make_eval_step, make_train_step
-from wafer.train.task import ExecutorError, Task, next_batch
+from wafer.train.task import Task, next_batch
 
 MODES = ("train", "eval", "train_and_eval", "eval_all")
-
-
-class RunInterrupted(KeyboardInterrupt):
-  """ctrl-C during `run`: a `KeyboardInterrupt` (code that stops on one still does) whose message says
-  the step reached, the newest checkpoint in model_dir and that rerunning the same command resumes.
-
-  Not a `wafer.errors.WaferError`: an ``except Exception`` must not swallow a ctrl-C.
-  """
 
 
 def seed_of(runconfig: RunConfig) -> int:

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from wafer.errors import where_defined
-from wafer.train.task import ExecutorError, Task, next_batch
+from wafer.errors import ExecutorError, where_defined
+from wafer.train.task import Task, next_batch
 
 
 @jax.tree_util.register_dataclass

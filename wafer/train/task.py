@@ -8,11 +8,7 @@ from typing import Any, Protocol
 
 import jax
 
-from wafer.errors import WaferError
-
-
-class ExecutorError(WaferError, ValueError):
-  """Settings or state that the run loop cannot run with; the message says what to change."""
+from wafer.errors import ExecutorError
 
 
 class BatchSource(Protocol):
