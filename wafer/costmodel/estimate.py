@@ -140,7 +140,7 @@ def estimate(
 
   Raises:
     EstimateError: an unusable argument (the message names it, the value and what is allowed).
-    wafer.costmodel.graph.TraceError: the function could not be traced.
+    wafer.errors.TraceError: the function could not be traced.
   """
   sys_, mode, num_csx = _check_run(system, mode, num_csx, gemm_algorithm)  # fail fast, before tracing
   if kernel_depth is not None:
