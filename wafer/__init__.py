@@ -9,6 +9,7 @@
 * the ``wafer`` console script (``wafer demo``, ``wafer estimate``).
 """
 
+from wafer import registry as registry  # the config's schema source: the model plugins (wafer.registry)
 from wafer.closures import add_step_closure as add_step_closure
 from wafer.closures import checkpoint_closure as checkpoint_closure
 from wafer.closures import step_closure as step_closure

@@ -29,6 +29,7 @@ import numpy as np
 
 import precision
 from precision._table import Table
+from wafer.config.schema import MODES
 from wafer.errors import USER_ERROR_EXIT, CommandError
 
 _DEMO_FORMATS = ("float32", "bfloat16", "float16", "cbfloat16", "float8_e4m3fn")
@@ -127,16 +128,14 @@ def _run(args: argparse.Namespace) -> int:
 
   _distributed(args)
   overrides = list(args.overrides or ())
-  for flag in ("mode", "model_dir"):
-    value = getattr(args, flag)
-    if value is not None:  # the value as given: a path is not YAML (``runs/a #2``, ``~``, ``2024``)
-      overrides.append(literal_override(f"runconfig.{flag}", value))
+  if args.model_dir is not None:  # the value as given: a path is not YAML (``runs/a #2``, ``~``, ``2024``)
+    overrides.append(literal_override("runconfig.model_dir", args.model_dir))
   for flag in ("validate_only", "compile_only"):
     if getattr(args, flag):
       overrides.append(f"runconfig.{flag}=true")
   source = args.params if args.params is not None else _default_params()
   try:
-    plan = runner.load_plan(source, overrides)
+    plan = runner.load_plan(source, overrides, mode=args.mode)
     from wafer.train.loop import make_model_dir
 
     model_dir = make_model_dir(plan.runconfig.model_dir)  # a bad model_dir is refused before any work
@@ -146,19 +145,16 @@ def _run(args: argparse.Namespace) -> int:
     detail = str(error) or "the last checkpoint in model_dir is where a rerun resumes."
     print(f"\nwafer run: interrupted. {detail}", file=sys.stderr)
     return 130
-  model_dir = Path(summary["model_dir"])
-  losses = summary.get("losses") or []
+  model_dir = Path(summary.model_dir)
+  losses = summary.losses or []
   if losses:
     (s0, l0), (s1, l1) = losses[0], losses[-1]
     print(f"\nTraining loss: {l0:.4f} at step {s0} -> {l1:.4f} at step {s1}")
-  name = summary.get("eval_metric", "loss")
-  evals = list(summary.get("evals") or []) + list((summary.get("eval_all") or {}).items())
-  if "eval" in summary:
-    evals.append((summary.get("eval_step", "latest"), summary["eval"]))
+  evals = summary.eval_results()
   if evals and not losses:
     print()
   for step, value in evals:
-    print(f"Eval {name} at step {step}: {value:.4f}")
+    print(f"Eval {summary.eval_metric} at step {step}: {value:.4f}")
   print("\nOutputs:")
   for label, path in (
     ("metrics", model_dir / "metrics.jsonl"),
@@ -352,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
   run.add_argument(
     "--params", metavar="FILE", type=_path, help="a params YAML (modelzoo layout or trainer layout)"
   )
-  run.add_argument("--mode", choices=("train", "eval", "train_and_eval", "eval_all"), help="runconfig.mode")
+  run.add_argument("--mode", choices=MODES, help="runconfig.mode")
   run.add_argument("--model_dir", metavar="DIR", type=_path, help="runconfig.model_dir")
   only = run.add_mutually_exclusive_group()
   only.add_argument(

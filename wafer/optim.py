@@ -34,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from precision.formats import FloatFormat
 from precision.loss_scale import DynamicLossScale, StaticLossScale, all_finite, select_tree
 from wafer.errors import OptimizerError
 
@@ -42,7 +41,6 @@ __all__ = (
   "OptimizerError",
   "StepResult",
   "apply_gradients",
-  "build_optimizer",
   "clip_by_global_norm",
   "scale_by_adam",
   "scale_by_adamax",
@@ -134,23 +132,6 @@ def scale_by_adamax(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> op
     return out, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
 
   return optax.GradientTransformation(init, update)
-
-
-def build_optimizer(
-  optimizer_section: dict[str, Any], *, half_dtype: FloatFormat | str = "float16"
-) -> tuple[optax.GradientTransformation, StaticLossScale | DynamicLossScale]:
-  """``(tx, loss_scale)`` of an ``optimizer`` mapping: validated by its config class, then built.
-
-  A shortcut for ``validate_section("optimizer", section).build(half_dtype)``; a run builds from
-  the validated `wafer.config.Params` instead (``params.optimizer.build(policy.compute)``).
-
-  Raises:
-    ConfigError: a key or value the section's schema rejects (with "did you mean").
-    OptimizerError: a loss-scaling setting that does not fit ``half_dtype``.
-  """
-  from wafer.config.loader import validate_section
-
-  return validate_section("optimizer", dict(optimizer_section)).build(half_dtype)
 
 
 class StepResult(NamedTuple):

@@ -30,6 +30,7 @@ from wafer.train.state import schedule_counts as schedule_counts
 from wafer.train.state import step_shapes as step_shapes
 from wafer.train.step import make_eval_step as make_eval_step
 from wafer.train.step import make_train_step as make_train_step
+from wafer.train.summary import RunSummary as RunSummary
 from wafer.train.task import BatchSource as BatchSource
 from wafer.train.task import IndexedBatches as IndexedBatches
 from wafer.train.task import Task as Task
@@ -43,6 +44,7 @@ __all__ = (
   "Metrics",
   "Progress",
   "RunInterrupted",
+  "RunSummary",
   "Task",
   "TrainState",
   "checkpoint_iterations",
