@@ -250,6 +250,11 @@ class GrainBatchSource:
     self.next_batch = 0
     self._it: Any = None
 
+  @property
+  def features(self) -> dict[str, np.ndarray]:
+    """The examples' arrays, ``{name: [examples, ...]}`` (what the batches are gathered from)."""
+    return self.source.features
+
   def with_workers(self, *, num_workers_per_csx: int, num_processes: int = 0) -> GrainBatchSource:
     """The same pipeline (examples, batch, seed, shuffle) with other worker counts, at position 0."""
     return GrainBatchSource(
