@@ -96,13 +96,25 @@ def _signature(obj: object) -> str:
   return re.sub(r" at 0x[0-9a-f]+", "", text)
 
 
+_TABLE_BORDER = re.compile(r"^=+( +=+)+ *$")
+
+
 def _markdown(doc: str) -> str:
-  """A docstring as Markdown: doctest blocks and ``::`` literal blocks fenced, the rest as is."""
+  """A docstring as Markdown: doctest blocks, reST simple tables and ``::`` literal blocks fenced, the
+  rest as is."""
   out: list[str] = []
   lines = doc.splitlines()
   i = 0
   while i < len(lines):
     line = lines[i]
+    if _TABLE_BORDER.match(line):  # a reST simple table: shown as it is written
+      block, borders = [], 0
+      while i < len(lines) and borders < 3:
+        borders += bool(_TABLE_BORDER.match(lines[i]))
+        block.append(lines[i])
+        i += 1
+      out += ["```", *block, "```"]
+      continue
     if line.lstrip().startswith(">>>"):
       block = []
       while i < len(lines) and lines[i].strip():
