@@ -1,4 +1,4 @@
-"""Cost-model accuracy against the published measurements of ../shared/reference/wafer.md §2 and §2.6.
+"""Cost-model accuracy against the published measurements of docs/references.md ("Published measurements").
 
 Builds each published workload as a JAX step (forward + backward + AdamW; forward only for the
 WaferLLM prefill row), and scores predictions in log space, |ln(pred / meas)|:

@@ -132,8 +132,9 @@ def _data(
       num_workers_per_csx=rc.num_workers_per_csx,
       cache_dir=cache,
       key_feature=key_feature,
+      features=train_cfg.features,  # the model's own input section: no generic lookup
     )
-    check(source.source.features, "train_input")
+    check(source.features, "train_input")
     return source
 
   def batch_spec() -> dict[str, Any]:
@@ -157,7 +158,11 @@ def _data(
   def eval_data() -> Any:
     if not held:
       source = processors.eval_source(
-        eval_cfg, seed=1 if rc.seed is None else rc.seed, num_csx=rc.num_csx, cache_dir=cache
+        eval_cfg,
+        seed=1 if rc.seed is None else rc.seed,
+        num_csx=rc.num_csx,
+        cache_dir=cache,
+        features=eval_cfg.features,
       )
       check(source.features, "eval_input")
       held.append(processors.one_pass(source, eval_cfg.batch_size, eval_cfg.drop_remainder))

@@ -62,6 +62,8 @@ CONTROL_FLOW = (
     "custom_jvp_call", "custom_vjp_call", "shard_map", "custom_linear_solve",
 )  # fmt: skip
 
+#: JAX primitive name -> autocast op class (matmul, elementwise, transcendental, reduction, exact, ...).
+#: Add an entry for a primitive autocast does not know: ``PRIMITIVE_CLASSES["my_op"] = "elementwise"``.
 PRIMITIVE_CLASSES: dict[str, str] = {}
 for _cls, _names in (
   ("matmul", MATMUL_PRIMITIVES),

@@ -147,7 +147,7 @@ element of the batched value, so it is not bitwise ``vmap(autocast(f))`` under s
 rounding (the rule "same values up to float32 summation order" is for nearest rounding).
 
 **Where this is our choice, not Cerebras'.** Cerebras documents the precision levels in
-words only (``cerebras.md`` section 2). The op classes, the attention pattern, the chunk
+words only (docs/references.md, "Precision optimisation levels"). The op classes, the attention pattern, the chunk
 model of "a mix of fp32 and 16-bit reductions", the float32 treatment of transcendental ops
 and reductions (PyTorch autocast's lists), the constant rule, inner-policy-wins nesting and
 the float32 region, and which roundings a stochastic class covers are ours. ``cstorch.pol``

@@ -241,11 +241,15 @@ def format_table(formats: Iterable[FloatFormat | str] | None = None) -> Table:
 
 # ---- predefined formats ----
 
+#: IEEE 754 binary32 (1-8-23): the format values are stored in; rounding to it changes nothing but NaNs.
 float32 = FloatFormat(
   "float32", 8, 23, notes="IEEE 754 binary32; rounding to it changes nothing but NaNs (quieted)."
 )
+#: bfloat16 (1-8-7): float32's exponent range with 7 mantissa bits; bit-exact with ml_dtypes.bfloat16.
 bfloat16 = FloatFormat("bfloat16", 8, 7, notes="Brain float; bit-exact with ml_dtypes.bfloat16.")
+#: IEEE 754 binary16 (1-5-10); bit-exact with numpy.float16.
 float16 = FloatFormat("float16", 5, 10, notes="IEEE 754 binary16; bit-exact with numpy.float16.")
+#: Cerebras' cbfloat16 (1-6-9). The layout is documented; bias 31, subnormals, inf/NaN at exponent 63, overflow to inf and round-to-nearest-even are inferred (docs/references.md, cbfloat16).
 cbfloat16 = FloatFormat(
   "cbfloat16",
   6,
@@ -253,14 +257,16 @@ cbfloat16 = FloatFormat(
   bias=31,
   notes=(
     "Cerebras CB16. Documented: 1 sign, 6 exponent, 9 mantissa bits; 'double the range of "
-    "fp16'. Inferred (unpublished; see cerebras.md section 1): bias 31, subnormals, inf/NaN "
+    "fp16'. Inferred (unpublished; see docs/references.md, cbfloat16): bias 31, subnormals, inf/NaN "
     "at exponent 63, overflow to inf, round to nearest even. Change any inferred part "
     "with cbfloat16.replace(bias=..., subnormals=..., specials=..., overflow=...)."
   ),
 )
+#: OCP FP8 E4M3 (finite only, no inf); bit-exact with ml_dtypes.
 float8_e4m3fn = FloatFormat(
   "float8_e4m3fn", 4, 3, specials="finite_only", notes="OCP FP8 E4M3; bit-exact with ml_dtypes."
 )
+#: OCP FP8 E5M2; bit-exact with ml_dtypes.
 float8_e5m2 = FloatFormat("float8_e5m2", 5, 2, notes="OCP FP8 E5M2; bit-exact with ml_dtypes.")
 
 PREDEFINED: tuple[FloatFormat, ...] = (float32, bfloat16, float16, cbfloat16, float8_e4m3fn, float8_e5m2)

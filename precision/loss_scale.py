@@ -11,7 +11,7 @@ Use in a train step::
   ls = ls.adjust(finite)
 
 Every update is tensor arithmetic (``jnp.where``), never Python branching on traced values.
-The rules (``../shared/reference/cerebras.md`` section 3):
+The rules (``docs/references.md``, "Dynamic loss scaling"):
 
 * defaults: initial and maximum scale ``2^31`` for cbfloat16 and ``2^15`` otherwise, minimum
   ``2^-14``, ``steps_per_increase = 2000``, ``overflow_tolerance = 0``; the initial scale is

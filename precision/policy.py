@@ -3,7 +3,7 @@
 A `Policy` names three formats and a precision optimisation level (POL):
 
 * ``param``: the format weights are stored and updated in. It must be float32: on Cerebras
-  weights are stored in fp32 and the weight update runs in fp32 (``cerebras.md`` section 2),
+  weights are stored in fp32 and the weight update runs in fp32 (``docs/references.md``, "Precision optimisation levels"),
   and `precision.autocast` rounds a weight to ``compute`` where a matmul uses it, never the
   stored weight. The key exists so that jmp-style strings (``"p=f32,c=bf16,o=f32"``) parse;
   any other format is a `PolicyError` (it used to be accepted and ignored);
@@ -45,7 +45,7 @@ float32, rounds each chunk sum to ``compute`` and adds the chunk sums one after 
 ``compute`` (each addition rounded), which models float32 accumulation inside a processing
 element and 16-bit reduction across them; ``"float32"`` leaves a matmul unrounded.
 
-The default rows (Cerebras documents the levels only in words, ``cerebras.md`` section 2;
+The default rows (Cerebras documents the levels only in words, ``docs/references.md``, "Precision optimisation levels";
 the row entries that go beyond those words are our choice):
 
 =================  ==================  ==================  ==================
@@ -337,7 +337,7 @@ class Policy:
       return cls(compute="float32", level=level)
     softmax_fp32 = True if attention_softmax_fp32 is None else bool(attention_softmax_fp32)
     if level == 2 or (level == 1 and half == "cbfloat16"):
-      softmax_fp32 = False  # modelzoo's override (cerebras.md section 2, [CODE])
+      softmax_fp32 = False  # modelzoo's override (docs/references.md, "Precision optimisation levels")
     default = LEVEL_RULES[level]["attention_softmax"]
     wanted = "float32" if softmax_fp32 else "round"
     rules = {} if wanted == default else {"attention_softmax": wanted}

@@ -9,19 +9,21 @@
 * the ``wafer`` console script (``wafer demo``, ``wafer estimate``).
 """
 
+from wafer import registry as registry  # the config's schema source: the model plugins (wafer.registry)
 from wafer.closures import add_step_closure as add_step_closure
 from wafer.closures import checkpoint_closure as checkpoint_closure
 from wafer.closures import step_closure as step_closure
-from wafer.cluster import ClusterConfigError as ClusterConfigError
 from wafer.compile import CompiledStep as CompiledStep
-from wafer.compile import StaticGraphError as StaticGraphError
-from wafer.compile import StepUsageError as StepUsageError
 from wafer.compile import compile as compile
 from wafer.compile import enable_compilation_cache as enable_compilation_cache
 from wafer.costmodel import Report as Report
 from wafer.costmodel import estimate as estimate
+from wafer.errors import ClusterConfigError as ClusterConfigError
+from wafer.errors import StaticGraphError as StaticGraphError
+from wafer.errors import StepUsageError as StepUsageError
 from wafer.errors import WaferError as WaferError
 
+#: The version of the wafer distribution.
 __version__ = "0.1.0"
 
 __all__ = (

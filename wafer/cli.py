@@ -10,7 +10,10 @@
 * ``wafer sweep``: the same training run once per compute format (and level), compared;
 * ``wafer demo``: the float formats and a rounding example.
 
-Errors the user can fix print one message (no traceback) and exit non-zero.
+Exit status: 0 on success; 1 (`wafer.errors.USER_ERROR_EXIT`) when a command stops on an error the user
+can fix (a `wafer.errors.WaferError`, or precision's `PolicyError` / `FormatError`), which `main`
+prints as one line, ``wafer <command>: error: <message>``, without a traceback; 2 for a command line
+that argparse cannot parse; 130 on ctrl-C. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import numpy as np
 
 import precision
 from precision._table import Table
+from wafer.config.schema import MODES
+from wafer.errors import USER_ERROR_EXIT, CommandError
 
 _DEMO_FORMATS = ("float32", "bfloat16", "float16", "cbfloat16", "float8_e4m3fn")
 _DEMO_VALUES = (np.pi, 1.0 / 3.0, 70000.0, 5.0e9, 1.0e-6, 1.0e-11)
@@ -51,10 +56,6 @@ def _demo(args: argparse.Namespace) -> int:
   print()
   print(precision.cbfloat16.describe())
   return 0
-
-
-class CommandError(Exception):
-  """A command-line mistake: printed as one line, exit status 2."""
 
 
 def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
@@ -125,22 +126,16 @@ def _run(args: argparse.Namespace) -> int:
   from wafer import runner
   from wafer.config.loader import literal_override
 
-  try:
-    _distributed(args)
-  except wafer.ClusterConfigError as error:
-    print(f"wafer run: error: {error}", file=sys.stderr)
-    return 1
+  _distributed(args)
   overrides = list(args.overrides or ())
-  for flag in ("mode", "model_dir"):
-    value = getattr(args, flag)
-    if value is not None:  # the value as given: a path is not YAML (``runs/a #2``, ``~``, ``2024``)
-      overrides.append(literal_override(f"runconfig.{flag}", value))
+  if args.model_dir is not None:  # the value as given: a path is not YAML (``runs/a #2``, ``~``, ``2024``)
+    overrides.append(literal_override("runconfig.model_dir", args.model_dir))
   for flag in ("validate_only", "compile_only"):
     if getattr(args, flag):
       overrides.append(f"runconfig.{flag}=true")
   source = args.params if args.params is not None else _default_params()
   try:
-    plan = runner.load_plan(source, overrides)
+    plan = runner.load_plan(source, overrides, mode=args.mode)
     from wafer.train.loop import make_model_dir
 
     model_dir = make_model_dir(plan.runconfig.model_dir)  # a bad model_dir is refused before any work
@@ -150,25 +145,16 @@ def _run(args: argparse.Namespace) -> int:
     detail = str(error) or "the last checkpoint in model_dir is where a rerun resumes."
     print(f"\nwafer run: interrupted. {detail}", file=sys.stderr)
     return 130
-  except Exception as error:  # user-facing errors: the message, not a traceback
-    message = _user_error(error)
-    if message is None:
-      raise
-    print(f"wafer run: error: {message}", file=sys.stderr)
-    return 1
-  model_dir = Path(summary["model_dir"])
-  losses = summary.get("losses") or []
+  model_dir = Path(summary.model_dir)
+  losses = summary.losses or []
   if losses:
     (s0, l0), (s1, l1) = losses[0], losses[-1]
     print(f"\nTraining loss: {l0:.4f} at step {s0} -> {l1:.4f} at step {s1}")
-  name = summary.get("eval_metric", "loss")
-  evals = list(summary.get("evals") or []) + list((summary.get("eval_all") or {}).items())
-  if "eval" in summary:
-    evals.append((summary.get("eval_step", "latest"), summary["eval"]))
+  evals = summary.eval_results()
   if evals and not losses:
     print()
   for step, value in evals:
-    print(f"Eval {name} at step {step}: {value:.4f}")
+    print(f"Eval {summary.eval_metric} at step {step}: {value:.4f}")
   print("\nOutputs:")
   for label, path in (
     ("metrics", model_dir / "metrics.jsonl"),
@@ -205,12 +191,6 @@ def _sweep(args: argparse.Namespace) -> int:
   except KeyboardInterrupt:
     print("\nwafer sweep: interrupted.", file=sys.stderr)
     return 130
-  except Exception as error:  # user-facing errors: the message, not a traceback
-    message = _user_error(error)
-    if message is None:
-      raise
-    print(f"wafer sweep: error: {message}", file=sys.stderr)
-    return 1
   print()
   print(result.table())
   print(f"\nwrote {Path(args.model_dir) / 'sweep.json'}\nwrote {Path(args.model_dir) / 'sweep.png'}")
@@ -236,7 +216,7 @@ def _user_error(error: BaseException) -> str | None:
 
 def _estimate(args: argparse.Namespace) -> int:
   import wafer
-  from wafer.costmodel import EstimateError, TraceError, workloads
+  from wafer.costmodel import workloads
 
   if args.list:
     rows = [
@@ -245,26 +225,16 @@ def _estimate(args: argparse.Namespace) -> int:
     ]
     print(Table(["workload", "batch", "measured samples/s", "description"], rows, title="Built-in workloads"))
     return 0
-  try:
-    fn, example_args, kwargs, name = _estimate_target(args)
-    for key in ("system", "mode", "num_csx", "micro_batch_size", "compute_format"):
-      value = getattr(args, key)
-      if value is not None:
-        kwargs[key] = value
-    if args.model_dir:  # refused before the estimate, not after it
-      from wafer.train.loop import make_model_dir
+  fn, example_args, kwargs, name = _estimate_target(args)
+  for key in ("system", "mode", "num_csx", "micro_batch_size", "compute_format"):
+    value = getattr(args, key)
+    if value is not None:
+      kwargs[key] = value
+  if args.model_dir:  # refused before the estimate, not after it
+    from wafer.train.loop import make_model_dir
 
-      make_model_dir(args.model_dir, "--model_dir")
-    report = wafer.estimate(fn, *example_args, name=name, **kwargs)
-  except (CommandError, EstimateError, TraceError) as exc:
-    print(f"wafer estimate: error: {exc}", file=sys.stderr)
-    return 2
-  except Exception as exc:  # config, model and optimizer errors from --params
-    message = _user_error(exc)
-    if message is None:
-      raise
-    print(f"wafer estimate: error: {message}", file=sys.stderr)
-    return 2
+    make_model_dir(args.model_dir, "--model_dir")
+  report = wafer.estimate(fn, *example_args, name=name, **kwargs)
   print(report.to_text(), end="")
   if args.model_dir:
     paths = report.save(args.model_dir)
@@ -281,26 +251,16 @@ def _analyze_input(args: argparse.Namespace) -> int:
   overrides = list(args.overrides or ())
   if args.model_dir is not None:
     overrides.append(literal_override("runconfig.model_dir", args.model_dir))
-  try:
-    plan = runner.load_plan(args.params, overrides)
-    from wafer.train.loop import make_model_dir
+  plan = runner.load_plan(args.params, overrides)
+  from wafer.train.loop import make_model_dir
 
-    make_model_dir(plan.runconfig.model_dir)  # where the result goes: refused before measuring, not after
-    print(
-      f"Measuring the input pipeline of {plan.task.name} ({args.seconds:g} s per worker count)...", flush=True
-    )
-    analysis = input_analyzer.analyze(
-      plan, worker_counts=args.workers, seconds=args.seconds, consumer=args.consumer
-    )
-  except input_analyzer.InputAnalysisError as exc:
-    print(f"wafer analyze-input: error: {exc}", file=sys.stderr)
-    return 1
-  except Exception as exc:  # config, model and data errors
-    message = _user_error(exc)
-    if message is None:
-      raise
-    print(f"wafer analyze-input: error: {message}", file=sys.stderr)
-    return 1
+  make_model_dir(plan.runconfig.model_dir)  # where the result goes: refused before measuring, not after
+  print(
+    f"Measuring the input pipeline of {plan.task.name} ({args.seconds:g} s per worker count)...", flush=True
+  )
+  analysis = input_analyzer.analyze(
+    plan, worker_counts=args.workers, seconds=args.seconds, consumer=args.consumer
+  )
   print(analysis.to_text(), end="")
   path = input_analyzer.save(analysis, plan.runconfig.model_dir)
   print(f"wrote {path}")
@@ -388,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
   run.add_argument(
     "--params", metavar="FILE", type=_path, help="a params YAML (modelzoo layout or trainer layout)"
   )
-  run.add_argument("--mode", choices=("train", "eval", "train_and_eval", "eval_all"), help="runconfig.mode")
+  run.add_argument("--mode", choices=MODES, help="runconfig.mode")
   run.add_argument("--model_dir", metavar="DIR", type=_path, help="runconfig.model_dir")
   only = run.add_mutually_exclusive_group()
   only.add_argument(
@@ -451,6 +411,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   except BrokenPipeError:  # output piped into e.g. `head`: stop quietly, as Unix tools do
     sys.stdout = open(os.devnull, "w")
     return 0
+  except Exception as error:  # the one place user errors become a message (bugs keep their traceback)
+    message = _user_error(error)
+    if message is None:
+      raise
+    print(f"wafer {args.command}: error: {message}", file=sys.stderr)
+    return USER_ERROR_EXIT
 
 
 if __name__ == "__main__":

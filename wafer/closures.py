@@ -39,13 +39,9 @@ import jax
 import numpy as np
 
 from precision import _jax_compat as compat
-from wafer.errors import WaferError, in_installed_library
+from wafer.errors import ClosureError, StaticGraphError, in_installed_library
 
 STEP, CHECKPOINT = "step", "checkpoint"
-
-
-class ClosureError(WaferError, ValueError):
-  """A closure registered with arguments it cannot run with (not callable, ``args`` not a tuple, ...)."""
 
 
 @dataclasses.dataclass
@@ -170,8 +166,6 @@ def add_step_closure(
   collector = _ACTIVE[-1]
   tracers = [leaf for leaf in leaves if isinstance(leaf, jax.core.Tracer)]
   if any(_is_batched(leaf) for leaf in tracers):
-    from wafer.compile import StaticGraphError
-
     raise StaticGraphError(
       f"a step closure ({getattr(fn, '__name__', fn)}) is called inside jax.vmap at {_user_line()}\n"
       "A closure runs once per step on host values; inside vmap there is one value per batch element.\n"

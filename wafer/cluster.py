@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import importlib
 import io
 import json
@@ -36,18 +37,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from wafer.config.schema import batch_split_problem
-from wafer.errors import WaferError
+from wafer.errors import ClusterConfigError, OtherProcessFailed
 
 AXIS = "csx"
-
-
-class ClusterConfigError(WaferError, ValueError):
-  """Cluster settings that cannot be used (systems, devices, processes)."""
-
-
-class OtherProcessFailed(WaferError, RuntimeError):
-  """Another process of the run stopped with an error that is not a user error (a bug: its output has the
-  traceback); this process stops with it instead of waiting in the next collective."""
 
 
 _MAX_MESSAGE = 64 * 1024
@@ -157,8 +149,17 @@ def same_outcome() -> Iterator[None]:
   agree(None)
 
 
-_OWN_PACKAGES = ("wafer", "precision", "models")
-"""Packages whose exceptions `first_error` rebuilds on the other processes (the rest are bugs to them)."""
+@functools.cache
+def _own_packages() -> frozenset[str]:
+  """Packages whose exceptions `first_error` rebuilds on the other processes (the rest are bugs to them):
+  ``wafer``, ``precision`` and the top-level package of every installed model plugin (``wafer.models``
+  entry points), so that a third-party plugin's `WaferError` reaches every process as itself."""
+  from importlib import metadata
+
+  from wafer.registry import GROUP
+
+  plugins = {entry.value.split(":")[0].split(".")[0] for entry in metadata.entry_points(group=GROUP)}
+  return frozenset({"wafer", "precision", *plugins})
 
 
 def _describe(error: BaseException) -> bytes:
@@ -180,15 +181,15 @@ def _describe(error: BaseException) -> bytes:
 
 
 def _own(module: str) -> bool:
-  return module.split(".")[0] in _OWN_PACKAGES
+  return module.split(".")[0] in _own_packages()
 
 
 # What an error of ours holds besides builtins: a `ConfigError`'s problems and their "no value" marker.
-_ERROR_PARTS = frozenset({("wafer.config.errors", "Problem"), ("wafer.config.errors", "_MISSING")})
+_ERROR_PARTS = frozenset({("wafer.errors", "Problem"), ("wafer.errors", "_MISSING")})
 
 
 class _OwnUnpickler(pickle.Unpickler):
-  """Unpickles only exception classes of `_OWN_PACKAGES`, the parts of `_ERROR_PARTS` and plain
+  """Unpickles only exception classes of `_own_packages`, the parts of `_ERROR_PARTS` and plain
   builtins: an error, never a call of one of our functions or other classes."""
 
   def find_class(self, module: str, name: str) -> Any:

@@ -34,34 +34,11 @@ import numpy as np
 from precision import _jax_compat as compat
 from wafer import closures as _closures
 from wafer.cluster import data_parallel_shardings
-from wafer.errors import WaferError, user_frame, where_defined
+from wafer.errors import StaticGraphError, StepUsageError, user_frame, where_defined
 
 _JAX_DIRS = tuple(
   str(Path(m.__file__).resolve().parent) + os.sep for m in (jax, jaxlib) if getattr(m, "__file__", None)
 )
-
-
-class StaticGraphError(WaferError):
-  """The step's graph would change, or the step reads values while it is traced.
-
-  Attributes:
-    where: ``"file:line"`` of the offending user code (None when not known).
-  """
-
-  def __init__(self, message: str, where: str | None = None):
-    super().__init__(message)
-    self.where = where
-
-
-class StepUsageError(WaferError):
-  """`wafer.compile` or a `CompiledStep` used in a way no step can be: an argument that is neither an
-  array nor a number, a ``static_argnums`` / ``batch_argnums`` that names no argument, an unhashable
-  static value, an output that is not an array, a donated buffer passed again, a call to a step that
-  was only validated."""
-
-  def __init__(self, message: str):
-    super().__init__(message)
-    self.message = message  # JAX appends its traceback-filtering note to the args of errors raised in a trace
 
 
 _FIXES = {

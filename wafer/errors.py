@@ -1,30 +1,343 @@
-"""`WaferError`: the base class of every error a user of `wafer` can act on.
+"""Every error type a user of `wafer` can act on, in one place.
 
-Each subclass is one kind of mistake (a bad params file, a step that does not fit a static graph,
-damaged data, ...). Its message names where the problem is (file and line, key path or source line),
-what was found, and what to do. The CLI prints the message of a `WaferError` without a traceback and
-exits non-zero; any other exception is a bug and keeps its traceback.
+`WaferError` is the base: an error in what the user gave `wafer` (a params file, a step, data, cluster
+settings), not a bug in `wafer`. Each subclass is one kind of mistake. Its message names where the
+problem is (file and line, key path or source line), what was found, and what to do. The classes
+are grouped by where they arise; each docstring says when it is raised.
 
->>> from wafer.errors import WaferError
->>> from wafer.config import ConfigError
+========================  ==========================================================================
+area                      errors
+========================  ==========================================================================
+params files              `ConfigError` (with its `Problem` s), `OptimizerError`, `ScheduleError`
+models and plugins        `UnknownModelError`, `PluginError`
+data                      `DataError`, `InputAnalysisError`
+the static-graph step     `StaticGraphError`, `StepUsageError`, `ClosureError`
+the run loop              `ExecutorError`, `CheckpointMismatch`, `RunInterrupted` (not a `WaferError`)
+many processes            `ClusterConfigError`, `OtherProcessFailed`
+the cost model            `EstimateError`, `TraceError`
+the command line          `CommandError`, `SweepError`
+========================  ==========================================================================
+
+**The command line** (``wafer run``, ``sweep``, ``estimate``, ``analyze-input``) catches
+`WaferError` (and `precision`'s `PolicyError` and `FormatError`, which cannot subclass it:
+`precision` imports nothing of `wafer`) in one place and prints ``wafer <command>: error: <message>``
+without a traceback. Exit status: **0** success, **1** a user error (`USER_ERROR_EXIT`), **2** a
+command line argparse cannot parse (an unknown flag, a missing command), **130** ctrl-C
+(`RunInterrupted`). Any other exception is a bug in `wafer` and keeps its traceback.
+
+A model plugin's own errors should subclass `WaferError` (or one of these, as
+``models.registry.DataConfigError`` subclasses `DataError`): then the command line reports them as
+one line, and a multi-process run stops every process with the same message
+(`wafer.cluster.first_error`).
+
+>>> from wafer.errors import ConfigError, WaferError
 >>> issubclass(ConfigError, WaferError)
 True
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import reprlib
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ("WaferError", "in_installed_library", "user_frame", "where_defined")
+__all__ = (
+  "USER_ERROR_EXIT",
+  "CheckpointMismatch",
+  "ClosureError",
+  "ClusterConfigError",
+  "CommandError",
+  "ConfigError",
+  "DataError",
+  "EstimateError",
+  "ExecutorError",
+  "InputAnalysisError",
+  "OptimizerError",
+  "OtherProcessFailed",
+  "PluginError",
+  "Problem",
+  "RunInterrupted",
+  "ScheduleError",
+  "StaticGraphError",
+  "StepUsageError",
+  "SweepError",
+  "TraceError",
+  "UnknownModelError",
+  "WaferError",
+  "in_installed_library",
+  "user_frame",
+  "where_defined",
+)
+
+#: The exit status of a ``wafer`` command that stopped on a user error (a `WaferError`).
+USER_ERROR_EXIT = 1
 
 
 class WaferError(Exception):
   """An error in what the user gave `wafer` (config, step, data, cluster), not a bug in `wafer`."""
 
+
+# ---- params files ------------------------------------------------------------------------------
+
+Loc = tuple[str | int, ...]
+
+
+class _Missing:
+  """The type of `_MISSING`; it pickles as a reference to it, so a copied `Problem` still has no value."""
+
+  def __repr__(self) -> str:
+    return "_MISSING"
+
+  def __reduce__(self) -> str:
+    return "_MISSING"
+
+
+_MISSING = _Missing()
+
+
+def dotted(loc: Sequence[str | int]) -> str:
+  """``('optimizer', 'learning_rate', 0)`` -> ``'optimizer.learning_rate[0]'``."""
+  out = ""
+  for part in loc:
+    if isinstance(part, int):
+      out += f"[{part}]"
+    else:
+      out += f".{part}" if out else str(part)
+  return out or "<top level>"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 200
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 12
+_REPR.maxlevel = 4
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+  """``repr(value)``, cut to ``limit`` characters (built bounded: a value of nested YAML aliases is huge)."""
+  text = _REPR.repr(value)
+  return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One thing wrong with a params file.
+
+  Attributes:
+    loc: the key path, e.g. ``('runconfig', 'max_steps')``.
+    message: what is wrong and what is allowed (no key path, no file).
+    value: the offending value, or ``_MISSING`` when there is none to show.
+    source: where the value came from when not the file (e.g. ``override 'a.b=1'``).
+    line: 1-based line in the file, when known.
+    shown_path: the key path as the user wrote it, when it differs from ``loc`` (trainer layout).
+  """
+
+  loc: Loc
+  message: str
+  value: Any = _MISSING
+  source: str | None = None
+  line: int | None = None
+  shown_path: str | None = None
+
+  @property
+  def path(self) -> str:
+    return self.shown_path or dotted(self.loc)
+
+  def render(self) -> str:
+    where = self.path
+    if self.line is not None and self.source is None:
+      where = f"line {self.line}: {where}"
+    if self.source is not None:
+      where = f"{where} (from {self.source})"
+    value = "" if self.value is _MISSING else f" (got {short_repr(self.value)})"
+    return f"{where}: {self.message}{value}"
+
+
+class ConfigError(WaferError, ValueError):
+  """A params file (or an override) is wrong: an unknown or misspelled key, a value of the wrong type or
+  out of range, a section that does not fit the model. Raised by `wafer.config.load_params` and
+  `Params.build`; one message lists every problem with its file line. The message is meant for the
+  user, as is.
+
+  Attributes:
+    problems: every problem found, in file order.
+    source: the params file's path (or a description such as ``<dict>``).
+  """
+
+  def __init__(self, problems: Sequence[Problem] | Problem | str, source: str | None = None):
+    if isinstance(problems, str):
+      problems = [Problem((), problems)]
+    elif isinstance(problems, Problem):
+      problems = [problems]
+    self.problems = list(problems)
+    self.source = source
+    super().__init__(self._text())
+
+  def with_source(self, source: str | None) -> ConfigError:
+    """This error, attributed to ``source`` (keeps an existing source)."""
+    return ConfigError(self.problems, self.source or source)
+
+  def _text(self) -> str:
+    head = self.source or "params"
+    if len(self.problems) == 1:
+      p = self.problems[0]
+      if not p.loc and p.shown_path is None:
+        return f"{head}: {p.message}" + ("" if p.value is _MISSING else f" (got {short_repr(p.value)})")
+      return f"{head}: {p.render()}"
+    lines = [f"{head}: {len(self.problems)} problems:"]
+    lines += [f"  {p.render()}" for p in self.problems]
+    return "\n".join(lines)
+
+  def __str__(self) -> str:
+    return self._text()
+
+
+class OptimizerError(WaferError, ValueError):
+  """An ``optimizer`` section that cannot be built (an unknown ``optimizer_type``, an argument the
+  optimizer does not take, a bad loss-scaling setting); the message names the key, the value and
+  what to do.
+
+  Attributes:
+    key: the key under ``optimizer`` the problem is about.
+    detail: the message without the key path.
+  """
+
+  def __init__(self, key: str, detail: str):
+    super().__init__(f"optimizer.{key}: {detail}")
+    self.key, self.detail = key, detail
+
+
+class ScheduleError(WaferError, ValueError):
+  """A scheduler given arguments Cerebras would reject; the message names the scheduler, the
+  argument, the bad value and what is allowed."""
+
+
+# ---- models and plugins -------------------------------------------------------------------------
+
+
+class UnknownModelError(WaferError, ValueError):
+  """``model.name`` names no registered model; the message lists the registered names."""
+
+
+class PluginError(WaferError, RuntimeError):
+  """A ``wafer.models`` entry point that does not load or is not a `wafer.registry.ModelSpec`, or no
+  installed plugin offers the default job ``wafer run`` was asked for."""
+
+
+# ---- data -----------------------------------------------------------------------------------------
+
+
+class DataError(WaferError, ValueError):
+  """An input section names data that cannot be read or does not fit; the message says which and why."""
+
+
+class InputAnalysisError(WaferError, ValueError):
+  """``wafer analyze-input``: the params file's pipeline cannot be analysed; the message says why and
+  what to do."""
+
+
+# ---- the static-graph step ------------------------------------------------------------------------
+
+
+class StaticGraphError(WaferError):
+  """The step's graph would change, or the step reads values while it is traced (``wafer.compile``):
+  Python control flow on a traced value, ``float(x)``, ``x.item()``, printing a traced value, a
+  boolean mask, or arguments of another shape than the compiled ones. The message names the user's
+  line and the fix.
+
+  Attributes:
+    where: ``"file:line"`` of the offending user code (None when not known).
+  """
+
+  def __init__(self, message: str, where: str | None = None):
+    super().__init__(message)
+    self.where = where
+
+
+class StepUsageError(WaferError):
+  """`wafer.compile` or a `CompiledStep` used in a way no step can be: an argument that is neither an
+  array nor a number, a ``static_argnums`` / ``batch_argnums`` that names no argument, an unhashable
+  static value, an output that is not an array, a donated buffer passed again, a call to a step that
+  was only validated."""
+
+  def __init__(self, message: str):
+    super().__init__(message)
+    self.message = message  # JAX appends its traceback-filtering note to the args of errors raised in a trace
+
+
+class ClosureError(WaferError, ValueError):
+  """A closure registered with arguments it cannot run with (not callable, ``args`` not a tuple, ...)."""
+
+
+# ---- the run loop ---------------------------------------------------------------------------------
+
+
+class ExecutorError(WaferError, ValueError):
+  """Settings or state that the run loop cannot run with (counters, modes, a model_dir that cannot be
+  written, batches of another shape than declared); the message says what to change."""
+
+
+class CheckpointMismatch(ExecutorError):
+  """A readable checkpoint whose arrays do not fit the model's state (another model shape, batch size
+  or input pipeline); the message names the keys that changed. ``step``: its number."""
+
+  def __init__(self, message: str, step: int):
+    super().__init__(message)
+    self.step = step
+
+
+class RunInterrupted(KeyboardInterrupt):
+  """ctrl-C during `wafer.train.run`: a `KeyboardInterrupt` (code that stops on one still does) whose
+  message says the step reached, the newest checkpoint in model_dir and that rerunning the same
+  command resumes. The command line exits with status 130.
+
+  Not a `WaferError`: an ``except Exception`` must not swallow a ctrl-C.
+  """
+
+
+# ---- many processes -------------------------------------------------------------------------------
+
+
+class ClusterConfigError(WaferError, ValueError):
+  """Cluster settings that cannot be used (systems, devices, processes)."""
+
+
+class OtherProcessFailed(WaferError, RuntimeError):
+  """Another process of the run stopped with an error that is not a user error (a bug: its output has the
+  traceback); this process stops with it instead of waiting in the next collective."""
+
+
+# ---- the cost model -------------------------------------------------------------------------------
+
+
+class EstimateError(WaferError, ValueError):
+  """An argument of `wafer.estimate` that cannot be used (a bad value, a batch-size mismatch, a step
+  with no per-sample work); the message names it and what is allowed."""
+
+
+class TraceError(WaferError, ValueError):
+  """`wafer.estimate`: the step could not be traced, an input cannot be costed, or its batch could not
+  be identified."""
+
+
+# ---- the command line -----------------------------------------------------------------------------
+
+
+class CommandError(WaferError):
+  """A command-line mistake the parser cannot see (a flag value out of range, a missing ``--workload``);
+  printed as one line, exit status `USER_ERROR_EXIT`."""
+
+
+class SweepError(WaferError):
+  """``wafer sweep``: formats or levels that are not ones a run can use (an unknown format, float8, a
+  level outside 0-2, a format named twice)."""
+
+
+# ---- helpers for messages -------------------------------------------------------------------------
 
 # Folders pip and distribution packages install libraries into: a frame there is not the user's line.
 _LIBRARY_FOLDERS = frozenset({"site-packages", "dist-packages"})

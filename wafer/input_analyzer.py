@@ -32,13 +32,9 @@ from precision._table import Table
 from wafer._io import write_text_atomically
 from wafer.data.analyze import HEADROOM, WorkerRate, measure_samples_per_s, recommend_workers
 from wafer.data.pipeline import GrainBatchSource
-from wafer.errors import WaferError
+from wafer.errors import InputAnalysisError
 
 CONSUMERS = ("costmodel", "measured")
-
-
-class InputAnalysisError(WaferError, ValueError):
-  """The params file's pipeline cannot be analysed; the message says why and what to do."""
 
 
 def default_worker_counts(cpus: int | None = None) -> list[int]:

@@ -3,7 +3,7 @@
 The section's config classes (`wafer.config.optimizer`, one per ``optimizer_type``) build the optax
 ``GradientTransformation`` (clipping, weight decay, the update rule and the learning-rate
 `wafer.schedules.Schedule`) and the loss-scale state from the transforms here. `apply_gradients` is Cerebras' conditional update
-(``../shared/reference/cerebras.md`` section 3): unscale, test finiteness on the global norm,
+(``docs/references.md``, "Dynamic loss scaling"): unscale, test finiteness on the global norm,
 update, and on a non-finite step keep parameters, optimizer state (including the schedule's step
 counter) and the step; then adjust the loss scale. Everything is ``jnp.where``, no Python branching.
 
@@ -34,36 +34,21 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from precision.formats import FloatFormat
 from precision.loss_scale import DynamicLossScale, StaticLossScale, all_finite, select_tree
-from wafer.errors import WaferError
+from wafer.errors import OptimizerError
 
 __all__ = (
   "OptimizerError",
   "StepResult",
   "apply_gradients",
-  "build_optimizer",
   "clip_by_global_norm",
   "scale_by_adam",
   "scale_by_adamax",
 )
 
-# ASSUMPTION: cstorch's Adam/AdamW/Lamb default eps is 1e-6 (HF-style); the configs in cerebras.md
+# ASSUMPTION: cstorch's Adam/AdamW/Lamb default eps is 1e-6 (HF-style); the configs in docs/references.md
 # section 8 that care set eps explicitly.
 DEFAULT_EPS = 1e-6
-
-
-class OptimizerError(WaferError, ValueError):
-  """An ``optimizer`` section that cannot be built; the message names the key, the value and what to do.
-
-  Attributes:
-    key: the key under ``optimizer`` the problem is about.
-    detail: the message without the key path.
-  """
-
-  def __init__(self, key: str, detail: str):
-    super().__init__(f"optimizer.{key}: {detail}")
-    self.key, self.detail = key, detail
 
 
 def scale_by_adam(
@@ -147,23 +132,6 @@ def scale_by_adamax(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> op
     return out, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
 
   return optax.GradientTransformation(init, update)
-
-
-def build_optimizer(
-  optimizer_section: dict[str, Any], *, half_dtype: FloatFormat | str = "float16"
-) -> tuple[optax.GradientTransformation, StaticLossScale | DynamicLossScale]:
-  """``(tx, loss_scale)`` of an ``optimizer`` mapping: validated by its config class, then built.
-
-  A shortcut for ``validate_section("optimizer", section).build(half_dtype)``; a run builds from
-  the validated `wafer.config.Params` instead (``params.optimizer.build(policy.compute)``).
-
-  Raises:
-    ConfigError: a key or value the section's schema rejects (with "did you mean").
-    OptimizerError: a loss-scaling setting that does not fit ``half_dtype``.
-  """
-  from wafer.config.loader import validate_section
-
-  return validate_section("optimizer", dict(optimizer_section)).build(half_dtype)
 
 
 class StepResult(NamedTuple):

@@ -5,10 +5,15 @@ A model package declares its spec in its ``pyproject.toml``::
   [project.entry-points."wafer.models"]
   my_model = "my_package.my_model:SPEC"
 
-and `load_plugins` (called before a params file is validated) registers each spec: its strict
-``model:`` schema for every name it answers to, the strict input schema of each of its data
-processors, its task builder and, optionally, a default job for ``wafer run`` without
-``--params``. ``wafer`` itself names no model package.
+and `load_plugins` registers each spec: its strict ``model:`` schema for every name it answers to,
+the strict input schema of each of its data processors, its task builder and, optionally, a default
+job for ``wafer run`` without ``--params``. ``wafer`` itself names no model package.
+
+The registry owns model lookup and fills the config's schema table; the config never imports it.
+Plugins load once, at the edge: the CLI and `wafer.runner` call `load_plugins` before they load a
+params file. A program that validates params files itself (``wafer.config.load_params``) gets the
+plugins' schemas too: importing this module (``import wafer`` does) hands `load_plugins` to the config
+as its schema source (`wafer.config.add_schema_source`).
 """
 
 from __future__ import annotations
@@ -19,17 +24,10 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
-from wafer.errors import WaferError
+from wafer.config import add_schema_source, register_input_schema, register_model_schema
+from wafer.errors import PluginError, UnknownModelError
 
 GROUP = "wafer.models"
-
-
-class UnknownModelError(WaferError, ValueError):
-  """``model.name`` names no registered model."""
-
-
-class PluginError(WaferError, RuntimeError):
-  """A ``wafer.models`` entry point that does not load or is not a `ModelSpec`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +60,6 @@ _LOADED: list[bool] = []
 
 def register(spec: ModelSpec) -> None:
   """Register ``spec`` under each of its names, with its model and input schemas."""
-  from wafer.config import register_input_schema, register_model_schema
-
   if not isinstance(spec, ModelSpec):
     raise PluginError(f"{spec!r} is not a wafer.registry.ModelSpec")
   for name in spec.names:
@@ -132,3 +128,6 @@ def registered() -> list[str]:
   """The registered model names."""
   load_plugins()
   return sorted(_SPECS)
+
+
+add_schema_source(load_plugins)

@@ -1,4 +1,5 @@
-"""From a params file to a finished run: config -> registry -> task, policy, optimizer -> `wafer.train.run`."""
+"""From a params file to a finished run: plugins -> config -> registry (task) and `Params.build` (runtime)
+-> `wafer.train.run`."""
 
 from __future__ import annotations
 
@@ -7,68 +8,71 @@ from pathlib import Path
 from typing import Any
 
 from wafer import registry
-from wafer.config import ConfigError, Params, RunConfig, load_params
-from wafer.config.errors import Problem
-from wafer.config.loader import parse_yaml
-from wafer.train import Task, run, seed_of
+from wafer.config import ConfigError, Params, RunConfig, Runtime, load_params
+from wafer.config.schema import TRAIN_MODES
+from wafer.errors import Problem
+from wafer.train import RunSummary, Task, run, seed_of
 
 
 @dataclasses.dataclass
 class Plan:
-  """Everything `wafer.train.run` needs, built from one params file."""
+  """Everything `wafer.train.run` needs, built from one params file: the task and the runtime."""
 
   params: Params
   task: Task
-  optimizer: Any
-  loss_scale: Any
-  policy: Any
+  runtime: Runtime
+
+  @property
+  def optimizer(self) -> Any:
+    return self.runtime.optimizer
+
+  @property
+  def loss_scale(self) -> Any:
+    return self.runtime.loss_scale
+
+  @property
+  def policy(self) -> Any:
+    return self.runtime.policy
 
   @property
   def runconfig(self) -> RunConfig:
     """The typed ``runconfig`` section the run loop reads."""
-    return self.params.runconfig
+    return self.runtime.runconfig
 
   @property
   def seed(self) -> int:
-    return seed_of(self.params.runconfig)
+    return seed_of(self.runtime.runconfig)
 
 
 def plan(params: Params) -> Plan:
-  """Resolve the model, the precision policy, the optimizer and the loss scaling of ``params``."""
+  """Resolve the model (`wafer.registry`) and build the runtime objects of ``params`` (`Params.build`)."""
   task = registry.get_model(params.model.name)(params)
-  policy = params.policy()
-  optimizer, loss_scale = params.build_optimizer()  # eval-only files: identity, static scale 1
-  return Plan(params, task, optimizer, loss_scale, policy)
+  return Plan(params, task, params.build())  # eval-only files: identity optimizer, static scale 1
 
 
-def load_plan(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> Plan:
-  """Load a params file (after the model packages registered their strict schemas) and plan it.
+def load_plan(
+  path: str | Path | dict, overrides: list[str] | tuple[str, ...] = (), *, mode: str | None = None
+) -> Plan:
+  """Load the model plugins (once), then a params file, and plan it. ``mode`` sets ``runconfig.mode``.
 
   Raises:
     wafer.config.ConfigError: the file is wrong, or ``model.name`` names no registered model (with the
       file, the line and the nearest registered name).
   """
   registry.load_plugins()
-  params = load_params(path, list(overrides))
+  params = load_params(path, list(overrides), mode=mode)
   try:
     return plan(params)
   except registry.UnknownModelError as error:
     raise ConfigError(
       Problem(
-        ("model", "name"), str(error).removeprefix("model.name: "), params.model.name, line=_line(path)
+        ("model", "name"),
+        str(error).removeprefix("model.name: "),
+        params.model.name,
+        line=params.line("model", "name"),
       ),
       params.source,
     ) from None
-
-
-def _line(path: str | Path | dict) -> int | None:
-  """The line of ``model.name`` in a legacy-layout params file, when it is there."""
-  if isinstance(path, dict):
-    return None
-  try:
-    return parse_yaml(Path(path).read_text(encoding="utf-8"))[1].get(("model", "name"))
-  except (OSError, ValueError):
-    return None
 
 
 def schedule_note(params: Params) -> str | None:
@@ -78,7 +82,7 @@ def schedule_note(params: Params) -> str | None:
   change nothing: usually ``total_iters`` and ``max_steps`` were meant to agree.
   """
   rc, opt = params.runconfig, params.optimizer
-  if opt is None or rc.max_steps is None or rc.mode not in ("train", "train_and_eval"):
+  if opt is None or rc.max_steps is None or rc.mode not in TRAIN_MODES:
     return None
   try:
     schedule = opt.schedule()
@@ -94,14 +98,14 @@ def schedule_note(params: Params) -> str | None:
   )
 
 
-def run_plan(p: Plan, *, progress: bool = True) -> dict[str, Any]:
+def run_plan(p: Plan, *, progress: bool = True) -> RunSummary:
   """Run a plan; returns the run loop's summary."""
   note = schedule_note(p.params)
   if note is not None:
     print(note, flush=True)
-  return run(p.task, p.runconfig, p.optimizer, p.loss_scale, p.policy, progress=progress, config=p.params)
+  return run(p.task, p.runtime, progress=progress)
 
 
-def run_params(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+def run_params(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> RunSummary:
   """Load, plan and run a params file; returns the run loop's summary."""
   return run_plan(load_plan(path, overrides))

@@ -5,7 +5,7 @@ Every schedule is a `Schedule`: an optax-compatible callable ``step -> float32 l
 (``initial_value``, ``total_iters``). The value is a closed form in the step ``t`` written with
 jnp operations only: no Python branching on ``t``, so one compiled graph serves every step.
 
-Stepping semantics (``../shared/reference/cerebras.md`` section 4): the optimizer step with
+Stepping semantics (``docs/references.md``, "Learning-rate schedulers"): the optimizer step with
 0-based index ``k`` uses ``f(k)``; on a skipped (non-finite) step ``t`` does not advance (the
 caller holds it, see `wafer.optim.apply_gradients`).
 
@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from wafer.errors import WaferError
+from wafer.errors import ScheduleError
 
 __all__ = (
   "SCHEDULERS",
@@ -51,11 +51,6 @@ __all__ = (
   "sequential_lr",
   "step_lr",
 )
-
-
-class ScheduleError(WaferError, ValueError):
-  """A scheduler given arguments Cerebras would reject; the message names the scheduler, the
-  argument, the bad value and what is allowed."""
 
 
 @dataclasses.dataclass(frozen=True)

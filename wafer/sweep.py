@@ -37,22 +37,22 @@ import difflib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import precision
 from precision._table import Table
 from wafer._io import replace_atomically, write_text_atomically
-from wafer.errors import WaferError
+from wafer.config.schema import TRAIN_MODES
+from wafer.errors import SweepError
+
+if TYPE_CHECKING:
+  from wafer.train import RunSummary
 
 __all__ = ("FORMATS", "LEVELS", "Run", "SweepError", "SweepResult", "parse_formats", "parse_levels", "sweep")
 
 FORMATS = ("cbfloat16", "bfloat16", "float16", "float32")
 LEVELS = (0, 1, 2)
 BASELINE = "float32"
-
-
-class SweepError(WaferError):
-  """A sweep's formats or levels are not ones a run can use."""
 
 
 def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
@@ -66,7 +66,7 @@ def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
   >>> parse_formats("bfloat61")
   Traceback (most recent call last):
   ...
-  wafer.sweep.SweepError: --formats: unknown format 'bfloat61'; did you mean 'bfloat16'? Allowed: cbfloat16, bfloat16, float16, float32 (or an alias: cb16, bf16, fp16, f32, ...)
+  wafer.errors.SweepError: --formats: unknown format 'bfloat61'; did you mean 'bfloat16'? Allowed: cbfloat16, bfloat16, float16, float32 (or an alias: cb16, bf16, fp16, f32, ...)
   """
   items = formats.split(",") if isinstance(formats, str) else [str(f) for f in formats]
   given = [n.strip() for n in items if n.strip()]
@@ -308,7 +308,7 @@ def sweep(
       defaults + user + format_overrides(fmt, level) + [literal_override("runconfig.model_dir", str(out))],
     )
     rc = plan.runconfig
-    if rc.mode not in ("train", "train_and_eval") or rc.validate_only or rc.compile_only:
+    if rc.mode not in TRAIN_MODES or rc.validate_only or rc.compile_only:
       what = "validate_only" if rc.validate_only else "compile_only" if rc.compile_only else f"mode {rc.mode}"
       raise SweepError(
         f"runconfig has {what}: a sweep trains every run (runconfig.mode train or train_and_eval, no "
@@ -323,24 +323,22 @@ def sweep(
   return result
 
 
-def _run_of(fmt: str, level: int, out: Path, summary: dict[str, Any]) -> Run:
+def _run_of(fmt: str, level: int, out: Path, summary: RunSummary) -> Run:
   """The run's losses and last eval from its ``metrics.jsonl``: the whole history of the run folder,
   also when the run resumed from a checkpoint (a sweep rerun after an interruption, or after it
   finished: then nothing trains and the summary has no losses). The summary is the fallback when
   there is no metrics.jsonl."""
   from wafer.train import read_metrics
 
-  metric = summary.get("eval_metric", "loss")
+  metric = summary.eval_metric
   path = out / "metrics.jsonl"
   if path.exists():  # holds a step at most once (a resumed run moves later records aside)
     records = read_metrics(path)
     losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
     evals = [(r["step"], r[f"eval/{metric}"]) for r in records if f"eval/{metric}" in r]
   else:
-    losses = list(summary.get("losses") or [])
-    evals = list(summary.get("evals") or [])
-    if "eval" in summary:
-      evals.append((summary.get("eval_step"), summary["eval"]))
+    losses = list(summary.losses or [])
+    evals = summary.eval_results()
   last_eval = {"step": evals[-1][0], metric: float(evals[-1][1])} if evals else {}
   return Run(
     format=fmt,
@@ -349,7 +347,7 @@ def _run_of(fmt: str, level: int, out: Path, summary: dict[str, Any]) -> Run:
     steps=[int(s) for s, _ in losses],
     losses=[float(v) for _, v in losses],
     eval=last_eval,
-    samples_per_sec_estimate=summary.get("samples_per_sec_estimate"),
+    samples_per_sec_estimate=summary.samples_per_sec_estimate,
   )
 
 

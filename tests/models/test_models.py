@@ -322,7 +322,7 @@ def test_dropout_only_in_train_mode():
   assert not np.allclose(model(batch["input_ids"])[0], a)
 
 
-# ---- attention_softmax_fp32 and the precision level (cerebras.md section 2) ----
+# ---- attention_softmax_fp32 and the precision level (docs/references.md, "Precision optimisation levels") ----
 
 
 @pytest.mark.parametrize(

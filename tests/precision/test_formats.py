@@ -31,7 +31,7 @@ def test_derived_values_match_finfo(name):
 
 
 def test_cbfloat16_derived_values():
-  # cerebras.md section 1, "Derived values" table (inferred IEEE-like rules).
+  # docs/references.md, "cbfloat16": the derived values (inferred IEEE-like rules).
   cb = precision.cbfloat16
   assert (cb.exponent_bits, cb.mantissa_bits, cb.bias, cb.bits) == (6, 9, 31, 16)
   assert cb.max == 4_290_772_992.0 == (2 - 2**-9) * 2.0**31

@@ -1,4 +1,4 @@
-"""Dynamic and static loss scaling with Cerebras semantics (cerebras.md section 3)."""
+"""Dynamic and static loss scaling with Cerebras semantics (docs/references.md, "Dynamic loss scaling")."""
 
 import jax
 import jax.numpy as jnp

@@ -25,7 +25,7 @@ def test_defaults_and_format_resolution():
 
 def test_level_rows_follow_the_documented_levels():
   # POL 0: fp32 accumulation everywhere; POL 1: attention in fp32, mixed matmuls;
-  # POL 2: mixed everywhere and 16-bit attention softmax (cerebras.md section 2).
+  # POL 2: mixed everywhere and 16-bit attention softmax (docs/references.md, "Precision optimisation levels").
   assert {LEVEL_RULES[0]["matmul"], LEVEL_RULES[0]["attention_matmul"]} == {"float32_accumulate"}
   assert LEVEL_RULES[1]["matmul"] == "mixed_accumulate"
   assert LEVEL_RULES[1]["attention_matmul"] == "float32_accumulate"

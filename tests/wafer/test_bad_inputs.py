@@ -25,13 +25,11 @@ from hypothesis import given, settings
 import wafer
 from models.mlp import EXAMPLE_PARAMS
 from wafer import cli, input_analyzer, runner, schedules
-from wafer.closures import ClosureError
 from wafer.config import ConfigError, RunConfig, load_params
 from wafer.config.errors import short_repr
 from wafer.config.loader import parse_yaml
 from wafer.data import sources, text
-from wafer.data.processors import DataError
-from wafer.errors import WaferError
+from wafer.errors import ClosureError, DataError, WaferError
 from wafer.train import ExecutorError
 from wafer.train.checkpoint import Checkpoints
 from wafer.train.loop import check_checkpoint_keys, make_model_dir, steps_to_run

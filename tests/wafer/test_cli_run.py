@@ -113,7 +113,7 @@ def test_estimate_a_params_file_at_another_batch_size(tmp_path, capsys):
   assert cli.main(["estimate", "--params", str(path), "--batch_size", "32"]) == 0
   out = capsys.readouterr().out
   assert " 32 per step" in out and " 64 per step" not in out
-  assert cli.main(["estimate", "--params", str(path), "--batch_size", "0"]) == 2
+  assert cli.main(["estimate", "--params", str(path), "--batch_size", "0"]) == 1  # USER_ERROR_EXIT
   assert "--batch_size 0; allowed: a positive integer" in capsys.readouterr().err
 
 

@@ -61,7 +61,7 @@ def error_of(*args, **kwargs) -> str:
   return text
 
 
-# --- the examples of cerebras.md section 8 -------------------------------------------------------
+# --- the example configs of docs/references.md -------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

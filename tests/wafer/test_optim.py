@@ -1,5 +1,5 @@
 """Optimizers from the YAML against float64 references written here, clipping, weight decay, loss
-scaling and the conditional (skipped) update (``../shared/reference/cerebras.md`` section 3)."""
+scaling and the conditional (skipped) update (``docs/references.md``, "Dynamic loss scaling")."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 
 from precision.loss_scale import DynamicLossScale, StaticLossScale
 from tests.samples import bert_base_optimizer
-from wafer.optim import OptimizerError, apply_gradients, build_optimizer
+from wafer.config import build_optimizer
+from wafer.errors import OptimizerError
+from wafer.optim import apply_gradients
 
 P0 = {"a": np.array([0.5, -1.0, 2.0]), "b": np.array([[0.25, -0.75], [1.5, 0.1]])}
 G0 = {"a": np.array([0.1, -0.3, 0.2]), "b": np.array([[0.05, 0.4], [-0.2, 0.3]])}

@@ -1,5 +1,5 @@
 """The scheduler catalogue against float64 closed forms written here, the no-recompile rule and
-the YAML builder (``../shared/reference/cerebras.md`` sections 4 and 8)."""
+the YAML builder (``docs/references.md``, "Learning-rate schedulers" and "Example configs")."""
 
 from __future__ import annotations
 

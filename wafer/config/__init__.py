@@ -13,6 +13,7 @@ Example (a ConfigError's text names the file, the line, the key path, the value 
 >>> params.runconfig.max_steps, params.policy().compute.name
 (10, 'bfloat16')
 >>> tx, loss_scale = params.build_optimizer()   # the optax transformation and the loss scale
+>>> runtime = params.build()   # optimizer, loss scale, policy and run settings, for wafer.train.run
 >>> try:
 ...   load_params(data, ["optimizer.momentun=0.5"])
 ... except ConfigError as e:
@@ -27,6 +28,7 @@ converted (:func:`from_trainer_layout`; the module ``wafer.config.trainer`` list
 from wafer.config.errors import ConfigError as ConfigError
 from wafer.config.errors import Problem as Problem
 from wafer.config.errors import format_config_error as format_config_error
+from wafer.config.loader import build_optimizer as build_optimizer
 from wafer.config.loader import load_params as load_params
 from wafer.config.loader import parse_override as parse_override
 from wafer.config.loader import validate_params as validate_params
@@ -34,6 +36,8 @@ from wafer.config.loader import validate_section as validate_section
 from wafer.config.optimizer import Optimizer as Optimizer
 from wafer.config.optimizer import OptimizerConfig as OptimizerConfig
 from wafer.config.params import Params as Params
+from wafer.config.params import Runtime as Runtime
+from wafer.config.params import add_schema_source as add_schema_source
 from wafer.config.params import register_input_schema as register_input_schema
 from wafer.config.params import register_model_schema as register_model_schema
 from wafer.config.schema import CSConfig as CSConfig
@@ -52,6 +56,9 @@ __all__ = (
   "Params",
   "Problem",
   "RunConfig",
+  "Runtime",
+  "add_schema_source",
+  "build_optimizer",
   "format_config_error",
   "from_trainer_layout",
   "load_params",

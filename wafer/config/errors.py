@@ -1,4 +1,5 @@
-"""Config errors users can act on: one exception type, short messages, never a pydantic dump.
+"""How config errors are worded: short messages, never a pydantic dump (the type, `ConfigError`, and
+its `Problem` live in `wafer.errors`, with every other user-facing error).
 
 Every problem names where (file, line when known, key path), what was found and what is allowed;
 misspelled keys and enum values get a "did you mean". Several problems are listed one per line.
@@ -6,40 +7,17 @@ misspelled keys and enum values get a "did you mean". Several problems are liste
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import re
-import reprlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from wafer.errors import WaferError
-
-Loc = tuple[str | int, ...]
-
-
-class _Missing:
-  """The type of `_MISSING`; it pickles as a reference to it, so a copied `Problem` still has no value."""
-
-  def __repr__(self) -> str:
-    return "_MISSING"
-
-  def __reduce__(self) -> str:
-    return "_MISSING"
-
-
-_MISSING = _Missing()
-
-
-def dotted(loc: Sequence[str | int]) -> str:
-  """``('optimizer', 'learning_rate', 0)`` -> ``'optimizer.learning_rate[0]'``."""
-  out = ""
-  for part in loc:
-    if isinstance(part, int):
-      out += f"[{part}]"
-    else:
-      out += f".{part}" if out else str(part)
-  return out or "<top level>"
+from wafer.errors import _MISSING as _MISSING
+from wafer.errors import ConfigError as ConfigError
+from wafer.errors import Loc as Loc
+from wafer.errors import Problem as Problem
+from wafer.errors import dotted as dotted
+from wafer.errors import short_repr as short_repr
 
 
 def suggest(name: Any, options: Iterable[str], cutoff: float = 0.6) -> str | None:
@@ -48,88 +26,6 @@ def suggest(name: Any, options: Iterable[str], cutoff: float = 0.6) -> str | Non
   lowered = {o.lower(): o for o in options}
   close = difflib.get_close_matches(str(name).lower(), list(lowered), n=1, cutoff=cutoff)
   return lowered[close[0]] if close else None
-
-
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 200
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 12
-_REPR.maxlevel = 4
-
-
-def short_repr(value: Any, limit: int = 60) -> str:
-  """``repr(value)``, cut to ``limit`` characters (built bounded: a value of nested YAML aliases is huge)."""
-  text = _REPR.repr(value)
-  return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-  """One thing wrong with a params file.
-
-  Attributes:
-    loc: the key path, e.g. ``('runconfig', 'max_steps')``.
-    message: what is wrong and what is allowed (no key path, no file).
-    value: the offending value, or ``_MISSING`` when there is none to show.
-    source: where the value came from when not the file (e.g. ``override 'a.b=1'``).
-    line: 1-based line in the file, when known.
-    shown_path: the key path as the user wrote it, when it differs from ``loc`` (trainer layout).
-  """
-
-  loc: Loc
-  message: str
-  value: Any = _MISSING
-  source: str | None = None
-  line: int | None = None
-  shown_path: str | None = None
-
-  @property
-  def path(self) -> str:
-    return self.shown_path or dotted(self.loc)
-
-  def render(self) -> str:
-    where = self.path
-    if self.line is not None and self.source is None:
-      where = f"line {self.line}: {where}"
-    if self.source is not None:
-      where = f"{where} (from {self.source})"
-    value = "" if self.value is _MISSING else f" (got {short_repr(self.value)})"
-    return f"{where}: {self.message}{value}"
-
-
-class ConfigError(WaferError, ValueError):
-  """A params file (or an override) is wrong. The message is meant for the user, as is.
-
-  Attributes:
-    problems: every problem found, in file order.
-    source: the params file's path (or a description such as ``<dict>``).
-  """
-
-  def __init__(self, problems: Sequence[Problem] | Problem | str, source: str | None = None):
-    if isinstance(problems, str):
-      problems = [Problem((), problems)]
-    elif isinstance(problems, Problem):
-      problems = [problems]
-    self.problems = list(problems)
-    self.source = source
-    super().__init__(self._text())
-
-  def with_source(self, source: str | None) -> ConfigError:
-    """This error, attributed to ``source`` (keeps an existing source)."""
-    return ConfigError(self.problems, self.source or source)
-
-  def _text(self) -> str:
-    head = self.source or "params"
-    if len(self.problems) == 1:
-      p = self.problems[0]
-      if not p.loc and p.shown_path is None:
-        return f"{head}: {p.message}" + ("" if p.value is _MISSING else f" (got {short_repr(p.value)})")
-      return f"{head}: {p.render()}"
-    lines = [f"{head}: {len(self.problems)} problems:"]
-    lines += [f"  {p.render()}" for p in self.problems]
-    return "\n".join(lines)
-
-  def __str__(self) -> str:
-    return self._text()
 
 
 def format_config_error(err: BaseException) -> str:

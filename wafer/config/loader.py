@@ -244,11 +244,7 @@ def _validate_section(key: str, value: Any) -> tuple[Any, list[Problem]]:
   """``(section object or None, problems)`` of one section's mapping, by its (registered) schema."""
   if not isinstance(value, dict):
     return None, [Problem((key,), "must be a mapping of keys", value)]
-  if key in ("model", "train_input", "eval_input"):
-    from wafer import registry
-
-    registry.load_plugins()  # the plugins' strict model and input schemas
-  schema = section_schema(key, value)
+  schema = section_schema(key, value)  # a model or input section: after the plugins registered theirs
   # a key set to null is absent (its default applies) unless null is one of its values: a key the schema
   # does not have (``optimizer.momentum=null`` when switching optimizer_type), or one that takes no null
   # (``optimizer.momentum=null`` for SGD: momentum's default)
@@ -290,6 +286,19 @@ def validate_section(key: str, value: Any, source: str | None = None) -> Any:
   return section
 
 
+def build_optimizer(optimizer_section: Mapping[str, Any], *, half_dtype: Any = "float16") -> tuple[Any, Any]:
+  """``(tx, loss_scale)`` of an ``optimizer`` mapping: validated by its config class, then built.
+
+  A shortcut for ``validate_section("optimizer", section).build(half_dtype)``; a run builds from
+  the validated `wafer.config.Params` instead (``params.build()``).
+
+  Raises:
+    ConfigError: a key or value the section's schema rejects (with "did you mean").
+    OptimizerError: a loss-scaling setting that does not fit ``half_dtype``.
+  """
+  return validate_section("optimizer", dict(optimizer_section)).build(half_dtype)
+
+
 def validate_params(
   data: Any,
   source: str | None = None,
@@ -329,7 +338,7 @@ def validate_params(
   if data.get("model") is None:
     problems.append(Problem(("model",), "required section is missing"))
   if not problems:
-    params = Params(**sections, source=source)
+    params = Params(**sections, source=source, lines=dict(lines or {}))
     problems = params.problems()
   if problems:
     raise ConfigError([_locate(p, lines, origins, renames) for p in problems], source)
@@ -448,6 +457,7 @@ def load_params(
 __all__ = (
   "MODES",
   "apply_override",
+  "build_optimizer",
   "literal_override",
   "load_params",
   "parse_override",

@@ -55,7 +55,7 @@ from wafer.config.schema import MIN_DLS_LOSS_SCALE, NonNegFloat, PosFloat, PosIn
 Beta = Annotated[float, Field(ge=0, lt=1)]
 Betas = Annotated[list[Beta], Field(min_length=2, max_length=2)]
 
-# ASSUMPTION: cstorch's Adam/AdamW/Lamb default eps is 1e-6 (HF-style); the configs in cerebras.md
+# ASSUMPTION: cstorch's Adam/AdamW/Lamb default eps is 1e-6 (HF-style); the configs in docs/references.md
 # section 8 that care set eps explicitly.
 DEFAULT_EPS = 1e-6
 
@@ -215,7 +215,7 @@ class OptimizerConfig(Section):
     Raises:
       OptimizerError: cbfloat16 without dynamic loss scaling, or a setting the scaler rejects.
     """
-    from wafer.optim import OptimizerError
+    from wafer.errors import OptimizerError
 
     fmt = get_format(half_dtype)
     factor, dynamic = self.loss_scaling_factor, self.dynamic_loss_scaling

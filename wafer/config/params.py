@@ -1,7 +1,15 @@
-"""The whole params file (:class:`Params`), the checks across sections, and the schema registry."""
+"""The whole params file (:class:`Params`), the checks across sections, the schema table, and the
+objects a run is built from (:class:`Runtime`, `Params.build`).
+
+The config never imports the model registry (`wafer.registry`): the registry fills the schema table
+(`register_model_schema`, `register_input_schema`) and hands the config its plugin loading
+(`add_schema_source`), which runs before the first lookup of a model or input schema.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,6 +38,21 @@ SECTIONS: dict[str, type[Section]] = {
 
 _MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {}
 _INPUT_SCHEMAS: dict[str, type[InputConfig]] = {}
+_SCHEMA_SOURCES: list[Callable[[], None]] = []
+
+
+def add_schema_source(load: Callable[[], None]) -> None:
+  """Call ``load()`` before a model or input schema is looked up (each time: ``load`` must be cheap
+  once done). `wafer.registry` adds its `load_plugins` here, so a params file validated by a program
+  that never loaded the plugins still gets their strict schemas."""
+  if load not in _SCHEMA_SOURCES:
+    _SCHEMA_SOURCES.append(load)
+
+
+def load_schemas() -> None:
+  """Run the schema sources (`add_schema_source`): the plugins register their schemas."""
+  for load in tuple(_SCHEMA_SOURCES):
+    load()
 
 
 def register_model_schema(name: str, schema: type[ModelConfig]) -> None:
@@ -60,6 +83,7 @@ def register_input_schema(data_processor: str, schema: type[InputConfig]) -> Non
 
 def registered_input_schemas() -> list[str]:
   """The data processors with a registered input schema."""
+  load_schemas()
   return sorted(_INPUT_SCHEMAS)
 
 
@@ -70,6 +94,8 @@ def unregister_schema(name: str) -> None:
 
 
 def section_schema(section: str, data: Any) -> type[Section]:
+  if section in ("model", "train_input", "eval_input"):
+    load_schemas()  # the plugins' strict model and input schemas
   """The class that validates ``data`` as ``section`` (a registered schema when one matches)."""
   if isinstance(data, dict):
     if section == "model" and isinstance(data.get("name"), str):
@@ -91,6 +117,8 @@ class Params(BaseModel):
     runconfig: run keys, defaults when absent.
     csconfig: the 1.x ``csconfig`` section, when present.
     source: the file it came from.
+    lines: the loader's line map, ``{key path: 1-based line}`` of the file as written (empty for a
+      mapping); `line` reads it.
   """
 
   model_config = ConfigDict(extra="forbid", protected_namespaces=(), arbitrary_types_allowed=True)
@@ -102,6 +130,11 @@ class Params(BaseModel):
   runconfig: RunConfig = Field(default_factory=RunConfig)
   csconfig: CSConfig | None = None
   source: str | None = None
+  lines: dict[tuple[str | int, ...], int] = Field(default_factory=dict, exclude=True, repr=False)
+
+  def line(self, *loc: str | int) -> int | None:
+    """The line of key path ``loc`` in the file as written (``params.line("model", "name")``), or None."""
+    return self.lines.get(tuple(loc))
 
   @property
   def fp16_type(self) -> str | None:
@@ -190,7 +223,7 @@ class Params(BaseModel):
       optimizer_problems = self.optimizer.problems()
       out += optimizer_problems
       if policy is not None and not optimizer_problems:
-        from wafer.optim import OptimizerError
+        from wafer.errors import OptimizerError
 
         try:  # the loss-scale rules live where the loss scale is built
           self.optimizer.loss_scale(policy.compute)
@@ -233,3 +266,29 @@ class Params(BaseModel):
 
       return optax.identity(), StaticLossScale.create(1.0)
     return self.optimizer.build(self.policy().compute)
+
+  def build(self) -> Runtime:
+    """The runtime objects of this file: optimizer, loss scale, policy and run settings, for
+    ``wafer.train.run(task, params.build())``."""
+    optimizer, loss_scale = self.build_optimizer()
+    return Runtime(optimizer, loss_scale, self.policy(), self.runconfig, self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+  """What a run needs besides its `wafer.train.Task`, built from a params file by `Params.build`.
+
+  Attributes:
+    optimizer: the optax transformation (``optax.identity()`` for eval-only files).
+    loss_scale: the loss-scale state (`precision.DynamicLossScale` / `StaticLossScale`).
+    policy: the `precision.Policy` the step runs under.
+    runconfig: the run settings (the typed ``runconfig`` section).
+    params: the `Params` it was built from, or None; its ``model``, ``train_input`` and ``optimizer``
+      settings are saved with every checkpoint, so that a resume with other settings names them.
+  """
+
+  optimizer: Any
+  loss_scale: Any
+  policy: Any
+  runconfig: RunConfig
+  params: Params | None = None

@@ -10,6 +10,7 @@ closed too. An open section still rejects a key that looks like a misspelled cor
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -23,7 +24,10 @@ Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
-MODES = ("train", "eval", "train_and_eval", "eval_all")
+Mode = Literal["train", "eval", "train_and_eval", "eval_all"]
+"""``runconfig.mode``: what a run does (`wafer.train.run`; the CLI's ``--mode``)."""
+MODES: tuple[str, ...] = typing.get_args(Mode)
+"""Every run mode, in the one place they are defined."""
 TRAIN_MODES = ("train", "train_and_eval")
 EVAL_MODES = ("eval", "train_and_eval", "eval_all")
 FP16_TYPES = ("float16", "bfloat16", "cbfloat16")
@@ -103,7 +107,7 @@ class RunConfig(Section):
   ``log_steps`` when ``enable_act_frequency`` is set).
   """
 
-  mode: Literal["train", "eval", "train_and_eval", "eval_all"] = "train"
+  mode: Mode = "train"
   model_dir: str = "./model_dir"
   max_steps: PosInt | None = None
   num_steps: PosInt | None = None
@@ -175,7 +179,8 @@ class RunConfig(Section):
     return v
 
   def num_train_steps(self, initial_step: int = 0, dataloader_len: int | None = None) -> int:
-    """Steps to run from ``initial_step`` (cstorch's ``compute_num_steps``, cerebras.md §6).
+    """Steps to run from ``initial_step`` (cstorch's ``compute_num_steps``; docs/references.md, "Step
+    closures, the executor and the run config").
 
     The result is ``min(num_epochs * steps_per_epoch, num_steps, max_steps - initial_step)``
     over the keys that are set; ``steps_per_epoch`` defaults to ``dataloader_len``.

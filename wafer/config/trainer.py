@@ -1,6 +1,6 @@
 """The modelzoo trainer (v2) layout, converted to the legacy layout that :class:`Params` validates.
 
-What is converted (modelzoo's ``TRAINER_PARAMS_TO_LEGACY``, cerebras.md §6 and §8):
+What is converted (modelzoo's ``TRAINER_PARAMS_TO_LEGACY``, docs/references.md):
 
 =======================================================  ==========================================
 trainer (v2)                                             legacy

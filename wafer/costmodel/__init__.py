@@ -16,12 +16,10 @@ from wafer.costmodel.calibration import CALIBRATION as CALIBRATION
 from wafer.costmodel.calibration import Accuracy as Accuracy
 from wafer.costmodel.calibration import Calibration as Calibration
 from wafer.costmodel.estimate import MODES as MODES
-from wafer.costmodel.estimate import EstimateError as EstimateError
 from wafer.costmodel.estimate import estimate as estimate
 from wafer.costmodel.estimate import estimate_graph as estimate_graph
 from wafer.costmodel.graph import Graph as Graph
 from wafer.costmodel.graph import Kernel as Kernel
-from wafer.costmodel.graph import TraceError as TraceError
 from wafer.costmodel.graph import extract as extract
 from wafer.costmodel.hardware import SYSTEMS as SYSTEMS
 from wafer.costmodel.hardware import Chip as Chip
@@ -30,6 +28,8 @@ from wafer.costmodel.hardware import get_system as get_system
 from wafer.costmodel.placement import Rect as Rect
 from wafer.costmodel.report import KernelRow as KernelRow
 from wafer.costmodel.report import Report as Report
+from wafer.errors import EstimateError as EstimateError
+from wafer.errors import TraceError as TraceError
 
 __all__ = (
   "ACCURACY",

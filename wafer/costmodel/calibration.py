@@ -2,8 +2,8 @@
 
 Each parameter has a physical meaning, a unit and the reason for its value. They are the same for
 every workload: there are no per-model constants. `benchmarks/costmodel_accuracy.py` evaluates a
-grid of the fitted ones against the published measurements of ``../shared/reference/wafer.md`` §2
-and §2.6, picks the point with the least sum of squared log errors (the values below), and reports
+grid of the fitted ones against the published measurements (``docs/references.md``, "Published
+measurements"), picks the point with the least sum of squared log errors (the values below), and reports
 the leave-one-out errors: each measurement predicted by a refit on all the others.
 
 `ACCURACY` holds that benchmark's leave-one-out summary; the report turns it into an uncertainty band.
@@ -59,7 +59,7 @@ class Calibration:
       pass (AdamW on FP32 master weights: weight, two moments and the gradient read, 16 B;
       weight and moments written, 12 B; rounded up to 32 for the gradient's arrival). At MemoryX's
       bandwidth, which "matches or exceeds" the system's I/O (the CS-2's 150 GB/s,
-      ``../shared/reference/wafer.md`` §1.4), the pass takes ``P * 32 / 150e9`` s, a bubble at the
+      ``docs/references.md``, "Hardware"), the pass takes ``P * 32 / 150e9`` s, a bubble at the
       iteration boundary of weight streaming because global-norm clipping (the modelzoo default)
       needs every gradient first. Set, not fitted.
     step_overhead_s: fixed runtime cost per training step (host synchronisation). Set: 0 (no

@@ -17,7 +17,7 @@ from wafer.costmodel.pipeline import PipelineResult, layer_pipelined
 from wafer.costmodel.placement import Rect
 from wafer.costmodel.report import KernelRow, Report
 from wafer.costmodel.streaming import StreamingResult, supported_micro_batch, weight_streaming
-from wafer.errors import WaferError
+from wafer.errors import EstimateError
 
 __all__ = ("MODES", "EstimateError", "estimate", "estimate_graph")
 
@@ -28,10 +28,6 @@ _MODE_ALIASES = {
   "ws": "weight_streaming",
   "weight-streaming": "weight_streaming",
 }
-
-
-class EstimateError(WaferError, ValueError):
-  """An argument of `estimate` that cannot be used; the message names it and what is allowed."""
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -144,7 +140,7 @@ def estimate(
 
   Raises:
     EstimateError: an unusable argument (the message names it, the value and what is allowed).
-    wafer.costmodel.graph.TraceError: the function could not be traced.
+    wafer.errors.TraceError: the function could not be traced.
   """
   sys_, mode, num_csx = _check_run(system, mode, num_csx, gemm_algorithm)  # fail fast, before tracing
   if kernel_depth is not None:
@@ -440,7 +436,7 @@ def _choose(
 ) -> tuple[str, str, dict[str, Any]]:
   """The mode, a sentence saying which mode Cerebras would use and why, and the other mode's rate.
 
-  Cerebras' rule (``../shared/reference/wafer.md`` §4): layer pipelined when the whole model, its
+  Cerebras' rule (``docs/references.md``, "Execution modes"): layer pipelined when the whole model, its
   optimizer state and the activations in flight fit in the wafer's SRAM (a single system; "below
   ~1B parameters"), weight streaming otherwise or for several systems; where both fit, the faster.
   """

@@ -42,15 +42,11 @@ import numpy as np
 from precision import _jax_compat as compat
 from wafer.costmodel import walk
 from wafer.costmodel.walk import Site, Walker
-from wafer.errors import WaferError, user_frame
+from wafer.errors import TraceError, user_frame
 
 __all__ = ("PHASES", "Graph", "Kernel", "Matmul", "Size", "TraceError", "extract")
 
 PHASES = ("fwd", "bwd", "update")
-
-
-class TraceError(WaferError, ValueError):
-  """The step could not be traced or its batch could not be identified."""
 
 
 @dataclasses.dataclass(frozen=True)

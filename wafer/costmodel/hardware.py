@@ -1,6 +1,6 @@
 """Wafer-scale engines and the systems around them: the numbers that have a published source.
 
-Every number here carries its source (see ``../shared/reference/wafer.md`` §1 for the full
+Every number here carries its source (see ``docs/references.md``, "Hardware", for the full
 citations and the confidence labels). Numbers nobody publishes — the clock, the per-instruction
 overhead, how much SRAM the runtime keeps — are *not* here: they are the named calibration
 parameters of `wafer.costmodel.calibration`.
@@ -108,7 +108,7 @@ class System:
     return self.io_bits_per_sec / 8.0
 
 
-# All entries: ../shared/reference/wafer.md §1.1-1.4.
+# All entries: docs/references.md, "Hardware" (and each spec's source=).
 WSE1 = Chip(
   name="WSE-1",
   fabric_width=633,
@@ -123,7 +123,7 @@ WSE1 = Chip(
   link_bytes_per_cycle=4,  # VERIFIED: one 32-bit wavelet per link per direction per cycle
   router_ports=5,  # VERIFIED: SDK (N, S, E, W, RAMP)
   hop_latency_cycles=1.0,  # VERIFIED indirectly: csl-examples bandwidth-test corrects by (px+py) cycles
-  source="wafer.md §1.1-1.3; ISPD 2020 contest page; Rocki et al. SC20",
+  source="ISPD 2020 contest page; Rocki et al. SC20",
 )
 
 WSE2 = Chip(
@@ -140,7 +140,7 @@ WSE2 = Chip(
   link_bytes_per_cycle=4,  # VERIFIED: WaferLLM §7, 32-bit message per cycle per neighbour
   router_ports=5,  # VERIFIED: SDK
   hop_latency_cycles=1.0,  # VERIFIED indirectly (see WSE1)
-  source="wafer.md §1.1-1.3; SDK tutorial running-system; WaferLLM OSDI'25 §7; HC34",
+  source="SDK tutorial running-system; WaferLLM OSDI'25 §7; HC34",
 )
 
 WSE3 = Chip(
@@ -162,8 +162,8 @@ WSE3 = Chip(
   link_bytes_per_cycle=4,  # assumed unchanged (214 Pb/s aggregate ~ WSE-2's 220 Pb/s)
   router_ports=5,
   hop_latency_cycles=1.0,
-  source="wafer.md §1.1-1.3; SDK tutorial; SKILL-SIMD.md (secondary)",
-  # SECONDARY: 8 hardware microthreads, explicit on WSE-3 (SDK-derived notes, wafer.md §1.2): the
+  source="SDK tutorial; SKILL-SIMD.md (secondary)",
+  # SECONDARY: 8 hardware microthreads, explicit on WSE-3 (SDK-derived notes): the
   # descriptor setup of one thread's instruction overlaps another's vector work.
   overlapped_setup=True,
 )
@@ -176,7 +176,7 @@ SYSTEMS: dict[str, System] = {
     io_bits_per_sec=1.2e12,  # VERIFIED: 12 x 100 GbE = 1.2 Tb/s (tweakers; Tom's Hardware)
     memoryx="none (CS-1 predates weight streaming)",
     max_systems=1,
-    source="wafer.md §1.4",
+    source="CS-1: 12 x 100 GbE (tweakers; Tom's Hardware)",
   ),
   "wse2": System(
     key="wse2",
@@ -185,7 +185,7 @@ SYSTEMS: dict[str, System] = {
     io_bits_per_sec=1.2e12,  # VERIFIED: 1.2 Tb/s per CS system (Argonne SC24 tutorial)
     memoryx="4 TB - 2.4 PB, up to 120T parameters",
     max_systems=192,  # VERIFIED: glossary; HC33
-    source="wafer.md §1.4",
+    source="CS-2 I/O 1.2 Tb/s: Argonne SC24 tutorial (argonne-lcf/AIaccelerators-SC24-tutorial); MemoryX: cerebras.net glossary",
   ),
   "wse3": System(
     key="wse3",
@@ -194,7 +194,7 @@ SYSTEMS: dict[str, System] = {
     io_bits_per_sec=1.56e12,  # DERIVED, UNCONFIRMED: "~30 % more ingress/egress than CS-2"
     memoryx="1.5 TB, 12 TB or 1.2 PB, up to 24T parameters",
     max_systems=2048,  # VERIFIED: Tom's Hardware
-    source="wafer.md §1.4; docs.cerebras.net how-cerebras-works",
+    source="docs.cerebras.net how-cerebras-works (CS-3: about 30 % more I/O than CS-2)",
   ),
 }
 

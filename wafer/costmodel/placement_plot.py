@@ -8,16 +8,14 @@ kernel's share of the step (compute and weight I/O).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-  from wafer.costmodel.report import Report
+from typing import Any
 
 __all__ = ("plot_report",)
 
 
-def plot_report(report: Report, path: str) -> str:
-  """Draw ``report``'s placement into ``path`` (PNG).
+def plot_report(report: Any, path: str) -> str:
+  """Draw ``report``'s placement into ``path`` (PNG). ``report`` is a `wafer.costmodel.Report`; this
+  module does not import it (``report.plot`` imports this one when asked for a picture).
 
   Drawn on a bare ``matplotlib.figure.Figure``: pyplot, its backend (a notebook's inline one) and
   its open figures are left alone."""

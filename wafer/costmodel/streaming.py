@@ -1,6 +1,6 @@
 """Weight-streaming mode: the layers run one after another over the whole rectangle.
 
-Per micro-batch of ``mb`` samples and per kernel instance (``../shared/reference/wafer.md`` §4.2):
+Per micro-batch of ``mb`` samples and per kernel instance (``docs/references.md``, "Execution modes"):
 
     T_fwd = max(C_fwd / f, W / B_in)                  W: weight bytes, streamed in from MemoryX
     T_bwd = max(C_bwd / f, W / B_in, G / B_out)        G: gradient bytes, streamed out

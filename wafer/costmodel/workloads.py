@@ -1,4 +1,4 @@
-"""Built-in workloads: the published measurements of ``../shared/reference/wafer.md`` §2 as JAX steps.
+"""Built-in workloads: the published measurements of ``docs/references.md`` ("Published measurements") as JAX steps.
 
 Each workload is a compact transformer written in plain JAX with `jax.named_scope` names (the
 kernels of the cost model), a ``lax.scan`` over its layers, and a train step of forward, backward

@@ -1,6 +1,6 @@
 """Input pipelines on grain: sharded input workers, per-worker shuffles, exact resume.
 
-The model of the Cerebras input workers (``cerebras.md`` section 6):
+The model of the Cerebras input workers (``docs/references.md``, "Step closures, the executor and the run config"):
 
 - ``num_workers_per_csx * num_csx`` input workers (at least one). Worker ``w`` owns the shard
   ``examples[w::W]``: every example belongs to exactly one worker, so one epoch across the
@@ -249,6 +249,11 @@ class GrainBatchSource:
     self.dataset = _RoundRobin(source, self.workers, self.num_csx, key_feature, self.seed, self.systems)
     self.next_batch = 0
     self._it: Any = None
+
+  @property
+  def features(self) -> dict[str, np.ndarray]:
+    """The examples' arrays, ``{name: [examples, ...]}`` (what the batches are gathered from)."""
+    return self.source.features
 
   def with_workers(self, *, num_workers_per_csx: int, num_processes: int = 0) -> GrainBatchSource:
     """The same pipeline (examples, batch, seed, shuffle) with other worker counts, at position 0."""

@@ -19,16 +19,12 @@ import csv
 import os
 import struct
 import zlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass
 from wafer.data.sources import DAMAGED_FILE_FIX
-from wafer.errors import WaferError
-
-
-class DataError(WaferError, ValueError):
-  """An input section names data that cannot be read or does not fit; the message says which and why."""
-
+from wafer.errors import DataError
 
 DAMAGED_DATA: tuple[type[BaseException], ...] = (
   ValueError,
@@ -74,16 +70,21 @@ def data_dir(cfg: Any) -> str | None:
 def as_processor(cfg: Any) -> Any:
   """``cfg`` validated by its data processor's registered schema (a generic `InputConfig` is upgraded).
 
+  A section a model package validated (its own `InputConfig` subclass) is returned as it is; only a
+  generic one goes through the registry. A model's task passes its section's own ``features`` to
+  `train_source` / `eval_source` instead.
+
   Raises:
     ValueError: no installed model plugin registers ``cfg.data_processor`` (the message lists those
       that are registered).
   """
-  from wafer import registry
-  from wafer.config.params import section_schema
   from wafer.config.schema import InputConfig
 
   if type(cfg).features is not InputConfig.features:
     return cfg
+  from wafer import registry
+  from wafer.config.params import section_schema
+
   known = registry.data_processors()
   if cfg.data_processor not in known:
     raise ValueError(
@@ -94,8 +95,19 @@ def as_processor(cfg: Any) -> Any:
   return schema.model_validate(cfg.model_dump(exclude_unset=True))
 
 
-def _features(cfg: Any, cache_dir: str | os.PathLike | None, seed: int, eval_split: bool = False) -> dict:
-  return as_processor(cfg).features(cache_dir=cache_dir, seed=seed, eval_split=eval_split)
+Features = Callable[..., Mapping[str, Any]]
+"""A section's features function: ``features(cache_dir=, seed=, eval_split=) -> {name: array}``."""
+
+
+def _features(
+  cfg: Any,
+  cache_dir: str | os.PathLike | None,
+  seed: int,
+  eval_split: bool = False,
+  features: Features | None = None,
+) -> Mapping[str, Any]:
+  make = features if features is not None else as_processor(cfg).features
+  return make(cache_dir=cache_dir, seed=seed, eval_split=eval_split)
 
 
 def train_source(
@@ -108,10 +120,13 @@ def train_source(
   num_processes: int = 0,
   section: str = "train_input",
   key_feature: str | None = None,
+  features: Features | None = None,
 ) -> GrainBatchSource:
   """The training ``BatchSource`` of an ``InputConfig``: fixed global batches, repeating forever.
 
-  ``key_feature`` adds a per-step random key to every batch (see `GrainBatchSource`).
+  ``key_feature`` adds a per-step random key to every batch (see `GrainBatchSource`). ``features``:
+  the model package's own features function (its input section's ``features``); by default the
+  section's data processor's (`as_processor`).
 
   Raises:
     DataError: the data cannot be read or does not fit the batch and worker settings; the
@@ -119,7 +134,7 @@ def train_source(
   """
   try:
     data_seed = seed if cfg.shuffle_seed is None else cfg.shuffle_seed
-    feats = _features(cfg, cache_dir, data_seed)
+    feats = _features(cfg, cache_dir, data_seed, features=features)
     workers = num_workers_per_csx or cfg.num_workers
     return GrainBatchSource(
       ArraySource(feats, name=f"{cfg.data_processor}:{cfg.data_dir}"),
@@ -168,12 +183,15 @@ def eval_source(
   num_csx: int = 1,
   cache_dir: str | os.PathLike | None = None,
   section: str = "eval_input",
+  features: Features | None = None,
 ) -> ArraySource:
-  """The eval examples of an ``InputConfig`` (checked against its batch size); errors as `train_source`."""
+  """The eval examples of an ``InputConfig`` (checked against its batch size); errors and ``features``
+  as `train_source`."""
   try:
     data_seed = seed if cfg.shuffle_seed is None else cfg.shuffle_seed
     src = ArraySource(
-      _features(cfg, cache_dir, data_seed, eval_split=True), name=f"{cfg.data_processor}:{cfg.data_dir}"
+      _features(cfg, cache_dir, data_seed, eval_split=True, features=features),
+      name=f"{cfg.data_processor}:{cfg.data_dir}",
     )
   except DAMAGED_DATA as error:
     raise _section_error(section, cfg, error) from error

@@ -13,9 +13,10 @@
 * `RunInterrupted`: the `KeyboardInterrupt` of a ctrl-C, saying how to resume.
 """
 
+from wafer.errors import ExecutorError as ExecutorError
+from wafer.errors import RunInterrupted as RunInterrupted
 from wafer.train.checkpoint import Checkpoints as Checkpoints
 from wafer.train.loop import MODES as MODES
-from wafer.train.loop import RunInterrupted as RunInterrupted
 from wafer.train.loop import checkpoint_iterations as checkpoint_iterations
 from wafer.train.loop import run as run
 from wafer.train.loop import seed_of as seed_of
@@ -29,8 +30,8 @@ from wafer.train.state import schedule_counts as schedule_counts
 from wafer.train.state import step_shapes as step_shapes
 from wafer.train.step import make_eval_step as make_eval_step
 from wafer.train.step import make_train_step as make_train_step
+from wafer.train.summary import RunSummary as RunSummary
 from wafer.train.task import BatchSource as BatchSource
-from wafer.train.task import ExecutorError as ExecutorError
 from wafer.train.task import IndexedBatches as IndexedBatches
 from wafer.train.task import Task as Task
 
@@ -43,6 +44,7 @@ __all__ = (
   "Metrics",
   "Progress",
   "RunInterrupted",
+  "RunSummary",
   "Task",
   "TrainState",
   "checkpoint_iterations",

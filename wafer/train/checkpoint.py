@@ -24,19 +24,11 @@ import jax
 
 from wafer import cluster
 from wafer._io import what_to_do
-from wafer.train.task import ExecutorError
+from wafer.errors import CheckpointMismatch, ExecutorError
 
 
 class UnreadableCheckpoint(Exception):
   """A checkpoint whose files cannot be read (truncated, missing, corrupt); ``str()`` says why."""
-
-
-class CheckpointMismatch(ExecutorError):
-  """A readable checkpoint whose arrays do not fit the model's state; ``step``: its number."""
-
-  def __init__(self, message: str, step: int):
-    super().__init__(message)
-    self.step = step
 
 
 class Checkpoints:

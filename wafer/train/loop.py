@@ -45,23 +45,16 @@ import optax
 import precision
 import wafer
 from wafer import cluster
-from wafer.config import ConfigError, RunConfig
+from wafer.config import ConfigError, RunConfig, Runtime
 from wafer.config.errors import Problem
-from wafer.train.checkpoint import CheckpointMismatch, Checkpoints, UnreadableCheckpoint
+from wafer.config.schema import MODES
+from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted
+from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
 from wafer.train.metrics import SUPERSEDED, Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
 from wafer.train.step import make_eval_step, make_train_step
-from wafer.train.task import ExecutorError, Task, next_batch
-
-MODES = ("train", "eval", "train_and_eval", "eval_all")
-
-
-class RunInterrupted(KeyboardInterrupt):
-  """ctrl-C during `run`: a `KeyboardInterrupt` (code that stops on one still does) whose message says
-  the step reached, the newest checkpoint in model_dir and that rerunning the same command resumes.
-
-  Not a `wafer.errors.WaferError`: an ``except Exception`` must not swallow a ctrl-C.
-  """
+from wafer.train.summary import RunSummary
+from wafer.train.task import Task, next_batch
 
 
 def seed_of(runconfig: RunConfig) -> int:
@@ -168,23 +161,45 @@ def checkpoint_iterations(checkpoint_steps: int, first: int, last: int) -> set[i
 
 def run(
   task: Task,
-  runconfig: RunConfig,
-  optimizer: optax.GradientTransformation,
-  loss_scale: Any,
-  policy: precision.Policy,
+  runtime: Runtime | RunConfig,
+  optimizer: optax.GradientTransformation | None = None,
+  loss_scale: Any = None,
+  policy: precision.Policy | None = None,
   *,
   progress: bool = True,
   config: Any = None,
-) -> dict[str, Any]:
-  """Run ``runconfig.mode``; returns a summary (final step, losses, eval metric, paths).
+) -> RunSummary:
+  """Run ``task`` under ``runtime`` (`wafer.config.Runtime`, from ``params.build()``): its
+  ``runconfig.mode``, optimizer, loss scale and policy. Returns a `RunSummary` (final step, losses,
+  evaluations, paths).
 
-  ``progress``: show a progress bar when stderr is a terminal. ``config``: the run's
-  `wafer.config.Params` (or None); its ``model``, ``train_input`` and ``optimizer`` settings are
-  saved with every checkpoint (with the batch size, always saved), so that a resume whose settings
-  changed names the keys (`changed_settings`): an error when the checkpoint does not fit (another
-  model shape, batch size or input pipeline), a note otherwise (e.g. a new learning rate).
+  The runtime's ``params`` (a `wafer.config.Params`, or None) has its ``model``, ``train_input`` and
+  ``optimizer`` settings saved with every checkpoint (with the batch size, always saved), so that a
+  resume whose settings changed names the keys (`changed_settings`): an error when the checkpoint does
+  not fit (another model shape, batch size or input pipeline), a note otherwise (e.g. a new learning
+  rate). ``progress``: show a progress bar when stderr is a terminal.
+
+  The earlier form ``run(task, runconfig, optimizer, loss_scale, policy, config=params)`` is accepted
+  too (``config`` is then the runtime's ``params``).
   """
-  return _Run(task, runconfig, optimizer, loss_scale, policy, progress, config).go()
+  if isinstance(runtime, Runtime):
+    if optimizer is not None or loss_scale is not None or policy is not None or config is not None:
+      raise TypeError("run(task, runtime): the runtime carries the optimizer, loss scale, policy and params")
+    runtime_ = runtime
+  else:
+    if optimizer is None or loss_scale is None or policy is None:
+      raise TypeError("run(task, runconfig, optimizer, loss_scale, policy): all five are needed")
+    runtime_ = Runtime(optimizer, loss_scale, policy, runtime, config)
+  summary = _Run(
+    task,
+    runtime_.runconfig,
+    runtime_.optimizer,
+    runtime_.loss_scale,
+    runtime_.policy,
+    progress,
+    runtime_.params,
+  ).go()
+  return RunSummary.from_dict(summary)
 
 
 _COMPARED_SECTIONS = ("model", "train_input", "optimizer")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from wafer._io import what_to_do, write_bytes_atomically
-from wafer.train.task import ExecutorError
+from wafer.errors import ExecutorError
 
 __all__ = ("SUPERSEDED", "Metrics", "Progress", "read_metrics")
 

@@ -3,8 +3,8 @@
 ``step`` is the global step (iterations done, skipped ones included): the log step, the
 checkpoint's number and the ``max_steps`` counter all read it. The learning-rate schedule's
 ``t`` is optax's ``count`` inside ``opt_state``; it is held on a skipped (non-finite) step, as
-on a Cerebras system (``cerebras.md`` section 4), so ``count == step - skipped steps`` always
-(`schedule_counts` reads it). ``data_position`` is the number of the next training batch.
+on a Cerebras system (``docs/references.md``, "Learning-rate schedulers"), so
+``count == step - skipped steps`` always (`schedule_counts` reads it). ``data_position`` is the number of the next training batch.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from wafer.errors import where_defined
-from wafer.train.task import ExecutorError, Task, next_batch
+from wafer.errors import ExecutorError, where_defined
+from wafer.train.task import Task, next_batch
 
 
 @jax.tree_util.register_dataclass

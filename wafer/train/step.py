@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import optax
 
 import precision
-from wafer.errors import where_defined
+from wafer.errors import ExecutorError, where_defined
 from wafer.train.state import TrainState, schedule_counts
-from wafer.train.task import ExecutorError, Task
+from wafer.train.task import Task
 
 
 def _under_policy(fn: Callable, policy: precision.Policy, what: str) -> Callable:

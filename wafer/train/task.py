@@ -8,11 +8,7 @@ from typing import Any, Protocol
 
 import jax
 
-from wafer.errors import WaferError
-
-
-class ExecutorError(WaferError, ValueError):
-  """Settings or state that the run loop cannot run with; the message says what to change."""
+from wafer.errors import ExecutorError
 
 
 class BatchSource(Protocol):
@@ -65,7 +61,7 @@ def next_batch(data: Any, step: int) -> Any:
   >>> next_batch(iter([]), 3)
   Traceback (most recent call last):
   ...
-  wafer.train.task.ExecutorError: the training data ended before step 4: its source (list_iterator) raised StopIteration. Task.train_data must give a batch for every step, repeating forever: wafer.train.IndexedBatches(lambda k: batches[k % len(batches)]) cycles a list; or lower runconfig.max_steps.
+  wafer.errors.ExecutorError: the training data ended before step 4: its source (list_iterator) raised StopIteration. Task.train_data must give a batch for every step, repeating forever: wafer.train.IndexedBatches(lambda k: batches[k % len(batches)]) cycles a list; or lower runconfig.max_steps.
   """
   try:
     return next(data)

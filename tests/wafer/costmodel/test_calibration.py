@@ -1,4 +1,4 @@
-"""The calibration against the published measurements (../shared/reference/wafer.md §2, §2.6).
+"""The calibration against the published measurements (``docs/references.md``, "Published measurements").
 
 The numbers themselves come from ``python benchmarks/costmodel_accuracy.py`` (in-sample and
 leave-one-out errors, written to benchmarks/results/costmodel_accuracy.json). These tests check that

@@ -29,7 +29,7 @@ def test_total_sram_matches_the_marketed_capacity():
 
 
 def test_dense_peak_is_in_the_derived_range():
-  # wafer.md §1.1: dense FP16 peak 5.1-6.6 PF (WSE-2 SDK grid) and 12.2-15.8 PF (WSE-3) at 0.85-1.1 GHz
+  # docs/references.md, "Hardware": dense FP16 peak 5.1-6.6 PF (WSE-2 SDK grid) and 12.2-15.8 PF (WSE-3) at 0.85-1.1 GHz
   for key, (lo, hi) in (("wse2", (5.0e15, 6.7e15)), ("wse3", (12.0e15, 15.9e15))):
     chip = get_system(key).chip
     for clock in (0.85e9, 1.1e9):
@@ -39,7 +39,7 @@ def test_dense_peak_is_in_the_derived_range():
 
 
 def test_sram_ports_match_the_published_memory_bandwidth():
-  # wafer.md §1.1 (VERIFIED): 20 PB/s on WSE-2's 850k cores, 21 PB/s on WSE-3's 900k. At the
+  # docs/references.md, "Hardware": 20 PB/s on WSE-2's 850k cores, 21 PB/s on WSE-3's 900k. At the
   # published clock range (0.85-1.1 GHz) that is 21-28 bytes per PE per cycle on both chips: the
   # HC34 ports (2 x 64-bit read + 1 x 64-bit write = 24 B) fit both; doubled ports on WSE-3 would not.
   for key, aggregate, cores in (("wse2", 20e15, 850e3), ("wse3", 21e15, 900e3)):

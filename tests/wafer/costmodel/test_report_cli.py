@@ -204,7 +204,7 @@ def test_cli_lists_workloads(capsys):
   ],
 )
 def test_cli_errors_print_a_message_not_a_traceback(argv, message, capsys):
-  assert main(argv) == 2
+  assert main(argv) == 1  # USER_ERROR_EXIT, as for every command
   err = capsys.readouterr().err
   assert message in err and "Traceback" not in err
 

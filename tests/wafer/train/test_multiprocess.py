@@ -27,12 +27,10 @@ from hypothesis import strategies as st
 
 from models.mlp import EXAMPLE_PARAMS
 from wafer import cluster, runner
-from wafer.cluster import ClusterConfigError, OtherProcessFailed
 from wafer.config import ConfigError
 from wafer.config.errors import Problem
-from wafer.data.processors import DataError
-from wafer.train.checkpoint import CheckpointMismatch, UnreadableCheckpoint
-from wafer.train.task import ExecutorError
+from wafer.errors import CheckpointMismatch, ClusterConfigError, DataError, ExecutorError, OtherProcessFailed
+from wafer.train.checkpoint import UnreadableCheckpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -370,7 +368,7 @@ import json, sys
 import jax
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
 from wafer import cluster
-from wafer.train.checkpoint import CheckpointMismatch
+from wafer.errors import CheckpointMismatch
 me = jax.process_index()
 cases = {
   "none": None,

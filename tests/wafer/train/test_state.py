@@ -31,7 +31,7 @@ def test_one_step_counter_the_schedule_optimizer_and_checkpoint_agree_on(tmp_pat
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   skipped = [r["skipped"] for r in records]
   assert [r["step"] for r in records] == list(range(1, 31)) and 0 < sum(skipped) < 30  # some steps skipped
-  # the schedule's t a step uses: steps done before it minus the skipped ones (held on a skip, cerebras.md s4)
+  # the schedule's t a step uses: steps done before it minus the skipped ones (held on a skip, docs/references.md)
   assert [r["optimizer_step"] for r in records] == [i - sum(skipped[:i]) for i in range(30)]
   checkpoints = Checkpoints(tmp_path, None)
   try:

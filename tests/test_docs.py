@@ -1,0 +1,148 @@
+"""The documentation: the README is a front door, links resolve, sources are public, the API is documented.
+
+- README.md is at most 300 lines and keeps the two Quickstart commands;
+- every relative link (and its ``#anchor``) in README.md, CONTRIBUTING.md, models/README.md and
+  docs/**/*.md points at a file (and heading) of the repository;
+- nothing in the repository cites files outside it (``../shared/...``, the old notes);
+- every public name of ``precision`` and ``wafer`` (their ``__all__``) and of ``wafer.errors`` has a
+  docstring and a section in the generated reference docs/api/*.md (``python docs/gen_api.py``),
+  as optax's docs check does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = (
+  "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && wafer run",
+  "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]' && pytest",
+)
+
+
+def _markdown_files() -> list[pathlib.Path]:
+  files = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "models" / "README.md"]
+  return files + sorted((ROOT / "docs").rglob("*.md"))
+
+
+def _repository_files() -> list[pathlib.Path]:
+  """The repository's files (git's list when this is a checkout, else a walk without build folders)."""
+  try:
+    out = subprocess.run(
+      ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout
+    return [ROOT / line for line in out.splitlines() if (ROOT / line).is_file()]
+  except (OSError, subprocess.CalledProcessError):
+    skip = {".git", ".venv", "__pycache__", "node_modules", "build", "dist"}
+    return [p for p in ROOT.rglob("*") if p.is_file() and not skip.intersection(p.relative_to(ROOT).parts)]
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor of a heading: lower case, punctuation but ``-`` and ``_`` dropped, spaces as ``-``."""
+  text = re.sub(r"[`*]", "", heading.strip().lower())
+  text = re.sub(r"[^\w\- ]", "", text)
+  return text.replace(" ", "-")
+
+
+def _anchors(path: pathlib.Path) -> set[str]:
+  seen: dict[str, int] = {}
+  out = set()
+  fenced = False
+  for line in path.read_text().splitlines():
+    if line.startswith("```"):
+      fenced = not fenced
+    if fenced or not line.startswith("#"):
+      continue
+    slug = _slug(line.lstrip("#"))
+    n = seen.get(slug, 0)
+    seen[slug] = n + 1
+    out.add(slug if n == 0 else f"{slug}-{n}")
+  return out
+
+
+def _links(path: pathlib.Path) -> list[str]:
+  text = re.sub(r"<!--.*?-->", "", path.read_text(), flags=re.S)  # commented-out links are not links
+  text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)  # nor are code blocks
+  text = re.sub(r"`[^`\n]*`", "", text)
+  return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+def test_readme_is_a_front_door():
+  text = (ROOT / "README.md").read_text()
+  assert len(text.splitlines()) <= 300
+  for command in QUICKSTART:
+    assert command in text
+
+
+@pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(path):
+  broken = []
+  for link in _links(path):
+    if re.match(r"^[a-z]+:", link):  # http:, https:, mailto:
+      continue
+    target, _, anchor = link.partition("#")
+    file = (path.parent / target).resolve() if target else path
+    if not file.exists():
+      broken.append(f"{link} (no such file)")
+    elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+      broken.append(f"{link} (no heading #{anchor} in {file.relative_to(ROOT)})")
+  assert not broken, f"{path.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+_NOTES_CITATION_ALLOWED: set[str] = set()
+
+
+def test_nothing_cites_files_outside_the_repository():
+  outside, notes = [], []
+  for path in _repository_files():
+    try:
+      text = path.read_text()
+    except (UnicodeDecodeError, OSError):
+      continue
+    rel = str(path.relative_to(ROOT))
+    if rel == "tests/test_docs.py":
+      continue
+    for n, line in enumerate(text.splitlines(), 1):
+      if "../shared" in line:
+        outside.append(f"{rel}:{n}")
+      if (
+        re.search(r"\bcerebras\.md\b|\b(wafer|precision)\.md\s*(§|section)", line)
+        and rel not in _NOTES_CITATION_ALLOWED
+      ):
+        notes.append(f"{rel}:{n}")
+  assert not outside, "cites files outside the repository (cite docs/references.md): " + ", ".join(outside)
+  assert not notes, "cites notes that are not in the repository (cite docs/references.md): " + ", ".join(
+    notes
+  )
+
+
+def _gen_api():
+  spec = importlib.util.spec_from_file_location("gen_api", ROOT / "docs" / "gen_api.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_every_public_name_has_a_docstring():
+  missing = _gen_api().undocumented(("precision", "wafer", "wafer.errors"))
+  assert not missing, "public names without a docstring (or a #: comment): " + ", ".join(missing)
+
+
+@pytest.mark.parametrize(
+  "page, module_name", [("precision", "precision"), ("wafer", "wafer"), ("errors", "wafer.errors")]
+)
+def test_every_public_name_is_in_the_generated_reference(page, module_name):
+  text = (ROOT / "docs" / "api" / f"{page}.md").read_text()
+  headings = set(re.findall(r"^## (\S+)$", text, re.M))
+  missing = [n for n in importlib.import_module(module_name).__all__ if n not in headings]
+  assert not missing, f"not in docs/api/{page}.md (run python docs/gen_api.py): " + ", ".join(missing)
