@@ -119,10 +119,11 @@ def test_cpu_lowering_is_the_tf32_program(policy):
 
 @st.composite
 def dot_cases(draw):
-  m, k, n = draw(st.integers(1, 5)), draw(st.integers(1, 70)), draw(st.integers(1, 5))
+  m, k, n = draw(st.integers(1, 5)), draw(st.one_of(st.just(1), st.integers(1, 70))), draw(st.integers(1, 5))
   batch = draw(st.sampled_from([(), (2,)]))
   seed = draw(st.integers(0, 2**31 - 1))
-  scale = draw(st.sampled_from([1.0, 2.0**-20, 2.0**12]))  # unit scale, float16 subnormals, large
+  # unit scale; float16's subnormals; large; beyond float16's range (bfloat16's values there); tiny
+  scale = draw(st.sampled_from([1.0, 2.0**-20, 2.0**12, 2.0**40, 2.0**-40]))
   fmt = draw(st.sampled_from(["bf16", "f16", "e4m3fn", "e5m2"]))
   level = draw(st.sampled_from([0, 1, 2]))
   block = draw(st.sampled_from([1, 4, 16, 1024]))
