@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import precision
 from precision.testing import assert_same_floats
+from tests.devices import CPU_ONLY, assert_same_up_to_summation_order, cpu_devices, on_cpu
 
 autocast_module = importlib.import_module("precision.autocast")  # the module, not the function
 
@@ -111,7 +112,20 @@ def test_cpu_lowering_is_the_tf32_program(policy):
   step = precision.autocast(jax.value_and_grad(_loss, argnums=(1, 2)), policy)
   assert products(step, *_args(), platform="cpu") == {("f32xf32", "HIGH")}
   plain = jax.jit(precision.autocast(jax.value_and_grad(_loss, argnums=(1, 2)), policy + ",products=tf32"))
-  assert_same_floats(jax.jit(step)(*_args()), plain(*_args()))
+  (cpu,) = cpu_devices(1)  # run on a CPU device on any default backend
+  with jax.default_device(cpu):
+    assert_same_floats(jax.jit(step)(*_args()), plain(*_args()))
+
+
+@pytest.mark.parametrize("policy", ["c=bf16,level=0", "c=f16,level=1,block=16", "c=e4m3fn,level=2,block=16"])
+def test_native_and_tf32_products_agree_on_the_default_device(policy):
+  """On the default backend (a GPU: native tensor cores against TF32): the same products, so the
+  same results up to the device's float32 summation order (tests/tolerances.py); bitwise on CPUs."""
+  x, w, _ = _args(5)
+  fn = lambda x, w: jnp.tanh(x @ w) @ w.T  # noqa: E731  (two products, a tanh between)
+  got = jax.jit(precision.autocast(fn, policy))(x, w)
+  want = jax.jit(precision.autocast(fn, policy + ",products=tf32"))(x, w)
+  assert_same_up_to_summation_order(got, want, precision.Policy.parse(policy).compute, policy)
 
 
 # ---- generated shapes and values: bit for bit on CPU; the native branch computes the same products ----
@@ -142,6 +156,7 @@ def _bits(tree):
   return [np.asarray(leaf).view(np.uint32) for leaf in jax.tree.leaves(tree)]
 
 
+@pytest.mark.skipif(not on_cpu(), reason=f"{CPU_ONLY}; on GPUs see test_native_and_tf32_products_agree_*")
 @settings(max_examples=25)
 @given(dot_cases())
 def test_cpu_products_are_bitwise_those_of_products_tf32(case):
@@ -168,8 +183,9 @@ def test_cpu_products_are_bitwise_those_of_products_tf32(case):
 
 @pytest.fixture
 def native_on_cpu(monkeypatch):
-  """The native branch taken on CPUs too: converts to bfloat16 / float16 and binds them there."""
-  monkeypatch.setattr(autocast_module, "NATIVE_PLATFORMS", ("cpu",))
+  """The native branch taken on CPUs too (and still on GPUs): converts to bfloat16 / float16 and
+  binds them there."""
+  monkeypatch.setattr(autocast_module, "NATIVE_PLATFORMS", ("cpu", "cuda", "rocm"))
 
 
 @settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])  # a constant patch
