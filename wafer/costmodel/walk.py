@@ -687,6 +687,11 @@ class Walker:
     self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
   ) -> list[int]:
     branches = eqn.params["branches"]
+    platforms = eqn.params.get("branches_platforms")
+    if platforms and None in platforms:
+      # jax.lax.platform_dependent (autocast's native tensor-core products on GPUs): the branches
+      # are one program lowered per backend; the default branch is the program as written.
+      branches = [branches[platforms.index(None)]]
     best: list[Site] | None = None
     best_cost = -1.0
     saved = self.sites
