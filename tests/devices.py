@@ -4,7 +4,7 @@ On a GPU (``JAX_PLATFORMS=cuda,cpu``, see docs/gpu.md) the default backend has o
 float32 products at the default precision run in TF32. Tests that shard over several devices
 take CPU devices explicitly (`cpu_devices`) and run their references there too; tests of code
 that takes devices of the default backend (wafer's ``num_csx``) skip with the reason
-(`needs_devices`); references that must be true float32 say so (``precision="highest"``).
+(`needs_devices`); references that must be true float32 say so (`true_float32`: ``jax.default_matmul_precision("highest")``).
 """
 
 from __future__ import annotations
