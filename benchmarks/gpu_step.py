@@ -19,11 +19,23 @@ Variants, compiled and timed in the same run on the same data and initial parame
   attention and the FFN run in bfloat16, LayerNorm statistics in float32), the logits cast
   back to float32 for the loss;
 * ``autocast_<format>_l<level>``: ``jax.value_and_grad(precision.autocast(loss, policy))`` with
-  ``Policy(compute=<format>, level=<level>)``, for bfloat16 and cbfloat16 at levels 0 and 1
-  (``--formats``, ``--levels``). Autocast binds its products on rounded operands at
-  ``precision=HIGH`` (TF32 tensor cores, exact for these operands) and those it keeps float32
-  at ``HIGHEST`` itself; ``--autocast_precision`` (``jax.default_matmul_precision``) only
-  reaches products autocast leaves alone.
+  ``Policy(compute=<format>, level=<level>)``, for bfloat16 and cbfloat16 at levels 0 and 1 by
+  default (``--formats``, any of them, e.g. ``cbfloat16,bfloat16,float16``; ``--levels``).
+  Autocast binds its forward products on rounded operands on native bfloat16 / float16 tensor
+  cores where the format allows (bfloat16, float16, float8), else at ``precision=HIGH`` (TF32,
+  exact for these operands; cbfloat16), and those it keeps float32 at ``HIGHEST`` itself; the
+  backward products of this form (the derivatives of autocast's products) are TF32.
+  ``--autocast_precision`` (``jax.default_matmul_precision``) only reaches products autocast
+  leaves alone;
+* ``--force_tf32`` adds ``<name>_tf32`` for every variant whose format has native products:
+  the same policy with ``products=tf32`` (TF32 for every product), to measure what the native
+  tensor cores bring;
+* ``--form`` ``autocast_of_grad`` (or ``both``) adds / uses
+  ``precision.autocast(jax.value_and_grad(loss), policy)`` (``<name>_ag``): the backward
+  equations are rewritten too, so their products are rounded and native as well.
+
+Each variant's line says how its products run (``products``: ``native bfloat16``, ``tf32``,
+``highest``, ``bf16 dtype``) and its ratio to ``bf16_native``.
 
 Timing: ``--warmup`` untimed steps per variant after compiling, then ``--rounds`` rounds, each
 running every variant once in an order that alternates (ABBA), each step ended by
@@ -64,6 +76,7 @@ import optax
 from _timing import alternating_rounds
 
 import precision
+from precision import _matmul, _state  # noqa: E402  (which products a policy binds)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_VS_BF16 = 2.0
@@ -161,18 +174,40 @@ def make_step(value_and_grad: Callable, tx: optax.GradientTransformation) -> Cal
   return step
 
 
-def variants(heads: int, formats: list[str], levels: list[int]) -> dict[str, tuple[Callable, str | None]]:
-  """name -> (value_and_grad of the loss, matmul precision to trace it under or None)."""
+def products_of(policy: precision.Policy) -> str:
+  """How autocast runs the products on rounded operands of ``policy`` on a GPU."""
+  native = _matmul._native_dtype(_state.Pass(policy))
+  return f"native {jnp.dtype(native).name}" if native is not None else "tf32"
+
+
+def variants(
+  heads: int,
+  formats: list[str],
+  levels: list[int],
+  force_tf32: bool = False,
+  form: str = "grad_of_autocast",
+) -> dict[str, tuple[Callable, str | None, str]]:
+  """name -> (value_and_grad of the loss, matmul precision to trace it under or None, products)."""
   f32_loss = make_loss(heads)
-  out: dict[str, tuple[Callable, str | None]] = {
-    "float32": (jax.value_and_grad(f32_loss), "highest"),
-    "bf16_native": (jax.value_and_grad(make_loss(heads, jnp.bfloat16)), None),
+  out: dict[str, tuple[Callable, str | None, str]] = {
+    "float32": (jax.value_and_grad(f32_loss), "highest", "highest"),
+    "bf16_native": (jax.value_and_grad(make_loss(heads, jnp.bfloat16)), None, "bf16 dtype"),
   }
+  forms = ("grad_of_autocast", "autocast_of_grad") if form == "both" else (form,)
   for fmt in formats:
     for level in levels:
       policy = precision.Policy(compute=fmt, level=level)
-      name = f"autocast_{policy.compute.name}_l{level}"
-      out[name] = (jax.value_and_grad(precision.autocast(f32_loss, policy)), "autocast")
+      policies = [("", policy)]
+      if force_tf32 and products_of(policy) != "tf32":
+        policies.append(("_tf32", dataclasses.replace(policy, products="tf32")))
+      for suffix, pol in policies:
+        for f in forms:
+          name = f"autocast_{pol.compute.name}_l{level}{suffix}{'_ag' if f == 'autocast_of_grad' else ''}"
+          if f == "grad_of_autocast":
+            fn = jax.value_and_grad(precision.autocast(f32_loss, pol))
+          else:
+            fn = precision.autocast(jax.value_and_grad(f32_loss), pol)
+          out[name] = (fn, "autocast", products_of(pol))
   return out
 
 
@@ -189,6 +224,26 @@ _MATMUL_KINDS = {
 def matmul_counts(hlo: str) -> dict[str, int]:
   """How many matmul instructions of each kind the optimized HLO holds."""
   return {kind: len(pattern.findall(hlo)) for kind, pattern in _MATMUL_KINDS.items()}
+
+
+_DEFINITION = re.compile(r"^\s*(?:ROOT )?(%?[\w.\-]+) = (\w+)\[")
+_OPERAND = re.compile(r"(?: (?:dot|convolution)|custom-call)\((?:(\w+)\[[^%]*)?(%?[\w.\-]+)")
+
+
+def operand_dtypes(hlo: str) -> dict[str, int]:
+  """Matmul instructions of the optimized HLO by the dtype of their first operand (``bf16``:
+  bfloat16 tensor cores; ``f32``: TF32 or true float32, per ``dot_precisions``)."""
+  dtypes = {m.group(1).lstrip("%"): m.group(2) for m in map(_DEFINITION.match, hlo.splitlines()) if m}
+  counts: dict[str, int] = {}
+  for line in hlo.splitlines():
+    if not _MATMUL_LINE.search(line) or "fused_computation" in line.split("=")[0]:
+      continue
+    match = _OPERAND.search(line)
+    key = "unknown"
+    if match:
+      key = match.group(1) or dtypes.get(match.group(2).lstrip("%"), "unknown")
+    counts[key] = counts.get(key, 0) + 1
+  return counts
 
 
 _MATMUL_LINE = re.compile(
@@ -233,7 +288,11 @@ def run_size(name: str, size: Size, args: argparse.Namespace) -> dict[str, Any]:
   print(f"\n{name}: {n_params / 1e6:.1f}M parameters, batch {size.batch} x seq {size.seq}", flush=True)
 
   compiled, compile_s, losses, hlo_counts = {}, {}, {}, {}
-  for vname, (value_and_grad, prec) in variants(size.heads, args.formats, args.levels).items():
+  products = {}
+  for vname, (value_and_grad, prec, how) in variants(
+    size.heads, args.formats, args.levels, args.force_tf32, args.form
+  ).items():
+    products[vname] = how
     prec = args.autocast_precision if prec == "autocast" else prec
     ctx = jax.default_matmul_precision(prec) if prec not in (None, "default") else contextlib.nullcontext()
     start = time.perf_counter()
@@ -241,7 +300,11 @@ def run_size(name: str, size: Size, args: argparse.Namespace) -> dict[str, Any]:
       exe = jax.jit(make_step(value_and_grad, tx)).lower(params, opt_state, tokens, targets).compile()
     compile_s[vname] = time.perf_counter() - start
     hlo = exe.as_text()
-    hlo_counts[vname] = {**matmul_counts(hlo), "precision/algorithm": dot_precisions(hlo)}
+    hlo_counts[vname] = {
+      **matmul_counts(hlo),
+      "precision/algorithm": dot_precisions(hlo),
+      "operand_dtypes": operand_dtypes(hlo),
+    }
     if args.hlo_dir is not None:
       args.hlo_dir.mkdir(parents=True, exist_ok=True)
       (args.hlo_dir / f"{name}_{vname}.hlo.txt").write_text(hlo)
@@ -250,8 +313,9 @@ def run_size(name: str, size: Size, args: argparse.Namespace) -> dict[str, Any]:
     losses[vname] = float(out[2])
     compiled[vname] = exe
     print(
-      f"  compiled {vname:22s} in {compile_s[vname]:7.2f} s; loss {losses[vname]:.6f}; "
-      f"matmul precision/algorithm {hlo_counts[vname]['precision/algorithm']}",
+      f"  compiled {vname:26s} in {compile_s[vname]:7.2f} s; loss {losses[vname]:.6f}; "
+      f"matmul precision/algorithm {hlo_counts[vname]['precision/algorithm']}; "
+      f"operands {hlo_counts[vname]['operand_dtypes']}",
       flush=True,
     )
 
@@ -263,7 +327,8 @@ def run_size(name: str, size: Size, args: argparse.Namespace) -> dict[str, Any]:
   bf16 = statistics.median(times["bf16_native"])
   results = {}
   print(
-    f"  {'variant':22s} {'median ms':>10s} {'tokens/s':>12s} {'vs f32':>8s} {'vs bf16':>8s} {'compile s':>10s}"
+    f"  {'variant':26s} {'products':>16s} {'median ms':>10s} {'tokens/s':>12s} {'vs f32':>8s} "
+    f"{'vs bf16':>8s} {'compile s':>10s}"
   )
   for vname in names:
     step_s = statistics.median(times[vname])
@@ -276,10 +341,11 @@ def run_size(name: str, size: Size, args: argparse.Namespace) -> dict[str, Any]:
       "compile_s": compile_s[vname],
       "loss_after_warmup": losses[vname],
       "hlo_matmuls": hlo_counts[vname],
+      "products": products[vname],
     }
     print(
-      f"  {vname:22s} {step_s * 1e3:10.2f} {tokens_per_step / step_s:12.0f} {step_s / base:8.3f} "
-      f"{step_s / bf16:8.3f} {compile_s[vname]:10.2f}"
+      f"  {vname:26s} {products[vname]:>16s} {step_s * 1e3:10.2f} {tokens_per_step / step_s:12.0f} "
+      f"{step_s / base:8.3f} {step_s / bf16:8.3f} {compile_s[vname]:10.2f}"
     )
   return {
     "shape": dataclasses.asdict(size),
@@ -301,6 +367,18 @@ def main(argv: list[str] | None = None) -> int:
     default="default",
     choices=("default", "high", "highest", "tensorfloat32", "float32", "bfloat16"),
     help="jax.default_matmul_precision for the autocast variants",
+  )
+  parser.add_argument(
+    "--force_tf32",
+    action="store_true",
+    help="also time every native-product variant with products=tf32 (<name>_tf32)",
+  )
+  parser.add_argument(
+    "--form",
+    default="grad_of_autocast",
+    choices=("grad_of_autocast", "autocast_of_grad", "both"),
+    help="value_and_grad(autocast(loss)) (the wafer train step's form), autocast(value_and_grad(loss)) "
+    "(<name>_ag: backward products rounded and native too), or both",
   )
   parser.add_argument("--hlo_dir", type=Path, default=None, help="write each variant's optimized HLO here")
   parser.add_argument("--output", type=Path, default=None)
@@ -325,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     "rounds": args.rounds,
     "warmup": args.warmup,
     "autocast_precision": args.autocast_precision,
+    "force_tf32": args.force_tf32,
+    "form": args.form,
     "target": {"autocast_cbfloat16_vs_bf16_native": TARGET_VS_BF16, "size": "gpt2-small"},
     "sizes": {name: run_size(name, SIZES[name], args) for name in sizes},
   }

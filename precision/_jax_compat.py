@@ -79,6 +79,7 @@ __all__ = (
   "call_jaxpr",
   "closed",
   "cond_branches",
+  "cond_platform_default",
   "current_trace",
   "dce",
   "eqn_context",
@@ -289,6 +290,15 @@ def while_counts(params: dict[str, Any]) -> tuple[int, int]:
 def cond_branches(params: dict[str, Any]) -> tuple[Any, ...]:
   """A ``cond``'s branches (closed jaxprs), in index order."""
   return tuple(params["branches"])
+
+
+def cond_platform_default(params: dict[str, Any]) -> int | None:
+  """The index of the default branch of a ``lax.platform_dependent`` ``cond`` (one program per
+  backend), or None for an ordinary ``cond``."""
+  platforms = params.get("branches_platforms")
+  if platforms and None in platforms:
+    return list(platforms).index(None)
+  return None
 
 
 def shard_map_manual_axes(params: dict[str, Any]) -> set[str]:

@@ -3,8 +3,9 @@ keeps them exact, and the chunked (``mixed_accumulate``) sums of levels 0 and 1.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from precision import _jax_compat as compat
+from precision import formats as _formats
 from precision import rounding as _rounding
 from precision._state import (
   CONST_ROUNDED,
@@ -59,7 +61,13 @@ def matmul(
       memo[atom] = operands[i]
   chunked = _mixed_product(p, eqn, operands, rule_class) if treatment == "mixed_accumulate" else None
   if chunked is None:
-    out = p.round_result(compat.bind(eqn, operands, **dot_precision(eqn, ROUNDED_OPERANDS))[0], rule_class)
+    native = _native_dtype(p) if name in ("dot_general", "conv_general_dilated") else None
+
+    def product(lhs: Any, rhs: Any, precision: tuple) -> jax.Array:
+      f32 = {"preferred_element_type": np.dtype(np.float32)} if lhs.dtype != jnp.float32 else {}
+      return compat.bind(eqn, [lhs, rhs, *operands[2:]], **dot_precision(eqn, precision), **f32)[0]
+
+    out = p.round_result(_rounded_product(product, operands[0], operands[1], native), rule_class)
     rounded += numel(out_aval)
   else:
     out, n = chunked
@@ -78,6 +86,71 @@ def matmul(
 # the wafer's fp32). On TPUs HIGH is three bfloat16 passes, exact only for 8-bit significands.
 ROUNDED_OPERANDS = (jax.lax.Precision.HIGH, jax.lax.Precision.HIGH)
 TRUE_FLOAT32 = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+# Native tensor cores (`_native_dtype`, `_rounded_product`): on GPUs a product of two rounded
+# operands whose values a native 16-bit dtype holds exactly (compute bfloat16 or float16, and
+# the float8 formats, which bfloat16 holds) runs on that dtype, float32 accumulation. The
+# operands are the same numbers, so every product is the same; only the float32 summation
+# order inside the GPU library may differ, as between any two GEMM algorithms. Platforms
+# where the native branch is taken; elsewhere (CPUs, TPUs) the TF32 binding above, bit for
+# bit today's program. ``Policy(products="tf32")`` keeps TF32 everywhere.
+NATIVE_PLATFORMS = ("cuda", "rocm")
+NATIVE_OPERANDS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.DEFAULT)  # explicit: not the config's default
+
+
+def _native_dtype(p: Pass) -> Any:
+  """The native dtype on which products of ``p``'s rounded operands run on a GPU, or None (TF32).
+
+  The first of bfloat16, float16 that holds every value of the compute format exactly: at
+  most its fraction bits, at most its largest value and no finer quantum than its smallest
+  subnormal. bfloat16 for bfloat16 and the float8 formats (e4m3fn, e5m2: exact in bfloat16,
+  and bfloat16 tensor cores exist on every GPU with TF32, while XLA takes float8 GEMMs only
+  in scaled patterns on Hopper and later), float16 for float16; None for cbfloat16 (9
+  fraction bits and 6 exponent bits fit neither) and for ``Policy(products="tf32")``.
+  """
+  if getattr(p.policy, "products", "native") != "native" or not p.policy.is_mixed:
+    return None
+  fmt = p.fmt
+  for dtype, native in ((jnp.bfloat16, _formats.bfloat16), (jnp.float16, _formats.float16)):
+    quantum, native_quantum = fmt.emin - fmt.mantissa_bits, native.emin - native.mantissa_bits
+    if fmt.mantissa_bits <= native.mantissa_bits and fmt.max <= native.max and quantum >= native_quantum:
+      return dtype
+  return None
+
+
+def _rounded_product(product: Callable[..., jax.Array], lhs: Any, rhs: Any, native: Any) -> jax.Array:
+  """``product(lhs, rhs, precision)`` of two rounded operands: TF32-eligible (`ROUNDED_OPERANDS`),
+  or, with a ``native`` dtype, on that dtype's tensor cores on GPUs (`NATIVE_PLATFORMS`).
+
+  The native form is ``platform_dependent``: lowered for a CPU it is exactly the TF32 binding
+  (XLA CPU sums bfloat16 operands in another order, so converting there would change bits).
+  Its derivative is the TF32 binding's (a custom JVP), so tangents and cotangents stay float32
+  as without native products: a conversion to bfloat16 would round the cotangent reaching a
+  rounded operand before that rounding's own transpose does (twice for float8 formats, and
+  before a stochastic rounding of it)."""
+
+  def tf32(a: Any, b: Any) -> jax.Array:
+    return product(a, b, ROUNDED_OPERANDS)
+
+  if native is None:
+    return tf32(lhs, rhs)
+
+  def tensor_cores(a: Any, b: Any) -> jax.Array:
+    return product(a.astype(native), b.astype(native), NATIVE_OPERANDS)
+
+  @jax.custom_jvp
+  def rounded(a: Any, b: Any) -> jax.Array:
+    branches = dict.fromkeys(NATIVE_PLATFORMS, tensor_cores)
+    return jax.lax.platform_dependent(a, b, **branches, default=tf32)
+
+  def rounded_jvp(primals: Any, tangents: Any) -> tuple[jax.Array, jax.Array]:
+    (a, b), (da, db) = primals, tangents
+    out = rounded(a, b)
+    terms = [tf32(da, b)] if not isinstance(da, compat.SymbolicZero) else []  # dot_general's own JVP
+    terms += [tf32(a, db)] if not isinstance(db, compat.SymbolicZero) else []
+    return out, functools.reduce(jnp.add, terms) if terms else jnp.zeros_like(out)
+
+  rounded.defjvp(rounded_jvp, symbolic_zeros=True)
+  return rounded(lhs, rhs)
 
 
 def dot_precision(eqn: Any, precision: tuple) -> dict[str, Any]:
@@ -92,13 +165,14 @@ def _mixed_product(p: Pass, eqn: Any, operands: list[Any], rule_class: str) -> t
   ``i``'s products and ``r`` rounding to the compute format: one product that computes every
   ``s_i`` (a batched dot_general, or a grouped convolution), then an ordered reduction.
   """
+  native = _native_dtype(p)
   if eqn.primitive.name == "dot_general":
     chunks = _dot_chunking(eqn, p.block)
     if chunks is None:
       return None
-    return _ordered_sum(p, _dot_chunk_sums(operands, eqn.params, chunks), rule_class), chunks[2]
+    return _ordered_sum(p, _dot_chunk_sums(operands, eqn.params, chunks, native), rule_class), chunks[2]
   if eqn.primitive.name == "conv_general_dilated":
-    partial = _conv_chunk_sums(operands, eqn.params, p.block)
+    partial = _conv_chunk_sums(operands, eqn.params, p.block, native)
     return None if partial is None else (_ordered_sum(p, partial, rule_class), partial.shape[0])
   return None
 
@@ -158,11 +232,13 @@ def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
   return jax.lax.pad(x, jnp.float32(0), widths)
 
 
-def _dot_chunk_sums(operands: list[Any], params: dict, chunks: tuple[int, int, int]) -> jax.Array:
+def _dot_chunk_sums(
+  operands: list[Any], params: dict, chunks: tuple[int, int, int], native: Any = None
+) -> jax.Array:
   """float32 sums of each chunk of a dot_general's contraction, stacked on a leading axis.
 
   The chunk axis becomes a leading batch axis of one batched dot_general (zero padding
-  completes the last chunk exactly).
+  completes the last chunk exactly), bound by `_rounded_product` (``native``: its dtype).
   """
   j, length, count = chunks
   (lc, rc), (lb, rb) = params["dimension_numbers"]
@@ -182,23 +258,23 @@ def _dot_chunk_sums(operands: list[Any], params: dict, chunks: tuple[int, int, i
   new_rc = tuple(d + 1 if d == ra else d for d in shift(rc, ra))
   new_lb = (la,) + shift(lb, la)
   new_rb = (ra,) + shift(rb, ra)
-  return jax.lax.dot_general(
-    lhs,
-    rhs,
-    ((new_lc, new_rc), (new_lb, new_rb)),
-    precision=ROUNDED_OPERANDS,
-    preferred_element_type=jnp.float32,
-  )
+
+  def product(a: Any, b: Any, precision: tuple) -> jax.Array:
+    dims = ((new_lc, new_rc), (new_lb, new_rb))
+    return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+  return _rounded_product(product, lhs, rhs, native)
 
 
-def _conv_chunk_sums(operands: list[Any], params: dict, block: int) -> jax.Array | None:
+def _conv_chunk_sums(operands: list[Any], params: dict, block: int, native: Any = None) -> jax.Array | None:
   """float32 sums of each chunk of a convolution's contraction, stacked on a leading axis.
 
   The contraction of output feature ``o`` of group ``g`` is ``cg`` input channels x the
   kernel window (``K`` taps). Chunks are runs of ``c = max(1, block // K)`` input channels:
   the ``n`` chunks of each group become ``n`` groups of one grouped convolution (input
   channels zero-padded to ``n * c``), whose output features are then split by chunk.
-  None when there is a single chunk or ``batch_group_count > 1``.
+  None when there is a single chunk or ``batch_group_count > 1``. The grouped convolution is
+  bound by `_rounded_product` (``native``: its dtype).
   """
   if params["batch_group_count"] != 1:
     return None
@@ -221,18 +297,22 @@ def _conv_chunk_sums(operands: list[Any], params: dict, block: int) -> jax.Array
   x = _pad_axis(x.reshape(x.shape[:-1] + (groups, cg)), x.ndim, count * length)
   x = jnp.moveaxis(x.reshape(x.shape[:-2] + (groups * count * length,)), -1, feature)
   canonical_rhs = tuple(range(rhs_c.ndim))
-  out = jax.lax.conv_general_dilated(
-    x,
-    rhs_c,
-    window_strides=params["window_strides"],
-    padding=params["padding"],
-    lhs_dilation=params["lhs_dilation"],
-    rhs_dilation=params["rhs_dilation"],
-    dimension_numbers=jax.lax.ConvDimensionNumbers(dn.lhs_spec, canonical_rhs, dn.out_spec),
-    feature_group_count=groups * count,
-    precision=ROUNDED_OPERANDS,
-    preferred_element_type=jnp.float32,
-  )
+
+  def product(a: Any, b: Any, precision: tuple) -> jax.Array:
+    return jax.lax.conv_general_dilated(
+      a,
+      b,
+      window_strides=params["window_strides"],
+      padding=params["padding"],
+      lhs_dilation=params["lhs_dilation"],
+      rhs_dilation=params["rhs_dilation"],
+      dimension_numbers=jax.lax.ConvDimensionNumbers(dn.lhs_spec, canonical_rhs, dn.out_spec),
+      feature_group_count=groups * count,
+      precision=precision,
+      preferred_element_type=jnp.float32,
+    )
+
+  out = _rounded_product(product, x, rhs_c, native)
   # Output features (G, n, og) -> a leading chunk axis, features (G*og) back in place.
   of = dn.out_spec[1]
   y = jnp.moveaxis(out, of, 0)

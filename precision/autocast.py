@@ -41,10 +41,14 @@ weakest state both satisfy (``raw`` if nothing better is known).
   convolution's contraction is input channels x kernel window; its chunks are slices of
   input channels of ``max(1, block // window)`` channels each (a grouped convolution).
   ``ragged_dot`` and convolutions with ``batch_group_count > 1`` are never chunked.
-  The products on rounded operands are bound with ``precision=HIGH`` (TF32 tensor cores on
-  NVIDIA GPUs: exact products of compute-format values), those kept float32 with ``HIGHEST``
-  (true float32); on CPUs both are true float32, so results do not depend on it
-  (`ROUNDED_OPERANDS`, `TRUE_FLOAT32`).
+  The products on rounded operands are exact on every device: on GPUs, where a native dtype
+  holds every compute-format value (bfloat16, float16, and the float8 formats in bfloat16),
+  they run on that dtype's tensor cores with float32 accumulation; otherwise (cbfloat16, or
+  ``Policy(products="tf32")``) they are bound with ``precision=HIGH`` (TF32 tensor cores on
+  NVIDIA GPUs: exact products of compute-format values). Those kept float32 get ``HIGHEST``
+  (true float32). On CPUs all of these are true float32 products summed in the same order,
+  so CPU results do not depend on the choice (`ROUNDED_OPERANDS`, `TRUE_FLOAT32`,
+  `_native_dtype`, `_rounded_product`; docs/gpu.md).
 * ``attention_matmul``: the two matrix products of attention, recognised by structure, not
   by batch dimensions. A *score product* is a ``dot_general`` whose result reaches (through
   any non-matmul ops: scaling, masking, max-subtraction) an ``exp`` whose output is divided
@@ -75,6 +79,11 @@ too, the autocast function calls ``fn`` itself (matrix products without a precis
 in true float32: ``jax.default_matmul_precision("highest")``), so it is bitwise ``fn`` eagerly as well as under
 ``jit`` (evaluated op by op, the bodies of library jits that tracing inlines, such as
 ``jnp.einsum``'s, round differently in the last bit); `numerics_report` runs the pass itself.
+The invariant, on every device: ``autocast(f, "c=f32")`` equals ``f`` run under
+``jax.default_matmul_precision("highest")``. On a CPU that is ``f`` itself; on a GPU, where
+``f``'s own products run in TF32 at the default precision, it is not, by design: float32 on
+Cerebras means true float32 products, and the float32 policy is the baseline that the 16-bit
+policies are measured against (docs/gpu.md).
 
 **Regions.** Equations traced inside `float32_region` (a context manager or decorator, like
 ``torch.autocast(enabled=False)``) are bound unchanged and their results are ``float32``.
@@ -282,7 +291,11 @@ def autocast(
     when ``policy.stochastic`` names op classes and ignored otherwise (see the module
     docstring's "Stochastic rounding"). Float32 outputs are rounded to ``policy.output``.
     It carries ``.policy`` and ``__wrapped__`` (``fn``). Called while another autocast
-    traces it, it keeps its own policy (see the module docstring).
+    traces it, it keeps its own policy (see the module docstring). A float32 policy
+    (``"c=f32"``) returns ``fn`` under ``jax.default_matmul_precision("highest")``: true
+    float32 products on every device (on GPUs not TF32, the default precision there).
+    Products of rounded operands run on native bfloat16/float16 tensor cores on GPUs where
+    the compute format allows, TF32 otherwise (``Policy(products="tf32")`` forces TF32).
 
   Raises:
     PolicyError: the policy rounds stochastically and no ``rounding_key`` was given.

@@ -80,6 +80,18 @@ from a key the caller passes (``autocast(f, policy)(..., rounding_key=key)``; se
 must be one whose rule rounds (not ``"float32"``). A float32 ``compute`` policy ignores the
 option (it stays the identity).
 
+Products on GPUs
+----------------
+``products`` says how `precision.autocast` binds a matrix product of two rounded operands on a
+GPU (it changes no bit on a CPU, where every choice computes exact products summed in float32
+in the same order). ``"native"`` (the default): where a native 16-bit dtype holds every value
+of ``compute`` exactly (bfloat16 and float16; the float8 formats, which bfloat16 holds), the
+operands are converted to it and the product runs on its tensor cores with float32
+accumulation (``preferred_element_type=float32``); other formats (cbfloat16) use TF32
+(``Precision.HIGH``). ``"tf32"``: TF32 for every format, for comparison (string form
+``products=tf32``). Both compute every product exactly; only the float32 summation order of a
+GPU library may differ. See ``docs/gpu.md``.
+
 A policy's string form lists every setting that differs from the defaults and parses back:
 ``Policy.parse(str(p)) == p``.
 """
@@ -134,6 +146,7 @@ LEVEL_RULES: dict[int, dict[str, str]] = {
 }
 
 DEFAULT_ACCUMULATION_BLOCK = 1024
+PRODUCTS = ("native", "tf32")
 _FP16_TYPES = ("float16", "bfloat16", "cbfloat16")
 _PARSE_KEYS = {
     "p": "param", "param": "param", "params": "param",
@@ -142,6 +155,7 @@ _PARSE_KEYS = {
     "l": "level", "level": "level", "pol": "level",
     "block": "accumulation_block", "accumulation_block": "accumulation_block",
     "sr": "stochastic", "stochastic": "stochastic",
+    "products": "products",
 }  # fmt: skip
 
 
@@ -163,6 +177,9 @@ class Policy:
     stochastic: op classes whose roundings are stochastic (a tuple, or one string with the
       classes joined by ``+``); each must be rounded by the rule table. Kept in the order of
       `RULE_CLASSES`.
+    products: how products of rounded operands run on a GPU: ``"native"`` (bfloat16 / float16
+      tensor cores where that dtype holds the compute format exactly, else TF32) or
+      ``"tf32"`` (always TF32, for comparison); no effect on CPUs (module docstring).
 
   Raises:
     PolicyError: unknown level, op class or treatment, a repeated stochastic class or one
@@ -179,6 +196,7 @@ class Policy:
   rules: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
   accumulation_block: int = DEFAULT_ACCUMULATION_BLOCK
   stochastic: tuple[str, ...] | str = ()
+  products: str = "native"
 
   def __post_init__(self) -> None:
     for field in ("param", "compute", "output"):
@@ -202,6 +220,8 @@ class Policy:
       _check_rule(op_class, treatment)
     object.__setattr__(self, "rules", tuple(sorted(overrides.items())))
     object.__setattr__(self, "stochastic", _check_stochastic(self.stochastic, self.rule_table))
+    if self.products not in PRODUCTS:
+      raise PolicyError(f"products={self.products!r}; allowed: {', '.join(PRODUCTS)}")
 
   @property
   def rule_table(self) -> dict[str, str]:
@@ -235,6 +255,8 @@ class Policy:
       extra += f",block={self.accumulation_block}"
     if self.stochastic:
       extra += f",stochastic={'+'.join(self.stochastic)}"
+    if self.products != "native":
+      extra += f",products={self.products}"
     return f"p={self.param.name},c={self.compute.name},o={self.output.name},level={self.level}{extra}"
 
   @classmethod
@@ -243,7 +265,7 @@ class Policy:
 
     Keys: ``p``/``param``/``params``, ``c``/``compute``, ``o``/``output``, ``l``/``level``/``pol``,
     ``block``/``accumulation_block``, ``stochastic``/``sr`` (op classes joined by ``+``:
-    ``stochastic=matmul+elementwise``), and any op class (``attention_softmax=round``) as a rule
+    ``stochastic=matmul+elementwise``), ``products`` (``native`` or ``tf32``), and any op class (``attention_softmax=round``) as a rule
     override. Missing keys take the constructor defaults; ``str(policy)`` parses back.
 
     Raises:
@@ -268,7 +290,7 @@ class Policy:
         close = difflib.get_close_matches(key, [*_PARSE_KEYS, *RULE_CLASSES], n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise PolicyError(
-          f"policy {text!r}: unknown key {key!r}.{hint} Allowed: p, c, o, level, block, stochastic, or an op class "
+          f"policy {text!r}: unknown key {key!r}.{hint} Allowed: p, c, o, level, block, stochastic, products, or an op class "
           f"({', '.join(RULE_CLASSES)})"
         )
       field = _PARSE_KEYS.get(key, key)

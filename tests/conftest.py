@@ -1,6 +1,8 @@
 """JAX set-up for every test, done before JAX is first imported.
 
-* CPU platform, with 4 forced CPU devices for sharding tests;
+* CPU platform unless ``JAX_PLATFORMS`` says otherwise, with 4 forced CPU devices for sharding
+  tests (``JAX_PLATFORMS=cuda,cpu`` runs the suite on a GPU and keeps those CPU devices, which
+  the sharding tests take explicitly: `tests.devices`, docs/gpu.md);
 * strict dtype promotion and rank promotion errors, so silent up-casts fail loudly;
 * a derandomized hypothesis profile, so CI runs are reproducible; ``HYPOTHESIS_PROFILE=thorough``
   runs 8x the examples, fresh ones each run (not derandomized, no example database), to find

@@ -180,3 +180,43 @@ def transform_tolerance(backend: str | None = None) -> TransformTolerance:
 
   backend = backend or jax.default_backend()
   return TRANSFORM_EQUALITY["gpu" if backend in ("gpu", "cuda", "rocm") else "cpu"]
+
+
+# ---- per device: float32 summation order (GPU portability; applied by tests/devices.py) ----
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceTolerance:
+  ulps: float  # |a - b| <= ulps * (ulp of the compute format at max(|a|, |b|)); 0: bit for bit
+  reason: str
+
+
+# Two computations of the same rounded products whose float32 sums may run in different orders:
+# native bfloat16 / float16 and TF32 products (``products=tf32``), a batched product (vmap) and
+# its per-example products, jit and eager. Keyed by the default backend's kind: `device_kind()`.
+SUMMATION_ORDER: dict[str, DeviceTolerance] = {
+  "cpu": DeviceTolerance(
+    ulps=0.0,
+    reason=(
+      "bit for bit: XLA CPU computes every product precision as true float32 and sums the products "
+      "of these tests' batched and unbatched, jitted and eager forms in the same order (measured: "
+      "the suite compares them bitwise and passes)"
+    ),
+  ),
+  "gpu": DeviceTolerance(
+    ulps=4.0,
+    reason=(
+      "cuBLAS, cuBLASLt and Triton choose a GEMM algorithm (tiles, split-K) per shape, dtype and "
+      "precision, so the same exact products are summed in different float32 orders; two such sums "
+      "of K <= 64 products differ by <= 2 gamma_K(2^-24) sum|p| (< 2^-17 relative), far below a "
+      "16-bit format's half ulp, so a product's rounded result is equal or one rounding (1 ulp) "
+      "apart where its sum lies next to a rounding boundary. The compared programs have at most two "
+      "products in sequence with a tanh between (condition <= 2): 4 ulps"
+    ),
+  ),
+}
+
+
+def device_kind(platform: str) -> str:
+  """The `SUMMATION_ORDER` key of a JAX platform: ``cpu``, or ``gpu`` for cuda and rocm."""
+  return "cpu" if platform == "cpu" else "gpu"

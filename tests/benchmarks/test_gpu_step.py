@@ -31,6 +31,10 @@ def test_gpu_step_runs_tiny_and_writes_its_json(tmp_path):
     assert len(row["step_times_s"]) == 1 and row["median_step_s"] > 0, name
     assert row["tokens_per_s"] == pytest.approx(64 / row["median_step_s"]), name  # batch 2 x seq 32
     assert row["hlo_matmuls"]["dot"] > 0, name  # CPU: XLA keeps dot instructions
+  products = {name: row["products"] for name, row in results.items()}
+  assert products["float32"] == "highest" and products["bf16_native"] == "bf16 dtype"
+  assert products["autocast_bfloat16_l0"] == "native bfloat16" and products["autocast_cbfloat16_l1"] == "tf32"
+  assert set(results["autocast_bfloat16_l1"]["hlo_matmuls"]["operand_dtypes"]) == {"f32"}  # CPU: TF32 form
   assert results["float32"]["ratio_vs_float32"] == 1.0
   assert results["bf16_native"]["ratio_vs_bf16_native"] == 1.0
   # The emulations actually round: the losses differ from float32's, and by format.

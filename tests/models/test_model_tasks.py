@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import precision
+from tests.devices import needs_devices
 from tests.tolerances import LOSS_CURVE
 from wafer import registry, runner
 
@@ -157,6 +158,7 @@ def test_first_step_trains_on_batch_zero(tmp_path):
 
 @pytest.mark.slow  # three real-data runs (resume, eval_all, num_csx=2): about 45 s
 def test_resume_eval_all_and_two_systems_on_real_data(tmp_path, capsys):
+  needs_devices(2)  # the num_csx=2 run takes 2 devices of the default backend (one GPU has one)
   straight = _run(FC_MNIST, tmp_path / "straight", *FAST, "runconfig.max_steps=20")
   _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.max_steps=10", "runconfig.checkpoint_steps=10")
   resumed = _run(

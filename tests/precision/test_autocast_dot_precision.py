@@ -1,9 +1,12 @@
 """The precision config autocast gives matrix products: TF32-eligible on rounded operands.
 
 Products on rounded operands carry ``precision=HIGH`` (TF32 tensor cores on NVIDIA GPUs, exact
-for compute-format values), products the policy keeps float32 carry ``HIGHEST``, products
-autocast leaves alone keep what the user wrote. On CPU the config does not change a bit:
-checked here against the same pass with every product at ``HIGHEST``.
+for compute-format values) where they are lowered for a CPU, and for cbfloat16 everywhere (for
+bfloat16 and float16 a GPU runs them on native tensor cores: test_autocast_native_products.py);
+products the policy keeps float32 carry ``HIGHEST``, products autocast leaves alone keep what
+the user wrote. On CPU the config does not change a bit: checked here against the same pass
+with every product at ``HIGHEST``. The programs are lowered for the CPU explicitly, so the
+checks hold on any default backend.
 """
 
 import importlib
@@ -17,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import precision
+from tests.devices import CPU_ONLY, on_cpu
 
 autocast_module = importlib.import_module("precision._matmul")  # where products get their precision
 
@@ -35,9 +39,10 @@ def args(seed: int):
   return [jax.random.normal(k, s, jnp.float32) for k, s in zip(keys, SHAPES)]
 
 
-def product_precisions(fn, *xs) -> list[str]:
-  """The precision attribute of every dot_general and convolution in the lowered StableHLO."""
-  text = jax.jit(fn).lower(*xs).as_text()
+def product_precisions(fn, *xs, platform: str = "cpu") -> list[str]:
+  """The precision attribute of every dot_general and convolution in the StableHLO lowered for
+  ``platform``."""
+  text = jax.jit(fn).trace(*xs).lower(lowering_platforms=(platform,)).as_text()
   lines = [
     line for line in text.splitlines() if "stablehlo.dot_general" in line or "stablehlo.convolution" in line
   ]
@@ -56,13 +61,17 @@ def test_products_on_rounded_operands_are_tf32_eligible(policy):
   ):
     found = product_precisions(fn, *args(0))
     assert found and set(found) == {"HIGH"}, (policy, found)
+  if "cb16" in policy:  # no native dtype holds cbfloat16: TF32 on GPUs too
+    found = product_precisions(precision.autocast(mlp_loss, policy), *args(0), platform="cuda")
+    assert found and set(found) == {"HIGH"}, (policy, found)
 
 
-def test_float32_products_are_true_float32():
-  found = product_precisions(precision.autocast(mlp_loss, "c=f32"), *args(0))
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+def test_float32_products_are_true_float32(platform):
+  found = product_precisions(precision.autocast(mlp_loss, "c=f32"), *args(0), platform=platform)
   assert found and set(found) == {"HIGHEST"}
-  plain = product_precisions(mlp_loss, *args(0))
-  assert set(plain) == {"DEFAULT"}  # the user's own products, without autocast
+  plain = product_precisions(mlp_loss, *args(0), platform=platform)
+  assert set(plain) == {"DEFAULT"}  # the user's own products, without autocast (TF32 on GPUs)
 
 
 def test_region_products_keep_the_users_precision():
@@ -79,6 +88,7 @@ STEPS = {
 }
 
 
+@pytest.mark.skipif(not on_cpu(), reason=f"{CPU_ONLY}; on a GPU HIGH is TF32 and HIGHEST true float32")
 @settings(max_examples=10)
 @given(st.sampled_from(sorted(STEPS)), st.integers(0, 2**31 - 1))
 def test_cpu_results_do_not_depend_on_the_product_precision(policy, seed):

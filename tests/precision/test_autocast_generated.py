@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 import precision
 from precision.testing import assert_same_floats
+from tests.devices import true_float32
 from tests.precision import generated_programs as gen
 from tests.tolerances import GENERATED_PROGRAM, transform_tolerance
 from tests.values import assert_equal_up_to_fusion, examples, fusion_exposure
@@ -75,13 +76,13 @@ def _loss(f, a):
 
 def _float32_identity(names, seed, low, policy):
   f, x, a = gen.case(names, seed, low)
-  want = jax.jit(f)(x, a)
+  want = jax.jit(true_float32(f))(x, a)  # f with true float32 products (TF32 on GPUs otherwise)
   _assert_tree_same(jax.jit(precision.autocast(f, policy))(x, a), want, "jit")
-  _assert_tree_same(precision.autocast(f, policy)(x, a), f(x, a), "eager")
+  _assert_tree_same(precision.autocast(f, policy)(x, a), true_float32(f)(x, a), "eager")
   if NO_GRAD.intersection(names):
     return
   loss, args = _loss(f, a), (x, a["w"], a["s"])
-  grads = jax.jit(jax.grad(loss, (0, 1, 2)))(*args)
+  grads = jax.jit(true_float32(jax.grad(loss, (0, 1, 2))))(*args)
   _assert_tree_same(
     jax.jit(jax.grad(precision.autocast(loss, policy), (0, 1, 2)))(*args), grads, "grad(autocast)"
   )
@@ -259,7 +260,9 @@ def _report(names, seed, low, policy):
   assert report.unmatched == 0 and len(report.rows) > 0
   for row in report.rows:
     assert (row.sqnr_db, row.drop_db, row.flips, row.overflow, row.underflow) == (math.inf, 0.0, 0, 0, 0), row
-  _assert_tree_same(report.outputs, jax.jit(f)(x, a), "float32 report outputs")
+  _assert_tree_same(
+    report.outputs, jax.jit(true_float32(f))(x, a), "float32 report outputs"
+  )  # GPUs: not TF32
   mixed = precision.numerics_report(f, policy, x, a)
   assert mixed.unmatched == 0
   _assert_tree_same(mixed.outputs, jax.jit(precision.autocast(f, policy))(x, a), f"report outputs {policy}")
@@ -289,10 +292,11 @@ def test_float32_policy_is_the_identity_eagerly(fn):
   # and differed from fn(x, w) (which runs them compiled) in the last bit of 2 of 4 / 7 of 32 values.
   x, w = gen.case(("tanh",), 0, "float16")[1], gen.case(("tanh",), 1, "float16")[2]["w"]
   for policy in ("c=f32", "c=f32,level=0,block=4", precision.Policy(compute="float32", stochastic="matmul")):
-    _assert_tree_same(precision.autocast(fn, policy)(x, w), fn(x, w), f"eager {policy}")
+    # The float32 policy is fn with true float32 products (tests/devices.py; TF32 on GPUs otherwise).
+    _assert_tree_same(precision.autocast(fn, policy)(x, w), true_float32(fn)(x, w), f"eager {policy}")
     _assert_tree_same(
       jax.grad(lambda w, policy=policy: jnp.sum(precision.autocast(fn, policy)(x, w)))(w),
-      jax.grad(lambda w: jnp.sum(fn(x, w)))(w),
+      true_float32(jax.grad(lambda w: jnp.sum(fn(x, w))))(w),
     )
 
 

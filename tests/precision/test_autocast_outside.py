@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import precision
 from precision.testing import assert_close, assert_same_floats
+from tests.devices import cpu_devices, true_float32
 
 F32 = [precision.Policy(compute="float32", level=level) for level in (0, 1, 2)]
 
@@ -84,7 +85,7 @@ def test_non_array_leaves_float32_policy_is_the_identity():
   def loss(p, x):
     return jnp.sum(_mlp(p, x) ** 2)
 
-  want = jax.jit(jax.value_and_grad(lambda x: loss(params, x)))(x)
+  want = jax.jit(true_float32(jax.value_and_grad(lambda x: loss(params, x))))(x)  # GPUs: not TF32
   for policy in F32:
     auto = precision.autocast(loss, policy)
     _assert_tree_same(jax.jit(jax.value_and_grad(lambda x, auto=auto: auto(params, x)))(x), want)
@@ -212,23 +213,25 @@ def test_gradients_through_jitted_functions_are_the_identity_under_float32():
 
 def test_a_jit_with_its_own_shardings_keeps_them():
   # Was: inlined, its shardings dropped, and the float32 policy's values differed by an ulp.
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("d",))
-  rows = NamedSharding(mesh, P("d"))
-  w = _normal(18, (16, 16), 0.3)
-  layer = jax.jit(lambda a: jnp.tanh(a @ w), in_shardings=rows, out_shardings=rows)
+  devices = cpu_devices(4)  # and every run below on CPU devices: a GPU has one device
+  with jax.default_device(devices[0]):
+    mesh = jax.sharding.Mesh(np.array(devices), ("d",))
+    rows = NamedSharding(mesh, P("d"))
+    w = _normal(18, (16, 16), 0.3)
+    layer = jax.jit(lambda a: jnp.tanh(a @ w), in_shardings=rows, out_shardings=rows)
 
-  def f(x):
-    return jnp.sum(layer(x) * 2)
+    def f(x):
+      return jnp.sum(layer(x) * 2)
 
-  x = _normal(19, (4, 16))
-  for policy in F32[1:2]:
-    _assert_tree_same(
-      jax.jit(jax.value_and_grad(precision.autocast(f, policy)))(x), jax.jit(jax.value_and_grad(f))(x)
-    )
-  jaxpr = jax.make_jaxpr(precision.autocast(f, "c=bf16"))(x)
-  (inner,) = [e for e in jaxpr.eqns if e.primitive.name == "jit"]
-  assert inner.params["out_shardings"] == (rows,)
-  assert precision.autocast(layer, "c=bf16")(x).sharding == rows  # eagerly too
+    x = _normal(19, (4, 16))
+    for policy in F32[1:2]:
+      _assert_tree_same(
+        jax.jit(jax.value_and_grad(precision.autocast(f, policy)))(x), jax.jit(jax.value_and_grad(f))(x)
+      )
+    jaxpr = jax.make_jaxpr(precision.autocast(f, "c=bf16"))(x)
+    (inner,) = [e for e in jaxpr.eqns if e.primitive.name == "jit"]
+    assert inner.params["out_shardings"] == (rows,)
+    assert precision.autocast(layer, "c=bf16")(x).sharding == rows  # eagerly too
 
 
 def test_stochastic_bits_do_not_depend_on_jit_boundaries():
@@ -288,7 +291,7 @@ def test_program_bank_in_one_function():
   the slow per-program test): the float32 policy is the identity, and under bfloat16 every
   output is rounded, differs from float32, and ``vmap`` commutes to one ulp."""
   xs = _normal(11, (3, 16))
-  exact = jax.jit(jax.vmap(_all_programs))(xs)
+  exact = jax.jit(true_float32(jax.vmap(_all_programs)))(xs)  # true float32 products on GPUs too
   _assert_tree_same(jax.jit(jax.vmap(precision.autocast(_all_programs, F32[1])))(xs), exact)
   fmt = "bfloat16"
   auto = precision.autocast(
@@ -308,7 +311,7 @@ def test_program_bank_invariants(name):
   f = PROGRAMS[name]
   xs = _normal(11, (3, 16))
   loss = lambda g: lambda x: jnp.sum(g(x) ** 2)  # noqa: E731
-  exact, exact_grad = jax.jit(f)(xs[0]), jax.jit(jax.grad(loss(f)))(xs[0])
+  exact, exact_grad = jax.jit(true_float32(f))(xs[0]), jax.jit(true_float32(jax.grad(loss(f))))(xs[0])
   for policy in F32:  # the float32 policy is the identity: values and both gradient placements
     _assert_tree_same(jax.jit(precision.autocast(f, policy))(xs[0]), exact, f"{name} {policy}")
     _assert_tree_same(jax.jit(jax.grad(loss(precision.autocast(f, policy))))(xs[0]), exact_grad, name)
@@ -347,32 +350,34 @@ def test_typed_keys_through_scan_and_cond_and_dropout():
 
 
 def test_sharded_programs_on_four_devices():
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))
-  x, w = _normal(13, (8, 16)), _normal(14, (16, 16), 0.3)
+  devices = cpu_devices(4)  # and every run below on CPU devices: a GPU has one device
+  with jax.default_device(devices[0]):
+    mesh = jax.sharding.Mesh(np.array(devices).reshape(2, 2), ("data", "model"))
+    x, w = _normal(13, (8, 16)), _normal(14, (16, 16), 0.3)
 
-  def dense(x, w):
-    return jnp.tanh(x @ w)
+    def dense(x, w):
+      return jnp.tanh(x @ w)
 
-  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("data", None), P()), out_specs=P())
-  def mean_loss(x, w):
-    return lax.pmean(jnp.mean(dense(x, w) ** 2), "data")
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("data", None), P()), out_specs=P())
+    def mean_loss(x, w):
+      return lax.pmean(jnp.mean(dense(x, w) ** 2), "data")
 
-  for policy in F32[1:2]:
-    _assert_tree_same(
-      jax.jit(precision.autocast(jax.value_and_grad(mean_loss, argnums=1), policy))(x, w),
-      jax.jit(jax.value_and_grad(mean_loss, argnums=1))(x, w),
-    )
-  policy = "c=bf16"
-  shardings = (NamedSharding(mesh, P("data")), NamedSharding(mesh, P(None, "model")))
-  sharded = jax.jit(precision.autocast(dense, policy), in_shardings=shardings)
-  out = sharded(*[jax.device_put(a, s) for a, s in zip((x, w), shardings)])
-  _assert_tree_same(out, jax.jit(precision.autocast(dense, policy))(x, w))
+    for policy in F32[1:2]:
+      _assert_tree_same(
+        jax.jit(precision.autocast(jax.value_and_grad(mean_loss, argnums=1), policy))(x, w),
+        jax.jit(jax.value_and_grad(mean_loss, argnums=1))(x, w),
+      )
+    policy = "c=bf16"
+    shardings = (NamedSharding(mesh, P("data")), NamedSharding(mesh, P(None, "model")))
+    sharded = jax.jit(precision.autocast(dense, policy), in_shardings=shardings)
+    out = sharded(*[jax.device_put(a, s) for a, s in zip((x, w), shardings)])
+    _assert_tree_same(out, jax.jit(precision.autocast(dense, policy))(x, w))
 
-  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("data", None), P()), out_specs=P("data", None))
-  def per_shard(x, w):
-    return dense(x, w)
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("data", None), P()), out_specs=P("data", None))
+    def per_shard(x, w):
+      return dense(x, w)
 
-  _assert_tree_same(jax.jit(precision.autocast(per_shard, policy))(x, w), out)
+    _assert_tree_same(jax.jit(precision.autocast(per_shard, policy))(x, w), out)
 
 
 # ---- library models (slow: each compiles a model several times) ----
@@ -413,7 +418,7 @@ def test_flax_linen_train_step_with_batch_stats_and_dropout():
 
     args = (variables["params"], variables["batch_stats"], x, jax.random.key(2))
     step = jax.value_and_grad(loss, has_aux=True)
-    exact = jax.jit(step)(*args)
+    exact = jax.jit(true_float32(step))(*args)  # the float32 policy's reference (tests/devices.py)
     for policy in F32:
       _assert_tree_same(jax.jit(precision.autocast(step, policy))(*args), exact)
       _assert_tree_same(
@@ -446,7 +451,7 @@ def test_haiku_transform_with_state():
 
     step = jax.grad(loss, has_aux=True)
     args = (params, state, jax.random.key(2), x)
-    exact = jax.jit(step)(*args)
+    exact = jax.jit(true_float32(step))(*args)  # the float32 policy's reference (tests/devices.py)
     for policy in F32:
       _assert_tree_same(jax.jit(precision.autocast(step, policy))(*args), exact)
     evaluate = precision.autocast(transformed.apply, "c=bf16", static_argnums=4)

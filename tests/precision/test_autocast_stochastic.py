@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import precision
 from precision.policy import LEVEL_RULES, RULE_CLASSES, PolicyError
 from precision.testing import assert_same_floats, same_floats
+from tests.devices import true_float32
 from tests.tolerances import SR_SIGMAS, sr_mean_bound
 
 FORMATS = ("cbfloat16", "bfloat16", "float16")
@@ -217,7 +218,7 @@ def test_cast_report_needs_no_key():
 def test_float32_policy_with_stochastic_options_is_the_identity(level):
   policy = precision.Policy(compute="float32", level=level, stochastic="matmul+elementwise")
   args = _model_args()
-  expected = jax.jit(_model)(*args)
+  expected = jax.jit(true_float32(_model))(*args)  # true float32 products, on GPUs too
   f = precision.autocast(_model, policy)
   assert_same_floats(jax.jit(f)(*args), expected)  # no key needed
   assert_same_floats(jax.jit(f)(*args, rounding_key=jax.random.key(0)), expected)

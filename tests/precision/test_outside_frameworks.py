@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import precision
 from precision.testing import assert_same_floats
+from tests.devices import cpu_devices
 
 
 def _normal(seed: int, shape: tuple[int, ...], scale: float = 1.0) -> jax.Array:
@@ -26,7 +27,7 @@ def _normal(seed: int, shape: tuple[int, ...], scale: float = 1.0) -> jax.Array:
 
 def _data_parallel_loss():
   """A data-parallel MLP loss: each device takes 2 of the 8 examples, the loss is a pmean."""
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
+  mesh = jax.sharding.Mesh(np.array(cpu_devices(4)), ("data",))  # CPU devices: a GPU has one
 
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
   def loss(w, x):
@@ -100,7 +101,8 @@ def test_an_nnx_module_argument_keeps_its_updates():
   # compute float32 with a bfloat16 output goes through the pass: the identity but for the output
   policy = precision.Policy(compute="float32", output="bfloat16")
   loss = nnx.jit(precision.autocast(_loss, policy))(model, x)
-  want = nnx.jit(_loss)(reference, x)
+  with jax.default_matmul_precision("highest"):  # the float32 policy's products (TF32 on GPUs otherwise)
+    want = nnx.jit(_loss)(reference, x)
   assert float(loss) == float(precision.round(want, "bfloat16"))
   assert_same_floats(_state_leaves(nnx, model), _state_leaves(nnx, reference))  # stats, counts, weights
 
@@ -176,7 +178,8 @@ def test_equinox_hyperparameters_and_batch_norm_state():
 
   step = eqx.filter_value_and_grad(loss, has_aux=True)
   with jax.numpy_dtype_promotion("standard"):
-    exact = eqx.filter_jit(step)(model, state, x, key)
+    with jax.default_matmul_precision("highest"):  # the float32 policy's products (TF32 on GPUs otherwise)
+      exact = eqx.filter_jit(step)(model, state, x, key)
     same = eqx.filter_jit(precision.autocast(step, "c=f32,level=2"))(model, state, x, key)
     mixed = eqx.filter_jit(eqx.filter_value_and_grad(precision.autocast(loss, "c=bf16"), has_aux=True))(
       model, state, x, key

@@ -26,6 +26,7 @@ from jax import lax
 
 import precision
 from precision.testing import assert_close, assert_same_floats, same_floats, ulp_distance
+from tests.devices import true_float32
 from tests.tolerances import AUTOCAST_TRANSFORMER
 
 B, S, D, HEADS, VOCAB = 2, 8, 32, 2, 40
@@ -127,10 +128,12 @@ def test_the_float32_policy_is_the_identity_under_jit_and_vmap(level):
   params, batch = _params(), _batch()
   f32 = precision.Policy(compute="float32", level=level)
   vg = jax.value_and_grad(loss)
-  assert_same_floats(jax.jit(precision.autocast(vg, f32))(params, *batch), jax.jit(vg)(params, *batch))
+  # The float32 policy is the function with true float32 products (tests/devices.py; TF32 on GPUs).
+  want = jax.jit(true_float32(vg))(params, *batch)
+  assert_same_floats(jax.jit(precision.autocast(vg, f32))(params, *batch), want)
   one = lambda p, *xs: loss(p, *(x[None] for x in xs))  # noqa: E731
   per_example = jax.vmap(precision.autocast(one, f32), in_axes=(None, 0, 0, 0))(params, *batch)
-  assert_same_floats(per_example, jax.vmap(one, in_axes=(None, 0, 0, 0))(params, *batch))
+  assert_same_floats(per_example, true_float32(jax.vmap(one, in_axes=(None, 0, 0, 0)))(params, *batch))
 
 
 def test_a_comparison_with_finfo_max_keeps_float32s_number():

@@ -20,8 +20,20 @@ from precision import _kernel
 from precision.formats import PREDEFINED
 from precision.rounding import round_p
 from tests import values as V
+from tests.devices import cpu_devices
 
 MODES = ("nearest_even", "toward_zero")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _on_a_cpu_device():
+  """The CPU lowering is under test: every program runs on a CPU device, whatever the default
+  backend (on a GPU, ``JAX_PLATFORMS=cuda,cpu``); skipped where the CPU backend is missing."""
+  (cpu,) = cpu_devices(1)
+  with jax.default_device(cpu):
+    yield
+
+
 NARROW = [f.name for f in PREDEFINED if f.bits < 32]
 
 

@@ -10,6 +10,7 @@ from precision import _kernel
 from precision.formats import FormatError
 from precision.testing import assert_close
 from tests import values as V
+from tests.devices import on_cpu
 from tests.tolerances import ONE_ROUNDING
 
 W = 1.0 + 2.0**-12  # not representable in bfloat16 or cbfloat16: rounds to 1.0
@@ -61,6 +62,9 @@ def test_cast_gradient_matches_jax_cast_on_the_fast_path():
 def test_nan_gives_the_input_nan_quieted(fmt, mode):
   nans = np.array([0x7FC00001, 0xFFC00001, 0x7F800001, 0xFFA00000], np.uint32)
   got = V.bits_of(precision.round(nans.view(np.float32), fmt, mode))  # CPU: payload and sign kept
+  if not on_cpu() and mode == "nearest_even":  # GPUs: the float fast paths may give the canonical NaN
+    assert np.all(np.isnan(got.view(np.float32)))  # (documented in precision.round; encode keeps the sign)
+    return
   np.testing.assert_array_equal(got, nans | np.uint32(0x0040_0000))
 
 

@@ -688,6 +688,11 @@ class Walker:
     self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
   ) -> list[int]:
     branches = [compat.split_closed(b)[0] for b in compat.cond_branches(eqn.params)]
+    default = compat.cond_platform_default(eqn.params)
+    if default is not None:
+      # jax.lax.platform_dependent (autocast's native tensor-core products on GPUs): the branches
+      # are one program lowered per backend; the default branch is the program as written.
+      branches = [branches[default]]
     best: list[Site] | None = None
     best_cost = -1.0
     saved = self.sites

@@ -9,6 +9,7 @@ import pytest
 import precision
 import wafer
 from models.mlp import example_run
+from tests.devices import needs_devices
 from wafer.train import run
 
 
@@ -55,6 +56,7 @@ def test_eval_is_compiled_once_through_wafer_compile_in_every_mode(trained, tmp_
 
 
 def test_eval_is_sharded_over_num_csx(trained, monkeypatch):
+  needs_devices(2)  # num_csx=2 takes 2 devices of the default backend (one GPU has one)
   model_dir, _ = trained
   one = run(*_job(model_dir, precision.Policy(compute="float32"), mode="eval"), progress=False)["eval"]
   compiled = []

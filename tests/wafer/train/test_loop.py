@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from models.mlp import example_run
+from tests.devices import needs_devices
 from wafer.config import ConfigError, RunConfig
 from wafer.train import ExecutorError, checkpoint_iterations, run, steps_to_run
 
@@ -136,6 +137,7 @@ def test_validate_and_compile_only(tmp_path, capsys):
 
 
 def test_num_csx_runs_data_parallel_and_changes_nothing_process_wide(tmp_path):
+  needs_devices(2)  # num_csx=2 takes 2 devices of the default backend (one GPU has one)
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs", "jax_enable_x64")
   before = {name: getattr(jax.config, name) for name in names}
   one = _run(tmp_path / "one", max_steps=10, log_steps=5)

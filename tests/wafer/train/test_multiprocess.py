@@ -26,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from models.mlp import EXAMPLE_PARAMS
+from tests.devices import needs_devices, on_cpu
 from wafer import cluster, runner
 from wafer.config import ConfigError
 from wafer.config.errors import Problem
@@ -119,6 +120,11 @@ def _losses(model_dir: Path) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_two_processes_match_one_process_with_two_devices(tmp_path):
+  if not on_cpu():  # the processes run on CPU devices (JAX_PLATFORMS=cpu, gloo): the reference must too
+    pytest.skip(
+      "the one-process reference runs on the default backend; it must be the CPU (JAX_PLATFORMS=cpu)"
+    )
+  needs_devices(2)  # the one-process reference: num_csx=2 over two local devices
   params = _params(tmp_path)
   shared = tmp_path / "shared"
   first, second = _two_processes(params, shared, max_steps=6)
@@ -134,6 +140,11 @@ def test_two_processes_match_one_process_with_two_devices(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_split_the_input_workers_and_match_one_process(tmp_path):
+  if not on_cpu():  # the processes run on CPU devices (JAX_PLATFORMS=cpu, gloo): the reference must too
+    pytest.skip(
+      "the one-process reference runs on the default backend; it must be the CPU (JAX_PLATFORMS=cpu)"
+    )
+  needs_devices(2)  # the one-process reference: num_csx=2 over two local devices
   # fc_mnist reads a grain pipeline: each process builds only its own system's rows (its workers).
   data = yaml.safe_load((ROOT / "models" / "fc_mnist" / "configs" / "params_fc_mnist.yaml").read_text())
   data["runconfig"].update(num_csx=2, num_workers_per_csx=2, log_steps=1, checkpoint_steps=100)
