@@ -87,6 +87,7 @@ import functools
 import html
 import math
 import os
+import sysconfig
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -114,6 +115,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # installed packages: `site-packages`, or `dist-packages` (Debian/Ubuntu's pip, NVIDIA's JAX containers).
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
 _INSTALLED = frozenset({"site-packages", "dist-packages"})
+# Python's standard library too, as JAX's own user-frame filter does: on JAX < 0.10.2 a name-stack
+# decorator's `contextlib.ContextDecorator` frame lies between the user's line and JAX's frames.
+_STDLIB = {os.path.abspath(sysconfig.get_path(key)) + os.sep for key in ("stdlib", "platstdlib")}
+_LIBRARY_DIRS = (_PACKAGE_DIR, _JAX_DIR, *sorted(_STDLIB))
 
 
 @dataclasses.dataclass
@@ -399,12 +404,13 @@ def _is_float(aval: Any) -> bool:
 
 
 def _user_source(tb: Any) -> str:
-  """The innermost frame of a traceback outside jax, installed packages and this package: ``file:line``."""
+  """The innermost frame of a traceback outside jax, installed packages, the standard library and this
+  package: ``file:line``."""
   if tb is None:
     return "?"
   for frame in tb.frames:
     path = os.path.abspath(frame.file_name)
-    library = path.startswith((_PACKAGE_DIR, _JAX_DIR)) or not _INSTALLED.isdisjoint(path.split(os.sep))
+    library = path.startswith(_LIBRARY_DIRS) or not _INSTALLED.isdisjoint(path.split(os.sep))
     if library or "<" in frame.file_name:
       continue
     return f"{_short(path)}:{frame.line_num}"
