@@ -244,3 +244,25 @@ def test_no_module_but_the_compat_module_uses_jax_internals():
     files += sorted((ROOT / folder).rglob("*.py"))
   offenders = [use for f in files if f != compat_file for use in _internal_uses(f)]
   assert not offenders, "JAX internals outside precision/_jax_compat.py:\n" + "\n".join(offenders)
+
+
+def test_autocast_keeps_a_partly_manual_shard_map_partly_manual():
+  """A shard_map manual over one mesh axis of two is re-bound manual over that axis only (the
+  parameter is ``manual_axes`` before JAX 0.10.2, ``newly_manual_axes`` from it)."""
+  if len(jax.devices("cpu")) < 4:
+    pytest.skip("needs 4 CPU devices (tests/conftest.py forces them)")
+  mesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:4]).reshape(2, 2), ("a", "b"))
+  spec = jax.sharding.PartitionSpec
+
+  def body(x):
+    return jax.lax.psum(jnp.tanh(x) * 2.0, "a")
+
+  f = jax.shard_map(body, mesh=mesh, in_specs=spec("a"), out_specs=spec(), axis_names={"a"})
+  x = jnp.arange(32.0, dtype=jnp.float32).reshape(8, 4) / 32
+  with jax.set_mesh(mesh):
+    got = precision.autocast(f, "c=bf16")(x)
+    want = f(x)
+    (eqn,) = eqns_of(precision.autocast(f, "c=bf16"), x, name="shard_map")
+  assert compat.shard_map_manual_axes(eqn.params) == {"a"}
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2**-6)
+  assert not np.array_equal(np.asarray(got), np.asarray(want))  # rounded inside the body
