@@ -63,9 +63,13 @@ def matmul(
   if chunked is None:
     native = _native_dtype(p) if name in ("dot_general", "conv_general_dilated") else None
 
+    # The closure keeps no operand: the custom JVP's rule outlives this trace (a jvp_jaxpr_fun
+    # parameter), and a captured tracer would leak out of it.
+    extra = tuple(operands[2:])
+
     def product(lhs: Any, rhs: Any, precision: tuple) -> jax.Array:
       f32 = {"preferred_element_type": np.dtype(np.float32)} if lhs.dtype != jnp.float32 else {}
-      return compat.bind(eqn, [lhs, rhs, *operands[2:]], **dot_precision(eqn, precision), **f32)[0]
+      return compat.bind(eqn, [lhs, rhs, *extra], **dot_precision(eqn, precision), **f32)[0]
 
     out = p.round_result(_rounded_product(product, operands[0], operands[1], native), rule_class)
     rounded += numel(out_aval)

@@ -152,7 +152,9 @@ def _operands(shape, batch, seed, scale):
 
 
 def _bits(tree):
-  return [np.asarray(leaf).view(np.uint32) for leaf in jax.tree.leaves(tree)]
+  """Each leaf's bits, every NaN as the canonical quiet NaN (XLA keeps no NaN sign or payload)."""
+  leaves = [np.asarray(leaf, np.float32) for leaf in jax.tree.leaves(tree)]
+  return [np.where(np.isnan(leaf), np.float32(np.nan), leaf).view(np.uint32) for leaf in leaves]
 
 
 def _bitwise_case(case):
