@@ -146,3 +146,14 @@ def test_every_public_name_is_in_the_generated_reference(page, module_name):
   headings = set(re.findall(r"^## (\S+)$", text, re.M))
   missing = [n for n in importlib.import_module(module_name).__all__ if n not in headings]
   assert not missing, f"not in docs/api/{page}.md (run python docs/gen_api.py): " + ", ".join(missing)
+
+
+def test_the_generated_reference_is_up_to_date():
+  """docs/api/ is what docs/gen_api.py writes from today's docstrings (one source of truth)."""
+  import subprocess
+  import sys
+
+  result = subprocess.run(
+    [sys.executable, str(ROOT / "docs" / "gen_api.py"), "--check"], capture_output=True, text=True, cwd=ROOT
+  )
+  assert result.returncode == 0, f"run `python docs/gen_api.py`: {result.stdout}{result.stderr}"
