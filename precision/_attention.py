@@ -131,9 +131,8 @@ def _sub_jaxpr_facts(
     padded = [_NO_FACTS] * (len(jaxpr.invars) - len(facts)) + list(facts)
     return find_attention(jaxpr, padded, found, seen, meets)
 
-  if name in ("jit", "pjit", "remat2", "checkpoint", "shard_map", "custom_jvp_call", "custom_vjp_call"):
-    return run(compat.call_jaxpr(eqn), ins)
-  if name in compat.CALL_PRIMITIVES:
+  calls = ("jit", "pjit", "remat2", "checkpoint", "shard_map", "custom_jvp_call", "custom_vjp_call")
+  if name in calls or name in compat.CALL_PRIMITIVES:
     return run(compat.call_jaxpr(eqn), ins)
   if name == "cond":
     results = [run(b, ins[1:]) for b in compat.cond_branches(params)]

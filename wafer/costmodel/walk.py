@@ -313,7 +313,8 @@ class Walker:
       if any(k in self.data for k in ins if k is not None):
         self.data.update(outs)
       return outs
-    # generic higher-order primitive we do not know: walk every sub-jaxpr once
+    # a computation this walk does not handle is an error; what is left with sub-jaxprs are scalar
+    # combiners (a generic select_and_scatter's): walked once
     known = (
       prim in _MOVE or prim in _REDUCE or prim in _TRANSCENDENTAL or prim.startswith(("reduce", "scatter"))
     )
