@@ -66,7 +66,7 @@ def register(spec: ModelSpec) -> None:
     _SPECS[name.lower()] = spec
     register_model_schema(name, spec.config)
   for processor, schema in spec.data_processors.items():
-    register_input_schema(processor, schema)
+    register_input_schema(processor, schema, spec.names)
 
 
 def load_plugins() -> None:

@@ -78,7 +78,8 @@ def test_bert_values() -> None:
   p = load_params(DATA / "bert_base_MSL128.yaml")
   assert p.train_input.batch_size == 3200 and p.eval_input.batch_size == 256
   assert p.train_input.max_predictions_per_seq == 20  # typed by the processor's strict schema
-  assert p.model.model_extra["hidden_size"] == 768 and p.model.fp16_type == "cbfloat16"
+  assert p.model.name == "bert"  # inferred from the data processor (the file names no model)
+  assert p.model.hidden_size == 768 and p.model.fp16_type == "cbfloat16"
   assert p.optimizer.name == "adamw" and p.optimizer.decay == 0.01 and p.optimizer.dynamic_loss_scaling
   assert [s["total_iters"] for s in p.optimizer.learning_rate] == [3200, 77600]
   assert p.runconfig.max_steps == 72000 and p.runconfig.save_initial_checkpoint is True
@@ -98,7 +99,8 @@ def test_fc_mnist_values() -> None:
   p = load_params(FC)
   assert p.model.name == "fc_mnist" and p.optimizer.learning_rate == 0.001
   assert p.train_input.drop_remainder is True
-  assert p.policy().compute.name == "bfloat16"  # the modelzoo Trainer's default half type
+  # a legacy-layout file without fp16_type ran in float16 on its releases (<= 2.3; the Trainer's bfloat16 is 2.4+)
+  assert p.policy().compute.name == "float16" and p.release.half_dtype == "float16"
 
 
 # --- the trainer (v2) layout ----------------------------------------------------------------------
@@ -405,13 +407,12 @@ def test_enum_value_suggestion() -> None:
   assert "unknown optimizer 'adamm'; did you mean 'Adam'?" in text
 
 
-def test_precision_opt_level_under_model_is_an_error(tmp_path: pathlib.Path) -> None:
-  path = write(tmp_path, MINIMAL.replace("  name: tiny\n", "  name: tiny\n  precision_opt_level: 1\n"))
-  text = error_of(path)
-  assert (
-    f"{path}: line 5: model.precision_opt_level: precision_opt_level is not allowed under model; "
-    "set runconfig.precision_opt_level" in text
-  )
+def test_precision_opt_level_under_model_is_translated(tmp_path: pathlib.Path) -> None:
+  """1.8 read precision_opt_level under model: it moves to runconfig, with a note."""
+  path = write(tmp_path, MINIMAL.replace("  name: tiny\n", "  name: tiny\n  precision_opt_level: 0\n"))
+  p = load_params(path)
+  assert p.runconfig.precision_opt_level == 0
+  assert any("model.precision_opt_level: 0 -> runconfig.precision_opt_level: 0" in n for n in p.notes)
 
 
 def test_misspelled_core_key_in_an_open_section() -> None:

@@ -13,9 +13,18 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from wafer.config import modelzoo as _modelzoo
 from wafer.config import trainer as _trainer
 from wafer.config.errors import ConfigError, Loc, Problem, dotted, from_pydantic, suggest, unknown_key_message
-from wafer.config.params import SECTIONS, Params, registered_input_schemas, section_schema
+from wafer.config.params import (
+  SECTIONS,
+  Params,
+  model_schemas,
+  models_of,
+  processors_of,
+  registered_input_schemas,
+  section_schema,
+)
 from wafer.config.schema import MODES, OpenSection
 
 
@@ -305,6 +314,9 @@ def validate_params(
   lines: Mapping[Loc, int] | None = None,
   origins: Sequence[tuple[Loc, str]] = (),
   renames: Sequence[tuple[Loc, Loc]] = (),
+  found: Sequence[Problem] = (),
+  notes: Sequence[str] = (),
+  release: Any = None,
 ) -> Params:
   """Validate a legacy-layout dict into :class:`Params`, reporting every problem at once.
 
@@ -315,6 +327,9 @@ def validate_params(
     origins: ``(loc prefix, origin)`` pairs: values under ``loc`` came from ``origin`` (an override).
     renames: ``(legacy loc prefix, written loc prefix)`` pairs, for files converted from the
       trainer layout: problems are shown at the key path the user wrote.
+    found: problems found before (the layout conversion's, `wafer.config.modelzoo.adapt`'s), reported
+      with the others.
+    notes: the loader's notes (``Params.notes``); release: ``Params.release``.
 
   Raises:
     ConfigError: listing every problem found.
@@ -323,7 +338,7 @@ def validate_params(
   if not isinstance(data, dict):
     what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
     raise ConfigError(f"the params file is {what}; expected the sections {', '.join(SECTIONS)}", source)
-  problems: list[Problem] = []
+  problems: list[Problem] = list(found)
   sections: dict[str, Any] = {}
   for key, value in data.items():
     if key not in SECTIONS:
@@ -338,7 +353,7 @@ def validate_params(
   if data.get("model") is None:
     problems.append(Problem(("model",), "required section is missing"))
   if not problems:
-    params = Params(**sections, source=source, lines=dict(lines or {}))
+    params = Params(**sections, source=source, lines=dict(lines or {}), release=release, notes=tuple(notes))
     problems = params.problems()
   if problems:
     raise ConfigError([_locate(p, lines, origins, renames) for p in problems], source)
@@ -425,13 +440,16 @@ def load_params(
   parsed = [(parse_override(o), o) for o in overrides]
   origins: list[tuple[Loc, str]] = []
   v2_map: list[tuple[Loc, Loc]] = []
-  if _trainer.is_trainer_layout(data):
+  found: list[Problem] = []
+  callbacks: list[tuple[Loc, str]] = []
+  trainer_layout = _trainer.is_trainer_layout(data)
+  if trainer_layout:
     for (loc, value), text in parsed:
       if loc[0] == "trainer":
         origins.insert(0, (_apply(data, loc, value, text, source), f"override {text!r}"))
     try:
-      data, v2_map = _trainer.convert_with_origins(data)
-    except ConfigError as e:
+      data, v2_map, found, callbacks = _trainer.convert_all(data)
+    except ConfigError as e:  # the file's shape does not convert at all (a list of trainers)
       raise ConfigError([_locate(p, lines, origins) for p in e.problems], source) from None
     parsed = [item for item in parsed if item[0][0][0] != "trainer"]
   for (loc, value), text in parsed:
@@ -451,7 +469,31 @@ def load_params(
     if isinstance(data["runconfig"], dict):
       data["runconfig"]["mode"] = mode
     origins.insert(0, (("runconfig", "mode"), "--mode"))
-  return validate_params(data, source, lines, origins, v2_map)
+
+  def where(loc: Loc) -> str:
+    p = _locate(Problem(loc, ""), lines, origins, v2_map)
+    shown = p.shown_path or dotted(loc)
+    return f"{shown} ({p.source or f'line {p.line}'})" if p.source or p.line else shown
+
+  adapted = _modelzoo.adapt(
+    data,
+    None if source == "<dict>" else source,
+    models_of,
+    model_schemas(),
+    processors_of,
+    where,
+    [f"{dotted(loc)} ({_modelzoo.IGNORED[('callback', name)]})" for loc, name in callbacks],
+  )
+  if adapted.tensorflow:
+    raise ConfigError([_locate(p, lines, origins, v2_map) for p in adapted.problems], source)
+  model = adapted.data.get("model")
+  name = model.get("name") if isinstance(model, dict) else None
+  release = _modelzoo.release_of(adapted.data, trainer_layout=trainer_layout, model=name)
+  params = validate_params(
+    adapted.data, source, lines, origins, v2_map, found + adapted.problems, adapted.notes, release
+  )
+  note = _modelzoo.precision_note(params)
+  return params.model_copy(update={"notes": params.notes + ((note,) if note else ())})
 
 
 __all__ = (

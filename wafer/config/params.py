@@ -38,6 +38,7 @@ SECTIONS: dict[str, type[Section]] = {
 
 _MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {}
 _INPUT_SCHEMAS: dict[str, type[InputConfig]] = {}
+_PROCESSOR_MODELS: dict[str, tuple[str, ...]] = {}
 _SCHEMA_SOURCES: list[Callable[[], None]] = []
 
 
@@ -74,11 +75,38 @@ def register_model_schema(name: str, schema: type[ModelConfig]) -> None:
   _MODEL_SCHEMAS[name.lower()] = schema
 
 
-def register_input_schema(data_processor: str, schema: type[InputConfig]) -> None:
-  """Use ``schema`` (an :class:`InputConfig` subclass) for ``*_input.data_processor == data_processor``."""
+def register_input_schema(
+  data_processor: str, schema: type[InputConfig], models: tuple[str, ...] = ()
+) -> None:
+  """Use ``schema`` (an :class:`InputConfig` subclass) for ``*_input.data_processor == data_processor``.
+
+  ``models``: the names of the model the processor feeds (a file without ``model.name`` is inferred
+  to be that model; `wafer.config.modelzoo.infer_model`)."""
   if not (isinstance(schema, type) and issubclass(schema, InputConfig)):
     raise TypeError(f"{schema!r} is not an InputConfig subclass")
   _INPUT_SCHEMAS[data_processor] = schema
+  if models:
+    _PROCESSOR_MODELS[data_processor] = tuple(models)
+
+
+def models_of(data_processor: str) -> tuple[str, ...]:
+  """The names of the model ``data_processor`` feeds (empty when no plugin registered it with them)."""
+  load_schemas()
+  return _PROCESSOR_MODELS.get(data_processor, ())
+
+
+def processors_of(model: str) -> tuple[str, ...]:
+  """The data processors registered as feeding ``model``."""
+  load_schemas()
+  return tuple(
+    sorted(p for p, names in _PROCESSOR_MODELS.items() if model.lower() in (n.lower() for n in names))
+  )
+
+
+def model_schemas() -> dict[str, type[ModelConfig]]:
+  """``{model name: its registered schema}``."""
+  load_schemas()
+  return dict(_MODEL_SCHEMAS)
 
 
 def registered_input_schemas() -> list[str]:
@@ -91,6 +119,7 @@ def unregister_schema(name: str) -> None:
   """Forget a model or input schema registered under ``name`` (for tests)."""
   _MODEL_SCHEMAS.pop(name.lower(), None)
   _INPUT_SCHEMAS.pop(name, None)
+  _PROCESSOR_MODELS.pop(name, None)
 
 
 def section_schema(section: str, data: Any) -> type[Section]:
@@ -119,6 +148,10 @@ class Params(BaseModel):
     source: the file it came from.
     lines: the loader's line map, ``{key path: 1-based line}`` of the file as written (empty for a
       mapping); `line` reads it.
+    release: the Model Zoo release the file was written for and the defaults that follow from it
+      (`wafer.config.modelzoo.Release`); None for a mapping validated without the loader.
+    notes: what the loader inferred, ignored and translated, and the release's defaults, one line each
+      (``note: ...``); a run prints them first.
   """
 
   model_config = ConfigDict(extra="forbid", protected_namespaces=(), arbitrary_types_allowed=True)
@@ -131,6 +164,8 @@ class Params(BaseModel):
   csconfig: CSConfig | None = None
   source: str | None = None
   lines: dict[tuple[str | int, ...], int] = Field(default_factory=dict, exclude=True, repr=False)
+  release: Any = Field(default=None, exclude=True)
+  notes: tuple[str, ...] = Field(default=(), exclude=True)
 
   def line(self, *loc: str | int) -> int | None:
     """The line of key path ``loc`` in the file as written (``params.line("model", "name")``), or None."""
@@ -138,11 +173,14 @@ class Params(BaseModel):
 
   @property
   def fp16_type(self) -> str | None:
-    """``model.fp16_type``, with the 1.x spellings (``use_bfloat16``, ``csconfig.use_cbfloat16``)."""
+    """``model.fp16_type``, with the 1.x spellings (``use_bfloat16``, ``csconfig.use_cbfloat16``); when
+    the file gives none, its release's default (`release`), else None (the policy's default)."""
     if self.model.fp16_type is not None:
       return self.model.fp16_type
     if self.csconfig is not None and self.csconfig.use_cbfloat16:
       return "cbfloat16"
+    if self.model.use_bfloat16 is not True and self.release is not None:
+      return self.release.half_dtype
     return None
 
   def policy(self) -> Any:

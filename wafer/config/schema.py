@@ -166,6 +166,9 @@ class RunConfig(Section):
   act_memory_gi: PosFloat | None = None
   cmd_memory_gi: PosFloat | None = None
   wgt_memory_gi: PosFloat | None = None
+  modelzoo_release: str | None = None
+  """The Model Zoo release the file was written for (``"1.9"``, ``"2.3.1"``, ``"Release_2.4.3"``): decides
+  the defaults that changed across releases (`wafer.config.modelzoo.release_of`); inferred when absent."""
   # 1.x-era keys, accepted and ignored
   show_debug_metrics: bool = False
   save_losses: bool = False
@@ -254,16 +257,6 @@ class ModelConfig(OpenSection):
   attention_softmax_fp32: bool | None = None
   boundary_casting: bool = False
   tf_summary: bool = False
-
-  @classmethod
-  def key_problems(cls, data: dict[str, Any]) -> dict[str, str]:
-    out = super().key_problems(data)
-    if "precision_opt_level" in data:
-      out["precision_opt_level"] = (
-        "precision_opt_level is not allowed under model; set "
-        "runconfig.precision_opt_level (0, 1 or 2) instead"
-      )
-    return out
 
 
 class InputConfig(OpenSection):

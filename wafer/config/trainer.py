@@ -34,6 +34,9 @@ dataloaders`` (a single one)
 ``fit.ckpt_path`` / ``validate.ckpt_path``               ``runconfig.checkpoint_path``
 =======================================================  ==========================================
 
+``init.sparsity`` becomes the top-level ``sparsity`` (refused as a feature wafer lacks, with the
+others: `wafer.config.modelzoo`); a logging-only callback (``ComputeNorm``) is ignored with a note.
+
 The mode defaults to ``train`` when there is a ``fit`` section, else ``eval`` (``validate``) or
 ``eval_all`` (``validate_all`` only). Anything else (other callbacks, several LR schedulers,
 weight-decay schedulers, nested Sequential schedulers, several validation dataloaders, a list of
@@ -46,6 +49,7 @@ import copy
 from typing import Any
 
 from wafer.config.errors import ConfigError, Loc, Problem, unknown_key_message
+from wafer.config.modelzoo import IGNORED
 
 _TRAINER_KEYS = ("init", "fit", "validate", "validate_all")
 _INIT_KEYS = (
@@ -61,6 +65,7 @@ _INIT_KEYS = (
   "checkpoint",
   "logging",
   "callbacks",
+  "sparsity",
 )
 _BACKEND_KEYS = ("backend_type", "cluster_config", "compile_only", "validate_only", "compile_dir")
 _CLUSTER = {
@@ -118,6 +123,7 @@ class _Converter:
     self.out: dict[str, dict[str, Any]] = {}
     self.renames: list[tuple[Loc, Loc]] = []
     self.problems: list[Problem] = []
+    self.ignored: list[tuple[Loc, str]] = []
 
   def put(self, legacy: Loc, value: Any, written: Loc) -> None:
     node = self.out
@@ -146,7 +152,23 @@ class _Converter:
 
 
 def convert_with_origins(data: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[Loc, Loc]]]:
-  """``(legacy dict, renames)``; ``renames`` maps legacy key paths to the paths as written."""
+  """``(legacy dict, renames)``; ``renames`` maps legacy key paths to the paths as written.
+
+  Raises:
+    ConfigError: every key that does not convert.
+  """
+  out, renames, problems, _ = convert_all(data)
+  if problems:
+    raise ConfigError(problems)
+  return out, renames
+
+
+def convert_all(
+  data: dict[str, Any],
+) -> tuple[dict[str, Any], list[tuple[Loc, Loc]], list[Problem], list[tuple[Loc, str]]]:
+  """``(legacy dict, renames, problems, ignored)``: the conversion of what converts, the problems of what
+  does not (so that they are reported with the problems of the converted file), and the callbacks
+  ignored as logging-only (``(key path as written, name)``, `wafer.config.modelzoo.IGNORED`)."""
   c = _Converter()
   for key in data:
     if key != "trainer":
@@ -177,10 +199,8 @@ def convert_with_origins(data: dict[str, Any]) -> tuple[dict[str, Any], list[tup
   )
   if mode is not None:
     c.out.setdefault("runconfig", {}).setdefault("mode", mode)
-  if c.problems:
-    raise ConfigError(c.problems)
   c.renames.sort(key=lambda r: -len(r[0]))
-  return c.out, c.renames
+  return c.out, c.renames, c.problems, c.ignored
 
 
 def _convert_init(c: _Converter, init: dict[str, Any], iloc: Loc) -> None:
@@ -207,6 +227,8 @@ def _convert_init(c: _Converter, init: dict[str, Any], iloc: Loc) -> None:
       c.put(("runconfig", key), init[key], iloc + (key,))
   if "model" in init:
     c.put(("model",), c.mapping(init["model"], iloc + ("model",)), iloc + ("model",))
+  if "sparsity" in init:  # refused with the other features wafer lacks (wafer.config.modelzoo.FEATURES)
+    c.put(("sparsity",), init["sparsity"], iloc + ("sparsity",))
   if "optimizer" in init:
     _convert_optimizer(c, init["optimizer"], iloc + ("optimizer",))
   if init.get("schedulers") is not None:
@@ -395,10 +417,14 @@ def _convert_callbacks(c: _Converter, value: Any, loc: Loc) -> None:
     if cb is None:
       continue
     name, args = cb
+    if ("callback", name) in IGNORED:
+      c.ignored.append((loc + (i, name), name))
+      continue
     if name not in _SCOPED:
       c.bad(
         loc + (i, name),
-        f"callback {name!r} is not converted; convertible: {', '.join(_SCOPED)} with {_MICRO_BATCH}",
+        f"callback {name!r} is not converted; convertible: {', '.join(_SCOPED)} with {_MICRO_BATCH}; "
+        f"ignored (logging only): {', '.join(k for s, k in IGNORED if s == 'callback')}",
       )
       continue
     for key, arg in args.items():

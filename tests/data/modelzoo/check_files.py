@@ -1,11 +1,13 @@
 """How many of the copied modelzoo params files validate at the config level, and why the others do not.
 
-  python tests/data/modelzoo/check_files.py [-v] [FILE ...]   # default: every file of manifest.json
+  python tests/data/modelzoo/check_files.py [-v] [--plan] [FILE ...]   # default: every file of manifest.json
 
-"Validates at the config level" is what ``wafer run --params FILE --validate_only`` checks before it
-traces the step: the file loads (`wafer.config.load_params`), the registry builds its task
-(`wafer.runner.load_plan`) and the task's batch shapes fit the model (``task.batch_spec()``).
-Prints one line per file (``ok`` or the first line of the error) and the count.
+"Validates at the config level": the file loads (`wafer.config.load_params`), its ``model.name`` is a
+registered model and its input sections name data processors that feed it. With ``--plan``, also what
+``wafer run --params FILE --validate_only`` checks before it traces the step: the registry builds the
+task (`wafer.runner.load_plan`) and its batch shapes fit the model (``task.batch_spec()``); slower (the
+task builds the model's parameter shapes). Prints one line per file (``ok`` or the first line of the
+error) and the count.
 """
 
 from __future__ import annotations
@@ -16,30 +18,39 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parents[2]))  # this checkout's wafer, not an installed one
 
 
-def check(path: Path) -> str:
+def check(path: Path, plan: bool = False) -> str:
   """``"ok"``, or the error's text."""
-  from wafer import runner
+  from wafer import registry, runner
+  from wafer.config import load_params
 
   try:
-    plan = runner.load_plan(path, ["runconfig.validate_only=true"])
-    if plan.task.batch_spec is not None:
-      plan.task.batch_spec()
+    if plan:
+      built = runner.load_plan(path, ["runconfig.validate_only=true"])
+      if built.task.batch_spec is not None:
+        built.task.batch_spec()
+      return "ok"
+    params = load_params(path, ["runconfig.validate_only=true"])
+    spec = registry.get_spec(params.model.name)
+    for section in (params.train_input, params.eval_input):
+      if section is not None and section.data_processor not in spec.data_processors:
+        return f"data_processor {section.data_processor!r} does not feed {params.model.name}"
   except Exception as error:  # the outcome is reported, not raised
     return f"{type(error).__name__}: {error}"
   return "ok"
 
 
 def main(argv: list[str]) -> int:
-  verbose = "-v" in argv
-  files = [Path(a) for a in argv if a != "-v"]
+  verbose, plan = "-v" in argv, "--plan" in argv
+  files = [Path(a) for a in argv if a not in ("-v", "--plan")]
   if not files:
     files = [HERE / e["file"] for e in json.loads((HERE / "manifest.json").read_text())]
   t0 = time.perf_counter()
   ok = 0
   for path in files:
-    outcome = check(path)
+    outcome = check(path, plan)
     ok += outcome == "ok"
     shown = outcome if verbose else outcome.splitlines()[0][:150]
     print(f"{path.relative_to(HERE) if path.is_relative_to(HERE) else path}: {shown}")

@@ -1,0 +1,517 @@
+"""Params files as Cerebras' Model Zoo releases wrote them: what is inferred, ignored, translated, refused.
+
+Every release's layout loads unchanged (docs/guides/modelzoo-params.md). Before a file is validated,
+:func:`adapt` rewrites its legacy-layout dict and says what it did in one note per kind:
+
+* **inferred**: ``model.name`` when it is missing (modelzoo up to 2.3 chose the model by the folder the
+  file sat in): from the data processor, else the file's path, else the model keys only one model
+  takes; fc_mnist's ``data_processor`` when the file names none (one processor feeds it);
+* **ignored**: keys that only steer the real cluster, logging or performance (:data:`IGNORED`, each
+  with its reason; the one table the docs print);
+* **translated**: keys whose meaning moved (:data:`RENAMED`);
+* **refused**: features wafer does not have (:data:`FEATURES`), all named in one problem.
+
+The defaults that changed across releases (the half type when ``fp16_type`` is absent) follow the
+file's release (:func:`release_of`, :class:`Release`).
+
+>>> data = {"train_input": {"data_processor": "MNISTDataProcessor", "batch_size": 8, "repeat": True},
+...         "model": {"depth": 2}}
+>>> feeds = {"MNISTDataProcessor": ("fc_mnist",)}
+>>> out = adapt(data, "fc_mnist/params.yaml", lambda p: feeds.get(p, ()), {"fc_mnist": object})
+>>> out.data["model"]["name"], "train_input" in out.data, out.data["train_input"].get("repeat")
+('fc_mnist', True, None)
+>>> print(out.notes[-1])
+note: model.name is missing: using 'fc_mnist', the model of train_input.data_processor 'MNISTDataProcessor'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from wafer.config.errors import Loc, Problem, dotted
+
+MZ = "https://github.com/Cerebras/modelzoo/blob/"
+"""Public sources: ``MZ + '<tag>/<path>'``."""
+
+_INPUTS = ("train_input", "eval_input")
+
+IGNORED: dict[tuple[str, str], str] = {
+  ("runconfig", "multireplica"): "runs several copies of a small model on one CS system for throughput "
+  "(performance; R_1.6.0 modelzoo/common/pytorch/pytorch_base_cs_runner.py)",
+  ("runconfig", "use_appliance_data"): "where the appliance reads the data from (cluster; Release_1.9.1 "
+  "modelzoo/common/pytorch/pytorch_base_runner.py)",
+  (
+    "runconfig",
+    "execution_strategy",
+  ): "pipeline or weight-streaming execution on the CS system (performance; "
+  "`wafer estimate` chooses its own mode; Release_1.8.0 modelzoo/common/pytorch/pytorch_base_runner.py)",
+  ("runconfig", "save_summary_steps"): "TensorBoard summary frequency of the TF estimator (logging; the "
+  "PyTorch runners never read it; wafer logs every runconfig.log_steps)",
+  ("runconfig", "keep_checkpoint_max"): "checkpoint retention of the TF estimator (the PyTorch runners never "
+  "read it; wafer's key is runconfig.max_checkpoints)",
+  ("runconfig", "cs_ip"): "the address of the CS system (cluster)",
+  ("model", "allow_multireplica"): "allows multireplica runs (performance; Release_1.8.0 "
+  "modelzoo/common/pytorch/PyTorchBaseModel.py)",
+  ("input", "buckets"): "groups examples of similar length into batches for variable-sequence-length "
+  "throughput (performance; R_1.6.0 modelzoo/transformers/pytorch/bert/input/BertCSVDynamicMaskDataProcessor.py)",
+  ("input", "repeat"): "repeats the dataset (wafer's input pipeline already runs over as many epochs as the "
+  "run needs)",
+  ("input", "use_multiple_workers"): "multiple input workers on a CS-1 (cluster; wafer's are "
+  "runconfig.num_workers_per_csx)",
+  (
+    "input",
+    "mixed_precision",
+  ): "casts the input features to the half type (the policy, model.mixed_precision "
+  "and model.fp16_type, decides the compute format here)",
+  (
+    "optimizer",
+    "ws_summary",
+  ): "weight-streaming summaries (logging; modelzoo's PyTorch code at Release_1.8.0 "
+  "and later never reads it)",
+  (
+    "optimizer",
+    "use_bias_correction",
+  ): "never read by modelzoo's PyTorch optimizers (they read correct_bias; "
+  "Release_1.9.1 modelzoo/common/pytorch/PyTorchBaseModel.py)",
+  ("scheduler", "alpha"): "never read by modelzoo's learning-rate schedulers up to 2.3 (Release_1.9.1 "
+  "modelzoo/common/pytorch/PyTorchBaseModel.py, _configure_lr_scheduler)",
+  ("callback", "ComputeNorm"): "logs the norms of the weights and gradients (logging; Release_2.4.3 "
+  "src/cerebras/modelzoo/trainer/callbacks/norm.py)",
+}
+"""``{(section, key): why it is ignored}``: keys that only steer the real cluster, logging or performance,
+or that modelzoo itself never read. ``input`` is ``train_input`` and ``eval_input``; ``scheduler`` a
+learning-rate scheduler of ``optimizer.learning_rate``; ``callback`` a trainer-layout callback."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rename:
+  """A key whose meaning moved: ``source`` -> ``target`` with ``value(old)``; None drops it."""
+
+  source: tuple[str, str]
+  target: tuple[str, str] | None
+  value: Callable[[Any], Any]
+  why: str
+
+
+def _dynamic_mlm(v: Any) -> Any:
+  return "num_masked" if v is True else "batch_size" if v is False else v
+
+
+RENAMED: tuple[Rename, ...] = (
+  Rename(
+    ("input", "dynamic_mlm_scale"),
+    ("model", "mlm_loss_scaling"),
+    _dynamic_mlm,
+    "1.x scaled the MLM loss by batch_size / number of masked tokens (R_1.6.0 "
+    "modelzoo/transformers/pytorch/bert/input/BertCSVDynamicMaskDataProcessor.py): True is "
+    "mlm_loss_scaling: num_masked, False batch_size",
+  ),
+  Rename(
+    ("model", "precision_opt_level"),
+    ("runconfig", "precision_opt_level"),
+    lambda v: v,
+    "1.8 read it under model (Release_1.8.0 modelzoo/common/pytorch/pytorch_cs_appliance.py); "
+    "runconfig's wins when both are set (Release_1.9.1 modelzoo/common/pytorch/run_cstorch_flow.py)",
+  ),
+  Rename(
+    ("model", "use_position_embedding"),
+    None,
+    lambda v: v,
+    "True (learned position embeddings) is the only behaviour wafer's models have (R_1.6.0 "
+    "modelzoo/transformers/pytorch/gpt2/model.py)",
+  ),
+)
+"""Keys whose name or place changed between releases."""
+
+FEATURES: dict[str, tuple[tuple[str, str], ...]] = {
+  "muP (maximal update parametrization)": (
+    ("model", "embeddings_scale"),
+    ("model", "output_logits_scale"),
+    ("model", "output_logits_alpha"),
+    ("model", "attention_logits_alpha"),
+    ("model", "scale_qk_dot_by_d"),
+    ("model", "scale_output_logits_by_d"),
+    ("model", "mup_base_hidden_size"),
+    ("model", "mup_base_filter_size"),
+    ("optimizer", "adjust_learning_rate"),
+  ),
+  "sparsity": (("", "sparsity"), ("optimizer", "sparsity"), ("model", "sparsity")),
+  "TensorFlow input (TFRecords / tf.data, the TF estimator)": (
+    ("input", "num_parallel_calls"),
+    ("runconfig", "save_checkpoints_steps"),
+    ("runconfig", "tf_random_seed"),
+    ("", "description"),
+    ("model", "hidden_sizes"),
+    ("model", "use_vsl"),
+  ),
+}
+"""``{feature: keys}``: features wafer does not have, refused with every key of the file named.
+A ``data_processor`` reading TFRecords (``*Tf*Processor``) is TensorFlow input too."""
+
+_TF_PROCESSOR = re.compile(r"tf(records)?(data)?processor$|tfrecords", re.IGNORECASE)
+_ONE_X = (
+  ("runconfig", "use_cs_grad_accum"),
+  ("runconfig", "save_losses"),
+  ("runconfig", "show_debug_metrics"),
+  ("runconfig", "multireplica"),
+  ("runconfig", "use_appliance_data"),
+  ("runconfig", "execution_strategy"),
+  ("model", "use_bfloat16"),
+  ("model", "precision_opt_level"),
+  ("model", "use_position_embedding"),
+  ("model", "allow_multireplica"),
+  ("input", "dynamic_mlm_scale"),
+  ("", "csconfig"),
+)
+"""Keys only 1.x files have (they mark a legacy file as 1.x)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+  """The Model Zoo release a file was written for, and the defaults that follow from it.
+
+  Attributes:
+    name: ``"1.x"``, ``"2.1-2.3"``, ``"legacy layout (<= 2.3)"`` (not decidable), ``"2.4+"``, or the
+      release given (``runconfig.modelzoo_release``).
+    half_dtype: the half type when the file gives none (``model.fp16_type`` / ``use_bfloat16``).
+    reason: how the release was decided.
+    source: where the half-type default of that release is (a public URL and what it says).
+  """
+
+  name: str
+  half_dtype: str
+  reason: str
+  source: str
+
+
+def _version(text: str) -> tuple[int, int] | None:
+  m = re.search(r"(\d+)\.(\d+)", str(text))
+  return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+_HALF_SOURCES = {
+  "old": MZ + "Release_1.9.1/modelzoo/common/pytorch/run_cstorch_flow.py (use_bfloat16 defaults to False: "
+  "float16)",
+  "bert": MZ + "Release_2.3.1/src/cerebras/modelzoo/models/nlp/bert/utils.py (fp16_type defaults to float16)",
+  "gpt": MZ + "Release_2.3.1/src/cerebras/modelzoo/models/nlp/gpt2/utils.py (fp16_type defaults to bfloat16)",
+  "other": MZ + "Release_2.3.1/src/cerebras/modelzoo/common/half_dtype.py (fp16_type defaults to float16)",
+  "trainer": MZ + "Release_2.4.3/src/cerebras/modelzoo/trainer/callbacks/precision.py (fp16_type defaults "
+  "to bfloat16)",
+}
+
+
+def _half_of(version: tuple[int, int], model: str | None) -> tuple[str, str]:
+  if version >= (2, 4):
+    return "bfloat16", _HALF_SOURCES["trainer"]
+  if version <= (2, 0):
+    return "float16", _HALF_SOURCES["old"]
+  if model is not None and model.lower().startswith("gpt"):
+    return "bfloat16", _HALF_SOURCES["gpt"]
+  return "float16", _HALF_SOURCES["bert" if model == "bert" else "other"]
+
+
+def release_of(data: Mapping[str, Any], *, trainer_layout: bool, model: str | None) -> Release:
+  """The release of a (legacy-layout, converted if it was a trainer-layout) params dict.
+
+  From ``runconfig.modelzoo_release`` when given; else the trainer layout is 2.4+, a legacy file with
+  a 1.x-only key (:data:`_ONE_X`) is 1.x, one with ``model.fp16_type`` (introduced in 2.1) 2.1-2.3;
+  any other legacy file is "legacy layout (<= 2.3)", its half default that of 1.x/2.0 (float16).
+
+  >>> release_of({"model": {}}, trainer_layout=True, model="gpt3").half_dtype
+  'bfloat16'
+  >>> release_of({"runconfig": {"save_losses": True}}, trainer_layout=False, model="bert").name
+  '1.x'
+  """
+  rc = data.get("runconfig") if isinstance(data.get("runconfig"), dict) else {}
+  given = rc.get("modelzoo_release")
+  if given is not None and _version(given) is not None:
+    half, src = _half_of(_version(given), model)
+    return Release(str(given), half, f"runconfig.modelzoo_release={given}", src)
+  if trainer_layout:
+    half, src = _half_of((2, 4), model)
+    return Release("2.4+", half, "trainer layout (2.4 and later)", src)
+  marks = [dotted(loc) for loc in _present(data, _ONE_X)]
+  if marks:
+    half, src = _half_of((1, 9), model)
+    return Release("1.x", half, f"legacy layout with 1.x-only keys: {', '.join(marks[:3])}", src)
+  model_section = data.get("model") if isinstance(data.get("model"), dict) else {}
+  if "fp16_type" in model_section:
+    half, src = _half_of((2, 3), model)
+    return Release("2.1-2.3", half, "legacy layout with model.fp16_type (2.1 to 2.3)", src)
+  half, src = _half_of((2, 0), model)
+  other = ""
+  if _half_of((2, 3), model)[0] != half:
+    other = (
+      f"; 2.1-2.3 would have used {_half_of((2, 3), model)[0]} for this model: set model.fp16_type, or "
+      "runconfig.modelzoo_release, to decide"
+    )
+  return Release("legacy layout (<= 2.3)", half, f"legacy layout, release not decidable{other}", src)
+
+
+def _sections(data: Mapping[str, Any], section: str) -> list[str]:
+  return [s for s in (_INPUTS if section == "input" else (section,)) if isinstance(data.get(s), dict)]
+
+
+def _present(data: Mapping[str, Any], keys: Sequence[tuple[str, str]]) -> list[Loc]:
+  """The key paths of ``keys`` that ``data`` has (``""``: top level; ``input``: either input section)."""
+  out: list[Loc] = []
+  for section, key in keys:
+    if section == "":
+      if key in data:
+        out.append((key,))
+      continue
+    for s in _sections(data, section):
+      if key in data[s]:
+        out.append((s, key))
+  return out
+
+
+@dataclasses.dataclass
+class Adapted:
+  """What :func:`adapt` made of a params dict: the dict to validate, the notes and the problems."""
+
+  data: dict[str, Any]
+  notes: list[str]
+  problems: list[Problem]
+  tensorflow: bool = False
+  """The file is a TensorFlow (estimator) file: its refusal is the whole report (its other keys are
+  TensorFlow's, not wafer's business)."""
+
+
+def features_problem(locs: Mapping[str, list[Loc]], where: Callable[[Loc], str] = dotted) -> Problem | None:
+  """One problem naming every key of every feature wafer lacks (``{feature: key paths}``), or None.
+
+  ``where(loc)``: how a key is shown (its path as written and its line).
+  """
+  found = {f: ls for f, ls in locs.items() if ls}
+  if not found:
+    return None
+  at = where
+
+  parts = [f"{f}: {', '.join(at(loc) for loc in ls)}" for f, ls in found.items()]
+  first = next(iter(found.values()))[0]
+  return Problem(
+    first,
+    "uses features wafer does not have, so it cannot run here: "
+    + "; ".join(parts)
+    + ". "
+    + (
+      "This is a TensorFlow Model Zoo file: start from the PyTorch params file of the same model"
+      if any(f.startswith("TensorFlow") for f in found)
+      else "Remove these keys to run the model without them (the results then differ from the original run's)"
+    ),
+  )
+
+
+def feature_locs(data: Mapping[str, Any]) -> dict[str, list[Loc]]:
+  """``{feature: key paths}`` of the features wafer lacks in a legacy-layout dict."""
+  out = {f: _present(data, keys) for f, keys in FEATURES.items()}
+  tf = next(f for f in FEATURES if f.startswith("TensorFlow"))
+  for s in _sections(data, "input"):
+    processor = data[s].get("data_processor")
+    if isinstance(processor, str) and _TF_PROCESSOR.search(processor):
+      out[tf].insert(0, (s, "data_processor"))
+  return out
+
+
+def _model_from_path(path: str | None, names: Sequence[str]) -> str | None:
+  """The registered name the path names last (the deepest folder or the file name), or None."""
+  if not path:
+    return None
+  text = str(path).lower()
+  best: tuple[int, str] | None = None
+  for name in names:
+    for m in re.finditer(rf"(?<![a-z0-9]){re.escape(name.lower())}(?![a-z0-9])", text):
+      if best is None or m.start() > best[0]:
+        best = (m.start(), name)
+  return best[1] if best else None
+
+
+def infer_model(
+  data: Mapping[str, Any],
+  path: str | None,
+  models_of: Callable[[str], tuple[str, ...]],
+  schemas: Mapping[str, type],
+) -> tuple[str | None, str]:
+  """``(model name, what it was inferred from)``; ``(None, what would decide it)`` when undecidable.
+
+  Args:
+    data: the legacy-layout dict (``model.name`` absent).
+    path: the file's path (modelzoo up to 2.3 chose the model by its folder).
+    models_of: data processor -> the names of the model it feeds (the registry's table).
+    schemas: registered model name -> its schema (the model keys each model takes).
+  """
+  names = sorted(schemas)
+  for s in _sections(data, "input"):
+    processor = data[s].get("data_processor")
+    if isinstance(processor, str) and models_of(processor):
+      family = models_of(processor)
+      chosen = _model_from_path(path, family) or family[0]
+      return chosen, f"the model of {s}.data_processor {processor!r}"
+  by_path = _model_from_path(path, names)
+  if by_path is not None:
+    return by_path, f"the file's path {str(path)!r}"
+  model = data.get("model") if isinstance(data.get("model"), dict) else {}
+  keys = set(model) - {"name"}
+  fits: dict[type, list[str]] = {}
+  for name in names:
+    fields = getattr(schemas[name], "model_fields", {})
+    if keys and keys <= set(fields):
+      fits.setdefault(schemas[name], []).append(name)
+  if len(fits) == 1:
+    found = next(iter(fits.values()))
+    return found[0], f"the model keys (only {'/'.join(found)} takes all of {', '.join(sorted(keys))})"
+  return None, (
+    "it could not be inferred: no train_input.data_processor of a registered model, no model name in the "
+    "file's path, and the model keys fit "
+    + (
+      "several models (" + ", ".join("/".join(v) for v in fits.values()) + ")" if fits else "no single model"
+    )
+    + f"; set model.name to one of {', '.join(names)}"
+  )
+
+
+def adapt(
+  data: dict[str, Any],
+  path: str | None,
+  models_of: Callable[[str], tuple[str, ...]],
+  schemas: Mapping[str, type] | None = None,
+  processors_of: Callable[[str], tuple[str, ...]] | None = None,
+  where: Callable[[Loc], str] = dotted,
+  ignored: Sequence[str] = (),
+) -> Adapted:
+  """Rewrite a legacy-layout params dict as wafer validates it; see the module doc.
+
+  Args:
+    data: the parsed file (legacy layout; a trainer-layout file after its conversion). Not modified.
+    path: the file's path, for inferring the model.
+    models_of: data processor -> model names (empty: not registered).
+    schemas: model name -> model schema, for inferring the model from its keys.
+    processors_of: model name -> the data processors that feed it (fc_mnist without one).
+    where: how a key path is shown in the refusal of missing features (as written, with its line).
+    ignored: keys already ignored (a trainer-layout callback), for the one note of ignored keys.
+  """
+  data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+  notes: list[str] = []
+  problems: list[Problem] = []
+  features = feature_locs(data)
+  refused = features_problem(features, where)
+  if refused is not None and any(features[f] for f in features if f.startswith("TensorFlow")):
+    return Adapted(data, [], [refused], tensorflow=True)
+  if refused is not None:
+    problems.append(refused)
+    for locs in feature_locs(data).values():
+      for loc in locs:
+        if loc[-1] != "data_processor":
+          _drop(data, loc)
+  ignored = list(ignored)
+  for (section, key), why in IGNORED.items():
+    for loc in _present(data, ((section, key),)):
+      _drop(data, loc)
+      ignored.append(f"{dotted(loc)} ({why})")
+  optimizer = data.get("optimizer")
+  if isinstance(optimizer, dict) and isinstance(optimizer.get("learning_rate"), list):
+    rates = [dict(r) if isinstance(r, dict) else r for r in optimizer["learning_rate"]]
+    for i, r in enumerate(rates):
+      if (
+        isinstance(r, dict) and "alpha" in r and str(r.get("scheduler", "")).lower() in ("linear", "linearlr")
+      ):
+        del r["alpha"]
+        ignored.append(f"optimizer.learning_rate[{i}].alpha ({IGNORED[('scheduler', 'alpha')]})")
+    data["optimizer"] = {**optimizer, "learning_rate": rates}
+  if ignored:
+    notes.append(
+      "note: ignored, as they only steer the real system or were never read: " + "; ".join(ignored)
+    )
+  translated = []
+  for rename in RENAMED:
+    for loc in _present(data, (rename.source,)):
+      value = data[loc[0]].pop(loc[1])
+      if rename.source == ("model", "use_position_embedding"):
+        if value is not True:
+          problems.append(
+            Problem(loc, "must be True: wafer's models always add learned position embeddings", value)
+          )
+        else:
+          translated.append(f"{dotted(loc)}: True dropped ({rename.why})")
+        continue
+      assert rename.target is not None
+      target = data.setdefault(rename.target[0], {})
+      if isinstance(target, dict) and rename.target[1] not in target:
+        target[rename.target[1]] = rename.value(value)
+        translated.append(
+          f"{dotted(loc)}: {value!r} -> {dotted(rename.target)}: {target[rename.target[1]]!r} ({rename.why})"
+        )
+      elif isinstance(target, dict):
+        translated.append(f"{dotted(loc)}: {value!r} dropped, {dotted(rename.target)} is set ({rename.why})")
+  if translated:
+    notes.append("note: translated from an older release: " + "; ".join(translated))
+  model = data.get("model")
+  if isinstance(model, dict) and model.get("name") is None and schemas is not None:
+    name, why = infer_model(data, path, models_of, schemas)
+    if name is None:
+      problems.append(Problem(("model", "name"), "is missing, and " + why))
+    else:
+      data["model"] = {"name": name, **model}
+      notes.append(f"note: model.name is missing: using {name!r}, {why}")
+  model = data.get("model")
+  name = model.get("name") if isinstance(model, dict) else None
+  if isinstance(name, str) and processors_of is not None:
+    feeds = processors_of(name)
+    for s in _sections(data, "input"):
+      if data[s].get("data_processor") is None and len(feeds) == 1:
+        data[s] = {"data_processor": feeds[0], **data[s]}
+        notes.append(
+          f"note: {s}.data_processor is missing: using {feeds[0]!r}, the only one that feeds {name}"
+        )
+  return Adapted(data, notes, problems)
+
+
+def _drop(data: dict[str, Any], loc: Loc) -> None:
+  if len(loc) == 1:
+    data.pop(loc[0], None)
+  elif isinstance(data.get(loc[0]), dict):
+    data[loc[0]].pop(loc[1], None)
+
+
+def precision_note(params: Any) -> str | None:
+  """The note that states a loaded file's release, its half type and loss scaling, and why.
+
+  ``params``: a `wafer.config.Params` with its ``release`` (None: no note).
+  """
+  release = params.release
+  if release is None:
+    return None
+  m = params.model
+  if not m.mixed_precision:
+    half = "float32 (model.mixed_precision: False)"
+  elif m.fp16_type is not None:
+    half = f"{m.fp16_type} (model.fp16_type)"
+  elif params.csconfig is not None and params.csconfig.use_cbfloat16:
+    half = "cbfloat16 (csconfig.use_cbfloat16)"
+  elif m.use_bfloat16:
+    half = "bfloat16 (model.use_bfloat16)"
+  else:
+    half = f"{release.half_dtype} (no model.fp16_type: the default of that release, {release.source})"
+  opt = params.optimizer
+  if opt is None:
+    scaling = "none (no optimizer)"
+  else:
+    try:
+      built = opt.loss_scale(params.policy().compute)
+    except Exception:  # the problem is reported by the checks; the note says what the file asks
+      built = None
+    if type(built).__name__ == "DynamicLossScale":
+      scaling = "dynamic (optimizer.loss_scaling_factor: dynamic)"
+    elif params.policy().compute.name == "bfloat16" and opt.dynamic_loss_scaling:
+      scaling = "none (bfloat16 needs none; loss_scaling_factor: dynamic is dropped, as modelzoo does)"
+    elif "loss_scaling_factor" in opt.model_fields_set:
+      scaling = f"static {opt.loss_scaling_factor} (optimizer.loss_scaling_factor)"
+    else:
+      scaling = "static 1.0 (loss_scaling_factor absent: 1.0 in every release)"
+  return (
+    f"note: Model Zoo release {release.name} ({release.reason}): half type {half}; loss scaling {scaling}"
+  )
