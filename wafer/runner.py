@@ -99,7 +99,10 @@ def schedule_note(params: Params) -> str | None:
 
 
 def run_plan(p: Plan, *, progress: bool = True) -> RunSummary:
-  """Run a plan; returns the run loop's summary."""
+  """Run a plan; returns the run loop's summary. Its first lines are the loader's notes (what was inferred,
+  ignored and translated; the release and its half type and loss scaling: ``Params.notes``)."""
+  for line in p.params.notes:
+    print(line, flush=True)
   note = schedule_note(p.params)
   if note is not None:
     print(note, flush=True)

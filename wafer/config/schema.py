@@ -166,7 +166,7 @@ class RunConfig(Section):
   act_memory_gi: PosFloat | None = None
   cmd_memory_gi: PosFloat | None = None
   wgt_memory_gi: PosFloat | None = None
-  modelzoo_release: str | None = None
+  modelzoo_release: str | float | None = None
   """The Model Zoo release the file was written for (``"1.9"``, ``"2.3.1"``, ``"Release_2.4.3"``): decides
   the defaults that changed across releases (`wafer.config.modelzoo.release_of`); inferred when absent."""
   # 1.x-era keys, accepted and ignored

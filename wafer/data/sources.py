@@ -72,7 +72,11 @@ def pretokenised(
     return None
   path = os.fspath(data_dir)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"data_dir {path}: no such file or directory; point data_dir at the data")
+    raise FileNotFoundError(
+      f"data_dir {path}: no such file or directory; point data_dir at the data (a modelzoo file names the "
+      "data its release's preparation scripts write: docs/guides/modelzoo-params.md, 'Data'), or override "
+      "train_input.data_dir=null (and eval_input.data_dir=null) to run on the embedded data"
+    )
   names = [path] if os.path.isfile(path) else (os.listdir(path) if os.path.isdir(path) else [])
   if not any(n.endswith(suffixes) for n in names):
     return None

@@ -1,0 +1,265 @@
+"""Real Cerebras Model Zoo params files (tests/data/modelzoo, copied unchanged): each validates at the
+config level, or is refused in one message naming a feature wafer lacks; the loader's inferences,
+ignored keys and translations hold as invariants."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wafer import registry
+from wafer.config import ConfigError, load_params
+from wafer.config.modelzoo import FEATURES, IGNORED
+
+DATA = pathlib.Path(__file__).parents[1] / "data" / "modelzoo"
+MANIFEST = json.loads((DATA / "manifest.json").read_text())
+
+_MUP, _SPARSITY, _TF = "muP", "sparsity", "TensorFlow"
+REFUSED = {
+  "R_1.6.0/fc_mnist_tf/params.yaml": _TF,
+  "R_1.6.0/tf/params_bert_base_msl128.yaml": _TF,
+  "R_1.6.0/tf/params_gpt3_xl_ws.yaml": _TF,
+  "Release_1.8.0/gpt3/params_gpt3_20b.yaml": "duplicate key 'steps'",  # the file repeats a key (line 105)
+  "Release_1.9.1/gpt3/Cerebras_GPT/111m_mup.yaml": _MUP,
+  "Release_2.1.1/gpt3/sparsity/params_gpt3_125m_rigl75.yaml": _SPARSITY,
+  "Release_2.3.1/gpt3/muP/params_gpt3_40M.yaml": _MUP,
+  "Release_2.4.3/bert/bert_large_MSL512_muP.yaml": _MUP,
+  "Release_2.4.3/gpt3/Cerebras_GPT/256m_mup.yaml": _MUP,
+  "Release_2.4.3/gpt3/sparsity/params_gpt3_125m_static75.yaml": _SPARSITY,
+  "Release_2.10.0/gpt3/sparsity/params_gpt3_125m_set75.yaml": _SPARSITY,
+}
+"""The files wafer refuses, and why; every other file of the manifest must validate."""
+EXPECTED = {e["file"]: REFUSED.get(e["file"], "ok") for e in MANIFEST}
+HALF = {
+  "R_1.6.0": "float16",
+  "Release_1.8.0": "float16",
+  "Release_2.4.3": "bfloat16",
+  "Release_2.10.0": "bfloat16",
+}
+"""The half type each release used when a file gives no fp16_type (docs/guides/modelzoo-params.md)."""
+
+
+def outcome(path: pathlib.Path, overrides: tuple[str, ...] = ()) -> str:
+  """ "ok" when the file validates at the config level (loads, names a registered model, and its input
+  sections name processors of that model), else the error's text."""
+  try:
+    params = load_params(path, list(overrides))
+  except ConfigError as error:
+    return str(error)
+  spec = registry.get_spec(params.model.name)
+  for section in (params.train_input, params.eval_input):
+    if section is not None and section.data_processor not in spec.data_processors:
+      return f"{section.data_processor} does not feed {params.model.name}"
+  return "ok"
+
+
+def test_the_table_covers_every_file_and_both_outcomes():
+  assert len(EXPECTED) >= 45 and set(REFUSED) <= set(EXPECTED)
+  assert sum(v == "ok" for v in EXPECTED.values()) >= 45
+  for entry in MANIFEST:
+    assert (DATA / entry["file"]).is_file()
+    assert entry["url"] == f"https://github.com/Cerebras/modelzoo/blob/{entry['tag']}/{entry['path']}"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_real_file_validates_or_is_refused_for_a_missing_feature(name):
+  got = outcome(DATA / name)
+  expected = EXPECTED[name]
+  if expected == "ok":
+    assert got == "ok", got
+    params = load_params(DATA / name)
+    tag = name.split("/")[0]
+    if tag in HALF and (
+      tag.startswith(("R_1", "Release_1")) or "trainer:" in (DATA / name).read_text()
+    ):  # a 1.x file without 1.x-only keys is "legacy layout (<= 2.3)": float16 all the same
+      assert params.release.half_dtype == HALF[tag], params.release
+    assert params.notes and params.notes[-1].startswith("note: Model Zoo release")
+    return
+  assert expected in got, got
+  if expected != "duplicate key 'steps'":  # one message names every key of the missing features
+    assert got.count("features wafer does not have") == 1, got
+
+
+def _model_section(data: dict) -> dict:
+  return data["trainer"]["init"]["model"] if "trainer" in data else data["model"]
+
+
+NAMED = [
+  n
+  for n, e in sorted(EXPECTED.items())
+  if e == "ok" and "name" in _model_section(yaml.safe_load((DATA / n).read_text()))
+]
+"""The files that name their model (the others are inferred: the test above)."""
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_removing_model_name_infers_the_same_model(name, tmp_path):
+  path = DATA / name
+  text = path.read_text()
+  data = yaml.safe_load(text)
+  model = _model_section(data)
+  named = load_params(path).model.name
+  del model["name"]
+  copy = tmp_path / path.name  # the file name kept: the path is one of the clues
+  copy.write_text(yaml.safe_dump(data))
+  params = load_params(copy)
+  assert registry.get_spec(params.model.name) is registry.get_spec(named)  # gpt2 and gpt3 are one model
+  assert any("model.name is missing" in n for n in params.notes)
+
+
+BASE = DATA / "Release_2.3.1" / "bert" / "bert_base_MSL128.yaml"
+_IGNORABLE = sorted((s, k) for s, k in IGNORED if s in ("runconfig", "model", "input", "optimizer"))
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=st.lists(st.sampled_from(_IGNORABLE), min_size=1, max_size=3, unique=True), value=st.booleans())
+def test_an_ignorable_key_changes_nothing_but_the_notes(keys, value):
+  before = load_params(BASE)
+  overrides = [f"{'train_input' if s == 'input' else s}.{k}={str(value).lower()}" for s, k in keys]
+  after = load_params(BASE, overrides)
+  assert after.model_dump() == before.model_dump()
+  note = next(n for n in after.notes if n.startswith("note: ignored"))
+  for s, k in keys:
+    assert f"{'train_input' if s == 'input' else s}.{k} (" in note
+  assert len([n for n in after.notes if n.startswith("note: ignored")]) == 1
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(1, 4), m=st.integers(0, 4))
+def test_independent_bad_keys_are_all_reported_and_features_in_one_problem(n, m):
+  bad = [f"runconfig.no_such_key_{i}=1" for i in range(n)]
+  mup = [f"model.{k}=1.0" for s, k in FEATURES["muP (maximal update parametrization)"][:m] if s == "model"]
+  with pytest.raises(ConfigError) as info:
+    load_params(BASE, bad + mup)
+  problems = info.value.problems
+  assert sum("no_such_key" in p.path for p in problems) == n
+  feature = [p for p in problems if "features wafer does not have" in p.message]
+  assert len(feature) == (1 if mup else 0)
+  for text in mup:
+    assert text.split("=")[0] in feature[0].message
+
+
+def test_use_position_embedding_false_is_refused_true_is_dropped():
+  path = DATA / "R_1.6.0" / "gpt2" / "params_gpt2_small.yaml"
+  assert "use_position_embedding: True dropped" in " ".join(load_params(path).notes)
+  with pytest.raises(ConfigError, match=r"model.use_position_embedding .*: must be True"):
+    load_params(path, ["model.use_position_embedding=false"])
+
+
+def test_dynamic_mlm_scale_translates_and_half_type_follows_the_release():
+  params = load_params(DATA / "R_1.6.0" / "bert" / "bert_base_msl128.yaml")
+  assert params.model.mlm_loss_scaling == "num_masked"
+  assert params.policy().compute.name == "float16"  # 1.x: use_bfloat16 defaults to False
+  assert "half type float16" in params.notes[-1] and "loss scaling dynamic" in params.notes[-1]
+  trainer = load_params(DATA / "Release_2.10.0" / "fc_mnist" / "params_cszoov2.yaml")
+  assert trainer.release.half_dtype == "bfloat16" and trainer.policy().compute.name == "bfloat16"
+  given = load_params(DATA / "R_1.6.0" / "bert" / "bert_base_msl128.yaml", ["runconfig.modelzoo_release=2.4"])
+  assert given.policy().compute.name == "bfloat16"
+
+
+def test_a_model_that_cannot_be_inferred_says_what_would_decide_it(tmp_path):
+  data = yaml.safe_load((DATA / "Release_2.3.1" / "gpt2" / "params_gpt2_small.yaml").read_text())
+  for section in ("train_input", "eval_input"):
+    data[section].pop("data_processor")
+  data["model"]["num_segments"] = 2  # a BERT key among GPT keys: no single model takes them all
+  path = tmp_path / "params.yaml"
+  path.write_text(yaml.safe_dump(data))
+  with pytest.raises(ConfigError, match="model.name: is missing, and it could not be inferred") as info:
+    load_params(path)
+  assert "set model.name to one of" in str(info.value)
+
+
+def _tiny(tmp_path: pathlib.Path, extra: tuple[str, ...] = ()) -> list[str]:
+  return [
+    f"runconfig.model_dir={tmp_path}",
+    "runconfig.max_steps=6",
+    "runconfig.log_steps=1",
+    "runconfig.checkpoint_steps=0",
+    "train_input.data_dir=null",
+    "train_input.batch_size=4",
+    "train_input.num_workers=0",
+    "train_input.max_sequence_length=32",
+    "model.hidden_size=32",
+    "model.num_hidden_layers=1",
+    "model.num_heads=2",
+    "model.filter_size=64",
+    "model.vocab_size=512",
+    "model.max_position_embeddings=32",
+    *extra,
+  ]
+
+
+@pytest.mark.slow
+def test_a_fixed_up_1x_bert_file_runs_in_float16_with_dynamic_loss_scaling(tmp_path):
+  from wafer import runner
+
+  path = DATA / "R_1.6.0" / "bert" / "bert_base_msl128.yaml"
+  overrides = _tiny(
+    tmp_path,
+    (
+      "train_input.max_predictions_per_seq=null",
+      "train_input.prefetch_factor=null",
+      "train_input.persistent_workers=false",
+      "eval_input=null",
+      "runconfig.mode=train",
+    ),
+  )
+  plan = runner.load_plan(path, overrides)
+  assert plan.policy.compute.name == "float16"
+  runner.run_plan(plan, progress=False)
+  records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  scales = [r["loss_scale"] for r in records if "loss_scale" in r]
+  assert scales and all(s != 1.0 for s in scales)  # dynamic: 2^15 start for float16, not the static 1.0
+
+
+@pytest.mark.slow
+def test_a_fixed_up_trainer_layout_file_runs_in_bfloat16(tmp_path):
+  from wafer import runner
+
+  path = DATA / "Release_2.10.0" / "gpt3" / "Cerebras_GPT" / "111m.yaml"
+  overrides = [
+    o.replace("train_input.", "trainer.fit.train_dataloader.").replace(
+      "runconfig.model_dir", "trainer.init.model_dir"
+    )
+    for o in _tiny(tmp_path)
+    if not o.startswith(("runconfig.", "model.", "train_input.num_workers"))
+  ] + [
+    f"trainer.init.model_dir={tmp_path}",
+    "trainer.init.loop.max_steps=3",
+    "trainer.init.checkpoint.steps=0",
+    "trainer.fit.val_dataloader=null",
+    "trainer.init.loop.eval_frequency=null",
+    "trainer.init.loop.eval_steps=null",
+  ]
+  overrides += [
+    f"trainer.init.model.{k}"
+    for k in (
+      "hidden_size=32",
+      "num_hidden_layers=1",
+      "num_heads=2",
+      "filter_size=64",
+      "vocab_size=512",
+      "max_position_embeddings=32",
+    )
+  ]
+  plan = runner.load_plan(path, overrides)
+  assert plan.policy.compute.name == "bfloat16"
+  summary = runner.run_plan(plan, progress=False)
+  assert summary.losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "name", ["Release_2.3.1/gpt2/params_gpt2_small.yaml", "Release_2.10.0/fc_mnist/params.yaml"]
+)
+def test_cli_validate_only_accepts_real_files(name, tmp_path, capsys):
+  from wafer import cli
+
+  assert cli.main(["run", "--params", str(DATA / name), "--validate_only", "--model_dir", str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith("note:") and "Validation completed successfully" in out
