@@ -52,20 +52,18 @@ IGNORED: dict[tuple[str, str], str] = {
   "PyTorch runners never read it; wafer logs every runconfig.log_steps)",
   ("runconfig", "keep_checkpoint_max"): "checkpoint retention of the TF estimator (the PyTorch runners never "
   "read it; wafer's key is runconfig.max_checkpoints)",
-  ("runconfig", "cs_ip"): "the address of the CS system (cluster)",
+  ("runconfig", "cs_ip"): "the address of the CS system (cluster; R_1.6.0 modelzoo/common/pytorch/utils.py)",
   ("model", "allow_multireplica"): "allows multireplica runs (performance; Release_1.8.0 "
   "modelzoo/common/pytorch/PyTorchBaseModel.py)",
   ("input", "buckets"): "groups examples of similar length into batches for variable-sequence-length "
   "throughput (performance; R_1.6.0 modelzoo/transformers/pytorch/bert/input/BertCSVDynamicMaskDataProcessor.py)",
   ("input", "repeat"): "repeats the dataset (wafer's input pipeline already runs over as many epochs as the "
   "run needs)",
-  ("input", "use_multiple_workers"): "multiple input workers on a CS-1 (cluster; wafer's are "
-  "runconfig.num_workers_per_csx)",
-  (
-    "input",
-    "mixed_precision",
-  ): "casts the input features to the half type (the policy, model.mixed_precision "
-  "and model.fp16_type, decides the compute format here)",
+  ("input", "use_multiple_workers"): "multiple input workers on a CS-1 (cluster; modelzoo's PyTorch code "
+  "never reads it; wafer's input workers are runconfig.num_workers_per_csx)",
+  ("input", "mixed_precision"): "never read by the PyTorch GPT data processors (Release_1.8.0 "
+  "modelzoo/transformers/pytorch/gpt2/input); the policy (model.mixed_precision, model.fp16_type) decides "
+  "the compute format",
   (
     "optimizer",
     "ws_summary",
@@ -84,6 +82,12 @@ IGNORED: dict[tuple[str, str], str] = {
 """``{(section, key): why it is ignored}``: keys that only steer the real cluster, logging or performance,
 or that modelzoo itself never read. ``input`` is ``train_input`` and ``eval_input``; ``scheduler`` a
 learning-rate scheduler of ``optimizer.learning_rate``; ``callback`` a trainer-layout callback."""
+
+
+def ignored_table() -> str:
+  """:data:`IGNORED` as the Markdown table rows of docs/guides/modelzoo-params.md (the docs print this;
+  a test checks they agree)."""
+  return "\n".join(f"| `{section}.{key}` | {why} |" for (section, key), why in IGNORED.items())
 
 
 @dataclasses.dataclass(frozen=True)
