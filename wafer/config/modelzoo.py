@@ -76,6 +76,15 @@ IGNORED: dict[tuple[str, str], str] = {
   "Release_1.9.1 modelzoo/common/pytorch/PyTorchBaseModel.py)",
   ("scheduler", "alpha"): "never read by modelzoo's learning-rate schedulers up to 2.3 (Release_1.9.1 "
   "modelzoo/common/pytorch/PyTorchBaseModel.py, _configure_lr_scheduler)",
+  ("runconfig", "save_checkpoint_steps"): "never read by modelzoo's PyTorch runners (R_1.7.1; a TF estimator "
+  "key; wafer's is runconfig.checkpoint_steps)",
+  ("runconfig", "log_step_count_steps"): "never read by modelzoo's PyTorch runners (R_1.7.0; a TF estimator "
+  "logging key; wafer logs every runconfig.log_steps)",
+  (
+    "scheduler",
+    "decay_steps",
+  ): "given with steps: modelzoo up to 1.9 overwrote decay_steps with steps (R_1.7.0 "
+  "modelzoo/common/pytorch/PyTorchBaseModel.py, _configure_lr_scheduler)",
   ("callback", "ComputeNorm"): "logs the norms of the weights and gradients (logging; Release_2.4.3 "
   "src/cerebras/modelzoo/trainer/callbacks/norm.py)",
 }
@@ -425,6 +434,9 @@ def adapt(
       ):
         del r["alpha"]
         ignored.append(f"optimizer.learning_rate[{i}].alpha ({IGNORED[('scheduler', 'alpha')]})")
+      if isinstance(r, dict) and "steps" in r and "decay_steps" in r:
+        del r["decay_steps"]
+        ignored.append(f"optimizer.learning_rate[{i}].decay_steps ({IGNORED[('scheduler', 'decay_steps')]})")
     data["optimizer"] = {**optimizer, "learning_rate": rates}
   if ignored:
     notes.append(

@@ -50,6 +50,8 @@ FILES: list[tuple[str, str, str]] = [
   ("R_1.6.0", "modelzoo/fc_mnist/tf/configs/params.yaml", "fc_mnist_tf/params.yaml"),
   ("R_1.6.0", f"{_TF}/bert/configs/params_bert_base_msl128.yaml", "tf/params_bert_base_msl128.yaml"),
   ("R_1.6.0", f"{_TF}/gpt3/configs/params_gpt3_xl_ws.yaml", "tf/params_gpt3_xl_ws.yaml"),
+  *_legacy("R_1.7.0", _PT, ["gpt3/configs/params_gpt3_6p7b.yaml"]),
+  *_legacy("R_1.7.1", _PT, ["gpt3/configs/params_gpt3_xl.yaml", "bert/configs/bert_base_MSL128.yaml"]),
   *_legacy(
     "Release_1.8.0",
     _PT,
