@@ -55,6 +55,8 @@ IGNORED: dict[tuple[str, str], str] = {
   ("runconfig", "cs_ip"): "the address of the CS system (cluster; R_1.6.0 modelzoo/common/pytorch/utils.py)",
   ("model", "allow_multireplica"): "allows multireplica runs (performance; Release_1.8.0 "
   "modelzoo/common/pytorch/PyTorchBaseModel.py)",
+  ("model", "attention_kernel"): "which compiler kernel computes attention (performance; the same attention; "
+  "Release_1.8.0 modelzoo/common/pytorch/layers/AttentionLayer.py)",
   ("input", "buckets"): "groups examples of similar length into batches for variable-sequence-length "
   "throughput (performance; R_1.6.0 modelzoo/transformers/pytorch/bert/input/BertCSVDynamicMaskDataProcessor.py)",
   ("input", "repeat"): "repeats the dataset (wafer's input pipeline already runs over as many epochs as the "
