@@ -263,3 +263,55 @@ def test_cli_validate_only_accepts_real_files(name, tmp_path, capsys):
   assert cli.main(["run", "--params", str(DATA / name), "--validate_only", "--model_dir", str(tmp_path)]) == 0
   out = capsys.readouterr().out
   assert out.startswith("note:") and "Validation completed successfully" in out
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+  major=st.integers(1, 2),
+  minor=st.integers(0, 12),
+  model=st.sampled_from(["bert", "gpt2", "gpt3", "fc_mnist"]),
+)
+def test_the_half_type_default_follows_the_given_release(major, minor, model):
+  from wafer.config.modelzoo import release_of
+
+  release = release_of(
+    {"runconfig": {"modelzoo_release": f"{major}.{minor}"}}, trainer_layout=False, model=model
+  )
+  if (major, minor) >= (2, 4):
+    expected = "bfloat16"  # the Trainer's MixedPrecision callback
+  elif (major, minor) <= (2, 0):
+    expected = "float16"  # use_bfloat16 defaults to False
+  else:
+    expected = "bfloat16" if model.startswith("gpt") else "float16"  # gpt2/utils.py set_defaults
+  assert release.half_dtype == expected and release.source.startswith(
+    "https://github.com/Cerebras/modelzoo/blob/"
+  )
+
+
+def test_trainer_layout_conversion_problems_come_with_the_refused_features(tmp_path):
+  data = yaml.safe_load((DATA / "Release_2.4.3" / "gpt3" / "Cerebras_GPT" / "256m_mup.yaml").read_text())
+  data["trainer"]["init"]["callbacks"].append({"NoSuchCallback": {}})
+  data["trainer"]["init"]["model"]["no_such_model_key"] = 1
+  path = tmp_path / "256m_mup.yaml"
+  path.write_text(yaml.safe_dump(data))
+  with pytest.raises(ConfigError) as info:
+    load_params(path)
+  text = str(info.value)
+  assert "callback 'NoSuchCallback' is not converted" in text
+  assert text.count("features wafer does not have") == 1 and "muP" in text
+  for key in (
+    "embeddings_scale",
+    "output_logits_alpha",
+    "scale_qk_dot_by_d",
+    "mup_base_hidden_size",
+    "mup_base_filter_size",
+  ):
+    assert f"trainer.init.model.{key}" in text
+  assert not any("ComputeNorm" in p.path for p in info.value.problems)  # logging only: ignored
+
+
+def test_a_missing_data_dir_names_the_way_out(tmp_path):
+  from wafer.data.sources import pretokenised
+
+  with pytest.raises(FileNotFoundError, match=r"train_input.data_dir=null .* embedded data"):
+    pretokenised(tmp_path / "not_there", (".h5",), lambda p: {}, 128, None)
