@@ -59,8 +59,8 @@ IGNORED: dict[tuple[str, str], str] = {
   "Release_1.8.0 modelzoo/common/pytorch/layers/AttentionLayer.py)",
   ("input", "buckets"): "groups examples of similar length into batches for variable-sequence-length "
   "throughput (performance; R_1.6.0 modelzoo/transformers/pytorch/bert/input/BertCSVDynamicMaskDataProcessor.py)",
-  ("input", "repeat"): "repeats the dataset (wafer's input pipeline already runs over as many epochs as the "
-  "run needs)",
+  ("input", "repeat"): "repeats the dataset (Release_1.8.0 modelzoo/transformers/pytorch/bert/input/"
+  "BertCSVDataProcessor.py; wafer's input pipeline already runs over as many epochs as the run needs)",
   ("input", "use_multiple_workers"): "multiple input workers on a CS-1 (cluster; modelzoo's PyTorch code "
   "never reads it; wafer's input workers are runconfig.num_workers_per_csx)",
   ("input", "mixed_precision"): "never read by the PyTorch GPT data processors (Release_1.8.0 "
