@@ -253,9 +253,15 @@ def test_a_fixed_up_trainer_layout_file_runs_in_bfloat16(tmp_path):
   assert summary.losses
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
-  "name", ["Release_2.3.1/gpt2/params_gpt2_small.yaml", "Release_2.10.0/fc_mnist/params.yaml"]
+  "name",
+  [
+    pytest.param(
+      "Release_2.3.1/gpt2/params_gpt2_small.yaml", marks=pytest.mark.slow
+    ),  # ~30 s: GPT-2 small traced
+    "Release_2.10.0/fc_mnist/params.yaml",
+    "R_1.6.0/fc_mnist/params.yaml",
+  ],
 )
 def test_cli_validate_only_accepts_real_files(name, tmp_path, capsys):
   from wafer import cli
