@@ -21,8 +21,9 @@ from wafer.costmodel.placement import Rect
 __all__ = ("FOLD_SHARE", "KernelRow", "Report")
 
 FOLD_SHARE = 0.01
-"""Kernels under this share of the step (weight streaming) or of the PEs (pipeline) are folded into
-one "other" row of the report's table (`Report.table_rows`)."""
+"""Kernels under this share of the step (weight streaming) or of the PEs (pipeline), or with a rate
+over ``1 / FOLD_SHARE`` times the model's, are folded into one "other" row of the report's table
+(`Report.folded_kernels`, `Report.table_rows`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,11 +171,11 @@ class Report:
     """The rows the kernel table shows: `kernels`, with those under `FOLD_SHARE` of the step (weight
     streaming) or of the PEs (pipeline) folded into one "other" row (its rates ``None``: it limits
     nothing), so that trivial kernels do not show rates far above the model's."""
-    small = [k for k in self.kernels if k.time_share < FOLD_SHARE]
+    small = self.folded_kernels()
     if not small:
       return list(self.kernels)
     other = KernelRow(
-      f"other: {len(small)} kernel{'s' if len(small) > 1 else ''} under {100 * FOLD_SHARE:g}% each",
+      f"other: {len(small)} small kernel{'s' if len(small) > 1 else ''}",
       sum(k.count for k in small),
       None,
       None,
@@ -185,7 +186,18 @@ class Report:
       sum(k.weight_bytes for k in small),
       sum(k.time_share for k in small),
     )
-    return [k for k in self.kernels if k.time_share >= FOLD_SHARE] + [other]
+    return [k for k in self.kernels if k not in small] + [other]
+
+  def folded_kernels(self) -> list[KernelRow]:
+    """The kernels the table folds into its "other" row: under `FOLD_SHARE` of the step (weight
+    streaming) or of the PEs (pipeline), or with a rate over ``1 / FOLD_SHARE`` times the model's
+    (it limits nothing: a pipeline's embedding lookup at millions of samples/s)."""
+    limit = self.samples_per_sec / FOLD_SHARE if self.fits and self.samples_per_sec else math.inf
+    return [
+      k
+      for k in self.kernels
+      if k.time_share < FOLD_SHARE or (k.samples_per_sec is not None and k.samples_per_sec > limit)
+    ]
 
   def kernel_table(self) -> Table:
     """The per-kernel rows as a `Table` (Cerebras' columns plus the instance count and share; small
@@ -250,10 +262,13 @@ class Report:
         lines.append(f" {'Would fit:':<30}{self.remedy}")
     if self.kernels:
       lines += ["", str(self.kernel_table())]
-      small = [k.name for k in self.kernels if k.time_share < FOLD_SHARE]
+      small = [k.name for k in self.folded_kernels()]
       if small:
         what = "of the step" if self.mode == "weight_streaming" else "of the PEs"
-        lines.append(f" other: under {100 * FOLD_SHARE:g}% {what} each, no rate shown: {', '.join(small)}")
+        lines.append(
+          f" other: under {100 * FOLD_SHARE:g}% {what} or over {1 / FOLD_SHARE:g}x the model's rate each "
+          f"(they limit nothing), no rate shown: {', '.join(small)}"
+        )
     lines += ["", "Estimate details"]
     usable = f"{self.grid[0]} x {self.grid[1]}"
     lines.append(f" {'Model:':<16}{self.name}")

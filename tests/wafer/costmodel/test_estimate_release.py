@@ -220,3 +220,21 @@ def test_the_cli_passes_the_params_files_micro_batch_unchanged(tmp_path, capsys)
   assert f"micro-batch {mb} as given" in out
   data = json.loads((tmp_path / "compile_report.json").read_text())
   assert data["micro_batch_size"] == mb and data["release"] == "2.x"
+
+
+def test_the_compile_report_of_a_run_keeps_the_params_files_micro_batch(tmp_path, capsys):
+  """`wafer run`'s compile report (issue 25: it silently searched another micro-batch): the params
+  file's train_input.micro_batch_size is passed as given, and the release defaults to 2.x."""
+  from wafer import runner
+
+  config = "models/gpt2/configs/params_gpt2_tiny.yaml"
+  p = wafer.config.load_params(config)
+  per_system = p.train_input.batch_size // p.runconfig.num_csx
+  mb = max(d for d in range(1, per_system) if per_system % d == 0)
+  runner.run_params(
+    config,
+    [f"runconfig.model_dir={tmp_path}", "runconfig.validate_only=true", f"train_input.micro_batch_size={mb}"],
+  )
+  data = json.loads((tmp_path / "compile_report.json").read_text())
+  assert data["micro_batch_size"] == mb and data["release"] == "2.x" and data["mode"] == "weight_streaming"
+  assert "release 2.x" in capsys.readouterr().out
