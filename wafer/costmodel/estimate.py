@@ -685,6 +685,16 @@ def _pipeline_report(
   }
   remedy = ""
   if not fits:
+    need = re.search(r"needs ([0-9,]+) PEs .* has ([0-9,]+) PEs", pipe.reason)
+    if need:
+      needed, available = (int(g.replace(",", "")) for g in need.groups())
+      details.update(
+        memory_required_pes=needed, memory_available_pes=available, over_factor=needed / available
+      )
+      details["deciding_assumption"] = (
+        "layer pipelined keeps every layer's weights, optimizer state and gradients in SRAM for the whole "
+        "run, with the activations of the waves in flight between each layer's forward and backward pass"
+      )
     if ws is not None and ws.result is not None:
       remedy = (
         f"weight streaming (mode='weight_streaming', or the default under release 2.x) runs it at "

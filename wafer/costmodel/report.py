@@ -181,7 +181,7 @@ class Report:
       None,
       None,
       sum(k.active_pes for k in small) if self.mode == "pipeline" else max(k.active_pes for k in small),
-      0.0,
+      sum(k.compute_utilization * k.time_share for k in small) / (sum(k.time_share for k in small) or 1.0),
       sum(k.flops_per_sample for k in small),
       sum(k.weight_bytes for k in small),
       sum(k.time_share for k in small),

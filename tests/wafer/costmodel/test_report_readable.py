@@ -140,6 +140,12 @@ def test_a_model_too_big_to_pipeline_says_what_would_fit():
   assert not report.fits
   _check_readable(report)
   assert "weight streaming" in report.remedy and "samples/s" in report.remedy
+  d = report.details
+  assert (
+    d["over_factor"] == pytest.approx(d["memory_required_pes"] / d["memory_available_pes"])
+    and d["over_factor"] > 1
+  )
+  assert "optimizer state" in d["deciding_assumption"] and f"x{d['over_factor']:.2f} over" in report.to_text()
 
 
 def test_trivial_kernels_are_folded_into_one_other_row_named_in_the_text():
