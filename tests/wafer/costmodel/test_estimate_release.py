@@ -238,3 +238,23 @@ def test_the_compile_report_of_a_run_keeps_the_params_files_micro_batch(tmp_path
   data = json.loads((tmp_path / "compile_report.json").read_text())
   assert data["micro_batch_size"] == mb and data["release"] == "2.x" and data["mode"] == "weight_streaming"
   assert "release 2.x" in capsys.readouterr().out
+
+
+def test_a_trainer_layout_files_micro_batch_reaches_the_estimate():
+  """The 2.x trainer layout keeps the micro-batch in ``ScopedTrainFlags: {csx.performance.micro_batch_size}``;
+  it lands in train_input.micro_batch_size, which the estimate takes as given."""
+  from wafer.config import load_params
+
+  data = {
+    "trainer": {
+      "init": {
+        "backend": {"backend_type": "CSX", "cluster_config": {"num_csx": 2}},
+        "model": {"name": "gpt3"},
+        "optimizer": {"SGD": {"lr": 0.5}},
+        "loop": {"num_steps": 5},
+        "callbacks": [{"ScopedTrainFlags": {"csx.performance.micro_batch_size": 2}}],
+      },
+      "fit": {"train_dataloader": {"batch_size": 8}},
+    }
+  }
+  assert run_inputs(load_params(data)) == {"micro_batch_size": 2}
