@@ -205,7 +205,7 @@ class Report:
     share = "Step Share" if self.mode == "weight_streaming" else "PE Share"
     rows = [
       [
-        k.name + (f" (x{k.count})" if k.count > 1 else ""),
+        k.name + (f" (x{k.count})" if k.count > 1 and not k.name.startswith("other:") else ""),
         _rate(k.samples_per_sec),
         _rate(k.compute_samples_per_sec),
         _rate(k.transmission_samples_per_sec),
