@@ -258,3 +258,34 @@ def test_a_trainer_layout_files_micro_batch_reaches_the_estimate():
     }
   }
   assert run_inputs(load_params(data)) == {"micro_batch_size": 2}
+
+
+def test_a_run_whose_given_micro_batch_does_not_fit_says_so_and_has_no_rate(tmp_path, capsys):
+  """The compile report of `wafer run` with a params file's micro-batch the model thinks does not fit:
+  the log line says so and what would fit; the summary carries no rate (not 0 samples/s)."""
+  from types import SimpleNamespace as NS
+
+  from wafer.train.loop import _write_compile_report
+
+  widths = (256, 16384, 16384, 256)
+  step = mlp_train_step(widths)
+  summary = {}
+  _write_compile_report(
+    lambda params, batch: step(params, *batch),
+    mlp_params(widths),
+    batch_args(512, 2048, widths[0], widths[-1]),
+    NS(batch_size=512),
+    1,
+    None,
+    tmp_path,
+    summary,
+    NS(train_input=NS(micro_batch_size=512), runconfig=NS()),
+  )
+  out = capsys.readouterr().out
+  assert (
+    "does not fit on the wafer in weight streaming (release 2.x)" in out
+    and "would fit: micro_batch_size" in out
+  )
+  assert "samples_per_sec_estimate" not in summary and summary["compile_report"]
+  data = json.loads((tmp_path / "compile_report.json").read_text())
+  assert data["micro_batch_size"] == 512 and data["fits"] is False and data["samples_per_sec"] is None
