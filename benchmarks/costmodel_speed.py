@@ -1,9 +1,9 @@
 """How long estimating a GPT-3 175B-shaped train step takes, end to end.
 
 GPT-3 175B: 96 layers, d=12288, 96 heads, FFN 49152, seq 2048, vocab 50257, batch 1536, AdamW, on
-one CS-2 with ``mode="auto"`` (the layer-pipelined attempt, which does not fit, then the
-weight-streaming micro-batch search). Timed: building the abstract arguments, `wafer.estimate`
-(two abstract traces, kernel extraction, both modes, the report), the text and JSON, and the PNG.
+one CS-2 with the default mode (release 2.x: weight streaming, the micro-batch search over every
+supported size). Timed: building the abstract arguments, `wafer.estimate` (two abstract traces,
+kernel extraction, the search, the report), the text and JSON, and the PNG.
 
 Each repetition runs in a fresh Python process (cold caches; the JAX import is not timed). The
 target is at most 10 s for the whole, on 2 CPU cores. Results go to

@@ -76,7 +76,8 @@ def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], di
   if args.overrides:
     raise CommandError(
       f"{args.overrides[0]}: key.path=value overrides change a --params file; a --workload has no params "
-      "file (its options are --batch_size, --system, --mode, --num_csx, --micro_batch_size, --compute_format)"
+      "file (its options are --batch_size, --system, --mode, --release, --num_csx, --micro_batch_size, "
+      "--compute_format)"
     )
   try:
     w = workloads.get_workload(args.workload)
@@ -90,6 +91,7 @@ def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], di
 def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
   """The train step of a params file, at its batch size, with its state shapes."""
   from wafer import runner, train
+  from wafer.costmodel.estimate import run_inputs
 
   overrides = list(args.overrides or ())
   if args.batch_size is not None:  # the params file's batch: the step is traced at it
@@ -99,6 +101,7 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
   if args.model_dir is None:
     args.model_dir = p.runconfig.model_dir
   kwargs = {"batch_size": p.task.batch_size, "num_csx": p.runconfig.num_csx, "policy": p.policy}
+  kwargs.update(run_inputs(p.params))  # the file's micro_batch_size as given, its release
   return train.make_train_step(p.task, p.optimizer, p.policy), (state, batch), kwargs, p.task.name
 
 
@@ -226,7 +229,7 @@ def _estimate(args: argparse.Namespace) -> int:
     print(Table(["workload", "batch", "measured samples/s", "description"], rows, title="Built-in workloads"))
     return 0
   fn, example_args, kwargs, name = _estimate_target(args)
-  for key in ("system", "mode", "num_csx", "micro_batch_size", "compute_format"):
+  for key in ("system", "mode", "release", "num_csx", "micro_batch_size", "compute_format"):
     value = getattr(args, key)
     if value is not None:
       kwargs[key] = value
@@ -291,14 +294,28 @@ def build_parser() -> argparse.ArgumentParser:
   target.add_argument("--params", metavar="FILE", type=_path, help="a params YAML: estimates its train step")
   target.add_argument("--list", action="store_true", help="list the built-in workloads and exit")
   est.add_argument("--system", help="wse2 (CS-2, default), wse3 (CS-3) or wse1 (CS-1)")
-  est.add_argument("--mode", help="auto (default), pipeline or weight_streaming")
+  est.add_argument(
+    "--mode",
+    help="auto (default: the mode the release runs the model in), fastest (the faster mode, a what-if), "
+    "pipeline or weight_streaming",
+  )
+  est.add_argument(
+    "--release",
+    help="Cerebras software release: 2.x (default: weight streaming for every model), 1.x (before 1.9: "
+    "layer pipelined under 1B parameters), or a number such as 2.4, R1.9.1, Release_2.10.0",
+  )
   est.add_argument(
     "--batch_size",
     type=int,
     help="samples per step (default: the workload's; with --params: train_input.batch_size)",
   )
   est.add_argument("--num_csx", type=int, help="systems in data parallel (weight streaming)")
-  est.add_argument("--micro_batch_size", type=int, help="force the micro-batch (default: searched)")
+  est.add_argument(
+    "--micro_batch_size",
+    type=int,
+    help="the micro-batch, used as given (default: the params file's micro_batch_size; auto/explore "
+    "or none: searched)",
+  )
   est.add_argument(
     "--compute_format",
     help="compute format (default: the params file's policy with --params, else cbfloat16)",

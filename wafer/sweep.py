@@ -137,6 +137,7 @@ class Run:
   eval: dict[str, Any]
   samples_per_sec_estimate: float | None
   deviation_u: float | None = None  # worst |loss - loss_f32| / (|loss_f32| u); None without a baseline
+  estimate_mode: str | None = None  # the compile report's mode and release ("weight streaming, release 2.x")
 
   @property
   def name(self) -> str:
@@ -175,9 +176,11 @@ class SweepResult:
       final = f"{r.losses[-1]:.6f}" if r.losses else "-"
       ev = ", ".join(f"{k}={v:.4f}" for k, v in r.eval.items() if k != "step") or "-"
       rows.append([r.format, r.level, f"{unit_roundoff(r.format):.3g}", final, dev, ev, rate])
+    modes = sorted({r.estimate_mode for r in self.runs if r.estimate_mode})
     footer = (
       "deviation: max over logged steps of |loss - loss_float32| / (|loss_float32| * u), u = 2^-(m+1)"
       + ("" if self.baseline() else " (no float32 run: no deviation)")
+      + (f"\nest. samples/s: the compile report's estimate ({'; '.join(modes)})" if modes else "")
     )
     columns = ["format", "level", "u", "final loss", "deviation (u)", "eval", "est. samples/s (wafer)"]
     return Table(columns, rows, title=f"Format sweep ({self.model_dir})", footer=footer)
@@ -348,7 +351,19 @@ def _run_of(fmt: str, level: int, out: Path, summary: RunSummary) -> Run:
     losses=[float(v) for _, v in losses],
     eval=last_eval,
     samples_per_sec_estimate=summary.samples_per_sec_estimate,
+    estimate_mode=_estimate_mode(out / "compile_report.json"),
   )
+
+
+def _estimate_mode(path: Path) -> str | None:
+  """``"weight streaming, release 2.x"`` (or ``"... : does not fit"``) from a run's compile report, if any."""
+  try:
+    report = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+  mode = str(report.get("mode", "?")).replace("_", " ")
+  text = f"{'layer pipelined' if mode == 'pipeline' else mode}, release {report.get('release', '?')}"
+  return text if report.get("fits", True) else f"{text}: does not fit"
 
 
 def _deviations(runs: list[Run]) -> None:

@@ -70,12 +70,14 @@ def test_sweep_json_schema_and_png(swept):
     assert len(r["steps"]) == len(r["losses"]) == 3
     assert r["eval"]["step"] == 3 and len(r["eval"]) == 2
     assert r["samples_per_sec_estimate"] > 0
+    assert r["estimate_mode"] == "weight streaming, release 2.x"  # the release decides the mode
     assert (out / f"{r['format']}_L{r['level']}" / "metrics.jsonl").exists()
   assert sweep.SweepResult.load(out).to_dict() == data == result.to_dict()
   png = (out / "sweep.png").read_bytes()
   assert png.startswith(b"\x89PNG")
   text = str(result.table())
   assert "deviation (u)" in text and "cbfloat16" in text
+  assert "the compile report's estimate (weight streaming, release 2.x)" in " ".join(text.split())
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@
 Layout: `hardware` (chips and systems, with sources), `calibration` (the few fitted or set
 parameters), `walk` (jaxpr -> costed equations), `graph` (equations -> kernels), `mesh` (cycles of
 a kernel on a PE rectangle), `pipeline` (layer-pipelined mode), `placement` (packing rectangles),
-`streaming` (weight streaming), `report` (the Report and its text/JSON/PNG), `workloads` (the
-calibration workloads).
+`streaming` (weight streaming), `release` (the Cerebras release, which decides the mode), `report`
+(the Report and its text/JSON/PNG), `workloads` (the calibration workloads).
 """
 
 from wafer.costmodel.calibration import ACCURACY as ACCURACY
@@ -26,6 +26,9 @@ from wafer.costmodel.hardware import Chip as Chip
 from wafer.costmodel.hardware import System as System
 from wafer.costmodel.hardware import get_system as get_system
 from wafer.costmodel.placement import Rect as Rect
+from wafer.costmodel.release import DEFAULT_RELEASE as DEFAULT_RELEASE
+from wafer.costmodel.release import Release as Release
+from wafer.costmodel.release import parse_release as parse_release
 from wafer.costmodel.report import KernelRow as KernelRow
 from wafer.costmodel.report import Report as Report
 from wafer.errors import EstimateError as EstimateError
@@ -34,6 +37,7 @@ from wafer.errors import TraceError as TraceError
 __all__ = (
   "ACCURACY",
   "CALIBRATION",
+  "DEFAULT_RELEASE",
   "Accuracy",
   "MODES",
   "SYSTEMS",
@@ -44,6 +48,7 @@ __all__ = (
   "Kernel",
   "KernelRow",
   "Rect",
+  "Release",
   "Report",
   "System",
   "TraceError",
@@ -51,4 +56,5 @@ __all__ = (
   "estimate_graph",
   "extract",
   "get_system",
+  "parse_release",
 )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,19 +17,54 @@ from wafer.costmodel.hardware import System, get_system
 from wafer.costmodel.mesh import ALGORITHMS, Machine
 from wafer.costmodel.pipeline import PipelineResult, layer_pipelined
 from wafer.costmodel.placement import Rect
+from wafer.costmodel.release import DEFAULT_RELEASE, PIPELINE_MAX_PARAMS, Release, parse_release
 from wafer.costmodel.report import KernelRow, Report
-from wafer.costmodel.streaming import StreamingResult, supported_micro_batch, weight_streaming
+from wafer.costmodel.streaming import (
+  StreamingResult,
+  micro_batch_candidates,
+  supported_micro_batch,
+  weight_streaming,
+)
 from wafer.errors import EstimateError
 
-__all__ = ("MODES", "EstimateError", "estimate", "estimate_graph")
+__all__ = ("MODES", "EstimateError", "estimate", "estimate_graph", "run_inputs")
 
-MODES = ("auto", "pipeline", "weight_streaming")
+MODES = ("auto", "fastest", "pipeline", "weight_streaming")
+"""``auto``: the mode the release runs the model in (`wafer.costmodel.release`); ``fastest``: the
+faster of the two modes that fits (a what-if: no release chooses by speed); ``pipeline`` / ``weight_streaming``:
+that mode, whatever the release."""
 _MODE_ALIASES = {
   "layer_pipelined": "pipeline",
   "pipelined": "pipeline",
   "ws": "weight_streaming",
   "weight-streaming": "weight_streaming",
 }
+
+
+def run_inputs(params: Any) -> dict[str, Any]:
+  """`estimate` arguments a params file (a `wafer.config.Params`) decides, as given.
+
+  ``micro_batch_size``: ``train_input.micro_batch_size`` (the trainer layout's
+  ``csx.performance.micro_batch_size`` lands there) when it is an integer; ``"auto"``, ``"explore"``,
+  ``{explore: ...}`` or None leave it out (searched). ``release``: the file's release, where it names
+  one (a ``release`` attribute of the file or of its ``runconfig``); else the default, 2.x.
+
+  >>> from types import SimpleNamespace as NS
+  >>> run_inputs(NS(train_input=NS(micro_batch_size=88), runconfig=NS()))
+  {'micro_batch_size': 88}
+  >>> run_inputs(NS(train_input=NS(micro_batch_size="auto"), runconfig=NS(release="1.8")))
+  {'release': '1.8'}
+  """
+  out: dict[str, Any] = {}
+  mb = getattr(getattr(params, "train_input", None), "micro_batch_size", None)
+  if isinstance(mb, int) and not isinstance(mb, bool):
+    out["micro_batch_size"] = mb
+  for holder in (params, getattr(params, "runconfig", None)):
+    release = getattr(holder, "release", None)
+    if release is not None:
+      out["release"] = release
+      break
+  return out
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -83,6 +120,7 @@ def estimate(
   batch_size: int | None = None,
   system: str | System = "wse2",
   mode: str = "auto",
+  release: str | Release = DEFAULT_RELEASE,
   num_csx: int = 1,
   compute_format: str | precision.FloatFormat | None = None,
   policy: Any = None,
@@ -103,6 +141,10 @@ def estimate(
   (a rectangle per kernel) or weight-streaming mode (every layer over the whole wafer, weights
   streamed from MemoryX). See ``wafer/costmodel/*.py`` for the formulas.
 
+  The software ``release`` decides the mode, as on a real system (`wafer.costmodel.release`): from
+  1.9 on (every 2.x release, the default) every model runs in weight streaming; the 1.x releases
+  before it ran models under 1B parameters layer pipelined on one system.
+
   Args:
     step_fn: any JAX function, typically ``step(params, opt_state, batch)``. A function wrapped by
       ``precision.autocast`` (it has ``.policy`` and ``.__wrapped__``) is unwrapped and its policy's
@@ -110,8 +152,12 @@ def estimate(
     *example_args: arrays or `jax.ShapeDtypeStruct` pytrees with the shapes of one step.
     batch_size: samples per step (all systems); default: axis 0 of the batch arguments.
     system: ``"wse2"`` (CS-2), ``"wse3"`` (CS-3) or ``"wse1"`` (CS-1).
-    mode: ``"auto"`` (the faster mode that fits), ``"pipeline"`` (layer pipelined) or
-      ``"weight_streaming"``.
+    mode: ``"auto"`` (default): the mode ``release`` runs the model in (weight streaming under 2.x);
+      ``"fastest"``: the faster of the two modes that fits, a what-if no release does;
+      ``"pipeline"`` (layer pipelined) or ``"weight_streaming"``: that mode, whatever the release.
+    release: the Cerebras software release: ``"2.x"`` (default, the current stack), ``"1.x"`` (before
+      1.9), or a release number (``"2.4"``, ``"R1.9.1"``, ``"Release_2.10.0"``). The report states it,
+      the mode and why (``Report.release``, ``Report.mode_reason``).
     num_csx: systems in data parallel (weight streaming only); ``batch_size`` must divide evenly.
     compute_format: format of matrix-product operands and activations (name or
       `precision.FloatFormat`): 16-bit formats run at the 16-bit SIMD rate, wider ones at the FP32
@@ -120,9 +166,12 @@ def estimate(
       `precision.Policy.parse`) giving the compute format.
     accumulate_format: accumulator format of matrix products (``"float32"``: Cerebras mixed
       precision; ``"float16"``: half-precision FMAC).
-    micro_batch_size: force the micro-batch (weight streaming) or wave size (pipeline), at most the
-      samples per system. Weight streaming runs the supported size nearest it, ``ceil(B / n)`` for
-      ``B`` samples per system (as Cerebras does; the report's notes say when it differs).
+    micro_batch_size: the micro-batch (weight streaming) or wave size (pipeline), at most the
+      samples per system, used as given (a params file's ``micro_batch_size``): weight streaming runs
+      the supported size nearest it, ``ceil(B / n)`` for ``B`` samples per system (as Cerebras does;
+      the report's notes say when it differs). When it does not fit, the report says by how much,
+      which assumption decides it and the largest micro-batch that fits; it is never replaced.
+      Default (None): searched, and the report gives the range of rates over the feasible sizes.
     batch_argnums: which arguments carry the batch on axis 0. Default: every argument whose arrays
       all have, as axis 0, the batch size (axis 0 of the last argument with arrays): data, labels,
       masks, per-sample keys. The report lists them (``Report.batch_arguments``).
@@ -136,13 +185,14 @@ def estimate(
   Returns:
     A `Report` (``samples_per_sec``, ``compute_samples_per_sec``, ``transmission_samples_per_sec``,
     ``active_pes``, ``compute_utilization``, ``kernels``...). A model that does not fit in the
-    requested mode gives a report with ``fits=False`` and the reason.
+    requested mode gives a report with ``fits=False``, the reason and what would make it fit
+    (``Report.remedy``); it has no rate.
 
   Raises:
     EstimateError: an unusable argument (the message names it, the value and what is allowed).
     wafer.errors.TraceError: the function could not be traced.
   """
-  sys_, mode, num_csx = _check_run(system, mode, num_csx, gemm_algorithm)  # fail fast, before tracing
+  sys_, mode, num_csx, rel = _check_run(system, mode, num_csx, gemm_algorithm, release)  # before tracing
   if kernel_depth is not None:
     kernel_depth = _positive_int("kernel_depth", kernel_depth)
   if hasattr(step_fn, "policy") and hasattr(step_fn, "__wrapped__"):  # precision.autocast wrapper
@@ -185,6 +235,7 @@ def estimate(
     batch_size=batch_size,
     system=sys_,
     mode=mode,
+    release=rel,
     num_csx=num_csx,
     compute_format=compute,
     accumulate_format=accumulate,
@@ -196,10 +247,13 @@ def estimate(
   )
 
 
-def _check_run(system: Any, mode: Any, num_csx: Any, gemm_algorithm: Any) -> tuple[System, str, int]:
-  """Validate the arguments that describe the run; returns ``(system, mode, num_csx)``."""
+def _check_run(
+  system: Any, mode: Any, num_csx: Any, gemm_algorithm: Any, release: Any
+) -> tuple[System, str, int, Release]:
+  """Validate the arguments that describe the run; returns ``(system, mode, num_csx, release)``."""
   sys_ = _system(system)
   mode = _mode(mode)
+  rel = parse_release(release)
   num_csx = _positive_int("num_csx", num_csx)
   if num_csx > sys_.max_systems:
     raise EstimateError(
@@ -212,7 +266,7 @@ def _check_run(system: Any, mode: Any, num_csx: Any, gemm_algorithm: Any) -> tup
     )
   if gemm_algorithm not in ALGORITHMS:
     raise EstimateError(f"gemm_algorithm={gemm_algorithm!r}; allowed: {', '.join(map(repr, ALGORITHMS))}")
-  return sys_, mode, num_csx
+  return sys_, mode, num_csx, rel
 
 
 def estimate_graph(
@@ -221,6 +275,7 @@ def estimate_graph(
   batch_size: int | None = None,
   system: str | System = "wse2",
   mode: str = "auto",
+  release: str | Release = DEFAULT_RELEASE,
   num_csx: int = 1,
   compute_format: str | precision.FloatFormat = "cbfloat16",
   accumulate_format: str | precision.FloatFormat = "float32",
@@ -233,7 +288,7 @@ def estimate_graph(
   """`estimate` for an already extracted `Graph` (no tracing): cost it under other systems, modes or
   calibrations. ``compute_format`` only names the format in the report here: the operand widths were
   fixed at extraction. Arguments as in `estimate`."""
-  sys_, mode, num_csx = _check_run(system, mode, num_csx, gemm_algorithm)
+  sys_, mode, num_csx, rel = _check_run(system, mode, num_csx, gemm_algorithm, release)
   compute = _format("compute_format", compute_format)
   accumulate = _accumulate_format(accumulate_format)
   calib = calibration or CALIBRATION
@@ -272,19 +327,22 @@ def estimate_graph(
     )
   machine = Machine(chip, calib, 16 if accumulate.bits <= 16 else 32, gemm_algorithm)
 
+  params = graph.param_elements
+  release_pipelines = not rel.streams_every_model and num_csx == 1 and params < PIPELINE_MAX_PARAMS
   pipe: PipelineResult | None = None
-  ws: StreamingResult | str | None = None
-  if mode in ("auto", "pipeline") and num_csx == 1:
+  ws: _Streaming | None = None
+  if num_csx == 1 and (mode in ("pipeline", "fastest") or (mode == "auto" and release_pipelines)):
     pipe = layer_pipelined(graph, machine, sys_, width, height, batch, micro_batch_size)
-  if mode in ("auto", "weight_streaming"):
-    ws = weight_streaming(graph, machine, sys_, width, height, per_system, num_csx, ws_micro_batch)
+  if mode in ("weight_streaming", "fastest") or pipe is None or not pipe.fits:
+    ws = _stream(graph, machine, sys_, width, height, per_system, num_csx, ws_micro_batch)
 
-  chosen, reason, alternatives = _choose(mode, pipe, ws, num_csx, graph.param_elements, batch)
+  chosen, reason, alternatives = _choose(mode, rel, pipe, ws, num_csx, params, batch)
   common = dict(
     name=name,
     system=sys_.key,
     system_name=sys_.name,
     chip=chip.name,
+    release=rel.label,
     batch_size=batch,
     num_csx=num_csx,
     total_pes=chip.fabric_pes,
@@ -312,9 +370,70 @@ def estimate_graph(
   seq = graph.sequence_length
   if chosen == "pipeline":
     assert pipe is not None
-    return _pipeline_report(pipe, graph, common, notes, seq)
+    return _pipeline_report(pipe, ws, graph, common, notes, seq)
   assert ws is not None
-  return _streaming_report(ws, graph, common, notes, seq, width, height, per_system)
+  return _streaming_report(ws, graph, machine, common, notes, seq, width, height, per_system)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Streaming:
+  """Weight streaming at the given micro-batch, or searched.
+
+  ``result`` is None when it does not fit (``reason`` says why); ``requested`` the micro-batch the
+  caller gave (None: searched); ``feasible`` the step seconds of every feasible searched size (empty
+  when the given size fits: nothing was searched), ``rejected`` why the others are not.
+  """
+
+  result: StreamingResult | None
+  reason: str
+  requested: int | None
+  feasible: dict[int, float]
+  rejected: dict[int, str]
+
+
+_NOT_FITTING = re.compile(r"^no micro-batch fits on the wafer; at micro-batch \d+: ")
+
+
+def _stream(
+  graph: graph_mod.Graph,
+  machine: Machine,
+  sys_: System,
+  width: int,
+  height: int,
+  per_system: int,
+  num_csx: int,
+  requested: int | None,
+) -> _Streaming:
+  """`weight_streaming` at ``requested`` as given; when it is None, or does not fit, every supported
+  size is costed (`micro_batch_candidates`): the fastest is the run (None given), and the feasible
+  ones give the range of rates and the largest size that fits."""
+
+  def one(mb: int) -> StreamingResult | str:
+    res = weight_streaming(graph, machine, sys_, width, height, per_system, num_csx, mb)
+    return res if isinstance(res, StreamingResult) else _NOT_FITTING.sub("", res)
+
+  given = one(requested) if requested is not None else None
+  if isinstance(given, StreamingResult):
+    return _Streaming(given, "", requested, {}, {})
+  feasible: dict[int, float] = {}
+  rejected: dict[int, str] = {}
+  best: StreamingResult | None = None
+  for mb in micro_batch_candidates(per_system):
+    res = one(mb)
+    if isinstance(res, str):
+      rejected[mb] = res
+      continue
+    feasible[mb] = res.step_s
+    if best is None or res.step_s < best.step_s:
+      best = res
+  if given is not None:
+    return _Streaming(None, f"micro-batch {requested}: {given}", requested, feasible, rejected)
+  if best is None:
+    smallest = min(rejected)
+    return _Streaming(
+      None, f"no micro-batch fits; at micro-batch {smallest}: {rejected[smallest]}", None, {}, rejected
+    )
+  return _Streaming(dataclasses.replace(best, rejected=rejected), "", None, feasible, rejected)
 
 
 def _system(system: Any) -> System:
@@ -426,64 +545,104 @@ def _sequence_length(args: Sequence[Any], argnums: Sequence[int]) -> int | None:
   return None
 
 
+def _size(params: int) -> str:
+  return f"{params / 1e9:.3g}B parameters" if params >= 1e9 else f"{params / 1e6:.3g}M parameters"
+
+
 def _choose(
   mode: str,
+  rel: Release,
   pipe: PipelineResult | None,
-  ws: StreamingResult | str | None,
+  ws: _Streaming | None,
   num_csx: int,
   params: int,
   batch: int,
 ) -> tuple[str, str, dict[str, Any]]:
-  """The mode, a sentence saying which mode Cerebras would use and why, and the other mode's rate.
+  """The mode, a sentence saying why (the release's rule, the request, or the what-if's comparison),
+  and the other mode's rate or why it does not fit, where it was costed.
 
-  Cerebras' rule (``docs/references.md``, "Execution modes"): layer pipelined when the whole model, its
-  optimizer state and the activations in flight fit in the wafer's SRAM (a single system; "below
-  ~1B parameters"), weight streaming otherwise or for several systems; where both fit, the faster.
+  The releases' rule is `wafer.costmodel.release`'s: from 1.9 on weight streaming for every model;
+  before, layer pipelined for models under 1B parameters on one system.
   """
-  size = f"{params / 1e9:.3g}B parameters" if params >= 1e9 else f"{params / 1e6:.3g}M parameters"
+  size = _size(params)
+  ws_rate = None if ws is None or ws.result is None else batch / ws.result.step_s
+  alt_ws: dict[str, Any] = {} if ws is None else {"weight_streaming": ws_rate if ws_rate else ws.reason}
+  alt_pipe: dict[str, Any] = (
+    {} if pipe is None else {"pipeline": pipe.samples_per_sec if pipe.fits else pipe.reason}
+  )
   if mode == "pipeline":
-    alt: dict[str, Any] = {}
-    return "pipeline", "requested", alt
+    what_if = (
+      f"; release {rel.label} has no layer-pipelined mode (every model streams weights from 1.9 on): a what-if"
+      if rel.streams_every_model
+      else ""
+    )
+    return "pipeline", "requested" + what_if, alt_ws
   if mode == "weight_streaming":
-    return "weight_streaming", "requested", {}
-  ws_rate = None if ws is None or isinstance(ws, str) else ws.step_s
+    return "weight_streaming", "requested", alt_pipe
+  if mode == "auto":
+    if rel.streams_every_model:
+      return (
+        "weight_streaming",
+        f"release {rel.label} runs every model in weight streaming (layer pipelining was dropped in 1.9; "
+        "mode='fastest' or 'pipeline' cost it as a what-if)",
+        {},
+      )
+    if num_csx > 1:
+      return "weight_streaming", f"release {rel.label}: {num_csx} systems run only in weight streaming", {}
+    if params >= PIPELINE_MAX_PARAMS:
+      return (
+        "weight_streaming",
+        f"release {rel.label} streams the weights of models of 1B parameters or more (this one: {size})",
+        {},
+      )
+    assert pipe is not None
+    if pipe.fits:
+      return (
+        "pipeline",
+        f"release {rel.label} runs models under 1B parameters ({size}) layer pipelined",
+        alt_ws,
+      )
+    return (
+      "weight_streaming",
+      f"release {rel.label} runs models under 1B parameters ({size}) layer pipelined, but this one does not "
+      "fit pipelined: weight streaming",
+      alt_pipe,
+    )
+  # "fastest": the what-if of choosing by speed
+  what_if = f"the faster mode (a what-if: release {rel.label} " + (
+    "streams every model)" if rel.streams_every_model else "pipelines models under 1B parameters)"
+  )
   if pipe is None:
-    return (
-      "weight_streaming",
-      f"Cerebras would stream weights: {num_csx} systems run data parallel only in weight streaming",
-      {},
-    )
+    return "weight_streaming", f"{what_if}: {num_csx} systems run data parallel only in weight streaming", {}
   if not pipe.fits:
-    return (
-      "weight_streaming",
-      f"Cerebras would stream weights: layer pipelined does not fit ({size}; {pipe.reason})",
-      {"pipeline": pipe.reason},
-    )
+    return "weight_streaming", f"{what_if}: layer pipelined does not fit ({size})", alt_pipe
   if ws_rate is None:
+    return "pipeline", f"{what_if}: weight streaming does not fit", alt_ws
+  if pipe.samples_per_sec >= ws_rate:
     return (
       "pipeline",
-      f"Cerebras would pipeline the layers: weight streaming does not fit ({ws})",
-      {"weight_streaming": ws},
-    )
-  assert isinstance(ws, StreamingResult)
-  batch_rate = batch / ws.step_s  # one system here: the pipeline runs on one
-  if pipe.samples_per_sec >= batch_rate:
-    return (
-      "pipeline",
-      f"Cerebras would pipeline the layers: the model ({size}) fits on the wafer and pipelined is "
-      f"{pipe.samples_per_sec / batch_rate:.2f}x faster than weight streaming",
-      {"weight_streaming": batch_rate},
+      f"{what_if}: layer pipelined is {pipe.samples_per_sec / ws_rate:.2f}x faster than weight streaming ({size})",
+      alt_ws,
     )
   return (
     "weight_streaming",
-    f"Cerebras would stream weights: the model ({size}) fits layer pipelined, but weight streaming "
-    f"is {batch_rate / pipe.samples_per_sec:.2f}x faster at this batch",
-    {"pipeline": pipe.samples_per_sec},
+    f"{what_if}: weight streaming is {ws_rate / pipe.samples_per_sec:.2f}x faster than layer pipelined ({size})",
+    alt_pipe,
   )
 
 
+def _finite(v: float) -> float | None:
+  """``v``, or None where it is not a finite number (a rate with nothing to limit it)."""
+  return v if math.isfinite(v) else None
+
+
 def _pipeline_report(
-  pipe: PipelineResult, graph: graph_mod.Graph, common: dict[str, Any], notes: list[str], seq: int | None
+  pipe: PipelineResult,
+  ws: _Streaming | None,
+  graph: graph_mod.Graph,
+  common: dict[str, Any],
+  notes: list[str],
+  seq: int | None,
 ) -> Report:
   units_by_kernel: dict[str, list[Any]] = {}
   for u in pipe.units:
@@ -504,9 +663,9 @@ def _pipeline_report(
       KernelRow(
         k.name,
         k.count,
-        min(comp, trans),
-        comp,
-        trans,
+        _finite(min(comp, trans)),
+        _finite(comp),
+        _finite(trans),
         area,
         util,
         k.count * k.matmul_flops(1 / graph.traced_batch, ("fwd", "bwd")),
@@ -524,6 +683,25 @@ def _pipeline_report(
     "update_s": pipe.update_s,
     "wave": pipe.wave,
   }
+  remedy = ""
+  if not fits:
+    need = re.search(r"needs ([0-9,]+) PEs .* has ([0-9,]+) PEs", pipe.reason)
+    if need:
+      needed, available = (int(g.replace(",", "")) for g in need.groups())
+      details.update(
+        memory_required_pes=needed, memory_available_pes=available, over_factor=needed / available
+      )
+      details["deciding_assumption"] = (
+        "layer pipelined keeps every layer's weights, optimizer state and gradients in SRAM for the whole "
+        "run, with the activations of the waves in flight between each layer's forward and backward pass"
+      )
+    if ws is not None and ws.result is not None:
+      remedy = (
+        f"weight streaming (mode='weight_streaming', or the default under release 2.x) runs it at "
+        f"{common['batch_size'] / ws.result.step_s:,.1f} samples/s"
+      )
+    else:
+      remedy = "a smaller model (fewer or narrower layers) or a chip with more SRAM (wse3)"
   return Report(
     mode="pipeline",
     fits=fits,
@@ -534,18 +712,57 @@ def _pipeline_report(
     transmission_samples_per_sec=pipe.transmission_samples_per_sec if fits else 0.0,
     active_pes=sum(u.rect.area for u in pipe.units),
     compute_utilization=busy / total_area if fits else 0.0,
-    step_time_s=common["batch_size"] / rate if rate else math.inf,
+    step_time_s=common["batch_size"] / rate if rate else None,
     kernels=tuple(rows),
     placement=tuple(u.rect for u in pipe.units),
     details=details,
     notes=tuple(notes),
+    remedy=remedy,
     **common,
   )
 
 
+_MEMORY = re.compile(r"\(([0-9.]+(?:e[+-]?[0-9]+)?) GB\) exceeds? .*\(([0-9.]+(?:e[+-]?[0-9]+)?) GB\)")
+
+
+def _not_fitting(
+  ws: _Streaming, machine: Machine, batch: int, grid: tuple[int, int]
+) -> tuple[str, dict[str, Any]]:
+  """What would make a weight-streaming run fit, and the numbers behind it: the memory it needs and has,
+  the factor over, the assumption that decides it and the largest micro-batch that fits."""
+  out: dict[str, Any] = {"requested_micro_batch": ws.requested}
+  match = _MEMORY.search(ws.reason)
+  pes = grid[0] * grid[1]
+  if match:
+    need, have = float(match.group(1)) * 1e9, float(match.group(2)) * 1e9
+    out.update(memory_required_bytes=need, memory_available_bytes=have, over_factor=need / have)
+    out["deciding_assumption"] = (
+      f"the activations the backward pass reads are kept on the wafer between forward and backward, in "
+      f"the SRAM left for tensors ({machine.sram_data_bytes / 1024:.3g} KiB of each of {pes:,} PEs)"
+    )
+  elif "tile" in ws.reason:
+    out["deciding_assumption"] = (
+      f"a GEMM tile of one micro-batch must fit in one PE's SRAM for tensors ({machine.sram_data_bytes / 1024:.3g} KiB)"
+    )
+  else:
+    out["deciding_assumption"] = ws.reason
+  if ws.feasible:
+    largest = max(ws.feasible)
+    rate = batch / ws.feasible[largest]
+    out.update(largest_fitting_micro_batch=largest, largest_fitting_samples_per_sec=rate)
+    remedy = f"micro_batch_size {largest}, the largest that fits, runs at {rate:,.1f} samples/s"
+  else:
+    remedy = (
+      "no micro-batch fits: a chip with more SRAM (wse3), a shorter sequence, or fewer activations kept "
+      "for the backward pass"
+    )
+  return remedy, out
+
+
 def _streaming_report(
-  ws: StreamingResult | str,
+  ws: _Streaming,
   graph: graph_mod.Graph,
+  machine: Machine,
   common: dict[str, Any],
   notes: list[str],
   seq: int | None,
@@ -555,27 +772,30 @@ def _streaming_report(
 ) -> Report:
   batch = common["batch_size"]
   rect = Rect(0, 0, width, height, "all layers, one after another")
-  if isinstance(ws, str):
+  if ws.result is None:
+    remedy, extra = _not_fitting(ws, machine, batch, (width, height))
     return Report(
       mode="weight_streaming",
       fits=False,
-      reason=ws,
-      micro_batch_size=0,
+      reason=ws.reason,
+      micro_batch_size=ws.requested or 0,
       samples_per_sec=0.0,
       compute_samples_per_sec=0.0,
       transmission_samples_per_sec=0.0,
       active_pes=0,
       compute_utilization=0.0,
-      step_time_s=math.inf,
+      step_time_s=None,
       kernels=(),
       placement=(rect,),
-      details={"sequence_length": seq, "training": graph.training},
+      details={"sequence_length": seq, "training": graph.training, "per_system_batch": per_system, **extra},
       notes=tuple(notes),
+      remedy=remedy,
       **common,
     )
+  res = ws.result
   rows = []
   by_name = {k.name: k for k in graph.kernels}
-  for r in ws.kernels:
+  for r in res.kernels:
     if r.time_s <= 0 and r.flops <= 0:
       continue
     k = by_name[r.name]
@@ -583,43 +803,68 @@ def _streaming_report(
       KernelRow(
         r.name,
         r.count,
-        batch / r.time_s if r.time_s else math.inf,
-        batch / r.compute_s if r.compute_s else math.inf,
-        batch / r.io_s if r.io_s else math.inf,
+        batch / r.time_s if r.time_s else None,
+        batch / r.compute_s if r.compute_s else None,
+        batch / r.io_s if r.io_s else None,
         width * height,
         r.compute_s / r.time_s if r.time_s else 0.0,
         k.count * k.matmul_flops(1 / graph.traced_batch, ("fwd", "bwd")),
         r.weight_bytes,
-        r.time_s / ws.step_s,
+        r.time_s / res.step_s,
       )
     )
-  if ws.rejected:
-    smallest = max(ws.rejected)
-    notes.append(f"micro-batch {smallest} rejected: {ws.rejected[smallest]}")
+  rest_s = res.step_s - sum(r.time_s for r in res.kernels)
+  if rest_s > 1e-9 * res.step_s:  # the boundary bubble, SwarmX and any wait for input data
+    rows.append(
+      KernelRow(
+        "step boundary (weight update wait, SwarmX, input)",
+        1,
+        batch / rest_s,
+        None,
+        batch / rest_s,
+        0,
+        0.0,
+        0.0,
+        0.0,
+        rest_s / res.step_s,
+      )  # fmt: skip
+    )
+  if res.rejected and ws.requested is None:
+    smallest = max(res.rejected)
+    notes.append(f"micro-batch {smallest} rejected: {res.rejected[smallest]}")
   if graph.training:  # (an inference step has no weight update to place)
     notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
-  details = {
+  details: dict[str, Any] = {
     "sequence_length": seq,
     "training": graph.training,
-    "micro_batches": ws.n_micro,
-    "compute_s": ws.compute_s,
-    "io_s": ws.io_s,
-    "boundary_s": ws.boundary_s,
-    "swarmx_s": ws.swarmx_s,
-    "resident_bytes": ws.resident_bytes,
+    "micro_batches": res.n_micro,
+    "compute_s": res.compute_s,
+    "io_s": res.io_s,
+    "boundary_s": res.boundary_s,
+    "swarmx_s": res.swarmx_s,
+    "resident_bytes": res.resident_bytes,
     "per_system_batch": per_system,
+    "micro_batch_given": ws.requested is not None,
   }
+  if ws.feasible:
+    sizes = sorted(ws.feasible)
+    rates = [batch / ws.feasible[m] for m in sizes]
+    details["micro_batch_range"] = {
+      "sizes": [sizes[0], sizes[-1]],
+      "count": len(sizes),
+      "samples_per_sec": [min(rates), max(rates)],
+    }
   return Report(
     mode="weight_streaming",
     fits=True,
     reason="",
-    micro_batch_size=ws.micro_batch,
-    samples_per_sec=batch / ws.step_s,
-    compute_samples_per_sec=batch / ws.compute_s if ws.compute_s else math.inf,
-    transmission_samples_per_sec=batch / ws.io_s if ws.io_s else math.inf,
+    micro_batch_size=res.micro_batch,
+    samples_per_sec=batch / res.step_s,
+    compute_samples_per_sec=batch / res.compute_s if res.compute_s else None,
+    transmission_samples_per_sec=batch / res.io_s if res.io_s else None,
     active_pes=width * height,
-    compute_utilization=min(1.0, ws.compute_s / ws.step_s),
-    step_time_s=ws.step_s,
+    compute_utilization=min(1.0, res.compute_s / res.step_s),
+    step_time_s=res.step_s,
     kernels=tuple(rows),
     placement=(rect,),
     details=details,

@@ -105,11 +105,15 @@ def plot_report(report: Any, path: str) -> str:
     bx.set_title("time per kernel (overlapped: the longer bar counts)", fontsize=9)
   state = "" if report.fits else " - DOES NOT FIT"
   mode = "layer pipelined" if report.mode == "pipeline" else "weight streaming"
-  fig.suptitle(
-    f"{report.name} on {report.num_csx} x {report.system_name} ({report.chip}), {mode}{state}\n"
+  rates = (  # a model that does not fit has no rate: what would make it fit instead
     f"{report.samples_per_sec:,.1f} samples/s, active PEs {100 * report.active_pes_fraction:.0f}%, "
     f"compute utilization {100 * report.compute_utilization:.0f}%, "
-    f"{100 * report.flops_utilization:.1f}% of peak FLOP/s",
+    f"{100 * report.flops_utilization:.1f}% of peak FLOP/s"
+    if report.fits
+    else f"would fit: {report.remedy}"[:150]
+  )
+  fig.suptitle(
+    f"{report.name} on {report.num_csx} x {report.system_name} ({report.chip}), {mode}{state}\n{rates}",
     fontsize=10,
   )
   fig.tight_layout()

@@ -18,7 +18,12 @@ from wafer._io import replace_atomically, write_text_atomically
 from wafer.costmodel.calibration import Accuracy, Calibration
 from wafer.costmodel.placement import Rect
 
-__all__ = ("KernelRow", "Report")
+__all__ = ("FOLD_SHARE", "KernelRow", "Report")
+
+FOLD_SHARE = 0.01
+"""Kernels under this share of the step (weight streaming) or of the PEs (pipeline), or with a rate
+over ``1 / FOLD_SHARE`` times the model's, are folded into one "other" row of the report's table
+(`Report.folded_kernels`, `Report.table_rows`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,21 +34,22 @@ class KernelRow:
     name: kernel name (scope path or op pattern).
     count: instances (e.g. layers of a ``scan``).
     samples_per_sec: the rate this kernel alone would allow (pipeline: its slowest instance;
-      weight streaming: the batch over the kernel's share of the step).
+      weight streaming: the batch over the kernel's share of the step); None where nothing limits it.
     compute_samples_per_sec, transmission_samples_per_sec: the same for compute alone and for data
-      movement alone (fabric transfers, or weight streaming I/O).
+      movement alone (fabric transfers, or weight streaming I/O); None where the kernel has none.
     active_pes: PEs of all its instances (weight streaming: the rectangle, time-shared).
     compute_utilization: the fraction of its time it computes.
     flops_per_sample: matrix-product FLOP per sample, all instances, forward + backward.
     weight_bytes: parameter bytes of all instances (in the compute format).
-    time_share: its fraction of the step (weight streaming) or of the PEs (pipeline).
+    time_share: its fraction of the step (weight streaming) or of the PEs (pipeline); the rows'
+      shares add up to 1 (weight streaming has a row for the step boundary).
   """
 
   name: str
   count: int
-  samples_per_sec: float
-  compute_samples_per_sec: float
-  transmission_samples_per_sec: float
+  samples_per_sec: float | None
+  compute_samples_per_sec: float | None
+  transmission_samples_per_sec: float | None
   active_pes: int
   compute_utilization: float
   flops_per_sample: float
@@ -61,20 +67,23 @@ class Report:
   Attributes:
     name: what was estimated (a workload name or the function's name).
     system, system_name, chip: ``"wse2"``, ``"CS-2"``, ``"WSE-2"``.
+    release: the Cerebras software release costed (``"2.x"``, ``"1.8"``...), which decides the mode.
     mode: ``"pipeline"`` or ``"weight_streaming"``; ``mode_reason`` says how it was chosen.
-    fits: False when the model does not fit in ``mode`` (then the rates are 0 and ``reason`` says why).
+    fits: False when the model does not fit in ``mode``: then it has no rate (the rate fields are 0,
+      None in `to_dict`), ``reason`` says why and ``remedy`` what would make it fit; ``details`` has
+      the memory it needs and has, the factor over and the assumption that decides it.
     batch_size: samples per step (all systems); ``num_csx``: systems in data parallel.
     micro_batch_size: samples per micro-batch (weight streaming) or per pipeline wave.
     samples_per_sec: the estimate: ``min`` of compute and transmission in a pipeline, the
       overlapped step in weight streaming.
-    compute_samples_per_sec: the rate if data movement were free.
-    transmission_samples_per_sec: the rate if compute were free (fabric transfers, I/O).
+    compute_samples_per_sec: the rate if data movement were free (None: no compute).
+    transmission_samples_per_sec: the rate if compute were free (fabric transfers, I/O; None: none).
     active_pes: PEs doing work; ``total_pes``: PEs of the chip's fabric (per system).
     compute_utilization: the fraction of time the active PEs compute.
     flops_per_sample: matrix-product FLOP per sample (forward + backward; forward only for an
       inference step), the model FLOPs.
     peak_flops_per_sec: dense peak of all systems in the compute format at the calibrated clock.
-    step_time_s: seconds per step.
+    step_time_s: seconds per step (None when it does not fit).
     kernels: one row per kernel.
     placement: kernel rectangles (pipeline), or the one rectangle all layers share (weight streaming).
     grid: ``(width, height)`` of the usable rectangle; ``fabric``: of the whole fabric; ``offset``:
@@ -83,16 +92,19 @@ class Report:
     compute_format, accumulate_format: format names; ``clock_hz``: the clock used.
     calibration: the parameters used.
     details: mode-specific numbers (micro-batches, I/O seconds, memory...), and ``sequence_length``
-      (axis 1 of the batch's token ids, for tokens/s) and ``training`` (False: forward only).
+      (axis 1 of the batch's token ids, for tokens/s) and ``training`` (False: forward only). With a
+      searched micro-batch, ``micro_batch_range``: the feasible sizes and the rates they give.
     notes: approximations the estimate made.
     batch_arguments: the step's arguments taken as the batch (axis 0 = samples).
     accuracy: the cost model's accuracy on runs it was not fitted to, for ``expected_range``.
+    remedy: when it does not fit, what would make it fit (empty otherwise).
   """
 
   name: str
   system: str
   system_name: str
   chip: str
+  release: str
   mode: str
   mode_reason: str
   fits: bool
@@ -101,14 +113,14 @@ class Report:
   num_csx: int
   micro_batch_size: int
   samples_per_sec: float
-  compute_samples_per_sec: float
-  transmission_samples_per_sec: float
+  compute_samples_per_sec: float | None
+  transmission_samples_per_sec: float | None
   active_pes: int
   total_pes: int
   compute_utilization: float
   flops_per_sample: float
   peak_flops_per_sec: float
-  step_time_s: float
+  step_time_s: float | None
   kernels: tuple[KernelRow, ...]
   placement: tuple[Rect, ...]
   grid: tuple[int, int]
@@ -123,6 +135,7 @@ class Report:
   notes: tuple[str, ...]
   batch_arguments: tuple[str, ...] = ()
   accuracy: Accuracy | None = None
+  remedy: str = ""
 
   @property
   def expected_range(self) -> tuple[float, float] | None:
@@ -151,15 +164,48 @@ class Report:
   @property
   def tokens_per_sec(self) -> float | None:
     seq = self.details.get("sequence_length")
-    return self.samples_per_sec * seq if seq else None
+    return self.samples_per_sec * seq if seq and self.fits else None
 
   # -- outputs ----------------------------------------------------------------------------------
+  def table_rows(self) -> list[KernelRow]:
+    """The rows the kernel table shows: `kernels`, with those under `FOLD_SHARE` of the step (weight
+    streaming) or of the PEs (pipeline) folded into one "other" row (its rates ``None``: it limits
+    nothing), so that trivial kernels do not show rates far above the model's."""
+    small = self.folded_kernels()
+    if not small:
+      return list(self.kernels)
+    other = KernelRow(
+      f"other: {len(small)} small kernel{'s' if len(small) > 1 else ''}",
+      sum(k.count for k in small),
+      None,
+      None,
+      None,
+      sum(k.active_pes for k in small) if self.mode == "pipeline" else max(k.active_pes for k in small),
+      sum(k.compute_utilization * k.time_share for k in small) / (sum(k.time_share for k in small) or 1.0),
+      sum(k.flops_per_sample for k in small),
+      sum(k.weight_bytes for k in small),
+      sum(k.time_share for k in small),
+    )
+    return [k for k in self.kernels if k not in small] + [other]
+
+  def folded_kernels(self) -> list[KernelRow]:
+    """The kernels the table folds into its "other" row: under `FOLD_SHARE` of the step (weight
+    streaming) or of the PEs (pipeline), or with a rate over ``1 / FOLD_SHARE`` times the model's
+    (it limits nothing: a pipeline's embedding lookup at millions of samples/s)."""
+    limit = self.samples_per_sec / FOLD_SHARE if self.fits and self.samples_per_sec else math.inf
+    return [
+      k
+      for k in self.kernels
+      if k.time_share < FOLD_SHARE or (k.samples_per_sec is not None and k.samples_per_sec > limit)
+    ]
+
   def kernel_table(self) -> Table:
-    """The per-kernel rows as a `Table` (Cerebras' columns plus the instance count and share)."""
+    """The per-kernel rows as a `Table` (Cerebras' columns plus the instance count and share; small
+    kernels folded: `table_rows`)."""
     share = "Step Share" if self.mode == "weight_streaming" else "PE Share"
     rows = [
       [
-        k.name + (f" (x{k.count})" if k.count > 1 else ""),
+        k.name + (f" (x{k.count})" if k.count > 1 and not k.name.startswith("other:") else ""),
         _rate(k.samples_per_sec),
         _rate(k.compute_samples_per_sec),
         _rate(k.transmission_samples_per_sec),
@@ -167,7 +213,7 @@ class Report:
         f"{100 * k.compute_utilization:.0f}%",
         f"{100 * k.time_share:.1f}%",
       ]
-      for k in self.kernels
+      for k in self.table_rows()
     ]
     return Table(
       [
@@ -183,18 +229,21 @@ class Report:
     )
 
   def to_text(self) -> str:
-    """The report in the style of Cerebras' ``compile_report.txt``."""
+    """The report in the style of Cerebras' ``compile_report.txt``. A model that does not fit has no
+    rate lines: the report says why and what would make it fit."""
     lines = ["Estimated Overall Performance"]
-    lines += [
-      f" {label + ':':<30}{value}"
-      for label, value in (
-        ("Samples/s", _rate(self.samples_per_sec)),
-        ("Compute Samples/s", _rate(self.compute_samples_per_sec)),
-        ("Transmission Samples/s", _rate(self.transmission_samples_per_sec)),
-        ("Active PEs", f"{100 * self.active_pes_fraction:.0f}%"),
-        ("Compute Utilization", f"{100 * self.compute_utilization:.0f}%"),
-      )
-    ]
+    d = self.details
+    if self.fits:
+      lines += [
+        f" {label + ':':<30}{value}"
+        for label, value in (
+          ("Samples/s", _rate(self.samples_per_sec)),
+          ("Compute Samples/s", _rate(self.compute_samples_per_sec)),
+          ("Transmission Samples/s", _rate(self.transmission_samples_per_sec)),
+          ("Active PEs", f"{100 * self.active_pes_fraction:.0f}%"),
+          ("Compute Utilization", f"{100 * self.compute_utilization:.0f}%"),
+        )
+      ]
     band = self.expected_range
     if band is not None and self.accuracy is not None:
       a = self.accuracy
@@ -204,24 +253,46 @@ class Report:
         f"{a.held_out_median:.2f} held out)"
       )
     if not self.fits:
-      lines += ["", f" Does not fit in {_mode_name(self.mode)} mode: {self.reason}"]
-    lines += ["", str(self.kernel_table()), "", "Estimate details"]
-    d = self.details
+      over = d.get("over_factor")
+      by = f" (x{over:.2f} over)" if over else ""
+      lines.append(f" Does not fit in {_mode_name(self.mode)} mode{by}: {self.reason}")
+      if d.get("deciding_assumption"):
+        lines.append(f" {'Deciding assumption:':<30}{d['deciding_assumption']}")
+      if self.remedy:
+        lines.append(f" {'Would fit:':<30}{self.remedy}")
+    if self.kernels:
+      lines += ["", str(self.kernel_table())]
+      small = [k.name for k in self.folded_kernels()]
+      if small:
+        what = "of the step" if self.mode == "weight_streaming" else "of the PEs"
+        lines.append(
+          f" other: under {100 * FOLD_SHARE:g}% {what} or over {1 / FOLD_SHARE:g}x the model's rate each "
+          f"(they limit nothing), no rate shown: {', '.join(small)}"
+        )
+    lines += ["", "Estimate details"]
     usable = f"{self.grid[0]} x {self.grid[1]}"
     lines.append(f" {'Model:':<16}{self.name}")
     lines.append(
       f" {'System:':<16}{self.num_csx} x {self.system_name} ({self.chip}, {usable} PEs used, "
       f"{self.clock_hz / 1e9:g} GHz clock)"
     )
+    lines.append(f" {'Release:':<16}{self.release} (Cerebras software; it decides the mode)")
     lines.append(f" {'Mode:':<16}{_mode_name(self.mode)} ({self.mode_reason})")
     if self.mode == "weight_streaming":
-      batch_line = (
-        f"{self.batch_size} per step ({self.batch_size // self.num_csx} per system); micro-batch "
-        f"{self.micro_batch_size} ({d.get('micro_batches', 1)} per step)"
-      )
+      given = " as given" if d.get("micro_batch_given") or d.get("requested_micro_batch") else ""
+      mb = f"micro-batch {self.micro_batch_size}{given}" if self.micro_batch_size else "no micro-batch fits"
+      per = f" ({d['micro_batches']} per step)" if "micro_batches" in d else ""
+      batch_line = f"{self.batch_size} per step ({self.batch_size // self.num_csx} per system); {mb}{per}"
     else:
       batch_line = f"{self.batch_size} per step; pipeline waves of {self.micro_batch_size}"
     lines.append(f" {'Batch:':<16}{batch_line}")
+    span = d.get("micro_batch_range")
+    if span:
+      (lo_mb, hi_mb), (lo, hi) = span["sizes"], span["samples_per_sec"]
+      lines.append(
+        f" {'Micro-batch:':<16}searched: {self.micro_batch_size} is the fastest of {span['count']} feasible "
+        f"sizes ({lo_mb}-{hi_mb}), which give {_rate(lo)}-{_rate(hi)} samples/s"
+      )
     if self.batch_arguments:
       lines.append(f" {'Batch args:':<16}{', '.join(self.batch_arguments)}")
     lines.append(f" {'Formats:':<16}{self.compute_format} operands, {self.accumulate_format} accumulation")
@@ -229,13 +300,14 @@ class Report:
     lines.append(
       f" {'Work:':<16}{self.flops_per_sample / 1e12:.4g} TFLOP per sample (matrix products, {passes})"
     )
-    lines.append(
-      f" {'Model FLOP/s:':<16}{self.model_flops_per_sec / 1e15:.3g} PFLOP/s = "
-      f"{100 * self.flops_utilization:.1f}% of the {self.peak_flops_per_sec / 1e15:.3g} PFLOP/s dense peak"
-    )
+    if self.fits:
+      lines.append(
+        f" {'Model FLOP/s:':<16}{self.model_flops_per_sec / 1e15:.3g} PFLOP/s = "
+        f"{100 * self.flops_utilization:.1f}% of the {self.peak_flops_per_sec / 1e15:.3g} PFLOP/s dense peak"
+      )
     if self.tokens_per_sec:
       lines.append(f" {'Tokens/s:':<16}{self.tokens_per_sec:,.0f}")
-    if self.fits:
+    if self.fits and self.step_time_s is not None:
       if self.mode == "weight_streaming":
         lines.append(
           f" {'Step:':<16}{self.step_time_s:.4g} s (compute {d['compute_s']:.4g} s, weight and data "
@@ -278,13 +350,23 @@ class Report:
         value = dataclasses.asdict(value)
       out[field.name] = _jsonable(value)
     out["active_pes_fraction"] = self.active_pes_fraction
-    out["model_flops_per_sec"] = self.model_flops_per_sec
-    out["flops_utilization"] = self.flops_utilization
+    out["model_flops_per_sec"] = self.model_flops_per_sec if self.fits else None
+    out["flops_utilization"] = self.flops_utilization if self.fits else None
     out["expected_range"] = _jsonable(self.expected_range)
+    if not self.fits:  # no rate: None, not 0 samples/s
+      for key in (
+        "samples_per_sec",
+        "compute_samples_per_sec",
+        "transmission_samples_per_sec",
+        "step_time_s",
+      ):
+        out[key] = None
+    out["tokens_per_sec"] = _jsonable(self.tokens_per_sec)
     return out
 
   def to_json(self, indent: int = 2) -> str:
-    return json.dumps(self.to_dict(), indent=indent)
+    """`to_dict` as strict JSON (no ``Infinity`` / ``NaN``: a value that is not a number is ``null``)."""
+    return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
   def plot(self, path: str | os.PathLike[str]) -> str:
     """Write a PNG of the placement on the wafer to ``path``; returns the path."""
@@ -319,9 +401,10 @@ def _mode_name(mode: str) -> str:
   return {"pipeline": "layer pipelined", "weight_streaming": "weight streaming"}.get(mode, mode)
 
 
-def _rate(v: float) -> str:
-  if math.isinf(v):
-    return "inf"
+def _rate(v: float | None) -> str:
+  """A rate as the report prints it; ``-`` for none (a row with nothing that limits it)."""
+  if v is None or not math.isfinite(v):
+    return "-"
   return f"{v:,.1f}" if v >= 100 else f"{v:.4g}"
 
 

@@ -266,7 +266,7 @@ class _Run:
     if rc.mode not in MODES:
       raise ExecutorError(f"mode={rc.mode!r}; allowed: {', '.join(MODES)}")
     self.settings = {**settings_of(config), "train_input.batch_size": task.batch_size}
-    self.task, self.rc, self.policy, self.progress = task, rc, policy, progress
+    self.task, self.rc, self.policy, self.progress, self.params = task, rc, policy, progress, config
     self.optimizer, self.loss_scale = optimizer, loss_scale
     self.num_csx = rc.num_csx
     self.distributed = jax.process_count() > 1
@@ -353,7 +353,15 @@ class _Run:
     self.say(f"{'Traced and lowered' if lowered_only else 'Compiled'} in {time.perf_counter() - t1:.1f} s.")
     if self.main:
       _write_compile_report(
-        step_fn, init, example_batch, task, self.num_csx, self.policy, self.model_dir, self.summary
+        step_fn,
+        init,
+        example_batch,
+        task,
+        self.num_csx,
+        self.policy,
+        self.model_dir,
+        self.summary,
+        self.params,
       )
     return None if check_only else init
 
@@ -679,10 +687,17 @@ def _check_batch_spec(batch: Any, spec: Any, local_rows: bool, num_csx: int) -> 
     )
 
 
-def _write_compile_report(step_fn, state, batch, task, num_csx, policy, model_dir, summary) -> None:
-  """The cost model's estimate of the train step in the run's compute format (the policy's), saved."""
+def _write_compile_report(
+  step_fn, state, batch, task, num_csx, policy, model_dir, summary, params=None
+) -> None:
+  """The cost model's estimate of the train step in the run's compute format (the policy's), saved; the
+  params file's micro_batch_size and release as given (`wafer.costmodel.estimate.run_inputs`)."""
+  from wafer.costmodel.estimate import run_inputs
+
   try:
-    report = wafer.estimate(step_fn, state, batch, batch_size=task.batch_size, num_csx=num_csx, policy=policy)
+    report = wafer.estimate(
+      step_fn, state, batch, batch_size=task.batch_size, num_csx=num_csx, policy=policy, **run_inputs(params)
+    )
   except Exception as error:  # the cost model must not stop a run; say why it is missing
     print(f"note: no compile report ({type(error).__name__}: {error})", flush=True)
     return
@@ -694,7 +709,12 @@ def _write_compile_report(step_fn, state, batch, task, num_csx, policy, model_di
       "could not be saved either: free space there, or give another --model_dir"
     ) from None
   summary["compile_report"] = str(model_dir / "compile_report.txt")
-  summary["samples_per_sec_estimate"] = float(report.samples_per_sec)
   mode = report.mode.replace("_", " ")  # "pipeline", "weight streaming"
-  print(f"Estimated {report.samples_per_sec:,.1f} samples/s on the wafer ({mode}); "
-        f"see {model_dir / 'compile_report.txt'}", flush=True)  # fmt: skip
+  where = f"see {model_dir / 'compile_report.txt'}"
+  if not report.fits:  # no rate, not "0 samples/s"
+    print(f"Estimate: does not fit on the wafer in {mode} (release {report.release}): {report.reason}; "
+          f"would fit: {report.remedy}; {where}", flush=True)  # fmt: skip
+    return
+  summary["samples_per_sec_estimate"] = float(report.samples_per_sec)
+  print(f"Estimated {report.samples_per_sec:,.1f} samples/s on the wafer ({mode}, release {report.release}); "
+        f"{where}", flush=True)  # fmt: skip

@@ -74,7 +74,7 @@ def test_scan_and_unrolled_layers_agree_within_5_percent(cfg, batch, mode, namin
   assert sum(k.count for k in per_layer) == cfg.layers
 
 
-@pytest.mark.parametrize("mode", ["auto", "pipeline", "weight_streaming"])
+@pytest.mark.parametrize("mode", ["auto", "fastest", "pipeline", "weight_streaming"])
 @pytest.mark.parametrize(("cfg", "batch"), SHAPES, ids=IDS)
 def test_forward_only_is_costed_as_inference_and_never_slower_than_training(cfg, batch, mode):
   fn, args = W.train_example(cfg, batch)

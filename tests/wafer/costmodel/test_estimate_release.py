@@ -1,0 +1,291 @@
+"""The release decides the mode (issue 25, item 1), and run details are inputs: a given micro-batch is
+used as given, and when it does not fit the report says by how much, which assumption decides it and
+what would fit; a searched micro-batch comes with the range of rates over the feasible sizes (items 2
+and 5)."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import hypothesis
+import pytest
+from hypothesis import strategies as st
+
+import wafer
+from tests.wafer.costmodel.helpers import batch_args, mlp_params, mlp_train_step
+from wafer.costmodel import EstimateError, Release, estimate_graph, extract, parse_release
+from wafer.costmodel import workloads as W
+from wafer.costmodel.estimate import run_inputs
+from wafer.costmodel.release import PIPELINE_MAX_PARAMS
+
+SMALL = W.TransformerConfig(layers=2, d_model=128, heads=4, ffn=512, vocab=512, seq=64, max_positions=64)
+
+
+@functools.cache
+def _small_graph(batch: int = 64):
+  fn, args = W.train_example(SMALL, batch)
+  return extract(fn, args, batch_argnums=(2,), compute_bits=16)
+
+
+@functools.cache
+def _mlp_graph(widths: tuple[int, ...], batch: int, tokens: int):
+  return extract(
+    mlp_train_step(widths),
+    (mlp_params(widths), *batch_args(batch, tokens, widths[0], widths[-1])),
+    batch_argnums=(1, 2),
+    compute_bits=16,
+  )
+
+
+# -- the release --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  ("text", "label", "streams"),
+  [
+    ("2.x", "2.x", True),
+    ("2", "2.x", True),
+    ("2.4", "2.4", True),
+    ("Release_2.10.0", "2.10", True),
+    ("rel-2.2.1", "2.2", True),
+    ("R1.9.1", "1.9", True),  # 1.9 dropped layer pipelining already
+    ("1.9", "1.9", True),
+    ("R_1.6.0", "1.6", False),
+    ("Release_1.8.0", "1.8", False),
+    ("1.x", "1.x", False),
+    ("r1.7", "1.7", False),
+  ],
+)
+def test_release_strings_parse_to_the_release_and_its_rule(text, label, streams):
+  release = parse_release(text)
+  assert release.label == label and release.streams_every_model is streams
+  assert parse_release(release) is release
+
+
+@pytest.mark.parametrize("bad", ["3.0", "0.9", "1.10", "latest", "", "2.x.y", None, True, [2]])
+def test_an_unknown_release_is_an_error_listing_what_is_allowed(bad):
+  with pytest.raises(EstimateError, match=r"release=.*allowed: '2.x' \(default"):
+    parse_release(bad)
+  with pytest.raises(EstimateError, match="release="):
+    estimate_graph(_mlp_graph((64, 256, 64), 8, 16), release=bad)
+
+
+def test_the_default_release_streams_every_small_model_and_says_why():
+  """Issue 25: under the default (2.x), ESM-2 35M-class models were costed layer pipelined (the
+  faster mode in the model) although Cerebras' 2.x software streams the weights of every model."""
+  graph = _small_graph()
+  report = estimate_graph(graph)
+  assert report.release == "2.x" and report.mode == "weight_streaming"
+  assert "release 2.x" in report.mode_reason and "every model" in report.mode_reason
+  assert report.alternatives == {}  # no layer-pipelined what-if unless asked for
+  text = report.to_text()
+  assert "Release:        2.x" in text and report.mode_reason in text
+  data = json.loads(report.to_json())
+  assert data["release"] == "2.x" and data["mode"] == "weight_streaming" and data["mode_reason"]
+
+
+@pytest.mark.parametrize("release", ["1.x", "1.8", "R_1.6.0"])
+def test_a_1x_release_pipelines_a_small_model_on_one_system(release):
+  graph = _small_graph()
+  assert graph.param_elements < PIPELINE_MAX_PARAMS
+  report = estimate_graph(graph, release=release)
+  assert report.mode == "pipeline" and report.fits
+  assert "under 1B parameters" in report.mode_reason and parse_release(release).label in report.mode_reason
+  two = estimate_graph(graph, release=release, num_csx=2)  # layer pipelining ran on one system only
+  assert two.mode == "weight_streaming" and "2 systems" in two.mode_reason
+
+
+def test_a_1x_release_streams_a_model_that_does_not_fit_pipelined_or_has_1b_parameters():
+  huge = _mlp_graph((64, 65536, 65536, 64), 8, 16)  # 4.3 G parameters
+  assert huge.param_elements >= PIPELINE_MAX_PARAMS
+  report = estimate_graph(huge, release="1.8")
+  assert report.mode == "weight_streaming" and "1B parameters or more" in report.mode_reason
+  wide = _mlp_graph((64, 16384, 16384, 16384, 64), 64, 2048)  # 0.54 G parameters, 2048 tokens
+  assert wide.param_elements < PIPELINE_MAX_PARAMS
+  report = estimate_graph(wide, release="1.8", micro_batch_size=64)  # waves of 64: too big pipelined
+  assert report.mode == "weight_streaming" and "does not fit pipelined" in report.mode_reason
+  assert "pipeline" in report.alternatives
+
+
+def test_explicit_modes_stay_explicit_and_fastest_is_the_what_if():
+  graph = _small_graph()
+  piped = estimate_graph(graph, mode="pipeline")  # under 2.x: a what-if, said so
+  assert piped.mode == "pipeline" and "what-if" in piped.mode_reason and piped.release == "2.x"
+  streamed = estimate_graph(graph, mode="weight_streaming", release="1.8")
+  assert streamed.mode == "weight_streaming" and streamed.mode_reason.startswith("requested")
+  fastest = estimate_graph(graph, mode="fastest")
+  assert "what-if" in fastest.mode_reason and set(fastest.alternatives) == {
+    "pipeline",
+    "weight_streaming",
+  } - {fastest.mode}
+  other = fastest.alternatives[next(iter(fastest.alternatives))]
+  assert fastest.samples_per_sec >= other  # the faster of the two
+  assert fastest.samples_per_sec == max(piped.samples_per_sec, estimate_graph(graph).samples_per_sec)
+
+
+def test_release_reaches_estimate_and_the_cli(capsys):
+  fn, args = W.train_example(SMALL, 16)
+  assert wafer.estimate(fn, *args, release="Release_1.8.0").mode == "pipeline"
+  assert wafer.estimate(fn, *args).mode == "weight_streaming"
+  from wafer.cli import main
+
+  assert main(["estimate", "--workload", "gpt2_small", "--release", "1.8", "--mode", "auto"]) == 0
+  out = capsys.readouterr().out
+  assert "Release:        1.8" in out and "layer pipelined (release 1.8 runs models under 1B" in out
+  assert main(["estimate", "--workload", "gpt2_small", "--release", "7.1"]) == 1
+  assert "release='7.1'" in capsys.readouterr().err
+
+
+# -- micro-batch as given -------------------------------------------------------------------------
+
+
+def test_a_given_micro_batch_is_used_as_given_or_reported_not_fitting_by_how_much():
+  """Issue 25: a modelzoo file's micro_batch_size "did not fit" and the compile report silently used
+  another one. Given, it is kept: the report says it does not fit, the memory needed and available,
+  the factor, the deciding assumption, and the largest micro-batch that fits (and its rate)."""
+  graph = _mlp_graph((256, 16384, 16384, 256), 512, 2048)
+  searched = estimate_graph(graph, mode="weight_streaming")
+  fits = sorted(searched.details["micro_batch_range"]["sizes"])
+  largest = fits[-1]
+  assert largest < 512, "the example must have micro-batches that do not fit"
+  kept = estimate_graph(graph, mode="weight_streaming", micro_batch_size=largest)
+  assert kept.fits and kept.micro_batch_size == largest and kept.details["micro_batch_given"]
+  too_big = 2 * largest if 512 % (2 * largest) == 0 else 512
+  report = estimate_graph(graph, mode="weight_streaming", micro_batch_size=too_big)
+  assert not report.fits and report.micro_batch_size == too_big  # never replaced
+  d = report.details
+  assert d["memory_required_bytes"] > d["memory_available_bytes"]
+  assert d["over_factor"] == pytest.approx(d["memory_required_bytes"] / d["memory_available_bytes"])
+  assert "activations" in d["deciding_assumption"] and "SRAM" in d["deciding_assumption"]
+  assert d["largest_fitting_micro_batch"] == largest
+  assert d["largest_fitting_samples_per_sec"] == pytest.approx(kept.samples_per_sec, rel=1e-9)
+  text = report.to_text()
+  assert f"x{d['over_factor']:.2f} over" in text and f"micro_batch_size {largest}" in text
+  assert "Samples/s:" not in text and "0 samples/s" not in text.replace(",", "")
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(
+  width=st.sampled_from([256, 1024, 4096]),
+  tokens=st.sampled_from([64, 512, 2048]),
+  batch=st.sampled_from([8, 60, 256]),
+  system=st.sampled_from(["wse2", "wse3"]),
+)
+def test_the_searched_micro_batch_is_the_fastest_of_the_range_it_reports(width, tokens, batch, system):
+  graph = _mlp_graph((64, width, width, 64), 8, tokens)
+  report = estimate_graph(graph, mode="weight_streaming", batch_size=batch, system=system)
+  span = report.details.get("micro_batch_range")
+  if not report.fits:
+    assert span is None and report.remedy
+    return
+  lo, hi = span["samples_per_sec"]
+  assert lo <= report.samples_per_sec * (1 + 1e-12) and report.samples_per_sec == pytest.approx(hi)
+  assert span["sizes"][0] <= report.micro_batch_size <= span["sizes"][1] <= batch
+  assert "Micro-batch:    searched" in report.to_text()
+  given = estimate_graph(
+    graph, mode="weight_streaming", batch_size=batch, system=system, micro_batch_size=span["sizes"][0]
+  )
+  assert given.fits and "micro_batch_range" not in given.details  # given: nothing searched
+  assert lo * (1 - 1e-9) <= given.samples_per_sec <= hi * (1 + 1e-9)
+
+
+def test_run_inputs_take_the_params_files_micro_batch_and_release_as_given():
+  p = wafer.config.load_params("models/gpt2/configs/params_gpt2_tiny.yaml")
+  assert p.train_input.micro_batch_size in ("auto", None) or isinstance(p.train_input.micro_batch_size, int)
+  from types import SimpleNamespace as NS
+
+  assert run_inputs(NS(train_input=NS(micro_batch_size=88), runconfig=NS())) == {"micro_batch_size": 88}
+  for searched in ("auto", "explore", {"explore": {"min": 1}}, None):
+    assert run_inputs(NS(train_input=NS(micro_batch_size=searched), runconfig=NS())) == {}
+  assert run_inputs(NS(train_input=None, runconfig=NS(release="R1.8.0"))) == {"release": "R1.8.0"}
+  assert (
+    run_inputs(NS(train_input=None, release=Release(1, 8), runconfig=NS(release="2.4")))["release"].label
+    == "1.8"
+  )
+
+
+def test_the_cli_passes_the_params_files_micro_batch_unchanged(tmp_path, capsys):
+  from wafer.cli import main
+
+  config = "models/gpt2/configs/params_gpt2_tiny.yaml"
+  p = wafer.config.load_params(config)
+  per_system = p.train_input.batch_size // p.runconfig.num_csx
+  mb = max(d for d in range(1, per_system) if per_system % d == 0)  # a divisor, not the whole batch
+  assert (
+    main(["estimate", "--params", config, "--model_dir", str(tmp_path), f"train_input.micro_batch_size={mb}"])
+    == 0
+  )
+  out = capsys.readouterr().out
+  assert f"micro-batch {mb} as given" in out
+  data = json.loads((tmp_path / "compile_report.json").read_text())
+  assert data["micro_batch_size"] == mb and data["release"] == "2.x"
+
+
+def test_the_compile_report_of_a_run_keeps_the_params_files_micro_batch(tmp_path, capsys):
+  """`wafer run`'s compile report (issue 25: it silently searched another micro-batch): the params
+  file's train_input.micro_batch_size is passed as given, and the release defaults to 2.x."""
+  from wafer import runner
+
+  config = "models/gpt2/configs/params_gpt2_tiny.yaml"
+  p = wafer.config.load_params(config)
+  per_system = p.train_input.batch_size // p.runconfig.num_csx
+  mb = max(d for d in range(1, per_system) if per_system % d == 0)
+  runner.run_params(
+    config,
+    [f"runconfig.model_dir={tmp_path}", "runconfig.validate_only=true", f"train_input.micro_batch_size={mb}"],
+  )
+  data = json.loads((tmp_path / "compile_report.json").read_text())
+  assert data["micro_batch_size"] == mb and data["release"] == "2.x" and data["mode"] == "weight_streaming"
+  assert "release 2.x" in capsys.readouterr().out
+
+
+def test_a_trainer_layout_files_micro_batch_reaches_the_estimate():
+  """The 2.x trainer layout keeps the micro-batch in ``ScopedTrainFlags: {csx.performance.micro_batch_size}``;
+  it lands in train_input.micro_batch_size, which the estimate takes as given."""
+  from wafer.config import load_params
+
+  data = {
+    "trainer": {
+      "init": {
+        "backend": {"backend_type": "CSX", "cluster_config": {"num_csx": 2}},
+        "model": {"name": "gpt3"},
+        "optimizer": {"SGD": {"lr": 0.5}},
+        "loop": {"num_steps": 5},
+        "callbacks": [{"ScopedTrainFlags": {"csx.performance.micro_batch_size": 2}}],
+      },
+      "fit": {"train_dataloader": {"batch_size": 8}},
+    }
+  }
+  assert run_inputs(load_params(data)) == {"micro_batch_size": 2}
+
+
+def test_a_run_whose_given_micro_batch_does_not_fit_says_so_and_has_no_rate(tmp_path, capsys):
+  """The compile report of `wafer run` with a params file's micro-batch the model thinks does not fit:
+  the log line says so and what would fit; the summary carries no rate (not 0 samples/s)."""
+  from types import SimpleNamespace as NS
+
+  from wafer.train.loop import _write_compile_report
+
+  widths = (256, 16384, 16384, 256)
+  step = mlp_train_step(widths)
+  summary = {}
+  _write_compile_report(
+    lambda params, batch: step(params, *batch),
+    mlp_params(widths),
+    batch_args(512, 2048, widths[0], widths[-1]),
+    NS(batch_size=512),
+    1,
+    None,
+    tmp_path,
+    summary,
+    NS(train_input=NS(micro_batch_size=512), runconfig=NS()),
+  )
+  out = capsys.readouterr().out
+  assert (
+    "does not fit on the wafer in weight streaming (release 2.x)" in out
+    and "would fit: micro_batch_size" in out
+  )
+  assert "samples_per_sec_estimate" not in summary and summary["compile_report"]
+  data = json.loads((tmp_path / "compile_report.json").read_text())
+  assert data["micro_batch_size"] == 512 and data["fits"] is False and data["samples_per_sec"] is None

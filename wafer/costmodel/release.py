@@ -1,0 +1,91 @@
+"""Which Cerebras software release runs the step, and the execution mode that release gives a model.
+
+The release decides the mode (the public record):
+
+* **1.x up to 1.8**: two modes. *Layer pipelined* "is selected for neural network models of small to
+  medium sized models (with less than a billion parameters)"; *weight streaming* "is used to run
+  extremely large models" (modelzoo ``README.md`` of R_1.7.0 and Release_1.8.0,
+  https://github.com/Cerebras/modelzoo/blob/Release_1.8.0/README.md). Pipelined runs on one system only
+  (Release_1.9.1 ``RELEASE-NOTES.md``, 1.7.1: "Pipelined execution only supports using one CS-2").
+* **1.9 and every 2.x release**: weight streaming for every model. "Pipeline mode and TensorFlow
+  support is deprecated. [...] all models will run in ``weight_streaming`` mode by default"
+  (https://github.com/Cerebras/modelzoo/blob/Release_1.9.1/RELEASE-NOTES.md, version 1.9.1); from 2.0 on
+  the run scripts and ``RunConfig`` have no mode argument, and the glossary of the 2.x documentation
+  describes the Wafer-Scale Cluster's execution as weight streaming
+  (https://training-api.cerebras.ai/en/rel-2.2.1/wsc/cerebras-basics/glossary.html).
+
+>>> parse_release("Release_2.10.0").label, parse_release("R1.9.1").streams_every_model
+('2.10', True)
+>>> parse_release("1.8").streams_every_model, parse_release("1.x").label
+(False, '1.x')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from wafer.errors import EstimateError
+
+__all__ = ("DEFAULT_RELEASE", "PIPELINE_MAX_PARAMS", "Release", "parse_release")
+
+DEFAULT_RELEASE = "2.x"
+"""The current Cerebras software stack (2.x): weight streaming for every model."""
+
+PIPELINE_MAX_PARAMS = 1e9
+"""1.x (to 1.8): models below this many parameters ran layer pipelined ("less than a billion
+parameters", modelzoo README of R_1.7.0 / Release_1.8.0)."""
+
+_LAST_1X = 9  # 1.9.1 was the last 1.x release (the modelzoo's tags: R_1.6.0 ... Release_1.9.1)
+_ALLOWED = (
+  "'2.x' (default: the current stack), '1.x' (a release before 1.9), or a release number 1.0-1.9 or "
+  "2.0 and later, written '2.4', 'R1.9.1', 'R_1.6.0', 'Release_2.10.0' or 'rel-2.2.1'"
+)
+_PATTERN = re.compile(r"^(?:r|rel|release)?[\s_-]*v?(\d+)(?:\.(\d+|x))?(?:\.\d+)?$", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+  """A Cerebras software release: ``major`` and ``minor`` (None for "any 1.x / 2.x").
+
+  ``"1.x"`` means the 1.x releases that still offered layer pipelining (1.0 to 1.8); 1.9 streamed
+  every model already.
+  """
+
+  major: int
+  minor: int | None
+
+  @property
+  def label(self) -> str:
+    """``"2.x"``, ``"1.8"``, ``"2.10"``."""
+    return f"{self.major}.{'x' if self.minor is None else self.minor}"
+
+  @property
+  def streams_every_model(self) -> bool:
+    """True from 1.9 on: weight streaming for every model, no layer-pipelined mode."""
+    return self.major >= 2 or (self.minor is not None and self.minor >= 9)
+
+
+def parse_release(value: Any) -> Release:
+  """A `Release` from ``"2.x"``, ``"2.4"``, ``"R1.9.1"``, ``"Release_2.10.0"``, ``2.4``, a `Release`.
+
+  Raises:
+    EstimateError: anything else (the message lists what is allowed).
+
+  >>> parse_release("2").label, parse_release("rel-2.2.1").label, parse_release(1.8).label
+  ('2.x', '2.2', '1.8')
+  """
+  if isinstance(value, Release):
+    return value
+  if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+    raise EstimateError(f"release={value!r}; allowed: {_ALLOWED}")
+  match = _PATTERN.match(str(value).strip())
+  if match is None:
+    raise EstimateError(f"release={value!r}; allowed: {_ALLOWED}")
+  major = int(match.group(1))
+  minor_text = match.group(2)
+  minor = None if minor_text in (None, "x", "X") else int(minor_text)
+  if major not in (1, 2) or (major == 1 and minor is not None and minor > _LAST_1X):
+    raise EstimateError(f"release={value!r}: no such Cerebras release; allowed: {_ALLOWED}")
+  return Release(major, minor)
