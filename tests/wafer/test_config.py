@@ -489,9 +489,12 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path: pathlib.Path) -> None:
   assert text.startswith(f"{path}:5:") and "YAML syntax error" in text and "started at line 4" in text
 
 
-def test_duplicate_keys_are_errors(tmp_path: pathlib.Path) -> None:
-  text = error_of(write(tmp_path, MINIMAL + "  max_steps: 20\n"))
-  assert ":10:3: YAML syntax error: duplicate key 'max_steps' (first at line 9)" in text
+def test_a_duplicate_key_keeps_its_last_value_with_a_note(tmp_path: pathlib.Path) -> None:
+  """As PyYAML (modelzoo's reader) does: a real modelzoo file repeats a key and ran with the last value."""
+  params = load_params(write(tmp_path, MINIMAL + "  max_steps: 20\n"))
+  assert params.runconfig.max_steps == 20
+  assert any("'max_steps' is given twice (lines 9 and 10)" in note for note in params.notes), params.notes
+  assert not any("given twice" in note for note in load_params(write(tmp_path, MINIMAL)).notes)
 
 
 def test_unreadable_and_empty_files(tmp_path: pathlib.Path) -> None:

@@ -29,7 +29,16 @@ from wafer.config.schema import MODES, OpenSection
 
 
 class _Loader(yaml.SafeLoader):
-  """SafeLoader with YAML 1.2 floats (``1e-8`` is a float, not a string) and no duplicate keys."""
+  """SafeLoader with YAML 1.2 floats (``1e-8`` is a float, not a string) that records duplicate keys.
+
+  A key given twice in one mapping keeps its last value, as PyYAML (which Cerebras' modelzoo reads
+  params files with) does, so a real file that repeats a key loads as it did there; the loader
+  records ``(key, first line, last line)`` in ``duplicates`` and `load_params` turns each into a note.
+  """
+
+  def __init__(self, stream: Any) -> None:
+    super().__init__(stream)
+    self.duplicates: list[tuple[Any, int, int]] = []
 
 
 _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -62,9 +71,7 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
         key_node.start_mark,
       ) from None
     if key in seen:
-      raise yaml.constructor.ConstructorError(
-        None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
-      )
+      loader.duplicates.append((key, seen[key] + 1, key_node.start_mark.line + 1))
     seen[key] = key_node.start_mark.line
   return loader.construct_mapping(node, deep=deep)
 
@@ -76,11 +83,30 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Loc, int]
   """``(data, lines)``: the YAML document and the 1-based line of every key path.
 
   Raises:
-    ConfigError: a syntax error or duplicate key, naming ``source`` and the line.
+    ConfigError: a syntax error, naming ``source`` and the line.
   """
+  data, lines, _ = _parse_yaml(text, source)
+  return data, lines
+
+
+def _duplicate_notes(duplicates: Sequence[tuple[Any, int, int]]) -> list[str]:
+  """One note per key given twice in a mapping (the last value is used, as PyYAML does)."""
+  return [
+    f"note: key {key!r} is given twice (lines {first} and {last}): its last value (line {last}) is used, "
+    "as PyYAML, which modelzoo reads params files with, does; delete one of them"
+    for key, first, last in duplicates
+  ]
+
+
+def _parse_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int], list[tuple[Any, int, int]]]:
+  """`parse_yaml` and the duplicate keys ``(key, first line, last line)``."""
   try:
     node = yaml.compose(text, Loader=_Loader)
-    data = yaml.load(text, Loader=_Loader)
+    loader = _Loader(text)
+    try:
+      data = loader.get_single_data()
+    finally:
+      loader.dispose()
   except yaml.YAMLError as e:
     mark = getattr(e, "problem_mark", None)
     where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
@@ -94,7 +120,7 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Loc, int]
   lines: dict[Loc, int] = {}
   if node is not None:
     _index_lines(node, (), lines, set())
-  return data, lines
+  return data, lines, loader.duplicates
 
 
 def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], seen: set[int]) -> None:
@@ -419,7 +445,7 @@ def load_params(
       suggestion), a wrong type or value, or a cross-key check; every problem at once.
   """
   if isinstance(path, Mapping):
-    source, data, lines = "<dict>", copy.deepcopy(dict(path)), {}
+    source, data, lines, duplicates = "<dict>", copy.deepcopy(dict(path)), {}, []
   else:
     source = os.fspath(path)
     try:
@@ -429,7 +455,7 @@ def load_params(
       raise ConfigError(f"cannot read the params file: {e.strerror or e}", source) from None
     except UnicodeDecodeError as e:
       raise ConfigError(_not_utf8(e, source), source) from None
-    data, lines = parse_yaml(text, source)
+    data, lines, duplicates = _parse_yaml(text, source)
   if not isinstance(data, dict):
     what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
     raise ConfigError(
@@ -490,7 +516,14 @@ def load_params(
   name = model.get("name") if isinstance(model, dict) else None
   release = _modelzoo.release_of(adapted.data, trainer_layout=trainer_layout, model=name)
   params = validate_params(
-    adapted.data, source, lines, origins, v2_map, found + adapted.problems, adapted.notes, release
+    adapted.data,
+    source,
+    lines,
+    origins,
+    v2_map,
+    found + adapted.problems,
+    _duplicate_notes(duplicates) + list(adapted.notes),
+    release,
   )
   note = _modelzoo.precision_note(params)
   return params.model_copy(update={"notes": params.notes + ((note,) if note else ())})

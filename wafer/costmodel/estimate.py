@@ -54,17 +54,31 @@ def run_inputs(params: Any) -> dict[str, Any]:
   {'micro_batch_size': 88}
   >>> run_inputs(NS(train_input=NS(micro_batch_size="auto"), runconfig=NS(release="1.8")))
   {'release': '1.8'}
+  >>> run_inputs(NS(train_input=NS(micro_batch_size=None), release=NS(name="2.4+")))
+  {'release': '2.4'}
   """
   out: dict[str, Any] = {}
   mb = getattr(getattr(params, "train_input", None), "micro_batch_size", None)
   if isinstance(mb, int) and not isinstance(mb, bool):
     out["micro_batch_size"] = mb
   for holder in (params, getattr(params, "runconfig", None)):
-    release = getattr(holder, "release", None)
+    release = _release_text(getattr(holder, "release", None))
     if release is not None:
       out["release"] = release
       break
   return out
+
+
+def _release_text(release: Any) -> str | None:
+  """A release the cost model reads from a params file's: a string as given, or the loader's
+  `wafer.config.modelzoo.Release` by its name's first version (``"2.4+"`` -> ``"2.4"``,
+  ``"2.1-2.3"`` -> ``"2.1"``, ``"1.x"``); None when the name has none ("legacy layout (<= 2.3)":
+  the default, 2.x, whose mode every legacy release from 1.9 on shares)."""
+  if release is None or isinstance(release, (str, int, float)):
+    return release
+  name = str(getattr(release, "name", ""))
+  match = re.search(r"\d+\.(\d+|x)", name)
+  return match.group(0) if match else None
 
 
 def _positive_int(name: str, value: Any) -> int:
