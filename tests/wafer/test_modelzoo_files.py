@@ -78,7 +78,8 @@ def test_each_real_file_validates_or_is_refused_for_a_missing_feature(name):
     ):  # a 1.x file without 1.x-only keys is "legacy layout (<= 2.3)": float16 all the same
       assert params.release.half_dtype == HALF[tag], params.release
     assert params.notes and params.notes[-1].startswith("note: Model Zoo release")
-    if name == "Release_1.8.0/gpt3/params_gpt3_20b.yaml":  # it repeats a key; PyYAML (modelzoo) keeps the last
+    # Release_1.8.0's GPT-3 20B repeats a key; PyYAML (modelzoo's reader) keeps the last
+    if name == "Release_1.8.0/gpt3/params_gpt3_20b.yaml":
       assert any("'steps' is given twice (lines 104 and 105)" in note for note in params.notes), params.notes
     return
   assert expected in got, got
