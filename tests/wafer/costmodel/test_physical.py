@@ -76,3 +76,20 @@ def test_the_quoted_range_is_the_calibrated_band(system):
   assert hi == pytest.approx(r.samples_per_sec * ACCURACY.band[1])
   assert lo <= r.samples_per_sec <= hi
   assert f"{100 * ACCURACY.coverage:.0f} %" in r.to_text()
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_sizes, st.floats(0.0, 0.5))
+def test_the_per_step_cost_is_paid_once_per_weight_streaming_step_only(sizes, overhead):
+  """`Calibration.step_overhead_s` adds exactly itself to a weight-streaming step and nothing to a
+  layer-pipelined one (the weights stay on the wafer); the MemoryX bubble grows with the parameters."""
+  graph = _graph(*sizes)
+  batch = sizes[3]
+  steps = {}
+  for s in (0.0, overhead):
+    calib = CALIBRATION.replace(step_overhead_s=s)
+    ws = estimate_graph(graph, batch_size=batch, mode="weight_streaming", calibration=calib)
+    pipe = estimate_graph(graph, batch_size=batch, mode="pipeline", calibration=calib)
+    steps[s] = (batch / ws.samples_per_sec, pipe.samples_per_sec if pipe.fits else None)
+  assert steps[overhead][0] - steps[0.0][0] == pytest.approx(overhead, abs=1e-9)
+  assert steps[overhead][1] == steps[0.0][1]
