@@ -255,8 +255,9 @@ class Accuracy:
       for a fraction ``coverage`` of runs; calibrated on the leave-one-family-out errors by
       `calibrate_band` (at most `BAND_MAX_WIDTH` wide).
     coverage: the fraction of runs the band claims.
-    cross_validated_coverage: the fraction of runs inside the band when it is calibrated without
-      their own family's errors (a check of the claim on errors the band did not see).
+    cross_validated_coverage: the fraction of runs inside the band when it is calibrated (at the
+      same claimed coverage) without their own family's errors: the claim checked on errors the
+      band did not see.
     held_out: published runs neither fitted nor used to choose structure (``held_out_median``,
       ``held_out_worst`` their errors; 0 when there is none).
     command: the command that produced the numbers.
@@ -293,5 +294,5 @@ ACCURACY = Accuracy(
   worst=0.629,
   band=(0.708, 1.021),
   coverage=0.6,
-  cross_validated_coverage=5 / 15,
+  cross_validated_coverage=6 / 15,
 )
