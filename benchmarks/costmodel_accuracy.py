@@ -372,6 +372,21 @@ def main(argv: list[str] | None = None) -> int:
     f"({'= the in-sample fit' if same else 'DIFFER from the in-sample fit'}); {elapsed:.0f} s"
   )
 
+  lofo = summary["leave_one_family_out"]
+  held = summary["held_out"]
+  inside_cv = round(cross_validated_coverage * n)
+  print(
+    "\nfor wafer/costmodel/calibration.py (defaults: the fitted values above):\n"
+    f"ACCURACY = Accuracy(points={n}, median={lofo['median']:.3f}, worst={lofo['worst']:.3f}, "
+    f"band={band}, coverage={coverage}, cross_validated_coverage={inside_cv} / {n}"
+    + (
+      f", held_out={held['n']}, held_out_median={held['median']:.3f}, held_out_worst={held['worst']:.3f}"
+      if held
+      else ""
+    )
+    + ")"
+  )
+
   result = {
     "command": "PYTHONPATH=. python benchmarks/costmodel_accuracy.py",
     "rows": rows,
