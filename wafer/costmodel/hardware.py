@@ -151,18 +151,20 @@ WSE3 = Chip(
   io_margin_height=2,  # same SDK memcpy margin as WSE-2 (assumed)
   sram_bytes_per_pe=48 * 1024,  # VERIFIED: csl-examples wse3 pe.csl; ALCF CS-3 docs
   simd16=8,  # SECONDARY: SDK-derived SIMD table, "max SIMD width (16-bit) WSE-3 8"
+  # The matmul datapath, from Cerebras' WSE-3 announcement (2024-03-13: "2x the performance of the
+  # WSE-2 at the same power and price"; 125 PF peak vs the WSE-2's 75 PF on 900k vs 850k cores) and
+  # the measured CS-3 / CS-2 gains of matmul-bound models (GPT-J 6B 2.26x, DiT-2B 2.14x): a 16-bit
+  # AXPY into FP32 accumulators runs at twice the WSE-2's rate per PE per cycle, i.e. the 8-wide SIMD
+  # is fed by twice the WSE-2's SRAM ports (read 2 x 128 b, write 128 b). DERIVED, not published as
+  # port widths; the aggregate "21 PB/s" memory bandwidth quoted for the WSE-3 (20 PB/s for the
+  # WSE-2) does not show it (docs/cost-model-accuracy.md, "Constants").
   fp32_lanes=1,  # UNCONFIRMED
-  # DERIVED from VERIFIED aggregates: memory bandwidth 21 PB/s over 900k cores (WSE-2: 20 PB/s over
-  # 850k) is the same per core at the same clock (0.88 of it over the SDK grids' 896k and 754k PEs),
-  # not twice, so the ports are the WSE-2's: a 16-bit AXPY into FP32
-  # accumulators stays bound by the 8-byte write port; SIMD-8 speeds up the rest of the vector work
-  # (element-wise ops and attention rows in this model).
-  sram_read_bytes_per_cycle=16,
-  sram_write_bytes_per_cycle=8,
+  sram_read_bytes_per_cycle=32,
+  sram_write_bytes_per_cycle=16,
   link_bytes_per_cycle=4,  # assumed unchanged (214 Pb/s aggregate ~ WSE-2's 220 Pb/s)
   router_ports=5,
   hop_latency_cycles=1.0,
-  source="SDK tutorial; SKILL-SIMD.md (secondary)",
+  source="SDK tutorial; Cerebras WSE-3 announcement 2024-03-13 (2x WSE-2 performance, 125 PF)",
   # SECONDARY: 8 hardware microthreads, explicit on WSE-3 (SDK-derived notes): the
   # descriptor setup of one thread's instruction overlaps another's vector work.
   overlapped_setup=True,

@@ -241,7 +241,7 @@ def _evaluate(
       needed_pes=needed,
     )
   update_cycles = _update_cycles(graph, machine, width, height, ratio)
-  update_s = update_cycles / f + (machine.calib.step_overhead_s if graph.training else 0.0)
+  update_s = update_cycles / f  # weights stay on the wafer: no MemoryX round trip per step
   compute = f * wave / worst_compute if worst_compute else math.inf
   data_rate = (
     system.io_bytes_per_sec / graph.input_bytes_per_sample if graph.input_bytes_per_sample else math.inf

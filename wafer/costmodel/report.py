@@ -140,8 +140,8 @@ class Report:
   @property
   def expected_range(self) -> tuple[float, float] | None:
     """``(low, high)`` samples/s a measured run is expected in: the estimate times the band of the
-    cost model's errors on published runs it was not fitted to (leave-one-out and held out;
-    `wafer.costmodel.ACCURACY`)."""
+    cost model's errors on published runs whose model family it was not fitted to, for the
+    fraction of runs `wafer.costmodel.ACCURACY` claims (``ACCURACY.coverage``)."""
     if self.accuracy is None or not self.samples_per_sec:
       return None
     lo, hi = self.accuracy.band
@@ -247,11 +247,7 @@ class Report:
     band = self.expected_range
     if band is not None and self.accuracy is not None:
       a = self.accuracy
-      lines.append(
-        f" {'Expected range:':<30}{_rate(band[0])} - {_rate(band[1])} samples/s (x{a.band[0]:.2f}-x{a.band[1]:.2f}: "
-        f"errors on {a.runs} published runs not fitted, median |ln ratio| {a.median:.2f} left out, "
-        f"{a.held_out_median:.2f} held out)"
-      )
+      lines.append(f" {'Expected range:':<30}{_rate(band[0])} - {_rate(band[1])} samples/s ({a.describe()})")
     if not self.fits:
       over = d.get("over_factor")
       by = f" (x{over:.2f} over)" if over else ""

@@ -322,19 +322,47 @@ def prefill_example(cfg: TransformerConfig, batch: int) -> tuple[Callable[..., A
   return prefill_fn(cfg), (params, x)
 
 
+ROLES = ("fit", "structure", "held_out")
+"""What a published measurement was used for (`Measurement.role`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Measurement:
   """A published rate: ``value`` samples/s (a sample is one sequence), its id and source.
 
-  ``held_out`` measurements are never fitted: `benchmarks/costmodel_accuracy.py` predicts them
-  with the calibration fitted on the others (they were collected after the model was built).
+  Attributes:
+    id, value, what, source: the measurement, its conditions (systems, release, date) and where it
+      is published.
+    role: what it was used for. ``"fit"``: `benchmarks/costmodel_accuracy.py` calibrates the
+      constants on it (and it was looked at when choosing the model's structure); ``"structure"``:
+      never fitted, but looked at when choosing the model's structure (a mechanism, a hardware
+      figure), so its error is not a clean test; ``"held_out"``: neither fitted nor looked at when
+      deciding anything.
+    family: the model it measures (``"gptj"``, ``"bert"``, ...): leave-one-family-out drops every
+      measurement of a family at once.
   """
 
   id: str
   value: float
   what: str
   source: str
-  held_out: bool = False
+  role: Literal["fit", "structure", "held_out"] = "fit"
+  family: str = ""
+
+  def __post_init__(self) -> None:
+    if self.role not in ROLES:
+      raise ValueError(f"Measurement {self.id}: role={self.role!r}; allowed: {', '.join(ROLES)}")
+    if not self.value > 0:
+      raise ValueError(f"Measurement {self.id}: value={self.value!r}; allowed: a rate > 0 samples/s")
+
+  @property
+  def held_out(self) -> bool:
+    """Never fitted and never used to choose structure."""
+    return self.role == "held_out"
+
+  @property
+  def fitted(self) -> bool:
+    return self.role == "fit"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,7 +402,7 @@ def accuracy(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
   Returns:
     One dict per workload: ``id``, ``workload``, ``predicted`` and ``measured`` samples/s,
     ``abs_log_ratio`` = ``|ln(predicted / measured)|``, ``mode``, ``micro_batch``,
-    ``what``, ``source``, ``held_out`` (not used for calibration).
+    ``what``, ``source``, ``role`` (`Measurement.role`), ``held_out``, ``family``.
   """
   rows = []
   for w in WORKLOADS.values():
@@ -394,6 +422,8 @@ def accuracy(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "what": m.what,
         "source": m.source,
         "held_out": m.held_out,
+        "role": m.role,
+        "family": m.family,
       }
     )
   return rows
@@ -413,6 +443,9 @@ LLAMA_7B = TransformerConfig(
   tied_embeddings=False,
   bias=False,
 )
+# LLaMA-2 7B as the modelzoo's params_llama2_7b.yaml (Release_2.5.0 / 2.6.0) trains it: 4096-token
+# sequences ("# steps = 2T / (1024 * 4096)", max_position_embeddings 4096).
+LLAMA2_7B = dataclasses.replace(LLAMA_7B, seq=4096, max_positions=4096)
 ESM2_35M = TransformerConfig(
   layers=12, d_model=480, heads=20, ffn=1920, vocab=33, seq=1026, positions="rotary", causal=False
 )
@@ -490,6 +523,8 @@ WORKLOADS: dict[str, Workload] = {
         494.4,
         "1 x CS-2, R2.3.0, cbfloat16, 2024-03",
         "argonne-lcf/ai-science-training-series old/2024-Spring/07_AITestbeds/Cerebras/gpt2.md",
+        role="fit",
+        family="gpt2",
       ),
     ),
     Workload(
@@ -508,6 +543,8 @@ WORKLOADS: dict[str, Workload] = {
         20.45,
         "1 x CS-2, R2.1.1-2.3.0, cbfloat16, 2024-03-21",
         "argonne-lcf ai-science-training-series llama2-7b.md; modelzoo params_llama_7b.yaml",
+        role="fit",
+        family="llama",
       ),
     ),
     Workload(
@@ -522,6 +559,8 @@ WORKLOADS: dict[str, Workload] = {
         585.9,
         "1 x CS-2, R2.4.0, cbfloat16, 2024-08-02",
         "argonne-lcf/user-guides @0ac28ced; modelzoo params_esm2_t12_35M_UR50D.yaml",
+        role="fit",
+        family="esm2",
       ),
     ),
     Workload(
@@ -537,6 +576,8 @@ WORKLOADS: dict[str, Workload] = {
         27686.5 / 4096,
         "WSE-2, WaferLLM CSL kernels; cycles converted at 1.1 GHz",
         "WaferLLM OSDI'25 Table 3 (27,686.5 tok/s)",
+        role="fit",
+        family="waferllm",
       ),
     ),
     Workload(
@@ -550,6 +591,8 @@ WORKLOADS: dict[str, Workload] = {
         989.1,
         "1 x CS-3, R2.9.0, 2025-10 (GlobalRate after 400 steps)",
         "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md (ESM-2)",
+        role="fit",
+        family="esm2",
       ),
     ),
     Workload(
@@ -563,6 +606,8 @@ WORKLOADS: dict[str, Workload] = {
         6959.0,
         "1 x CS-2, layer pipelined, PyTorch R1.7.1, 2023-03 (steps 100-1000)",
         "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md @3788298b",
+        role="fit",
+        family="bert",
       ),
     ),
     Workload(
@@ -576,6 +621,8 @@ WORKLOADS: dict[str, Workload] = {
         2924.5,
         "1 x CS-2, weight streaming, R2.1.x, cbfloat16, 2024-03",
         "kharelb/ai-science-training-series homework_7.md",
+        role="fit",
+        family="bert",
       ),
     ),
     Workload(
@@ -589,10 +636,12 @@ WORKLOADS: dict[str, Workload] = {
         6727.9,
         "1 x CS-2, weight streaming, R2.1.x, cbfloat16, 2024-03",
         "kharelb/ai-science-training-series homework_7.md",
+        role="fit",
+        family="bert",
       ),
     ),
-    # Held out: published runs collected after the calibration (never fitted; /work/notes and the
-    # benchmark's second table). Rates are steady GlobalRate / log timestamps.
+    # Collected after the first calibration (rates are steady GlobalRate / log timestamps). They were
+    # looked at when choosing structure (the WSE-3 datapath, the per-step cost), so none is held out.
     Workload(
       "gptj_6b_cs2",
       "GPT-J 6B: 28 x d4096, 16 heads, FFN 16384, rotary, vocab 50257, seq 2048",
@@ -604,7 +653,8 @@ WORKLOADS: dict[str, Workload] = {
         19.80,
         "1 x CS-2, R1.9.2, 2023-11-10",
         "ai-science-training-series old/2024-Spring/07_AITestbeds/Cerebras/gpt-j.md @eb1816e2",
-        held_out=True,
+        role="structure",
+        family="gptj",
       ),
     ),
     Workload(
@@ -618,7 +668,8 @@ WORKLOADS: dict[str, Workload] = {
         43.65,
         "2 x CS-2, R2.0.3, 2023-11-29",
         "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md @a8a674de",
-        held_out=True,
+        role="structure",
+        family="gptj",
       ),
     ),
     Workload(
@@ -632,7 +683,8 @@ WORKLOADS: dict[str, Workload] = {
         44.77,
         "1 x CS-3, 2.5.1, 2025-10-10",
         "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md @0a3c6747",
-        held_out=True,
+        role="fit",
+        family="gptj",
       ),
     ),
     Workload(
@@ -646,7 +698,8 @@ WORKLOADS: dict[str, Workload] = {
         410.0,
         "1 x CS-2, R2.4.0, 2025-01 (4 steps logged)",
         "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md @4f68e1fd",
-        held_out=True,
+        role="structure",
+        family="dit",
       ),
     ),
     Workload(
@@ -660,13 +713,15 @@ WORKLOADS: dict[str, Workload] = {
         876.0,
         "1 x CS-3, 2025-10",
         "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md @92e0e477",
-        held_out=True,
+        role="fit",
+        family="dit",
       ),
     ),
     Workload(
       "llama2_7b_cs3",
-      "LLaMA-2 7B (as llama_7b; seq 2048 inferred, the log does not state it) on 1 x CS-3, batch 1024",
-      LLAMA_7B,
+      "LLaMA-2 7B (as llama_7b, 4096-token sequences: the modelzoo params_llama2_7b.yaml of the "
+      "run's release) on 1 x CS-3, batch 1024",
+      LLAMA2_7B,
       1024,
       estimate_kwargs={"system": "wse3", "mode": "weight_streaming"},
       measurement=Measurement(
@@ -674,7 +729,8 @@ WORKLOADS: dict[str, Workload] = {
         31.99,
         "1 x CS-3, 2025-10, cbfloat16",
         "ai-science-training-series 05-AITestbed/Cerebras/llama2-7b.md @43982f97",
-        held_out=True,
+        role="fit",
+        family="llama",
       ),
     ),
     Workload(
@@ -688,7 +744,8 @@ WORKLOADS: dict[str, Workload] = {
         4043.0,
         "1 x CS-2, R2.0.3, 2023-11-29",
         "argonne-lcf/user-guides docs/ai-testbed/cerebras/example-programs.md @2ab3325d",
-        held_out=True,
+        role="fit",
+        family="bert",
       ),
     ),
     Workload(
@@ -696,7 +753,7 @@ WORKLOADS: dict[str, Workload] = {
       "GPT-3 175B: 96 x d12288, 96 heads, FFN 49152, seq 2048, vocab 50257",
       GPT3_175B,
       1536,
-      estimate_kwargs={"system": "wse2"},
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
     ),
   )
 }

@@ -151,14 +151,15 @@ def test_the_causal_mask_keeps_its_triangle_in_all_six_attention_products(kind):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_written_three_ways_gets_the_same_estimate(causal):
-  rates = [
-    wafer.estimate(_attention_step(kind, causal), *ATTENTION_ARGS, mode="weight_streaming").samples_per_sec
-    for kind in KINDS
+  reports = [
+    wafer.estimate(_attention_step(kind, causal), *ATTENTION_ARGS, mode="weight_streaming") for kind in KINDS
   ]
+  rates = [r.samples_per_sec for r in reports]
   assert max(rates) / min(rates) < 1.01, rates
-  if causal:  # and the mask is worth something: faster than the same layer without it
+  if causal:  # and the mask is worth something: faster than the same layer without it (compute
+    # only: this tiny step's time is mostly the fixed per-step cost, Calibration.step_overhead_s)
     plain = wafer.estimate(_attention_step("einsum", False), *ATTENTION_ARGS, mode="weight_streaming")
-    assert min(rates) > 1.2 * plain.samples_per_sec
+    assert min(r.compute_samples_per_sec for r in reports) > 1.2 * plain.compute_samples_per_sec
 
 
 def test_the_mask_is_found_across_the_scan_of_a_layer_stack():

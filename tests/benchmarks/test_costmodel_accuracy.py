@@ -1,0 +1,45 @@
+"""benchmarks/costmodel_accuracy.py end to end: the stored results, the shipped calibration and the
+band the reports quote are what a fresh run of the benchmark computes."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STORED = ROOT / "benchmarks" / "results" / "costmodel_accuracy.json"
+
+
+@pytest.mark.slow  # about 1-2 minutes
+def test_a_fresh_run_reproduces_the_stored_results_and_the_shipped_band(tmp_path):
+  from wafer.costmodel import ACCURACY, CALIBRATION
+
+  out = tmp_path / "costmodel_accuracy.json"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+  done = subprocess.run(
+    [sys.executable, "benchmarks/costmodel_accuracy.py", "--out", str(out)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert done.returncode == 0, done.stderr[-4000:]
+  fresh, stored = json.loads(out.read_text()), json.loads(STORED.read_text())
+  assert fresh["fitted"] == stored["fitted"]
+  assert fresh["defaults_equal_fit"]
+  for name, value in fresh["fitted"].items():
+    assert math.isclose(getattr(CALIBRATION, name), value, rel_tol=1e-9, abs_tol=1e-15), name
+  assert fresh["band_errors"] == pytest.approx(stored["band_errors"], rel=1e-6)
+  assert tuple(fresh["band"]) == ACCURACY.band and fresh["band_coverage"] == ACCURACY.coverage
+  assert fresh["band_cross_validated_coverage"] == pytest.approx(ACCURACY.cross_validated_coverage)
+  # every row has its family-out and leave-one-out predictions, and ratios consistent with them
+  for row in fresh["rows"]:
+    for key in ("in_sample", "leave_one_out", "leave_one_family_out"):
+      assert row[key + "_log_ratio"] == pytest.approx(math.log(row[key] / row["measured"]))
+  kinds = {p["pins"].split(" ")[0] for p in fresh["pairs"]}
+  assert {"chip", "data", "batch"} <= kinds

@@ -1,0 +1,95 @@
+"""Physical sanity of the calibrated cost model over generated workload sizes.
+
+* no estimate beats the chip's dense peak (model FLOP/s <= peak FLOP/s);
+* a WSE-3 is never slower than a WSE-2 on the same step (more PEs, twice the matmul datapath per
+  PE, more I/O);
+* two systems in data parallel are never slower per system than one system on half the batch by
+  more than the data-parallel overhead (SwarmX's tree latency per step);
+* the uncertainty band a report quotes is the calibrated one and holds the estimate.
+"""
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wafer.costmodel import ACCURACY, CALIBRATION, estimate_graph, extract
+from wafer.costmodel.workloads import TransformerConfig, train_example
+
+
+def _graph(layers: int, d: int, seq: int, batch: int):
+  cfg = TransformerConfig(layers=layers, d_model=d, heads=max(1, d // 64), ffn=4 * d, vocab=512, seq=seq)
+  fn, args = train_example(cfg, batch)
+  return extract(fn, args, batch_argnums=(len(args) - 1,), compute_bits=16)
+
+
+_sizes = st.tuples(
+  st.integers(1, 3),  # layers
+  st.sampled_from([64, 128, 256, 512]),  # d_model
+  st.sampled_from([32, 128, 512]),  # sequence
+  st.sampled_from([4, 16, 64]),  # batch per system
+)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_sizes)
+def test_rates_stay_below_peak_and_a_wse3_is_never_slower(sizes):
+  graph = _graph(*sizes)
+  batch = sizes[3]
+  rates = {}
+  for system in ("wse2", "wse3"):
+    for mode in ("weight_streaming", "pipeline"):
+      r = estimate_graph(graph, batch_size=batch, system=system, mode=mode)
+      if not r.fits:
+        continue
+      assert r.samples_per_sec > 0 and math.isfinite(r.samples_per_sec)
+      assert r.model_flops_per_sec <= r.peak_flops_per_sec * (1 + 1e-9), (system, mode)
+      assert 0 <= r.flops_utilization <= 1 + 1e-9
+      rates[system, mode] = r.samples_per_sec
+  if ("wse2", "weight_streaming") in rates and ("wse3", "weight_streaming") in rates:
+    assert rates["wse3", "weight_streaming"] >= rates["wse2", "weight_streaming"] * (1 - 1e-9)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_sizes, st.sampled_from([2, 4]))
+def test_more_systems_are_never_slower_per_system_than_the_dp_overhead(sizes, systems):
+  graph = _graph(*sizes)
+  per_system = sizes[3]
+  one = estimate_graph(graph, batch_size=per_system, system="wse2", mode="weight_streaming")
+  many = estimate_graph(
+    graph, batch_size=per_system * systems, system="wse2", mode="weight_streaming", num_csx=systems
+  )
+  assert one.fits and many.fits
+  overhead = 2 * math.ceil(math.log2(systems)) * CALIBRATION.swarmx_level_latency_s
+  step_one = per_system / one.samples_per_sec
+  step_many = per_system * systems / many.samples_per_sec
+  assert step_many <= step_one + overhead + 1e-12
+  assert many.samples_per_sec <= systems * one.samples_per_sec * (1 + 1e-9)  # no superlinear gain
+
+
+@pytest.mark.parametrize("system", ["wse2", "wse3"])
+def test_the_quoted_range_is_the_calibrated_band(system):
+  r = estimate_graph(_graph(2, 128, 128, 16), batch_size=16, system=system, mode="weight_streaming")
+  lo, hi = r.expected_range
+  assert lo == pytest.approx(r.samples_per_sec * ACCURACY.band[0])
+  assert hi == pytest.approx(r.samples_per_sec * ACCURACY.band[1])
+  assert lo <= r.samples_per_sec <= hi
+  assert f"{100 * ACCURACY.coverage:.0f} %" in r.to_text()
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_sizes, st.floats(0.0, 0.5))
+def test_the_per_step_cost_is_paid_once_per_weight_streaming_step_only(sizes, overhead):
+  """`Calibration.step_overhead_s` adds exactly itself to a weight-streaming step and nothing to a
+  layer-pipelined one (the weights stay on the wafer); the MemoryX bubble grows with the parameters."""
+  graph = _graph(*sizes)
+  batch = sizes[3]
+  steps = {}
+  for s in (0.0, overhead):
+    calib = CALIBRATION.replace(step_overhead_s=s)
+    ws = estimate_graph(graph, batch_size=batch, mode="weight_streaming", calibration=calib)
+    pipe = estimate_graph(graph, batch_size=batch, mode="pipeline", calibration=calib)
+    steps[s] = (batch / ws.samples_per_sec, pipe.samples_per_sec if pipe.fits else None)
+  assert steps[overhead][0] - steps[0.0][0] == pytest.approx(overhead, abs=1e-9)
+  assert steps[overhead][1] == steps[0.0][1]
