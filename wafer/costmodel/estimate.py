@@ -55,7 +55,9 @@ def run_inputs(params: Any) -> dict[str, Any]:
   >>> run_inputs(NS(train_input=NS(micro_batch_size="auto"), runconfig=NS(release="1.8")))
   {'release': '1.8'}
   >>> run_inputs(NS(train_input=NS(micro_batch_size=None), release=NS(name="2.4+")))
-  {'release': '2.4'}
+  {'release': '2.x'}
+  >>> run_inputs(NS(train_input=None, release=NS(name="Release_1.8.0")))["release"].label
+  '1.8'
   """
   out: dict[str, Any] = {}
   mb = getattr(getattr(params, "train_input", None), "micro_batch_size", None)
@@ -69,16 +71,20 @@ def run_inputs(params: Any) -> dict[str, Any]:
   return out
 
 
-def _release_text(release: Any) -> str | None:
-  """A release the cost model reads from a params file's: a string as given, or the loader's
-  `wafer.config.modelzoo.Release` by its name's first version (``"2.4+"`` -> ``"2.4"``,
-  ``"2.1-2.3"`` -> ``"2.1"``, ``"1.x"``); None when the name has none ("legacy layout (<= 2.3)":
-  the default, 2.x, whose mode every legacy release from 1.9 on shares)."""
-  if release is None or isinstance(release, (str, int, float)):
+def _release_text(release: Any) -> Any:
+  """A release the cost model reads from a params file's: a string or `Release` as given, or the
+  loader's `wafer.config.modelzoo.Release` by its name: a release number as it is (``"2.3.1"``, from
+  ``runconfig.modelzoo_release``), a range by its major release (``"2.1-2.3"``, ``"2.4+"`` -> ``"2.x"``,
+  ``"1.x"``); None when the name has none ("legacy layout (<= 2.3)": the default, 2.x, whose mode
+  every legacy release from 1.9 on shares)."""
+  if release is None or isinstance(release, (str, int, float, Release)):
     return release
   name = str(getattr(release, "name", ""))
-  match = re.search(r"\d+\.(\d+|x)", name)
-  return match.group(0) if match else None
+  try:
+    return parse_release(name)
+  except EstimateError:
+    match = re.search(r"(\d+)\.", name)
+    return f"{match.group(1)}.x" if match else None
 
 
 def _positive_int(name: str, value: Any) -> int:

@@ -203,6 +203,11 @@ def test_run_inputs_take_the_params_files_micro_batch_and_release_as_given():
     run_inputs(NS(train_input=None, release=Release(1, 8), runconfig=NS(release="2.4")))["release"].label
     == "1.8"
   )
+  # the loader's release of a real modelzoo file (wafer.config.modelzoo.Release): its name's version
+  legacy = wafer.config.load_params("tests/data/modelzoo/R_1.6.0/bert/bert_base_msl128.yaml")
+  trainer = wafer.config.load_params("tests/data/modelzoo/Release_2.10.0/bert/bert_base_MSL128.yaml")
+  assert legacy.release.name == "1.x" and run_inputs(legacy)["release"].label == "1.x"
+  assert trainer.release.name == "2.4+" and run_inputs(trainer)["release"] == "2.x"
 
 
 def test_the_cli_passes_the_params_files_micro_batch_unchanged(tmp_path, capsys):
@@ -219,7 +224,9 @@ def test_the_cli_passes_the_params_files_micro_batch_unchanged(tmp_path, capsys)
   out = capsys.readouterr().out
   assert f"micro-batch {mb} as given" in out
   data = json.loads((tmp_path / "compile_report.json").read_text())
-  assert data["micro_batch_size"] == mb and data["release"] == "2.x"
+  assert data["micro_batch_size"] == mb  # and the release is the file's (a 2.x one streams every model)
+  assert data["release"] == parse_release(run_inputs(p).get("release", "2.x")).label
+  assert data["mode"] == "weight_streaming"
 
 
 def test_the_compile_report_of_a_run_keeps_the_params_files_micro_batch(tmp_path, capsys):
@@ -257,7 +264,7 @@ def test_a_trainer_layout_files_micro_batch_reaches_the_estimate():
       "fit": {"train_dataloader": {"batch_size": 8}},
     }
   }
-  assert run_inputs(load_params(data)) == {"micro_batch_size": 2}
+  assert run_inputs(load_params(data))["micro_batch_size"] == 2
 
 
 def test_a_run_whose_given_micro_batch_does_not_fit_says_so_and_has_no_rate(tmp_path, capsys):
