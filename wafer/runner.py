@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from wafer import registry
+from wafer.compile import cheap_sharding_probes
 from wafer.config import ConfigError, Params, RunConfig, Runtime, load_params
 from wafer.config.schema import TRAIN_MODES
 from wafer.errors import Problem
@@ -46,7 +47,8 @@ class Plan:
 
 def plan(params: Params) -> Plan:
   """Resolve the model (`wafer.registry`) and build the runtime objects of ``params`` (`Params.build`)."""
-  task = registry.get_model(params.model.name)(params)
+  with cheap_sharding_probes():  # model builders trace their initialisers (nnx.eval_shape)
+    task = registry.get_model(params.model.name)(params)
   return Plan(params, task, params.build())  # eval-only files: identity optimizer, static scale 1
 
 
@@ -103,7 +105,8 @@ def run_plan(p: Plan, *, progress: bool = True) -> RunSummary:
   note = schedule_note(p.params)
   if note is not None:
     print(note, flush=True)
-  return run(p.task, p.runtime, progress=progress)
+  with cheap_sharding_probes():  # the state's shapes (eval_shape), the step's trace, the estimate's traces
+    return run(p.task, p.runtime, progress=progress)
 
 
 def run_params(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> RunSummary:

@@ -352,6 +352,7 @@ class _Run:
     )
     self.say(f"{'Traced and lowered' if lowered_only else 'Compiled'} in {time.perf_counter() - t1:.1f} s.")
     if self.main:
+      self.say("Estimating the rate on the wafer (cost model: traces the step at two batch sizes)...")
       _write_compile_report(
         step_fn, init, example_batch, task, self.num_csx, self.policy, self.model_dir, self.summary
       )
