@@ -178,3 +178,28 @@ def test_validate_only_still_refuses_a_broken_step(tmp_path, capsys, loss_fn, er
   with pytest.raises(error, match=match):
     wafer.train.run(broken, rc, *rest, progress=False)
   assert "Validation completed" not in capsys.readouterr().out
+
+
+def test_validate_only_traces_the_step_once_for_the_check_and_the_estimate(tmp_path):
+  """The check and the estimate's trace at the run's batch share one trace (jax.jit's cache); the estimate
+  traces again only at twice the batch (its batch exponents)."""
+  task, rc, *rest = example_run(str(tmp_path), max_steps=1, validate_only=True)
+  batches = []
+
+  def counted(params, batch):
+    batches.append(jax.tree.leaves(batch)[0].shape[0])
+    return task.loss_fn(params, batch)
+
+  summary = wafer.train.run(dataclasses.replace(task, loss_fn=counted), rc, *rest, progress=False)
+  assert sorted(batches) == [task.batch_size, 2 * task.batch_size]
+  assert summary["samples_per_sec_estimate"] > 0
+
+
+def test_the_validate_only_estimate_is_the_estimate_of_the_step(tmp_path):
+  plan = runner.load_plan(GPT2_TINY, [f"runconfig.model_dir={tmp_path}", "runconfig.validate_only=true"])
+  summary = runner.run_plan(plan, progress=False)
+  state, batch = train.step_shapes(plan.task, plan.optimizer, plan.loss_scale, plan.seed)
+  step = train.make_train_step(plan.task, plan.optimizer, plan.policy)
+  report = wafer.estimate(step, state, batch, batch_size=plan.task.batch_size, num_csx=1, policy=plan.policy)
+  assert summary["samples_per_sec_estimate"] == report.samples_per_sec
+  assert (tmp_path / "compile_report.txt").read_text() == report.to_text()

@@ -340,6 +340,8 @@ class _Run:
       lowered_only = False  # as before the shapes-only path: the data path says "Compiled"
       self.say(f"Data ready in {time.perf_counter() - t0:.1f} s. Compiling the train step ({self.policy})...")
     step_fn = make_train_step(task, self.optimizer, self.policy)
+    if rc.validate_only:  # traced once for the check and the estimate (jax.jit's trace cache: same shapes)
+      step_fn = jax.jit(step_fn)
     t1 = time.perf_counter()
     self.compiled = wafer.compile(
       step_fn,
