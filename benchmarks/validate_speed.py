@@ -82,7 +82,9 @@ def run_once(path: Path, flag: str, log: dict[str, list[dict]], key: str, root: 
     "load_average_1min": os.getloadavg()[0],
   }
   if done.returncode != 0:
-    record["error"] = (done.stderr.strip().splitlines() or ["(no message)"])[-1][:500]
+    lines = done.stderr.strip().splitlines() or ["(no message)"]
+    first = next((i for i, line in enumerate(lines) if "error:" in line), len(lines) - 1)
+    record["error"] = " ".join(lines[first:])[:500]  # the CLI's message (a traceback: its last line)
   else:
     record["last_line"] = next(
       (line for line in done.stdout.splitlines() if "completed successfully" in line), ""
