@@ -145,8 +145,8 @@ def cheap_sharding_probes() -> Iterator[None]:
   attribute on every write of a ``Variable`` (``getattr(value, "sharding", None)`` in ``set_value``),
   i.e. at every draw of an RNG stream: parameter initialisers under ``eval_shape`` and each dropout in
   a traced step. Tracing then costs O(draws x equations): for GPT-2 XL (48 layers, about 1,000 draws,
-  45,000 equations) the probes took more time than the rest of the trace (jax-ml/jax#40041 removes
-  the walk upstream). Nothing else changes: the attribute is still missing and its error still names
+  45,000 equations) the probes took more time than the rest of the trace (reported upstream, with a
+  fix that drops the walk: https://github.com/jax-ml/jax/pull/40041). Nothing else changes: the attribute is still missing and its error still names
   the tracer. Re-entrant; restores the original property on exit; a no-op where a JAX has no
   ``Tracer.sharding`` property of its own.
 
