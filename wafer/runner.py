@@ -105,8 +105,7 @@ def run_plan(p: Plan, *, progress: bool = True) -> RunSummary:
   note = schedule_note(p.params)
   if note is not None:
     print(note, flush=True)
-  with cheap_sharding_probes():  # the state's shapes (eval_shape), the step's trace, the estimate's traces
-    return run(p.task, p.runtime, progress=progress)
+  return run(p.task, p.runtime, progress=progress)
 
 
 def run_params(path: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> RunSummary:

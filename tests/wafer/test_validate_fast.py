@@ -203,3 +203,13 @@ def test_the_validate_only_estimate_is_the_estimate_of_the_step(tmp_path):
   report = wafer.estimate(step, state, batch, batch_size=plan.task.batch_size, num_csx=1, policy=plan.policy)
   assert summary["samples_per_sec_estimate"] == report.samples_per_sec
   assert (tmp_path / "compile_report.txt").read_text() == report.to_text()
+
+
+def test_the_whole_validate_path_never_walks_the_graph_for_a_sharding_probe(tmp_path, monkeypatch):
+  """Loading (the model's template), the state's shapes, the step's trace and the estimate's traces: with
+  dropout, every RNG draw of flax.nnx probes tracer.sharding."""
+  calls = _origin_walks(monkeypatch)
+  overrides = [f"runconfig.model_dir={tmp_path}", "runconfig.validate_only=true", "model.dropout_rate=0.1"]
+  plan = runner.load_plan(GPT2_TINY, overrides)
+  summary = runner.run_plan(plan, progress=False)
+  assert summary["samples_per_sec_estimate"] > 0 and calls == []

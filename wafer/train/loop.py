@@ -45,6 +45,7 @@ import optax
 import precision
 import wafer
 from wafer import cluster
+from wafer.compile import cheap_sharding_probes
 from wafer.config import ConfigError, RunConfig, Runtime
 from wafer.config.errors import Problem
 from wafer.config.schema import MODES
@@ -293,7 +294,9 @@ class _Run:
   def go(self) -> dict[str, Any]:
     run_keys = self.rc.model_dump(mode="json", exclude={"model_dir"})  # hosts may mount model_dir elsewhere
     cluster.same_on_every_process({**self.settings, **{f"runconfig.{k}": v for k, v in run_keys.items()}})
-    with cluster.same_outcome():  # damaged data or a model_dir process 0 cannot write stops every process
+    # damaged data or a model_dir process 0 cannot write stops every process; the traces of the state's
+    # shapes, the step and the estimate probe tracer.sharding at every flax.nnx RNG draw (cheap here)
+    with cluster.same_outcome(), cheap_sharding_probes():
       init = self._prepare()
     if init is None:
       kind = "Validation" if self.rc.validate_only else "Compile"
