@@ -91,13 +91,15 @@ def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], di
 def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
   """The train step of a params file, at its batch size, with its state shapes."""
   from wafer import runner, train
+  from wafer.compile import cheap_sharding_probes
   from wafer.costmodel.estimate import run_inputs
 
   overrides = list(args.overrides or ())
   if args.batch_size is not None:  # the params file's batch: the step is traced at it
     overrides.append(f"train_input.batch_size={args.batch_size}")
   p = runner.load_plan(args.params, overrides)
-  state, batch = train.step_shapes(p.task, p.optimizer, p.loss_scale, p.seed)  # no weights, no data
+  with cheap_sharding_probes():
+    state, batch = train.step_shapes(p.task, p.optimizer, p.loss_scale, p.seed)  # no weights, no data
   if args.model_dir is None:
     args.model_dir = p.runconfig.model_dir
   kwargs = {"batch_size": p.task.batch_size, "num_csx": p.runconfig.num_csx, "policy": p.policy}
@@ -219,6 +221,7 @@ def _user_error(error: BaseException) -> str | None:
 
 def _estimate(args: argparse.Namespace) -> int:
   import wafer
+  from wafer.compile import cheap_sharding_probes
   from wafer.costmodel import workloads
 
   if args.list:
@@ -237,7 +240,8 @@ def _estimate(args: argparse.Namespace) -> int:
     from wafer.train.loop import make_model_dir
 
     make_model_dir(args.model_dir, "--model_dir")
-  report = wafer.estimate(fn, *example_args, name=name, **kwargs)
+  with cheap_sharding_probes():  # flax.nnx dropout draws in the traced step
+    report = wafer.estimate(fn, *example_args, name=name, **kwargs)
   print(report.to_text(), end="")
   if args.model_dir:
     paths = report.save(args.model_dir)

@@ -22,6 +22,7 @@ import inspect
 import logging
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -127,6 +128,55 @@ def _no_printing_tracers() -> Iterator[None]:
         delattr(tracer, name)
       else:
         setattr(tracer, name, method)
+
+
+_PROBE_LOCK = threading.Lock()
+_PROBE_DEPTH = 0
+_PROBE_SAVED: Any = None
+
+
+@contextlib.contextmanager
+def cheap_sharding_probes() -> Iterator[None]:
+  """While active, ``tracer.sharding`` raises a plain ``AttributeError``, without JAX's origin message.
+
+  A tracer has no sharding, so JAX raises ``AttributeError`` there (``hasattr`` / ``getattr(x,
+  "sharding", None)`` work); in JAX 0.10 its message names where the value came from, which walks every
+  equation traced so far (``DynamicJaxprTrace.frame.find_progenitors``). ``flax.nnx`` probes that
+  attribute on every write of a ``Variable`` (``getattr(value, "sharding", None)`` in ``set_value``),
+  i.e. at every draw of an RNG stream: parameter initialisers under ``eval_shape`` and each dropout in
+  a traced step. Tracing then costs O(draws x equations): for GPT-2 XL (48 layers, about 1,000 draws,
+  45,000 equations) the probes took more time than the rest of the trace (reported upstream, with a
+  fix that drops the walk: https://github.com/jax-ml/jax/pull/40041). Nothing else changes: the attribute is still missing and its error still names
+  the tracer. Re-entrant; restores the original property on exit; a no-op where a JAX has no
+  ``Tracer.sharding`` property of its own.
+
+  >>> import jax, jax.numpy as jnp
+  >>> with cheap_sharding_probes():
+  ...   jax.eval_shape(lambda x: jnp.asarray(getattr(x, "sharding", None) is None), 1.0).shape
+  ()
+  """
+  global _PROBE_DEPTH, _PROBE_SAVED
+  tracer = jax.core.Tracer
+  with _PROBE_LOCK:  # one patch for all threads, undone by the last to leave
+    if _PROBE_DEPTH == 0:
+      _PROBE_SAVED = tracer.__dict__.get("sharding")
+      if isinstance(_PROBE_SAVED, property):
+        tracer.sharding = property(_no_sharding, doc=_PROBE_SAVED.__doc__)
+    _PROBE_DEPTH += 1
+  try:
+    yield
+  finally:
+    with _PROBE_LOCK:
+      _PROBE_DEPTH -= 1
+      if _PROBE_DEPTH == 0 and isinstance(_PROBE_SAVED, property):
+        tracer.sharding = _PROBE_SAVED
+
+
+def _no_sharding(self: Any) -> Any:
+  raise AttributeError(
+    f"The 'sharding' attribute is not available on a traced value ({type(self).__name__}, {self.aval}): "
+    "only a concrete jax.Array has one"
+  )
 
 
 class CompiledStep:
@@ -373,7 +423,7 @@ def compile(
     in_shardings=in_shardings,
   )
   try:
-    with _no_printing_tracers():
+    with _no_printing_tracers(), cheap_sharding_probes():
       traced = jitted.trace(*example_args, **example_kwargs)
   except jax.errors.TracerBoolConversionError as e:
     raise _static_graph_error("control_flow", e) from None

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from wafer import registry
+from wafer.compile import cheap_sharding_probes
 from wafer.config import ConfigError, Params, RunConfig, Runtime, load_params
 from wafer.config.schema import TRAIN_MODES
 from wafer.errors import Problem
@@ -46,7 +47,8 @@ class Plan:
 
 def plan(params: Params) -> Plan:
   """Resolve the model (`wafer.registry`) and build the runtime objects of ``params`` (`Params.build`)."""
-  task = registry.get_model(params.model.name)(params)
+  with cheap_sharding_probes():  # model builders trace their initialisers (nnx.eval_shape)
+    task = registry.get_model(params.model.name)(params)
   return Plan(params, task, params.build())  # eval-only files: identity optimizer, static scale 1
 
 

@@ -45,6 +45,7 @@ import optax
 import precision
 import wafer
 from wafer import cluster
+from wafer.compile import cheap_sharding_probes
 from wafer.config import ConfigError, RunConfig, Runtime
 from wafer.config.errors import Problem
 from wafer.config.schema import MODES
@@ -293,7 +294,9 @@ class _Run:
   def go(self) -> dict[str, Any]:
     run_keys = self.rc.model_dump(mode="json", exclude={"model_dir"})  # hosts may mount model_dir elsewhere
     cluster.same_on_every_process({**self.settings, **{f"runconfig.{k}": v for k, v in run_keys.items()}})
-    with cluster.same_outcome():  # damaged data or a model_dir process 0 cannot write stops every process
+    # damaged data or a model_dir process 0 cannot write stops every process; the traces of the state's
+    # shapes, the step and the estimate probe tracer.sharding at every flax.nnx RNG draw (cheap here)
+    with cluster.same_outcome(), cheap_sharding_probes():
       init = self._prepare()
     if init is None:
       kind = "Validation" if self.rc.validate_only else "Compile"
@@ -340,6 +343,8 @@ class _Run:
       lowered_only = False  # as before the shapes-only path: the data path says "Compiled"
       self.say(f"Data ready in {time.perf_counter() - t0:.1f} s. Compiling the train step ({self.policy})...")
     step_fn = make_train_step(task, self.optimizer, self.policy)
+    if rc.validate_only:  # traced once for the check and the estimate (jax.jit's trace cache: same shapes)
+      step_fn = jax.jit(step_fn)
     t1 = time.perf_counter()
     self.compiled = wafer.compile(
       step_fn,
@@ -352,6 +357,7 @@ class _Run:
     )
     self.say(f"{'Traced and lowered' if lowered_only else 'Compiled'} in {time.perf_counter() - t1:.1f} s.")
     if self.main:
+      self.say("Estimating the rate on the wafer (cost model: traces the step at two batch sizes)...")
       _write_compile_report(
         step_fn,
         init,
