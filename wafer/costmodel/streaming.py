@@ -19,13 +19,39 @@ With ``num_csx`` systems the batch is split evenly (pure data parallelism); Swar
 weights and reduces the gradients at line rate, adding ``2 * ceil(log2(num_csx))`` tree-level
 latencies per step.
 
+**Activation memory** (what stays on the wafer between a layer's forward and its backward pass).
+The weights are not resident: each layer's weights stream through the rectangle while it computes,
+their gradients stream out, and the optimizer state lives in MemoryX. What stays is what autodiff
+keeps for the backward pass (`Kernel.saved`: the values the backward reads again, counted once
+each, however the step is written). The layers come from the canonical layer graph
+(`wafer.costmodel.graph.fold_repeats`): a *block* is a run of kernels with one ``count = L > 1``
+(a ``scan`` or a folded loop: one transformer layer), every other kernel (embedding, head, loss) is
+its own segment. For ``mb`` samples per micro-batch, per block ``g`` with ``L_g`` layers,
+``S_g(mb)``: one layer's saved activations, ``X_g(mb)``: its checkpoint, the largest tensor
+entering the layer from outside it (the residual stream; what else enters is either computed from
+it by the previous layer's last kernel, such as a norm that an unnamed grouping placed there, or
+shared by every layer, such as a mask), and ``S_o(mb)`` the saved activations of the other kernels:
+
+    M_full(mb) = S_o(mb) + sum_g L_g * S_g(mb)                           every activation kept
+    M_ckpt(mb) = S_o(mb) + sum_g L_g * X_g(mb) + max_g S_g(mb)            checkpoints at layer boundaries
+
+A micro-batch runs as written when ``M_full <= A * s`` (``A`` PEs of ``s`` bytes of SRAM for
+tensors each). Otherwise, as the Cerebras compiler does, the forward pass keeps only the layer
+boundaries and the backward pass recomputes one layer's forward just before that layer's backward
+(activation checkpointing): it fits when ``M_ckpt <= A * s``, and each block kernel's backward
+costs ``max((C_fwd + C_bwd) / f, W / B_in, G / B_out)`` (its weights, streamed in once for the
+backward, serve the recomputation too). The recomputed FLOPs are
+``n_micro * sum_{k in blocks} count_k * F_fwd,k``, reported as a fraction of the model's FLOPs
+(``+N %``; about +33 % for a transformer whose layers hold all the work, since backward = 2 x
+forward). A micro-batch that does not fit even so is rejected, with both sizes.
+
 The micro-batch is searched, as the Cerebras compiler does: every candidate must keep its
-activations resident (the kernels' boundary inputs for all layers, to be read again by the
-backward pass) and its GEMM tiles within each PE's SRAM; the fastest feasible one wins. The
-candidates are the sizes Cerebras supports (releases 2.5 on, "approximately even" micro-batches):
-``mb = ceil(B / n)`` for ``n = 1 .. B`` micro-batches of the ``B`` samples per system, so the size
-need not divide ``B`` (``B = 1168`` can run 20 micro-batches of 59 or 58). Every micro-batch is
-costed at ``mb`` samples, an upper bound that is off by less than one sample per micro-batch.
+activations resident (recomputing when it must) and its GEMM tiles within each PE's SRAM; the
+fastest feasible one wins. The candidates are the sizes Cerebras supports (releases 2.5 on,
+"approximately even" micro-batches): ``mb = ceil(B / n)`` for ``n = 1 .. B`` micro-batches of the
+``B`` samples per system, so the size need not divide ``B`` (``B = 1168`` can run 20 micro-batches
+of 59 or 58). Every micro-batch is costed at ``mb`` samples, an upper bound that is off by less
+than one sample per micro-batch.
 """
 
 from __future__ import annotations
@@ -33,13 +59,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from wafer.costmodel.graph import Graph
+from wafer.costmodel.graph import Graph, Kernel
 from wafer.costmodel.hardware import System
 from wafer.costmodel.mesh import Machine, kernel_cycles
 
 __all__ = (
+  "ActivationMemory",
   "StreamingKernel",
   "StreamingResult",
+  "activation_memory",
   "micro_batch_candidates",
   "supported_micro_batch",
   "supported_micro_batches",
@@ -58,6 +86,59 @@ class StreamingKernel:
   time_s: float
   flops: float
   weight_bytes: float
+  recompute_flops: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationMemory:
+  """The activation bytes of one micro-batch (see the module docstring).
+
+  Attributes:
+    full: ``M_full``, every saved activation of every layer.
+    checkpointed: ``M_ckpt``, layer-boundary checkpoints plus one layer's working set (equal to
+      ``full`` when the step has no repeated block: nothing to recompute).
+    boundary: ``sum_g L_g * X_g``, the checkpoints; ``working_set``: ``max_g S_g``.
+    recomputable: names of the block kernels a recomputation runs again.
+  """
+
+  full: float
+  checkpointed: float
+  boundary: float
+  working_set: float
+  recomputable: tuple[str, ...]
+
+
+def _blocks(graph: Graph) -> list[list[Kernel]]:
+  """Runs of consecutive kernels with one ``count > 1``: the repeated layers."""
+  out: list[list[Kernel]] = []
+  for i, k in enumerate(graph.kernels):
+    if k.count <= 1:
+      continue
+    if out and out[-1][-1] is graph.kernels[i - 1] and out[-1][0].count == k.count:
+      out[-1].append(k)
+    else:
+      out.append([k])
+  return out
+
+
+def activation_memory(graph: Graph, ratio: float) -> ActivationMemory:
+  """`ActivationMemory` at ``batch = ratio * b0`` (``b0``: the traced batch)."""
+  blocks = _blocks(graph)
+  in_block = {id(k) for b in blocks for k in b}
+  others = sum(k.count * k.saved_bytes(ratio) for k in graph.kernels if id(k) not in in_block)
+  full = others
+  boundary = working = 0.0
+  for b in blocks:
+    layers = b[0].count
+    inner = sum(k.saved_bytes(ratio) for k in b)
+    full += layers * inner
+    made = {key for k in b for key in k.act_out}
+    entering = {key: v for k in b for key, v in k.act_in.items() if key not in made}
+    boundary += layers * max((e * ratio**x * bits / 8 for e, x, bits in entering.values()), default=0.0)
+    working = max(working, inner)
+  checkpointed = min(full, others + boundary + working) if blocks else full
+  names = tuple(k.name for b in blocks for k in b)
+  return ActivationMemory(full, checkpointed, boundary, working, names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +153,10 @@ class StreamingResult:
     resident_bytes: activation bytes kept on the wafer between forward and backward.
     kernels: per-kernel timings.
     rejected: micro-batches that were not feasible, with why.
+    recompute: whether the layers' activations are recomputed (they do not all fit).
+    recompute_flops: FLOP per step (per system) of the recomputed forward passes; ``model_flops``:
+      the step's forward and backward matrix-product FLOP per system without them.
+    full_activation_bytes: what keeping every activation would take (``M_full``).
   """
 
   micro_batch: int
@@ -84,6 +169,15 @@ class StreamingResult:
   resident_bytes: float
   kernels: list[StreamingKernel]
   rejected: dict[int, str]
+  recompute: bool = False
+  recompute_flops: float = 0.0
+  model_flops: float = 0.0
+  full_activation_bytes: float = 0.0
+
+  @property
+  def recompute_fraction(self) -> float:
+    """Recomputed FLOPs over the model's FLOPs (0.0 without recomputation)."""
+    return self.recompute_flops / self.model_flops if self.model_flops > 0 else 0.0
 
 
 def supported_micro_batches(batch: int) -> list[int]:
@@ -134,37 +228,56 @@ def _evaluate(
   b_in = b_out = system.io_bytes_per_sec
   ratio = mb / graph.traced_batch
   n_micro = -(-batch // mb)
-  resident = sum(k.count * k.activation_in_bytes(ratio) for k in graph.kernels)
   capacity = width * height * machine.sram_data_bytes
+  mem = activation_memory(graph, ratio)
+  recompute = mem.full > capacity
+  resident = mem.checkpointed if recompute else mem.full
   if resident > capacity:
+    how = (
+      f"; {mem.checkpointed / 1e9:.3g} GB recomputing each layer from its boundary"
+      if mem.recomputable
+      else "; no repeated layer to recompute"
+    )
     return (
-      f"activations kept for the backward pass ({resident / 1e9:.3g} GB) exceed the rectangle's "
+      f"activations kept for the backward pass ({mem.full / 1e9:.3g} GB{how}) exceed the rectangle's "
       f"SRAM for tensors ({capacity / 1e9:.3g} GB)"
     )
+  again = set(mem.recomputable) if recompute else set()
   rows = []
-  compute_total = io_total = time_total = 0.0
+  compute_total = io_total = time_total = model_flops = recompute_flops = 0.0
   for k in graph.kernels:
     c_fwd = kernel_cycles(machine, k, width, height, ratio, ("fwd",))
     c_bwd = kernel_cycles(machine, k, width, height, ratio, ("bwd",))
     if math.isinf(c_fwd) or math.isinf(c_bwd):
       return f"kernel {k.name!r}: no GEMM tile of this micro-batch fits in a PE's SRAM"
+    has_bwd = k.has_phase("bwd")
+    c_again = c_fwd if (k.name in again and has_bwd) else 0.0
     w_bytes = k.weight_bytes()
     g_bytes = k.weight_elements() * machine.calib.gradient_bytes
     io_fwd = w_bytes / b_in
-    has_bwd = k.has_phase("bwd")
     io_bwd = max(w_bytes / b_in, g_bytes / b_out) if has_bwd else 0.0
-    t = max(c_fwd / f, io_fwd) + (max(c_bwd / f, io_bwd) if has_bwd else 0.0)
-    compute = (c_fwd + c_bwd) / f
+    t = max(c_fwd / f, io_fwd) + (max((c_bwd + c_again) / f, io_bwd) if has_bwd else 0.0)
+    compute = (c_fwd + c_bwd + c_again) / f
     scale = n_micro * k.count
     flops = scale * k.matmul_flops(ratio, ("fwd", "bwd"))
+    again_flops = scale * k.matmul_flops(ratio, ("fwd",)) if c_again else 0.0
     rows.append(
       StreamingKernel(
-        k.name, k.count, compute * scale, (io_fwd + io_bwd) * scale, t * scale, flops, w_bytes * k.count
+        k.name,
+        k.count,
+        compute * scale,
+        (io_fwd + io_bwd) * scale,
+        t * scale,
+        flops,
+        w_bytes * k.count,
+        again_flops,
       )
     )
     compute_total += compute * scale
     io_total += (io_fwd + io_bwd) * scale
     time_total += t * scale
+    model_flops += flops
+    recompute_flops += again_flops
   data_s = graph.input_bytes_per_sample * batch / b_in
   io_total += data_s
   time_total = max(time_total, data_s)
@@ -188,6 +301,10 @@ def _evaluate(
     resident_bytes=resident,
     kernels=rows,
     rejected={},
+    recompute=bool(again),
+    recompute_flops=recompute_flops,
+    model_flops=model_flops,
+    full_activation_bytes=mem.full,
   )
 
 
