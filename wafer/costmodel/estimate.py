@@ -596,6 +596,12 @@ def _streaming_report(
   if ws.rejected:
     smallest = max(ws.rejected)
     notes.append(f"micro-batch {smallest} rejected: {ws.rejected[smallest]}")
+  if ws.recompute:  # (activation checkpointing at layer boundaries: `streaming.activation_memory`)
+    notes.append(
+      f"recomputing activations: +{100 * ws.recompute_fraction:.0f} % FLOPs (keeping every layer's "
+      f"activations would take {ws.full_activation_bytes / 1e9:.3g} GB; only the layer boundaries are "
+      "kept and each layer's forward runs again before its backward)"
+    )
   if graph.training:  # (an inference step has no weight update to place)
     notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
   details = {
@@ -607,6 +613,7 @@ def _streaming_report(
     "boundary_s": ws.boundary_s,
     "swarmx_s": ws.swarmx_s,
     "resident_bytes": ws.resident_bytes,
+    "recompute_fraction": ws.recompute_fraction,
     "per_system_batch": per_system,
   }
   return Report(

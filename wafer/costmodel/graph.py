@@ -683,9 +683,14 @@ def _name(kernels: list[Kernel]) -> list[Kernel]:
 # The canonical layer graph: repeated blocks found by structure
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
 def _signature(k: Kernel) -> tuple[Any, ...]:
-  """What makes two kernels instances of one layer: their count, matrix products (shapes, formats,
-  masks) and parameter sizes; for a kernel with neither, the kinds of its element-wise work."""
+  """What makes two kernels instances of one layer: their names up to numbers (``layer_3/attn``,
+  ``dot_general_7``: a layer's ``q`` and ``k`` projections are not two layers), count, matrix
+  products (shapes, formats, masks) and parameter sizes; for a kernel with neither, the kinds of its
+  element-wise work."""
   mms = tuple(
     sorted(
       (m.phase, m.bits, m.weight, m.kept)
@@ -695,7 +700,7 @@ def _signature(k: Kernel) -> tuple[Any, ...]:
   )
   weights = tuple(sorted(k.weights.values()))
   kinds = () if (mms or weights) else tuple(sorted(k.vector))
-  return (k.count, mms, weights, kinds)
+  return (_DIGITS.sub("*", k.name), k.count, mms, weights, kinds)
 
 
 def _best_repeat(ids: list[int]) -> tuple[int, int, int] | None:
@@ -731,7 +736,7 @@ def fold_repeats(kernels: list[Kernel]) -> list[Kernel]:
   the mean saved activations of its instances (the totals are unchanged); its name is the first
   instance's, with the numbers in which the instances' names differ replaced by ``*``.
   """
-  if len(kernels) < 4:
+  if len(kernels) < 2:
     return kernels
   table: dict[tuple[Any, ...], int] = {}
   ids = [table.setdefault(_signature(k), len(table)) for k in kernels]
@@ -741,7 +746,8 @@ def fold_repeats(kernels: list[Kernel]) -> list[Kernel]:
   start, p, reps = found
   instances = [kernels[start + j * p : start + (j + 1) * p] for j in range(reps)]
   block = [_merge_instances([inst[q] for inst in instances]) for q in range(p)]
-  return fold_repeats(kernels[:start]) + block + fold_repeats(kernels[start + reps * p :])
+  # (a period may repeat inside itself: two identical sub-layers of a layer fold too)
+  return fold_repeats(kernels[:start]) + fold_repeats(block) + fold_repeats(kernels[start + reps * p :])
 
 
 def fuse_productless(kernels: list[Kernel]) -> list[Kernel]:
@@ -782,9 +788,6 @@ def _absorb(dst: Kernel, k: Kernel) -> None:
   }
   dst.act_in = act_in
   dst.order = min(dst.order, k.order)
-
-
-_DIGITS = re.compile(r"(\d+)")
 
 
 def _merge_instances(ks: list[Kernel]) -> Kernel:

@@ -222,7 +222,15 @@ def micro_batch_candidates(batch: int, limit: int = 200) -> list[int]:
 
 
 def _evaluate(
-  graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, mb: int, num_csx: int
+  graph: Graph,
+  machine: Machine,
+  system: System,
+  width: int,
+  height: int,
+  batch: int,
+  mb: int,
+  num_csx: int,
+  recompute: bool | None = None,
 ) -> StreamingResult | str:
   f = machine.calib.clock_hz
   b_in = b_out = system.io_bytes_per_sec
@@ -230,7 +238,9 @@ def _evaluate(
   n_micro = -(-batch // mb)
   capacity = width * height * machine.sram_data_bytes
   mem = activation_memory(graph, ratio)
-  recompute = mem.full > capacity
+  if recompute is None:
+    recompute = mem.full > capacity
+  recompute = recompute and bool(mem.recomputable)
   resident = mem.checkpointed if recompute else mem.full
   if resident > capacity:
     how = (
@@ -317,6 +327,7 @@ def weight_streaming(
   batch_per_system: int,
   num_csx: int = 1,
   micro_batch: int | None = None,
+  recompute: bool | None = None,
 ) -> StreamingResult | str:
   """The fastest feasible micro-batch, or a string saying why none is feasible.
 
@@ -328,12 +339,14 @@ def weight_streaming(
     batch_per_system: samples per step on one system.
     num_csx: systems in data parallel (for the SwarmX latency).
     micro_batch: force this micro-batch (a supported size: see `supported_micro_batch`).
+    recompute: force recomputing the layers' activations on (True) or off (False); None, the
+      compiler's choice: only for a micro-batch whose activations do not all fit.
   """
   candidates = [micro_batch] if micro_batch else micro_batch_candidates(batch_per_system)
   best: StreamingResult | None = None
   rejected: dict[int, str] = {}
   for mb in candidates:
-    res = _evaluate(graph, machine, system, width, height, batch_per_system, mb, num_csx)
+    res = _evaluate(graph, machine, system, width, height, batch_per_system, mb, num_csx, recompute)
     if isinstance(res, str):
       rejected[mb] = res
       continue

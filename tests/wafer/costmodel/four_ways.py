@@ -40,7 +40,7 @@ def _attend(net: Net, qkv: jax.Array) -> jax.Array:
   q, k, v = (t.reshape(b, s, net.heads, dh) for t in jnp.split(qkv, 3, axis=-1))
   scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(dh)
   mask = jnp.tril(jnp.ones((s, s), jnp.bool_))
-  probs = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+  probs = jax.nn.softmax(jnp.where(mask[None, None], scores, -1e9), axis=-1)
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, net.d)
 
 
@@ -130,7 +130,7 @@ def jax_scan(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
     x = jnp.take(p["embed"], tokens, axis=0)
     x, _ = jax.lax.scan(lambda c, bp: (block.apply({"params": bp}, c), None), x, p["blocks"])
     x = nn.LayerNorm().apply({"params": p["ln_f"]}, x)
-    return _xent(x @ p["head"]["kernel"] + p["head"]["bias"], tokens)
+    return _xent(x @ p["head"]["kernel"] + p["head"]["bias"][None, None], tokens)
 
   return _sgd(loss), params, _tokens(net, batch)
 
