@@ -597,10 +597,14 @@ def _streaming_report(
     smallest = max(ws.rejected)
     notes.append(f"micro-batch {smallest} rejected: {ws.rejected[smallest]}")
   if ws.recompute:  # (activation checkpointing at layer boundaries: `streaming.activation_memory`)
+    what = (
+      "each layer recomputes its attention scores before its backward"
+      if ws.recomputed == "attention"
+      else "only the layer boundaries are kept and each layer's forward runs again before its backward"
+    )
     notes.append(
       f"recomputing activations: +{100 * ws.recompute_fraction:.0f} % FLOPs (keeping every layer's "
-      f"activations would take {ws.full_activation_bytes / 1e9:.3g} GB; only the layer boundaries are "
-      "kept and each layer's forward runs again before its backward)"
+      f"activations would take {ws.full_activation_bytes / 1e9:.3g} GB; {what})"
     )
   if graph.training:  # (an inference step has no weight update to place)
     notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")

@@ -138,6 +138,9 @@ class Kernel:
       backward pass reads (what autodiff keeps for the backward, the *saved activations*), each
       counted once, in the kernel of its first forward reader (else of its producer): a layer's
       input belongs to the layer that reads it, however the loop is written.
+    saved_core: the keys of `saved` that attention's core made (the scores and probabilities of
+      an activation x activation product and the softmax after it): cheap to recompute from the
+      layer's other saved values (Megatron's *selective* recomputation).
     instance_names: the names of the instances a folded loop had (``layer_0/attn``,
       ``layer_1/attn``...; `fold_repeats`), empty when they shared one name or came from a ``scan``.
   """
@@ -155,6 +158,7 @@ class Kernel:
   out_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
   saved: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
   instance_names: tuple[str, ...] = ()
+  saved_core: set[int] = dataclasses.field(default_factory=set)
 
   def matmul_flops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
     """Matrix-product FLOP of one instance at ``batch = ratio * b0``."""
@@ -191,9 +195,14 @@ class Kernel:
   def activation_out_bytes(self, ratio: float) -> float:
     return sum(e * ratio**x * b / 8 for e, x, b in self.act_out.values())
 
-  def saved_bytes(self, ratio: float) -> float:
-    """Bytes of the activations one instance keeps for its backward pass at ``batch = ratio * b0``."""
-    return sum(e * ratio**x * b / 8 for e, x, b in self.saved.values())
+  def saved_bytes(self, ratio: float, core: bool | None = None) -> float:
+    """Bytes of the activations one instance keeps for its backward pass at ``batch = ratio * b0``
+    (``core``: only attention's core values, True, or only the others, False; None: all)."""
+    return sum(
+      e * ratio**x * b / 8
+      for key, (e, x, b) in self.saved.items()
+      if core is None or (key in self.saved_core) == core
+    )
 
   def has_phase(self, phase: str) -> bool:
     return any(mm.phase == phase for mm in self.matmuls) or any(k[0] == phase for k in self.vector)
@@ -651,6 +660,18 @@ def _saved_activations(
   origin = walker.source
 
   read_back = {origin(k) for i, s in enumerate(sites) if per_sample[i] and s.transposed for k in s.in_keys}
+  # attention's core: values made by an activation x activation product (``Q K^T``, ``P V``) or
+  # from one by element-wise work (the softmax), before the next product with a weight
+  core: set[int] = set()
+  for i, s in enumerate(sites):
+    if not per_sample[i] or s.transposed:
+      continue
+    if s.kind == "matmul":
+      made = not s.weight_roots and s.measures[0] > 1
+    else:
+      made = any(origin(k) in core for k in s.in_keys)
+    if made:
+      core.update(origin(k) for k in s.out_keys)
   owned: set[int] = set()
   for reads in (True, False):  # readers first, then producers of values no forward equation reads
     for i, (kid, s) in enumerate(zip(assignment, sites)):
@@ -664,6 +685,8 @@ def _saved_activations(
         owned.add(o)
         e = _shape_exponent(tuple(shape), exps[i])
         kernels[kid].saved[o] = (float(math.prod(shape)), e, min(s.bits, compute_bits))
+        if o in core:
+          kernels[kid].saved_core.add(o)
 
 
 def _name(kernels: list[Kernel]) -> list[Kernel]:
@@ -781,6 +804,7 @@ def _absorb(dst: Kernel, k: Kernel) -> None:
     dst.weights.setdefault(r, w)
   for key, val in k.saved.items():
     dst.saved.setdefault(key, val)
+  dst.saved_core |= k.saved_core
   made = set(dst.act_out) | set(k.act_out)
   act_in = {key: v for key, v in {**k.act_in, **dst.act_in}.items() if key not in made}
   dst.act_out = {
@@ -803,8 +827,10 @@ def _merge_instances(ks: list[Kernel]) -> Kernel:
   own = rep.saved_bytes(1.0)
   scale = total / own if own > 0 else 1.0
   saved = {key: (e * scale, x, b) for key, (e, x, b) in rep.saved.items()}
+  core = set(rep.saved_core)
   if own <= 0 < total:  # (the first instance saves nothing of its own: take one that does)
-    saved = dict(max(ks, key=lambda k: k.saved_bytes(1.0)).saved)
+    other = max(ks, key=lambda k: k.saved_bytes(1.0))
+    saved, core = dict(other.saved), set(other.saved_core)
   parts = [_DIGITS.split(k.name) for k in ks]
   name = rep.name
   if len({len(x) for x in parts}) == 1 and len({k.name for k in ks}) > 1:
@@ -813,7 +839,7 @@ def _merge_instances(ks: list[Kernel]) -> Kernel:
       name = "".join(c[0] if len(set(c)) == 1 else "*" for c in cols)
   names = tuple(k.name for k in ks) if len({k.name for k in ks}) > 1 and rep.count == 1 else ()
   return dataclasses.replace(
-    rep, name=name, count=rep.count * n, vector=vector, saved=saved, instance_names=names
+    rep, name=name, count=rep.count * n, vector=vector, saved=saved, saved_core=core, instance_names=names
   )
 
 
@@ -1025,6 +1051,7 @@ def _merge_glue(
     d.out_shapes.extend(k.out_shapes)
     for key, val in k.saved.items():
       d.saved.setdefault(key, val)
+    d.saved_core |= k.saved_core
   return out
 
 

@@ -33,17 +33,27 @@ it by the previous layer's last kernel, such as a norm that an unnamed grouping 
 shared by every layer, such as a mask), and ``S_o(mb)`` the saved activations of the other kernels:
 
     M_full(mb) = S_o(mb) + sum_g L_g * S_g(mb)                           every activation kept
+    M_attn(mb) = S_o(mb) + sum_g L_g * (S_g(mb) - Q_g(mb)) + max_g Q_g(mb)   attention's core recomputed
     M_ckpt(mb) = S_o(mb) + sum_g L_g * X_g(mb) + max_g S_g(mb)            checkpoints at layer boundaries
 
-A micro-batch runs as written when ``M_full <= A * s`` (``A`` PEs of ``s`` bytes of SRAM for
-tensors each). Otherwise, as the Cerebras compiler does, the forward pass keeps only the layer
-boundaries and the backward pass recomputes one layer's forward just before that layer's backward
-(activation checkpointing): it fits when ``M_ckpt <= A * s``, and each block kernel's backward
-costs ``max((C_fwd + C_bwd) / f, W / B_in, G / B_out)`` (its weights, streamed in once for the
-backward, serve the recomputation too). The recomputed FLOPs are
-``n_micro * sum_{k in blocks} count_k * F_fwd,k``, reported as a fraction of the model's FLOPs
-(``+N %``; about +33 % for a transformer whose layers hold all the work, since backward = 2 x
-forward). A micro-batch that does not fit even so is rejected, with both sizes.
+``Q_g`` is the part of ``S_g`` that attention's core makes (`Kernel.saved_core`: the ``h s^2``
+scores and probabilities of an activation x activation product and its softmax). The compiler takes
+the cheapest of the three that fits in ``A * s`` (``A`` PEs of ``s`` bytes of SRAM for tensors):
+
+* ``M_full``: nothing recomputed;
+* ``M_attn`` (*selective* recomputation, Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", https://arxiv.org/abs/2205.05198): each layer's backward first recomputes its
+  attention core from the kept ``Q``, ``K``, ``V``: the activation x activation products' forward
+  cycles ``C_core`` (their FLOPs ``F_core``) are added to the kernel's backward;
+* ``M_ckpt`` (activation checkpointing at layer boundaries): the forward pass keeps only the layer
+  boundaries and the backward recomputes each layer's whole forward just before its backward; each
+  block kernel's backward costs ``max((C_fwd + C_bwd) / f, W / B_in, G / B_out)`` (its weights,
+  streamed in once for the backward, serve the recomputation too).
+
+The recomputed FLOPs (``n_micro * sum_{k in blocks} count_k * F_fwd,k`` for layers, ``F_core`` for
+attention) are reported as a fraction of the model's FLOPs (``+N %``; about +33 % for whole
+transformer layers, since backward = 2 x forward). A micro-batch that fits in none is rejected, with
+the sizes.
 
 The micro-batch is searched, as the Cerebras compiler does: every candidate must keep its
 activations resident (recomputing when it must) and its GEMM tiles within each PE's SRAM; the
@@ -99,6 +109,7 @@ class ActivationMemory:
       ``full`` when the step has no repeated block: nothing to recompute).
     boundary: ``sum_g L_g * X_g``, the checkpoints; ``working_set``: ``max_g S_g``.
     recomputable: names of the block kernels a recomputation runs again.
+    attention: ``M_attn``, attention's core recomputed (equal to ``full`` without one).
   """
 
   full: float
@@ -106,6 +117,21 @@ class ActivationMemory:
   boundary: float
   working_set: float
   recomputable: tuple[str, ...]
+  attention: float = math.inf
+
+  def level(self, capacity: float) -> str | None:
+    """The cheapest recomputation that fits in ``capacity`` bytes: ``""`` (none), ``"attention"``,
+    ``"layers"``; None when nothing fits."""
+    if self.full <= capacity:
+      return ""
+    if self.attention < self.full and self.attention <= capacity:
+      return "attention"
+    if self.recomputable and self.checkpointed <= capacity:
+      return "layers"
+    return None
+
+  def resident(self, level: str) -> float:
+    return {"": self.full, "attention": self.attention, "layers": self.checkpointed}[level]
 
 
 def _blocks(graph: Graph) -> list[list[Kernel]]:
@@ -127,18 +153,33 @@ def activation_memory(graph: Graph, ratio: float) -> ActivationMemory:
   in_block = {id(k) for b in blocks for k in b}
   others = sum(k.count * k.saved_bytes(ratio) for k in graph.kernels if id(k) not in in_block)
   full = others
-  boundary = working = 0.0
+  boundary = working = attention = core = 0.0
   for b in blocks:
     layers = b[0].count
     inner = sum(k.saved_bytes(ratio) for k in b)
+    q = sum(k.saved_bytes(ratio, core=True) for k in b)
     full += layers * inner
+    attention += layers * (inner - q)
+    core = max(core, q)
     made = {key for k in b for key in k.act_out}
     entering = {key: v for k in b for key, v in k.act_in.items() if key not in made}
     boundary += layers * max((e * ratio**x * bits / 8 for e, x, bits in entering.values()), default=0.0)
     working = max(working, inner)
   checkpointed = min(full, others + boundary + working) if blocks else full
   names = tuple(k.name for b in blocks for k in b)
-  return ActivationMemory(full, checkpointed, boundary, working, names)
+  selective = others + attention + core if core > 0 else full
+  return ActivationMemory(full, checkpointed, boundary, working, names, selective)
+
+
+def _core(kernel: Kernel) -> Kernel:
+  """A kernel of the forward activation x activation products of ``kernel`` (attention's core), to
+  cost their recomputation (cached on the kernel)."""
+  got = kernel.__dict__.get("_core")
+  if got is None:
+    mms = [m for m in kernel.matmuls if m.phase == "fwd" and not m.weight and m.instances.at_trace > 1]
+    got = Kernel(name=kernel.name, count=kernel.count, order=kernel.order, matmuls=mms)
+    kernel.__dict__["_core"] = got
+  return got
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +194,9 @@ class StreamingResult:
     resident_bytes: activation bytes kept on the wafer between forward and backward.
     kernels: per-kernel timings.
     rejected: micro-batches that were not feasible, with why.
-    recompute: whether the layers' activations are recomputed (they do not all fit).
+    recompute: whether activations are recomputed (they do not all fit); ``recomputed``: what,
+      ``"attention"`` (attention's core, before each layer's backward) or ``"layers"`` (every
+      layer's forward, from its boundary), ``""`` for nothing.
     recompute_flops: FLOP per step (per system) of the recomputed forward passes; ``model_flops``:
       the step's forward and backward matrix-product FLOP per system without them.
     full_activation_bytes: what keeping every activation would take (``M_full``).
@@ -172,6 +215,7 @@ class StreamingResult:
   recompute: bool = False
   recompute_flops: float = 0.0
   model_flops: float = 0.0
+  recomputed: str = ""
   full_activation_bytes: float = 0.0
 
   @property
@@ -230,7 +274,7 @@ def _evaluate(
   batch: int,
   mb: int,
   num_csx: int,
-  recompute: bool | None = None,
+  recompute: bool | str | None = None,
 ) -> StreamingResult | str:
   f = machine.calib.clock_hz
   b_in = b_out = system.io_bytes_per_sec
@@ -239,11 +283,16 @@ def _evaluate(
   capacity = width * height * machine.sram_data_bytes
   mem = activation_memory(graph, ratio)
   if recompute is None:
-    recompute = mem.full > capacity
-  recompute = recompute and bool(mem.recomputable)
-  resident = mem.checkpointed if recompute else mem.full
-  if resident > capacity:
-    how = (
+    level = mem.level(capacity)
+  else:
+    level = {False: "", True: "layers"}.get(recompute, recompute)  # type: ignore[call-overload]
+    if level == "layers" and not mem.recomputable or level == "attention" and not mem.attention < mem.full:
+      level = ""
+    if mem.resident(level) > capacity:
+      level = None
+  if level is None:
+    how = f"; {mem.attention / 1e9:.3g} GB recomputing attention's scores" if mem.attention < mem.full else ""
+    how += (
       f"; {mem.checkpointed / 1e9:.3g} GB recomputing each layer from its boundary"
       if mem.recomputable
       else "; no repeated layer to recompute"
@@ -252,7 +301,8 @@ def _evaluate(
       f"activations kept for the backward pass ({mem.full / 1e9:.3g} GB{how}) exceed the rectangle's "
       f"SRAM for tensors ({capacity / 1e9:.3g} GB)"
     )
-  again = set(mem.recomputable) if recompute else set()
+  resident = mem.resident(level)
+  again = set(mem.recomputable) if level else set()
   rows = []
   compute_total = io_total = time_total = model_flops = recompute_flops = 0.0
   for k in graph.kernels:
@@ -261,7 +311,10 @@ def _evaluate(
     if math.isinf(c_fwd) or math.isinf(c_bwd):
       return f"kernel {k.name!r}: no GEMM tile of this micro-batch fits in a PE's SRAM"
     has_bwd = k.has_phase("bwd")
-    c_again = c_fwd if (k.name in again and has_bwd) else 0.0
+    c_again, part = 0.0, k
+    if k.name in again and has_bwd:
+      part = _core(k) if level == "attention" else k
+      c_again = c_fwd if part is k else kernel_cycles(machine, part, width, height, ratio, ("fwd",))
     w_bytes = k.weight_bytes()
     g_bytes = k.weight_elements() * machine.calib.gradient_bytes
     io_fwd = w_bytes / b_in
@@ -270,7 +323,7 @@ def _evaluate(
     compute = (c_fwd + c_bwd + c_again) / f
     scale = n_micro * k.count
     flops = scale * k.matmul_flops(ratio, ("fwd", "bwd"))
-    again_flops = scale * k.matmul_flops(ratio, ("fwd",)) if c_again else 0.0
+    again_flops = scale * part.matmul_flops(ratio, ("fwd",)) if c_again else 0.0
     rows.append(
       StreamingKernel(
         k.name,
@@ -312,6 +365,7 @@ def _evaluate(
     kernels=rows,
     rejected={},
     recompute=bool(again),
+    recomputed=level,
     recompute_flops=recompute_flops,
     model_flops=model_flops,
     full_activation_bytes=mem.full,
@@ -327,7 +381,7 @@ def weight_streaming(
   batch_per_system: int,
   num_csx: int = 1,
   micro_batch: int | None = None,
-  recompute: bool | None = None,
+  recompute: bool | str | None = None,
 ) -> StreamingResult | str:
   """The fastest feasible micro-batch, or a string saying why none is feasible.
 
@@ -339,8 +393,8 @@ def weight_streaming(
     batch_per_system: samples per step on one system.
     num_csx: systems in data parallel (for the SwarmX latency).
     micro_batch: force this micro-batch (a supported size: see `supported_micro_batch`).
-    recompute: force recomputing the layers' activations on (True) or off (False); None, the
-      compiler's choice: only for a micro-batch whose activations do not all fit.
+    recompute: force recomputing every layer (True or ``"layers"``), attention's core
+      (``"attention"``) or nothing (False); None, the compiler's choice: the cheapest that fits.
   """
   candidates = [micro_batch] if micro_batch else micro_batch_candidates(batch_per_system)
   best: StreamingResult | None = None
