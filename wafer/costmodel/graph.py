@@ -18,7 +18,12 @@ Equations are grouped into *kernels*, the unit that gets a rectangle of PEs:
 * ops that do not grow with the batch (the optimizer update, weight casts) form the phase
   ``"update"``; unnamed ones go to the kernel ``weight_update``;
 * kernels with no matrix product and no weights (glue such as a residual add) merge into the
-  kernel that produced their input.
+  kernel that produced their input;
+* repeated layers fold into one kernel per layer part with a ``count`` (`fold_repeats`): the
+  canonical layer graph, the same for a Python loop, ``lax.scan``, Flax ``nn.scan`` or NNX.
+
+Each kernel also records the activations its forward pass keeps for the backward (`Kernel.saved`),
+which the weight-streaming memory model adds up (`wafer.costmodel.streaming`).
 
 What is counted (per equation): matrix products as ``2 * instances * m * k * n`` FLOP in the
 compute format; float element-wise ops as one op per output element (transcendentals flagged);

@@ -72,6 +72,7 @@ import math
 from wafer.costmodel.graph import Graph, Kernel
 from wafer.costmodel.hardware import System
 from wafer.costmodel.mesh import Machine, kernel_cycles
+from wafer.errors import EstimateError
 
 __all__ = (
   "ActivationMemory",
@@ -396,6 +397,8 @@ def weight_streaming(
     recompute: force recomputing every layer (True or ``"layers"``), attention's core
       (``"attention"``) or nothing (False); None, the compiler's choice: the cheapest that fits.
   """
+  if recompute not in (None, False, True, "attention", "layers"):
+    raise EstimateError(f"recompute={recompute!r}; allowed: None, False, True, 'attention', 'layers'")
   candidates = [micro_batch] if micro_batch else micro_batch_candidates(batch_per_system)
   best: StreamingResult | None = None
   rejected: dict[int, str] = {}

@@ -165,3 +165,9 @@ def test_the_flagship_models_fit_by_recomputing_at_a_plausible_utilisation(cfg, 
     * r.grid[1]
     * Machine(get_system(kwargs["system"]).chip, CALIBRATION, 32, "search").sram_data_bytes
   )
+
+
+def test_an_unknown_recompute_level_is_an_error_naming_the_allowed_ones():
+  machine, sys_ = _machine()
+  with pytest.raises(wafer.costmodel.EstimateError, match=r"recompute='some'; allowed: None, False, True"):
+    weight_streaming(_graph(), machine, sys_, 64, 64, BATCH, recompute="some")
