@@ -533,7 +533,10 @@ def _group(
       kernels[kid] = Kernel(name=name, count=mult, order=order, scopes=scopes)
     return kernels[kid]
 
+  region, last_mult = 0, 1
   for i, s in enumerate(sites):
+    if s.mult != last_mult:
+      region, last_mult = region + 1, s.mult
     phase = "update" if not per_sample[i] else ("bwd" if s.transposed else "fwd")
     in_backward = in_backward or s.transposed
     scopes = s.scopes[:kernel_depth] if kernel_depth else s.scopes
@@ -592,7 +595,9 @@ def _group(
         for k in s.in_keys
         if k in producer and kernels[producer[k]].count == s.mult and producer[k][0] != "update"
       ]
-      kid = max(made, key=lambda t: t[0])[1] if made else ("misc", s.mult)
+      # (an op with no such input starts the misc kernel of its stretch of equations between loop
+      # boundaries: the final norm after a ``scan`` is not the embedding's before it)
+      kid = max(made, key=lambda t: t[0])[1] if made else ("misc", s.mult, region)
       name = "ops"
     k = kernel(kid, name, s.mult, i if phase == "fwd" else i + len(sites), scopes)
     if phase == "fwd":

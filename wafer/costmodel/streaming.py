@@ -25,32 +25,38 @@ their gradients stream out, and the optimizer state lives in MemoryX. What stays
 keeps for the backward pass (`Kernel.saved`: the values the backward reads again, counted once
 each, however the step is written). The layers come from the canonical layer graph
 (`wafer.costmodel.graph.fold_repeats`): a *block* is a run of kernels with one ``count = L > 1``
-(a ``scan`` or a folded loop: one transformer layer), every other kernel (embedding, head, loss) is
-its own segment. For ``mb`` samples per micro-batch, per block ``g`` with ``L_g`` layers,
-``S_g(mb)``: one layer's saved activations, ``X_g(mb)``: its checkpoint, the largest tensor
-entering the layer from outside it (the residual stream; what else enters is either computed from
-it by the previous layer's last kernel, such as a norm that an unnamed grouping placed there, or
-shared by every layer, such as a mask), and ``S_o(mb)`` the saved activations of the other kernels:
+(a ``scan`` or a folded loop: one transformer layer), every other run of consecutive kernels with a
+backward pass (the embedding; the final norm, head and loss) is a segment of its own. For ``mb`` samples per micro-batch, per block
+``g`` with ``L_g`` layers, ``S_g(mb)``: one layer's saved activations, ``Q_g(mb)`` the part of them
+attention's core makes (`Kernel.saved_core`: the ``h s^2`` scores and probabilities of an
+activation x activation product and its softmax), ``X_g(mb)``: the layer's checkpoint, the largest
+tensor entering it from outside (the residual stream; what else enters is either computed from it
+by the previous layer's last kernel, such as a norm that an unnamed grouping placed there, or
+shared by every layer, such as a mask); ``S_o``, ``X_o`` the same for the other segments:
 
-    M_full(mb) = S_o(mb) + sum_g L_g * S_g(mb)                           every activation kept
-    M_attn(mb) = S_o(mb) + sum_g L_g * (S_g(mb) - Q_g(mb)) + max_g Q_g(mb)   attention's core recomputed
-    M_ckpt(mb) = S_o(mb) + sum_g L_g * X_g(mb) + max_g S_g(mb)            checkpoints at layer boundaries
+    M_full(mb) = S_o(mb) + sum_g L_g * S_g(mb)                                 every activation kept
+    M_attn(mb) = S_o(mb) + sum_g L_g * (S_g(mb) - Q_g(mb)) + max_g Q_g(1)       attention's core recomputed
+    M_ckpt(mb) = sum_g L_g * X_g(mb) + sum_o X_o(mb) + max(S_g(1), S_o(1))      every segment recomputed
 
-``Q_g`` is the part of ``S_g`` that attention's core makes (`Kernel.saved_core`: the ``h s^2``
-scores and probabilities of an activation x activation product and its softmax). The compiler takes
-the cheapest of the three that fits in ``A * s`` (``A`` PEs of ``s`` bytes of SRAM for tensors):
+A recomputation runs just before the backward that consumes it and, like that backward, sample by
+sample (the samples of a micro-batch are independent, and the segment's weights, streamed in for
+its backward, serve all of them), so only one sample's recomputed values are live: ``Q_g(1)``,
+``S(1)``. The compiler takes the cheapest of the three that fits in ``A * s`` (``A`` PEs of ``s``
+bytes of SRAM for tensors):
 
 * ``M_full``: nothing recomputed;
 * ``M_attn`` (*selective* recomputation, Korthikanti et al. 2022, "Reducing Activation
-  Recomputation in Large Transformer Models", https://arxiv.org/abs/2205.05198): each layer's backward first recomputes its
-  attention core from the kept ``Q``, ``K``, ``V``: the activation x activation products' forward
-  cycles ``C_core`` (their FLOPs ``F_core``) are added to the kernel's backward;
-* ``M_ckpt`` (activation checkpointing at layer boundaries): the forward pass keeps only the layer
-  boundaries and the backward recomputes each layer's whole forward just before its backward; each
-  block kernel's backward costs ``max((C_fwd + C_bwd) / f, W / B_in, G / B_out)`` (its weights,
+  Recomputation in Large Transformer Models", https://arxiv.org/abs/2205.05198): each layer's
+  backward first recomputes its attention core from the kept ``Q``, ``K``, ``V``: the activation x
+  activation products' forward cycles ``C_core`` (their FLOPs ``F_core``) are added to the kernel's
+  backward;
+* ``M_ckpt`` (activation checkpointing at segment boundaries, the loss and head included: they are
+  recomputed from their input, as a fused cross entropy never keeps the logits): the forward pass
+  keeps only the boundaries and each segment's whole forward runs again just before its backward;
+  each such kernel's backward costs ``max((C_fwd + C_bwd) / f, W / B_in, G / B_out)`` (its weights,
   streamed in once for the backward, serve the recomputation too).
 
-The recomputed FLOPs (``n_micro * sum_{k in blocks} count_k * F_fwd,k`` for layers, ``F_core`` for
+The recomputed FLOPs (``n_micro * sum_k count_k * F_fwd,k`` for whole segments, ``F_core`` for
 attention) are reported as a fraction of the model's FLOPs (``+N %``; about +33 % for whole
 transformer layers, since backward = 2 x forward). A micro-batch that fits in none is rejected, with
 the sizes.
@@ -108,8 +114,9 @@ class ActivationMemory:
     full: ``M_full``, every saved activation of every layer.
     checkpointed: ``M_ckpt``, layer-boundary checkpoints plus one layer's working set (equal to
       ``full`` when the step has no repeated block: nothing to recompute).
-    boundary: ``sum_g L_g * X_g``, the checkpoints; ``working_set``: ``max_g S_g``.
-    recomputable: names of the block kernels a recomputation runs again.
+    boundary: the checkpoints, ``sum_g L_g * X_g + sum_o X_o``; ``working_set``: one sample's
+      ``max(S_g, S_o)``.
+    recomputable: names of the kernels a recomputation of every layer runs again.
     attention: ``M_attn``, attention's core recomputed (equal to ``full`` without one).
   """
 
@@ -148,26 +155,40 @@ def _blocks(graph: Graph) -> list[list[Kernel]]:
   return out
 
 
+def _entering(kernels: list[Kernel], ratio: float) -> float:
+  """Bytes of the largest tensor entering a segment from outside it (its checkpoint)."""
+  made = {key for k in kernels for key in k.act_out}
+  entering = [v for k in kernels for key, v in k.act_in.items() if key not in made]
+  return max((e * ratio**x * bits / 8 for e, x, bits in entering), default=0.0)
+
+
 def activation_memory(graph: Graph, ratio: float) -> ActivationMemory:
   """`ActivationMemory` at ``batch = ratio * b0`` (``b0``: the traced batch)."""
+  one = 1.0 / graph.traced_batch  # (one sample: the working set of a recomputation)
   blocks = _blocks(graph)
   in_block = {id(k) for b in blocks for k in b}
+  single: list[list[Kernel]] = []  # consecutive other kernels with a backward: one segment (the head)
+  for i, k in enumerate(graph.kernels):
+    if id(k) in in_block or not k.has_phase("bwd"):
+      continue
+    if single and single[-1][-1] is graph.kernels[i - 1]:
+      single[-1].append(k)
+    else:
+      single.append([k])
   others = sum(k.count * k.saved_bytes(ratio) for k in graph.kernels if id(k) not in in_block)
   full = others
   boundary = working = attention = core = 0.0
   for b in blocks:
     layers = b[0].count
     inner = sum(k.saved_bytes(ratio) for k in b)
-    q = sum(k.saved_bytes(ratio, core=True) for k in b)
     full += layers * inner
-    attention += layers * (inner - q)
-    core = max(core, q)
-    made = {key for k in b for key in k.act_out}
-    entering = {key: v for k in b for key, v in k.act_in.items() if key not in made}
-    boundary += layers * max((e * ratio**x * bits / 8 for e, x, bits in entering.values()), default=0.0)
-    working = max(working, inner)
-  checkpointed = min(full, others + boundary + working) if blocks else full
-  names = tuple(k.name for b in blocks for k in b)
+    attention += layers * sum(k.saved_bytes(ratio, core=False) for k in b)
+    core = max(core, sum(k.saved_bytes(one, core=True) for k in b))
+  for seg in blocks + single:
+    boundary += seg[0].count * _entering(seg, ratio)
+    working = max(working, sum(k.saved_bytes(one) for k in seg))
+  names = tuple(k.name for seg in blocks + single for k in seg if k.has_phase("bwd"))
+  checkpointed = min(full, boundary + working) if names else full
   selective = others + attention + core if core > 0 else full
   return ActivationMemory(full, checkpointed, boundary, working, names, selective)
 
@@ -296,7 +317,7 @@ def _evaluate(
     how += (
       f"; {mem.checkpointed / 1e9:.3g} GB recomputing each layer from its boundary"
       if mem.recomputable
-      else "; no repeated layer to recompute"
+      else "; nothing to recompute"
     )
     return (
       f"activations kept for the backward pass ({mem.full / 1e9:.3g} GB{how}) exceed the rectangle's "

@@ -117,8 +117,9 @@ def test_recomputing_costs_time_and_exactly_the_forward_flops_of_the_layers(mb, 
     core = [m for m in core if m.phase == "fwd" and not m.weight and m.instances.at_trace > 1]
     assert attn.recompute_flops == pytest.approx(attn.n_micro * sum(m.flops(ratio) for m in core))
     assert 0 < attn.recompute_flops < with_.recompute_flops
-  layers = [k for k in g.kernels if k.count > 1]
-  forward = with_.n_micro * sum(k.count * k.matmul_flops(ratio, ("fwd",)) for k in layers)
+  again = [k for k in g.kernels if k.name in mem.recomputable]  # every segment with a backward
+  assert {k.name for k in g.kernels if k.count > 1} <= set(mem.recomputable)
+  forward = with_.n_micro * sum(k.count * k.matmul_flops(ratio, ("fwd",)) for k in again)
   assert with_.recompute_flops == pytest.approx(forward)
   assert sum(r.recompute_flops for r in with_.kernels) == pytest.approx(forward)
   everything = with_.n_micro * sum(k.count * k.matmul_flops(ratio, ("fwd", "bwd")) for k in g.kernels)
@@ -134,13 +135,14 @@ def test_a_step_that_fits_does_not_recompute_and_says_nothing_about_it():
   assert not any("recomputing" in n for n in r.notes)
 
 
-def test_without_a_repeated_layer_there_is_nothing_to_recompute_and_the_reason_says_so():
+def test_a_step_too_big_even_recomputing_says_what_each_level_would_need():
   """Two layers of different widths (nothing repeats) with 2^25 tokens a sample: one sample's
-  activations exceed the wafer's SRAM, and there is no layer boundary to recompute from."""
+  activations exceed the wafer's SRAM, even recomputing each layer from its input."""
   widths = [256, 512, 128]
   x, y = sds(4, 2**25, widths[0]), sds(4, 2**25, widths[-1])
   r = wafer.estimate(mlp_train_step(widths, names=False), mlp_params(widths), x, y, mode="weight_streaming")
-  assert not r.fits and "no repeated layer to recompute" in r.reason, r.reason
+  assert not r.fits and "GB recomputing each layer from its boundary" in r.reason, r.reason
+  assert "attention" not in r.reason  # (no attention to recompute alone)
 
 
 FLAGSHIPS = [
@@ -155,7 +157,7 @@ def test_the_flagship_models_fit_by_recomputing_at_a_plausible_utilisation(cfg, 
   r = wafer.estimate(fn, *args, batch_size=batch, mode="weight_streaming", **kwargs)
   assert r.fits, r.reason
   mfu = r.samples_per_sec * r.flops_per_sample / r.peak_flops_per_sec
-  assert 0.05 <= mfu <= 0.60, mfu  # (measured: GPT-3 175B 14 %, LLaMA-70B 15 %)
+  assert 0.05 <= mfu <= 0.60, mfu  # (measured: GPT-3 175B 18 %, LLaMA-70B 17 %)
   note = next(n for n in r.notes if n.startswith("recomputing activations: +"))
   assert f"+{100 * r.details['recompute_fraction']:.0f} % FLOPs" in note, note
   assert 0 < r.details["recompute_fraction"] <= 1 / 3 + 0.01  # (measured: whole layers, +33 %)
