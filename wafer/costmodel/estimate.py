@@ -596,11 +596,12 @@ def _streaming_report(
   if ws.rejected:
     smallest = max(ws.rejected)
     notes.append(f"micro-batch {smallest} rejected: {ws.rejected[smallest]}")
-  if ws.recompute:  # (activation checkpointing at layer boundaries: `streaming.activation_memory`)
+  if ws.recompute:  # (selective or at segment boundaries: `streaming.activation_memory`)
     what = (
       "each layer recomputes its attention scores before its backward"
       if ws.recomputed == "attention"
-      else "only the layer boundaries are kept and each layer's forward runs again before its backward"
+      else "only the layer boundaries and the head's input are kept and each layer's forward runs again "
+      "before its backward"
     )
     notes.append(
       f"recomputing activations: +{100 * ws.recompute_fraction:.0f} % FLOPs (keeping every layer's "
