@@ -852,6 +852,17 @@ def _streaming_report(
   if res.rejected and ws.requested is None:
     smallest = max(res.rejected)
     notes.append(f"micro-batch {smallest} rejected: {res.rejected[smallest]}")
+  if res.recompute:  # (selective or at segment boundaries: `streaming.activation_memory`)
+    what = (
+      "each layer recomputes its attention scores before its backward"
+      if res.recomputed == "attention"
+      else "only the layer boundaries and the head's input are kept and each layer's forward runs again "
+      "before its backward"
+    )
+    notes.append(
+      f"recomputing activations: +{100 * res.recompute_fraction:.0f} % FLOPs (keeping every layer's "
+      f"activations would take {res.full_activation_bytes / 1e9:.3g} GB; {what})"
+    )
   if graph.training:  # (an inference step has no weight update to place)
     notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
   details: dict[str, Any] = {
@@ -863,6 +874,7 @@ def _streaming_report(
     "boundary_s": res.boundary_s,
     "swarmx_s": res.swarmx_s,
     "resident_bytes": res.resident_bytes,
+    "recompute_fraction": res.recompute_fraction,
     "per_system_batch": per_system,
     "micro_batch_given": ws.requested is not None,
   }

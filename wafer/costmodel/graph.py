@@ -18,7 +18,12 @@ Equations are grouped into *kernels*, the unit that gets a rectangle of PEs:
 * ops that do not grow with the batch (the optimizer update, weight casts) form the phase
   ``"update"``; unnamed ones go to the kernel ``weight_update``;
 * kernels with no matrix product and no weights (glue such as a residual add) merge into the
-  kernel that produced their input.
+  kernel that produced their input;
+* repeated layers fold into one kernel per layer part with a ``count`` (`fold_repeats`): the
+  canonical layer graph, the same for a Python loop, ``lax.scan``, Flax ``nn.scan`` or NNX.
+
+Each kernel also records the activations its forward pass keeps for the backward (`Kernel.saved`),
+which the weight-streaming memory model adds up (`wafer.costmodel.streaming`).
 
 What is counted (per equation): matrix products as ``2 * instances * m * k * n`` FLOP in the
 compute format; float element-wise ops as one op per output element (transcendentals flagged);
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,7 +50,17 @@ from wafer.costmodel import walk
 from wafer.costmodel.walk import Site, Walker
 from wafer.errors import TraceError, user_frame
 
-__all__ = ("PHASES", "Graph", "Kernel", "Matmul", "Size", "TraceError", "extract")
+__all__ = (
+  "PHASES",
+  "Graph",
+  "Kernel",
+  "Matmul",
+  "Size",
+  "TraceError",
+  "extract",
+  "fold_repeats",
+  "fuse_productless",
+)
 
 PHASES = ("fwd", "bwd", "update")
 
@@ -123,6 +139,15 @@ class Kernel:
     act_in, act_out: ``key -> (elements, exponent, bits)``: per-sample tensors crossing its
       boundary in the forward pass (inputs from other kernels or the data; outputs read by others).
     in_shapes, out_shapes: shapes (at the traced batch) of those boundary tensors.
+    saved: ``key -> (elements, exponent, bits)``: per-sample values of its forward pass that the
+      backward pass reads (what autodiff keeps for the backward, the *saved activations*), each
+      counted once, in the kernel of its first forward reader (else of its producer): a layer's
+      input belongs to the layer that reads it, however the loop is written.
+    saved_core: the keys of `saved` that attention's core made (the scores and probabilities of
+      an activation x activation product and the softmax after it): cheap to recompute from the
+      layer's other saved values (Megatron's *selective* recomputation).
+    instance_names: the names of the instances a folded loop had (``layer_0/attn``,
+      ``layer_1/attn``...; `fold_repeats`), empty when they shared one name or came from a ``scan``.
   """
 
   name: str
@@ -136,6 +161,9 @@ class Kernel:
   act_out: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
   in_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
   out_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+  saved: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
+  instance_names: tuple[str, ...] = ()
+  saved_core: set[int] = dataclasses.field(default_factory=set)
 
   def matmul_flops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
     """Matrix-product FLOP of one instance at ``batch = ratio * b0``."""
@@ -171,6 +199,15 @@ class Kernel:
 
   def activation_out_bytes(self, ratio: float) -> float:
     return sum(e * ratio**x * b / 8 for e, x, b in self.act_out.values())
+
+  def saved_bytes(self, ratio: float, core: bool | None = None) -> float:
+    """Bytes of the activations one instance keeps for its backward pass at ``batch = ratio * b0``
+    (``core``: only attention's core values, True, or only the others, False; None: all)."""
+    return sum(
+      e * ratio**x * b / 8
+      for key, (e, x, b) in self.saved.items()
+      if core is None or (key in self.saved_core) == core
+    )
 
   def has_phase(self, phase: str) -> bool:
     return any(mm.phase == phase for mm in self.matmuls) or any(k[0] == phase for k in self.vector)
@@ -363,6 +400,7 @@ def extract(
   compute_bits: int,
   kernel_depth: int | None = None,
   arg_names: Sequence[str] | None = None,
+  canonical: bool = True,
 ) -> Graph:
   """Trace ``fn(*args)`` abstractly (twice) and group its equations into kernels.
 
@@ -373,6 +411,8 @@ def extract(
     compute_bits: operand width of matrix products and element-wise work on the wafer (16 or 32).
     kernel_depth: keep at most this many scope names in a kernel name (None: all).
     arg_names: names of the arguments for messages and ``Graph.batch_arguments``.
+    canonical: fold repeated layers into one kernel per layer part with a count (`fold_repeats`,
+      `fuse_productless`), the graph the cost model uses; False keeps one kernel per written layer.
 
   Returns:
     The `Graph`.
@@ -432,8 +472,9 @@ def extract(
   for k in kernels:
     for r, (e, _) in k.weights.items():
       roots[r] = max(roots.get(r, 0), e * k.count)
+  param_arrays = len({w1.origin.get(r, r) for k in kernels for r in k.weights})
   return Graph(
-    kernels=kernels,
+    kernels=_name(fuse_productless(fold_repeats(kernels)) if canonical else kernels),
     traced_batch=b0,
     exact_scaling=exact,
     compute_bits=compute_bits,
@@ -443,7 +484,7 @@ def extract(
     eqn_count=w1.eqn_count,
     notes=sorted(notes),
     batch_arguments=tuple(names[i] for i in sorted(batch_argnums)),
-    param_arrays=len({w1.origin.get(r, r) for k in kernels for r in k.weights}),
+    param_arrays=param_arrays,
   )
 
 
@@ -473,6 +514,8 @@ def _group(
   last_bwd: dict[tuple[Any, ...], tuple[Any, ...]] = {}
   masked = _masked_products(sites, walker.flow, per_sample)
 
+  origin = walker.source
+
   def ahead(i: int, base: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The occurrence the next backward equations of ``base`` show by forward evidence alone (for
     an equation with none: the bias gradient ``sum(dy)`` that opens a layer's backward)."""
@@ -490,7 +533,10 @@ def _group(
       kernels[kid] = Kernel(name=name, count=mult, order=order, scopes=scopes)
     return kernels[kid]
 
+  region, last_mult = 0, 1
   for i, s in enumerate(sites):
+    if s.mult != last_mult:
+      region, last_mult = region + 1, s.mult
     phase = "update" if not per_sample[i] else ("bwd" if s.transposed else "fwd")
     in_backward = in_backward or s.transposed
     scopes = s.scopes[:kernel_depth] if kernel_depth else s.scopes
@@ -534,7 +580,8 @@ def _group(
     elif s.kind == "matmul":
       owner = next((weight_owner[r] for r in s.weight_roots if r in weight_owner), None)
       if owner is None:
-        owner = next((act_owner[k] for k in s.in_keys if k in act_owner), None)
+        # (an input read across a loop boundary, a scan's residual, is the forward's value: `origin`)
+        owner = next((act_owner[o] for o in map(origin, s.in_keys) if o in act_owner), None)
       if owner is None or kernels[owner].count != s.mult:
         kid, name = ("pattern", n_pattern, s.mult), f"dot_general_{n_pattern}"
         n_pattern += 1
@@ -542,10 +589,15 @@ def _group(
         kid, name = owner, ""
     else:  # join the kernel that made the latest input (inside the same loop), else a misc kernel:
       # a residual add ``x + f(x)`` runs where ``f`` ends, not where the residual stream began
+      # (a batch-independent input, a mask made once outside a loop, does not draw per-sample work)
       made = [
-        (made_at[k], producer[k]) for k in s.in_keys if k in producer and kernels[producer[k]].count == s.mult
+        (made_at[k], producer[k])
+        for k in s.in_keys
+        if k in producer and kernels[producer[k]].count == s.mult and producer[k][0] != "update"
       ]
-      kid = max(made, key=lambda t: t[0])[1] if made else ("misc", s.mult)
+      # (an op with no such input starts the misc kernel of its stretch of equations between loop
+      # boundaries: the final norm after a ``scan`` is not the embedding's before it)
+      kid = max(made, key=lambda t: t[0])[1] if made else ("misc", s.mult, region)
       name = "ops"
     k = kernel(kid, name, s.mult, i if phase == "fwd" else i + len(sites), scopes)
     if phase == "fwd":
@@ -564,7 +616,7 @@ def _group(
         weight_owner.setdefault(r, kid)
       for key in s.in_keys:
         if key not in walker.root:
-          act_owner.setdefault(key, kid)
+          act_owner.setdefault(origin(key), kid)
     _add_site(k, s, exps[i], phase, compute_bits, walker, masked.get(i, 1.0))
 
   # boundary activations (forward, per-sample): inputs made elsewhere, outputs read elsewhere
@@ -594,19 +646,211 @@ def _group(
         k.act_out[key] = (float(math.prod(shape)), e, bits)
         k.out_shapes.append(tuple(shape))
 
+  _saved_activations(kernels, assignment, sites, per_sample, exps, walker, compute_bits)
   merged = _merge_update_only(_merge_glue(kernels, assignment, sites, producer))
-  ordered = sorted(merged, key=lambda k: k.order)
-  names: dict[str, int] = {}
-  for k in ordered:
+  for k in merged:
     if not k.name:
       k.name = "ops"
+  return sorted(merged, key=lambda k: k.order)
+
+
+def _saved_activations(
+  kernels: dict[tuple[Any, ...], Kernel],
+  assignment: list[tuple[Any, ...]],
+  sites: list[Site],
+  per_sample: list[bool],
+  exps: list[tuple[int, ...]],
+  walker: Walker,
+  compute_bits: int,
+) -> None:
+  """Fill `Kernel.saved`: the per-sample values a forward equation reads or makes and a backward
+  equation reads again, followed across loop boundaries (a ``scan``'s stacked residuals are its body's
+  values: `Walker.flow`). Each belongs to the kernel of its first forward reader, else its producer."""
+
+  origin = walker.source
+
+  read_back = {origin(k) for i, s in enumerate(sites) if per_sample[i] and s.transposed for k in s.in_keys}
+  # attention's core: values made by an activation x activation product (``Q K^T``, ``P V``) or
+  # from one by element-wise work (the softmax), before the next product with a weight
+  core: set[int] = set()
+  for i, s in enumerate(sites):
+    if not per_sample[i] or s.transposed:
+      continue
+    if s.kind == "matmul":
+      made = not s.weight_roots and s.measures[0] > 1
+    else:
+      made = any(origin(k) in core for k in s.in_keys)
+    if made:
+      core.update(origin(k) for k in s.out_keys)
+  owned: set[int] = set()
+  for reads in (True, False):  # readers first, then producers of values no forward equation reads
+    for i, (kid, s) in enumerate(zip(assignment, sites)):
+      if not per_sample[i] or s.transposed:
+        continue
+      keys, shapes = (s.in_keys, s.in_shapes) if reads else (s.out_keys, s.out_shapes)
+      for key, shape in zip(keys, shapes):
+        o = origin(key)
+        if o in owned or o not in read_back or key not in walker.data or key in walker.root:
+          continue
+        owned.add(o)
+        e = _shape_exponent(tuple(shape), exps[i])
+        kernels[kid].saved[o] = (float(math.prod(shape)), e, min(s.bits, compute_bits))
+        if o in core:
+          kernels[kid].saved_core.add(o)
+
+
+def _name(kernels: list[Kernel]) -> list[Kernel]:
+  """Unique names: a name several kernels share gets ``#1``, ``#2``... in dataflow order."""
+  names: dict[str, int] = {}
+  for k in kernels:
     names[k.name] = names.get(k.name, 0) + 1
   seen: dict[str, int] = {}
-  for k in ordered:
+  for k in kernels:
     if names[k.name] > 1:
       seen[k.name] = seen.get(k.name, 0) + 1
       k.name = f"{k.name}#{seen[k.name]}"
-  return ordered
+  return kernels
+
+
+# ----------------------------------------------------------------------------------------------
+# The canonical layer graph: repeated blocks found by structure
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def _signature(k: Kernel) -> tuple[Any, ...]:
+  """What makes two kernels instances of one layer: their names up to numbers (``layer_3/attn``,
+  ``dot_general_7``: a layer's ``q`` and ``k`` projections are not two layers), count, matrix
+  products (shapes, formats, masks) and parameter sizes; for a kernel with neither, the kinds of its
+  element-wise work."""
+  mms = tuple(
+    sorted(
+      (m.phase, m.bits, m.weight, m.kept)
+      + tuple((z.at_trace, z.exponent) for z in (m.instances, m.m, m.k, m.n))
+      for m in k.matmuls
+    )
+  )
+  weights = tuple(sorted(k.weights.values()))
+  kinds = () if (mms or weights) else tuple(sorted(k.vector))
+  return (_DIGITS.sub("*", k.name), k.count, mms, weights, kinds)
+
+
+def _best_repeat(ids: list[int]) -> tuple[int, int, int] | None:
+  """``(start, period, repeats)`` of the longest run of ``ids`` made of one period repeated at least
+  twice (most kernels covered, then the shortest period, then the earliest start); O(n^2)."""
+  n = len(ids)
+  best: tuple[int, int, int, int, int] | None = None
+  for p in range(1, n // 2 + 1):
+    run = 0
+    for i in range(n - p - 1, -1, -1):
+      run = run + 1 if ids[i] == ids[i + p] else 0
+      reps = run // p + 1
+      if reps < 2:
+        continue
+      key = (reps * p, -p, -i, reps, p)
+      if best is None or key > best:
+        best = key
+  if best is None:
+    return None
+  covered, _, neg_i, reps, p = best
+  return -neg_i, p, reps
+
+
+def fold_repeats(kernels: list[Kernel]) -> list[Kernel]:
+  """The canonical layer graph: consecutive runs of kernels that repeat one period of structure
+  (`_signature`) at least twice become one period whose kernels have ``count`` times the repeats.
+
+  This is what ``lax.scan`` (and Flax's ``nn.scan``/``nnx.scan``) give by construction; a Python loop
+  over layers (Flax linen or NNX modules, equinox, Haiku, plain JAX), named per layer, with shared
+  names or with none, gives the same graph after folding, so the cost and the activation memory of a
+  network do not depend on how its loop is written. A folded kernel keeps its first instance's
+  products, weights and boundary tensors (identical by signature), the mean element-wise work and
+  the mean saved activations of its instances (the totals are unchanged); its name is the first
+  instance's, with the numbers in which the instances' names differ replaced by ``*``.
+  """
+  if len(kernels) < 2:
+    return kernels
+  table: dict[tuple[Any, ...], int] = {}
+  ids = [table.setdefault(_signature(k), len(table)) for k in kernels]
+  found = _best_repeat(ids)
+  if found is None:
+    return kernels
+  start, p, reps = found
+  instances = [kernels[start + j * p : start + (j + 1) * p] for j in range(reps)]
+  block = [_merge_instances([inst[q] for inst in instances]) for q in range(p)]
+  # (a period may repeat inside itself: two identical sub-layers of a layer fold too)
+  return fold_repeats(kernels[:start]) + fold_repeats(block) + fold_repeats(kernels[start + reps * p :])
+
+
+def fuse_productless(kernels: list[Kernel]) -> list[Kernel]:
+  """Within a repeated layer (consecutive kernels of one ``count > 1``), a kernel with no matrix
+  product (a norm, named as its own module or not) runs with the next kernel of the layer (the
+  product it feeds), or the previous one when it ends the layer: how the layer is split into
+  kernels then depends less on which library named which module."""
+  out = list(kernels)
+  i = 0
+  while i < len(out):
+    k = out[i]
+    if k.count > 1 and not k.matmuls:
+      nxt = out[i + 1] if i + 1 < len(out) and out[i + 1].count == k.count else None
+      prev = out[i - 1] if i > 0 and out[i - 1].count == k.count else None
+      dst = nxt if nxt is not None and nxt.matmuls else prev if prev is not None and prev.matmuls else None
+      if dst is not None:
+        _absorb(dst, k)
+        del out[i]
+        continue
+    i += 1
+  return out
+
+
+def _absorb(dst: Kernel, k: Kernel) -> None:
+  """Add ``k``'s work, weights and saved activations to ``dst`` (same count)."""
+  for key, val in k.vector.items():
+    acc = dst.vector.setdefault(key, [0.0, 0.0])
+    acc[0] += val[0]
+    acc[1] += val[1]
+  for r, w in k.weights.items():
+    dst.weights.setdefault(r, w)
+  for key, val in k.saved.items():
+    dst.saved.setdefault(key, val)
+  dst.saved_core |= k.saved_core
+  made = set(dst.act_out) | set(k.act_out)
+  act_in = {key: v for key, v in {**k.act_in, **dst.act_in}.items() if key not in made}
+  dst.act_out = {
+    key: v for key, v in {**dst.act_out, **k.act_out}.items() if key not in dst.act_in and key not in k.act_in
+  }
+  dst.act_in = act_in
+  dst.order = min(dst.order, k.order)
+
+
+def _merge_instances(ks: list[Kernel]) -> Kernel:
+  rep = ks[0]
+  n = len(ks)
+  vector: dict[tuple[str, str, int, int], list[float]] = {}
+  for k in ks:
+    for key, (e, ins) in k.vector.items():
+      acc = vector.setdefault(key, [0.0, 0.0])
+      acc[0] += e / n
+      acc[1] += ins / n
+  total = sum(k.saved_bytes(1.0) for k in ks) / n
+  own = rep.saved_bytes(1.0)
+  scale = total / own if own > 0 else 1.0
+  saved = {key: (e * scale, x, b) for key, (e, x, b) in rep.saved.items()}
+  core = set(rep.saved_core)
+  if own <= 0 < total:  # (the first instance saves nothing of its own: take one that does)
+    other = max(ks, key=lambda k: k.saved_bytes(1.0))
+    saved, core = dict(other.saved), set(other.saved_core)
+  parts = [_DIGITS.split(k.name) for k in ks]
+  name = rep.name
+  if len({len(x) for x in parts}) == 1 and len({k.name for k in ks}) > 1:
+    cols = list(zip(*parts))
+    if all(len(set(c)) == 1 or all(t.isdigit() for t in c) for c in cols):
+      name = "".join(c[0] if len(set(c)) == 1 else "*" for c in cols)
+  names = tuple(k.name for k in ks) if len({k.name for k in ks}) > 1 and rep.count == 1 else ()
+  return dataclasses.replace(
+    rep, name=name, count=rep.count * n, vector=vector, saved=saved, saved_core=core, instance_names=names
+  )
 
 
 def _nested(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -815,6 +1059,9 @@ def _merge_glue(
     for key, val in k.act_out.items():
       d.act_out.setdefault(key, val)
     d.out_shapes.extend(k.out_shapes)
+    for key, val in k.saved.items():
+      d.saved.setdefault(key, val)
+    d.saved_core |= k.saved_core
   return out
 
 

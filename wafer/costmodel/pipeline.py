@@ -166,7 +166,10 @@ def _evaluate(
     for (k, _), mem in zip(units, memory)
   ]
   rects: list[Rect] | None = None
-  labels = [k.name if k.count == 1 else f"{k.name}[{i}]" for k, i in units]
+  labels = [
+    k.name if k.count == 1 else k.instance_names[i] if k.instance_names else f"{k.name}[{i}]"
+    for k, i in units
+  ]
   for _ in range(3):
     areas = _water_fill(work, a_min, total)
     placed = None

@@ -19,13 +19,55 @@ With ``num_csx`` systems the batch is split evenly (pure data parallelism); Swar
 weights and reduces the gradients at line rate, adding ``2 * ceil(log2(num_csx))`` tree-level
 latencies per step.
 
+**Activation memory** (what stays on the wafer between a layer's forward and its backward pass).
+The weights are not resident: each layer's weights stream through the rectangle while it computes,
+their gradients stream out, and the optimizer state lives in MemoryX. What stays is what autodiff
+keeps for the backward pass (`Kernel.saved`: the values the backward reads again, counted once
+each, however the step is written). The layers come from the canonical layer graph
+(`wafer.costmodel.graph.fold_repeats`): a *block* is a run of kernels with one ``count = L > 1``
+(a ``scan`` or a folded loop: one transformer layer), every other run of consecutive kernels with a
+backward pass (the embedding; the final norm, head and loss) is a segment of its own. For ``mb`` samples per micro-batch, per block
+``g`` with ``L_g`` layers, ``S_g(mb)``: one layer's saved activations, ``Q_g(mb)`` the part of them
+attention's core makes (`Kernel.saved_core`: the ``h s^2`` scores and probabilities of an
+activation x activation product and its softmax), ``X_g(mb)``: the layer's checkpoint, the largest
+tensor entering it from outside (the residual stream; what else enters is either computed from it
+by the previous layer's last kernel, such as a norm that an unnamed grouping placed there, or
+shared by every layer, such as a mask); ``S_o``, ``X_o`` the same for the other segments:
+
+    M_full(mb) = S_o(mb) + sum_g L_g * S_g(mb)                                 every activation kept
+    M_attn(mb) = S_o(mb) + sum_g L_g * (S_g(mb) - Q_g(mb)) + max_g Q_g(1)       attention's core recomputed
+    M_ckpt(mb) = sum_g L_g * X_g(mb) + sum_o X_o(mb) + max(S_g(1), S_o(1))      every segment recomputed
+
+A recomputation runs just before the backward that consumes it and, like that backward, sample by
+sample (the samples of a micro-batch are independent, and the segment's weights, streamed in for
+its backward, serve all of them), so only one sample's recomputed values are live: ``Q_g(1)``,
+``S(1)``. The compiler takes the cheapest of the three that fits in ``A * s`` (``A`` PEs of ``s``
+bytes of SRAM for tensors):
+
+* ``M_full``: nothing recomputed;
+* ``M_attn`` (*selective* recomputation, Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", https://arxiv.org/abs/2205.05198): each layer's
+  backward first recomputes its attention core from the kept ``Q``, ``K``, ``V``: the activation x
+  activation products' forward cycles ``C_core`` (their FLOPs ``F_core``) are added to the kernel's
+  backward;
+* ``M_ckpt`` (activation checkpointing at segment boundaries, the loss and head included: they are
+  recomputed from their input, as a fused cross entropy never keeps the logits): the forward pass
+  keeps only the boundaries and each segment's whole forward runs again just before its backward;
+  each such kernel's backward costs ``max((C_fwd + C_bwd) / f, W / B_in, G / B_out)`` (its weights,
+  streamed in once for the backward, serve the recomputation too).
+
+The recomputed FLOPs (``n_micro * sum_k count_k * F_fwd,k`` for whole segments, ``F_core`` for
+attention) are reported as a fraction of the model's FLOPs (``+N %``; about +33 % for whole
+transformer layers, since backward = 2 x forward). A micro-batch that fits in none is rejected, with
+the sizes.
+
 The micro-batch is searched, as the Cerebras compiler does: every candidate must keep its
-activations resident (the kernels' boundary inputs for all layers, to be read again by the
-backward pass) and its GEMM tiles within each PE's SRAM; the fastest feasible one wins. The
-candidates are the sizes Cerebras supports (releases 2.5 on, "approximately even" micro-batches):
-``mb = ceil(B / n)`` for ``n = 1 .. B`` micro-batches of the ``B`` samples per system, so the size
-need not divide ``B`` (``B = 1168`` can run 20 micro-batches of 59 or 58). Every micro-batch is
-costed at ``mb`` samples, an upper bound that is off by less than one sample per micro-batch.
+activations resident (recomputing when it must) and its GEMM tiles within each PE's SRAM; the
+fastest feasible one wins. The candidates are the sizes Cerebras supports (releases 2.5 on,
+"approximately even" micro-batches): ``mb = ceil(B / n)`` for ``n = 1 .. B`` micro-batches of the
+``B`` samples per system, so the size need not divide ``B`` (``B = 1168`` can run 20 micro-batches
+of 59 or 58). Every micro-batch is costed at ``mb`` samples, an upper bound that is off by less
+than one sample per micro-batch.
 """
 
 from __future__ import annotations
@@ -33,13 +75,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from wafer.costmodel.graph import Graph
+from wafer.costmodel.graph import Graph, Kernel
 from wafer.costmodel.hardware import System
 from wafer.costmodel.mesh import Machine, kernel_cycles
+from wafer.errors import EstimateError
 
 __all__ = (
+  "ActivationMemory",
   "StreamingKernel",
   "StreamingResult",
+  "activation_memory",
   "micro_batch_candidates",
   "supported_micro_batch",
   "supported_micro_batches",
@@ -58,6 +103,105 @@ class StreamingKernel:
   time_s: float
   flops: float
   weight_bytes: float
+  recompute_flops: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationMemory:
+  """The activation bytes of one micro-batch (see the module docstring).
+
+  Attributes:
+    full: ``M_full``, every saved activation of every layer.
+    checkpointed: ``M_ckpt``, layer-boundary checkpoints plus one layer's working set (equal to
+      ``full`` when the step has no repeated block: nothing to recompute).
+    boundary: the checkpoints, ``sum_g L_g * X_g + sum_o X_o``; ``working_set``: one sample's
+      ``max(S_g, S_o)``.
+    recomputable: names of the kernels a recomputation of every layer runs again.
+    attention: ``M_attn``, attention's core recomputed (equal to ``full`` without one).
+  """
+
+  full: float
+  checkpointed: float
+  boundary: float
+  working_set: float
+  recomputable: tuple[str, ...]
+  attention: float = math.inf
+
+  def level(self, capacity: float) -> str | None:
+    """The cheapest recomputation that fits in ``capacity`` bytes: ``""`` (none), ``"attention"``,
+    ``"layers"``; None when nothing fits."""
+    if self.full <= capacity:
+      return ""
+    if self.attention < self.full and self.attention <= capacity:
+      return "attention"
+    if self.recomputable and self.checkpointed <= capacity:
+      return "layers"
+    return None
+
+  def resident(self, level: str) -> float:
+    return {"": self.full, "attention": self.attention, "layers": self.checkpointed}[level]
+
+
+def _blocks(graph: Graph) -> list[list[Kernel]]:
+  """Runs of consecutive kernels with one ``count > 1``: the repeated layers."""
+  out: list[list[Kernel]] = []
+  for i, k in enumerate(graph.kernels):
+    if k.count <= 1:
+      continue
+    if out and out[-1][-1] is graph.kernels[i - 1] and out[-1][0].count == k.count:
+      out[-1].append(k)
+    else:
+      out.append([k])
+  return out
+
+
+def _entering(kernels: list[Kernel], ratio: float) -> float:
+  """Bytes of the largest tensor entering a segment from outside it (its checkpoint)."""
+  made = {key for k in kernels for key in k.act_out}
+  entering = [v for k in kernels for key, v in k.act_in.items() if key not in made]
+  return max((e * ratio**x * bits / 8 for e, x, bits in entering), default=0.0)
+
+
+def activation_memory(graph: Graph, ratio: float) -> ActivationMemory:
+  """`ActivationMemory` at ``batch = ratio * b0`` (``b0``: the traced batch)."""
+  one = 1.0 / graph.traced_batch  # (one sample: the working set of a recomputation)
+  blocks = _blocks(graph)
+  in_block = {id(k) for b in blocks for k in b}
+  single: list[list[Kernel]] = []  # consecutive other kernels with a backward: one segment (the head)
+  for i, k in enumerate(graph.kernels):
+    if id(k) in in_block or not k.has_phase("bwd"):
+      continue
+    if single and single[-1][-1] is graph.kernels[i - 1]:
+      single[-1].append(k)
+    else:
+      single.append([k])
+  others = sum(k.count * k.saved_bytes(ratio) for k in graph.kernels if id(k) not in in_block)
+  full = others
+  boundary = working = attention = core = 0.0
+  for b in blocks:
+    layers = b[0].count
+    inner = sum(k.saved_bytes(ratio) for k in b)
+    full += layers * inner
+    attention += layers * sum(k.saved_bytes(ratio, core=False) for k in b)
+    core = max(core, sum(k.saved_bytes(one, core=True) for k in b))
+  for seg in blocks + single:
+    boundary += seg[0].count * _entering(seg, ratio)
+    working = max(working, sum(k.saved_bytes(one) for k in seg))
+  names = tuple(k.name for seg in blocks + single for k in seg if k.has_phase("bwd"))
+  checkpointed = min(full, boundary + working) if names else full
+  selective = others + attention + core if core > 0 else full
+  return ActivationMemory(full, checkpointed, boundary, working, names, selective)
+
+
+def _core(kernel: Kernel) -> Kernel:
+  """A kernel of the forward activation x activation products of ``kernel`` (attention's core), to
+  cost their recomputation (cached on the kernel)."""
+  got = kernel.__dict__.get("_core")
+  if got is None:
+    mms = [m for m in kernel.matmuls if m.phase == "fwd" and not m.weight and m.instances.at_trace > 1]
+    got = Kernel(name=kernel.name, count=kernel.count, order=kernel.order, matmuls=mms)
+    kernel.__dict__["_core"] = got
+  return got
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +216,12 @@ class StreamingResult:
     resident_bytes: activation bytes kept on the wafer between forward and backward.
     kernels: per-kernel timings.
     rejected: micro-batches that were not feasible, with why.
+    recompute: whether activations are recomputed (they do not all fit); ``recomputed``: what,
+      ``"attention"`` (attention's core, before each layer's backward) or ``"layers"`` (every
+      layer's forward, from its boundary), ``""`` for nothing.
+    recompute_flops: FLOP per step (per system) of the recomputed forward passes; ``model_flops``:
+      the step's forward and backward matrix-product FLOP per system without them.
+    full_activation_bytes: what keeping every activation would take (``M_full``).
   """
 
   micro_batch: int
@@ -84,6 +234,16 @@ class StreamingResult:
   resident_bytes: float
   kernels: list[StreamingKernel]
   rejected: dict[int, str]
+  recompute: bool = False
+  recompute_flops: float = 0.0
+  model_flops: float = 0.0
+  recomputed: str = ""
+  full_activation_bytes: float = 0.0
+
+  @property
+  def recompute_fraction(self) -> float:
+    """Recomputed FLOPs over the model's FLOPs (0.0 without recomputation)."""
+    return self.recompute_flops / self.model_flops if self.model_flops > 0 else 0.0
 
 
 def supported_micro_batches(batch: int) -> list[int]:
@@ -128,43 +288,81 @@ def micro_batch_candidates(batch: int, limit: int = 200) -> list[int]:
 
 
 def _evaluate(
-  graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, mb: int, num_csx: int
+  graph: Graph,
+  machine: Machine,
+  system: System,
+  width: int,
+  height: int,
+  batch: int,
+  mb: int,
+  num_csx: int,
+  recompute: bool | str | None = None,
 ) -> StreamingResult | str:
   f = machine.calib.clock_hz
   b_in = b_out = system.io_bytes_per_sec
   ratio = mb / graph.traced_batch
   n_micro = -(-batch // mb)
-  resident = sum(k.count * k.activation_in_bytes(ratio) for k in graph.kernels)
   capacity = width * height * machine.sram_data_bytes
-  if resident > capacity:
+  mem = activation_memory(graph, ratio)
+  if recompute is None:
+    level = mem.level(capacity)
+  else:
+    level = {False: "", True: "layers"}.get(recompute, recompute)  # type: ignore[call-overload]
+    if level == "layers" and not mem.recomputable or level == "attention" and not mem.attention < mem.full:
+      level = ""
+    if mem.resident(level) > capacity:
+      level = None
+  if level is None:
+    how = f"; {mem.attention / 1e9:.3g} GB recomputing attention's scores" if mem.attention < mem.full else ""
+    how += (
+      f"; {mem.checkpointed / 1e9:.3g} GB recomputing each layer from its boundary"
+      if mem.recomputable
+      else "; nothing to recompute"
+    )
     return (
-      f"activations kept for the backward pass ({resident / 1e9:.3g} GB) exceed the rectangle's "
+      f"activations kept for the backward pass ({mem.full / 1e9:.3g} GB{how}) exceed the rectangle's "
       f"SRAM for tensors ({capacity / 1e9:.3g} GB)"
     )
+  resident = mem.resident(level)
+  again = set(mem.recomputable) if level else set()
   rows = []
-  compute_total = io_total = time_total = 0.0
+  compute_total = io_total = time_total = model_flops = recompute_flops = 0.0
   for k in graph.kernels:
     c_fwd = kernel_cycles(machine, k, width, height, ratio, ("fwd",))
     c_bwd = kernel_cycles(machine, k, width, height, ratio, ("bwd",))
     if math.isinf(c_fwd) or math.isinf(c_bwd):
       return f"kernel {k.name!r}: no GEMM tile of this micro-batch fits in a PE's SRAM"
+    has_bwd = k.has_phase("bwd")
+    c_again, part = 0.0, k
+    if k.name in again and has_bwd:
+      part = _core(k) if level == "attention" else k
+      c_again = c_fwd if part is k else kernel_cycles(machine, part, width, height, ratio, ("fwd",))
     w_bytes = k.weight_bytes()
     g_bytes = k.weight_elements() * machine.calib.gradient_bytes
     io_fwd = w_bytes / b_in
-    has_bwd = k.has_phase("bwd")
     io_bwd = max(w_bytes / b_in, g_bytes / b_out) if has_bwd else 0.0
-    t = max(c_fwd / f, io_fwd) + (max(c_bwd / f, io_bwd) if has_bwd else 0.0)
-    compute = (c_fwd + c_bwd) / f
+    t = max(c_fwd / f, io_fwd) + (max((c_bwd + c_again) / f, io_bwd) if has_bwd else 0.0)
+    compute = (c_fwd + c_bwd + c_again) / f
     scale = n_micro * k.count
     flops = scale * k.matmul_flops(ratio, ("fwd", "bwd"))
+    again_flops = scale * part.matmul_flops(ratio, ("fwd",)) if c_again else 0.0
     rows.append(
       StreamingKernel(
-        k.name, k.count, compute * scale, (io_fwd + io_bwd) * scale, t * scale, flops, w_bytes * k.count
+        k.name,
+        k.count,
+        compute * scale,
+        (io_fwd + io_bwd) * scale,
+        t * scale,
+        flops,
+        w_bytes * k.count,
+        again_flops,
       )
     )
     compute_total += compute * scale
     io_total += (io_fwd + io_bwd) * scale
     time_total += t * scale
+    model_flops += flops
+    recompute_flops += again_flops
   data_s = graph.input_bytes_per_sample * batch / b_in
   io_total += data_s
   time_total = max(time_total, data_s)
@@ -188,6 +386,11 @@ def _evaluate(
     resident_bytes=resident,
     kernels=rows,
     rejected={},
+    recompute=bool(again),
+    recomputed=level,
+    recompute_flops=recompute_flops,
+    model_flops=model_flops,
+    full_activation_bytes=mem.full,
   )
 
 
@@ -200,6 +403,7 @@ def weight_streaming(
   batch_per_system: int,
   num_csx: int = 1,
   micro_batch: int | None = None,
+  recompute: bool | str | None = None,
 ) -> StreamingResult | str:
   """The fastest feasible micro-batch, or a string saying why none is feasible.
 
@@ -211,12 +415,16 @@ def weight_streaming(
     batch_per_system: samples per step on one system.
     num_csx: systems in data parallel (for the SwarmX latency).
     micro_batch: force this micro-batch (a supported size: see `supported_micro_batch`).
+    recompute: force recomputing every layer (True or ``"layers"``), attention's core
+      (``"attention"``) or nothing (False); None, the compiler's choice: the cheapest that fits.
   """
+  if recompute not in (None, False, True, "attention", "layers"):
+    raise EstimateError(f"recompute={recompute!r}; allowed: None, False, True, 'attention', 'layers'")
   candidates = [micro_batch] if micro_batch else micro_batch_candidates(batch_per_system)
   best: StreamingResult | None = None
   rejected: dict[int, str] = {}
   for mb in candidates:
-    res = _evaluate(graph, machine, system, width, height, batch_per_system, mb, num_csx)
+    res = _evaluate(graph, machine, system, width, height, batch_per_system, mb, num_csx, recompute)
     if isinstance(res, str):
       rejected[mb] = res
       continue

@@ -355,6 +355,18 @@ class Walker:
           self.alias[o] = self.alias.get(src, src)
     return outs
 
+  def source(self, key: int) -> int:
+    """The value ``key`` holds, followed through free views (`alias`) and across loop boundaries
+    (`flow`): a scan's stacked residual read by its backward is its forward body's value."""
+    seen = set()
+    while key not in seen:
+      seen.add(key)
+      key = self.alias.get(key, key)
+      if key not in self.flow:
+        break
+      key = self.flow[key]
+    return key
+
   def _propagate_root(self, ins: Sequence[int | None], outs: Sequence[int], eqn: Any) -> None:
     held = [k for k in ins if k is not None and k in self.root]
     if held and not any(k in self.data for k in ins if k is not None):
