@@ -742,7 +742,8 @@ def _pipeline_report(
   )
 
 
-_MEMORY = re.compile(r"\(([0-9.]+(?:e[+-]?[0-9]+)?) GB\) exceeds? .*\(([0-9.]+(?:e[+-]?[0-9]+)?) GB\)")
+_MEMORY = re.compile(r"\(([0-9.]+(?:e[+-]?[0-9]+)? GB[^)]*)\) exceeds? .*\(([0-9.]+(?:e[+-]?[0-9]+)?) GB\)")
+_GB = re.compile(r"([0-9.]+(?:e[+-]?[0-9]+)?) GB")
 
 
 def _not_fitting(
@@ -754,11 +755,14 @@ def _not_fitting(
   match = _MEMORY.search(ws.reason)
   pes = grid[0] * grid[1]
   if match:
-    need, have = float(match.group(1)) * 1e9, float(match.group(2)) * 1e9
+    # the least the activations take: all kept, or recomputing attention's scores or whole layers
+    need = min(float(gb) for gb in _GB.findall(match.group(1))) * 1e9
+    have = float(match.group(2)) * 1e9
     out.update(memory_required_bytes=need, memory_available_bytes=have, over_factor=need / have)
     out["deciding_assumption"] = (
-      f"the activations the backward pass reads are kept on the wafer between forward and backward, in "
-      f"the SRAM left for tensors ({machine.sram_data_bytes / 1024:.3g} KiB of each of {pes:,} PEs)"
+      f"the activations the backward pass reads (at least the layer boundaries, recomputing the rest) are "
+      f"kept on the wafer between forward and backward, in the SRAM left for tensors "
+      f"({machine.sram_data_bytes / 1024:.3g} KiB of each of {pes:,} PEs)"
     )
   elif "tile" in ws.reason:
     out["deciding_assumption"] = (

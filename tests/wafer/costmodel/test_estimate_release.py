@@ -144,7 +144,7 @@ def test_a_given_micro_batch_is_used_as_given_or_reported_not_fitting_by_how_muc
   """Issue 25: a modelzoo file's micro_batch_size "did not fit" and the compile report silently used
   another one. Given, it is kept: the report says it does not fit, the memory needed and available,
   the factor, the deciding assumption, and the largest micro-batch that fits (and its rate)."""
-  graph = _mlp_graph((256, 16384, 16384, 256), 512, 2048)
+  graph = _mlp_graph((4096, 8192, 4096), 512, 16384)  # its input alone, 128 MiB a sample, caps the micro-batch
   searched = estimate_graph(graph, mode="weight_streaming")
   fits = sorted(searched.details["micro_batch_range"]["sizes"])
   largest = fits[-1]
@@ -274,13 +274,13 @@ def test_a_run_whose_given_micro_batch_does_not_fit_says_so_and_has_no_rate(tmp_
 
   from wafer.train.loop import _write_compile_report
 
-  widths = (256, 16384, 16384, 256)
+  widths = (4096, 8192, 4096)  # its input, 128 MiB a sample, caps the micro-batch below 512
   step = mlp_train_step(widths)
   summary = {}
   _write_compile_report(
     lambda params, batch: step(params, *batch),
     mlp_params(widths),
-    batch_args(512, 2048, widths[0], widths[-1]),
+    batch_args(512, 16384, widths[0], widths[-1]),
     NS(batch_size=512),
     1,
     None,
