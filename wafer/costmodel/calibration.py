@@ -41,7 +41,7 @@ class Calibration:
   Attributes:
     clock_hz: PE clock in Hz, for every WSE. Published figures conflict: the SDK benchmark
       scripts convert cycles at 850 MHz, WaferLLM and HC34 say "up to 1.1 GHz". Calibrated (grid
-      0.85 / 0.95 / 1.1 GHz): 0.85 GHz. It scales every compute-bound run alike, so it is pinned
+      0.85 / 0.95 / 1.1 GHz): 0.95 GHz. It scales every compute-bound run alike, so it is pinned
       by the absolute level of the compute-bound runs, not by any pair.
       (WaferLLM's tokens/s were converted from cycles at 1.1 GHz; to compare with them, use
       ``replace(clock_hz=1.1e9)``.)
@@ -89,12 +89,12 @@ class Calibration:
       size: the round trip through MemoryX and the host at the iteration boundary (the gradient
       norm, the wait for the updated first layer, the runtime's synchronisation). Layer-pipelined
       mode keeps and updates the weights on the wafer and does not pay it. Fitted (grid 0-200 ms):
-      100 ms. Pinned by the BERT-large batch sweep at one system (C2, E14, C3: 340 M parameters,
+      75 ms. Pinned by the BERT-large batch sweep at one system (C2, E14, C3: 340 M parameters,
       2.3x faster per sample at batch 2048 than at 512), where the per-parameter bubble above is
       only 5 ms.
   """
 
-  clock_hz: float = 0.85e9
+  clock_hz: float = 0.95e9
   instruction_overhead_cycles: float = 8.0
   sram_reserved_bytes_per_pe: int = 12 * 1024
   transcendental_ops: float = 8.0
@@ -103,7 +103,7 @@ class Calibration:
   max_lanes: int = 4096
   attention_row_cycles: float = 2**-0.25
   optimizer_bytes_per_param: float = 2.0
-  step_overhead_s: float = 0.1
+  step_overhead_s: float = 0.075
 
   def __post_init__(self) -> None:
     for field in dataclasses.fields(self):
@@ -289,10 +289,5 @@ class Accuracy:
 
 
 ACCURACY = Accuracy(
-  points=15,
-  median=0.172,
-  worst=0.629,
-  band=(0.708, 1.021),
-  coverage=0.6,
-  cross_validated_coverage=6 / 15,
+  points=15, median=0.249, worst=0.670, band=(0.743, 1.133), coverage=0.5, cross_validated_coverage=4 / 15
 )
