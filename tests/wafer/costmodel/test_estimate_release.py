@@ -144,7 +144,9 @@ def test_a_given_micro_batch_is_used_as_given_or_reported_not_fitting_by_how_muc
   """Issue 25: a modelzoo file's micro_batch_size "did not fit" and the compile report silently used
   another one. Given, it is kept: the report says it does not fit, the memory needed and available,
   the factor, the deciding assumption, and the largest micro-batch that fits (and its rate)."""
-  graph = _mlp_graph((4096, 8192, 4096), 512, 16384)  # its input alone, 128 MiB a sample, caps the micro-batch
+  graph = _mlp_graph(
+    (4096, 8192, 4096), 512, 16384
+  )  # its input alone, 128 MiB a sample, caps the micro-batch
   searched = estimate_graph(graph, mode="weight_streaming")
   fits = sorted(searched.details["micro_batch_range"]["sizes"])
   largest = fits[-1]
