@@ -858,7 +858,7 @@ def _streaming_report(
     notes.append(f"micro-batch {smallest} rejected: {res.rejected[smallest]}")
   if res.recompute:  # (selective or at segment boundaries: `streaming.activation_memory`)
     what = (
-      "each layer recomputes its attention scores before its backward"
+      "attention runs fused: its scores are never stored and each layer's backward recomputes them"
       if res.recomputed == "attention"
       else "only the layer boundaries and the head's input are kept and each layer's forward runs again "
       "before its backward"

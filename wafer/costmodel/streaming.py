@@ -44,12 +44,18 @@ its backward, serve all of them), so only one sample's recomputed values are liv
 ``S(1)``. The compiler takes the cheapest of the three that fits in ``A * s`` (``A`` PEs of ``s``
 bytes of SRAM for tensors):
 
-* ``M_full``: nothing recomputed;
+* ``M_full``: nothing recomputed, only for a step without an attention core;
 * ``M_attn`` (*selective* recomputation, Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", https://arxiv.org/abs/2205.05198): each layer's
   backward first recomputes its attention core from the kept ``Q``, ``K``, ``V``: the activation x
   activation products' forward cycles ``C_core`` (their FLOPs ``F_core``) are added to the kernel's
-  backward;
+  backward. This is the baseline of any step with an attention core, whether ``M_full`` fits or
+  not: attention runs fused, its ``h s^2`` scores and probabilities are never stored for the
+  backward, whose kernel recomputes them (FlashAttention's backward, Dao et al. 2022,
+  https://arxiv.org/abs/2205.14135; Cerebras' modelzoo builds attention from one fused
+  scaled-dot-product kernel, ``attention_type: scaled_dot_product``). Measured alone on the
+  published runs, leave-one-family-out: median x1.28 -> x1.22, worst x1.96 -> x1.90, the
+  ESM-2 35M CS-3/CS-2 ratio x1.48 -> x1.20 of the measured (``docs/cost-model-accuracy.md``);
 * ``M_ckpt`` (activation checkpointing at segment boundaries, the loss and head included: they are
   recomputed from their input, as a fused cross entropy never keeps the logits): the forward pass
   keeps only the boundaries and each segment's whole forward runs again just before its backward;
@@ -128,11 +134,13 @@ class ActivationMemory:
   attention: float = math.inf
 
   def level(self, capacity: float) -> str | None:
-    """The cheapest recomputation that fits in ``capacity`` bytes: ``""`` (none), ``"attention"``,
-    ``"layers"``; None when nothing fits."""
-    if self.full <= capacity:
+    """The cheapest recomputation that fits in ``capacity`` bytes: ``""`` (none: only without an
+    attention core, which runs fused and is always recomputed), ``"attention"``, ``"layers"``; None
+    when nothing fits."""
+    fused = self.attention < self.full
+    if self.full <= capacity and not fused:
       return ""
-    if self.attention < self.full and self.attention <= capacity:
+    if fused and self.attention <= capacity:
       return "attention"
     if self.recomputable and self.checkpointed <= capacity:
       return "layers"

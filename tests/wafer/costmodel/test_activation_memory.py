@@ -19,7 +19,7 @@ from wafer.costmodel import workloads as W
 from wafer.costmodel.graph import extract
 from wafer.costmodel.hardware import get_system
 from wafer.costmodel.mesh import Machine
-from wafer.costmodel.streaming import StreamingResult, activation_memory, weight_streaming
+from wafer.costmodel.streaming import ActivationMemory, StreamingResult, activation_memory, weight_streaming
 
 # LLaMA-2 70B (Touvron et al. 2023, table 1 and section 2.2: 80 layers, d 8192, 64 heads with 8
 # key/value heads, SwiGLU FFN 28672, vocab 32000), at sequence 2048 as the other workloads
@@ -74,16 +74,16 @@ def test_activation_memory_grows_with_the_micro_batch_and_checkpoints_take_less(
 @settings(max_examples=40, deadline=None)
 @given(mb=MBS, pes=st.sampled_from([4, 6, 8, 12, 16, 24, 64, 300]))
 def test_recomputation_happens_exactly_when_the_activations_do_not_fit(mb, pes):
-  """Nothing when everything fits; else attention's core when that fits (it costs least), else
-  whole layers; else the micro-batch is rejected, naming the sizes."""
+  """Attention's core is always recomputed (it runs fused: its scores are never stored, whether
+  they would fit or not); whole layers when that does not fit; else the micro-batch is rejected,
+  naming the sizes."""
   g = _graph()
   mem = activation_memory(g, mb / g.traced_batch)
   res = _run(mb, pes)
   cap = _capacity(pes)
-  if mem.full <= cap:
-    assert isinstance(res, StreamingResult) and not res.recompute and res.recompute_fraction == 0.0
-    assert res.recomputed == "" and res.resident_bytes == pytest.approx(mem.full)
-  elif mem.attention <= cap:
+  assert mem.attention < mem.full  # (the graph has an attention core)
+  assert mem.level(cap) != ""
+  if mem.attention <= cap:
     assert isinstance(res, StreamingResult) and res.recomputed == "attention" and res.recompute_fraction > 0
     assert res.resident_bytes == pytest.approx(mem.attention)
   elif mem.checkpointed <= cap:
@@ -128,11 +128,16 @@ def test_recomputing_costs_time_and_exactly_the_forward_flops_of_the_layers(mb, 
   assert 0.2 < with_.recompute_fraction < 1 / 3 + 1e-9
 
 
-def test_a_step_that_fits_does_not_recompute_and_says_nothing_about_it():
+def test_a_step_that_fits_recomputes_only_its_fused_attention_scores_and_says_so():
   fn, args = W.train_example(SMALL, BATCH)
   r = wafer.estimate(fn, *args, mode="weight_streaming")
-  assert r.fits and r.details["recompute_fraction"] == 0.0
-  assert not any("recomputing" in n for n in r.notes)
+  assert r.fits and 0.0 < r.details["recompute_fraction"] < 0.2
+  notes = [n for n in r.notes if "recomputing" in n]
+  assert len(notes) == 1 and "attention runs fused" in notes[0] and "forward runs again" not in notes[0]
+  fn, args = mlp_train_step([64, 128, 64]), (mlp_params([64, 128, 64]), sds(8, 16, 64), sds(8, 16, 64))
+  plain = wafer.estimate(fn, *args, mode="weight_streaming")  # (no attention: nothing recomputed)
+  assert plain.fits and plain.details["recompute_fraction"] == 0.0
+  assert not any("recomputing" in n for n in plain.notes)
 
 
 def test_a_step_too_big_even_recomputing_says_what_each_level_would_need():
@@ -173,3 +178,21 @@ def test_an_unknown_recompute_level_is_an_error_naming_the_allowed_ones():
   machine, sys_ = _machine()
   with pytest.raises(wafer.costmodel.EstimateError, match=r"recompute='some'; allowed: None, False, True"):
     weight_streaming(_graph(), machine, sys_, 64, 64, BATCH, recompute="some")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+  full=st.floats(1.0, 1e12),
+  frac=st.floats(0.01, 0.99),
+  ckpt=st.floats(0.001, 0.99),
+  cap=st.floats(0.5, 2e12),
+)
+def test_level_keeps_everything_only_without_an_attention_core(full, frac, ckpt, cap):
+  """Without an attention core (``attention == full``) nothing is recomputed when everything fits;
+  with one, the fused core is recomputed even when everything would fit."""
+  plain = ActivationMemory(full, ckpt * full, 0.0, 0.0, ("layer",), attention=full)
+  fused = ActivationMemory(full, ckpt * full * frac, 0.0, 0.0, ("layer",), attention=frac * full)
+  assert plain.level(cap) == ("" if full <= cap else "layers" if ckpt * full <= cap else None)
+  assert fused.level(cap) == (
+    "attention" if frac * full <= cap else "layers" if ckpt * frac * full <= cap else None
+  )
