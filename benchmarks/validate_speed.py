@@ -15,8 +15,8 @@ CPU seconds (user + system) and the load average are recorded too.
     python benchmarks/validate_speed.py [FILE ...] [--rounds N] [--compile_only] [--breakdown] [--root DIR]
         [--out PATH]
 
-Without files: the real modelzoo files ``tests/data/modelzoo/*/params_gpt2_xl.yaml`` and
-``tests/data/modelzoo/*/params_gpt3_20b.yaml`` (every release copied there). ``--compile_only``
+Without files: the real modelzoo files ``tests/data/modelzoo/**/params_gpt2_xl.yaml`` and
+``tests/data/modelzoo/**/params_gpt3_20b.yaml`` (every release copied there). ``--compile_only``
 also times ``--compile_only`` (the XLA compile too) of each file once, for contrast; ``--breakdown``
 times the stages of each file's validation apart, in this process (of this checkout).
 Results go to benchmarks/results/validate_speed.json.
@@ -40,7 +40,7 @@ from _timing import alternating_rounds, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 10.0
-DEFAULTS = ("tests/data/modelzoo/*/params_gpt2_xl.yaml", "tests/data/modelzoo/*/params_gpt3_20b.yaml")
+DEFAULTS = ("tests/data/modelzoo/**/params_gpt2_xl.yaml", "tests/data/modelzoo/**/params_gpt3_20b.yaml")
 BASELINE = "models/gpt2/configs/params_gpt2_tiny.yaml"
 _CLI = "import sys; from wafer.cli import main; sys.exit(main())"
 
