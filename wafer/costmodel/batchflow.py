@@ -106,8 +106,8 @@ def out_axes(eqn: Any, ins: Sequence[Axes | None], batch: int | None = None) -> 
 
   A value built without the batch is taken to have none, but where it is built to per-sample shape:
   a broadcast whose new (or grown from 1) leading axis has ``b0`` entries (a mask broadcast over the
-  samples; the backward of a mean spreads the scalar cotangent over them), an ``iota`` of shape
-  ``[b0, ...]`` (the counters of per-sample random bits) or a flat value reshaped to ``[b0, ...]``
+  samples; the backward of a mean spreads the scalar cotangent over them), an ``iota`` or random bits of
+  shape ``[b0, ...]`` (positions, a dropout mask) or a flat value reshaped to ``[b0, ...]``
   carries the batch on axis 0. An element-wise operand that spans an
   axis the others carry the batch on, without it, raises `Unknown` (a value built to per-sample
   shape some other way).
@@ -128,7 +128,7 @@ def out_axes(eqn: Any, ins: Sequence[Axes | None], batch: int | None = None) -> 
   out_shapes = [_shape(v) for v in outs]
   if not any(ins):
     if batch is not None and out_shapes and out_shapes[0][:1] == (batch,):
-      if prim == "iota":  # positions over a per-sample shape (the counters of random bits)
+      if prim in ("iota", "random_bits", "rng_bit_generator", "rng_uniform"):  # positions, random bits
         return [frozenset({0})]
       if prim == "reshape" and in_shapes[0][:1] != (batch,):  # flat values shaped to [b0, ...]
         return [frozenset({0})]

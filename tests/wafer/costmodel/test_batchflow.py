@@ -126,12 +126,13 @@ def test_unknown_scaling_is_refused():
 # -- the shipped configs: the estimate --validate_only writes is the two traces' one --
 
 
-def _config_step(path: Path):
+def _config_step(path: Path, *overrides: str):
   from wafer import runner, train
   from wafer.compile import cheap_sharding_probes
 
   with tempfile.TemporaryDirectory() as model_dir:
-    plan = runner.load_plan(path, [f"runconfig.model_dir={model_dir}", "runconfig.validate_only=true"])
+    keys = [f"runconfig.model_dir={model_dir}", "runconfig.validate_only=true", *overrides]
+    plan = runner.load_plan(path, keys)
   with cheap_sharding_probes():
     state, batch = train.step_shapes(plan.task, plan.optimizer, plan.loss_scale, plan.seed)
   return jax.jit(train.make_train_step(plan.task, plan.optimizer, plan.policy)), (state, batch), plan
@@ -160,11 +161,21 @@ def test_config_estimate_is_the_two_traces(config):
     assert a.samples_per_sec == b.samples_per_sec
 
 
-def test_gpt2_tiny_is_followed():
-  """The unrolled GPT-2 of the shipped models is followed in one trace (what makes validation fast)."""
+@pytest.mark.parametrize(
+  "config, overrides",
+  [
+    ("models/gpt2/configs/params_gpt2_tiny.yaml", ()),
+    ("models/gpt2/configs/params_gpt2_tiny.yaml", ("model.dropout_rate=0.1",)),  # random bits per sample
+    ("models/bert/configs/params_bert_tiny.yaml", ()),
+    ("models/fc_mnist/configs/params_fc_mnist.yaml", ()),
+  ],
+)
+def test_shipped_models_are_followed(config, overrides):
+  """The shipped models are followed in one trace (what makes validation fast), every site as the two
+  traces say."""
   from wafer.compile import cheap_sharding_probes
 
-  step, args, _ = _config_step(ROOT / "models/gpt2/configs/params_gpt2_tiny.yaml")
+  step, args, _ = _config_step(ROOT / config, *overrides)
   with cheap_sharding_probes():
     walker, traced, followed = _exps_two_traces(step, args, (1,))
   assert walker.batch_unknown is None
