@@ -301,7 +301,7 @@ class Walker:
   ) -> list[int]:
     prim = eqn.primitive.name
     params = eqn.params
-    if prim in ("scan", "while") and any(self.baxes.get(k) for k in ins if k is not None):
+    if prim == "while" and any(self.baxes.get(k) for k in ins if k is not None):
       self._unknown(f"a {prim} over per-sample data")
     if prim == "scan":
       return self._scan(eqn, ins, scopes, transposed, mult)
@@ -723,8 +723,17 @@ class Walker:
     n_consts, n_carry = compat.scan_counts(p)
     length = int(p["length"])
     keys: list[int | None] = list(ins[:n_consts]) + self._carried(ins[n_consts : n_consts + n_carry])
+    # batch axes: the carries keep theirs; a slice of xs loses axis 0 (a loop over chunks of the
+    # batch, as the ordered sum of a weight gradient's chunks, runs as long as the first trace's)
+    for k, c in zip(ins[n_consts : n_consts + n_carry], keys[n_consts:]):
+      if k is not None and c is not None:
+        self.baxes[c] = self.baxes.get(k, frozenset())
+    stacked_batch = False
     for k in ins[n_consts + n_carry :]:  # xs: one slice per iteration, same parameter root
       sliced = self._new()
+      axes = self.baxes.get(k, frozenset()) if k is not None else frozenset()
+      self.baxes[sliced] = frozenset(a - 1 for a in axes if a > 0)
+      stacked_batch |= 0 in axes
       if k is not None and k in self.root and k not in self.data:
         self.root[sliced] = self.root[k]
       if k is not None and k in self.data:
@@ -736,6 +745,15 @@ class Walker:
       self.data.update(k for k in keys[n_consts : n_consts + n_carry] if k is not None)
     body_outs = self.walk(body, keys, scopes, transposed, mult * max(length, 1))
     outs = self._fresh_outs(eqn, ins)
+    for i, (o, b) in enumerate(zip(outs, body_outs)):
+      axes = frozenset() if b is None else self.baxes.get(b, frozenset())
+      if i < n_carry:
+        start = keys[n_consts + i]
+        if axes != (frozenset() if start is None else self.baxes.get(start, frozenset())):
+          self._unknown("a scan carry whose batch axes change")
+        self.baxes[o] = axes
+      else:  # ys: stacked along a new axis 0 of the loop's length
+        self.baxes[o] = frozenset(a + 1 for a in axes) | (frozenset({0}) if stacked_batch else frozenset())
     self.flow.update((o, b) for o, b in zip(outs, body_outs) if b is not None)
     return outs
 

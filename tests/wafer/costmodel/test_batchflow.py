@@ -105,11 +105,24 @@ def test_followed_exponents_are_the_two_traces(batch, seq, depth, split, attenti
   _graphs_equal(fn, args, (1, 2))
 
 
-def test_a_loop_over_samples_is_traced_twice():
-  """A scan over per-sample data is not followed: the graph is the two traces' (exact)."""
+def test_a_loop_over_samples_is_followed():
+  """A scan over the samples: its slices lose the batch axis, its stacked outputs get it back."""
 
   def step(w, x):
     return jax.lax.map(lambda xi: jnp.tanh(xi @ w), x)
+
+  args = (jax.ShapeDtypeStruct((4, 4), jnp.float32), jax.ShapeDtypeStruct((6, 3, 4), jnp.float32))
+  walker, traced, followed = _exps_two_traces(step, args, (1,))
+  assert walker.batch_unknown is None
+  assert followed == traced
+  _graphs_equal(step, args, (1,))
+
+
+def test_a_while_over_samples_is_traced_twice():
+  """A while loop over per-sample data is not followed: the graph is the two traces' (exact)."""
+
+  def step(w, x):
+    return jax.lax.while_loop(lambda c: c[1] < 3, lambda c: (jnp.tanh(c[0] @ w), c[1] + 1), (x, 0))[0]
 
   args = (jax.ShapeDtypeStruct((4, 4), jnp.float32), jax.ShapeDtypeStruct((6, 3, 4), jnp.float32))
   walker, _, _ = _exps_two_traces(step, args, (1,))
@@ -182,6 +195,9 @@ def test_shipped_models_are_followed(config, overrides):
   assert followed == traced
 
 
-def test_workload_with_scan_falls_back():
-  w = workloads.WORKLOADS["gpt2_small"]
-  assert w.estimate().samples_per_sec == w.estimate(scaling="dataflow").samples_per_sec
+@pytest.mark.parametrize("name", ["gpt2_small", "llama_7b", "dit_2b_cs2", "esm2_35m", "bert_large_ws1024"])
+def test_workload_estimates_are_the_two_traces(name):
+  """The cost model's workloads (layers under ``lax.scan``): followed or traced twice, the same report."""
+  w = workloads.WORKLOADS[name]
+  a, b = w.estimate(), w.estimate(scaling="dataflow")
+  assert a.to_text() == b.to_text()
