@@ -201,3 +201,22 @@ def test_workload_estimates_are_the_two_traces(name):
   w = workloads.WORKLOADS[name]
   a, b = w.estimate(), w.estimate(scaling="dataflow")
   assert a.to_text() == b.to_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "params",
+  [
+    "tests/data/modelzoo/Release_2.3.1/gpt2/params_gpt2_xl.yaml",
+    "tests/data/modelzoo/Release_2.3.1/gpt3/params_gpt3_20b.yaml",
+  ],
+)
+def test_modelzoo_files_of_the_speed_budget_are_followed(params):
+  """Issue 26's validation-speed files: followed in one trace, every site as the two traces say."""
+  from wafer.compile import cheap_sharding_probes
+
+  step, args, _ = _config_step(ROOT / params)
+  with cheap_sharding_probes():
+    walker, traced, followed = _exps_two_traces(step, args, (1,))
+  assert walker.batch_unknown is None
+  assert followed == traced
