@@ -12,11 +12,13 @@ against it says how much of a file's time is more than the fixed cost of any val
 seconds depend on the machine's load (other processes on the same cores), so the child processes'
 CPU seconds (user + system) and the load average are recorded too.
 
-    python benchmarks/validate_speed.py [FILE ...] [--rounds N] [--compile_only] [--root DIR] [--out PATH]
+    python benchmarks/validate_speed.py [FILE ...] [--rounds N] [--compile_only] [--breakdown] [--root DIR]
+        [--out PATH]
 
-Without files: the real modelzoo files ``tests/data/modelzoo/*/params_gpt2_xl.yaml`` and
-``tests/data/modelzoo/*/params_gpt3_20b.yaml`` (every release copied there). ``--compile_only``
-also times ``--compile_only`` (the XLA compile too) of each file once, for contrast.
+Without files: the real modelzoo files ``tests/data/modelzoo/**/params_gpt2_xl.yaml`` and
+``tests/data/modelzoo/**/params_gpt3_20b.yaml`` (every release copied there). ``--compile_only``
+also times ``--compile_only`` (the XLA compile too) of each file once, for contrast; ``--breakdown``
+times the stages of each file's validation apart, in this process (of this checkout).
 Results go to benchmarks/results/validate_speed.json.
 """
 
@@ -38,7 +40,7 @@ from _timing import alternating_rounds, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 10.0
-DEFAULTS = ("tests/data/modelzoo/*/params_gpt2_xl.yaml", "tests/data/modelzoo/*/params_gpt3_20b.yaml")
+DEFAULTS = ("tests/data/modelzoo/**/params_gpt2_xl.yaml", "tests/data/modelzoo/**/params_gpt3_20b.yaml")
 BASELINE = "models/gpt2/configs/params_gpt2_tiny.yaml"
 _CLI = "import sys; from wafer.cli import main; sys.exit(main())"
 
@@ -97,6 +99,50 @@ def run_once(path: Path, flag: str, log: dict[str, list[dict]], key: str, root: 
   )
 
 
+def breakdown(path: Path) -> dict[str, dict[str, float]]:
+  """Seconds (wall, CPU) of each stage of the validation of ``path``, in this process, timed apart.
+
+  The stages as ``--validate_only`` runs them (`wafer.train.loop`): the imports, loading and planning
+  (plugins, config, the model's template), the state's shapes (``jax.eval_shape`` of the
+  initialisation), the train step's trace and lowering, the estimate (whose trace at the run's batch
+  is jax.jit's cached one) and the report's files.
+  """
+  stages: dict[str, dict[str, float]] = {}
+  last = [time.perf_counter(), time.process_time()]
+
+  def lap(name: str) -> None:
+    now = [time.perf_counter(), time.process_time()]
+    stages[name] = {"wall_s": now[0] - last[0], "cpu_s": now[1] - last[1]}
+    print(f"  {name:40s} {stages[name]['wall_s']:6.2f} s wall {stages[name]['cpu_s']:6.2f} s cpu", flush=True)
+    last[:] = now
+
+  sys.path.insert(0, str(ROOT))  # this checkout's wafer, not an installed one
+  import jax
+
+  import wafer
+  from wafer import runner, train
+  from wafer.compile import cheap_sharding_probes
+
+  lap("imports")
+  with tempfile.TemporaryDirectory(prefix="validate_speed_") as model_dir:
+    plan = runner.load_plan(path, [f"runconfig.model_dir={model_dir}", "runconfig.validate_only=true"])
+    lap("load and plan")
+    with cheap_sharding_probes():
+      state, batch = train.step_shapes(plan.task, plan.optimizer, plan.loss_scale, plan.seed)
+      lap("state shapes")
+      step = jax.jit(train.make_train_step(plan.task, plan.optimizer, plan.policy))
+      traced = step.trace(state, batch)
+      lap("trace")
+      traced.lower()
+      lap("lower")
+      kwargs = {"batch_size": plan.task.batch_size, "num_csx": plan.runconfig.num_csx, "policy": plan.policy}
+      report = wafer.estimate(step, state, batch, **kwargs)
+      lap("estimate")
+      report.save(model_dir)
+      lap("report files")
+  return stages
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
@@ -116,6 +162,11 @@ def main() -> int:
     type=Path,
     default=ROOT,
     help="the checkout whose wafer runs (default: this one; e.g. a `git worktree` of an older commit)",
+  )
+  parser.add_argument(
+    "--breakdown",
+    action="store_true",
+    help="also time the stages of each file's validation apart (in-process)",
   )
   parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "validate_speed.json")
   args = parser.parse_args()
@@ -157,6 +208,11 @@ def main() -> int:
     print("wafer run --compile_only, cold, once each:", flush=True)
     for f in files:
       run_once(f, "--compile_only", contrast, name(f), root)
+  stages = {}
+  if args.breakdown:
+    for f in files:
+      print(f"stages of {name(f)} (in this process, once):", flush=True)
+      stages[name(f)] = breakdown(f)
   print(f"\n{'file':60s} {'median s':>9s} {'cpu s':>7s} {'x baseline':>10s} {'x 10 s':>7s}")
   for key, row in results.items():
     flag = "" if row["validated"] else "  (refused: see error)"
@@ -174,6 +230,7 @@ def main() -> int:
     "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
     "results": results,
     "compile_only": contrast,
+    "stages": stages,
   }
   args.out.parent.mkdir(parents=True, exist_ok=True)
   args.out.write_text(json.dumps(report, indent=2) + "\n")

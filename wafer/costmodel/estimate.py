@@ -153,6 +153,7 @@ def estimate(
   calibration: Calibration | None = None,
   clock_hz: float | None = None,
   name: str | None = None,
+  scaling: str = "traced",
 ) -> Report:
   """Estimate the training (or inference) rate of ``step_fn`` on a Cerebras wafer.
 
@@ -201,6 +202,9 @@ def estimate(
       ``"meshgemm"`` (WaferLLM's MeshGEMM).
     calibration: calibration parameters (default `CALIBRATION`); ``clock_hz`` overrides its clock.
     name: name shown in the report.
+    scaling: ``"traced"`` (default: the step is traced at two batch sizes to find how each size
+      grows with the batch) or ``"dataflow"`` (traced once where the batch can be followed through
+      its equations, the same graph: `wafer.costmodel.graph.extract`).
 
   Returns:
     A `Report` (``samples_per_sec``, ``compute_samples_per_sec``, ``transmission_samples_per_sec``,
@@ -248,6 +252,7 @@ def estimate(
     compute_bits=compute_bits,
     kernel_depth=kernel_depth,
     arg_names=names,
+    scaling=scaling,
   )
   graph.sequence_length = _sequence_length(example_args, argnums)
   return estimate_graph(

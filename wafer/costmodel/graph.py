@@ -63,6 +63,7 @@ __all__ = (
 )
 
 PHASES = ("fwd", "bwd", "update")
+SCALINGS = ("traced", "dataflow")  # `extract`'s ways of finding how each size grows with the batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,7 +350,9 @@ def _static(x: Any) -> bool:
   return callable(x) and not isinstance(x, (jax.ShapeDtypeStruct, type))
 
 
-def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[int]) -> tuple[Walker, Any]:
+def _trace(
+  fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[int], batch: int | None = None
+) -> tuple[Walker, Any]:
   leaves, treedef = jax.tree.flatten(tuple(args))
   static = [_static(x) for x in leaves]
 
@@ -376,7 +379,7 @@ def _trace(fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[
   jaxpr = compat.dce(jaxpr)
   if len(flat_is_param) != len(jaxpr.invars):
     flat_is_param = [True] * len(jaxpr.invars)
-  walker = Walker(len(jaxpr.invars), flat_is_param)
+  walker = Walker(len(jaxpr.invars), flat_is_param, batch)
   consts = consts if len(consts) == len(jaxpr.constvars) else ()
   walker.walk(jaxpr, walker.top_keys, (), False, 1, consts)
   return walker, closed
@@ -401,8 +404,9 @@ def extract(
   kernel_depth: int | None = None,
   arg_names: Sequence[str] | None = None,
   canonical: bool = True,
+  scaling: str = "traced",
 ) -> Graph:
-  """Trace ``fn(*args)`` abstractly (twice) and group its equations into kernels.
+  """Trace ``fn(*args)`` abstractly (twice, or once) and group its equations into kernels.
 
   Args:
     fn: any JAX-traceable function (a train step, a forward pass...).
@@ -413,6 +417,12 @@ def extract(
     arg_names: names of the arguments for messages and ``Graph.batch_arguments``.
     canonical: fold repeated layers into one kernel per layer part with a count (`fold_repeats`,
       `fuse_productless`), the graph the cost model uses; False keeps one kernel per written layer.
+    scaling: how each size's growth with the batch is found: ``"traced"`` (default) traces the step
+      a second time at ``2 * b0`` and compares the two; ``"dataflow"`` traces once and follows the
+      batch axes from the batch arguments through the equations (`wafer.costmodel.batchflow`),
+      and traces the second time only where an equation mixes the batch in a way it does not
+      follow (a loop over per-sample data, a slice of the batch...). The same graph for the steps
+      tested (``tests/wafer/costmodel/test_batchflow.py``) at half the tracing time.
 
   Returns:
     The `Graph`.
@@ -423,27 +433,36 @@ def extract(
   b0 = _batch_size_of(args, batch_argnums, names)
   # each trace gets its own abstract copy: a step that updates its arguments in place (flax.nnx)
   # leaves tracers in the copy it was given
-  w1, _ = _trace(fn, _abstract(user_args, names), batch_argnums)
+  if scaling not in SCALINGS:
+    raise TraceError(f"scaling={scaling!r}; allowed: {', '.join(map(repr, SCALINGS))}")
+  w1, _ = _trace(fn, _abstract(user_args, names), batch_argnums, b0)
   notes = set(w1.notes)
   exact = True
+  followed = scaling == "dataflow" and w1.batch_unknown is None
   sites2: list[Site] | None = None
-  fresh = _abstract(user_args, names)
-  args2 = tuple(_double_batch(a) if i in batch_argnums else a for i, a in enumerate(fresh))
-  try:
-    w2, _ = _trace(fn, args2, batch_argnums)
-    sites2 = w2.sites
-  except TraceError:
-    sites2 = None
-  if (
-    sites2 is None or len(sites2) != len(w1.sites) or any(a.kind != b.kind for a, b in zip(w1.sites, sites2))
-  ):
-    exact = False
-    notes.add("the step traced differently at twice the batch; all work is assumed linear in the batch")
+  if not followed:
+    fresh = _abstract(user_args, names)
+    args2 = tuple(_double_batch(a) if i in batch_argnums else a for i, a in enumerate(fresh))
+    try:
+      w2, _ = _trace(fn, args2, batch_argnums)
+      sites2 = w2.sites
+    except TraceError:
+      sites2 = None
+    if (
+      sites2 is None
+      or len(sites2) != len(w1.sites)
+      or any(a.kind != b.kind for a, b in zip(w1.sites, sites2))
+    ):
+      exact = False
+      notes.add("the step traced differently at twice the batch; all work is assumed linear in the batch")
   sites = w1.sites
   exps: list[tuple[int, ...]] = []
   per_sample: list[bool] = []
   for i, s in enumerate(sites):
-    if exact:
+    if followed:
+      exps.append(s.batch_exps if s.batch_exps is not None else tuple(1 for _ in s.measures))
+      per_sample.append(s.batch_per_sample)
+    elif exact:
       s2 = sites2[i]  # type: ignore[index]
       e = tuple(_exponent(a, b) for a, b in zip(s.measures, s2.measures))
       if any(x is None for x in e):

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from precision import _jax_compat as compat
+from wafer.costmodel import batchflow
 
 __all__ = ("Site", "Walker", "classify")
 
@@ -129,6 +130,11 @@ class Site:
   # where the mask's value is known (`Walker._kept`); 0.5 for a causal one whose value is not (a
   # triangular comparison of positions, `Walker._mask_flow`, or a constant predicate it cannot read)
   kept: float = 1.0
+  # the batch's exponent in each of ``measures`` and whether the site touches per-sample data, found
+  # by following the batch axes from the arguments (`wafer.costmodel.batchflow`); None where the walk
+  # could not follow them (`Walker.batch_unknown`)
+  batch_exps: tuple[int, ...] | None = None
+  batch_per_sample: bool = False
 
   @property
   def masked(self) -> bool:
@@ -139,8 +145,9 @@ class Site:
 class Walker:
   """Walks a closed jaxpr into `Site`s, tracking parameter roots through view ops."""
 
-  def __init__(self, n_invars: int, param_invars: Sequence[bool]):
+  def __init__(self, n_invars: int, param_invars: Sequence[bool], batch: int | None = None):
     self.sites: list[Site] = []
+    self.batch = batch  # the traced batch b0 (`batchflow.out_axes`)
     self.next_key = 0
     self.root: dict[int, int] = {}  # key -> root key of a parameter
     self.origin: dict[int, int] = {}  # root key -> the argument's array it was sliced from (itself if none)
@@ -170,6 +177,10 @@ class Walker:
     self._memo: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
     self._literals: dict[tuple[Any, ...], np.ndarray] = {}
     self.eqn_count = 0
+    # key -> the axes of its value that carry the batch (`wafer.costmodel.batchflow`); the first
+    # equation whose batch axes could not be followed, if any
+    self.baxes: dict[int, frozenset[int]] = {}
+    self.batch_unknown: str | None = None
     self._fake_cast_cache: dict[int, bool] = {}
     self.top_keys = [self._new() for _ in range(n_invars)]
     for key, is_param in zip(self.top_keys, param_invars):
@@ -196,6 +207,10 @@ class Walker:
     literal: dict[Any, tuple[np.ndarray]] = {}  # invars the caller passed a literal (``in_values``)
     for i, (var, key) in enumerate(zip(jaxpr.invars, in_keys)):
       env[var] = key
+      if key is not None and key in self.data and key not in self.baxes:  # a batch argument's leaf
+        shape = tuple(getattr(var.aval, "shape", ()))
+        raw_key = shape == (2,) and getattr(var.aval, "dtype", None) == np.uint32
+        self.baxes[key] = frozenset({0}) if shape and not raw_key else frozenset()
       if key is not None and key in self.root:  # a parameter, or one iteration's slice of a stack
         self.param_size[key] = min(self.param_size.get(key, math.inf), _size(var.aval))
       if key is None and i < len(in_values) and isinstance(in_values[i], tuple):
@@ -286,6 +301,8 @@ class Walker:
   ) -> list[int]:
     prim = eqn.primitive.name
     params = eqn.params
+    if prim == "while" and any(self.baxes.get(k) for k in ins if k is not None):
+      self._unknown(f"a {prim} over per-sample data")
     if prim == "scan":
       return self._scan(eqn, ins, scopes, transposed, mult)
     if prim == "while":
@@ -296,6 +313,7 @@ class Walker:
     if inner is not None:
       if self._is_fake_cast(eqn, inner):
         outs = self._fresh_outs(eqn, ins)
+        self._flow_batch(eqn, ins, outs)
         self._propagate_root(ins, outs, eqn)
         self._site(eqn, "cast", ins, outs, scopes, transposed, mult)
         return outs
@@ -322,6 +340,7 @@ class Walker:
       raise compat.unhandled(eqn, "the cost model")
     subs = list(compat.jaxprs_in_params(params)) if not known and _has_subjaxprs(params) else []
     outs = self._fresh_outs(eqn, ins)
+    self._flow_batch(eqn, ins, outs)
     for sub in subs:
       self.notes.add(f"primitive {prim!r}: its sub-computations are counted once")
       sub_j, _ = compat.split_closed(sub)
@@ -366,6 +385,51 @@ class Walker:
         break
       key = self.flow[key]
     return key
+
+  def _unknown(self, why: str) -> None:
+    if self.batch_unknown is None:
+      self.batch_unknown = why
+
+  def _flow_batch(self, eqn: Any, ins: Sequence[int | None], outs: Sequence[int]) -> None:
+    """The batch axes of a primitive's outputs (`batchflow.out_axes`)."""
+    try:
+      axes = batchflow.out_axes(eqn, [None if k is None else self.baxes.get(k) for k in ins], self.batch)
+    except batchflow.Unknown as why:
+      self._unknown(f"{eqn.primitive.name}: {why}")
+      axes = [frozenset() for _ in outs]
+    for o, a in zip(outs, axes):
+      self.baxes[o] = a
+
+  def _batch_exps(
+    self, eqn: Any, kind: str, ins: Sequence[int | None], outs: Sequence[int]
+  ) -> tuple[int, ...] | None:
+    """The batch's exponent in each measure of a site (`Site.batch_exps`), None where not followed."""
+    ax = [frozenset() if k is None else self.baxes.get(k, frozenset()) for k in ins]
+    out_ax = [self.baxes.get(k, frozenset()) for k in outs]
+    if kind == "matmul":
+      if eqn.primitive.name != "dot_general":
+        if any(ax):
+          self._unknown("a convolution of per-sample data")
+        return None
+      (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+      lhs_n, rhs_n = len(eqn.invars[0].aval.shape), len(eqn.invars[1].aval.shape)
+      both = lambda ls, rs: sum(1 for dl, dr in zip(ls, rs) if dl in ax[0] or dr in ax[1])  # noqa: E731
+      m = sum(1 for d in range(lhs_n) if d not in lc and d not in lb and d in ax[0])
+      n = sum(1 for d in range(rhs_n) if d not in rc and d not in rb and d in ax[1])
+      return (both(lb, rb), m, both(lc, rc), n)
+    if kind == "move":
+      counts = {len(a) for a in out_ax}
+    else:
+      src = ax if kind == "reduce" else out_ax
+      avals = [v.aval for v in (eqn.invars if kind == "reduce" else eqn.outvars)]
+      if not avals:
+        return (0,)
+      big = max(_size(a) for a in avals)
+      counts = {len(a) for a, v in zip(src, avals) if _size(v) == big}
+    if len(counts) != 1:
+      self._unknown(f"{eqn.primitive.name}: outputs that grow differently with the batch")
+      return None
+    return (counts.pop(),)
 
   def _propagate_root(self, ins: Sequence[int | None], outs: Sequence[int], eqn: Any) -> None:
     held = [k for k in ins if k is not None and k in self.root]
@@ -424,6 +488,8 @@ class Walker:
       kept = 0.5  # a select by a constant predicate whose value is unknown
     if kept is None or len(out_shapes[0]) < 2:
       kept = 1.0
+    exps = self._batch_exps(eqn, kind, ins, outs)
+    per_sample = any(self.baxes.get(k) for k in (*ins, *outs) if k is not None)
     self.sites.append(
       Site(
         kind,
@@ -439,6 +505,8 @@ class Walker:
         weight_roots,
         ops,
         kept,
+        exps,
+        per_sample,
       )
     )
 
@@ -655,8 +723,17 @@ class Walker:
     n_consts, n_carry = compat.scan_counts(p)
     length = int(p["length"])
     keys: list[int | None] = list(ins[:n_consts]) + self._carried(ins[n_consts : n_consts + n_carry])
+    # batch axes: the carries keep theirs; a slice of xs loses axis 0 (a loop over chunks of the
+    # batch, as the ordered sum of a weight gradient's chunks, runs as long as the first trace's)
+    for k, c in zip(ins[n_consts : n_consts + n_carry], keys[n_consts:]):
+      if k is not None and c is not None:
+        self.baxes[c] = self.baxes.get(k, frozenset())
+    stacked_batch = False
     for k in ins[n_consts + n_carry :]:  # xs: one slice per iteration, same parameter root
       sliced = self._new()
+      axes = self.baxes.get(k, frozenset()) if k is not None else frozenset()
+      self.baxes[sliced] = frozenset(a - 1 for a in axes if a > 0)
+      stacked_batch |= 0 in axes
       if k is not None and k in self.root and k not in self.data:
         self.root[sliced] = self.root[k]
       if k is not None and k in self.data:
@@ -668,6 +745,15 @@ class Walker:
       self.data.update(k for k in keys[n_consts : n_consts + n_carry] if k is not None)
     body_outs = self.walk(body, keys, scopes, transposed, mult * max(length, 1))
     outs = self._fresh_outs(eqn, ins)
+    for i, (o, b) in enumerate(zip(outs, body_outs)):
+      axes = frozenset() if b is None else self.baxes.get(b, frozenset())
+      if i < n_carry:
+        start = keys[n_consts + i]
+        if axes != (frozenset() if start is None else self.baxes.get(start, frozenset())):
+          self._unknown("a scan carry whose batch axes change")
+        self.baxes[o] = axes
+      else:  # ys: stacked along a new axis 0 of the loop's length
+        self.baxes[o] = frozenset(a + 1 for a in axes) | (frozenset({0}) if stacked_batch else frozenset())
     self.flow.update((o, b) for o, b in zip(outs, body_outs) if b is not None)
     return outs
 
@@ -709,16 +795,25 @@ class Walker:
     best: list[Site] | None = None
     best_cost = -1.0
     saved = self.sites
+    if ins[0] is not None and self.baxes.get(ins[0]):
+      self._unknown("a cond on per-sample data")
+    out_axes: set[tuple[frozenset[int], ...]] = set()
     for br in branches:
       self.sites = []
-      self.walk(br, list(ins[1:]), scopes, transposed, mult)
+      res = self.walk(br, list(ins[1:]), scopes, transposed, mult)
+      out_axes.add(tuple(frozenset() if k is None else self.baxes.get(k, frozenset()) for k in res))
       cost = sum(s.mult * math.prod(s.measures) * (4.0 if s.kind == "matmul" else 1.0) for s in self.sites)
       if cost > best_cost:
         best, best_cost = self.sites, cost
     self.sites = saved + (best or [])
     if len(branches) > 1:
       self.notes.add("cond: the most expensive branch is counted")
-    return self._fresh_outs(eqn, ins)
+    outs = self._fresh_outs(eqn, ins)
+    if len(out_axes) > 1:
+      self._unknown("cond branches whose outputs differ in their batch axes")
+    for o, a in zip(outs, next(iter(out_axes), ())):
+      self.baxes[o] = a
+    return outs
 
   def _is_fake_cast(self, eqn: Any, inner: Any) -> bool:
     """A call that maps one float array to one float array of the same shape through integer bits."""

@@ -357,7 +357,13 @@ class _Run:
     )
     self.say(f"{'Traced and lowered' if lowered_only else 'Compiled'} in {time.perf_counter() - t1:.1f} s.")
     if self.main:
-      self.say("Estimating the rate on the wafer (cost model: traces the step at two batch sizes)...")
+      # validation: the batch's scaling followed through the step's one trace (the same graph, where
+      # it can be followed: `wafer.costmodel.graph.extract`); else the step is traced twice
+      scaling = "dataflow" if rc.validate_only else "traced"
+      how = (
+        "follows the batch through its trace" if rc.validate_only else "traces the step at two batch sizes"
+      )
+      self.say(f"Estimating the rate on the wafer (cost model: {how})...")
       _write_compile_report(
         step_fn,
         init,
@@ -368,6 +374,7 @@ class _Run:
         self.model_dir,
         self.summary,
         self.params,
+        scaling=scaling,
       )
     return None if check_only else init
 
@@ -694,7 +701,7 @@ def _check_batch_spec(batch: Any, spec: Any, local_rows: bool, num_csx: int) -> 
 
 
 def _write_compile_report(
-  step_fn, state, batch, task, num_csx, policy, model_dir, summary, params=None
+  step_fn, state, batch, task, num_csx, policy, model_dir, summary, params=None, scaling="traced"
 ) -> None:
   """The cost model's estimate of the train step in the run's compute format (the policy's), saved; the
   params file's micro_batch_size and release as given (`wafer.costmodel.estimate.run_inputs`)."""
@@ -702,7 +709,14 @@ def _write_compile_report(
 
   try:
     report = wafer.estimate(
-      step_fn, state, batch, batch_size=task.batch_size, num_csx=num_csx, policy=policy, **run_inputs(params)
+      step_fn,
+      state,
+      batch,
+      batch_size=task.batch_size,
+      num_csx=num_csx,
+      policy=policy,
+      scaling=scaling,
+      **run_inputs(params),
     )
   except Exception as error:  # the cost model must not stop a run; say why it is missing
     print(f"note: no compile report ({type(error).__name__}: {error})", flush=True)
