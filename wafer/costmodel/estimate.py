@@ -46,45 +46,38 @@ def run_inputs(params: Any) -> dict[str, Any]:
 
   ``micro_batch_size``: ``train_input.micro_batch_size`` (the trainer layout's
   ``csx.performance.micro_batch_size`` lands there) when it is an integer; ``"auto"``, ``"explore"``,
-  ``{explore: ...}`` or None leave it out (searched). ``release``: the file's release, where it names
-  one (a ``release`` attribute of the file or of its ``runconfig``); else the default, 2.x.
+  ``{explore: ...}`` or None leave it out (searched). ``release``: the software release the file says
+  it runs on, only where it names one (``runconfig.modelzoo_release``, or a ``release`` string on the
+  file or its ``runconfig``); else the default, today's 2.x stack. The release the loader infers from
+  a file's layout (``Params.release``: "1.x", "2.4+", ...) decides the meaning of the file's keys
+  (its half type), not the stack it would run on today: a 1.x file estimated as a 1.x (layer
+  pipelined) run would answer for software no longer shipped, and "1.x" cannot tell 1.8 (layer
+  pipelined) from 1.9 (weight streaming).
 
   >>> from types import SimpleNamespace as NS
   >>> run_inputs(NS(train_input=NS(micro_batch_size=88), runconfig=NS()))
   {'micro_batch_size': 88}
   >>> run_inputs(NS(train_input=NS(micro_batch_size="auto"), runconfig=NS(release="1.8")))
   {'release': '1.8'}
-  >>> run_inputs(NS(train_input=NS(micro_batch_size=None), release=NS(name="2.4+")))
-  {'release': '2.x'}
-  >>> run_inputs(NS(train_input=None, release=NS(name="Release_1.8.0")))["release"].label
-  '1.8'
+  >>> run_inputs(NS(train_input=None, runconfig=NS(modelzoo_release="Release_1.8.0")))
+  {'release': 'Release_1.8.0'}
+  >>> run_inputs(NS(train_input=NS(micro_batch_size=None), release=NS(name="1.x"), runconfig=NS()))
+  {}
   """
   out: dict[str, Any] = {}
   mb = getattr(getattr(params, "train_input", None), "micro_batch_size", None)
   if isinstance(mb, int) and not isinstance(mb, bool):
     out["micro_batch_size"] = mb
-  for holder in (params, getattr(params, "runconfig", None)):
-    release = _release_text(getattr(holder, "release", None))
-    if release is not None:
+  runconfig = getattr(params, "runconfig", None)
+  for release in (
+    getattr(runconfig, "modelzoo_release", None),
+    getattr(params, "release", None),
+    getattr(runconfig, "release", None),
+  ):
+    if isinstance(release, (str, int, float, Release)) and not isinstance(release, bool):
       out["release"] = release
       break
   return out
-
-
-def _release_text(release: Any) -> Any:
-  """A release the cost model reads from a params file's: a string or `Release` as given, or the
-  loader's `wafer.config.modelzoo.Release` by its name: a release number as it is (``"2.3.1"``, from
-  ``runconfig.modelzoo_release``), a range by its major release (``"2.1-2.3"``, ``"2.4+"`` -> ``"2.x"``,
-  ``"1.x"``); None when the name has none ("legacy layout (<= 2.3)": the default, 2.x, whose mode
-  every legacy release from 1.9 on shares)."""
-  if release is None or isinstance(release, (str, int, float, Release)):
-    return release
-  name = str(getattr(release, "name", ""))
-  try:
-    return parse_release(name)
-  except EstimateError:
-    match = re.search(r"(\d+)\.", name)
-    return f"{match.group(1)}.x" if match else None
 
 
 def _positive_int(name: str, value: Any) -> int:
