@@ -52,13 +52,16 @@ FEATURES = (
 _FLOAT_FEATURES = ("masked_lm_weights",)
 
 
-def example_spec(msl: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-  """``{feature: (shape, dtype)}`` of one example at max sequence length ``msl`` (the table above).
+def example_spec(msl: int, mmp: int | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """``{feature: (shape, dtype)}`` of one example at max sequence length ``msl`` (the table above),
+  ``mmp`` masked positions (default :func:`max_predictions`).
 
   >>> example_spec(128)["masked_lm_positions"]
   ((20,), dtype('int32'))
+  >>> example_spec(10256, 1538)["masked_lm_labels"]
+  ((1538,), dtype('int32'))
   """
-  mmp = max_predictions(msl)
+  mmp = max_predictions(msl) if mmp is None else mmp
   shapes = {"masked_lm_positions": (mmp,), "masked_lm_labels": (mmp,), "masked_lm_weights": (mmp,)}
   shapes["next_sentence_label"] = ()
   return {
@@ -288,6 +291,7 @@ def bert_features_from_text(
   seed: int = 0,
   dupe_factor: int = 1,
   split: str | None = None,
+  mmp: int | None = None,
 ) -> dict[str, np.ndarray]:
   """Train (or load) BERT's tokenizer (`wafer.data.text.train_bert_tokenizer`) on ``docs``, then create MLM+NSP examples.
 
@@ -310,9 +314,13 @@ def bert_features_from_text(
       num_special=NUM_SPECIAL,
       seed=seed,
       dupe_factor=dupe_factor,
+      mmp=mmp,
     )
 
-  key = f"bert-{text.corpus_hash(docs)}-msl{msl}-v{vocab_size}-s{seed}-d{dupe_factor}-{split or 'all'}.h5"
+  masked = "" if mmp is None or mmp == max_predictions(msl) else f"-p{mmp}"
+  key = (
+    f"bert-{text.corpus_hash(docs)}-msl{msl}{masked}-v{vocab_size}-s{seed}-d{dupe_factor}-{split or 'all'}.h5"
+  )
   return cached_features(cache_dir, key, read_hdf5, write_hdf5, build)
 
 
@@ -325,6 +333,7 @@ def bert_features(
   seed: int = 0,
   dupe_factor: int = 1,
   split: str | None = None,
+  mmp: int | None = None,
 ) -> dict[str, np.ndarray]:
   """BERT features from pre-tokenised HDF5/CSV, from text (.txt / .jsonl), or the embedded corpus (None).
 
@@ -342,12 +351,18 @@ def bert_features(
     seed=seed,
     dupe_factor=dupe_factor,
     split=split,
+    mmp=mmp,
   )
 
 
 # ----------------------------------------------------------------- the data processors' input schema
 
-PROCESSORS = ("BertCSVDynamicMaskDataProcessor", "BertHDF5DataProcessor", "BertMLMNSPDataProcessor")
+PROCESSORS = (
+  "BertCSVDataProcessor",  # modelzoo 1.x-2.1: the pre-masked CSV layout above (static masking)
+  "BertCSVDynamicMaskDataProcessor",
+  "BertHDF5DataProcessor",
+  "BertMLMNSPDataProcessor",
+)
 
 
 class BertInput(InputConfig):
@@ -388,12 +403,17 @@ class BertInput(InputConfig):
   @model_validator(mode="after")
   def _mmp(self) -> BertInput:
     msl = self.max_sequence_length or 128
-    if self.max_predictions_per_seq is not None and self.max_predictions_per_seq != max_predictions(msl):
+    if self.max_predictions_per_seq is not None and self.max_predictions_per_seq > msl:
       raise ValueError(
-        f"max_predictions_per_seq={self.max_predictions_per_seq}: the examples made here mask up to "
-        f"{max_predictions(msl)} tokens at max_sequence_length {msl}; set {max_predictions(msl)} or leave it out"
+        f"max_predictions_per_seq={self.max_predictions_per_seq}: more masked positions than the "
+        f"max_sequence_length {msl}; allowed: 1 to {msl} (default {max_predictions(msl)})"
       )
     return self
+
+  @property
+  def mmp(self) -> int:
+    """Masked positions per example: ``max_predictions_per_seq``, else :func:`max_predictions`."""
+    return self.max_predictions_per_seq or max_predictions(self.max_sequence_length or 128)
 
   def features(self, *, cache_dir: Any = None, seed: int = 0, eval_split: bool = False) -> Features:
     return bert_features(
@@ -403,8 +423,10 @@ class BertInput(InputConfig):
       cache_dir=cache_dir,
       seed=seed,
       split=text_split(self, eval_split),
+      mmp=self.mmp,
     )
 
   def example_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """The table in this module's docstring at ``max_sequence_length`` (default 128)."""
-    return example_spec(self.max_sequence_length or 128)
+    """The table in this module's docstring at ``max_sequence_length`` (default 128) and
+    ``max_predictions_per_seq`` masked positions."""
+    return example_spec(self.max_sequence_length or 128, self.mmp)

@@ -74,6 +74,7 @@ FILES: list[tuple[str, str, str]] = [
     [
       "bert/configs/bert_base_MSL128.yaml",
       "bert/configs/bert_large_MSL512.yaml",
+      "bert/configs/bert_large_MSL10k_preview.yaml",
       "gpt2/configs/params_gpt2_small.yaml",
       "gpt2/configs/params_gpt2_large.yaml",
       "gpt3/configs/params_gpt3_111m.yaml",
