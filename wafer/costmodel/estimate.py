@@ -21,9 +21,9 @@ from wafer.costmodel.release import DEFAULT_RELEASE, PIPELINE_MAX_PARAMS, Releas
 from wafer.costmodel.report import KernelRow, Report
 from wafer.costmodel.streaming import (
   StreamingResult,
+  cost_micro_batches,
   micro_batch_candidates,
   supported_micro_batch,
-  weight_streaming,
 )
 from wafer.errors import EstimateError
 
@@ -409,9 +409,6 @@ class _Streaming:
   rejected: dict[int, str]
 
 
-_NOT_FITTING = re.compile(r"^no micro-batch fits on the wafer; at micro-batch \d+: ")
-
-
 def _stream(
   graph: graph_mod.Graph,
   machine: Machine,
@@ -422,35 +419,24 @@ def _stream(
   num_csx: int,
   requested: int | None,
 ) -> _Streaming:
-  """`weight_streaming` at ``requested`` as given; when it is None, or does not fit, every supported
+  """Weight streaming at ``requested`` as given; when it is None, or does not fit, every supported
   size is costed (`micro_batch_candidates`): the fastest is the run (None given), and the feasible
   ones give the range of rates and the largest size that fits."""
-
-  def one(mb: int) -> StreamingResult | str:
-    res = weight_streaming(graph, machine, sys_, width, height, per_system, num_csx, mb)
-    return res if isinstance(res, StreamingResult) else _NOT_FITTING.sub("", res)
-
-  given = one(requested) if requested is not None else None
-  if isinstance(given, StreamingResult):
-    return _Streaming(given, "", requested, {}, {})
-  feasible: dict[int, float] = {}
-  rejected: dict[int, str] = {}
-  best: StreamingResult | None = None
-  for mb in micro_batch_candidates(per_system):
-    res = one(mb)
-    if isinstance(res, str):
-      rejected[mb] = res
-      continue
-    feasible[mb] = res.step_s
-    if best is None or res.step_s < best.step_s:
-      best = res
-  if given is not None:
-    return _Streaming(None, f"micro-batch {requested}: {given}", requested, feasible, rejected)
-  if best is None:
+  args = (graph, machine, sys_, width, height, per_system)
+  if requested is not None:
+    given, why = cost_micro_batches(*args, [requested], num_csx)
+    if given:
+      return _Streaming(given[requested], "", requested, {}, {})
+  fits, rejected = cost_micro_batches(*args, micro_batch_candidates(per_system), num_csx)
+  feasible = {mb: res.step_s for mb, res in fits.items()}
+  if requested is not None:
+    return _Streaming(None, f"micro-batch {requested}: {why[requested]}", requested, feasible, rejected)
+  if not fits:
     smallest = min(rejected)
     return _Streaming(
       None, f"no micro-batch fits; at micro-batch {smallest}: {rejected[smallest]}", None, {}, rejected
     )
+  best = min(fits.values(), key=lambda r: r.step_s)  # the first of the fastest, in candidate order
   return _Streaming(dataclasses.replace(best, rejected=rejected), "", None, feasible, rejected)
 
 

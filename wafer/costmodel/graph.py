@@ -823,17 +823,22 @@ def fuse_productless(kernels: list[Kernel]) -> list[Kernel]:
   return out
 
 
-def _absorb(dst: Kernel, k: Kernel) -> None:
-  """Add ``k``'s work, weights and saved activations to ``dst`` (same count)."""
+def _add_work(dst: Kernel, k: Kernel) -> None:
+  """Add ``k``'s element-wise work and saved activations to ``dst`` (same count)."""
   for key, val in k.vector.items():
     acc = dst.vector.setdefault(key, [0.0, 0.0])
     acc[0] += val[0]
     acc[1] += val[1]
-  for r, w in k.weights.items():
-    dst.weights.setdefault(r, w)
   for key, val in k.saved.items():
     dst.saved.setdefault(key, val)
   dst.saved_core |= k.saved_core
+
+
+def _absorb(dst: Kernel, k: Kernel) -> None:
+  """Add ``k``'s work, weights and saved activations to ``dst`` (same count)."""
+  _add_work(dst, k)
+  for r, w in k.weights.items():
+    dst.weights.setdefault(r, w)
   made = set(dst.act_out) | set(k.act_out)
   act_in = {key: v for key, v in {**k.act_in, **dst.act_in}.items() if key not in made}
   dst.act_out = {
@@ -1071,16 +1076,10 @@ def _merge_glue(
       out.append(k)
       continue
     d = kernels[dst]
-    for key, val in k.vector.items():
-      acc = d.vector.setdefault(key, [0.0, 0.0])
-      acc[0] += val[0]
-      acc[1] += val[1]
+    _add_work(d, k)
     for key, val in k.act_out.items():
       d.act_out.setdefault(key, val)
     d.out_shapes.extend(k.out_shapes)
-    for key, val in k.saved.items():
-      d.saved.setdefault(key, val)
-    d.saved_core |= k.saved_core
   return out
 
 

@@ -91,6 +91,7 @@ __all__ = (
   "StreamingKernel",
   "StreamingResult",
   "activation_memory",
+  "cost_micro_batches",
   "micro_batch_candidates",
   "supported_micro_batch",
   "supported_micro_batches",
@@ -426,19 +427,38 @@ def weight_streaming(
     recompute: force recomputing every layer (True or ``"layers"``), attention's core
       (``"attention"``) or nothing (False); None, the compiler's choice: the cheapest that fits.
   """
+  candidates = [micro_batch] if micro_batch else micro_batch_candidates(batch_per_system)
+  fits, rejected = cost_micro_batches(
+    graph, machine, system, width, height, batch_per_system, candidates, num_csx, recompute
+  )
+  if not fits:
+    smallest = min(candidates)
+    return f"no micro-batch fits on the wafer; at micro-batch {smallest}: {rejected[smallest]}"
+  best = min(fits.values(), key=lambda r: r.step_s)  # the first of the fastest, in candidate order
+  return dataclasses.replace(best, rejected=rejected)
+
+
+def cost_micro_batches(
+  graph: Graph,
+  machine: Machine,
+  system: System,
+  width: int,
+  height: int,
+  batch_per_system: int,
+  candidates: list[int],
+  num_csx: int = 1,
+  recompute: bool | str | None = None,
+) -> tuple[dict[int, StreamingResult], dict[int, str]]:
+  """Every candidate micro-batch costed: ``(fits, rejected)``, the results of those that fit and why
+  each other one does not, both in candidate order (arguments as in `weight_streaming`)."""
   if recompute not in (None, False, True, "attention", "layers"):
     raise EstimateError(f"recompute={recompute!r}; allowed: None, False, True, 'attention', 'layers'")
-  candidates = [micro_batch] if micro_batch else micro_batch_candidates(batch_per_system)
-  best: StreamingResult | None = None
+  fits: dict[int, StreamingResult] = {}
   rejected: dict[int, str] = {}
   for mb in candidates:
     res = _evaluate(graph, machine, system, width, height, batch_per_system, mb, num_csx, recompute)
     if isinstance(res, str):
       rejected[mb] = res
-      continue
-    if best is None or res.step_s < best.step_s:
-      best = res
-  if best is None:
-    smallest = min(candidates)
-    return f"no micro-batch fits on the wafer; at micro-batch {smallest}: {rejected[smallest]}"
-  return dataclasses.replace(best, rejected=rejected)
+    else:
+      fits[mb] = res
+  return fits, rejected
