@@ -10,7 +10,6 @@ allocated, so GPT-J-sized networks cost no memory.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -18,16 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-
-@dataclasses.dataclass(frozen=True)
-class Net:
-  layers: int
-  d: int
-  heads: int
-  ffn: int
-  vocab: int
-  seq: int
-
+from tests.wafer.costmodel.helpers import Net
 
 GPTJ = Net(layers=28, d=4096, heads=16, ffn=16384, vocab=50400, seq=2048)
 TINY = Net(layers=4, d=64, heads=4, ffn=256, vocab=300, seq=32)

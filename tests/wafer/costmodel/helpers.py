@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,3 +45,15 @@ def batch_args(
   batch: int, tokens: int, d_in: int, d_out: int
 ) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
   return sds(batch, tokens, d_in), sds(batch, tokens, d_out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Net:
+  """Shape of a small pre-norm transformer LM in the costmodel tests."""
+
+  layers: int
+  d: int
+  heads: int
+  ffn: int
+  vocab: int
+  seq: int

@@ -11,7 +11,6 @@ computation, so they must agree. Shapes are abstract; nothing is computed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 
 import jax
@@ -19,19 +18,9 @@ import jax.numpy as jnp
 import pytest
 
 import wafer
+from tests.wafer.costmodel.helpers import Net as Cfg
 from tests.wafer.costmodel.helpers import sds
 from wafer.costmodel import TraceError
-
-
-@dataclasses.dataclass(frozen=True)
-class Cfg:
-  layers: int
-  d: int
-  heads: int
-  ffn: int
-  vocab: int
-  seq: int
-
 
 SHAPES = [(Cfg(2, 64, 4, 256, 300, 32), 8), (Cfg(3, 128, 4, 512, 500, 64), 16)]
 IDS = ["d64", "d128"]
