@@ -92,7 +92,10 @@ def bert_case(batch_size, seed=0):
   from models.zoo import functional
   from wafer.config import load_params
 
-  cfg = load_params(os.path.join(ROOT, "models/bert/configs/params_bert_tiny_default.yaml"))
+  # unrolled layers: a row per layer (a scan's iterations would share one row)
+  cfg = load_params(
+    os.path.join(ROOT, "models/bert/configs/params_bert_tiny_default.yaml"), ["model.scan_layers=false"]
+  )
   init_params, loss_fn = functional(cfg.model)
   params = init_params(jax.random.key(seed))
   seq, preds, vocab = 128, 20, cfg.model.vocab_size

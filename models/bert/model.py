@@ -24,7 +24,14 @@ import jax.numpy as jnp
 from flax import nnx
 from pydantic import ConfigDict, Field
 
-from models.common import AttentionConfig, MultiHeadAttention, activation, cross_entropy, truncated_normal
+from models.common import (
+  AttentionConfig,
+  MultiHeadAttention,
+  activation,
+  cross_entropy,
+  run_layers,
+  truncated_normal,
+)
 
 Nonlinearity = Literal["gelu", "gelu_new", "relu", "tanh", "silu"]
 
@@ -106,6 +113,7 @@ class BertForPreTraining(nnx.Module):
     self.pooler = None if c.disable_nsp else nnx.Linear(d, d, kernel_init=init, rngs=rngs)
     self.nsp_classifier = None if c.disable_nsp else nnx.Linear(d, 2, kernel_init=init, rngs=rngs)
     self.encoder_nonlinearity = c.encoder_nonlinearity
+    self.scan_layers = c.scan_layers
     self.pooler_nonlinearity = c.pooler_nonlinearity or "tanh"
 
   def encode(
@@ -127,9 +135,7 @@ class BertForPreTraining(nnx.Module):
     if attention_mask is not None:
       keep = attention_mask.astype(jnp.bool_)
       mask = jnp.broadcast_to(keep[:, None, :], (keep.shape[0], keep.shape[1], keep.shape[1]))
-    for i, layer in enumerate(self.layers):
-      with jax.named_scope(f"encoder/layer_{i}"):
-        x = layer(x, mask)
+    x = run_layers(self.layers, x, mask, scope="encoder", scan=self.scan_layers)
     return x
 
   def mlm_logits(self, hidden: jax.Array) -> jax.Array:

@@ -18,7 +18,14 @@ import jax.numpy as jnp
 from flax import nnx
 from pydantic import ConfigDict, Field
 
-from models.common import AttentionConfig, MultiHeadAttention, activation, cross_entropy, truncated_normal
+from models.common import (
+  AttentionConfig,
+  MultiHeadAttention,
+  activation,
+  cross_entropy,
+  run_layers,
+  truncated_normal,
+)
 
 
 class GPT2Config(AttentionConfig):
@@ -119,6 +126,7 @@ class GPT2LMHeadModel(nnx.Module):
       else nnx.Linear(d, c.vocab_size, use_bias=False, kernel_init=embed_init, rngs=rngs)
     )
     self.output_bias = nnx.Param(jnp.zeros((c.vocab_size,), jnp.float32)) if c.use_bias_in_output else None
+    self.scan_layers = c.scan_layers
 
   def __call__(self, input_ids: jax.Array) -> jax.Array:
     b, s = input_ids.shape
@@ -127,9 +135,7 @@ class GPT2LMHeadModel(nnx.Module):
       x = self.embedding_dropout(self.word_embeddings(input_ids) + self.position_embeddings(positions)[None])
     causal = jnp.tril(jnp.ones((s, s), jnp.bool_))
     mask = jnp.broadcast_to(causal[None], (b, s, s))
-    for i, layer in enumerate(self.layers):
-      with jax.named_scope(f"decoder/layer_{i}"):
-        x = layer(x, mask)
+    x = run_layers(self.layers, x, mask, scope="decoder", scan=self.scan_layers)
     with jax.named_scope("lm_head"):
       x = self.final_norm(x)
       logits = self.word_embeddings.attend(x) if self.lm_head is None else self.lm_head(x)

@@ -1,7 +1,9 @@
 """Kernels are named by the model's layers (issue 12, item 4): the reference models' named scopes
 (``embeddings``, ``encoder/layer_0/attention``, ``mlm_head`` ...) reach the text report, the JSON and
 the placement picture, through `wafer.estimate` on a train step built from ``models.functional`` and
-through ``wafer estimate --params``."""
+through ``wafer estimate --params``. BERT and GPT-2 are checked both ways they run their layers:
+scanned (``model.scan_layers``, the default: one scan named ``encoder/layer``, whose placement
+labels are ``encoder/layer/attention[i]``) and unrolled (``encoder/layer_{i}/attention``)."""
 
 from __future__ import annotations
 
@@ -26,23 +28,33 @@ CONFIGS = {
 }
 
 
-def _layer_names(model: str, layers: int) -> list[str]:
-  if model == "bert":
-    per = [f"encoder/layer_{i}/{part}" for i in range(layers) for part in ("attention", "ffn")]
-    return ["embeddings", *per, "mlm_head"]
-  if model == "gpt2":
-    per = [f"decoder/layer_{i}/{part}" for i in range(layers) for part in ("attention", "ffn")]
-    return ["embeddings", *per, "lm_head"]
+STACK = {"bert": ("encoder", "mlm_head"), "gpt2": ("decoder", "lm_head")}
+LAYER = re.compile(r"(^|/)layer(_\d+|_\*)?(/|$)")  # a layer's kernel (not fc_mnist's last_layer)
+
+
+def _layer_names(model: str, layers: int, scan: bool = False) -> list[str]:
+  """Each written layer's own name: its placement label (a scanned layer's is ``name[i]``)."""
+  if model in STACK:
+    stack, head = STACK[model]
+    per = [
+      f"{stack}/layer/{part}[{i}]" if scan else f"{stack}/layer_{i}/{part}"
+      for i in range(layers)
+      for part in ("attention", "ffn")
+    ]
+    return ["embeddings", *per, head]
   return [*(f"layer_{i}" for i in range(layers)), "last_layer"]
 
 
 # the kernels of the canonical layer graph (the tiny configs have 2 encoder/decoder layers, and
 # fc_mnist 10 layers of which the last 9 are identical)
 CANONICAL = {
-  "bert": ["embeddings", "encoder/layer_*/attention", "encoder/layer_*/ffn", "mlm_head"],
-  "gpt2": ["embeddings", "decoder/layer_*/attention", "decoder/layer_*/ffn", "lm_head"],
-  "fc_mnist": ["layer_0", "layer_*", "last_layer"],
+  ("bert", False): ["embeddings", "encoder/layer_*/attention", "encoder/layer_*/ffn", "mlm_head"],
+  ("gpt2", False): ["embeddings", "decoder/layer_*/attention", "decoder/layer_*/ffn", "lm_head"],
+  ("bert", True): ["embeddings", "encoder/layer/attention", "encoder/layer/ffn", "mlm_head"],
+  ("gpt2", True): ["embeddings", "decoder/layer/attention", "decoder/layer/ffn", "lm_head"],
+  ("fc_mnist", False): ["layer_0", "layer_*", "last_layer"],
 }
+CASES = sorted(CANONICAL)
 
 
 def _layers(model_cfg) -> int:
@@ -68,10 +80,12 @@ def _batch(model: str, b: int, model_cfg) -> dict[str, S]:
   return {"images": S((b, model_cfg.input_size), jnp.float32), "labels": i32(b)}
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{'scan' if s else 'loop'}" for m, s in CASES])
 def estimated(request):
-  model = request.param
-  p = wafer.config.load_params(CONFIGS[model])
+  model, scan = request.param
+  p = wafer.config.load_params(
+    CONFIGS[model], [f"model.scan_layers={str(scan).lower()}"] if model in STACK else []
+  )
   init, loss = functional(p.model)
   params = jax.eval_shape(init, jax.random.key(0))
 
@@ -80,7 +94,7 @@ def estimated(request):
     return jax.tree.map(lambda w, g: w - 0.01 * g, params, grads), value
 
   report = wafer.estimate(train_step, params, _batch(model, 8, p.model), mode="pipeline")
-  return model, _layers(p.model), report
+  return model, scan, _layers(p.model), report
 
 
 def _folded(names: list[str]) -> list[str]:
@@ -88,36 +102,36 @@ def _folded(names: list[str]) -> list[str]:
   count, named with ``*`` where the layers' names differ (``encoder/layer_*/attention``)."""
   out: list[str] = []
   for n in names:
-    f = re.sub(r"layer_\d+", "layer_*", n)
+    f = re.sub(r"\[\d+\]$", "", re.sub(r"layer_\d+", "layer_*", n))
     if f not in out:
       out.append(f)
   return out
 
 
 def test_kernels_are_named_by_the_modules(estimated):
-  model, layers, report = estimated
+  model, scan, layers, report = estimated
   names = [k.name for k in report.kernels]
-  expected = _folded(_layer_names(model, layers))
-  assert expected == CANONICAL[model] or model == "fc_mnist"
+  expected = _folded(_layer_names(model, layers, scan))
+  assert expected == CANONICAL[model, scan] or model == "fc_mnist"
   if model == "fc_mnist":  # the first layer reads the images (a wider input): not one of the others
-    expected = CANONICAL[model]
+    expected = CANONICAL[model, scan]
   assert [n for n in names if n in expected] == expected  # all of them, in dataflow order
   assert not any(n.startswith(("dot_general", "ops")) for n in names), names
   # the layers are folded, every written layer counted: one kernel per layer part, with its count
-  assert sum(k.count for k in report.kernels if "layer_" in k.name) == sum(
-    1 for n in _layer_names(model, layers) if "layer_" in n
+  assert sum(k.count for k in report.kernels if LAYER.search(k.name)) == sum(
+    1 for n in _layer_names(model, layers, scan) if LAYER.search(n)
   )
 
 
 def test_names_reach_the_text_the_json_and_the_placement(estimated, tmp_path):
-  model, layers, report = estimated
+  model, scan, layers, report = estimated
   text = report.to_text()
   data = json.loads(report.to_json())
   labels = {r.label for r in report.placement}
   for name in {k.name for k in report.kernels}:
     assert name in text
     assert name in {k["name"] for k in data["kernels"]}
-  for name in _layer_names(model, layers):  # the placement keeps each written layer's own name
+  for name in _layer_names(model, layers, scan):  # the placement keeps each written layer's own name
     assert name in labels
   assert report.save(tmp_path)["png"]
 
@@ -128,5 +142,5 @@ def test_cli_estimate_params_names_kernels_by_layer(model, tmp_path, capsys):
   out = capsys.readouterr().out
   data = json.loads((tmp_path / "compile_report.json").read_text())
   names = {k["name"] for k in data["kernels"]}
-  for name in CANONICAL[model]:
+  for name in CANONICAL[model, model in STACK]:  # scanned: the default
     assert name in names and name in out

@@ -1,0 +1,129 @@
+"""``model.scan_layers``: the reference models' layer stack run as one ``jax.lax.scan`` equals the
+unrolled Python loop (same parameters, same values, same dropout masks, same RNG state after),
+and the cost model estimates the same rate for both (`models.common.run_layers`).
+
+The float32 comparisons run under ``jax.default_matmul_precision("highest")`` (no TF32 or bf16
+passes on a GPU). They are not bit for bit: XLA may fuse an unrolled loop's layers across layer
+boundaries (contracted multiply-adds, another summation order), which `docs/invariants.md` bounds
+by `tests.tolerances.TRANSFORM_EQUALITY`'s ``float32_ulps`` of the scale ("a scan body vs its
+unrolled copies"). The scale is the loss's own, and for the gradients the largest magnitude over
+all of them: a leaf whose gradient is zero in exact arithmetic (the key projection's bias: softmax
+ignores a constant added to every score) holds float32 noise of ~1e-9 that no ulp of its own
+scale can bound. Measured on CPU: at most 3.5 ulps.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import models
+import wafer
+from models import bert, gpt2
+from tests.tolerances import transform_tolerance
+from wafer.config import load_params
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TINY = {
+  "bert": ROOT / "models" / "bert" / "configs" / "params_bert_tiny.yaml",
+  "gpt2": ROOT / "models" / "gpt2" / "configs" / "params_gpt2_tiny.yaml",
+}
+
+
+def _batch(name: str, config, key: jax.Array, b: int = 2, s: int = 16) -> dict[str, jax.Array]:
+  if name == "bert":
+    return bert.random_batch(key, b, s, config.vocab_size, 3)
+  return gpt2.random_batch(key, b, s, config.vocab_size)
+
+
+def _configs(name: str, layers: int, dropout: float):
+  base = load_params(TINY[name]).model
+  update = {"num_hidden_layers": layers, "dropout_rate": dropout}
+  return (base.model_copy(update={**update, "scan_layers": s}) for s in (True, False))
+
+
+def _close(a, b) -> None:
+  """Every leaf of ``a`` within float32_ulps float32 ulps of the scale of ``b`` (its largest magnitude)."""
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(leaves_a) == len(leaves_b)
+  scale = max(float(np.max(np.abs(np.asarray(y, np.float64)))) for y in leaves_b)
+  bound = transform_tolerance().float32_ulps * scale * 2.0**-23
+  for x, y in zip(leaves_a, leaves_b):
+    diff = float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+    assert diff <= bound, f"{diff} > {bound} ({transform_tolerance().float32_ulps} ulps of {scale})"
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+  name=st.sampled_from(sorted(TINY)),
+  layers=st.integers(1, 4),
+  dropout=st.sampled_from([0.0, 0.3]),
+  seed=st.integers(0, 2**16),
+)
+def test_scan_equals_the_unrolled_loop(name, layers, dropout, seed):
+  """Loss and gradients of the functional form (the executor's), eval and train mode."""
+  scanned, unrolled = _configs(name, layers, dropout)
+  init, loss_scan = models.functional(scanned)
+  init_loop, loss_loop = models.functional(unrolled)
+  params = init(jax.random.key(seed))
+  # one parameter layout: the loop's initialisation gives the very same tree and values
+  np.testing.assert_array_equal(
+    *(
+      np.concatenate([np.ravel(x) for x in jax.tree.leaves(p)])
+      for p in (params, init_loop(jax.random.key(seed)))
+    )
+  )
+  batch = _batch(name, scanned, jax.random.key(seed + 1))
+  with jax.default_matmul_precision("highest"):
+    for b in (batch, {**batch, "dropout_key": np.array([seed, 7], np.uint32)}):
+      a = jax.jit(jax.value_and_grad(loss_scan))(params, b)
+      c = jax.jit(jax.value_and_grad(loss_loop))(params, b)
+      _close(a[0], c[0])
+      _close(a[1], c[1])
+  assert jax.tree.structure(a[1]) == jax.tree.structure(c[1])
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_scan_writes_back_the_rng_state(name):
+  """A module called twice in train mode draws new dropout masks the second time, and the layers'
+  RNG counts after a scanned call are the loop's."""
+  scanned, unrolled = _configs(name, 3, 0.3)
+  batch = _batch(name, scanned, jax.random.key(0))
+  outs, states = [], []
+  for config in (scanned, unrolled):
+    model = models.build_model(config, rngs=nnx.Rngs(0))
+    model.train()
+    first, second = (model(batch["input_ids"]) for _ in range(2))
+    first, second = (x[0] if isinstance(x, tuple) else x for x in (first, second))
+    assert not np.allclose(first, second)  # the counts moved on between the calls
+    outs.append(second)
+    states.append(nnx.state(model, nnx.RngCount))
+  _close(outs[0], outs[1])
+  for x, y in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_the_estimate_does_not_depend_on_scanning(name):
+  """The cost model folds the unrolled layers into one repeated layer: same micro-batch, rate within 1 %."""
+  rates = []
+  for config in _configs(name, 4, 0.0):
+    init, loss = models.functional(config)
+    params = jax.eval_shape(init, jax.random.key(0))
+    batch = jax.eval_shape(lambda c=config: _batch(name, c, jax.random.key(0), b=8, s=64))
+
+    def step(params, batch, loss=loss):
+      value, grads = jax.value_and_grad(loss)(params, batch)
+      return jax.tree.map(lambda w, g: w - 0.01 * g, params, grads), value
+
+    report = wafer.estimate(step, params, batch, batch_size=8)
+    rates.append((report.micro_batch_size, report.samples_per_sec))
+  (mb_scan, rate_scan), (mb_loop, rate_loop) = rates
+  assert mb_scan == mb_loop
+  assert rate_scan == pytest.approx(rate_loop, rel=0.01)
