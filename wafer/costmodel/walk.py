@@ -157,6 +157,9 @@ class Walker:
     self.data: set[int] = set()  # keys that depend on the batch arguments
     self.notes: set[str] = set()
     self.alias: dict[int, int] = {}  # output of a no-cost op (reshape...) -> its data input
+    # a value some view reads (`alias`'s targets) -> its own element count: a broadcast of it (an
+    # attention mask broadcast to every head and query) holds no more data than it
+    self.elements: dict[int, int] = {}
     # a key made at a scan boundary (an iteration's slice of ``xs``, an output of the loop) -> the
     # key its values come from: the data flow across loops (`wafer.costmodel.graph._masked_products`)
     self.flow: dict[int, int] = {}
@@ -329,7 +332,10 @@ class Walker:
       res = self.walk(inner_jaxpr, keys, scopes, transposed, inner_mult, consts, values)
       outs = [k if k is not None else self._new() for k in res]
       if any(k in self.data for k in ins if k is not None):
-        self.data.update(outs)
+        # the body's own values are data or not as the walk found them (a constant it broadcast
+        # and returned, as a linearized jit's residual, is not per-sample data); only outputs
+        # without a key (a literal) are assumed to follow the inputs
+        self.data.update(o for o, k in zip(outs, res) if k is None)
       return outs
     # a computation this walk does not handle is an error; what is left with sub-jaxprs are scalar
     # combiners (a generic select_and_scatter's): walked once
@@ -368,8 +374,11 @@ class Walker:
     if kind is not None:
       self._site(eqn, kind, ins, outs, scopes, transposed, mult, kept)
     else:
-      src = next((k for k in ins if k is not None), None)
-      if src is not None:
+      at = next((i for i, k in enumerate(ins) if k is not None), None)
+      if at is not None:
+        src = ins[at]
+        if src not in self.alias:  # the value itself: its own element count, before any view
+          self.elements.setdefault(src, _size(eqn.invars[at].aval))
         for o in outs:
           self.alias[o] = self.alias.get(src, src)
     return outs
@@ -793,6 +802,7 @@ class Walker:
       # are one program lowered per backend; the default branch is the program as written.
       branches = [branches[default]]
     best: list[Site] | None = None
+    best_res: list[int | None] = []
     best_cost = -1.0
     saved = self.sites
     if ins[0] is not None and self.baxes.get(ins[0]):
@@ -804,7 +814,7 @@ class Walker:
       out_axes.add(tuple(frozenset() if k is None else self.baxes.get(k, frozenset()) for k in res))
       cost = sum(s.mult * math.prod(s.measures) * (4.0 if s.kind == "matmul" else 1.0) for s in self.sites)
       if cost > best_cost:
-        best, best_cost = self.sites, cost
+        best, best_cost, best_res = self.sites, cost, res
     self.sites = saved + (best or [])
     if len(branches) > 1:
       self.notes.add("cond: the most expensive branch is counted")
@@ -813,6 +823,10 @@ class Walker:
       self._unknown("cond branches whose outputs differ in their batch axes")
     for o, a in zip(outs, next(iter(out_axes), ())):
       self.baxes[o] = a
+    if default is not None:
+      # one program: its outputs are the branch's values (autocast's product, whose result the
+      # attention's softmax reads: attention's core follows it), as an inlined call's are
+      outs = [r if r is not None else o for o, r in zip(outs, best_res)]
     return outs
 
   def _is_fake_cast(self, eqn: Any, inner: Any) -> bool:
