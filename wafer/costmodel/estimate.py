@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ from wafer.costmodel.placement import Rect
 from wafer.costmodel.release import DEFAULT_RELEASE, PIPELINE_MAX_PARAMS, Release, parse_release
 from wafer.costmodel.report import KernelRow, Report
 from wafer.costmodel.streaming import (
+  Rejection,
   StreamingResult,
   cost_micro_batches,
   micro_batch_candidates,
@@ -397,16 +397,18 @@ def estimate_graph(
 class _Streaming:
   """Weight streaming at the given micro-batch, or searched.
 
-  ``result`` is None when it does not fit (``reason`` says why); ``requested`` the micro-batch the
-  caller gave (None: searched); ``feasible`` the step seconds of every feasible searched size (empty
-  when the given size fits: nothing was searched), ``rejected`` why the others are not.
+  ``result`` is None when it does not fit (``reason`` says why, ``rejection`` the numbers: the given
+  micro-batch's, else the smallest one's); ``requested`` the micro-batch the caller gave (None:
+  searched); ``feasible`` the step seconds of every feasible searched size (empty when the given size
+  fits: nothing was searched), ``rejected`` why the others are not.
   """
 
   result: StreamingResult | None
   reason: str
   requested: int | None
   feasible: dict[int, float]
-  rejected: dict[int, str]
+  rejected: dict[int, Rejection]
+  rejection: Rejection | None = None
 
 
 def _stream(
@@ -430,12 +432,12 @@ def _stream(
   fits, rejected = cost_micro_batches(*args, micro_batch_candidates(per_system), num_csx)
   feasible = {mb: res.step_s for mb, res in fits.items()}
   if requested is not None:
-    return _Streaming(None, f"micro-batch {requested}: {why[requested]}", requested, feasible, rejected)
+    no = why[requested]
+    return _Streaming(None, f"micro-batch {requested}: {no}", requested, feasible, rejected, no)
   if not fits:
     smallest = min(rejected)
-    return _Streaming(
-      None, f"no micro-batch fits; at micro-batch {smallest}: {rejected[smallest]}", None, {}, rejected
-    )
+    no = rejected[smallest]
+    return _Streaming(None, f"no micro-batch fits; at micro-batch {smallest}: {no}", None, {}, rejected, no)
   best = min(fits.values(), key=lambda r: r.step_s)  # the first of the fastest, in candidate order
   return _Streaming(dataclasses.replace(best, rejected=rejected), "", None, feasible, rejected)
 
@@ -689,9 +691,8 @@ def _pipeline_report(
   }
   remedy = ""
   if not fits:
-    need = re.search(r"needs ([0-9,]+) PEs .* has ([0-9,]+) PEs", pipe.reason)
-    if need:
-      needed, available = (int(g.replace(",", "")) for g in need.groups())
+    if pipe.available_pes:  # not enough PEs for the memory (the only way a pipeline does not fit)
+      needed, available = pipe.needed_pes, pipe.available_pes
       details.update(
         memory_required_pes=needed, memory_available_pes=available, over_factor=needed / available
       )
@@ -726,29 +727,24 @@ def _pipeline_report(
   )
 
 
-_MEMORY = re.compile(r"\(([0-9.]+(?:e[+-]?[0-9]+)? GB[^)]*)\) exceeds? .*\(([0-9.]+(?:e[+-]?[0-9]+)?) GB\)")
-_GB = re.compile(r"([0-9.]+(?:e[+-]?[0-9]+)?) GB")
-
-
 def _not_fitting(
   ws: _Streaming, machine: Machine, batch: int, grid: tuple[int, int]
 ) -> tuple[str, dict[str, Any]]:
   """What would make a weight-streaming run fit, and the numbers behind it: the memory it needs and has,
   the factor over, the assumption that decides it and the largest micro-batch that fits."""
   out: dict[str, Any] = {"requested_micro_batch": ws.requested}
-  match = _MEMORY.search(ws.reason)
+  no = ws.rejection
   pes = grid[0] * grid[1]
-  if match:
+  if no is not None and no.kind == "memory" and no.required_bytes is not None and no.available_bytes:
     # the least the activations take: all kept, or recomputing attention's scores or whole layers
-    need = min(float(gb) for gb in _GB.findall(match.group(1))) * 1e9
-    have = float(match.group(2)) * 1e9
+    need, have = no.required_bytes, no.available_bytes
     out.update(memory_required_bytes=need, memory_available_bytes=have, over_factor=need / have)
     out["deciding_assumption"] = (
       f"the activations the backward pass reads (at least the layer boundaries, recomputing the rest) are "
       f"kept on the wafer between forward and backward, in the SRAM left for tensors "
       f"({machine.sram_data_bytes / 1024:.3g} KiB of each of {pes:,} PEs)"
     )
-  elif "tile" in ws.reason:
+  elif no is not None and no.kind == "tile":
     out["deciding_assumption"] = (
       f"a GEMM tile of one micro-batch must fit in one PE's SRAM for tensors ({machine.sram_data_bytes / 1024:.3g} KiB)"
     )

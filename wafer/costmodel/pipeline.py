@@ -66,7 +66,8 @@ class PipelineResult:
     wave: samples per pipeline wave.
     samples_per_sec, compute_samples_per_sec, transmission_samples_per_sec: the rates.
     units: placed kernel instances (empty when it does not fit).
-    memory_bytes: bytes all rectangles hold; ``needed_pes``: the minimum area in PEs.
+    memory_bytes: bytes all rectangles hold; ``needed_pes``: the minimum area in PEs;
+      ``available_pes``: the rectangle's, set when the model does not fit (0 when it fits).
     update_s: per-step weight-update time (all regions at once).
   """
 
@@ -80,6 +81,7 @@ class PipelineResult:
   memory_bytes: float = 0.0
   needed_pes: int = 0
   update_s: float = 0.0
+  available_pes: int = 0
 
 
 def dataflow_units(kernels: list[Kernel]) -> list[tuple[Kernel, int]]:
@@ -156,6 +158,7 @@ def _evaluate(
       wave=wave,
       memory_bytes=sum(memory),
       needed_pes=needed,
+      available_pes=total,
     )
   # area in proportion to work, refined on the placed rectangles
   side = max(1, int(math.sqrt(total / len(units))))

@@ -88,6 +88,7 @@ from wafer.errors import EstimateError
 
 __all__ = (
   "ActivationMemory",
+  "Rejection",
   "StreamingKernel",
   "StreamingResult",
   "activation_memory",
@@ -214,6 +215,28 @@ def _core(kernel: Kernel) -> Kernel:
 
 
 @dataclasses.dataclass(frozen=True)
+class Rejection:
+  """Why one micro-batch is not feasible, with the numbers that decide it.
+
+  Attributes:
+    reason: the sentence the report prints (``str(rejection)``).
+    kind: ``"memory"`` (the activations kept for the backward pass do not fit, whatever is
+      recomputed) or ``"tile"`` (no GEMM tile of this micro-batch fits in a PE's SRAM).
+    required_bytes: memory: the least the activations take (every one kept, or recomputing
+      attention's core, or whole layers: the smallest of the levels this step has); None for a tile.
+    available_bytes: memory: the rectangle's SRAM for tensors; None for a tile.
+  """
+
+  reason: str
+  kind: str
+  required_bytes: float | None = None
+  available_bytes: float | None = None
+
+  def __str__(self) -> str:
+    return self.reason
+
+
+@dataclasses.dataclass(frozen=True)
 class StreamingResult:
   """A weight-streaming estimate for one step.
 
@@ -242,7 +265,7 @@ class StreamingResult:
   swarmx_s: float
   resident_bytes: float
   kernels: list[StreamingKernel]
-  rejected: dict[int, str]
+  rejected: dict[int, Rejection]
   recompute: bool = False
   recompute_flops: float = 0.0
   model_flops: float = 0.0
@@ -306,7 +329,7 @@ def _evaluate(
   mb: int,
   num_csx: int,
   recompute: bool | str | None = None,
-) -> StreamingResult | str:
+) -> StreamingResult | Rejection:
   f = machine.calib.clock_hz
   b_in = b_out = system.io_bytes_per_sec
   ratio = mb / graph.traced_batch
@@ -328,9 +351,17 @@ def _evaluate(
       if mem.recomputable
       else "; nothing to recompute"
     )
-    return (
+    least = min(
+      mem.full,
+      mem.attention if mem.attention < mem.full else math.inf,
+      mem.checkpointed if mem.recomputable else math.inf,
+    )
+    return Rejection(
       f"activations kept for the backward pass ({mem.full / 1e9:.3g} GB{how}) exceed the rectangle's "
-      f"SRAM for tensors ({capacity / 1e9:.3g} GB)"
+      f"SRAM for tensors ({capacity / 1e9:.3g} GB)",
+      "memory",
+      required_bytes=least,
+      available_bytes=capacity,
     )
   resident = mem.resident(level)
   again = set(mem.recomputable) if level else set()
@@ -340,7 +371,7 @@ def _evaluate(
     c_fwd = kernel_cycles(machine, k, width, height, ratio, ("fwd",))
     c_bwd = kernel_cycles(machine, k, width, height, ratio, ("bwd",))
     if math.isinf(c_fwd) or math.isinf(c_bwd):
-      return f"kernel {k.name!r}: no GEMM tile of this micro-batch fits in a PE's SRAM"
+      return Rejection(f"kernel {k.name!r}: no GEMM tile of this micro-batch fits in a PE's SRAM", "tile")
     has_bwd = k.has_phase("bwd")
     c_again, part = 0.0, k
     if k.name in again and has_bwd:
@@ -448,16 +479,16 @@ def cost_micro_batches(
   candidates: list[int],
   num_csx: int = 1,
   recompute: bool | str | None = None,
-) -> tuple[dict[int, StreamingResult], dict[int, str]]:
+) -> tuple[dict[int, StreamingResult], dict[int, Rejection]]:
   """Every candidate micro-batch costed: ``(fits, rejected)``, the results of those that fit and why
   each other one does not, both in candidate order (arguments as in `weight_streaming`)."""
   if recompute not in (None, False, True, "attention", "layers"):
     raise EstimateError(f"recompute={recompute!r}; allowed: None, False, True, 'attention', 'layers'")
   fits: dict[int, StreamingResult] = {}
-  rejected: dict[int, str] = {}
+  rejected: dict[int, Rejection] = {}
   for mb in candidates:
     res = _evaluate(graph, machine, system, width, height, batch_per_system, mb, num_csx, recompute)
-    if isinstance(res, str):
+    if isinstance(res, Rejection):
       rejected[mb] = res
     else:
       fits[mb] = res

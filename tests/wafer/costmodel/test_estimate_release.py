@@ -18,6 +18,7 @@ from wafer.costmodel import EstimateError, Release, estimate_graph, extract, par
 from wafer.costmodel import workloads as W
 from wafer.costmodel.estimate import run_inputs
 from wafer.costmodel.release import PIPELINE_MAX_PARAMS
+from wafer.costmodel.streaming import activation_memory
 
 SMALL = W.TransformerConfig(layers=2, d_model=128, heads=4, ffn=512, vocab=512, seq=64, max_positions=64)
 
@@ -159,6 +160,11 @@ def test_a_given_micro_batch_is_used_as_given_or_reported_not_fitting_by_how_muc
   d = report.details
   assert d["memory_required_bytes"] > d["memory_available_bytes"]
   assert d["over_factor"] == pytest.approx(d["memory_required_bytes"] / d["memory_available_bytes"])
+  # the numbers themselves, not their 3-digit rendering in the reason: the least of the levels
+  mem = activation_memory(graph, too_big / graph.traced_batch)
+  levels = [mem.full, mem.attention if mem.attention < mem.full else mem.full]
+  levels += [mem.checkpointed] if mem.recomputable else []
+  assert d["memory_required_bytes"] == pytest.approx(min(levels), rel=1e-12)
   assert "activations" in d["deciding_assumption"] and "SRAM" in d["deciding_assumption"]
   assert d["largest_fitting_micro_batch"] == largest
   assert d["largest_fitting_samples_per_sec"] == pytest.approx(kept.samples_per_sec, rel=1e-9)
