@@ -152,18 +152,25 @@ class MultiHeadAttention(nnx.Module):
 def run_layers(layers: nnx.List, x: jax.Array, *args: Any, scope: str, scan: bool = True) -> jax.Array:
   """``layers[n-1](... layers[0](x, *args) ..., *args)``: a stack of identical layers.
 
-  ``scan=True`` runs them as one ``jax.lax.scan`` over their parameters stacked on a leading axis
+  ``scan=True`` runs them as one ``jax.lax.scan`` over their state stacked on a leading axis
   (``jnp.stack`` inside the function: the model keeps one module, and one parameter tree entry,
   per layer, so checkpoints, optimizers with per-tensor norms (LAMB) and ``model.layers[i]`` are
-  the same either way). A scan is traced, transformed (``autocast``, ``grad``) and lowered once,
-  not once per layer: validating a 48-layer GPT-2 XL step takes seconds instead of tens of
-  seconds. ``scan=False`` unrolls a Python loop, each layer under the name scope
-  ``{scope}/layer_{i}`` (per-layer rows in `precision.numerics_report`, which sums a scan's
-  iterations into one row); the scan runs under ``{scope}/layer``. The values are the same; the
-  bits may differ where XLA fuses the unrolled layers differently.
+  the same either way). A scan is traced and transformed (``autocast``, ``grad``) once, not once
+  per layer: validating a 48-layer GPT-2 XL step takes seconds instead of tens of seconds. It is
+  lowered unrolled (``unroll=True``), so XLA compiles the loop's program: the stacking and
+  unstacking slices fold away, and the compiled step has the loop's memory and speed
+  (``benchmarks/scan_layers.py``; a rolled ``while`` loop kept the stacked copies: 4x the
+  temporaries and 1.4x the step time of a small GPT-2 on CPU). ``scan=False`` unrolls a Python
+  loop. Each layer runs under the name scope ``{scope}/layer_{i}``
+  (unrolled) or ``{scope}/layer`` (scanned: `precision.numerics_report` then sums the layers'
+  iterations into one row per equation, and the cost model names the kernels
+  ``{scope}/layer/attention``). The values are the same; the bits may differ where XLA fuses the
+  unrolled layers differently.
 
-  What a layer changes in its own state (the counts of its dropout RNG streams) is written back
-  to each layer, as the loop does. Layers whose structure differs are run by the loop.
+  What a layer changes in its own state (the counts of its dropout RNG streams, a ``sow``) is
+  written back to each layer, as the loop does. The loop runs instead of the scan where the layers
+  are not copies of one structure: different module structure or parameter shapes, or a module or
+  variable shared between layers (the same layer applied twice must draw new dropout masks).
 
   Args:
     layers: the layers, each called as ``layer(x, *args) -> x`` (same shape and dtype as ``x``).
@@ -172,35 +179,55 @@ def run_layers(layers: nnx.List, x: jax.Array, *args: Any, scope: str, scan: boo
     scope: the name scope of the stack (``"decoder"``).
     scan: scan (True) or unroll (False).
   """
-  if scan and len(layers) > 1:
-    graphdefs, states = zip(*(nnx.split(layer) for layer in layers))
-    if all(g == graphdefs[0] for g in graphdefs[1:]):
-      stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+  split = _stackable(layers) if scan and len(layers) > 1 else None
+  if split is None:
+    for i, layer in enumerate(layers):
+      with jax.named_scope(f"{scope}/layer_{i}"):
+        x = layer(x, *args)
+    return x
+  graphdef, states = split
+  stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
 
-      def body(h: jax.Array, state: Any) -> tuple[jax.Array, Any]:
-        layer = nnx.merge(graphdefs[0], state)
-        before = {
-          path: jax.tree.leaves(v) for path, v in nnx.to_flat_state(nnx.state(layer, nnx.Not(nnx.Param)))
-        }
-        h = layer(h, *args)
-        # only what the layer changed (a dropout's RNG count in train mode): writing an unchanged
-        # variable back would still be a mutation, which NNX refuses across trace levels
-        after = nnx.to_flat_state(nnx.state(layer, nnx.Not(nnx.Param)))
-        changed = [
-          (path, v) for path, v in after if any(a is not b for a, b in zip(jax.tree.leaves(v), before[path]))
-        ]
-        return h, nnx.from_flat_state(changed)
+  def body(h: jax.Array, state: Any) -> tuple[jax.Array, Any]:
+    with jax.named_scope(f"{scope}/layer"):  # inside the body: its equations carry the name
+      layer = nnx.merge(graphdef, state)
+      before = {
+        path: jax.tree.leaves(v) for path, v in nnx.to_flat_state(nnx.state(layer, nnx.Not(nnx.Param)))
+      }
+      h = layer(h, *args)
+      # only what the layer changed or added: writing an unchanged variable back would still be
+      # a mutation, which NNX refuses across trace levels
+      changed = [
+        (path, v)
+        for path, v in nnx.to_flat_state(nnx.state(layer, nnx.Not(nnx.Param)))
+        if path not in before or any(a is not b for a, b in zip(jax.tree.leaves(v), before[path]))
+      ]
+      return h, nnx.from_flat_state(changed)
 
-      with jax.named_scope(f"{scope}/layer"):
-        x, changed = jax.lax.scan(body, x, stacked)
-      if jax.tree.leaves(changed):
-        for i, layer in enumerate(layers):
-          nnx.update(layer, jax.tree.map(lambda leaf, i=i: leaf[i], changed))
-      return x
-  for i, layer in enumerate(layers):
-    with jax.named_scope(f"{scope}/layer_{i}"):
-      x = layer(x, *args)
+  x, changed = jax.lax.scan(body, x, stacked, unroll=True)
+  if jax.tree.leaves(changed):
+    for i, layer in enumerate(layers):
+      nnx.update(layer, jax.tree.map(lambda leaf, i=i: leaf[i], changed))
   return x
+
+
+def _stackable(layers: nnx.List) -> tuple[Any, list[Any]] | None:
+  """``(graphdef, states)`` of layers that are copies of one structure with their own state, or None."""
+  nodes = [
+    id(node)
+    for layer in layers
+    for _, node in nnx.iter_graph(layer)
+    if nnx.graph.is_graph_node(node) or isinstance(node, nnx.Variable)  # (not interned Python leaves)
+  ]
+  if len(nodes) != len(set(nodes)):  # a layer, module or variable shared between layers
+    return None
+  graphdefs, states = zip(*(nnx.split(layer) for layer in layers))
+  if any(g != graphdefs[0] for g in graphdefs[1:]):
+    return None
+  shapes = [jax.tree.map(lambda a: (jnp.shape(a), jnp.result_type(a)), s) for s in states]
+  if any(s != shapes[0] for s in shapes[1:]):
+    return None
+  return graphdefs[0], list(states)
 
 
 def parameter_count(model: nnx.Module) -> int:

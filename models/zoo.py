@@ -114,11 +114,11 @@ def bind(config: ModelConfig) -> Callable[..., nnx.Module]:
         out.append(jnp.zeros(leaf.shape, leaf.dtype))
     return jax.tree.unflatten(treedef, out)
 
+  rest = keyed(jax.random.key(0))  # RNG stream keys and counts of eval mode (unused: no dropout)
+
   def model_of(params: Any, dropout_key: jax.Array | None = None) -> nnx.Module:
     if dropout_key is None:
-      # RNG stream keys and counts of eval mode (unused: no dropout), made at the caller's trace
-      # level: variables made outside a trace are refused by nnx.scan inside it
-      return nnx.merge(graphdef, params, keyed(jax.random.key(0)))
+      return nnx.merge(graphdef, params, rest)
     model = nnx.merge(graphdef, params, keyed(dropout_key))
     model.train()
     return model

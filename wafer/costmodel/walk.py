@@ -71,6 +71,12 @@ _INDEX_ARITH = frozenset({"add", "sub", "mul", "max", "min", "rem", "div", "neg"
 _ORDER = frozenset({"lt", "le", "gt", "ge"})  # i >= j on two position indices: a triangle
 _INDEX_SELECT = frozenset({"eq", "ne", "select_n", "clamp", "and", "or", "not"})  # (jnp.take's wrap)
 _LOGICAL = frozenset({"and", "or", "not"})
+# Random numbers: made from a key where they are used (a dropout mask is regenerated from its seed),
+# so a value derived from a key alone holds no more than the key (`Walker.elements`).
+_RANDOM = frozenset({
+  "random_bits", "random_seed", "random_wrap", "random_unwrap", "random_fold_in", "random_split",
+  "threefry2x32", "rng_bit_generator", "rng_uniform",
+})
 # Where a mask meets the scores: ``scores + bias`` (an additive mask), ``scores * mask``.
 _APPLY = frozenset({"add", "sub", "mul", "add_any"})
 # Not evaluated at trace time even on constant operands: random bits, products, collectives, effects.
@@ -159,7 +165,9 @@ class Walker:
     self.alias: dict[int, int] = {}  # output of a no-cost op (reshape...) -> its data input
     # a value some view reads (`alias`'s targets) -> its own element count: a broadcast of it (an
     # attention mask broadcast to every head and query) holds no more data than it
+    # (a value some non-view integer work derives from counts as many as the largest derivation)
     self.elements: dict[int, int] = {}
+    self.random: set[int] = set()  # values random bits are made from (`_RANDOM`): keys, seeds
     # a key made at a scan boundary (an iteration's slice of ``xs``, an output of the loop) -> the
     # key its values come from: the data flow across loops (`wafer.costmodel.graph._masked_products`)
     self.flow: dict[int, int] = {}
@@ -377,10 +385,17 @@ class Walker:
       at = next((i for i, k in enumerate(ins) if k is not None), None)
       if at is not None:
         src = ins[at]
+        base = self.alias.get(src, src)
         if src not in self.alias:  # the value itself: its own element count, before any view
           self.elements.setdefault(src, _size(eqn.invars[at].aval))
+        if prim in _RANDOM:
+          self.random.add(base)
+        elif prim not in _VIEW and base not in self.random:  # integer or boolean work (a
+          # concatenation, a comparison of two broadcasts: an s x s mask from s positions) holds
+          # as many values as it makes
+          self.elements[base] = max([self.elements[base], *(_size(v.aval) for v in eqn.outvars)])
         for o in outs:
-          self.alias[o] = self.alias.get(src, src)
+          self.alias[o] = base
     return outs
 
   def source(self, key: int) -> int:
@@ -750,7 +765,9 @@ class Walker:
       if k is not None:
         self.flow[sliced] = k
       keys.append(sliced)
-    if any(k in self.data for k in keys[: n_consts + n_carry] if k is not None):
+    # the carries change with the per-sample data the loop reads (its constants, carries or xs:
+    # an RNN's state, zeros at first, is per-sample from the first step)
+    if any(k in self.data for k in keys if k is not None):
       self.data.update(k for k in keys[n_consts : n_consts + n_carry] if k is not None)
     body_outs = self.walk(body, keys, scopes, transposed, mult * max(length, 1))
     outs = self._fresh_outs(eqn, ins)
