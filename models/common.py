@@ -167,7 +167,7 @@ def run_layers(layers: nnx.List, x: jax.Array, *args: Any, scope: str, scan: boo
   ``{scope}/layer/attention``). The values are the same; the bits may differ where XLA fuses the
   unrolled layers differently.
 
-  What a layer changes in its own state (the counts of its dropout RNG streams, a ``sow``) is
+  What a layer changes in its own state (the counts of its dropout RNG streams, a running statistic) is
   written back to each layer, as the loop does. The loop runs instead of the scan where the layers
   are not copies of one structure: different module structure or parameter shapes, or a module or
   variable shared between layers (the same layer applied twice must draw new dropout masks).
