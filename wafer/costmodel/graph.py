@@ -654,8 +654,7 @@ def _group(
       if producer.get(key) != kid and (key in walker.data):
         shape = s.in_shapes[pos]
         e = _shape_exponent(shape, exps[i])
-        # a view made elsewhere (a mask broadcast to every head) enters as the value it views
-        k.act_in[key] = (min(float(math.prod(shape)), walker.elements.get(key, math.inf)), e, bits)
+        k.act_in[key] = (walker.held(key, shape), e, bits)  # (a view enters as the value it views)
         k.in_shapes.append(tuple(shape))
     for pos, key in enumerate(s.out_keys):
       if key in k.act_out:
@@ -714,9 +713,8 @@ def _saved_activations(
           continue
         owned.add(o)
         e = _shape_exponent(tuple(shape), exps[i])
-        # a view (a broadcast mask) is kept as the value it views, and viewed again for the backward
-        elements = min(float(math.prod(shape)), walker.elements.get(o, math.inf))
-        kernels[kid].saved[o] = (elements, e, min(s.bits, compute_bits))
+        # (a view is kept as the value it views, and viewed again for the backward)
+        kernels[kid].saved[o] = (walker.held(o, shape), e, min(s.bits, compute_bits))
         if o in core:
           kernels[kid].saved_core.add(o)
 

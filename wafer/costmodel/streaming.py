@@ -135,18 +135,19 @@ class ActivationMemory:
   recomputable: tuple[str, ...]
   attention: float = math.inf
 
-  def level(self, capacity: float) -> str | None:
-    """The cheapest recomputation that fits in ``capacity`` bytes: ``""`` (none: only without an
-    attention core, which runs fused and is always recomputed), ``"attention"``, ``"layers"``; None
-    when nothing fits."""
+  def levels(self) -> list[str]:
+    """The recomputations this step can run, cheapest first: ``""`` (none: only without an
+    attention core, which runs fused and is always recomputed), ``"attention"``, ``"layers"``."""
     fused = self.attention < self.full
-    if self.full <= capacity and not fused:
-      return ""
-    if fused and self.attention <= capacity:
-      return "attention"
-    if self.recomputable and self.checkpointed <= capacity:
-      return "layers"
-    return None
+    return ["attention" if fused else ""] + (["layers"] if self.recomputable else [])
+
+  def level(self, capacity: float) -> str | None:
+    """The cheapest of `levels` that fits in ``capacity`` bytes; None when none does."""
+    return next((level for level in self.levels() if self.resident(level) <= capacity), None)
+
+  def least(self) -> float:
+    """The fewest bytes any of `levels` keeps: what a rectangle needs for this step to fit."""
+    return min(self.resident(level) for level in self.levels())
 
   def resident(self, level: str) -> float:
     return {"": self.full, "attention": self.attention, "layers": self.checkpointed}[level]
@@ -351,16 +352,11 @@ def _evaluate(
       if mem.recomputable
       else "; nothing to recompute"
     )
-    least = min(
-      mem.full,
-      mem.attention if mem.attention < mem.full else math.inf,
-      mem.checkpointed if mem.recomputable else math.inf,
-    )
     return Rejection(
       f"activations kept for the backward pass ({mem.full / 1e9:.3g} GB{how}) exceed the rectangle's "
       f"SRAM for tensors ({capacity / 1e9:.3g} GB)",
       "memory",
-      required_bytes=least,
+      required_bytes=mem.least(),
       available_bytes=capacity,
     )
   resident = mem.resident(level)

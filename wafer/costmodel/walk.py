@@ -398,6 +398,11 @@ class Walker:
           self.alias[o] = base
     return outs
 
+  def held(self, key: int, shape: Sequence[int]) -> float:
+    """Elements of the value ``key`` holds, read with ``shape``: a view (a mask broadcast to every
+    head) holds only the value it views (`elements`)."""
+    return min(float(math.prod(shape)), self.elements.get(key, math.inf))
+
   def source(self, key: int) -> int:
     """The value ``key`` holds, followed through free views (`alias`) and across loop boundaries
     (`flow`): a scan's stacked residual read by its backward is its forward body's value."""
