@@ -36,7 +36,7 @@ def test_a_fresh_run_reproduces_the_stored_results_and_the_shipped_band(tmp_path
     assert math.isclose(getattr(CALIBRATION, name), value, rel_tol=1e-9, abs_tol=1e-15), name
   assert fresh["band_errors"] == pytest.approx(stored["band_errors"], rel=1e-6)
   assert tuple(fresh["band"]) == ACCURACY.band and fresh["band_coverage"] == ACCURACY.coverage
-  assert fresh["band_cross_validated_coverage"] == pytest.approx(ACCURACY.cross_validated_coverage)
+  assert fresh["band_placed_coverage"] == pytest.approx(ACCURACY.placed_coverage)
   # every row has its family-out and leave-one-out predictions, and ratios consistent with them
   for row in fresh["rows"]:
     for key in ("in_sample", "leave_one_out", "leave_one_family_out"):
