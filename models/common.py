@@ -45,7 +45,12 @@ def truncated_normal(std: float) -> Any:
 
 
 def dot_product_attention(
-  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, dropout: nnx.Dropout | None = None
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  mask: jax.Array | None,
+  dropout: nnx.Dropout | None = None,
+  scale: float | None = None,
 ) -> jax.Array:
   """Scaled dot-product attention.
 
@@ -53,12 +58,14 @@ def dot_product_attention(
     q, k, v: float32[batch, seq, heads, head_dim].
     mask: bool[batch, seq_q, seq_k] (True = attend) or None.
     dropout: applied to the attention probabilities, when given.
+    scale: the factor on ``q.k`` (muP's ``alpha / head_dim``, `models.mup`); None: ``1 / sqrt(head_dim)``.
 
   Returns:
     float32[batch, seq, heads, head_dim].
   """
   head_dim = q.shape[-1]
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(head_dim))
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+  scores = scores / jnp.sqrt(jnp.float32(head_dim)) if scale is None else scores * jnp.float32(scale)
   if mask is not None:
     scores = jnp.where(mask[:, None, :, :], scores, jnp.float32(-1e4))
   probs = jax.nn.softmax(scores, axis=-1)
@@ -107,7 +114,7 @@ class MultiHeadAttention(nnx.Module):
   """Self-attention with separate q, k, v projections and an output projection.
 
   ``use_bias`` is the q/k/v projections' bias; ``use_output_bias`` the output projection's
-  (defaults to ``use_bias``).
+  (defaults to ``use_bias``); ``score_scale`` the factor on ``q.k`` (`dot_product_attention`).
 
   Shapes: x float32[batch, seq, hidden], mask bool[batch, seq, seq] -> float32[batch, seq, hidden].
   """
@@ -122,10 +129,12 @@ class MultiHeadAttention(nnx.Module):
     use_output_bias: bool | None = None,
     kernel_init: Any,
     output_init: Any | None = None,
+    score_scale: float | None = None,
     rngs: nnx.Rngs,
   ):
     check_heads(hidden_size, num_heads)
     self.num_heads = num_heads
+    self.score_scale = score_scale
     bias_init = nnx.initializers.zeros_init()
     dense = {"use_bias": use_bias, "kernel_init": kernel_init, "bias_init": bias_init, "rngs": rngs}
     self.query = nnx.Linear(hidden_size, hidden_size, **dense)
@@ -145,7 +154,7 @@ class MultiHeadAttention(nnx.Module):
     b, s, d = x.shape
     h = self.num_heads
     q, k, v = (proj(x).reshape(b, s, h, d // h) for proj in (self.query, self.key, self.value))
-    context = dot_product_attention(q, k, v, mask, self.dropout).reshape(b, s, d)
+    context = dot_product_attention(q, k, v, mask, self.dropout, self.score_scale).reshape(b, s, d)
     return self.output(context)
 
 

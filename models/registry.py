@@ -202,11 +202,16 @@ def _language_model_task(
     _check_length(out["input_ids"].shape[1], model.max_position_embeddings, "train_input")
     return out
 
+  adjust = params.optimizer.adjust_learning_rate if params.optimizer is not None else None
+  mup = model.describe(adjust)
+  if mup:
+    print(mup, flush=True)
   return Task(
     name=f"{name} (L={model.num_hidden_layers}, H={model.hidden_size})",
     init_params=init_params,
     loss_fn=loss_fn,
     batch_size=train_cfg.batch_size,
+    learning_rate_multipliers=model.learning_rate_multipliers(adjust),  # muP (models.mup)
     **{**data, "batch_spec": batch_spec},
   )
 

@@ -17,6 +17,11 @@ Update rules, with ``g`` the (clipped) gradient, ``lr = schedule(k)`` for the k-
 * lamb: ``u = m_hat / (sqrt(v_hat) + eps) + wd * p``; ``p -= lr * (||p|| / ||u||) * u`` (ratio 1 if
   either norm is 0), optax's LAMB.
 
+Weight decay (``wd``) applies to kernels and embeddings, not to biases or normalization layers'
+parameters (`decays`: modelzoo's rule in every release). Per-group learning rates (muP,
+``optimizer.adjust_learning_rate``) multiply a parameter's whole update
+(`scale_by_learning_rate_multipliers`).
+
 Clipping comes first: ``max_gradient_norm`` scales by ``min(1, max_norm / (||g|| + 1e-6))`` (torch's
 ``clip_grad_norm_``), ``max_gradient_value`` clamps to ``[-v, v]``.
 
@@ -28,6 +33,7 @@ Python float and int32), so `scale_by_adam` here is the same rule with float32 b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -40,10 +46,13 @@ from wafer.errors import OptimizerError
 __all__ = (
   "OptimizerError",
   "StepResult",
+  "add_decayed_weights",
   "apply_gradients",
+  "decays",
   "clip_by_global_norm",
   "scale_by_adam",
   "scale_by_adamax",
+  "scale_by_learning_rate_multipliers",
 )
 
 # ASSUMPTION: cstorch's Adam/AdamW/Lamb default eps is 1e-6 (HF-style); the configs in docs/references.md
@@ -105,6 +114,68 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     )
     coef = jnp.minimum(jnp.float32(max_norm) / (norm + jnp.float32(1e-6)), jnp.float32(1))
     return jax.tree.map(lambda g: g * coef.astype(g.dtype), updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def decays(path: Sequence[Any]) -> bool:
+  """Whether weight decay applies to the parameter at ``path`` (a `jax.tree_util` key path).
+
+  Modelzoo's rule (``common/optim_utils.py`` ``_should_apply_weight_decay``, every release): no decay
+  for a parameter whose name contains ``bias``, nor for a normalization layer's parameters. Flax
+  names a normalization layer's gain ``scale`` (``LayerNorm``, ``RMSNorm``, ``GroupNorm``,
+  ``BatchNorm``) and its shift ``bias``, so here: a name on the path containing ``bias``, or a
+  parameter called ``scale``. Kernels and embeddings decay.
+
+  >>> from jax.tree_util import DictKey
+  >>> [decays((DictKey("mlp"), DictKey(n))) for n in ("kernel", "bias", "scale", "embedding")]
+  [True, False, False, True]
+  """
+  names = [str(k.key) if isinstance(k, jax.tree_util.DictKey) else getattr(k, "name", None) for k in path]
+  names = [n for n in names if n is not None and n != "value"] or [""]  # nnx's Variable.value is not a name
+  return not any("bias" in n for n in names) and names[-1] != "scale"
+
+
+def add_decayed_weights(weight_decay: float) -> optax.GradientTransformation:
+  """``u += weight_decay * p`` for the parameters that decay (`decays`), ``u`` elsewhere.
+
+  Coupled decay before an update rule (torch SGD/Adam's ``g += wd p``), decoupled after it (AdamW's
+  ``p -= lr wd p``). Stateless, as optax's ``add_decayed_weights``.
+  """
+
+  def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
+    if params is None:
+      raise ValueError("add_decayed_weights: update() needs params (the weights it decays)")
+    out = jax.tree_util.tree_map_with_path(
+      lambda path, u, p: u + weight_decay * p if decays(path) else u, updates, params
+    )
+    return out, state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def scale_by_learning_rate_multipliers(multipliers: Callable[[Any], Any]) -> optax.GradientTransformation:
+  """Each leaf's update times its learning-rate multiplier: per-group learning rates.
+
+  ``multipliers(tree)`` maps a pytree shaped like the parameters to a pytree of the same structure
+  of Python floats (it may read only the tree's paths and shapes: it runs on the updates). Chained
+  after a whole optimizer (learning rate and weight decay included), it gives each leaf the
+  learning rate ``schedule(k) * multiplier``, exactly what a torch parameter group with that
+  ``lr`` gives for every update rule here: each one's step is ``lr`` times a direction, decoupled
+  decay included (``p -= lr * wd * p``). Modelzoo's ``adjust_learning_rate`` groups (muP) are such
+  multipliers.
+
+  >>> tx = optax.chain(optax.sgd(0.1), scale_by_learning_rate_multipliers(lambda t: {"a": 1.0, "b": 0.25}))
+  >>> params = {"a": jnp.ones(2), "b": jnp.ones(2)}
+  >>> updates, _ = tx.update({"a": jnp.ones(2), "b": jnp.ones(2)}, tx.init(params), params)
+  >>> [round(float(updates[k][0]), 6) for k in "ab"]
+  [-0.1, -0.025]
+  """
+
+  def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
+    del params
+    factors = multipliers(updates)
+    return jax.tree.map(lambda u, f: u if f == 1.0 else u * jnp.asarray(f, u.dtype), updates, factors), state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 

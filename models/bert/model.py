@@ -17,7 +17,7 @@ Shapes: input_ids, token_type_ids int32[batch, seq]; attention_mask int32/bool[b
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -25,21 +25,38 @@ from flax import nnx
 from pydantic import ConfigDict, Field
 
 from models.common import (
-  AttentionConfig,
   MultiHeadAttention,
   activation,
   cross_entropy,
   run_layers,
   truncated_normal,
 )
+from models.mup import MupConfig
 
 Nonlinearity = Literal["gelu", "gelu_new", "relu", "tanh", "silu"]
 
 
-class BertConfig(AttentionConfig):
-  """``model:`` of bert (closed: an unknown key is an error). Defaults are BERT-base's."""
+class BertConfig(MupConfig):
+  """``model:`` of bert (closed: an unknown key is an error). Defaults are BERT-base's.
+
+  muP keys and learning-rate groups: `models.mup` (muP does not rescale BERT's initializers, as in
+  every modelzoo release with a BERT muP config).
+  """
 
   model_config = ConfigDict(extra="forbid")
+  learning_rate_groups: ClassVar[tuple[str, ...]] = (
+    "embedding",
+    "encoder_attention",
+    "encoder_input_ffn",
+    "encoder_output_ffn",
+    "pooler",
+  )
+  kernel_groups: ClassVar[dict[str, tuple[str, ...]]] = {
+    "attention": ("encoder_attention",),
+    "ffn_in": ("encoder_input_ffn",),
+    "ffn_out": ("encoder_output_ffn",),
+    "pooler": ("pooler",),
+  }
 
   name: str | None = "bert"
   vocab_size: int = Field(default=30522, ge=1)
@@ -62,6 +79,17 @@ class BertConfig(AttentionConfig):
   initializer_range: float = Field(default=0.02, gt=0.0)
   enable_vts: bool = False
 
+  def mup_learning_rate_scales(self) -> dict[str, float]:
+    if not self.is_mup:
+      return {}
+    w, f = self.width_multiplier, self.filter_multiplier
+    return {
+      "encoder_attention": 1 / w,
+      "encoder_input_ffn": 1 / w,
+      "pooler": 1 / w,
+      "encoder_output_ffn": 1 / f,
+    }
+
 
 class BertLayer(nnx.Module):
   """Post-LN block. x float32[batch, seq, hidden], mask bool[batch, seq, seq] -> same shape as x."""
@@ -70,7 +98,12 @@ class BertLayer(nnx.Module):
     d, init = c.hidden_size, truncated_normal(c.initializer_range)
     attention_dropout = c.dropout_rate if c.attention_dropout_rate is None else c.attention_dropout_rate
     self.attention = MultiHeadAttention(
-      d, c.num_heads, dropout_rate=attention_dropout, kernel_init=init, rngs=rngs
+      d,
+      c.num_heads,
+      dropout_rate=attention_dropout,
+      kernel_init=init,
+      score_scale=c.attention_scale(d // c.num_heads),
+      rngs=rngs,
     )
     self.attention_norm = nnx.LayerNorm(d, epsilon=c.layer_norm_epsilon, rngs=rngs)
     self.ffn_in = nnx.Linear(d, c.filter_size, kernel_init=init, rngs=rngs)
@@ -115,6 +148,8 @@ class BertForPreTraining(nnx.Module):
     self.encoder_nonlinearity = c.encoder_nonlinearity
     self.scan_layers = c.scan_layers
     self.pooler_nonlinearity = c.pooler_nonlinearity or "tanh"
+    self.embeddings_scale = c.embeddings_scale
+    self.logits_scale = c.output_logits_multiplier()
 
   def encode(
     self,
@@ -130,6 +165,8 @@ class BertForPreTraining(nnx.Module):
         if token_type_ids is None:
           token_type_ids = jnp.zeros_like(input_ids)
         x = x + self.token_type_embeddings(token_type_ids)
+      if self.embeddings_scale != 1.0:  # muP: before the LayerNorm, as modelzoo's BERT
+        x = x * jnp.float32(self.embeddings_scale)
       x = self.embedding_dropout(self.embedding_norm(x))
     mask = None
     if attention_mask is not None:
@@ -147,7 +184,8 @@ class BertForPreTraining(nnx.Module):
     h = self.mlm_norm(activation(self.encoder_nonlinearity)(self.mlm_dense(hidden)))
     logits = self.word_embeddings.attend(h) if self.mlm_decoder is None else self.mlm_decoder(h)
     bias = self.mlm_bias[...]
-    return logits + bias.reshape((1,) * (logits.ndim - 1) + bias.shape)
+    logits = logits + bias.reshape((1,) * (logits.ndim - 1) + bias.shape)
+    return logits if self.logits_scale is None else logits * jnp.float32(self.logits_scale)  # muP
 
   def __call__(
     self,
@@ -163,6 +201,8 @@ class BertForPreTraining(nnx.Module):
       with jax.named_scope("nsp_head"):
         pooled = activation(self.pooler_nonlinearity)(self.pooler(hidden[:, 0]))
         nsp = self.nsp_classifier(pooled)
+        if self.logits_scale is not None:  # muP
+          nsp = nsp * jnp.float32(self.logits_scale)
     if masked_lm_positions is not None:
       hidden = jnp.take_along_axis(hidden, masked_lm_positions.astype(jnp.int32)[..., None], axis=1)
     return self.mlm_logits(hidden), nsp

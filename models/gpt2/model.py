@@ -10,28 +10,42 @@ Shapes: input_ids int32[batch, seq] -> logits float32[batch, seq, vocab].
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from models.common import (
-  AttentionConfig,
   MultiHeadAttention,
   activation,
   cross_entropy,
   run_layers,
   truncated_normal,
 )
+from models.mup import MupConfig
 
 
-class GPT2Config(AttentionConfig):
-  """``model:`` of gpt2 / gpt3 (closed: an unknown key is an error). Defaults are GPT-2 small's."""
+class GPT2Config(MupConfig):
+  """``model:`` of gpt2 / gpt3 (closed: an unknown key is an error). Defaults are GPT-2 small's.
+
+  muP keys and learning-rate groups: `models.mup`.
+  """
 
   model_config = ConfigDict(extra="forbid")
+  learning_rate_groups: ClassVar[tuple[str, ...]] = (
+    "embedding",
+    "decoder_kernel",
+    "decoder_attention",
+    "decoder_input_ffn",
+    "decoder_output_ffn",
+  )
+  kernel_groups: ClassVar[dict[str, tuple[str, ...]]] = {
+    "attention": ("decoder_attention", "decoder_kernel"),
+    "ffn_in": ("decoder_input_ffn", "decoder_kernel"),
+    "ffn_out": ("decoder_output_ffn", "decoder_kernel"),
+  }
 
   name: str | None = "gpt2"
   vocab_size: int = Field(default=50257, ge=1)
@@ -57,22 +71,54 @@ class GPT2Config(AttentionConfig):
   embedding_initializer: dict[str, Any] | None = None
   initializer: dict[str, Any] | None = None
   output_layer_initializer: dict[str, Any] | None = None
+  output_logits_scale: float | None = Field(default=None, gt=0.0)
+
+  @model_validator(mode="after")
+  def _one_output_scale(self) -> GPT2Config:
+    if self.output_logits_scale is not None and self.is_mup:
+      raise ValueError(
+        "output_logits_scale (the 1.x - 2.2 muP key) and the muP base sizes cannot both be set (modelzoo's "
+        "rule): with base sizes the multiplier is output_logits_alpha / (hidden_size / mup_base_hidden_size)"
+      )
+    return self
+
+  def output_logits_multiplier(self) -> float | None:
+    """muP's ``alpha / w``, or the legacy ``output_logits_scale`` as given (`models.mup`)."""
+    return super().output_logits_multiplier() if self.is_mup else self.output_logits_scale
+
+  def mup_learning_rate_scales(self) -> dict[str, float]:
+    if not self.is_mup:
+      return {}
+    w, f = self.width_multiplier, self.filter_multiplier
+    return {"decoder_attention": 1 / w, "decoder_input_ffn": 1 / w, "decoder_output_ffn": 1 / f}
 
   def initializer_std(self, which: str) -> float:
-    """The std of ``which`` (an initializer key), modelzoo's defaults when it is absent.
+    """The std of ``which`` (an initializer key), modelzoo's defaults when it is absent, scaled for
+    muP (`models.mup`): ``initializer`` (q/k/v, first FFN layer), ``output_layer_initializer``
+    (attention output, and the second FFN layer without muP), ``ffn_output_layer_initializer``
+    (the second FFN layer), ``embedding_initializer``.
 
     Only the ``std`` of a ``normal`` / ``truncated_normal`` spec is used (cut at ±2 std).
     """
+    depth = (2 * self.num_hidden_layers) ** -0.5
+    if which == "ffn_output_layer_initializer":
+      if self.is_mup:  # modelzoo's default initializer (initializer_range 0.02), not the file's
+        return 0.02 * self.filter_multiplier**-0.5 * depth
+      which = "output_layer_initializer"
     spec = getattr(self, which)
     if spec is None:
-      if which == "output_layer_initializer":
-        return 0.02 / math.sqrt(2 * self.num_hidden_layers)
-      return 0.02
-    if spec.get("name") not in ("normal", "truncated_normal"):
+      std = 0.02 * depth if which == "output_layer_initializer" and not self.is_mup else 0.02
+    elif spec.get("name") not in ("normal", "truncated_normal"):
       raise ValueError(
         f"model.{which}.name: only normal and truncated_normal are supported, got {spec.get('name')!r}"
       )
-    return float(spec.get("std", 0.02))
+    else:
+      std = float(spec.get("std", 0.02))
+    if self.is_mup and which == "initializer":
+      return std * self.width_multiplier**-0.5
+    if self.is_mup and which == "output_layer_initializer":
+      return std * self.width_multiplier**-0.5 * depth
+    return std
 
 
 class GPT2Block(nnx.Module):
@@ -82,6 +128,7 @@ class GPT2Block(nnx.Module):
     d = c.hidden_size
     init = truncated_normal(c.initializer_std("initializer"))
     out_init = truncated_normal(c.initializer_std("output_layer_initializer"))
+    ffn_out_init = truncated_normal(c.initializer_std("ffn_output_layer_initializer"))
     attention_dropout = c.dropout_rate if c.attention_dropout_rate is None else c.attention_dropout_rate
     self.attention_norm = nnx.LayerNorm(d, epsilon=c.layer_norm_epsilon, rngs=rngs)
     self.attention = MultiHeadAttention(
@@ -92,11 +139,12 @@ class GPT2Block(nnx.Module):
       use_output_bias=c.use_ffn_bias_in_attention,
       kernel_init=init,
       output_init=out_init,
+      score_scale=c.attention_scale(d // c.num_heads),
       rngs=rngs,
     )
     self.ffn_norm = nnx.LayerNorm(d, epsilon=c.layer_norm_epsilon, rngs=rngs)
     self.ffn_in = nnx.Linear(d, c.filter_size, use_bias=c.use_ffn_bias, kernel_init=init, rngs=rngs)
-    self.ffn_out = nnx.Linear(c.filter_size, d, use_bias=c.use_ffn_bias, kernel_init=out_init, rngs=rngs)
+    self.ffn_out = nnx.Linear(c.filter_size, d, use_bias=c.use_ffn_bias, kernel_init=ffn_out_init, rngs=rngs)
     self.dropout = nnx.Dropout(c.dropout_rate, rngs=rngs)
     self.nonlinearity = c.nonlinearity
 
@@ -127,12 +175,17 @@ class GPT2LMHeadModel(nnx.Module):
     )
     self.output_bias = nnx.Param(jnp.zeros((c.vocab_size,), jnp.float32)) if c.use_bias_in_output else None
     self.scan_layers = c.scan_layers
+    self.embeddings_scale = c.embeddings_scale
+    self.logits_scale = c.output_logits_multiplier()
 
   def __call__(self, input_ids: jax.Array) -> jax.Array:
     b, s = input_ids.shape
     positions = jnp.arange(s, dtype=jnp.int32)
     with jax.named_scope("embeddings"):
-      x = self.embedding_dropout(self.word_embeddings(input_ids) + self.position_embeddings(positions)[None])
+      x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
+      if self.embeddings_scale != 1.0:  # muP
+        x = x * jnp.float32(self.embeddings_scale)
+      x = self.embedding_dropout(x)
     causal = jnp.tril(jnp.ones((s, s), jnp.bool_))
     mask = jnp.broadcast_to(causal[None], (b, s, s))
     x = run_layers(self.layers, x, mask, scope="decoder", scan=self.scan_layers)
@@ -141,6 +194,8 @@ class GPT2LMHeadModel(nnx.Module):
       logits = self.word_embeddings.attend(x) if self.lm_head is None else self.lm_head(x)
       if self.output_bias is not None:
         logits = logits + self.output_bias[...][None, None]
+      if self.logits_scale is not None:  # muP
+        logits = logits * jnp.float32(self.logits_scale)
       return logits
 
 

@@ -14,21 +14,17 @@ from hypothesis import strategies as st
 
 from wafer import registry
 from wafer.config import ConfigError, load_params
-from wafer.config.modelzoo import FEATURES, IGNORED
+from wafer.config.modelzoo import IGNORED
 
 DATA = pathlib.Path(__file__).parents[1] / "data" / "modelzoo"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 
-_MUP, _SPARSITY, _TF = "muP", "sparsity", "TensorFlow"
+_SPARSITY, _TF = "sparsity", "TensorFlow"
 REFUSED = {
   "R_1.6.0/fc_mnist_tf/params.yaml": _TF,
   "R_1.6.0/tf/params_bert_base_msl128.yaml": _TF,
   "R_1.6.0/tf/params_gpt3_xl_ws.yaml": _TF,
-  "Release_1.9.1/gpt3/Cerebras_GPT/111m_mup.yaml": _MUP,
   "Release_2.1.1/gpt3/sparsity/params_gpt3_125m_rigl75.yaml": _SPARSITY,
-  "Release_2.3.1/gpt3/muP/params_gpt3_40M.yaml": _MUP,
-  "Release_2.4.3/bert/bert_large_MSL512_muP.yaml": _MUP,
-  "Release_2.4.3/gpt3/Cerebras_GPT/256m_mup.yaml": _MUP,
   "Release_2.4.3/gpt3/sparsity/params_gpt3_125m_static75.yaml": _SPARSITY,
   "Release_2.10.0/gpt3/sparsity/params_gpt3_125m_set75.yaml": _SPARSITY,
 }
@@ -134,14 +130,14 @@ def test_an_ignorable_key_changes_nothing_but_the_notes(keys, value):
 @given(n=st.integers(1, 4), m=st.integers(0, 4))
 def test_independent_bad_keys_are_all_reported_and_features_in_one_problem(n, m):
   bad = [f"runconfig.no_such_key_{i}=1" for i in range(n)]
-  mup = [f"model.{k}=1.0" for s, k in FEATURES["muP (maximal update parametrization)"][:m] if s == "model"]
+  sparse = [f"{s}.sparsity=0.5" for s, _ in zip(["model", "optimizer"], range(m))]
   with pytest.raises(ConfigError) as info:
-    load_params(BASE, bad + mup)
+    load_params(BASE, bad + sparse)
   problems = info.value.problems
   assert sum("no_such_key" in p.path for p in problems) == n
   feature = [p for p in problems if "features wafer does not have" in p.message]
-  assert len(feature) == (1 if mup else 0)
-  for text in mup:
+  assert len(feature) == (1 if sparse else 0)
+  for text in sparse:
     assert text.split("=")[0] in feature[0].message
 
 
@@ -299,24 +295,22 @@ def test_the_half_type_default_follows_the_given_release(major, minor, model):
 
 
 def test_trainer_layout_conversion_problems_come_with_the_refused_features(tmp_path):
-  data = yaml.safe_load((DATA / "Release_2.4.3" / "gpt3" / "Cerebras_GPT" / "256m_mup.yaml").read_text())
+  data = yaml.safe_load(
+    (DATA / "Release_2.4.3" / "gpt3" / "sparsity" / "params_gpt3_125m_static75.yaml").read_text()
+  )
   data["trainer"]["init"]["callbacks"].append({"NoSuchCallback": {}})
   data["trainer"]["init"]["model"]["no_such_model_key"] = 1
-  path = tmp_path / "256m_mup.yaml"
+  data["trainer"]["init"]["model"]["sparsity"] = 0.5
+  path = tmp_path / "params_gpt3_125m_static75.yaml"
   path.write_text(yaml.safe_dump(data))
   with pytest.raises(ConfigError) as info:
     load_params(path)
   text = str(info.value)
   assert "callback 'NoSuchCallback' is not converted" in text
-  assert text.count("features wafer does not have") == 1 and "muP" in text
-  for key in (
-    "embeddings_scale",
-    "output_logits_alpha",
-    "scale_qk_dot_by_d",
-    "mup_base_hidden_size",
-    "mup_base_filter_size",
-  ):
-    assert f"trainer.init.model.{key}" in text
+  assert "no_such_model_key" in text
+  assert text.count("features wafer does not have") == 1 and "sparsity" in text
+  for key in ("trainer.init.sparsity", "trainer.init.model.sparsity"):
+    assert key in text
   assert not any("ComputeNorm" in p.path for p in info.value.problems)  # logging only: ignored
 
 

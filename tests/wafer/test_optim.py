@@ -8,12 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from precision.loss_scale import DynamicLossScale, StaticLossScale
 from tests.samples import bert_base_optimizer
 from wafer.config import build_optimizer
 from wafer.errors import OptimizerError
-from wafer.optim import apply_gradients
+from wafer.optim import apply_gradients, decays
 
 P0 = {"a": np.array([0.5, -1.0, 2.0]), "b": np.array([[0.25, -0.75], [1.5, 0.1]])}
 G0 = {"a": np.array([0.1, -0.3, 0.2]), "b": np.array([[0.05, 0.4], [-0.2, 0.3]])}
@@ -232,3 +234,51 @@ def test_cbfloat16_requires_dynamic_loss_scaling() -> None:
     build_optimizer(
       {"optimizer_type": "sgd", "learning_rate": 0.1, "loss_scaling_factor": 1.0}, half_dtype="cbfloat16"
     )
+
+
+# ---------------------------------------------------------------- which parameters decay (modelzoo's rule)
+
+_NAMES = st.sampled_from(["kernel", "bias", "scale", "embedding", "attention_norm", "mlm_bias", "query", "w"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+  st.dictionaries(
+    _NAMES, st.dictionaries(_NAMES, st.just(1.0), min_size=1, max_size=3), min_size=1, max_size=4
+  ),
+  st.sampled_from(["SGD", "Adam", "AdamW", "Lamb"]),
+)
+def test_weight_decay_skips_biases_and_normalization_gains_as_modelzoo(tree, optimizer):
+  """Modelzoo (``common/optim_utils.py`` ``_should_apply_weight_decay``, every release): no decay for a
+  parameter whose name contains ``bias`` or that belongs to a normalization layer (Flax: ``scale``).
+  With zero gradients the only change is the decay: a leaf moves exactly when the rule says it decays."""
+  params = jax.tree.map(lambda v: jnp.full((3,), 2.0, jnp.float32), tree)
+  tx, _ = build_optimizer(
+    {"optimizer_type": optimizer, "learning_rate": 0.1, "weight_decay": 0.5}, half_dtype="float32"
+  )
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  for path, u in jax.tree_util.tree_leaves_with_path(updates):
+    names = [k.key for k in path]
+    should = not any("bias" in n for n in names) and names[-1] != "scale"
+    assert should == decays(path)
+    moved = bool(np.any(np.asarray(u) != 0))
+    assert moved == should, (names, optimizer)
+    if should and optimizer in ("SGD", "AdamW"):  # lr * wd * p: SGD couples it, AdamW decouples it
+      np.testing.assert_allclose(np.asarray(u), -0.1 * 0.5 * 2.0, rtol=1e-6)
+
+
+def test_the_reference_models_decay_their_kernels_and_embeddings_only():
+  from models.zoo import functional
+  from wafer import registry
+  from wafer.config import load_params
+
+  registry.load_plugins()
+  params = load_params("models/gpt2/configs/params_gpt2_tiny.yaml")
+  shapes = jax.eval_shape(functional(params.model)[0], jax.random.key(0))
+  decayed = {
+    jax.tree_util.keystr(path).split("'")[-2]
+    for path, _ in jax.tree_util.tree_leaves_with_path(shapes)
+    if decays(path)
+  }
+  assert decayed == {"kernel", "embedding"}

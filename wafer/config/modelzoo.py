@@ -142,17 +142,6 @@ RENAMED: tuple[Rename, ...] = (
 """Keys whose name or place changed between releases."""
 
 FEATURES: dict[str, tuple[tuple[str, str], ...]] = {
-  "muP (maximal update parametrization)": (
-    ("model", "embeddings_scale"),
-    ("model", "output_logits_scale"),
-    ("model", "output_logits_alpha"),
-    ("model", "attention_logits_alpha"),
-    ("model", "scale_qk_dot_by_d"),
-    ("model", "scale_output_logits_by_d"),
-    ("model", "mup_base_hidden_size"),
-    ("model", "mup_base_filter_size"),
-    ("optimizer", "adjust_learning_rate"),
-  ),
   "sparsity": (("", "sparsity"), ("optimizer", "sparsity"), ("model", "sparsity")),
   "TensorFlow input (TFRecords / tf.data, the TF estimator)": (
     ("input", "num_parallel_calls"),

@@ -89,6 +89,9 @@ class OptimizerConfig(Section):
   log_summaries: bool = False
   disable_lr_steps_reset: bool = False
   grad_accum_steps: PosInt = 1
+  # {group: factor}: the learning rate of a model's parameter group (muP); the model names its
+  # groups (ModelConfig.learning_rate_groups) and its task applies them (Task.learning_rate_multipliers)
+  adjust_learning_rate: dict[str, NonNegFloat] | None = None
 
   @field_validator("learning_rate", mode="before")
   @classmethod
@@ -269,7 +272,10 @@ class OptimizerConfig(Section):
 
 
 def _coupled(wd: float) -> list[optax.GradientTransformation]:
-  return [optax.add_decayed_weights(wd)] if wd else []
+  """Weight decay ``u += wd p``, except for biases and normalization gains (`wafer.optim.decays`)."""
+  from wafer.optim import add_decayed_weights
+
+  return [add_decayed_weights(wd)] if wd else []
 
 
 def _standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformation:

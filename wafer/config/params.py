@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from wafer.config.errors import Problem
+from wafer.config.errors import Problem, suggest
 from wafer.config.optimizer import Optimizer, OptimizerConfig, optimizer_class
 from wafer.config.schema import (
   EVAL_MODES,
@@ -257,6 +257,24 @@ class Params(BaseModel):
     except PolicyError as e:
       out.append(Problem(("model", "fp16_type"), str(e)))
       policy = None
+    if self.optimizer is not None and self.optimizer.adjust_learning_rate and self.model is not None:
+      groups = type(self.model).learning_rate_groups
+      for group in self.optimizer.adjust_learning_rate:
+        if group not in groups:
+          close = suggest(group, groups)
+          hint = f" (did you mean {close!r}?)" if close else ""
+          allowed = ", ".join(groups) if groups else "none (the model has no learning-rate groups)"
+          out.append(
+            Problem(
+              ("optimizer", "adjust_learning_rate", group),
+              f"not a learning-rate group of model {self.model.name!r}{hint}; allowed: {allowed}",
+            )
+          )
+      if all(group in groups for group in self.optimizer.adjust_learning_rate):
+        try:
+          self.model.learning_rate_scales(self.optimizer.adjust_learning_rate)
+        except ValueError as e:
+          out.append(Problem(("optimizer", "adjust_learning_rate"), str(e)))
     if self.optimizer is not None:
       optimizer_problems = self.optimizer.problems()
       out += optimizer_problems

@@ -11,6 +11,7 @@ closed too. An open section still rejects a key that looks like a misspelled cor
 from __future__ import annotations
 
 import typing
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -248,7 +249,13 @@ class ModelConfig(OpenSection):
   """``model``: the typed core every model shares; other keys are model-specific.
 
   Register a closed schema for a model name with :func:`register_model_schema`.
+
+  ``learning_rate_groups`` (a class attribute of the model's schema) names the parameter groups
+  whose learning rate ``optimizer.adjust_learning_rate`` may scale (modelzoo's LR adjustment
+  groups); a model without groups refuses the key.
   """
+
+  learning_rate_groups: ClassVar[tuple[str, ...]] = ()
 
   name: str | None = None
   mixed_precision: bool = True
@@ -257,6 +264,16 @@ class ModelConfig(OpenSection):
   attention_softmax_fp32: bool | None = None
   boundary_casting: bool = False
   tf_summary: bool = False
+
+  def learning_rate_scales(self, adjust: Mapping[str, float] | None = None) -> dict[str, float]:
+    """``{group: factor}`` of the learning rate: the model's own factors (muP's, in a model that
+    has them) with each group named in ``adjust`` (``optimizer.adjust_learning_rate``) taking its
+    value; factors of 1 left out.
+
+    Raises:
+      ValueError: the factors contradict each other (the message says how).
+    """
+    return {g: float(s) for g, s in (adjust or {}).items() if s != 1.0}
 
 
 class InputConfig(OpenSection):

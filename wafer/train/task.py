@@ -42,6 +42,10 @@ class Task:
     batch_spec: ``() -> pytree of jax.ShapeDtypeStruct``: one training batch's shapes and dtypes from
       the config alone, or None. With it, ``validate_only`` / ``compile_only`` read no data and
       build no state (the step is traced on shapes); without it they take the first batch.
+    learning_rate_multipliers: ``params -> pytree of floats`` (same structure; it may read only
+      paths and shapes), or None: each parameter's learning rate is the schedule's times its
+      multiplier (modelzoo's ``adjust_learning_rate`` groups, muP). `run` chains
+      `wafer.optim.scale_by_learning_rate_multipliers` after the run's optimizer.
   """
 
   name: str
@@ -53,6 +57,7 @@ class Task:
   eval_metric: Callable[[Any, Any], jax.Array] | None = None
   eval_metric_name: str = "loss"
   batch_spec: Callable[[], Any] | None = None
+  learning_rate_multipliers: Callable[[Any], Any] | None = None
 
 
 def next_batch(data: Any, step: int) -> Any:
