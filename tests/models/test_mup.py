@@ -11,6 +11,7 @@ The expected numbers of the real files were computed from modelzoo's formulas
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 
 import jax
@@ -142,7 +143,7 @@ def _logits(config, params, batch):
   return (model(batch["input_ids"]),)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
   which=st.sampled_from(["gpt2", "bert"]),
   seed=st.integers(0, 2**16),
@@ -293,3 +294,67 @@ def test_configuration_mistakes_are_named():
       ROOT / "models" / "fc_mnist" / "configs" / "params_fc_mnist.yaml",
       ["optimizer.adjust_learning_rate.x=0.5"],
     )
+
+
+SHRUNK = [
+  "model.hidden_size=64",
+  "model.num_heads=4",
+  "model.filter_size=256",
+  "model.num_hidden_layers=2",
+  "train_input.data_dir=null",
+  "eval_input.data_dir=null",
+  "train_input.batch_size=4",
+  "eval_input.batch_size=4",
+]
+"""A real file's model shrunk to run in seconds on the embedded data (its muP keys kept)."""
+
+
+@pytest.mark.parametrize(
+  "name, groups",
+  [
+    ("Release_1.9.1/gpt3/Cerebras_GPT/111m_mup.yaml", {"decoder_kernel": 1 / 3}),
+    ("Release_2.4.3/gpt3/Cerebras_GPT/256m_mup.yaml", {"decoder_attention": 0.5}),
+    ("Release_2.10.0/bert/bert_large_MSL512_muP.yaml", {"encoder_attention": 0.5, "pooler": 0.5}),
+  ],
+)
+def test_a_real_files_task_carries_its_learning_rate_factors(name, groups):
+  from wafer.runner import load_plan
+
+  bases = [] if "1.9.1" in name else ["model.mup_base_hidden_size=32", "model.mup_base_filter_size=128"]
+  plan = load_plan(DATA / name, [*SHRUNK, *bases])
+  factors = plan.task.learning_rate_multipliers
+  assert factors is not None
+  shapes = jax.eval_shape(plan.task.init_params, jax.random.key(0))
+  tree = {".".join(path_names(p)): f for p, f in jax.tree_util.tree_leaves_with_path(factors(shapes))}
+  for group, factor in groups.items():
+    module = {
+      "decoder_kernel": "ffn_out",
+      "decoder_attention": "attention",
+      "encoder_attention": "attention",
+    }.get(group, group)
+    hits = [f for n, f in tree.items() if f".{module}." in f".{n}" and n.endswith("kernel")]
+    assert hits and all(f == pytest.approx(factor) for f in hits), (group, hits)
+  assert all(f == 1.0 for n, f in tree.items() if not n.endswith("kernel"))
+
+
+@pytest.mark.slow  # two short runs, about 15 s each
+@pytest.mark.parametrize(
+  "name", ["Release_1.9.1/gpt3/Cerebras_GPT/111m_mup.yaml", "Release_2.10.0/bert/bert_large_MSL512_muP.yaml"]
+)
+def test_a_shrunk_real_mup_file_trains(name, tmp_path):
+  from wafer import runner
+
+  bases = [] if "1.9.1" in name else ["model.mup_base_hidden_size=32", "model.mup_base_filter_size=128"]
+  summary = runner.run_params(
+    DATA / name,
+    [
+      *SHRUNK,
+      *bases,
+      f"runconfig.model_dir={tmp_path}",
+      "runconfig.max_steps=3",
+      "runconfig.checkpoint_steps=0",
+      "runconfig.eval_steps=1",
+    ],
+  )
+  assert summary["final_step"] == 3 and summary["losses"]
+  assert all(math.isfinite(loss) for _, loss in summary["losses"])
