@@ -26,7 +26,8 @@ learning rate of the hidden weights. The keys and their effects, with the modelz
   file's: ``gpt2_model.py`` ``ffn_output_layer_initializer``); truncation at the same multiple
   of the std. BERT's muP initializers are not rescaled: its ``bert_model.py`` (Release_2.4.3 to
   2.10.0) calls ``scale_initializers_by_dimension`` and drops the scaled copies it returns, so
-  every release with a BERT muP config initializes as without muP; wafer does the same.
+  those releases initialize a BERT muP run as without muP; wafer does the same. (Release_2.3.1's
+  BERT scaled them in place, as GPT's; a 2.3-layout BERT muP file initializes here as 2.4+ does.)
 * Learning rates: parameter groups (`GROUPS`), each a factor on the scheduled learning rate,
   decoupled weight decay included: in a muP run the attention kernels and the first FFN layer
   ``1 / w``, the second FFN layer ``1 / f`` (BERT's pooler ``1 / w`` too); a group named in
@@ -142,8 +143,9 @@ class MupConfig(AttentionConfig):
     scales = {g: float(s) for g, s in scales.items() if s != 1.0}
     for groups in self.kernel_groups.values():
       found = {g: scales[g] for g in groups if g in scales}
-      if len(set(found.values())) > 1:
-        shown = ", ".join(f"{g} ({s:g})" for g, s in found.items())
+      values = list(found.values())
+      if any(not math.isclose(v, values[0], rel_tol=1e-9) for v in values):
+        shown = ", ".join(f"{g} ({s!r})" for g, s in found.items())
         raise ValueError(
           f"a parameter would be in learning-rate groups with different factors: {shown}; modelzoo puts it "
           "in two torch parameter groups, which torch refuses. Set them equal or leave one out"

@@ -18,7 +18,7 @@ Update rules, with ``g`` the (clipped) gradient, ``lr = schedule(k)`` for the k-
   either norm is 0), optax's LAMB.
 
 Weight decay (``wd``) applies to kernels and embeddings, not to biases or normalization layers'
-parameters (`decays`: modelzoo's rule in every release). Per-group learning rates (muP,
+parameters (`decays`: modelzoo's rule, by parameter name). Per-group learning rates (muP,
 ``optimizer.adjust_learning_rate``) multiply a parameter's whole update
 (`scale_by_learning_rate_multipliers`).
 
@@ -121,11 +121,14 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
 def decays(path: Sequence[Any]) -> bool:
   """Whether weight decay applies to the parameter at ``path`` (a `jax.tree_util` key path).
 
-  Modelzoo's rule (``common/optim_utils.py`` ``_should_apply_weight_decay``, every release): no decay
-  for a parameter whose name contains ``bias``, nor for a normalization layer's parameters. Flax
-  names a normalization layer's gain ``scale`` (``LayerNorm``, ``RMSNorm``, ``GroupNorm``,
-  ``BatchNorm``) and its shift ``bias``, so here: a name on the path containing ``bias``, or a
-  parameter called ``scale``. Kernels and embeddings decay.
+  Modelzoo's rule (``common/optim_utils.py`` ``_should_apply_weight_decay``, in every release from
+  1.9 to 2.10, both layouts): no decay for a parameter whose name contains ``bias``, nor for the
+  parameters of a normalization module (LayerNorm, BatchNorm, InstanceNorm, GroupNorm; RMSNorm
+  joins the list in 2.10). Flax names a normalization layer's gain ``scale`` and its shift
+  ``bias``, so here, by name: a name on the path containing ``bias``, or a parameter called
+  ``scale``. Kernels and embeddings decay. Limits of a rule by name: an RMSNorm gain is never
+  decayed (modelzoo before 2.10 decayed it), nor is any other parameter called ``scale``; a bias
+  named otherwise (``b``) is decayed.
 
   >>> from jax.tree_util import DictKey
   >>> [decays((DictKey("mlp"), DictKey(n))) for n in ("kernel", "bias", "scale", "embedding")]

@@ -72,6 +72,7 @@ class GPT2Config(MupConfig):
   initializer: dict[str, Any] | None = None
   output_layer_initializer: dict[str, Any] | None = None
   output_logits_scale: float | None = Field(default=None, gt=0.0)
+  initializer_range: float = Field(default=0.02, gt=0.0)
 
   @model_validator(mode="after")
   def _one_output_scale(self) -> GPT2Config:
@@ -98,22 +99,24 @@ class GPT2Config(MupConfig):
     (attention output, and the second FFN layer without muP), ``ffn_output_layer_initializer``
     (the second FFN layer), ``embedding_initializer``.
 
-    Only the ``std`` of a ``normal`` / ``truncated_normal`` spec is used (cut at ±2 std).
+    Only the ``std`` of a ``normal`` / ``truncated_normal`` spec is used (cut at ±2 std); an
+    absent one is modelzoo's default initializer, ``initializer_range`` (0.02).
     """
     depth = (2 * self.num_hidden_layers) ** -0.5
+    r = self.initializer_range
     if which == "ffn_output_layer_initializer":
-      if self.is_mup:  # modelzoo's default initializer (initializer_range 0.02), not the file's
-        return 0.02 * self.filter_multiplier**-0.5 * depth
+      if self.is_mup:  # modelzoo's default initializer, not the file's
+        return r * self.filter_multiplier**-0.5 * depth
       which = "output_layer_initializer"
     spec = getattr(self, which)
     if spec is None:
-      std = 0.02 * depth if which == "output_layer_initializer" and not self.is_mup else 0.02
+      std = r * depth if which == "output_layer_initializer" and not self.is_mup else r
     elif spec.get("name") not in ("normal", "truncated_normal"):
       raise ValueError(
         f"model.{which}.name: only normal and truncated_normal are supported, got {spec.get('name')!r}"
       )
     else:
-      std = float(spec.get("std", 0.02))
+      std = float(spec.get("std", r))
     if self.is_mup and which == "initializer":
       return std * self.width_multiplier**-0.5
     if self.is_mup and which == "output_layer_initializer":
@@ -171,7 +174,9 @@ class GPT2LMHeadModel(nnx.Module):
     self.lm_head = (
       None
       if c.share_embedding_weights
-      else nnx.Linear(d, c.vocab_size, use_bias=False, kernel_init=embed_init, rngs=rngs)
+      else nnx.Linear(  # modelzoo: normal(0, initializer_range), untruncated (gpt2_model.py reset_parameters)
+        d, c.vocab_size, use_bias=False, kernel_init=nnx.initializers.normal(c.initializer_range), rngs=rngs
+      )
     )
     self.output_bias = nnx.Param(jnp.zeros((c.vocab_size,), jnp.float32)) if c.use_bias_in_output else None
     self.scan_layers = c.scan_layers

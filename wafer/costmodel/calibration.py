@@ -190,8 +190,14 @@ BAND_MAX_WIDTH = 1.6
 """Widest band a report may quote, as ``high / low``."""
 
 _ROUNDING = 0.0025
-"""ln width kept back for rounding the band outwards to 3 decimals (at most about 0.0023 for
-factors above 0.8), so that the rounded band is still at most `BAND_MAX_WIDTH` wide."""
+"""ln width kept back for rounding the band outwards to 4 significant figures (at most ln 1.001 on
+each side, 0.0020 in all), so that the rounded band is still at most its ``max_width``."""
+
+
+def _round(x: float, up: bool) -> float:
+  """``x > 0`` rounded up or down to 4 significant figures."""
+  scale = 10.0 ** (3 - math.floor(math.log10(x)))
+  return (math.ceil(x * scale) if up else math.floor(x * scale)) / scale
 
 
 def place_band(log_errors: Sequence[float], max_width: float = BAND_MAX_WIDTH) -> tuple[float, float]:
@@ -199,19 +205,22 @@ def place_band(log_errors: Sequence[float], max_width: float = BAND_MAX_WIDTH) -
 
   ``log_errors`` are ``ln(measured / predicted)``; a run lies in the band when ``low * predicted
   <= measured <= high * predicted``. The band always holds the prediction itself (``low <= 1 <=
-  high``), uses its whole width (the room the runs it holds leave is split evenly on both sides),
-  and among placements holding equally many runs it is the one centred nearest the prediction.
-  Rounded outwards to 3 decimals, within ``max_width``.
+  high``) and uses its whole width. Candidates are the windows that start at a run (or at the
+  prediction) with the room the runs they hold leave split evenly on both sides; among those
+  holding equally many runs, the one centred nearest the prediction. Rounded outwards to 4
+  significant figures, within ``max_width``.
 
   >>> place_band([-0.5, -0.1, 0.0, 0.05, 0.1, 0.6])
-  (0.791, 1.264)
+  (0.7915, 1.264)
   """
   if not log_errors:
     raise ValueError("place_band: no errors; allowed: one or more ln(measured / predicted)")
-  if not 1.0 < max_width:
-    raise ValueError(f"place_band: max_width={max_width!r}; allowed: a factor above 1")
+  if not all(math.isfinite(x) for x in log_errors):
+    raise ValueError(f"place_band: errors {list(log_errors)!r}; allowed: finite ln(measured / predicted)")
+  if not max_width >= 1.01:
+    raise ValueError(f"place_band: max_width={max_width!r}; allowed: a factor of 1.01 or more")
   e = sorted(float(x) for x in log_errors)
-  w = math.log(max_width) - _ROUNDING if math.log(max_width) > 2 * _ROUNDING else math.log(max_width) / 2
+  w = math.log(max_width) - _ROUNDING
   best: tuple[int, float, float] | None = None  # (runs held, -|centre|, low)
   for start in [*e, 0.0]:  # a window from each run (or from the prediction) upwards
     held = [x for x in e if start <= x <= start + w]
@@ -225,7 +234,7 @@ def place_band(log_errors: Sequence[float], max_width: float = BAND_MAX_WIDTH) -
       best = key
   assert best is not None  # the window from the prediction always qualifies
   lo = best[2]
-  return math.floor(math.exp(lo) * 1000) / 1000, math.ceil(math.exp(lo + w) * 1000) / 1000
+  return _round(math.exp(lo), up=False), _round(math.exp(lo + w), up=True)
 
 
 def cross_validated_coverage(
@@ -234,8 +243,9 @@ def cross_validated_coverage(
   """The fraction of runs inside the band `place_band` places without their group's errors.
 
   ``groups[i]`` is run ``i``'s model family: a band placed on the other families' errors is scored
-  on each family's runs, the claim checked on errors the band did not see. Runs of a family alone
-  (no other family to place a band on) count as outside.
+  on each family's runs, the claim checked on errors the band did not see. (The errors themselves
+  are each family's errors with that family left out of the fit; the other families' errors come
+  from fits that included the family scored, so only the band's placement is fully held out.)
 
   >>> cross_validated_coverage([-0.3, -0.1, 0.0, 0.1, 0.2], ["a", "a", "b", "c", "c"])
   0.4
@@ -244,12 +254,16 @@ def cross_validated_coverage(
     raise ValueError(
       f"cross_validated_coverage: {len(log_errors)} errors but {len(groups)} groups; allowed: one group per error"
     )
+  if len(set(groups)) < 2:
+    raise ValueError(
+      f"cross_validated_coverage: errors of {len(set(groups))} model family; allowed: two or more (each "
+      "family is scored against a band placed on the others)"
+    )
   inside = 0
   for g in set(groups):
     rest = [x for x, h in zip(log_errors, groups) if h != g]
-    if rest:
-      own = [x for x, h in zip(log_errors, groups) if h == g]
-      inside += round(coverage_of(place_band(rest, max_width), own) * len(own))
+    own = [x for x, h in zip(log_errors, groups) if h == g]
+    inside += round(coverage_of(place_band(rest, max_width), own) * len(own))
   return inside / len(log_errors)
 
 
@@ -262,7 +276,7 @@ def calibrate_band(
   of the runs it was placed on (which is higher: errors of one family move together).
 
   >>> calibrate_band([-0.3, -0.1, 0.0, 0.1, 0.2], ["a", "a", "b", "c", "c"])
-  (0.4, (0.832, 1.329))
+  (0.4, (0.8321, 1.329))
   """
   return cross_validated_coverage(log_errors, groups, max_width), place_band(log_errors, max_width)
 
@@ -320,5 +334,5 @@ class Accuracy:
 
 
 ACCURACY = Accuracy(
-  points=15, median=0.194, worst=0.643, band=(0.806, 1.288), coverage=8 / 15, placed_coverage=10 / 15
+  points=15, median=0.194, worst=0.643, band=(0.8067, 1.288), coverage=8 / 15, placed_coverage=10 / 15
 )

@@ -50,7 +50,6 @@ from wafer.config import ConfigError, RunConfig, Runtime
 from wafer.config.errors import Problem
 from wafer.config.schema import MODES
 from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted
-from wafer.optim import scale_by_learning_rate_multipliers
 from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
 from wafer.train.metrics import SUPERSEDED, Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
@@ -269,8 +268,6 @@ class _Run:
       raise ExecutorError(f"mode={rc.mode!r}; allowed: {', '.join(MODES)}")
     self.settings = {**settings_of(config), "train_input.batch_size": task.batch_size}
     self.task, self.rc, self.policy, self.progress, self.params = task, rc, policy, progress, config
-    if task.learning_rate_multipliers is not None:  # per-group learning rates (muP), after the whole update
-      optimizer = optax.chain(optimizer, scale_by_learning_rate_multipliers(task.learning_rate_multipliers))
     self.optimizer, self.loss_scale = optimizer, loss_scale
     self.num_csx = rc.num_csx
     self.distributed = jax.process_count() > 1

@@ -16,6 +16,7 @@ import optax
 
 import precision
 from wafer.errors import ExecutorError, where_defined
+from wafer.optim import scale_by_learning_rate_multipliers
 from wafer.train.state import TrainState, schedule_counts
 from wafer.train.task import Task
 
@@ -52,6 +53,9 @@ def make_train_step(
   ``skipped`` (bool: non-finite gradients, so params, optimizer state and the schedule's count
   were held) and ``optimizer_step`` (int32, the schedule's count this step used; absent for an
   optimizer without one). ``state.step`` and ``state.data_position`` advance by one on every step.
+  The task's ``learning_rate_multipliers`` scale the optimizer's updates, per parameter
+  (`wafer.optim.scale_by_learning_rate_multipliers`), outside the optimizer state: a run resumes
+  whatever factors it had.
   """
   loss_fn = _under_policy(task.loss_fn, policy, "loss_fn")
 
@@ -61,6 +65,10 @@ def make_train_step(
     grads = ls.unscale(grads)
     finite = precision.all_finite(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    if task.learning_rate_multipliers is not None:  # per-group learning rates (muP): stateless
+      updates, _ = scale_by_learning_rate_multipliers(task.learning_rate_multipliers).update(
+        updates, optax.EmptyState()
+      )
     params = optax.apply_updates(state.params, updates)
     params, opt_state = precision.select_tree(finite, (params, opt_state), (state.params, state.opt_state))
     metrics = {

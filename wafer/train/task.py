@@ -44,8 +44,8 @@ class Task:
       build no state (the step is traced on shapes); without it they take the first batch.
     learning_rate_multipliers: ``params -> pytree of floats`` (same structure; it may read only
       paths and shapes), or None: each parameter's learning rate is the schedule's times its
-      multiplier (modelzoo's ``adjust_learning_rate`` groups, muP). `run` chains
-      `wafer.optim.scale_by_learning_rate_multipliers` after the run's optimizer.
+      multiplier (modelzoo's ``adjust_learning_rate`` groups, muP). `make_train_step` applies
+      `wafer.optim.scale_by_learning_rate_multipliers` to the optimizer's updates.
   """
 
   name: str
