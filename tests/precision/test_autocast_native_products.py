@@ -183,7 +183,7 @@ _CPU_ONLY_BITWISE = pytest.mark.skipif(
   not on_cpu(), reason=f"{CPU_ONLY}; on GPUs see test_native_and_tf32_products_agree_*"
 )
 test_cpu_products_are_bitwise_those_of_products_tf32 = _CPU_ONLY_BITWISE(
-  settings(max_examples=8)(given(dot_cases())(_bitwise_case))
+  settings(max_examples=3)(given(dot_cases())(_bitwise_case))
 )
 test_cpu_products_are_bitwise_those_of_products_tf32_many = pytest.mark.slow(
   _CPU_ONLY_BITWISE(settings(max_examples=60)(given(dot_cases())(_bitwise_case)))

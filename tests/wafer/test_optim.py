@@ -241,7 +241,7 @@ def test_cbfloat16_requires_dynamic_loss_scaling() -> None:
 _NAMES = st.sampled_from(["kernel", "bias", "scale", "embedding", "attention_norm", "mlm_bias", "query", "w"])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
   st.dictionaries(
     _NAMES, st.dictionaries(_NAMES, st.just(1.0), min_size=1, max_size=3), min_size=1, max_size=4
