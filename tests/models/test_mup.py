@@ -422,3 +422,27 @@ def test_a_shrunk_real_mup_file_trains(name, tmp_path):
   )
   assert summary["final_step"] == 3 and summary["losses"]
   assert all(math.isfinite(loss) for _, loss in summary["losses"])
+
+
+@pytest.mark.slow  # two short runs
+def test_a_run_resumes_after_its_learning_rate_factors_change(tmp_path):
+  """The factors live in the train step, not the optimizer state: a checkpoint of a muP run resumes
+  with other factors (here all 1), and the note names the changed settings."""
+  from wafer import runner
+
+  name = DATA / "Release_2.4.3/gpt3/Cerebras_GPT/256m_mup.yaml"
+  common = [
+    *SHRUNK,
+    "model.mup_base_hidden_size=32",
+    "model.mup_base_filter_size=128",
+    f"runconfig.model_dir={tmp_path}",
+    "runconfig.checkpoint_steps=2",
+    "runconfig.eval_steps=1",
+  ]
+  assert runner.run_params(name, [*common, "runconfig.max_steps=2"])["final_step"] == 2
+  ones = [
+    f"optimizer.adjust_learning_rate.{g}=1.0"
+    for g in ("decoder_attention", "decoder_input_ffn", "decoder_output_ffn")
+  ]
+  resumed = runner.run_params(name, [*common, *ones, "runconfig.max_steps=4"])
+  assert resumed["final_step"] == 4 and [step for step, _ in resumed["losses"]] == [3, 4]
