@@ -53,21 +53,7 @@ import jax
 from pydantic import Field, model_validator
 
 from models.common import AttentionConfig
-
-
-def path_names(path: Any) -> tuple[str, ...]:
-  """The names on a `jax.tree_util` key path (dict keys, attributes, indices as strings), without
-  nnx's ``value`` attribute of a variable."""
-  names = []
-  for k in path:
-    if isinstance(k, jax.tree_util.DictKey):
-      names.append(str(k.key))
-    elif isinstance(k, jax.tree_util.GetAttrKey):
-      if k.name != "value":
-        names.append(k.name)
-    elif isinstance(k, jax.tree_util.SequenceKey):
-      names.append(str(k.idx))
-  return tuple(names)
+from wafer.optim import path_names
 
 
 class MupConfig(AttentionConfig):

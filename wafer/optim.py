@@ -50,6 +50,7 @@ __all__ = (
   "apply_gradients",
   "decays",
   "clip_by_global_norm",
+  "path_names",
   "scale_by_adam",
   "scale_by_adamax",
   "scale_by_learning_rate_multipliers",
@@ -118,6 +119,26 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+def path_names(path: Sequence[Any]) -> tuple[str, ...]:
+  """The names on a `jax.tree_util` key path: dict keys, attributes and sequence indices as strings,
+  without the ``value`` attribute of an nnx variable.
+
+  >>> from jax.tree_util import DictKey, GetAttrKey, SequenceKey
+  >>> path_names((DictKey("layers"), SequenceKey(0), DictKey("kernel"), GetAttrKey("value")))
+  ('layers', '0', 'kernel')
+  """
+  names = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey):
+      names.append(str(k.key))
+    elif isinstance(k, jax.tree_util.GetAttrKey):
+      if k.name != "value":
+        names.append(k.name)
+    elif isinstance(k, jax.tree_util.SequenceKey):
+      names.append(str(k.idx))
+  return tuple(names)
+
+
 def decays(path: Sequence[Any]) -> bool:
   """Whether weight decay applies to the parameter at ``path`` (a `jax.tree_util` key path).
 
@@ -134,8 +155,7 @@ def decays(path: Sequence[Any]) -> bool:
   >>> [decays((DictKey("mlp"), DictKey(n))) for n in ("kernel", "bias", "scale", "embedding")]
   [True, False, False, True]
   """
-  names = [str(k.key) if isinstance(k, jax.tree_util.DictKey) else getattr(k, "name", None) for k in path]
-  names = [n for n in names if n is not None and n != "value"] or [""]  # nnx's Variable.value is not a name
+  names = path_names(path) or ("",)
   return not any("bias" in n for n in names) and names[-1] != "scale"
 
 

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from models import bert, gpt2
 from models.bert.model import BertConfig
 from models.gpt2.model import GPT2Config
-from models.mup import path_names
 from models.zoo import functional
 from wafer.config import ConfigError, load_params
+from wafer.optim import path_names
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "modelzoo"
@@ -91,32 +91,24 @@ def test_the_real_mup_files_get_modelzoos_numbers(name):
     assert model.initializer_std(which) == pytest.approx(std, rel=1e-5), which
 
 
+_SMALL = dict(
+  vocab_size=64,
+  hidden_size=64,
+  num_hidden_layers=2,
+  num_heads=4,  # head_dim 16: 1 / sqrt(16) and 1 / 16 are powers of two
+  filter_size=128,
+  max_position_embeddings=32,
+  dropout_rate=0.0,
+  share_embedding_weights=False,
+)
+
+
 def _gpt(**update) -> GPT2Config:
-  base = dict(
-    vocab_size=64,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_heads=4,  # head_dim 16: 1 / sqrt(16) and 1 / 16 are powers of two
-    filter_size=128,
-    max_position_embeddings=32,
-    dropout_rate=0.0,
-    share_embedding_weights=False,
-  )
-  return GPT2Config(**{**base, **update})
+  return GPT2Config(**{**_SMALL, **update})
 
 
 def _bert(**update) -> BertConfig:
-  base = dict(
-    vocab_size=64,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_heads=4,
-    filter_size=128,
-    max_position_embeddings=32,
-    dropout_rate=0.0,
-    share_embedding_weights=False,
-  )
-  return BertConfig(**{**base, **update})
+  return BertConfig(**{**_SMALL, **update})
 
 
 def _scaled(params, rules):
