@@ -7,6 +7,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from wafer import registry
 from wafer.compile import cheap_sharding_probes
 from wafer.config import ConfigError, Params, RunConfig, Runtime, load_params
@@ -17,11 +19,13 @@ from wafer.train import RunSummary, Task, run, seed_of
 
 @dataclasses.dataclass
 class Plan:
-  """Everything `wafer.train.run` needs, built from one params file: the task and the runtime."""
+  """Everything `wafer.train.run` needs, built from one params file: the task and the runtime, and
+  ``notes`` on what the runtime does with the model (weight sparsity's tensors), printed first."""
 
   params: Params
   task: Task
   runtime: Runtime
+  notes: tuple[str, ...] = ()
 
   @property
   def optimizer(self) -> Any:
@@ -49,7 +53,12 @@ def plan(params: Params) -> Plan:
   """Resolve the model (`wafer.registry`) and build the runtime objects of ``params`` (`Params.build`)."""
   with cheap_sharding_probes():  # model builders trace their initialisers (nnx.eval_shape)
     task = registry.get_model(params.model.name)(params)
-  return Plan(params, task, params.build())  # eval-only files: identity optimizer, static scale 1
+  runtime = params.build()  # eval-only files: identity optimizer, static scale 1
+  notes = []
+  describe = getattr(runtime.optimizer, "describe", None)  # weight sparsity (wafer.sparsity)
+  if describe is not None:  # its filters checked against the model's parameters before any trace
+    notes.append(describe(jax.eval_shape(task.init_params, jax.random.key(0))))
+  return Plan(params, task, runtime, tuple(notes))
 
 
 def load_plan(
@@ -108,6 +117,8 @@ def run_plan(p: Plan, *, progress: bool = True) -> RunSummary:
   note = schedule_note(p.params)
   if note is not None:
     print(note, flush=True)
+  for line in p.notes:
+    print(line, flush=True)
   return run(p.task, p.runtime, progress=progress)
 
 

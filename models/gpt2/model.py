@@ -93,6 +93,41 @@ class GPT2Config(MupConfig):
     w, f = self.width_multiplier, self.filter_multiplier
     return {"decoder_attention": 1 / w, "decoder_input_ffn": 1 / w, "decoder_output_ffn": 1 / f}
 
+  def parameter_name(self, names: tuple[str, ...]) -> str:
+    """Modelzoo's torch name of the parameter at ``names`` (what ``sparsity`` filters match).
+
+    Modules as in modelzoo's GPT-2/3 (``gpt2_model.py``, ``TransformerDecoderLayer.py``,
+    ``AttentionLayer.py``, ``FeedForwardNetwork.py`` of releases 2.1 to 2.10, under the wrapper's
+    ``model``); a torch ``weight`` is a Flax ``kernel``, ``embedding`` or norm ``scale``.
+
+    >>> GPT2Config().parameter_name(("layers", "3", "attention", "query", "kernel"))
+    'model.transformer_decoder.layers.3.self_attn.proj_q_dense_layer.weight'
+    >>> GPT2Config().parameter_name(("layers", "3", "ffn_out", "bias"))
+    'model.transformer_decoder.layers.3.ffn.ffn.1.linear_layer.bias'
+    """
+    if not names:
+      return "model"
+    leaf = "bias" if names[-1] == "bias" else "weight"
+    head, rest = names[0], names[1:-1]
+    if head == "layers" and len(rest) >= 2:
+      i, module = rest[0], rest[1:]
+      layer = f"model.transformer_decoder.layers.{i}."
+      if module[0] == "attention" and len(module) == 2:
+        proj = {"query": "q", "key": "k", "value": "v", "output": "output"}.get(module[1], module[1])
+        return f"{layer}self_attn.proj_{proj}_dense_layer.{leaf}"
+      local = {"attention_norm": "norm1", "ffn_norm": "norm3", "ffn_in": "ffn.ffn.0.linear_layer"}
+      local["ffn_out"] = "ffn.ffn.1.linear_layer"
+      return f"{layer}{local.get(module[0], '.'.join(module))}.{leaf}"
+    top = {
+      "word_embeddings": "model.embedding_layer.word_embeddings",
+      "position_embeddings": "model.embedding_layer.position_embeddings",
+      "final_norm": "model.ln_f",
+      "lm_head": "model.lm_head",
+    }
+    if head == "output_bias":
+      return "model.lm_head.bias"
+    return f"{top.get(head, 'model.' + head)}.{leaf}" if not rest else "model." + ".".join(names)
+
   def initializer_std(self, which: str) -> float:
     """The std of ``which`` (an initializer key), modelzoo's defaults when it is absent, scaled for
     muP (`models.mup`): ``initializer`` (q/k/v, first FFN layer), ``output_layer_initializer``

@@ -19,14 +19,11 @@ from wafer.config.modelzoo import IGNORED
 DATA = pathlib.Path(__file__).parents[1] / "data" / "modelzoo"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 
-_SPARSITY, _TF = "sparsity", "TensorFlow"
+_TF = "TensorFlow"
 REFUSED = {
   "R_1.6.0/fc_mnist_tf/params.yaml": _TF,
   "R_1.6.0/tf/params_bert_base_msl128.yaml": _TF,
   "R_1.6.0/tf/params_gpt3_xl_ws.yaml": _TF,
-  "Release_2.1.1/gpt3/sparsity/params_gpt3_125m_rigl75.yaml": _SPARSITY,
-  "Release_2.4.3/gpt3/sparsity/params_gpt3_125m_static75.yaml": _SPARSITY,
-  "Release_2.10.0/gpt3/sparsity/params_gpt3_125m_set75.yaml": _SPARSITY,
 }
 """The files wafer refuses, and why; every other file of the manifest must validate."""
 EXPECTED = {e["file"]: REFUSED.get(e["file"], "ok") for e in MANIFEST}
@@ -130,14 +127,20 @@ def test_an_ignorable_key_changes_nothing_but_the_notes(keys, value):
 @given(n=st.integers(1, 4), m=st.integers(0, 4))
 def test_independent_bad_keys_are_all_reported_and_features_in_one_problem(n, m):
   bad = [f"runconfig.no_such_key_{i}=1" for i in range(n)]
-  sparse = [f"{s}.sparsity=0.5" for s, _ in zip(["model", "optimizer"], range(m))]
+  tf_keys = [
+    "runconfig.tf_random_seed=1",
+    "runconfig.save_checkpoints_steps=10",
+    "model.use_vsl=true",
+    "train_input.num_parallel_calls=4",
+  ]
+  tf = tf_keys[:m]
   with pytest.raises(ConfigError) as info:
-    load_params(BASE, bad + sparse)
+    load_params(BASE, bad + tf)
   problems = info.value.problems
-  assert sum("no_such_key" in p.path for p in problems) == n
+  assert sum("no_such_key" in p.path for p in problems) == (0 if tf else n)  # a TF file: the refusal is all
   feature = [p for p in problems if "features wafer does not have" in p.message]
-  assert len(feature) == (1 if sparse else 0)
-  for text in sparse:
+  assert len(feature) == (1 if tf else 0)
+  for text in tf:
     assert text.split("=")[0] in feature[0].message
 
 
@@ -294,13 +297,13 @@ def test_the_half_type_default_follows_the_given_release(major, minor, model):
   )
 
 
-def test_trainer_layout_conversion_problems_come_with_the_refused_features(tmp_path):
+def test_trainer_layout_conversion_problems_are_reported_together(tmp_path):
   data = yaml.safe_load(
     (DATA / "Release_2.4.3" / "gpt3" / "sparsity" / "params_gpt3_125m_static75.yaml").read_text()
   )
   data["trainer"]["init"]["callbacks"].append({"NoSuchCallback": {}})
   data["trainer"]["init"]["model"]["no_such_model_key"] = 1
-  data["trainer"]["init"]["model"]["sparsity"] = 0.5
+  data["trainer"]["init"]["sparsity"]["algorithm"] = "gmp"
   path = tmp_path / "params_gpt3_125m_static75.yaml"
   path.write_text(yaml.safe_dump(data))
   with pytest.raises(ConfigError) as info:
@@ -308,9 +311,7 @@ def test_trainer_layout_conversion_problems_come_with_the_refused_features(tmp_p
   text = str(info.value)
   assert "callback 'NoSuchCallback' is not converted" in text
   assert "no_such_model_key" in text
-  assert text.count("features wafer does not have") == 1 and "sparsity" in text
-  for key in ("trainer.init.sparsity", "trainer.init.model.sparsity"):
-    assert key in text
+  assert "gmp" in text and "features wafer does not have" not in text
   assert not any("ComputeNorm" in p.path for p in info.value.problems)  # logging only: ignored
 
 

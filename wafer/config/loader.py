@@ -277,13 +277,14 @@ def _takes_null(schema: type[BaseModel], key: str) -> bool:
 
 def _validate_section(key: str, value: Any) -> tuple[Any, list[Problem]]:
   """``(section object or None, problems)`` of one section's mapping, by its (registered) schema."""
-  if not isinstance(value, dict):
+  if not isinstance(value, dict) and key != "sparsity":  # sparsity: also a number or a list of groups
     return None, [Problem((key,), "must be a mapping of keys", value)]
   schema = section_schema(key, value)  # a model or input section: after the plugins registered theirs
   # a key set to null is absent (its default applies) unless null is one of its values: a key the schema
   # does not have (``optimizer.momentum=null`` when switching optimizer_type), or one that takes no null
   # (``optimizer.momentum=null`` for SGD: momentum's default)
-  value = {k: v for k, v in value.items() if v is not None or _takes_null(schema, k)}
+  if isinstance(value, dict):
+    value = {k: v for k, v in value.items() if v is not None or _takes_null(schema, k)}
   problems: list[Problem] = []
   processor = value.get("data_processor") if key in ("train_input", "eval_input") else None
   if isinstance(processor, str) and schema is SECTIONS[key] and registered_input_schemas():

@@ -142,7 +142,6 @@ RENAMED: tuple[Rename, ...] = (
 """Keys whose name or place changed between releases."""
 
 FEATURES: dict[str, tuple[tuple[str, str], ...]] = {
-  "sparsity": (("", "sparsity"), ("optimizer", "sparsity"), ("model", "sparsity")),
   "TensorFlow input (TFRecords / tf.data, the TF estimator)": (
     ("input", "num_parallel_calls"),
     ("runconfig", "save_checkpoints_steps"),

@@ -26,6 +26,7 @@ from wafer.config.schema import (
   Section,
   batch_split_problem,
 )
+from wafer.config.sparsity import SparsityConfig
 
 SECTIONS: dict[str, type[Section]] = {
   "train_input": InputConfig,
@@ -34,6 +35,7 @@ SECTIONS: dict[str, type[Section]] = {
   "optimizer": OptimizerConfig,
   "runconfig": RunConfig,
   "csconfig": CSConfig,
+  "sparsity": SparsityConfig,
 }
 
 _MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {}
@@ -145,6 +147,7 @@ class Params(BaseModel):
     optimizer: None when absent (eval-only files).
     runconfig: run keys, defaults when absent.
     csconfig: the 1.x ``csconfig`` section, when present.
+    sparsity: the ``sparsity`` section (weight sparsity, `wafer.config.sparsity`), when present.
     source: the file it came from.
     lines: the loader's line map, ``{key path: 1-based line}`` of the file as written (empty for a
       mapping); `line` reads it.
@@ -162,6 +165,7 @@ class Params(BaseModel):
   optimizer: Optimizer | None = None
   runconfig: RunConfig = Field(default_factory=RunConfig)
   csconfig: CSConfig | None = None
+  sparsity: SparsityConfig | None = None
   source: str | None = None
   lines: dict[tuple[str | int, ...], int] = Field(default_factory=dict, exclude=True, repr=False)
   release: Any = Field(default=None, exclude=True)
@@ -313,7 +317,9 @@ class Params(BaseModel):
   def build_optimizer(self) -> tuple[Any, Any]:
     """``(tx, loss_scale)`` of the ``optimizer`` section under this file's policy.
 
-    Eval-only files (no ``optimizer``) get ``optax.identity()`` and a static scale of 1.
+    Eval-only files (no ``optimizer``) get ``optax.identity()`` and a static scale of 1. With a
+    ``sparsity`` section the optimizer is wrapped by `wafer.sparsity.sparsify` (its masks live in the
+    optimizer state), the filters matching the model's parameter names (`ModelConfig.parameter_name`).
     """
     if self.optimizer is None:
       import optax
@@ -321,7 +327,12 @@ class Params(BaseModel):
       from precision import StaticLossScale
 
       return optax.identity(), StaticLossScale.create(1.0)
-    return self.optimizer.build(self.policy().compute)
+    tx, loss_scale = self.optimizer.build(self.policy().compute)
+    if self.sparsity is not None:
+      tx = self.sparsity.build(
+        tx, self.model.parameter_name, seed=self.runconfig.run_seed, source=self.source
+      )
+    return tx, loss_scale
 
   def build(self) -> Runtime:
     """The runtime objects of this file: optimizer, loss scale, policy and run settings, for

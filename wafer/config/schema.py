@@ -182,6 +182,11 @@ class RunConfig(Section):
       raise ValueError("must name a directory (an empty path would mean the current directory)")
     return v
 
+  @property
+  def run_seed(self) -> int:
+    """The run's seed: ``seed``, 1 when unset (weights, data order, dropout, sparsity masks)."""
+    return 1 if self.seed is None else self.seed
+
   def num_train_steps(self, initial_step: int = 0, dataloader_len: int | None = None) -> int:
     """Steps to run from ``initial_step`` (cstorch's ``compute_num_steps``; docs/references.md, "Step
     closures, the executor and the run config").
@@ -274,6 +279,17 @@ class ModelConfig(OpenSection):
       ValueError: the factors contradict each other (the message says how).
     """
     return {g: float(s) for g, s in (adjust or {}).items() if s != 1.0}
+
+  def parameter_name(self, names: tuple[str, ...]) -> str:
+    """The name of the parameter at ``names`` (`wafer.optim.path_names`) that a ``sparsity`` filter
+    matches: modelzoo's torch name in a model that maps its parameters (GPT:
+    ``model.transformer_decoder.layers.0.self_attn.proj_q_dense_layer.weight``), else the names
+    joined by dots.
+
+    >>> ModelConfig().parameter_name(("layers", "0", "kernel"))
+    'layers.0.kernel'
+    """
+    return ".".join(names)
 
 
 class InputConfig(OpenSection):

@@ -34,8 +34,7 @@ dataloaders`` (a single one)
 ``fit.ckpt_path`` / ``validate.ckpt_path``               ``runconfig.checkpoint_path``
 =======================================================  ==========================================
 
-``init.sparsity`` becomes the top-level ``sparsity`` (refused as a feature wafer lacks, with the
-others: `wafer.config.modelzoo`); a logging-only callback (``ComputeNorm``) is ignored with a note.
+``init.sparsity`` becomes the top-level ``sparsity`` (`wafer.config.sparsity`); a logging-only callback (``ComputeNorm``) is ignored with a note.
 
 The mode defaults to ``train`` when there is a ``fit`` section, else ``eval`` (``validate``) or
 ``eval_all`` (``validate_all`` only). Anything else (other callbacks, several LR schedulers,
@@ -227,7 +226,7 @@ def _convert_init(c: _Converter, init: dict[str, Any], iloc: Loc) -> None:
       c.put(("runconfig", key), init[key], iloc + (key,))
   if "model" in init:
     c.put(("model",), c.mapping(init["model"], iloc + ("model",)), iloc + ("model",))
-  if "sparsity" in init:  # refused with the other features wafer lacks (wafer.config.modelzoo.FEATURES)
+  if "sparsity" in init:  # weight sparsity (wafer.config.sparsity)
     c.put(("sparsity",), init["sparsity"], iloc + ("sparsity",))
   if "optimizer" in init:
     _convert_optimizer(c, init["optimizer"], iloc + ("optimizer",))

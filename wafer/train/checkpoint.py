@@ -161,8 +161,8 @@ class Checkpoints:
     if mismatch is not None:  # checked before orbax starts reading: a failed read leaves its threads behind
       raise CheckpointMismatch(
         f"The checkpoint of step {step} in {self.directory} does not fit this model: {mismatch}. The "
-        "model keys (sizes, vocab_size, layers) and the optimizer must be the ones the checkpoint was written "
-        "with; restore them, or use a new model_dir.",
+        "model keys (sizes, vocab_size, layers), the optimizer and the sparsity section must be the ones "
+        "the checkpoint was written with; restore them, or use a new model_dir.",
         step,
       )
 

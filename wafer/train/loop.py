@@ -59,8 +59,8 @@ from wafer.train.task import Task, next_batch
 
 
 def seed_of(runconfig: RunConfig) -> int:
-  """The run seed: ``runconfig.seed``, 1 when unset."""
-  return 1 if runconfig.seed is None else runconfig.seed
+  """The run seed: ``runconfig.seed``, 1 when unset (`RunConfig.run_seed`)."""
+  return runconfig.run_seed
 
 
 def steps_to_run(runconfig: RunConfig, initial_step: int, data: Any = None) -> int:
@@ -203,7 +203,7 @@ def run(
   return RunSummary.from_dict(summary)
 
 
-_COMPARED_SECTIONS = ("model", "train_input", "optimizer")
+_COMPARED_SECTIONS = ("model", "train_input", "optimizer", "sparsity")
 """The params sections a checkpoint records (runconfig keys such as max_steps change between runs by design)."""
 
 
@@ -219,7 +219,12 @@ def settings_of(config: Any) -> dict[str, Any]:
   for section in _COMPARED_SECTIONS:
     value = config.get(section) if isinstance(config, dict) else getattr(config, section, None)
     try:  # each section by its own (model plugin's) schema: the Params field's type would drop its keys
-      dump[section] = value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+      # sparsity's many optional keys: only those given (the section is recorded since it was added)
+      dump[section] = (
+        value.model_dump(mode="json", exclude_none=section == "sparsity")
+        if hasattr(value, "model_dump")
+        else value
+      )
     except Exception:  # a section that cannot be dumped is not recorded (nothing to compare, no error)
       continue
   out: dict[str, Any] = {}

@@ -46,14 +46,17 @@ def initial_state(
 ) -> TrainState:
   """Step 0: ``task.init_params(key)``, the optimizer's initial state, ``loss_scale``, step 0, batch 0.
 
-  Every leaf is its own buffer (the train step donates the state, and a buffer cannot be donated
+  An optimizer with a ``prune(params, opt_state)`` (weight sparsity, `wafer.sparsity.sparsify`) masks
+  the initial parameters. Every leaf is its own buffer (the train step donates the state, and a buffer cannot be donated
   twice).
   """
   params = task.init_params(key)
   _check_params(task, params)
-  state = TrainState(
-    params, optimizer.init(params), loss_scale, jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32)
-  )
+  opt_state = optimizer.init(params)
+  prune = getattr(optimizer, "prune", None)  # weight sparsity: the initial weights masked
+  if prune is not None:
+    params = prune(params, opt_state)
+  state = TrainState(params, opt_state, loss_scale, jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
   return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
 
 

@@ -55,9 +55,11 @@ def make_train_step(
   optimizer without one). ``state.step`` and ``state.data_position`` advance by one on every step.
   The task's ``learning_rate_multipliers`` scale the optimizer's updates, per parameter
   (`wafer.optim.scale_by_learning_rate_multipliers`), outside the optimizer state: a run resumes
-  whatever factors it had.
+  whatever factors it had. An optimizer with an ``after_step(params, opt_state, grads)`` (weight
+  sparsity, `wafer.sparsity.sparsify`) ends each applied step with it (given the dense gradients).
   """
   loss_fn = _under_policy(task.loss_fn, policy, "loss_fn")
+  after_step = getattr(optimizer, "after_step", None)
 
   def train_step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
     ls = state.loss_scale
@@ -70,6 +72,8 @@ def make_train_step(
         updates, optax.EmptyState()
       )
     params = optax.apply_updates(state.params, updates)
+    if after_step is not None:  # weight sparsity: prune, count the step, update dynamic masks
+      params, opt_state = after_step(params, opt_state, grads)
     params, opt_state = precision.select_tree(finite, (params, opt_state), (state.params, state.opt_state))
     metrics = {
       "loss": scaled / ls.loss_scale,
