@@ -9,11 +9,13 @@ exactly zero. wafer does the same with one boolean mask per tensor:
   sparsity): the ``k`` largest of uniform random scores (``init_method: random``, an exactly-``k``
   uniformly random subset), of ``|W|`` (``topk``), or the non-zero weights (``from_zeros``). The
   initial weights are multiplied by their mask before the first forward pass.
-* **Every step** (`sparsify`'s ``update``, then its ``after_step``): the gradients of pruned weights are set to 0 before
-  clipping and the update rule (a select: a NaN there is dropped too), the update runs, and then the
-  weights and every optimizer-state tensor of a weight's shape (Adam's moments) are set to 0 where
-  the mask is 0. So a pruned weight and its moments are exactly 0 at the end of every step, and
-  weight decay does nothing to it.
+* **Every step** (`sparsify`'s ``update``, then its ``after_step``): the gradients of pruned weights
+  are set to 0 before the loss scaling's finiteness test, clipping and the update rule (a select: a
+  NaN or inf there is dropped, so it skips no step), the update runs, and then the weights are set to
+  0 where the mask is 0 and every optimizer-state tensor of a weight's shape to its initial value
+  (Cerebras zeroes them: 0 for Adam's moments and momentum; Rprop's step sizes restart at the initial
+  step). So a pruned weight and its moments are exactly 0 at the end of every step, and weight decay
+  does nothing to it.
 * **Dynamic sparsity** (``set``, ``rigl``): after optimizer step ``s`` (1-based: the steps applied;
   a step skipped for non-finite gradients does not count), when ``s`` is an update step
   (``(s - start) % freq == 0``, ``start <= s < stop``, or ``s`` in a list), each tensor keeps its
@@ -154,12 +156,14 @@ class Group:
     init_method: ``"random"``, ``"topk"`` (largest ``|W|``) or ``"from_zeros"`` (``W != 0``).
     drop_fraction: `DropFraction` (dynamic algorithms).
     update: `UpdateSchedule` (dynamic algorithms).
+    rounding: how the kept count is rounded (`keep_count`): ``"floor"`` (2.x) or ``"round"`` (1.x sideband).
   """
 
   algorithm: Literal["static", "set", "rigl"] = "static"
   init_method: Literal["random", "topk", "from_zeros"] = "random"
   drop_fraction: DropFraction = DropFraction()
   update: UpdateSchedule = UpdateSchedule()
+  rounding: Literal["floor", "round"] = "floor"
 
   def __post_init__(self) -> None:
     if self.algorithm not in ALGORITHMS:
@@ -180,7 +184,8 @@ class SparsityState(NamedTuple):
       bool scalar True for a dense parameter.
     step: int32 scalar, the optimizer steps applied (Cerebras' 1-based update counter before the
       next step).
-    key: uint32[2], the PRNG key data SET's regrowth draws from (with ``step`` folded in).
+    key: uint32 array, the raw PRNG key data (``jax.random.key_data``) SET's regrowth draws from
+      (with ``step`` folded in).
     inner: the wrapped transformation's state.
   """
 
@@ -190,12 +195,17 @@ class SparsityState(NamedTuple):
   inner: Any
 
 
-def keep_count(numel: int, sparsity: float) -> int:
-  """How many of ``numel`` weights a mask of ``sparsity`` keeps: ``floor(float32((1 - s) N))``.
+def keep_count(numel: int, sparsity: float, rounding: str = "floor") -> int:
+  """How many of ``numel`` weights a mask of ``sparsity`` keeps: ``floor(float32((1 - s) N))`` (2.x),
+  or ``N - round(s N)`` with ``rounding="round"`` (1.x sideband sparsity, NumPy's round).
 
   >>> keep_count(768 * 768, 0.75), keep_count(10, 0.75), keep_count(7, 0.0)
   (147456, 2, 7)
+  >>> keep_count(64, 0.3), keep_count(64, 0.3, "round")
+  (44, 45)
   """
+  if rounding == "round":
+    return numel - int(np.round(sparsity * numel))
   return int(np.float32(np.float32(1.0 - sparsity) * np.float32(numel)))
 
 
@@ -218,7 +228,7 @@ def _initial_mask(group: Group, sparsity: float, param: jax.Array, key: jax.Arra
     return jnp.ones(param.shape, bool)
   if group.init_method == "from_zeros":
     return param != 0
-  k = keep_count(param.size, sparsity)
+  k = keep_count(param.size, sparsity, group.rounding)
   scores = (
     jnp.abs(param) if group.init_method == "topk" else jax.random.uniform(key, param.shape, jnp.float32)
   )
@@ -305,17 +315,27 @@ def sparsify(
         regrown = jax.lax.cond(
           group.update.is_update(step),
           lambda m=m, w=w, g=g, i=i, group=group, level=level: _regrow(
-            group, m, w, g, jax.random.fold_in(key, i), group.drop_fraction(step), keep_count(m.size, level)
+            group,
+            m,
+            w,
+            g,
+            jax.random.fold_in(key, i),
+            group.drop_fraction(step),
+            keep_count(m.size, level, group.rounding),
           ),
           lambda m=m: m,
         )
         new.append(regrown)
       mask_tree = treedef.unflatten(new)
     pruned = _apply(params, mask_tree)
-    return pruned, state._replace(masks=mask_tree, step=step, inner=_prune_inner(state.inner, mask_tree))
+    inner_state = _prune_inner(state.inner, inner.init(pruned), mask_tree)
+    return pruned, state._replace(masks=mask_tree, step=step, inner=inner_state)
 
   def prune(params: Any, state: SparsityState) -> Any:
     return _apply(params, state.masks)
+
+  def mask_gradients(grads: Any, state: SparsityState) -> Any:
+    return _apply(grads, state.masks)
 
   def describe(params: Any) -> str:
     leaves, treedef = jax.tree.flatten(params)
@@ -329,7 +349,7 @@ def sparsify(
         if s and int(i) == gi
       ]
       total = sum(n for n, _ in chosen)
-      kept = sum(keep_count(n, s) for n, s in chosen)
+      kept = sum(keep_count(n, s, group.rounding) for n, s in chosen)
       levels_text = "/".join(sorted({f"{s:.4g}" for _, s in chosen}))
       text = (
         f"{len(chosen)} tensors of {len(leaves)} at sparsity {levels_text} ({kept:,} of {total:,} weights kept), "
@@ -345,7 +365,7 @@ def sparsify(
       "estimate is the dense model's"
     )
 
-  return Sparsified(init, update, prune, after_step, groups, describe)
+  return Sparsified(init, update, prune, after_step, groups, describe, mask_gradients)
 
 
 class Sparsified(NamedTuple):
@@ -360,6 +380,8 @@ class Sparsified(NamedTuple):
       dynamic masks first (``grads``: the step's dense gradients, RigL's scores).
     groups: the `Group` of each sparsity group.
     describe: ``params -> str``: one line for a run's notes (tensors, weights kept, updates).
+    mask_gradients: ``(grads, state) -> grads``: 0 where pruned (a select: a NaN or inf there is
+      dropped), what the loss scaling's finiteness test and ``update`` see.
   """
 
   init: Callable[..., Any]
@@ -368,6 +390,7 @@ class Sparsified(NamedTuple):
   after_step: Callable[..., Any]
   groups: tuple[Group, ...]
   describe: Callable[[Any], str]
+  mask_gradients: Callable[..., Any]
 
 
 def masks(opt_state: Any) -> Any:
@@ -380,27 +403,31 @@ def _apply(tree: Any, mask_tree: Any) -> Any:
   return jax.tree.map(lambda x, m: x if _dense(m) else jnp.where(m, x, jnp.zeros_like(x)), tree, mask_tree)
 
 
-def _prune_inner(inner: Any, mask_tree: Any) -> Any:
-  """Every subtree of ``inner`` shaped like the params, its leaves of a weight's shape masked (Cerebras
-  prunes every optimizer-state tensor of the weight's shape: Adam's moments, SGD's momentum)."""
+def _prune_inner(inner: Any, fresh: Any, mask_tree: Any) -> Any:
+  """Every subtree of ``inner`` shaped like the params: its leaves of a weight's shape reset to their
+  initial value (``fresh``, the same optimizer's ``init``) where the mask is False.
+
+  Cerebras zeroes every optimizer-state tensor of a weight's shape there; the initial value is 0 for
+  Adam's moments, SGD's momentum and the other accumulators, and a reset keeps the state usable where
+  it is not (Rprop's step sizes start at the initial step, and a zero step size never grows again)."""
   treedef = jax.tree.structure(mask_tree)
   mask_leaves = jax.tree.leaves(mask_tree)
 
   def like_params(x: Any) -> bool:
     return jax.tree.structure(x) == treedef
 
-  def prune_subtree(x: Any) -> Any:
+  def prune_subtree(x: Any, start: Any) -> Any:
     if not like_params(x):
       return x
     leaves = [
       leaf
       if _dense(m) or getattr(leaf, "shape", None) != m.shape
-      else jnp.where(m, leaf, jnp.zeros_like(leaf))
-      for leaf, m in zip(jax.tree.leaves(x), mask_leaves, strict=True)
+      else jnp.where(m, leaf, jnp.broadcast_to(s, leaf.shape).astype(leaf.dtype))
+      for leaf, s, m in zip(jax.tree.leaves(x), jax.tree.leaves(start), mask_leaves, strict=True)
     ]
     return treedef.unflatten(leaves)
 
-  return jax.tree.map(prune_subtree, inner, is_leaf=like_params)
+  return jax.tree.map(prune_subtree, inner, fresh, is_leaf=like_params)
 
 
 def _regrow(
@@ -410,6 +437,7 @@ def _regrow(
   weights, grow to ``target`` where the score is largest among the others (those just dropped too)."""
   kept = jnp.sum(mask, dtype=jnp.int32)
   keep = jnp.floor((jnp.float32(1.0) - d) * kept.astype(jnp.float32)).astype(jnp.int32)
+  keep = jnp.clip(keep, 0, kept)
   survivors = top_mask(jnp.where(mask, jnp.abs(w).astype(jnp.float32), -jnp.inf), keep)
   if group.algorithm == "rigl":
     score = jnp.abs(grad).astype(jnp.float32)

@@ -131,6 +131,7 @@ def _train(tx, params, steps, seed=0, *, jit=True):
 OPTIMIZERS = {
   "sgd+momentum": lambda: _std(optax.sgd(0.1, momentum=0.9)),
   "adam": lambda: _std(optax.adam(0.05)),
+  "sgd+clip": lambda: _std(optax.chain(optax.clip_by_global_norm(0.1), optax.sgd(0.1))),  # clips masked grads
   "adamw+decay+clip": lambda: _std(
     optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(0.05, weight_decay=0.1))
   ),
@@ -236,12 +237,13 @@ def test_survivors_are_the_largest_weights_of_the_old_mask():
   state = tx.init(params)
   assert np.asarray(masks(state)["w"]).tolist() == [[False, False, True, True], [True, True, True, True]]
   params = tx.prune(params, state)
-  grads = {"w": jnp.array([[9.0, 8.0, 0.0, 0.0], [0.0, 0.0, 0.0, 7.0]])}
+  grads = {"w": jnp.array([[9.0, 8.0, 0.0, 100.0], [0.0, 0.0, 0.0, 7.0]])}
   updates, state = tx.update(grads, state, params)
   params, state = tx.after_step(optax.apply_updates(params, updates), state, grads)
-  # keep |W| 8, 7, 6; grow the 3 largest |g| among the rest: 9, 8 (pruned before: start at 0), 0 (tie: lowest index)
-  assert np.asarray(masks(state)["w"]).tolist() == [[True, True, True, False], [False, True, True, True]]
-  assert np.asarray(params["w"]).tolist() == [[0.0, 0.0, 3.0, 0.0], [0.0, 6.0, 7.0, 8.0]]
+  # keep |W| 8, 7, 6; grow the 3 largest |g| among the rest, the just-dropped 4 included: 100 (W = 4 keeps
+  # its value), 9, 8 (pruned before: they start at 0)
+  assert np.asarray(masks(state)["w"]).tolist() == [[True, True, False, True], [False, True, True, True]]
+  assert np.asarray(params["w"]).tolist() == [[0.0, 0.0, 0.0, 4.0], [0.0, 6.0, 7.0, 8.0]]
 
 
 def test_the_cosine_drop_fraction_gives_cerebras_counts():
@@ -301,6 +303,8 @@ def test_a_skipped_step_neither_counts_nor_updates_the_masks():
   group = Group(algorithm="set", update=UpdateSchedule(freq=1))
   tx = sparsify(_std(optax.adam(0.05)), _levels(0.5), group)
   state = initial_state(task, tx, precision.DynamicLossScale.create("float16"), jax.random.key(0))
+  for key in ("a", "c"):  # the initial weights are pruned
+    assert not np.any(np.asarray(state.params[key])[~np.asarray(masks(state.opt_state)[key])])
   step = jax.jit(make_train_step(task, tx, precision.Policy(compute="float32")))
   bad = jnp.full((5, 6), jnp.inf)
   held, metrics = step(state, bad)
@@ -313,6 +317,52 @@ def test_a_skipped_step_neither_counts_nor_updates_the_masks():
   good, metrics = step(state, jnp.ones((5, 6)))
   assert not bool(metrics["skipped"]) and int(good.opt_state.step) == 1
   assert isinstance(good.opt_state, SparsityState)
+
+
+@jax.custom_vjp
+def _sum_inf_where_zero(w):
+  return jnp.sum(w)
+
+
+_sum_inf_where_zero.defvjp(
+  lambda w: (jnp.sum(w), w), lambda w, g: (jnp.where(w == 0, jnp.float32(jnp.inf), g * jnp.ones_like(w)),)
+)
+
+
+def test_non_finite_gradients_of_pruned_weights_skip_no_step():
+  """Cerebras selects the pruned gradients away before the loss scaling sees them: an inf there (here
+  every zero weight's gradient) neither skips the step nor reaches a weight."""
+  import precision
+  from wafer.train import Task, initial_state, make_train_step
+
+  def loss(p, batch):
+    return _sum_inf_where_zero(p["a"]) * batch[0, 0] + _loss(p, batch)
+
+  task = Task("t", lambda key: _params(1), loss, lambda seed: None, 5)
+  tx = sparsify(_std(optax.adam(0.05)), _levels(0.5), Group())
+  state = initial_state(task, tx, precision.DynamicLossScale.create("float16"), jax.random.key(0))
+  new, metrics = jax.jit(make_train_step(task, tx, precision.Policy(compute="float32")))(
+    state, jnp.ones((5, 6))
+  )
+  assert not bool(metrics["skipped"]) and int(new.opt_state.step) == 1
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(new.params))
+  assert not np.array_equal(np.asarray(new.params["a"]), np.asarray(state.params["a"]))
+
+
+def test_rprop_weights_grown_from_zero_train_again():
+  """Rprop's step sizes of pruned weights restart at the initial step (a zero step size never grows):
+  the weights SET grows at its update move off 0 in the next steps, as with Adam."""
+  group = Group(algorithm="set", update=UpdateSchedule(freq=3, stop=4))
+  for inner in (optax.rprop(0.01), optax.adam(0.01)):
+    tx = sparsify(_std(inner), _levels(0.5), group, seed=2)
+    _, state, history = _train(tx, _params(2), 10, 2)
+    before, after = np.asarray(masks(history[1][1])["a"]), np.asarray(masks(history[2][1])["a"])
+    grown = after & ~before
+    assert grown.any()
+    final = np.asarray(history[-1][0]["a"])
+    assert np.count_nonzero(final[grown]) >= 0.75 * grown.sum(), (
+      inner
+    )  # all stayed 0 when the step sizes were
 
 
 def test_bad_groups_are_refused():

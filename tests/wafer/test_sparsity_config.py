@@ -174,7 +174,24 @@ def test_a_parameter_belongs_to_the_first_group_that_matches():
     ({"sparsity": 0.5, "schedule": 0.4, "update": {"freq": 2}}, "schedule is sparsity's other name"),
     ({"sparsity": 0.5, "param_filter": "*", "param_name_patterns": ".*"}, "give one"),
     ({"sparsity": 0.5, "balance_in_groups": 2}, "balance_in_groups"),
-    ({"sparsity": 0.5, "drop_fraction": {"type": "linear", "init": 0.3}}, "drop_fraction must be"),
+    (
+      {"sparsity": 0.5, "algorithm": "set", "drop_fraction": {"type": "linear", "init": 0.3}},
+      "drop_fraction must be",
+    ),
+    ({"sparsity": 0.5, "drop_fraction": 0.2}, "only set and rigl change their masks"),
+    ({"sparsity": 0.5, "type": "rigl"}, "schedule: required for type rigl"),
+    ({"sparsity": 0.5, "param_name_patterns": "proj_[q"}, "not a valid regex"),
+    ({"sparsity": 0.5, "algorithm": "set", "update": {"freq": 2, "stop": "abc"}}, "update.stop must be"),
+    ({"sparsity": 0.5, "algorithm": "set", "update": {"freq": 2, "steps": [3]}}, "cannot come with it"),
+    ({"sparsity": 0.5, "groups": [{"sparsity": 0.9}]}, "next to a list of groups"),
+    (
+      {
+        "sparsity": 0.5,
+        "algorithm": "set",
+        "drop_fraction": {"type": "cosine", "init": 1.5, "half_period": 9},
+      },
+      "must be in",
+    ),
     ({"sparsity": 0.5, "algorithm": "set", "update": {"frequency": 2}}, "allowed: freq, start, stop, steps"),
     ({"sparsity": 0.5, "init_metod": "random"}, "did you mean 'init_method'"),
     (

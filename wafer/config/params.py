@@ -330,7 +330,11 @@ class Params(BaseModel):
     tx, loss_scale = self.optimizer.build(self.policy().compute)
     if self.sparsity is not None:
       tx = self.sparsity.build(
-        tx, self.model.parameter_name, seed=self.runconfig.run_seed, source=self.source
+        tx,
+        self.model.parameter_name,
+        seed=self.runconfig.run_seed,
+        source=self.source,
+        modelzoo_names=type(self.model).parameter_name is not ModelConfig.parameter_name,
       )
     return tx, loss_scale
 

@@ -125,6 +125,12 @@ class SparsityConfig(Section):
   @model_validator(mode="after")
   def _check(self) -> SparsityConfig:
     if self.groups is not None:
+      others = sorted(self.model_fields_set - {"groups"})
+      if others:
+        raise ValueError(
+          f"{', '.join(others)}: next to a list of groups; give them in each group (a group's own keys are all "
+          "it has)"
+        )
       return self
     for key, what in _NOT_AVAILABLE.items():
       if getattr(self, key) is not None:
@@ -151,6 +157,28 @@ class SparsityConfig(Section):
       raise ValueError("schedule is sparsity's other name (2.2+): give one of them")
     if self.level is None:
       raise ValueError("sparsity: required (the fraction of each tensor's weights pruned, in [0, 1))")
+    dynamic = name in ("set", "rigl")
+    given = self.model_fields_set
+    if not dynamic:
+      extra = sorted({"update", "drop_fraction"} & given) + (["schedule"] if self.schedule_is_cadence else [])
+      if extra:
+        raise ValueError(
+          f"{', '.join(extra)}: only set and rigl change their masks; a {name} group takes none"
+        )
+    elif self.type is not None and self.algorithm is None and self.schedule is None and self.update is None:
+      raise ValueError(
+        f"schedule: required for type {self.type} (2.0 - 2.1: when the masks change, e.g. schedule: {{freq: 100}})"
+      )
+    for key in ("param_filter", "param_name_patterns"):
+      value = getattr(self, key)
+      patterns = [value] if isinstance(value, str) else list(value or [])
+      for pattern in patterns:
+        try:
+          re.compile(fnmatch.translate(pattern) if key == "param_filter" else pattern)
+        except re.error as e:
+          raise ValueError(
+            f"{key}: {pattern!r} is not a valid {'glob' if key == 'param_filter' else 'regex'} ({e})"
+          ) from None
     self.group()  # the cadence and drop fraction are valid
     if isinstance(self.param_name_patterns, dict):
       for pattern, overrides in self.param_name_patterns.items():
@@ -176,6 +204,8 @@ class SparsityConfig(Section):
     """The sparsity: ``sparsity``, or the constant ``schedule`` of 2.2+ (its alias)."""
     if self.schedule is not None and not self.schedule_is_cadence:
       return self._constant_level(self.schedule)
+    if self.sparsity is None and "sparsity" in self.model_fields_set:
+      return 0.0  # sparsity: null (2.2+): the group's parameters stay dense
     return self.sparsity
 
   @property
@@ -198,18 +228,30 @@ class SparsityConfig(Section):
     elif isinstance(cadence, int) and not isinstance(cadence, bool):
       update = UpdateSchedule(freq=cadence)
     elif isinstance(cadence, list):
-      update = UpdateSchedule(steps=tuple(int(s) for s in cadence))
+      if not all(isinstance(s, int) and not isinstance(s, bool) for s in cadence):
+        raise ValueError(f"update: a list of step numbers, not {cadence!r}")
+      update = UpdateSchedule(steps=tuple(cadence))
     elif isinstance(cadence, dict):
       unknown = set(cadence) - {"freq", "start", "stop", "steps"}
       if unknown:
         raise ValueError(
           f"update: unknown key(s) {', '.join(sorted(unknown))}; allowed: freq, start, stop, steps"
         )
+      for key, value in cadence.items():
+        ints = value if key == "steps" and isinstance(value, list) else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints) or (
+          key == "steps" and not isinstance(value, list)
+        ):
+          if not (key == "stop" and value is None):
+            what = "a list of step numbers" if key == "steps" else "a step number (a non-negative integer)"
+            raise ValueError(f"update.{key} must be {what}, not {value!r}")
       if "steps" in cadence:
-        update = UpdateSchedule(steps=tuple(int(s) for s in cadence["steps"]))
+        if set(cadence) - {"steps"}:
+          raise ValueError("update: steps lists the update steps; freq, start and stop cannot come with it")
+        update = UpdateSchedule(steps=tuple(cadence["steps"]))
       else:
         update = UpdateSchedule(
-          freq=int(cadence.get("freq", 1)), start=int(cadence.get("start") or 0), stop=cadence.get("stop")
+          freq=cadence.get("freq", 1), start=cadence.get("start") or 0, stop=cadence.get("stop")
         )
       if update.freq < 1:
         raise ValueError(f"update.freq must be at least 1, not {update.freq}")
@@ -220,6 +262,7 @@ class SparsityConfig(Section):
       init_method=self.init_method,
       drop_fraction=_drop_fraction(self.drop_fraction),
       update=update,
+      rounding="round" if (self.type or "").lower() == "sideband" else "floor",  # 1.9: N - round(s N)
     )
 
   def all_groups(self) -> list[SparsityConfig]:
@@ -249,7 +292,13 @@ class SparsityConfig(Section):
     return default_filter
 
   def build(
-    self, inner: Any, name_of: Callable[[tuple[str, ...]], str], *, seed: int = 0, source: str | None = None
+    self,
+    inner: Any,
+    name_of: Callable[[tuple[str, ...]], str],
+    *,
+    seed: int = 0,
+    source: str | None = None,
+    modelzoo_names: bool = True,
   ) -> Any:
     """``inner`` wrapped by `wafer.sparsity.sparsify` with this section's groups.
 
@@ -259,6 +308,8 @@ class SparsityConfig(Section):
         filters match.
       seed: the masks' key (the section's 1.x ``seed`` wins).
       source: the params file, for the error a filter that matches nothing raises.
+      modelzoo_names: whether ``name_of`` gives modelzoo's names (else the error says the filters
+        see wafer's own names).
 
     Raises:
       ConfigError: (when the optimizer state is built) a group whose filter matches no parameter.
@@ -300,7 +351,12 @@ class SparsityConfig(Section):
             Problem(
               ("sparsity",) if len(groups) == 1 else ("sparsity", i),
               f"{groups[i].filter_text()} selects no parameter of the model (a group of nothing is an error in "
-              f"Cerebras' library too); the closest names of its parameters: {closest(groups[i])}",
+              f"Cerebras' library too); the closest names of its parameters: {closest(groups[i])}"
+              + (
+                ""
+                if modelzoo_names
+                else ". This model has no modelzoo names for its parameters: filters match wafer's own names"
+              ),
             )
             for i in unmatched
           ],
@@ -350,8 +406,13 @@ def _drop_fraction(value: Any) -> Any:
     if kind == "constant" and keys <= {"value"}:
       return _drop_fraction(value.get("value", 0.3))
     if kind == "cosine" and {"init", "half_period"} <= keys <= {"init", "half_period", "minimum"}:
-      if value["half_period"] <= 0:
-        raise ValueError(f"drop_fraction.half_period must be positive, not {value['half_period']}")
+      numbers = all(isinstance(value.get(k, 0), (int, float)) for k in keys)
+      if not numbers or value["half_period"] <= 0:
+        raise ValueError(
+          f"drop_fraction: half_period must be a positive number, init and minimum in [0, 1]: {value!r}"
+        )
+      if not (0 <= value["init"] <= 1 and 0 <= value.get("minimum", 0.0) <= 1):
+        raise ValueError(f"drop_fraction.init and minimum must be in [0, 1]: {value!r}")
       return DropFraction(float(value["init"]), float(value["half_period"]), float(value.get("minimum", 0.0)))
   raise ValueError(
     f"drop_fraction must be a number or {{type: cosine, init, half_period[, minimum]}}, not {value!r}"

@@ -56,15 +56,20 @@ def make_train_step(
   The task's ``learning_rate_multipliers`` scale the optimizer's updates, per parameter
   (`wafer.optim.scale_by_learning_rate_multipliers`), outside the optimizer state: a run resumes
   whatever factors it had. An optimizer with an ``after_step(params, opt_state, grads)`` (weight
-  sparsity, `wafer.sparsity.sparsify`) ends each applied step with it (given the dense gradients).
+  sparsity, `wafer.sparsity.sparsify`) ends each applied step with it (given the dense gradients);
+  its ``mask_gradients`` comes before the finiteness test.
   """
   loss_fn = _under_policy(task.loss_fn, policy, "loss_fn")
   after_step = getattr(optimizer, "after_step", None)
+  mask_gradients = getattr(optimizer, "mask_gradients", None)
 
   def train_step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
     ls = state.loss_scale
     scaled, grads = jax.value_and_grad(lambda p: ls.scale(loss_fn(p, batch)))(state.params)
     grads = ls.unscale(grads)
+    dense = grads
+    if mask_gradients is not None:  # weight sparsity: pruned weights' gradients count for nothing
+      grads = mask_gradients(grads, state.opt_state)
     finite = precision.all_finite(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     if task.learning_rate_multipliers is not None:  # per-group learning rates (muP): stateless
@@ -73,7 +78,7 @@ def make_train_step(
       )
     params = optax.apply_updates(state.params, updates)
     if after_step is not None:  # weight sparsity: prune, count the step, update dynamic masks
-      params, opt_state = after_step(params, opt_state, grads)
+      params, opt_state = after_step(params, opt_state, dense)
     params, opt_state = precision.select_tree(finite, (params, opt_state), (state.params, state.opt_state))
     metrics = {
       "loss": scaled / ls.loss_scale,
