@@ -56,7 +56,7 @@ def _levels(level):
   return lambda params: jax.tree.map(lambda x: level if x.ndim > 1 else 0.0, params)
 
 
-@settings(max_examples=examples(12), deadline=None)
+@settings(max_examples=examples(8), deadline=None)
 @given(shape=shapes, level=levels_st, seed=st.integers(0, 2**16), method=st.sampled_from(["random", "topk"]))
 def test_a_mask_keeps_exactly_floor_of_one_minus_s_times_n(shape, level, seed, method):
   params = {"w": jax.random.normal(jax.random.key(seed), (2, *shape))}
@@ -82,7 +82,7 @@ def test_random_masks_are_uniform_subsets_and_differ_by_seed():
   assert abs(frequency.mean(axis=0) - 0.25).max() < 0.12 and abs(frequency.mean(axis=1) - 0.25).max() < 0.12
 
 
-@settings(max_examples=examples(30), deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(scores=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=40), k=st.integers(0, 45))
 def test_top_mask_chooses_the_k_largest(scores, k):
   x = jnp.asarray(scores, jnp.float32)
@@ -138,7 +138,7 @@ OPTIMIZERS = {
 }
 
 
-@settings(max_examples=examples(8), deadline=None)
+@settings(max_examples=examples(4), deadline=None)
 @given(
   name=st.sampled_from(sorted(OPTIMIZERS)),
   level=st.sampled_from([0.25, 0.5, 0.9]),
@@ -184,7 +184,7 @@ def test_sparsity_zero_is_the_inner_optimizer_bit_for_bit():
     np.testing.assert_array_equal(np.asarray(params[key]), np.asarray(ref[key]))
 
 
-@settings(max_examples=examples(10), deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(
   algorithm=st.sampled_from(["set", "rigl"]),
   level=st.sampled_from([0.25, 0.5, 0.75]),
@@ -279,6 +279,7 @@ def _sparse_example(model_dir, **overrides):
   return task, runconfig, tx, loss_scale, policy
 
 
+@pytest.mark.slow  # three short runs
 def test_a_sparse_run_resumes_bit_for_bit_with_its_masks(tmp_path):
   whole = run(
     *_sparse_example(tmp_path / "whole", max_steps=12, checkpoint_steps=5, log_steps=4), progress=False

@@ -221,6 +221,7 @@ def test_a_filter_that_matches_nothing_names_the_models_parameters():
     tx.init(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes))
 
 
+@pytest.mark.slow  # a short run of a real file
 def test_a_shrunk_real_sparse_file_trains_with_its_masks_in_force(tmp_path):
   """The SET file, masks updated after every step: 3 steps, the loss finite, and each sparse tensor
   of the final weights has at most its kept count of non-zeros (pruned weights exactly 0)."""
