@@ -320,3 +320,9 @@ def test_a_missing_data_dir_names_the_way_out(tmp_path):
 
   with pytest.raises(FileNotFoundError, match=r"train_input.data_dir=null .* embedded data"):
     pretokenised(tmp_path / "not_there", (".h5",), lambda p: {}, 128, None)
+
+
+def test_a_2_1_file_with_use_cs_grad_accum_is_not_called_1x():
+  """``runconfig.use_cs_grad_accum`` is in 2.0 and 2.1 files too (Release_2.1.1's sparsity configs)."""
+  params = load_params(DATA / "Release_2.1.1/gpt3/sparsity/params_gpt3_125m_rigl75.yaml")
+  assert params.release.name == "2.1-2.3", params.release

@@ -156,7 +156,6 @@ A ``data_processor`` reading TFRecords (``*Tf*Processor``) is TensorFlow input t
 
 _TF_PROCESSOR = re.compile(r"tf(records)?(data)?processor$|tfrecords", re.IGNORECASE)
 _ONE_X = (
-  ("runconfig", "use_cs_grad_accum"),
   ("runconfig", "save_losses"),
   ("runconfig", "show_debug_metrics"),
   ("runconfig", "multireplica"),
@@ -169,7 +168,8 @@ _ONE_X = (
   ("input", "dynamic_mlm_scale"),
   ("", "csconfig"),
 )
-"""Keys only 1.x files have (they mark a legacy file as 1.x)."""
+"""Keys only 1.x files have (they mark a legacy file as 1.x). ``runconfig.use_cs_grad_accum`` is not
+one: Release_2.0.3 and 2.1.1 files have it too."""
 
 
 @dataclasses.dataclass(frozen=True)
