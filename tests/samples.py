@@ -1,4 +1,5 @@
-"""Inputs several test modules share: a small text corpus and the shipped BERT-base optimizer section."""
+"""Inputs several test modules share: a small text corpus, the shipped BERT-base optimizer section, and the
+overrides that shrink a real modelzoo file's model to run in seconds on the embedded data."""
 
 from __future__ import annotations
 
@@ -9,6 +10,19 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BERT_BASE_PARAMS = ROOT / "models" / "bert" / "configs" / "params_bert_base_MSL128.yaml"
+
+SHRUNK = [
+  "model.hidden_size=64",
+  "model.num_heads=4",
+  "model.filter_size=256",
+  "model.num_hidden_layers=2",
+  "train_input.data_dir=null",
+  "eval_input.data_dir=null",
+  "train_input.batch_size=4",
+  "eval_input.batch_size=4",
+]
+"""Overrides that shrink a real modelzoo file's model (its other keys kept) to run in seconds on the
+embedded data."""
 
 
 def small_corpus() -> list[str]:

@@ -25,6 +25,7 @@ from models import bert, gpt2
 from models.bert.model import BertConfig
 from models.gpt2.model import GPT2Config
 from models.zoo import functional
+from tests.samples import SHRUNK
 from wafer.config import ConfigError, load_params
 from wafer.optim import path_names
 
@@ -350,19 +351,6 @@ def test_the_built_models_initializers_have_modelzoos_stds(which):
   for name, std in want.items():
     leaf = got[f"layers.0.{name}"]
     assert np.std(leaf) == pytest.approx(0.8796 * std, rel=0.03), name
-
-
-SHRUNK = [
-  "model.hidden_size=64",
-  "model.num_heads=4",
-  "model.filter_size=256",
-  "model.num_hidden_layers=2",
-  "train_input.data_dir=null",
-  "eval_input.data_dir=null",
-  "train_input.batch_size=4",
-  "eval_input.batch_size=4",
-]
-"""A real file's model shrunk to run in seconds on the embedded data (its muP keys kept)."""
 
 
 @pytest.mark.parametrize(

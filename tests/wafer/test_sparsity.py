@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from models.mlp import example_run
 from tests.values import examples
+from wafer.config.optimizer import _standard_promotion  # optax's transforms under standard promotion
 from wafer.sparsity import (
   DropFraction,
   Group,
@@ -37,21 +38,6 @@ shapes = st.sampled_from([(1,), (7,), (3, 5), (2, 9), (8, 8), (1, 4, 3), (5, 2, 
 levels_st = st.sampled_from([0.0, 0.1, 0.5, 0.75, 0.9, 0.99])
 
 
-def _std(tx):
-  """``tx`` traced under standard dtype promotion (optax mixes Python floats and int32 counts; wafer's
-  own optimizers are wrapped the same way): `sparsify` itself runs under the suite's strict promotion."""
-
-  def init(params):
-    with jax.numpy_dtype_promotion("standard"):
-      return tx.init(params)
-
-  def update(updates, state, params=None):
-    with jax.numpy_dtype_promotion("standard"):
-      return tx.update(updates, state, params)
-
-  return optax.GradientTransformation(init, update)
-
-
 def _levels(level):
   return lambda params: jax.tree.map(lambda x: level if x.ndim > 1 else 0.0, params)
 
@@ -60,7 +46,7 @@ def _levels(level):
 @given(shape=shapes, level=levels_st, seed=st.integers(0, 2**16), method=st.sampled_from(["random", "topk"]))
 def test_a_mask_keeps_exactly_floor_of_one_minus_s_times_n(shape, level, seed, method):
   params = {"w": jax.random.normal(jax.random.key(seed), (2, *shape))}
-  tx = sparsify(_std(optax.sgd(0.1)), _levels(level), Group(init_method=method), seed=seed)
+  tx = sparsify(_standard_promotion(optax.sgd(0.1)), _levels(level), Group(init_method=method), seed=seed)
   m = masks(tx.init(params))["w"]
   n = math.prod(m.shape)
   assert int(jnp.sum(m)) == keep_count(n, level) == int(np.float32(np.float32(1 - level) * np.float32(n)))
@@ -73,7 +59,9 @@ def test_a_mask_keeps_exactly_floor_of_one_minus_s_times_n(shape, level, seed, m
 def test_random_masks_are_uniform_subsets_and_differ_by_seed():
   params = {"w": jnp.ones((64, 64))}
   draws = [
-    np.asarray(masks(sparsify(_std(optax.sgd(0.1)), _levels(0.75), Group(), seed=s).init(params))["w"])
+    np.asarray(
+      masks(sparsify(_standard_promotion(optax.sgd(0.1)), _levels(0.75), Group(), seed=s).init(params))["w"]
+    )
     for s in range(8)
   ]
   assert all(d.sum() == 1024 for d in draws)
@@ -129,10 +117,12 @@ def _train(tx, params, steps, seed=0, *, jit=True):
 
 
 OPTIMIZERS = {
-  "sgd+momentum": lambda: _std(optax.sgd(0.1, momentum=0.9)),
-  "adam": lambda: _std(optax.adam(0.05)),
-  "sgd+clip": lambda: _std(optax.chain(optax.clip_by_global_norm(0.1), optax.sgd(0.1))),  # clips masked grads
-  "adamw+decay+clip": lambda: _std(
+  "sgd+momentum": lambda: _standard_promotion(optax.sgd(0.1, momentum=0.9)),
+  "adam": lambda: _standard_promotion(optax.adam(0.05)),
+  "sgd+clip": lambda: _standard_promotion(
+    optax.chain(optax.clip_by_global_norm(0.1), optax.sgd(0.1))
+  ),  # clips masked grads
+  "adamw+decay+clip": lambda: _standard_promotion(
     optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(0.05, weight_decay=0.1))
   ),
 }
@@ -173,7 +163,7 @@ def test_static_sparsity_is_the_dense_optimizer_on_the_masked_model(name, level,
 
 
 def test_sparsity_zero_is_the_inner_optimizer_bit_for_bit():
-  inner = _std(optax.adamw(0.05, weight_decay=0.1))
+  inner = _standard_promotion(optax.adamw(0.05, weight_decay=0.1))
   params, _, _ = _train(sparsify(inner, _levels(0.0), Group(algorithm="rigl")), _params(3), 5, 3, jit=False)
   ref, state = _params(3), inner.init(_params(3))
   for t in range(5):
@@ -196,7 +186,7 @@ def test_a_dynamic_update_keeps_the_count_and_follows_its_rule(algorithm, level,
   the old mask; grown weights are 0 with zero moments; RigL grows where |dL/dW| is largest."""
   d = 0.3
   group = Group(algorithm=algorithm, drop_fraction=DropFraction(d), update=UpdateSchedule(freq=freq, stop=7))
-  tx = sparsify(_std(optax.adam(0.05)), _levels(level), group, seed=seed)
+  tx = sparsify(_standard_promotion(optax.adam(0.05)), _levels(level), group, seed=seed)
   params0 = _params(seed)
   state0 = tx.init(params0)
   _, _, history = _train(tx, params0, 8, seed)
@@ -233,7 +223,7 @@ def test_survivors_are_the_largest_weights_of_the_old_mask():
   group = Group(
     algorithm="rigl", init_method="topk", drop_fraction=DropFraction(0.5), update=UpdateSchedule(freq=1)
   )
-  tx = sparsify(_std(optax.sgd(0.0)), _levels(0.25), group)
+  tx = sparsify(_standard_promotion(optax.sgd(0.0)), _levels(0.25), group)
   state = tx.init(params)
   assert np.asarray(masks(state)["w"]).tolist() == [[False, False, True, True], [True, True, True, True]]
   params = tx.prune(params, state)
@@ -264,7 +254,7 @@ def test_a_dynamic_group_starting_later_is_dense_until_its_first_update():
   """Cerebras starts such a group dense; each update keeps ``floor((1 - d) K)`` and grows only up to
   the target, so the 6 x 8 tensor at 50 % goes 48 -> 33 -> 24 (``floor(0.7 * 33) = 23``, one grown)."""
   group = Group(algorithm="set", update=UpdateSchedule(freq=2, start=2))
-  tx = sparsify(_std(optax.sgd(0.1)), _levels(0.5), group)
+  tx = sparsify(_standard_promotion(optax.sgd(0.1)), _levels(0.5), group)
   _, _, history = _train(tx, _params(0), 4)
   counts = [int(jnp.sum(masks(state)["a"])) for _, state, _ in history]
   assert counts == [48, 33, 33, 24]
@@ -275,7 +265,7 @@ def _sparse_example(model_dir, **overrides):
   group = Group(
     algorithm="rigl", drop_fraction=DropFraction(0.3, half_period=20), update=UpdateSchedule(freq=3)
   )
-  tx = sparsify(_std(optax.adam(0.01)), _levels(0.5), group, seed=7)
+  tx = sparsify(_standard_promotion(optax.adam(0.01)), _levels(0.5), group, seed=7)
   return task, runconfig, tx, loss_scale, policy
 
 
@@ -302,7 +292,7 @@ def test_a_skipped_step_neither_counts_nor_updates_the_masks():
 
   task = Task("t", lambda key: _params(0), lambda p, b: _loss(p, b) * b[0, 0], lambda seed: None, 5)
   group = Group(algorithm="set", update=UpdateSchedule(freq=1))
-  tx = sparsify(_std(optax.adam(0.05)), _levels(0.5), group)
+  tx = sparsify(_standard_promotion(optax.adam(0.05)), _levels(0.5), group)
   state = initial_state(task, tx, precision.DynamicLossScale.create("float16"), jax.random.key(0))
   for key in ("a", "c"):  # the initial weights are pruned
     assert not np.any(np.asarray(state.params[key])[~np.asarray(masks(state.opt_state)[key])])
@@ -340,7 +330,7 @@ def test_non_finite_gradients_of_pruned_weights_skip_no_step():
     return _sum_inf_where_zero(p["a"]) * batch[0, 0] + _loss(p, batch)
 
   task = Task("t", lambda key: _params(1), loss, lambda seed: None, 5)
-  tx = sparsify(_std(optax.adam(0.05)), _levels(0.5), Group())
+  tx = sparsify(_standard_promotion(optax.adam(0.05)), _levels(0.5), Group())
   state = initial_state(task, tx, precision.DynamicLossScale.create("float16"), jax.random.key(0))
   new, metrics = jax.jit(make_train_step(task, tx, precision.Policy(compute="float32")))(
     state, jnp.ones((5, 6))
@@ -355,7 +345,7 @@ def test_rprop_weights_grown_from_zero_train_again():
   the weights SET grows at its update move off 0 in the next steps, as with Adam."""
   group = Group(algorithm="set", update=UpdateSchedule(freq=3, stop=4))
   for inner in (optax.rprop(0.01), optax.adam(0.01)):
-    tx = sparsify(_std(inner), _levels(0.5), group, seed=2)
+    tx = sparsify(_standard_promotion(inner), _levels(0.5), group, seed=2)
     _, state, history = _train(tx, _params(2), 10, 2)
     before, after = np.asarray(masks(history[1][1])["a"]), np.asarray(masks(history[2][1])["a"])
     grown = after & ~before
@@ -370,4 +360,4 @@ def test_bad_groups_are_refused():
   with pytest.raises(ValueError, match="algorithm must be one of static, set, rigl"):
     Group(algorithm="gmp")
   with pytest.raises(ValueError, match="several sparsity groups need group_of"):
-    sparsify(_std(optax.sgd(0.1)), _levels(0.5), [Group(), Group()])
+    sparsify(_standard_promotion(optax.sgd(0.1)), _levels(0.5), [Group(), Group()])

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.samples import SHRUNK
 from wafer.config import ConfigError, load_params
 from wafer.config.sparsity import SparsityConfig
 from wafer.optim import path_names
@@ -28,16 +29,6 @@ FILES = {
   "Release_2.4.3/gpt3/sparsity/params_gpt3_125m_static75.yaml": ("static", 1, None),
   "Release_2.10.0/gpt3/sparsity/params_gpt3_125m_set75.yaml": ("set", 100, 3584),
 }
-SHRUNK = [
-  "model.hidden_size=64",
-  "model.num_heads=4",
-  "model.filter_size=256",
-  "model.num_hidden_layers=2",
-  "train_input.data_dir=null",
-  "eval_input.data_dir=null",
-  "train_input.batch_size=4",
-  "eval_input.batch_size=4",
-]
 
 
 def _selected(params_file, overrides=()):

@@ -46,6 +46,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from wafer.config.schema import Section
+from wafer.sparsity import ALGORITHMS, INIT_METHODS
 
 _DEFAULT_EXCLUDED = ("embedding", "norm", "lm_head", "pe_helper")
 _NOT_AVAILABLE = {
@@ -54,6 +55,11 @@ _NOT_AVAILABLE = {
   "in_groups": "1.x grouped sparsity",
   "out_groups": "1.x grouped sparsity",
 }
+
+
+def _one_of(options: tuple[str, ...]) -> str:
+  """``a, b or c``."""
+  return ", ".join(options[:-1]) + " or " + options[-1]
 
 
 def default_filter(name: str, ndim: int) -> bool:
@@ -145,10 +151,10 @@ class SparsityConfig(Section):
         "algorithm gmp (gradual magnitude pruning, a sparsity level that changes over the run) is not available "
         "in wafer; static, set and rigl are"
       )
-    if name not in ("static", "set", "rigl"):
-      raise ValueError(f"algorithm must be static, set or rigl (type: also sideband), not {name!r}")
-    if self.init_method not in ("random", "topk", "from_zeros"):
-      raise ValueError(f"init_method must be random, topk or from_zeros, not {self.init_method!r}")
+    if name not in ALGORITHMS:
+      raise ValueError(f"algorithm must be {_one_of(ALGORITHMS)} (type: also sideband), not {name!r}")
+    if self.init_method not in INIT_METHODS:
+      raise ValueError(f"init_method must be {_one_of(INIT_METHODS)}, not {self.init_method!r}")
     if self.param_filter is not None and self.param_name_patterns is not None:
       raise ValueError(
         "param_filter (2.2+, globs) and param_name_patterns (2.1 and earlier, regexes): give one"
@@ -157,7 +163,7 @@ class SparsityConfig(Section):
       raise ValueError("schedule is sparsity's other name (2.2+): give one of them")
     if self.level is None:
       raise ValueError("sparsity: required (the fraction of each tensor's weights pruned, in [0, 1))")
-    dynamic = name in ("set", "rigl")
+    dynamic = name != "static"
     given = self.model_fields_set
     if not dynamic:
       extra = sorted({"update", "drop_fraction"} & given) + (["schedule"] if self.schedule_is_cadence else [])
