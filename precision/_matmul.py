@@ -71,7 +71,8 @@ def matmul(
       f32 = {"preferred_element_type": np.dtype(np.float32)} if lhs.dtype != jnp.float32 else {}
       return compat.bind(eqn, [lhs, rhs, *extra], **dot_precision(eqn, precision), **f32)[0]
 
-    out = p.round_result(_rounded_product(product, operands[0], operands[1], native), rule_class)
+    tangents = name == "dot_general"  # conv_general_dilated takes no algorithm preset
+    out = p.round_result(_rounded_product(product, operands[0], operands[1], native, tangents), rule_class)
     rounded += numel(out_aval)
   else:
     out, n = chunked
@@ -99,6 +100,12 @@ TRUE_FLOAT32 = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
 # bit today's program. ``Policy(products="tf32")`` keeps TF32 everywhere.
 NATIVE_PLATFORMS = ("cuda", "rocm")
 NATIVE_OPERANDS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.DEFAULT)  # explicit: not the config's default
+# The tangent (and so backward) products of native formats: float32 arrays holding values of
+# the native dtype, read as that dtype by the GEMM, float32 accumulation and result.
+NATIVE_ALGORITHMS = {
+  np.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+  np.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32,
+}
 
 
 def _native_dtype(p: Pass) -> Any:
@@ -121,16 +128,28 @@ def _native_dtype(p: Pass) -> Any:
   return None
 
 
-def _rounded_product(product: Callable[..., jax.Array], lhs: Any, rhs: Any, native: Any) -> jax.Array:
+def _rounded_product(
+  product: Callable[..., jax.Array], lhs: Any, rhs: Any, native: Any, native_tangents: bool = False
+) -> jax.Array:
   """``product(lhs, rhs, precision)`` of two rounded operands: TF32-eligible (`ROUNDED_OPERANDS`),
   or, with a ``native`` dtype, on that dtype's tensor cores on GPUs (`NATIVE_PLATFORMS`).
 
   The native form is ``platform_dependent``: lowered for a CPU it is exactly the TF32 binding
   (XLA CPU sums bfloat16 operands in another order, so converting there would change bits).
-  Its derivative is the TF32 binding's (a custom JVP), so tangents and cotangents stay float32
-  as without native products: a conversion to bfloat16 would round the cotangent reaching a
-  rounded operand before that rounding's own transpose does (twice for float8 formats, and
-  before a stochastic rounding of it)."""
+  Its derivative is a custom JVP whose tangent products keep float32 operands and results:
+  converting a cotangent to the native dtype would, under JAX's transpose of that conversion,
+  round the *result* of each backward product to it too, before the operand rounding's own
+  transpose rounds it (twice for float8 formats, and before a sum with other cotangents).
+
+  ``native_tangents`` (products that are ``dot_general``): the tangent products are bound with
+  the algorithm preset of the native dtype (`NATIVE_ALGORITHMS`: float32 operands and result,
+  the operands read as bfloat16 / float16, float32 accumulation) on GPUs, TF32 elsewhere. Their
+  transposes, the backward products of ``jax.grad(autocast(f))``, keep the preset: products of a
+  cotangent and a rounded operand, on the native tensor cores. Exact there too: every cotangent
+  reaching a rounded product is a value of the compute format, because the product's result is
+  rounded at once and that rounding's transpose rounds its cotangent (or, where ``ct_rounded``
+  skips it, the cotangent is proven rounded already; `precision.rounding.round_p`). Convolutions
+  keep TF32 tangent products (their ``precision`` takes no algorithm)."""
 
   def tf32(a: Any, b: Any) -> jax.Array:
     return product(a, b, ROUNDED_OPERANDS)
@@ -141,6 +160,15 @@ def _rounded_product(product: Callable[..., jax.Array], lhs: Any, rhs: Any, nati
   def tensor_cores(a: Any, b: Any) -> jax.Array:
     return product(a.astype(native), b.astype(native), NATIVE_OPERANDS)
 
+  algorithm = NATIVE_ALGORITHMS.get(np.dtype(native)) if native_tangents else None
+
+  def linear(a: Any, b: Any) -> jax.Array:
+    """A tangent product (one operand a tangent, linear in it): float32 in and out."""
+    if algorithm is None:
+      return tf32(a, b)
+    branches = dict.fromkeys(NATIVE_PLATFORMS, lambda a, b: product(a, b, algorithm))
+    return jax.lax.platform_dependent(a, b, **branches, default=tf32)
+
   @jax.custom_jvp
   def rounded(a: Any, b: Any) -> jax.Array:
     branches = dict.fromkeys(NATIVE_PLATFORMS, tensor_cores)
@@ -149,8 +177,8 @@ def _rounded_product(product: Callable[..., jax.Array], lhs: Any, rhs: Any, nati
   def rounded_jvp(primals: Any, tangents: Any) -> tuple[jax.Array, jax.Array]:
     (a, b), (da, db) = primals, tangents
     out = rounded(a, b)
-    terms = [tf32(da, b)] if not isinstance(da, compat.SymbolicZero) else []  # dot_general's own JVP
-    terms += [tf32(a, db)] if not isinstance(db, compat.SymbolicZero) else []
+    terms = [linear(da, b)] if not isinstance(da, compat.SymbolicZero) else []  # dot_general's own JVP
+    terms += [linear(a, db)] if not isinstance(db, compat.SymbolicZero) else []
     return out, functools.reduce(jnp.add, terms) if terms else jnp.zeros_like(out)
 
   rounded.defjvp(rounded_jvp, symbolic_zeros=True)
@@ -267,7 +295,7 @@ def _dot_chunk_sums(
     dims = ((new_lc, new_rc), (new_lb, new_rb))
     return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
-  return _rounded_product(product, lhs, rhs, native)
+  return _rounded_product(product, lhs, rhs, native, native_tangents=True)
 
 
 def _conv_chunk_sums(operands: list[Any], params: dict, block: int, native: Any = None) -> jax.Array | None:
