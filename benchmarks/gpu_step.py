@@ -24,9 +24,9 @@ Variants, compiled and timed in the same run on the same data and initial parame
   Autocast binds its forward products on rounded operands on native bfloat16 / float16 tensor
   cores where the format allows (bfloat16, float16, float8), else at ``precision=HIGH`` (TF32,
   exact for these operands; cbfloat16), and those it keeps float32 at ``HIGHEST`` itself; the
-  backward products of this form (the derivatives of autocast's products) run with the native
-  dtype's algorithm preset (``BF16_BF16_F32`` / ``F16_F16_F32``: float32 arrays read as the
-  native dtype, float32 accumulation) where the forward ones are native, else TF32.
+  backward products of this form (the derivatives of autocast's products) run with the
+  ``BF16_BF16_F32`` algorithm preset (float32 arrays read as bfloat16, float32 accumulation)
+  where the forward ones are native bfloat16 matrix products, else TF32 (float16 included).
   ``--autocast_precision`` (``jax.default_matmul_precision``) only reaches products autocast
   leaves alone;
 * ``--force_tf32`` adds ``<name>_tf32`` for every variant whose format has native products:

@@ -71,7 +71,7 @@ def matmul(
       f32 = {"preferred_element_type": np.dtype(np.float32)} if lhs.dtype != jnp.float32 else {}
       return compat.bind(eqn, [lhs, rhs, *extra], **dot_precision(eqn, precision), **f32)[0]
 
-    tangents = name == "dot_general"  # conv_general_dilated takes no algorithm preset
+    tangents = name == "dot_general" and _matrix_product(eqn)  # convolutions take no algorithm preset
     out = p.round_result(_rounded_product(product, operands[0], operands[1], native, tangents), rule_class)
     rounded += numel(out_aval)
   else:
@@ -101,11 +101,12 @@ TRUE_FLOAT32 = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
 NATIVE_PLATFORMS = ("cuda", "rocm")
 NATIVE_OPERANDS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.DEFAULT)  # explicit: not the config's default
 # The tangent (and so backward) products of native formats: float32 arrays holding values of
-# the native dtype, read as that dtype by the GEMM, float32 accumulation and result.
-NATIVE_ALGORITHMS = {
-  np.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
-  np.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32,
-}
+# the native dtype, read as that dtype by the GEMM, float32 accumulation and result. bfloat16
+# only: XLA GPU (JAX 0.11.2, H100) refuses ``F16_F16_F32`` where it rewrites a small or
+# matrix-vector dot as a multiply and a reduction ("Unsupported dot precision algorithm: 4",
+# its algebraic simplifier handles the unset, BF16_BF16_F32*, TF32_TF32_F32* and F32_F32_F32
+# algorithms), so float16's backward products stay TF32 (exact for float16 values too).
+NATIVE_ALGORITHMS = {np.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32}
 
 
 def _native_dtype(p: Pass) -> Any:
@@ -141,15 +142,16 @@ def _rounded_product(
   round the *result* of each backward product to it too, before the operand rounding's own
   transpose rounds it (twice for float8 formats, and before a sum with other cotangents).
 
-  ``native_tangents`` (products that are ``dot_general``): the tangent products are bound with
-  the algorithm preset of the native dtype (`NATIVE_ALGORITHMS`: float32 operands and result,
-  the operands read as bfloat16 / float16, float32 accumulation) on GPUs, TF32 elsewhere. Their
+  ``native_tangents`` (matrix-matrix ``dot_general`` products, `_matrix_product`): the tangent
+  products are bound with the algorithm preset of the native dtype where it has one
+  (`NATIVE_ALGORITHMS`, bfloat16: float32 operands and result, the operands read as bfloat16,
+  float32 accumulation) on GPUs, TF32 elsewhere. Their
   transposes, the backward products of ``jax.grad(autocast(f))``, keep the preset: products of a
   cotangent and a rounded operand, on the native tensor cores. Exact there too: every cotangent
   reaching a rounded product is a value of the compute format, because the product's result is
   rounded at once and that rounding's transpose rounds its cotangent (or, where ``ct_rounded``
-  skips it, the cotangent is proven rounded already; `precision.rounding.round_p`). Convolutions
-  keep TF32 tangent products (their ``precision`` takes no algorithm)."""
+  skips it, the cotangent is proven rounded already; `precision.rounding.round_p`). Convolutions,
+  matrix-vector products and float16 keep TF32 tangent products."""
 
   def tf32(a: Any, b: Any) -> jax.Array:
     return product(a, b, ROUNDED_OPERANDS)
@@ -185,6 +187,17 @@ def _rounded_product(
   return rounded(lhs, rhs)
 
 
+def _matrix_product(eqn: Any) -> bool:
+  """Whether a ``dot_general`` and both its transposes are matrix-matrix products: a contraction,
+  and a free (neither contracted nor batch) axis on each side. The transpose for one operand
+  contracts over the other's free axes. Matrix-vector and outer products keep TF32 tangents
+  (XLA GPU rewrites such dots as multiplies and reductions, a path where not every algorithm
+  preset is accepted)."""
+  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+  lhs, rhs = (v.aval for v in eqn.invars[:2])
+  return bool(lc) and lhs.ndim > len(lc) + len(lb) and rhs.ndim > len(rc) + len(rb)
+
+
 def dot_precision(eqn: Any, precision: tuple) -> dict[str, Any]:
   """Parameter update giving a matrix product ``precision`` (none for products without one)."""
   return {"precision": precision} if "precision" in eqn.params else {}
@@ -202,7 +215,9 @@ def _mixed_product(p: Pass, eqn: Any, operands: list[Any], rule_class: str) -> t
     chunks = _dot_chunking(eqn, p.block)
     if chunks is None:
       return None
-    return _ordered_sum(p, _dot_chunk_sums(operands, eqn.params, chunks, native), rule_class), chunks[2]
+    return _ordered_sum(
+      p, _dot_chunk_sums(operands, eqn.params, chunks, native, _matrix_product(eqn)), rule_class
+    ), chunks[2]
   if eqn.primitive.name == "conv_general_dilated":
     partial = _conv_chunk_sums(operands, eqn.params, p.block, native)
     return None if partial is None else (_ordered_sum(p, partial, rule_class), partial.shape[0])
@@ -265,12 +280,17 @@ def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
 
 
 def _dot_chunk_sums(
-  operands: list[Any], params: dict, chunks: tuple[int, int, int], native: Any = None
+  operands: list[Any],
+  params: dict,
+  chunks: tuple[int, int, int],
+  native: Any = None,
+  native_tangents: bool = False,
 ) -> jax.Array:
   """float32 sums of each chunk of a dot_general's contraction, stacked on a leading axis.
 
   The chunk axis becomes a leading batch axis of one batched dot_general (zero padding
-  completes the last chunk exactly), bound by `_rounded_product` (``native``: its dtype).
+  completes the last chunk exactly), bound by `_rounded_product` (``native``: its dtype;
+  ``native_tangents``: a matrix product, `_matrix_product`).
   """
   j, length, count = chunks
   (lc, rc), (lb, rb) = params["dimension_numbers"]
@@ -295,7 +315,7 @@ def _dot_chunk_sums(
     dims = ((new_lc, new_rc), (new_lb, new_rb))
     return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
-  return _rounded_product(product, lhs, rhs, native, native_tangents=True)
+  return _rounded_product(product, lhs, rhs, native, native_tangents)
 
 
 def _conv_chunk_sums(operands: list[Any], params: dict, block: int, native: Any = None) -> jax.Array | None:

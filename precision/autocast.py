@@ -46,9 +46,10 @@ weakest state both satisfy (``raw`` if nothing better is known).
   they run on that dtype's tensor cores with float32 accumulation; otherwise (cbfloat16, or
   ``Policy(products="tf32")``) they are bound with ``precision=HIGH`` (TF32 tensor cores on
   NVIDIA GPUs: exact products of compute-format values). Under ``jax.grad(autocast(f))`` the
-  backward products of a native ``dot_general`` (a cotangent, already rounded by the result
-  rounding's transpose, times a rounded operand) run on the same tensor cores through the
-  dtype's algorithm preset (float32 in and out). Those kept float32 get ``HIGHEST``
+  backward products of a bfloat16 matrix-matrix ``dot_general`` (a cotangent, already rounded
+  by the result rounding's transpose, times a rounded operand) run on the same tensor cores
+  through the ``BF16_BF16_F32`` algorithm preset (float32 in and out); other backward products
+  are TF32. Those kept float32 get ``HIGHEST``
   (true float32). On CPUs all of these are true float32 products summed in the same order,
   so CPU results do not depend on the choice (`ROUNDED_OPERANDS`, `TRUE_FLOAT32`,
   `_native_dtype`, `_rounded_product`; docs/gpu.md).

@@ -150,7 +150,11 @@ def test_a_model_too_big_to_pipeline_says_what_would_fit():
 
 def test_trivial_kernels_are_folded_into_one_other_row_named_in_the_text():
   w = W.get_workload("gpt2_small")
-  fn, args = w.example()
+  # Batch 448: one micro-batch under every supported JAX, the embedding lookup at 0.16 % of the step.
+  # At the workload's batch (112) two plans tie within 1 % (one micro-batch recomputing activations,
+  # or six without), and JAX 0.11's gradient keeps one FFN residual fewer than 0.10's, which picks
+  # the other plan: the rate is the same, but the embedding's share there is 3 %, not 0.5 %.
+  fn, args = w.example(448)
   report = estimate_graph(extract(fn, args, batch_argnums=(2,), compute_bits=16), mode="weight_streaming")
   small = report.folded_kernels()
   assert [k for k in report.kernels if k.time_share < FOLD_SHARE] == small, (

@@ -57,7 +57,8 @@ def test_train_writes_metrics_checkpoints_and_the_loss_falls(tmp_path, capsys):
   assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
   assert (tmp_path / "compile_report.txt").read_text().startswith("Estimated Overall Performance")
   out = capsys.readouterr().out
-  assert "| Train Device=CPU, Step=60, Loss=" in out and "samples/sec, GlobalRate=" in out
+  device = jax.devices()[0].platform.upper()  # CPU, or GPU under JAX_PLATFORMS=cuda,cpu
+  assert f"| Train Device={device}, Step=60, Loss=" in out and "samples/sec, GlobalRate=" in out
   assert "Training completed successfully!" in out
   assert summary["final_step"] == 60
 
