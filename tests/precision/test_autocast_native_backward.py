@@ -29,6 +29,7 @@ from precision import _jax_compat as compat
 from precision import _matmul
 from precision.testing import assert_same_floats
 from tests.devices import cpu_devices
+from tests.values import examples
 
 _PRESET_DTYPES = {preset: dtype for dtype, preset in _matmul.NATIVE_ALGORITHMS.items()}
 
@@ -136,15 +137,24 @@ def test_backward_products_run_on_native_tensor_cores_and_are_exact(policy):
     assert (gpu.preset_products, gpu.tf32_products) == (9, 0)
 
 
-@settings(max_examples=6)
-@given(
+_GENERATED = given(
   policy=st.sampled_from(POLICIES),
   seed=st.integers(0, 2**16),
   batch=st.integers(1, 9),
   width=st.sampled_from([1, 3, 16, 33]),
 )
-def test_backward_native_products_are_exact_on_generated_cases(policy, seed, batch, width):
+
+
+def _generated_case(policy, seed, batch, width):
   _check(policy, seed, batch, width)
+
+
+test_backward_native_products_are_exact_on_generated_cases = settings(max_examples=examples(2))(
+  _GENERATED(_generated_case)
+)
+test_backward_native_products_are_exact_on_many_generated_cases = pytest.mark.slow(
+  settings(max_examples=examples(30))(_GENERATED(_generated_case))
+)
 
 
 def _cuda_dots(fn, *args) -> list[str]:
