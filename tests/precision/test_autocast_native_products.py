@@ -26,6 +26,7 @@ import precision
 from precision import _matmul, _state  # noqa: E402  (the pass and its products)
 from precision.testing import assert_same_floats
 from tests.devices import CPU_ONLY, assert_same_up_to_summation_order, cpu_devices, on_cpu
+from tests.values import examples
 
 
 def _native(policy) -> object:
@@ -255,7 +256,7 @@ def _check_native_case(shape, x, w, policy):
 # Cases that failed variants of the implementation: a float8 gradient rounded twice (bfloat16, then
 # e4m3) where the derivative went through the conversions; float16 taken to hold bfloat16 values.
 _KNOWN = (((1, 27, 3), (), 1, 1.0, "c=e4m3fn,level=1,block=1024"), ((1, 1, 1), (), 0, 2.0**-20, "c=bf16"))
-test_native_branch_computes_the_same_products = settings(max_examples=8)(
+test_native_branch_computes_the_same_products = settings(max_examples=examples(4))(
   example(_KNOWN[0])(example(_KNOWN[1])(given(dot_cases())(_native_case)))
 )
 test_native_branch_computes_the_same_products_many = pytest.mark.slow(

@@ -29,7 +29,13 @@ def _spread(rates: list[float]) -> float:
   return max(rates) / min(rates)
 
 
-@pytest.mark.parametrize(("net", "batch"), [(TINY, 16), (GPTJ, 64)], ids=["tiny-4xd64", "gptj-28xd4096"])
+@pytest.mark.parametrize(
+  ("net", "batch"),
+  [
+    pytest.param(TINY, 16, id="tiny-4xd64"),
+    pytest.param(GPTJ, 64, id="gptj-28xd4096", marks=pytest.mark.slow),
+  ],
+)  # GPT-J scale: 11 s, under -m slow
 def test_the_same_network_written_four_ways_gets_one_micro_batch_and_rate(net, batch):
   """The issue's example: a GPT-J written as a Python loop split into 87 kernels and fitted a
   micro-batch of 12 while the ``lax.scan`` version fitted 30 (the memory added up every kernel's
