@@ -196,7 +196,9 @@ def _split(params, train: bool):
   return loss_fn, weights, rest
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize(  # BERT (9 s) under -m slow; it trains under autocast in test_a_few_training_steps_lower_the_loss
+  "name", [pytest.param(n, marks=pytest.mark.slow) if n == "bert" else n for n in sorted(TINY)]
+)
 def test_tiny_forward_and_grad_under_cbfloat16_autocast(name):
   params, batch = _tiny(name)
   # Eval mode: dropout's RNG ops would triple the autocast trace time (see test_dropout_*).

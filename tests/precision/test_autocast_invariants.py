@@ -171,7 +171,7 @@ def test_jit_of_autocast_equals_autocast(ops, seed, policy):
   _assert_same_up_to_fusion(jax.jit(auto)(x, p), auto(x, p), f, policy, x, p)
 
 
-@settings(max_examples=examples(15))
+@settings(max_examples=examples(8))
 @given(
   ops=st.lists(st.sampled_from([o for o in VECTOR_OPS if o != "scan"]), max_size=3),
   seed=seeds,

@@ -4,11 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import precision
 from tests.tolerances import sr_mean_bound
+from tests.values import examples
 
 FORMATS = [f.name for f in precision.formats.PREDEFINED if f.name != "float32"]
 DETERMINISTIC = ["nearest_even", "toward_zero"]
@@ -47,6 +48,7 @@ def test_sign_symmetric(fmt, mode, xs):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+@settings(max_examples=examples(50))  # 64 codes each: 3,200 values a format
 @given(codes=st.lists(st.integers(0, 2**16 - 1), min_size=1, max_size=64), seed=st.integers(0, 2**31))
 def test_representable_values_unchanged(fmt, codes, seed):
   f = precision.get_format(fmt)

@@ -96,7 +96,7 @@ def _check_readable(report) -> None:
     assert data["samples_per_sec"] is None and data["step_time_s"] is None and data["tokens_per_sec"] is None
 
 
-@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.settings(max_examples=30, deadline=None)
 @hypothesis.given(graph=graphs, run=runs)
 def test_reports_of_generated_steps_are_readable(graph, run):
   report = estimate_graph(graph, **run)
