@@ -71,7 +71,7 @@ def matmul(
       f32 = {"preferred_element_type": np.dtype(np.float32)} if lhs.dtype != jnp.float32 else {}
       return compat.bind(eqn, [lhs, rhs, *extra], **dot_precision(eqn, precision), **f32)[0]
 
-    tangents = name == "dot_general" and _matrix_product(eqn)  # convolutions take no algorithm preset
+    tangents = _matrix_product(eqn)
     out = p.round_result(_rounded_product(product, operands[0], operands[1], native, tangents), rule_class)
     rounded += numel(out_aval)
   else:
@@ -145,8 +145,7 @@ def _rounded_product(
   ``native_tangents`` (matrix-matrix ``dot_general`` products, `_matrix_product`): the tangent
   products are bound with the algorithm preset of the native dtype where it has one
   (`NATIVE_ALGORITHMS`, bfloat16: float32 operands and result, the operands read as bfloat16,
-  float32 accumulation) on GPUs, TF32 elsewhere. Their
-  transposes, the backward products of ``jax.grad(autocast(f))``, keep the preset: products of a
+  float32 accumulation) on GPUs, TF32 elsewhere. Their transposes, the backward products of ``jax.grad(autocast(f))``, keep the preset: products of a
   cotangent and a rounded operand, on the native tensor cores. Exact there too: every cotangent
   reaching a rounded product is a value of the compute format, because the product's result is
   rounded at once and that rounding's transpose rounds its cotangent (or, where ``ct_rounded``
@@ -188,11 +187,13 @@ def _rounded_product(
 
 
 def _matrix_product(eqn: Any) -> bool:
-  """Whether a ``dot_general`` and both its transposes are matrix-matrix products: a contraction,
-  and a free (neither contracted nor batch) axis on each side. The transpose for one operand
-  contracts over the other's free axes. Matrix-vector and outer products keep TF32 tangents
-  (XLA GPU rewrites such dots as multiplies and reductions, a path where not every algorithm
-  preset is accepted)."""
+  """Whether ``eqn`` is a ``dot_general`` whose transposes are matrix-matrix products too: a
+  contraction, and a free (neither contracted nor batch) axis on each side. The transpose for
+  one operand contracts over the other's free axes. Matrix-vector and outer products keep TF32
+  tangents (XLA GPU rewrites such dots as multiplies and reductions, a path where not every
+  algorithm preset is accepted); so do convolutions (their ``precision`` takes no algorithm)."""
+  if eqn.primitive.name != "dot_general":
+    return False
   (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
   lhs, rhs = (v.aval for v in eqn.invars[:2])
   return bool(lc) and lhs.ndim > len(lc) + len(lb) and rhs.ndim > len(rc) + len(rb)

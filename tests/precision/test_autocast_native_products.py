@@ -10,7 +10,6 @@ products (exact) with float32 derivatives.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 from unittest import mock
@@ -196,17 +195,7 @@ def _native_everywhere():
   """The native branch taken on CPUs too (and still on GPUs): converts to bfloat16 / float16 and
   binds them there. The tangent products keep TF32 (XLA CPU runs no algorithm preset); their
   native form is checked by `test_autocast_native_backward.py`."""
-  patches = (
-    mock.patch.object(_matmul, "NATIVE_PLATFORMS", ("cpu", "cuda", "rocm")),
-    mock.patch.object(_matmul, "NATIVE_ALGORITHMS", {}),
-  )
-  return _both(*patches)
-
-
-@contextlib.contextmanager
-def _both(first, second):
-  with first, second:
-    yield
+  return mock.patch.multiple(_matmul, NATIVE_PLATFORMS=("cpu", "cuda", "rocm"), NATIVE_ALGORITHMS={})
 
 
 @pytest.fixture
