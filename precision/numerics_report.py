@@ -145,7 +145,7 @@ class Row:
   flip_distance: float | None
   elements: int
   calls: int
-  order: int  # position of the equation's first call in the policy run (program order)
+  order: int  # the equation's position in the program (the order the interpreter met it)
 
   def to_dict(self) -> dict[str, Any]:
     return {k: _jsonable(v) for k, v in dataclasses.asdict(self).items()}
@@ -198,7 +198,7 @@ class _Collector:
     self.shadow: dict[Any, collections.deque] = collections.defaultdict(collections.deque)
     self.meta: dict[Any, tuple[str, str, str, str]] = {}
     self.accs: dict[Any, _Acc] = {}
-    self.calls = 0
+    self.order: dict[Any, int] = {}  # key -> position in the program, set as the trace meets it
     self.missing = 0
     self.pending: list[Any] = []  # keys whose source is the next enclosing equation's
     self.lock = threading.Lock()
@@ -227,6 +227,7 @@ class _Collector:
       if key not in self.meta:
         source = _user_source(eqn.source_info.traceback)
         self.meta[key] = (name, source, scope, op_class)
+        self.order.setdefault(key, len(self.order))
         if source == "?":  # inside a library function (jax.nn.relu): the calling equation's line
           self.pending.append(key)
       send_in = list(range(len(values))) if decision or name in _CHOICES else floats_in
@@ -234,15 +235,17 @@ class _Collector:
       out_list = (
         [jnp.asarray(outs[i]) for i in range(len(outs))] if decision else [outs[i] for i in floats_out]
       )
+      # Unordered callbacks: an ordered one threads a token through the program, which XLA's GPU
+      # compiler can abort on (a CHECK in its fusion cost model, seen on an H100 with JAX 0.11.2),
+      # and JAX refuses ordered effects on more than one device. Nothing here needs their order
+      # across equations: the runs are matched per equation (and per shard), and the calls of one
+      # equation arrive in program order, as a loop's iterations run one after another.
       axes = _control_flow.manual_axes()
       if axes:  # in a shard_map body: one call per shard, told apart by its position on the mesh
-        # (ordered callbacks are refused on more than one device; a shard's calls of one equation
-        # still arrive in program order, and the two runs are matched per shard)
         receive = functools.partial(self._receive_shard, run, key, tuple(send_in), len(ins), len(axes))
-        jax.debug.callback(receive, *[jax.lax.axis_index(a) for a in axes], *ins, *out_list)
-        return
-      receive = functools.partial(self._receive, run, key, tuple(send_in), len(ins))
-      jax.debug.callback(receive, *ins, *out_list, ordered=True)
+      else:
+        receive = functools.partial(self._receive, run, key, tuple(send_in), len(ins))
+      jax.debug.callback(receive, *[jax.lax.axis_index(a) for a in axes], *ins, *out_list)
 
     return observe
 
@@ -269,8 +272,7 @@ class _Collector:
     shadow = queue.popleft()
     acc = self.accs.get(key)
     if acc is None:
-      acc = self.accs[key] = _Acc(self.meta[key], self.calls, n_in)
-    self.calls += 1
+      acc = self.accs[key] = _Acc(self.meta[key], self.order[key], n_in)
     self._accumulate(acc, key, in_index, n_in, arrays, shadow)
 
   def _accumulate(self, acc: _Acc, key: Any, in_index: tuple, n_in: int, xs: tuple, ss: tuple) -> None:

@@ -54,6 +54,31 @@ def test_catastrophic_cancellation_ranks_first_at_its_line(seed, policy):
   assert all(r.drop_db < top.drop_db for r in report.rows[1:])
 
 
+def test_rows_in_program_order_follow_the_source_and_its_callbacks_are_unordered(monkeypatch):
+  """The report's callbacks are unordered: an ordered callback threads a token through the
+  program, and XLA's GPU compiler aborted on `_cancellation`'s (H100, JAX 0.11.2: a CHECK in its
+  fusion cost model, with two products sharing an operand). ``order`` is then the equation's
+  place in the program, not the arrival order of its callbacks."""
+  ordered = []
+  callback = jax.debug.callback
+
+  def spy(fn, *args, **kwargs):
+    ordered.append(kwargs.get("ordered", False))
+    return callback(fn, *args, **kwargs)
+
+  monkeypatch.setattr(jax.debug, "callback", spy)
+  kx, kw = jax.random.split(jax.random.key(0))
+  x = jax.random.normal(kx, (8, 16))
+  w = jax.random.normal(kw, (16, 16)) / 4
+  report = precision.numerics_report(_cancellation, "c=bf16", x, x + 1e-3, w)
+  assert ordered and not any(ordered)
+  rows = report.in_program_order()
+  assert [r.order for r in rows] == list(range(len(rows)))
+  lines = [int(r.source.rsplit(":", 1)[1]) for r in rows]
+  assert lines == sorted(lines) and rows[0].primitive == "dot_general"
+  assert [r.primitive for r in rows][-2:] == ["mul", "reduce_sum"]
+
+
 @settings(max_examples=10, deadline=None)
 @given(seed=seeds, exponent=st.integers(-30, -20))
 def test_float16_underflow_counts_match_numpy(seed, exponent):
