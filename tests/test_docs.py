@@ -17,6 +17,7 @@ import pathlib
 import re
 import subprocess
 
+import jax
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -82,6 +83,23 @@ def test_readme_is_a_front_door():
   assert len(text.splitlines()) <= 300
   for command in QUICKSTART:
     assert command in text
+
+
+def test_readme_taste_prints_what_the_readme_shows(capsys):
+  """The README's first Python block, run as it is, prints the output block that follows it.
+  The gradient difference against float32 is compared exactly on CPU only: elsewhere its float32
+  reference runs at the backend's default matmul precision (TF32 on a GPU)."""
+  text = (ROOT / "README.md").read_text()
+  code, shown = re.search(r"^```python\n(.*?)^```\n\n```\n(.*?)^```", text, flags=re.S | re.M).groups()
+  exec(compile(code, "README.md", "exec"), {"__name__": "readme_taste"})
+  printed = capsys.readouterr().out.splitlines()
+  shown = shown.splitlines()
+  assert len(printed) == len(shown)
+  for i, (got, want) in enumerate(zip(printed, shown)):
+    if i == 2 and jax.default_backend() != "cpu":
+      assert 0.5 < float(got) / float(want) < 2, (got, want)
+    else:
+      assert got == want
 
 
 @pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
