@@ -23,13 +23,16 @@ one row):
 
 * ``sqnr_db`` = ``10 log10(sum s^2 / sum (x - s)^2)``, ``s`` the float32 shadow output,
   ``x`` the policy output (+inf when they are equal, -inf when ``s`` is all zero and ``x``
-  is not). Elements where either is not finite are left out of the sums (they are counted
-  as ``overflow`` / ``nonfinite``).
+  is not). Elements where the shadow is not finite are left out of the sums. An element
+  finite in the shadow that the policy run makes inf or NaN (counted as ``overflow`` or
+  ``nonfinite``) is a value lost: the row's ``sqnr_db`` is -inf.
 * ``input_sqnr_db``: the worst SQNR over the equation's float inputs (policy inputs against
   shadow inputs); ``round_sqnr_db``: the SQNR of the shadow output rounded once to the
   compute format (what the format alone costs).
 * ``drop_db`` = ``min(input_sqnr_db, round_sqnr_db) - sqnr_db``: the precision
   this equation itself lost beyond the format's own rounding and its inputs' error.
+  +inf where the equation loses a value (above) that none of its inputs had lost: where a
+  loss or gradient first becomes inf or NaN ranks first; 0 where an input had lost it already.
   Rounding an exact value costs about 0 dB; a subtraction of two nearly equal rounded
   values (a catastrophic cancellation) drops by tens of dB and ranks first although every
   later equation inherits its error. 0 when the output is exact. Where the inputs and the
@@ -53,7 +56,11 @@ one row):
 
 Rows are per equation (and per name scope it was reached from), sorted by ``drop_db``,
 worst first. ``data_movement`` equations and equations with neither float inputs nor float
-outputs are not reported.
+outputs are not reported. Equations on values that are not float32 (a bfloat16 array the
+program itself made) run the same in both runs, as `autocast` leaves them alone: their rows
+are exact. ``NumericsReport.unmatched`` counts the policy run's calls that had no shadow call
+of the same equation (a ``cond`` that took the other branch, a loop that ran a different
+number of times); ``table()`` and ``to_dict()`` show it.
 
 Cost
 ====
@@ -166,6 +173,8 @@ class _Acc:
     self.sig = self.noise = self.rsig = self.rnoise = 0.0
     self.in_sig = [0.0] * n_inputs
     self.in_noise = [0.0] * n_inputs
+    self.in_lost = [0] * n_inputs  # elements finite in the shadow that the policy run lost
+    self.lost = 0
     self.overflow = self.underflow = self.subnormal = self.nonfinite = self.flips = 0
     self.flip_distance = math.inf
     self.elements = self.calls = 0
@@ -177,6 +186,16 @@ def _sqnr(sig: float, noise: float) -> float:
   if sig == 0.0:
     return -math.inf
   return 10.0 * math.log10(sig / noise)
+
+
+def _is_float_dtype(dtype: Any) -> bool:
+  return bool(jnp.issubdtype(dtype, jnp.floating))  # NumPy's own test misses ml_dtypes' bfloat16
+
+
+def _lost(x: np.ndarray, s: np.ndarray) -> int:
+  """Elements finite in the shadow ``s`` and not finite in the policy output ``x``."""
+  x, s = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(s, np.float64))
+  return int(np.sum(np.isfinite(s) & ~np.isfinite(x)))
 
 
 def _energies(x: np.ndarray, s: np.ndarray) -> tuple[float, float]:
@@ -220,7 +239,7 @@ class _Collector:
       floats_in = [i for i, v in enumerate(eqn.invars) if _is_float(v.aval)]
       floats_out = [i for i, v in enumerate(eqn.outvars) if _is_float(v.aval)]
       decision = name in _COMPARISONS or name in _ARG or name == "select_n"
-      if not floats_out and not (decision and floats_in) and name != "select_n":
+      if not floats_out and not (decision and floats_in):
         return
       scope = compat.full_name_stack(eqn)
       key = (id(eqn), scope)
@@ -282,13 +301,14 @@ class _Collector:
     x_in, s_in = xs[:n_in], ss[:n_in]
     x_out, s_out = xs[n_in:], ss[n_in:]
     for j, (x, s) in enumerate(zip(x_in, s_in)):
-      if np.issubdtype(x.dtype, np.floating):
+      if _is_float_dtype(x.dtype):
         sig, noise = _energies(x, s)
         acc.in_sig[j] += sig
         acc.in_noise[j] += noise
+        acc.in_lost[j] += _lost(x, s)
     with np.errstate(over="ignore", invalid="ignore"):
       for x, s in zip(x_out, s_out):
-        if not np.issubdtype(x.dtype, np.floating):
+        if not _is_float_dtype(x.dtype):
           continue
         acc.elements += x.size
         sig, noise = _energies(x, s)
@@ -305,6 +325,7 @@ class _Collector:
         acc.underflow += int(np.sum((s != 0) & finite_s & (x == 0)))
         acc.subnormal += int(np.sum((x != 0) & (np.abs(x) < fmt.min_normal)))
         acc.nonfinite += int(np.sum(~np.isfinite(x) & finite_s & ~over))
+        acc.lost += _lost(x, s)
       flipped, distance = _flips(name, x_in, s_in, x_out, s_out, self.meta[key])
       acc.flips += flipped
       if distance is not None:
@@ -320,8 +341,14 @@ class _Collector:
       round_sqnr = _sqnr(acc.rsig, acc.rnoise)
       if acc.elements == 0:  # a decision (comparison, argmax): no float output
         sqnr = round_sqnr = math.inf
+      if any(acc.in_lost):
+        in_sqnr = -math.inf
       reference = min(in_sqnr, round_sqnr)
-      drop = 0.0 if sqnr == math.inf else (reference if reference < math.inf else self.ideal_db) - sqnr
+      if acc.lost:  # a value finite in float32 became inf or NaN: here, or in an input already
+        sqnr = -math.inf
+        drop = 0.0 if in_sqnr == -math.inf else math.inf
+      else:
+        drop = 0.0 if sqnr == math.inf else (reference if reference < math.inf else self.ideal_db) - sqnr
       rows.append(
         Row(
           primitive=name,
@@ -471,6 +498,7 @@ class NumericsReport:
           "worst_at": f"{worst.primitive} {worst.source}",
           "min_sqnr_db": min(r.sqnr_db for r in rows),
           "overflow": sum(r.overflow for r in rows),
+          "nonfinite": sum(r.nonfinite for r in rows),
           "underflow": sum(r.underflow for r in rows),
           "flips": sum(r.flips for r in rows),
         }
@@ -480,12 +508,22 @@ class NumericsReport:
   def to_dict(self) -> dict[str, Any]:
     return {
       "policy": str(self.policy),
+      "unmatched": self.unmatched,
       "rows": [r.to_dict() for r in self.rows],
       "by_scope": [{k: _jsonable(v) for k, v in d.items()} for d in self.by_scope()],
     }
 
-  _COLUMNS = ("drop_db", "sqnr_db", "primitive", "op_class", "source", "scope", "overflow", "underflow",
-              "subnormal", "flips", "flip_distance")  # fmt: skip
+  _COLUMNS = ("drop_db", "sqnr_db", "primitive", "op_class", "source", "scope", "overflow", "nonfinite",
+              "underflow", "subnormal", "flips", "flip_distance")  # fmt: skip
+
+  def _title(self) -> str:
+    title = f"numerics report, {self.policy} ({len(self.rows)} equations, worst drop first)"
+    if self.unmatched:
+      title += (
+        f"; {self.unmatched} call(s) of the policy run had no float32 counterpart (a cond took "
+        "the other branch or a loop ran a different number of times): not in the rows"
+      )
+    return title
 
   def _cells(self, n: int) -> list[list[str]]:
     return [[_fmt_cell(getattr(r, c)) for c in self._COLUMNS] for r in self.rows[:n]]
@@ -493,7 +531,7 @@ class NumericsReport:
   def rich_table(self, n: int = 15) -> Any:
     from rich.table import Table
 
-    table = Table(title=f"numerics report, {self.policy} ({len(self.rows)} equations, worst drop first)")
+    table = Table(title=self._title())
     for c in self._COLUMNS:
       table.add_column(
         c, justify="right" if c not in ("primitive", "op_class", "source", "scope") else "left"
@@ -509,7 +547,7 @@ class NumericsReport:
     Console(width=200).print(self.rich_table(n))
 
   def __str__(self) -> str:
-    lines = ["  ".join(self._COLUMNS)]
+    lines = [self._title(), "  ".join(self._COLUMNS)]
     lines += ["  ".join(cells) for cells in self._cells(15)]
     return "\n".join(lines)
 
@@ -518,7 +556,7 @@ class NumericsReport:
     body = "".join(
       "<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in cells) + "</tr>" for cells in self._cells(15)
     )
-    return f"<table><caption>numerics report, {html.escape(str(self.policy))}</caption><tr>{head}</tr>{body}</table>"
+    return f"<table><caption>{html.escape(self._title())}</caption><tr>{head}</tr>{body}</table>"
 
   def plot(self, path: str | os.PathLike, depth: int = 2, title: str | None = None) -> None:
     """SQNR (dB) of each equation's output along the program, colored by scope; written to ``path``.
@@ -537,19 +575,20 @@ class NumericsReport:
     ax = fig.subplots()
     finite = [r.sqnr_db for r in rows if math.isfinite(r.sqnr_db)]
     top = (max(finite) if finite else 100.0) + 10
+    bottom = (min(finite) if finite else 0.0) - 10
+
+    def y(r: Row) -> float:  # exact outputs at the top, lost values (inf or NaN) at the bottom
+      return r.sqnr_db if math.isfinite(r.sqnr_db) else (top if r.sqnr_db > 0 else bottom)
+
     for s in scopes:
-      pts = [
-        (i, r.sqnr_db if math.isfinite(r.sqnr_db) else top)
-        for i, r in enumerate(rows)
-        if _scope_key(r.scope, depth) == s
-      ]
+      pts = [(i, y(r)) for i, r in enumerate(rows) if _scope_key(r.scope, depth) == s]
       ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=8, color=colors[s], label=s or "(no scope)")
-    flips = [(i, r.sqnr_db if math.isfinite(r.sqnr_db) else top) for i, r in enumerate(rows) if r.flips]
+    flips = [(i, y(r)) for i, r in enumerate(rows) if r.flips]
     if flips:
       ax.scatter(
         [p[0] for p in flips], [p[1] for p in flips], s=40, facecolors="none", edgecolors="k", label="flips"
       )
-    ax.set_xlabel("equation (program order; exact outputs drawn at the top)")
+    ax.set_xlabel("equation (program order; exact outputs drawn at the top, lost values at the bottom)")
     ax.set_ylabel("output SQNR vs float32 shadow (dB)")
     ax.set_title(title or f"numerics report: {self.policy}")
     ax.legend(fontsize=6, ncol=2, loc="lower left")

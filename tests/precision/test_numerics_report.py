@@ -79,6 +79,41 @@ def test_rows_in_program_order_follow_the_source_and_its_callbacks_are_unordered
   assert [r.primitive for r in rows][-2:] == ["mul", "reduce_sum"]
 
 
+def test_where_a_value_first_becomes_inf_or_nan_ranks_first():
+  # 1e10 and -3e10 are beyond cbfloat16's largest finite value (about 4.3e9): the product
+  # overflows to inf and -inf and the sum of the two is NaN, where float32 gives -2e10.
+  x = jnp.array([1e4, 2.0, -3e4])
+  report = precision.numerics_report(lambda x: jnp.sum(x * 1e6), "c=cb16", x)
+  mul, total = report.rows
+  assert (mul.primitive, mul.overflow, mul.sqnr_db, mul.drop_db) == ("mul", 2, -math.inf, math.inf)
+  # the sum inherits the lost values: it loses nothing itself
+  assert (total.primitive, total.nonfinite, total.sqnr_db, total.drop_db) == ("reduce_sum", 1, -math.inf, 0.0)
+  assert math.isnan(float(report.outputs)) and "nonfinite" in str(report)
+
+
+def test_calls_without_a_float32_counterpart_are_counted_and_shown():
+  def f(x):
+    y = x * 1.0001  # 1 - 1e-5 rounds up past 1 in cbfloat16: the cond takes the other branch
+    return jax.lax.cond(y[0] > 1.0, lambda v: jnp.sin(v) * 2.0, lambda v: jnp.cos(v) * 3.0, y)
+
+  report = precision.numerics_report(f, "c=cb16", jnp.array([1 - 1e-5, 2.0]))
+  assert report.unmatched == report.to_dict()["unmatched"] == 2  # cos and its product
+  assert "2 call(s) of the policy run had no float32 counterpart" in str(report)
+  assert {r.primitive for r in report.rows} == {"mul", "gt"}
+
+
+def test_bfloat16_values_are_reported_and_integer_selects_are_not():
+  xb = jax.random.normal(jax.random.key(3), (5, 8)).astype(jnp.bfloat16)
+  report = precision.numerics_report(lambda a: jnp.sum(jnp.exp(a) * 1.5), "c=cb16", xb)
+  (exp,) = [r for r in report.rows if r.primitive == "exp"]
+  assert exp.elements == 40 and exp.sqnr_db == math.inf  # autocast leaves bfloat16 values alone
+  i, j = jnp.arange(5), jnp.arange(5) * 2
+  report = precision.numerics_report(
+    lambda i, j, x: jnp.where(i > 2, i, j) * jnp.sum(x).astype(jnp.int32), "c=cb16", i, j, jnp.ones(3)
+  )
+  assert "select_n" not in {r.primitive for r in report.rows}
+
+
 @settings(max_examples=10, deadline=None)
 @given(seed=seeds, exponent=st.integers(-30, -20))
 def test_float16_underflow_counts_match_numpy(seed, exponent):
