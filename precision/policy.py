@@ -215,7 +215,14 @@ class Policy:
     if block is None or block < 1:
       raise PolicyError(f"accumulation_block={self.accumulation_block!r}; allowed: an int >= 1")
     object.__setattr__(self, "accumulation_block", block)
-    overrides = dict(self.rules)
+    try:
+      overrides = dict(self.rules)
+    except (TypeError, ValueError):
+      raise PolicyError(
+        f"rules={self.rules!r}: rules are a mapping {{op_class: treatment}} (or its (op_class, "
+        f"treatment) pairs), e.g. rules={{'attention_softmax': 'round'}}; op classes: "
+        f"{', '.join(LEVEL_RULES[1])}"
+      ) from None
     for op_class, treatment in overrides.items():
       _check_rule(op_class, treatment)
     object.__setattr__(self, "rules", tuple(sorted(overrides.items())))

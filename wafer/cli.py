@@ -234,7 +234,9 @@ def _estimate(args: argparse.Namespace) -> int:
   fn, example_args, kwargs, name = _estimate_target(args)
   for key in ("system", "mode", "release", "num_csx", "micro_batch_size", "compute_format"):
     value = getattr(args, key)
-    if value is not None:
+    if value == _SEARCH:  # overrides the params file's micro_batch_size: searched
+      kwargs.pop(key, None)
+    elif value is not None:
       kwargs[key] = value
   if args.model_dir:  # refused before the estimate, not after it
     from wafer.train.loop import make_model_dir
@@ -281,6 +283,25 @@ def _path(text: str) -> str:
   return text
 
 
+_SEARCH = "search"
+_SEARCH_WORDS = ("auto", "explore", "none")
+
+
+def _micro_batch(text: str) -> int | str:
+  """A --micro_batch_size value: an integer >= 1, or auto / explore / none (searched)."""
+  if text.strip().lower() in _SEARCH_WORDS:
+    return _SEARCH
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(
+      f"{text!r}; allowed: an integer >= 1 (used as given), or {' / '.join(_SEARCH_WORDS)} (searched)"
+    )
+  return value
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="wafer", description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -316,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
   est.add_argument("--num_csx", type=int, help="systems in data parallel (weight streaming)")
   est.add_argument(
     "--micro_batch_size",
-    type=int,
+    type=_micro_batch,
     help="the micro-batch, used as given (default: the params file's micro_batch_size; auto/explore "
     "or none: searched)",
   )

@@ -80,6 +80,9 @@ def test_parse():
     precision.Policy.parse("level=x")
   with pytest.raises(PolicyError, match="unknown float format"):
     precision.Policy.parse("c=bf17")
+  for rules in ("x", 3, [("matmul",)]):  # a bare ValueError / TypeError of dict() before
+    with pytest.raises(PolicyError, match=r"rules=.*: rules are a mapping \{op_class: treatment\}"):
+      precision.Policy(compute="cb16", rules=rules)
 
 
 def test_from_config_modelzoo_keys():

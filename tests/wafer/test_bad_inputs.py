@@ -376,6 +376,29 @@ def test_an_empty_path_flag_is_refused_not_taken_as_the_default(capsys, command,
   assert f"argument {flag}: an empty path" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["0", "-4", "abc", "1.5"])
+def test_estimate_micro_batch_size_takes_an_integer_or_a_search_word(capsys, value):
+  with pytest.raises(SystemExit) as info:
+    cli.main(["estimate", "--workload", "gpt2_small", "--micro_batch_size", value])
+  assert info.value.code == 2
+  assert (
+    "allowed: an integer >= 1 (used as given), or auto / explore / none (searched)" in capsys.readouterr().err
+  )
+
+
+def test_estimate_micro_batch_size_auto_searches_over_the_params_files_setting(tmp_path, capsys):
+  """The help offered auto/explore/none, and the flag refused them (it took integers only)."""
+  data = yaml.safe_load(EXAMPLE_PARAMS)
+  data["train_input"]["micro_batch_size"] = 16
+  path = tmp_path / "params.yaml"
+  path.write_text(yaml.safe_dump(data, sort_keys=False))
+  assert cli.main(["estimate", "--params", str(path)]) == 0
+  assert "micro-batch 16 as given" in capsys.readouterr().out
+  assert cli.main(["estimate", "--params", str(path), "--micro_batch_size", "Auto"]) == 0
+  out = capsys.readouterr().out
+  assert "Micro-batch:    searched" in out and "as given" not in out
+
+
 def test_a_checkpoint_that_cannot_be_written_says_which_one_is_kept(tmp_path, monkeypatch):
   """A full disk at a checkpoint used to end the run with TensorStore's ValueError traceback."""
   checkpoints = Checkpoints(tmp_path, None)
