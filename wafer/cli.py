@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     "--compile_only", action="store_true", help="compile and write the compile report; no run"
   )
   procs = run.add_argument_group(
-    "many processes (one per host; see the README)",
+    "many processes (one per host; see docs/guides/many-processes.md)",
     "Every process runs the same command with its own --process_id; runconfig.num_csx systems are spread "
     "over all processes' devices. Without these flags, JAX_COORDINATOR_ADDRESS or a SLURM/MPI job "
     "environment is used when set.",

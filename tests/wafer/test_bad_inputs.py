@@ -399,6 +399,18 @@ def test_estimate_micro_batch_size_auto_searches_over_the_params_files_setting(t
   assert "Micro-batch:    searched" in out and "as given" not in out
 
 
+def test_the_fix_a_key_hint_follows_key_problems_only(tmp_path, capsys):
+  hint = "(fix the params file, or override a key on the command line"
+  assert cli.main(["run", "--validate_only", "--params", str(tmp_path / "nope.yaml")]) != 0
+  err = capsys.readouterr().err
+  assert "cannot read the params file" in err and hint not in err
+  assert cli.main(["run", "--validate_only", "--params", _params(tmp_path), "runconfig.max_steps"]) != 0
+  err = capsys.readouterr().err
+  assert "an override must look like key.path=value" in err and hint not in err
+  assert cli.main(["run", "--validate_only", "--params", _params(tmp_path), "runconfig.max_steps=abc"]) != 0
+  assert hint in capsys.readouterr().err
+
+
 def test_a_checkpoint_that_cannot_be_written_says_which_one_is_kept(tmp_path, monkeypatch):
   """A full disk at a checkpoint used to end the run with TensorStore's ValueError traceback."""
   checkpoints = Checkpoints(tmp_path, None)

@@ -29,12 +29,14 @@ def suggest(name: Any, options: Iterable[str], cutoff: float = 0.6) -> str | Non
 
 
 def format_config_error(err: BaseException) -> str:
-  """The text the CLI prints for a config error (no traceback), ending with a hint.
+  """The text the CLI prints for a config error (no traceback), ending with a hint where a key is wrong.
 
   Args:
     err: a :class:`ConfigError` (anything else is shown as ``Type: message``).
   """
   if isinstance(err, ConfigError):
+    if not any(p.loc for p in err.problems):  # the file itself or an override's syntax: no key to fix
+      return f"error: {err}"
     return f"error: {err}\n(fix the params file, or override a key on the command line: key.path=value)"
   return f"error: {type(err).__name__}: {err}"
 
