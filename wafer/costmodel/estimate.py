@@ -175,7 +175,8 @@ def estimate(
     num_csx: systems in data parallel (weight streaming only); ``batch_size`` must divide evenly.
     compute_format: format of matrix-product operands and activations (name or
       `precision.FloatFormat`): 16-bit formats run at the 16-bit SIMD rate, wider ones at the FP32
-      rate. Default: the policy's compute format, else ``"cbfloat16"``.
+      rate. Default: the policy's compute format, else ``"cbfloat16"``; given with a policy, it wins
+      (the same step as it would run in another format: ``wafer estimate --compute_format``).
     policy: a ``precision.Policy`` (anything with ``.compute``) or a policy string (``"c=bf16"``,
       `precision.Policy.parse`) giving the compute format.
     accumulate_format: accumulator format of matrix products (``"float32"``: Cerebras mixed
