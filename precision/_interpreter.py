@@ -74,6 +74,7 @@ def run(p: Pass, closed: Any, flat: Sequence[Any], rounded_outputs: int | None =
   jaxpr, consts = compat.split_closed(closed)
   tags = [RAW_TAG if is_f32(v.aval) else None for v in jaxpr.invars]
   outs, out_tags = interpret(p, jaxpr, consts, list(flat), tags)
+  outs = [compat.plain_scalar(o) for o in outs]  # a Python number the function returned
   if p.policy.output == float32:
     return outs
   # An output already rounded to the output format (it is the compute format) is not rounded again.

@@ -93,6 +93,7 @@ __all__ = (
   "scan_counts",
   "shard_map_manual_axes",
   "source_info_util",
+  "plain_scalar",
   "split_closed",
   "trace",
   "user_line",
@@ -128,6 +129,19 @@ class UnhandledPrimitiveError(NotImplementedError):
 
 
 # ---- jaxprs ----
+
+
+def plain_scalar(value: Any) -> Any:
+  """A jaxpr literal's value as the Python number the traced function returned.
+
+  Recent JAX versions keep a Python number in a jaxpr as ``TypedInt`` / ``TypedFloat`` (``int`` / ``float``
+  subclasses carrying a dtype, in ``jax._src.literals``); earlier versions keep the number itself.
+  Anything else is returned as it is.
+  """
+  for base in (int, float, complex):
+    if isinstance(value, base) and type(value) is not base and type(value).__module__.startswith("jax"):
+      return base(value)
+  return value
 
 
 def split_closed(j: Any) -> tuple[Any, list[Any]]:

@@ -384,3 +384,13 @@ def test_signature_and_metadata_are_kept():
   auto = precision.autocast(loss, "c=cb16")
   assert auto.__wrapped__ is loss and auto.__doc__ == "Docstring." and auto.__name__ == "loss"
   assert math.isfinite(float(auto(jnp.ones(3), jnp.ones(3))))
+
+
+@pytest.mark.parametrize("policy", ["c=cb16", "c=f32", "c=bf16,o=bf16"])
+def test_python_numbers_returned_come_back_as_python_numbers(policy):
+  """They came back as JAX's internal literal types (``TypedInt``, ``TypedFloat``) under a mixed
+  policy and as plain numbers under ``c=f32``, as the function returns them."""
+  x = jnp.ones(2)
+  got = precision.autocast(lambda x: (x * 2, 3, 2.5, 1j, True), policy)(x)
+  assert [type(v) for v in got[1:]] == [int, float, complex, bool]
+  assert got[1:] == (3, 2.5, 1j, True)
