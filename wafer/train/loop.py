@@ -191,6 +191,7 @@ def run(
     if optimizer is None or loss_scale is None or policy is None:
       raise TypeError("run(task, runconfig, optimizer, loss_scale, policy): all five are needed")
     runtime_ = Runtime(optimizer, loss_scale, policy, runtime, config)
+  _check_run_arguments(task, runtime_)
   summary = _Run(
     task,
     runtime_.runconfig,
@@ -342,6 +343,10 @@ class _Run:
         self.data, 0
       )  # the compile's example; then rewind, so the data is built once
       self.data.set_state(start)
+      rows = task.batch_size
+      if self.local_rows:  # this process's systems' rows only
+        rows = task.batch_size * len(cluster.local_systems(self.num_csx)) // self.num_csx
+      _check_batch_rows(example_batch, rows)
       if task.batch_spec is not None:
         _check_batch_spec(example_batch, task.batch_spec(), self.local_rows, self.num_csx)
       compile_batch = cluster.global_batch(example_batch, self.num_csx, local=self.local_rows)
@@ -682,6 +687,51 @@ def _shapes_by_path(tree: Any) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
   """``{"['input_ids']": ((32, 128), int32), ...}``: each leaf's shape and dtype by its key path."""
   leaves = jax.tree_util.tree_leaves_with_path(tree)
   return {jax.tree_util.keystr(path): (tuple(np.shape(x)), np.dtype(x.dtype)) for path, x in leaves}
+
+
+def _check_run_arguments(task: Any, runtime: Runtime) -> None:
+  """`run`'s arguments have the types it reads (a wrong one failed later as a bare AttributeError)."""
+  wrong = []
+  if not isinstance(task, Task):
+    wrong.append(f"task is a {type(task).__name__}; it must be a wafer.train.Task")
+  if not isinstance(runtime.runconfig, RunConfig):
+    wrong.append(
+      f"runconfig is a {type(runtime.runconfig).__name__}; it must be a wafer.config.RunConfig "
+      "(RunConfig.model_validate(a_dict) builds one)"
+    )
+  opt = runtime.optimizer
+  if not (callable(getattr(opt, "init", None)) and callable(getattr(opt, "update", None))):
+    wrong.append(f"optimizer is a {type(opt).__name__}; it must be an optax.GradientTransformation")
+  if not isinstance(runtime.loss_scale, (precision.StaticLossScale, precision.DynamicLossScale)):
+    wrong.append(
+      f"loss_scale is {runtime.loss_scale!r}; it must be a precision.DynamicLossScale.create(format) or a "
+      "precision.StaticLossScale.create(value) (StaticLossScale.create(1.0): no scaling)"
+    )
+  if not isinstance(runtime.policy, precision.Policy):
+    wrong.append(
+      f"policy is {runtime.policy!r}; it must be a precision.Policy (precision.Policy.parse('c=cb16') "
+      "reads a policy string)"
+    )
+  if wrong:
+    raise TypeError("wafer.train.run: " + "; ".join(wrong))
+
+
+def _check_batch_rows(batch: Any, rows: int) -> None:
+  """Every array of a training batch has ``rows`` rows (axis 0), ``Task.batch_size`` of them: the
+  logged sample counts and rates and the compile report's batch are computed from it."""
+  leaves = jax.tree_util.tree_leaves_with_path(batch)
+  wrong = [
+    f"{jax.tree_util.keystr(path) or 'the batch'} has shape {list(np.shape(x))}"
+    for path, x in leaves
+    if np.ndim(x) == 0 or np.shape(x)[0] != rows
+  ]
+  if wrong or not leaves:
+    raise ExecutorError(
+      f"Task.batch_size is {rows} here, but the first training batch "
+      + ("; ".join(wrong) if leaves else "holds no arrays")
+      + f": every array of a batch has the batch as axis 0, {rows} rows. Set Task.batch_size to the "
+      "rows the data gives (train_input.batch_size in a params file), or make the data give that many."
+    )
 
 
 def _check_batch_spec(batch: Any, spec: Any, local_rows: bool, num_csx: int) -> None:

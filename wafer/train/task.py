@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -58,6 +59,14 @@ class Task:
   eval_metric_name: str = "loss"
   batch_spec: Callable[[], Any] | None = None
   learning_rate_multipliers: Callable[[Any], Any] | None = None
+
+  def __post_init__(self) -> None:
+    if (
+      isinstance(self.batch_size, bool)
+      or not isinstance(self.batch_size, numbers.Integral)
+      or self.batch_size < 1
+    ):
+      raise ExecutorError(f"Task.batch_size={self.batch_size!r}; allowed: an int >= 1 (samples per step)")
 
 
 def next_batch(data: Any, step: int) -> Any:

@@ -1,0 +1,73 @@
+"""`wafer.train.run` refuses arguments it cannot use, naming them, before any work: a wrong type
+(which failed later as a bare AttributeError from inside wafer) or a `Task.batch_size` that is not
+the data's (which made every logged sample count and rate wrong, silently)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import precision
+from wafer.config import RunConfig
+from wafer.errors import ExecutorError
+from wafer.train import IndexedBatches, Task, run
+
+
+def _task(rows: int = 4, batch_size: int = 4) -> Task:
+  def batch(k):
+    x = np.random.default_rng(k).standard_normal((rows, 8)).astype(np.float32)
+    return {"x": x, "y": x[:, :1] * 2}
+
+  return Task(
+    name="linear",
+    init_params=lambda key: {"w": jax.random.normal(key, (8, 1)) * 0.1},
+    loss_fn=lambda p, b: jnp.mean((b["x"] @ p["w"] - b["y"]) ** 2),
+    train_data=lambda seed: IndexedBatches(batch),
+    batch_size=batch_size,
+  )
+
+
+def _rc(tmp_path) -> RunConfig:
+  return RunConfig.model_validate({"model_dir": str(tmp_path / "md"), "max_steps": 2, "checkpoint_steps": 0})
+
+
+def _args(tmp_path) -> dict:
+  return {
+    "task": _task(),
+    "runtime": _rc(tmp_path),
+    "optimizer": optax.sgd(0.01),
+    "loss_scale": precision.DynamicLossScale.create("cbfloat16"),
+    "policy": precision.Policy(compute="cbfloat16"),
+  }
+
+
+@pytest.mark.parametrize(
+  ("name", "value", "message"),
+  [
+    ("task", {"name": "linear"}, "task is a dict; it must be a wafer.train.Task"),
+    ("runtime", {"max_steps": 2}, "runconfig is a dict; it must be a wafer.config.RunConfig"),
+    ("optimizer", "sgd", "optimizer is a str; it must be an optax.GradientTransformation"),
+    ("loss_scale", 128.0, "loss_scale is 128.0; it must be a precision.DynamicLossScale"),
+    ("policy", "cbfloat16", "policy is 'cbfloat16'; it must be a precision.Policy"),
+  ],
+)
+def test_a_wrong_argument_type_is_named_before_any_work(tmp_path, name, value, message):
+  args = _args(tmp_path) | {name: value}
+  with pytest.raises(TypeError, match=f"wafer.train.run: .*{message}"):
+    run(**args, progress=False)
+  assert not (tmp_path / "md").exists()  # nothing was prepared
+
+
+def test_a_batch_size_that_is_not_the_datas_is_refused(tmp_path):
+  args = _args(tmp_path) | {"task": _task(rows=4, batch_size=8)}
+  with pytest.raises(ExecutorError, match=r"Task.batch_size is 8 here, but .*\['x'\] has shape \[4, 8\]"):
+    run(**args, progress=False)
+  summary = run(**_args(tmp_path), progress=False)  # the same data with batch_size 4 trains
+  assert summary.final_step == 2
+
+
+@pytest.mark.parametrize("batch_size", [0, -3, 2.5, True, "8"])
+def test_task_batch_size_is_a_positive_int(batch_size):
+  with pytest.raises(ExecutorError, match="Task.batch_size=.*allowed: an int >= 1"):
+    _task(batch_size=batch_size)
