@@ -260,6 +260,7 @@ def _analyze_input(args: argparse.Namespace) -> int:
   overrides = list(args.overrides or ())
   if args.model_dir is not None:
     overrides.append(literal_override("runconfig.model_dir", args.model_dir))
+  input_analyzer.check_settings(args.workers, args.seconds)  # before anything is loaded or announced
   plan = runner.load_plan(args.params, overrides)
   from wafer.train.loop import make_model_dir
 

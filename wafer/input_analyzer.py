@@ -136,6 +136,19 @@ def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> fl
   return steps * plan.task.batch_size / (time.perf_counter() - t0)
 
 
+def check_settings(worker_counts: Sequence[int] | None, seconds: float) -> list[int]:
+  """The worker counts to measure (sorted, default `default_worker_counts`), or an
+  `InputAnalysisError` naming a bad count or ``seconds`` (checked before anything is measured)."""
+  if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+    raise InputAnalysisError(
+      f"--seconds {seconds!r}: allowed: seconds measured per worker count, > 0 (default 2)"
+    )
+  counts = sorted(set(worker_counts or default_worker_counts()))
+  if not counts or counts[0] < 1:
+    raise InputAnalysisError(f"worker counts must be positive integers (got {list(worker_counts or [])})")
+  return counts
+
+
 def analyze(
   plan: Any,
   *,
@@ -145,13 +158,7 @@ def analyze(
   headroom: float = HEADROOM,
 ) -> InputAnalysis:
   """Measure the pipeline of ``plan`` (a `wafer.runner.Plan`) and recommend ``num_workers_per_csx``."""
-  if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
-    raise InputAnalysisError(
-      f"--seconds {seconds!r}: allowed: seconds measured per worker count, > 0 (default 2)"
-    )
-  counts = sorted(set(worker_counts or default_worker_counts()))
-  if not counts or counts[0] < 1:
-    raise InputAnalysisError(f"worker counts must be positive integers (got {list(worker_counts or [])})")
+  counts = check_settings(worker_counts, seconds)
   base = plan.task.train_data(plan.seed)
   if not isinstance(base, GrainBatchSource):
     raise InputAnalysisError(

@@ -73,6 +73,8 @@ def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
   allowed = f"Allowed: {', '.join(FORMATS)} (or an alias: cb16, bf16, fp16, f32, ...)"
   if not given:
     raise SweepError(f"--formats: no format given; {allowed}")
+  if len(given) < len(items):
+    raise SweepError(f"--formats {formats!r}: an empty name (two commas, or one at an end); {allowed}")
   names = []
   for name in given:
     try:

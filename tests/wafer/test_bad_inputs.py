@@ -247,10 +247,14 @@ def test_a_missing_data_dir_is_named_as_such(tmp_path):
 
 
 @pytest.mark.parametrize("seconds", [0, -1.0, math.inf, math.nan])
-def test_analyze_input_refuses_seconds_that_measure_nothing(tmp_path, seconds):
+def test_analyze_input_refuses_seconds_that_measure_nothing(tmp_path, capsys, seconds):
   plan = runner.load_plan(_params(tmp_path))
   with pytest.raises(input_analyzer.InputAnalysisError, match=r"--seconds .*allowed: .* > 0"):
     input_analyzer.analyze(plan, seconds=seconds)
+  # the command refuses it before announcing a measurement
+  assert cli.main(["analyze-input", "--params", _params(tmp_path), "--seconds", str(seconds)]) != 0
+  captured = capsys.readouterr()
+  assert "Measuring" not in captured.out and "--seconds" in captured.err
 
 
 class _State(typing.NamedTuple):

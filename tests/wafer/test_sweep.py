@@ -106,6 +106,9 @@ def test_formats_and_levels_parse():
     sweep.parse_levels([True])
   with pytest.raises(sweep.SweepError, match="no format given"):
     sweep.parse_formats(" , ")
+  for formats in ("bf16,,f32", "bf16,f32,", ",bf16"):  # an empty name was skipped silently
+    with pytest.raises(sweep.SweepError, match="an empty name"):
+      sweep.parse_formats(formats)
 
 
 def test_format_overrides_select_the_policy_through_the_config(params_path):
