@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from models.mlp import example_run
+from models.mlp import example_run, example_task
 from wafer import _io
 from wafer.errors import WaferError
 from wafer.train import ExecutorError, RunInterrupted, read_metrics, run
@@ -346,8 +346,8 @@ def test_damaged_orbax_json_is_found_before_orbax_starts_reading(killed_at_25, t
 def test_a_resume_with_another_batch_size_names_the_key(tmp_path):
   """The example's batches are drawn by step number: another batch size used to resume silently."""
   _run(tmp_path, max_steps=10, checkpoint_steps=10, log_steps=5)
-  task, rc, optimizer, loss_scale, policy = example_run(str(tmp_path), max_steps=20)
-  task.batch_size = 32
+  _, rc, optimizer, loss_scale, policy = example_run(str(tmp_path), max_steps=20)
+  task = example_task(batch_size=32)  # train_input.batch_size: 32 (the data's batches too)
   with pytest.raises(
     ExecutorError,
     match=r"Cannot resume from the checkpoint of step 10: it was written with train_input\.batch_size=64, this "
