@@ -311,7 +311,9 @@ def _aval(x: Any) -> jax.ShapeDtypeStruct:
   (``np.int64(1)`` is int32 and ``np.float64(0.01)`` float32 unless ``jax_enable_x64``)."""
   if isinstance(x, jax.ShapeDtypeStruct):
     return x
-  dtype = jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else jax.numpy.asarray(x).dtype)
+  dtype = x.dtype if hasattr(x, "dtype") else jax.numpy.asarray(x).dtype
+  if not jax.dtypes.issubdtype(dtype, jax.dtypes.extended):  # typed PRNG keys keep their dtype
+    dtype = jax.dtypes.canonicalize_dtype(dtype)
   return jax.ShapeDtypeStruct(np.shape(x), dtype)
 
 

@@ -427,3 +427,27 @@ def test_boolean_mask_indexing_names_the_line_and_a_fixed_shape_fix():
   ) as info:
     wafer.compile(masked, jnp.ones(3))
   assert "jnp.where(mask, x, 0)" in str(info.value)
+
+
+def test_typed_prng_keys_compile_and_a_raw_key_is_a_static_graph_error():
+  """``jax.random.key`` keys (JAX's recommended form) crashed wafer.compile with JAX's internal
+  "canonicalize_dtype called on extended dtype key<fry>"."""
+
+  def step(key, x):
+    k1, k2 = jax.random.split(key)
+    return k1, x + jax.random.normal(k2, x.shape)
+
+  x = jnp.ones((8, 4))
+  compiled = wafer.compile(step, jax.random.key(0), x)
+  key, y = compiled(jax.random.key(0), x)
+  want_key, want_y = jax.jit(step)(jax.random.key(0), x)
+  assert jnp.array_equal(jax.random.key_data(key), jax.random.key_data(want_key))
+  assert jnp.array_equal(y, want_y)
+  shapes = wafer.compile(
+    step, jax.ShapeDtypeStruct((), jax.random.key(0).dtype), jax.ShapeDtypeStruct((8, 4), jnp.float32)
+  )
+  assert jnp.array_equal(shapes(jax.random.key(0), x)[1], want_y)
+  with pytest.raises(
+    wafer.StaticGraphError, match=r"args\[0\] is uint32\[2\]; the compiled step takes key<fry>\[\]"
+  ):
+    compiled(jax.random.PRNGKey(0), x)
