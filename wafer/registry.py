@@ -56,10 +56,14 @@ class ModelSpec:
 
 _SPECS: dict[str, ModelSpec] = {}
 _LOADED: list[bool] = []
+_ORIGIN: dict[str, str] = {}  # model name -> the entry point that registered it
+_FAILED: dict[str, str] = {}  # entry point name -> why it did not load
+_CONFLICTS: dict[str, list[str]] = {}  # model name -> the entry points that each registered it
 
 
 def register(spec: ModelSpec) -> None:
-  """Register ``spec`` under each of its names, with its model and input schemas."""
+  """Register ``spec`` under each of its names, with its model and input schemas (a name already
+  registered is replaced: an explicit call wins; entry points that share a name are refused)."""
   if not isinstance(spec, ModelSpec):
     raise PluginError(f"{spec!r} is not a wafer.registry.ModelSpec")
   for name in spec.names:
@@ -69,29 +73,59 @@ def register(spec: ModelSpec) -> None:
     register_input_schema(processor, schema, spec.names)
 
 
+def _entry(entry: Any) -> str:
+  return f"{entry.name!r} ({entry.value})"
+
+
 def load_plugins() -> None:
-  """Load every ``wafer.models`` entry point once (each a `ModelSpec` or a sequence of them)."""
+  """Load every ``wafer.models`` entry point once (each a `ModelSpec` or a sequence of them).
+
+  An entry point that does not load (or gives something other than specs) is set aside with its
+  error, and the others are registered: a broken plugin blocks only its own models, whose lookup
+  (`get_spec`) is then a `PluginError` naming it. Two entry points registering one name make that
+  name a `PluginError` naming both.
+  """
   if _LOADED:
     return
   _LOADED.append(True)
   for entry in metadata.entry_points(group=GROUP):
     try:
       loaded = entry.load()
-    except Exception as error:  # a broken plugin is reported by name, not as a bare traceback
-      raise PluginError(
-        f"the {GROUP} entry point {entry.name!r} ({entry.value}) does not load: {error}"
-      ) from error
-    for spec in loaded if isinstance(loaded, (list, tuple)) else (loaded,):
+      specs = list(loaded) if isinstance(loaded, (list, tuple)) else [loaded]
+      wrong = [s for s in specs if not isinstance(s, ModelSpec)]
+      if wrong or not specs:
+        raise PluginError(f"it gives {wrong[0] if wrong else loaded!r}, not a wafer.registry.ModelSpec")
+    except Exception as error:  # reported by name when one of its models is asked for
+      _FAILED[entry.name] = f"the {GROUP} entry point {_entry(entry)} does not load: {error}"
+      continue
+    for spec in specs:
+      taken = [n for n in spec.names if n.lower() in _ORIGIN and _ORIGIN[n.lower()] != _entry(entry)]
+      for name in taken:
+        _CONFLICTS.setdefault(name.lower(), [_ORIGIN[name.lower()]]).append(_entry(entry))
       register(spec)
+      for name in spec.names:
+        _ORIGIN.setdefault(name.lower(), _entry(entry))
 
 
 def get_spec(name: str) -> ModelSpec:
-  """The spec registered as ``name``; an error lists the known names."""
+  """The spec registered as ``name``; an error lists the known names (and the plugins that did not load)."""
   load_plugins()
-  found = _SPECS.get(str(name).lower())
+  key = str(name).lower()
+  if key in _CONFLICTS:
+    raise PluginError(
+      f"model.name: {name!r} is registered by several {GROUP} entry points: "
+      f"{', '.join(_CONFLICTS[key])}; uninstall one of the packages or rename its model"
+    )
+  found = _SPECS.get(key)
   if found is None:
     known = sorted(_SPECS)
-    close = difflib.get_close_matches(str(name).lower(), known, n=1)
+    if _FAILED:
+      raise PluginError(
+        f"model.name: unknown model {name!r}; it may be in a plugin that did not load: "
+        + "; ".join(_FAILED.values())
+        + f". Registered models: {', '.join(known)}"
+      )
+    close = difflib.get_close_matches(key, known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownModelError(
       f"model.name: unknown model {name!r}.{hint} Registered models ({GROUP} entry points): {', '.join(known)}"
