@@ -74,6 +74,18 @@ def dot_product_attention(
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
+def position_ids(input_ids: jax.Array, table: nnx.Embed) -> jax.Array:
+  """``int32[seq]`` positions of ``input_ids[batch, seq]``, or a ValueError when the sequence is
+  longer than the position table (its lookup would read past the table: NaN under jit)."""
+  seq = input_ids.shape[1]
+  if seq > table.num_embeddings:
+    raise ValueError(
+      f"input_ids has {seq} tokens per sequence, more than model.max_position_embeddings="
+      f"{table.num_embeddings}: raise max_position_embeddings or shorten the sequences"
+    )
+  return jnp.arange(seq, dtype=jnp.int32)
+
+
 def check_heads(hidden_size: int, num_heads: int) -> None:
   """Raise ``ValueError`` unless ``num_heads`` divides ``hidden_size`` (each head gets ``hidden_size / num_heads``
   features); the message lists the head counts that fit. Model configs check it at load time.

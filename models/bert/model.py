@@ -28,6 +28,7 @@ from models.common import (
   MultiHeadAttention,
   activation,
   cross_entropy,
+  position_ids,
   run_layers,
   truncated_normal,
 )
@@ -159,7 +160,7 @@ class BertForPreTraining(nnx.Module):
   ) -> jax.Array:
     """int32[batch, seq] inputs -> hidden states float32[batch, seq, hidden]."""
     with jax.named_scope("embeddings"):
-      positions = jnp.arange(input_ids.shape[1], dtype=jnp.int32)
+      positions = position_ids(input_ids, self.position_embeddings)
       x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
       if self.token_type_embeddings is not None:
         if token_type_ids is None:

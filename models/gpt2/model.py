@@ -21,6 +21,7 @@ from models.common import (
   MultiHeadAttention,
   activation,
   cross_entropy,
+  position_ids,
   run_layers,
   truncated_normal,
 )
@@ -220,7 +221,7 @@ class GPT2LMHeadModel(nnx.Module):
 
   def __call__(self, input_ids: jax.Array) -> jax.Array:
     b, s = input_ids.shape
-    positions = jnp.arange(s, dtype=jnp.int32)
+    positions = position_ids(input_ids, self.position_embeddings)
     with jax.named_scope("embeddings"):
       x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
       if self.embeddings_scale != 1.0:  # muP

@@ -381,3 +381,18 @@ def test_dropout_follows_the_batch_key():
   assert float(loss_off(params, {**batch, "dropout_key": key})) == float(loss_off(params, batch)) == plain
   grads = jax.grad(loss)(params, {**batch, "dropout_key": key})
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_sequences_longer_than_the_position_table_are_refused(name):
+  """The position lookup read past the table: the loss was NaN, with no error (under jit)."""
+  params, batch = _tiny(name)
+  limit = params.model.max_position_embeddings
+  model = models.build_model(params.model, rngs=nnx.Rngs(0))
+  too_long = jnp.zeros((2, limit + 1), jnp.int32)
+  with pytest.raises(
+    ValueError, match=f"{limit + 1} tokens per sequence, more than model.max_position_embeddings={limit}"
+  ):
+    jax.jit(lambda ids: model(ids))(too_long)
+  out = jax.tree.leaves(model(jnp.zeros((2, limit), jnp.int32)))  # the whole table is usable
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in out)
