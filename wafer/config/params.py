@@ -125,9 +125,9 @@ def unregister_schema(name: str) -> None:
 
 
 def section_schema(section: str, data: Any) -> type[Section]:
+  """The class that validates ``data`` as ``section`` (a registered schema when one matches)."""
   if section in ("model", "train_input", "eval_input"):
     load_schemas()  # the plugins' strict model and input schemas
-  """The class that validates ``data`` as ``section`` (a registered schema when one matches)."""
   if isinstance(data, dict):
     if section == "model" and isinstance(data.get("name"), str):
       return _MODEL_SCHEMAS.get(data["name"].lower(), ModelConfig)
