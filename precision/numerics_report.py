@@ -32,7 +32,8 @@ one row):
 * ``drop_db`` = ``min(input_sqnr_db, round_sqnr_db) - sqnr_db``: the precision
   this equation itself lost beyond the format's own rounding and its inputs' error.
   +inf where the equation loses a value (above) that none of its inputs had lost: where a
-  loss or gradient first becomes inf or NaN ranks first; 0 where an input had lost it already.
+  loss or gradient first becomes inf or NaN ranks first; 0 where an input had lost it already
+  (whether or not the output still holds it).
   Rounding an exact value costs about 0 dB; a subtraction of two nearly equal rounded
   values (a catastrophic cancellation) drops by tens of dB and ranks first although every
   later equation inherits its error. 0 when the output is exact. Where the inputs and the
@@ -347,6 +348,8 @@ class _Collector:
       if acc.lost:  # a value finite in float32 became inf or NaN: here, or in an input already
         sqnr = -math.inf
         drop = 0.0 if in_sqnr == -math.inf else math.inf
+      elif in_sqnr == -math.inf:  # an input had lost values this output no longer holds (a select)
+        drop = 0.0
       else:
         drop = 0.0 if sqnr == math.inf else (reference if reference < math.inf else self.ideal_db) - sqnr
       rows.append(

@@ -89,6 +89,9 @@ def test_where_a_value_first_becomes_inf_or_nan_ranks_first():
   # the sum inherits the lost values: it loses nothing itself
   assert (total.primitive, total.nonfinite, total.sqnr_db, total.drop_db) == ("reduce_sum", 1, -math.inf, 0.0)
   assert math.isnan(float(report.outputs)) and "nonfinite" in str(report)
+  cleaned = precision.numerics_report(lambda x: jnp.where(jnp.isfinite(x * 1e6), x * 1e6, 0.0), "c=cb16", x)
+  (select,) = [r for r in cleaned.rows if r.primitive == "select_n"]
+  assert select.drop_db == 0.0 and math.isfinite(select.sqnr_db)  # its inputs lost the values, not it
 
 
 def test_calls_without_a_float32_counterpart_are_counted_and_shown():
