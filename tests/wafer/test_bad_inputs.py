@@ -671,3 +671,20 @@ def test_a_schedule_that_grows_past_float32_before_max_steps_is_refused(decay_ra
   named = int(re.search(r"by step (\d+)", str(info.value)).group(1))
   first = int(overflows[0])
   assert first <= named <= first + max_steps // 4096 + 1  # exact below 4096 steps, sampled above
+
+
+def test_a_section_validators_key_error_names_the_keys_line_and_value(tmp_path):
+  """It named the section's line and dumped the whole section as the value."""
+  real = (
+    Path(__file__).resolve().parents[1] / "data" / "modelzoo" / "R_1.7.1" / "bert" / "bert_base_MSL128.yaml"
+  )
+  lines = real.read_text().splitlines(keepends=True)
+  (at,) = [i for i, line in enumerate(lines) if "max_predictions_per_seq: 20" in line][:1]
+  lines[at] = lines[at].replace("max_predictions_per_seq: 20", "max_predictions_per_seq: 200")
+  path = tmp_path / "bert_base_MSL128.yaml"
+  path.write_text("".join(lines))
+  with pytest.raises(ConfigError) as info:
+    load_params(str(path))
+  text = str(info.value)
+  assert f"line {at + 1}: train_input.max_predictions_per_seq: more masked positions than" in text
+  assert text.endswith("(got 200)")

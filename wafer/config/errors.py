@@ -66,6 +66,10 @@ def from_pydantic(errors: Iterable[dict[str, Any]], prefix: Loc, fields_at: Any)
       msg, value = "required key is missing", _MISSING
     elif kind in ("value_error", "assertion_error"):
       msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
+      key = re.match(r"^(\w+)=[^:]*: ", msg)
+      if key and isinstance(value, dict) and key.group(1) in value:
+        # a section validator's "key=value: why" is about that key: locate it there (its own line)
+        loc, value, msg = (*loc, key.group(1)), value[key.group(1)], msg[key.end() :]
     elif kind.startswith("literal_error") or kind == "enum":
       options = _QUOTED.findall(e.get("ctx", {}).get("expected", ""))
       msg = "must be one of " + ", ".join(repr(o) for o in options)
