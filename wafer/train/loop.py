@@ -343,9 +343,7 @@ class _Run:
         self.data, 0
       )  # the compile's example; then rewind, so the data is built once
       self.data.set_state(start)
-      rows = task.batch_size
-      if self.local_rows:  # this process's systems' rows only
-        rows = task.batch_size * len(cluster.local_systems(self.num_csx)) // self.num_csx
+      rows = _local_rows(task.batch_size, self.num_csx) if self.local_rows else task.batch_size
       _check_batch_rows(example_batch, rows)
       if task.batch_spec is not None:
         _check_batch_spec(example_batch, task.batch_spec(), self.local_rows, self.num_csx)
@@ -716,6 +714,11 @@ def _check_run_arguments(task: Any, runtime: Runtime) -> None:
     raise TypeError("wafer.train.run: " + "; ".join(wrong))
 
 
+def _local_rows(global_rows: int, num_csx: int) -> int:
+  """This process's share of ``global_rows``: the rows of its systems (`cluster.local_systems`)."""
+  return global_rows * len(cluster.local_systems(num_csx)) // num_csx
+
+
 def _check_batch_rows(batch: Any, rows: int) -> None:
   """Every array of a training batch has ``rows`` rows (axis 0), ``Task.batch_size`` of them: the
   logged sample counts and rates and the compile report's batch are computed from it."""
@@ -738,8 +741,7 @@ def _check_batch_spec(batch: Any, spec: Any, local_rows: bool, num_csx: int) -> 
   """The data's batch has the shapes the config declares (what ``--validate_only`` traced), or an error."""
   have, want = _shapes_by_path(batch), _shapes_by_path(spec)
   if local_rows:  # this process's rows only
-    mine = len(cluster.local_systems(num_csx))
-    want = {k: ((s[0] * mine // num_csx, *s[1:]), d) for k, (s, d) in want.items()}
+    want = {k: ((_local_rows(s[0], num_csx), *s[1:]), d) for k, (s, d) in want.items()}
   wrong = [
     f"{k}: the data has {list(have[k][0]) if k in have else 'nothing'} {have[k][1] if k in have else ''}, "
     f"the config says {list(s)} {d}"
