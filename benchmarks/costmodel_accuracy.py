@@ -96,44 +96,61 @@ def _step(w: Workload, graph: Any, params: dict[str, float]) -> float:
   return w.batch_size / rate if rate > 0 else math.inf
 
 
-def _points() -> list[tuple[Workload, Any]]:
+def _points() -> list[tuple[Workload, list[Any]]]:
+  """Each measured workload with one graph per `Workload.variants` (the run details its source
+  does not state: LLaMA-2 7B's sequence length); the first is the workload's own config."""
   out = []
   for w in WORKLOADS.values():
     if w.measurement is None:
       continue
-    fn, args = w.example()
-    out.append((w, extract(fn, args, batch_argnums=(len(args) - 1,), compute_bits=16)))
+    graphs = []
+    for config in w.variants():
+      fn, args = w.example(config=config)
+      graphs.append(extract(fn, args, batch_argnums=(len(args) - 1,), compute_bits=16))
+    out.append((w, graphs))
   return out
 
 
 class Model:
-  """Steps of every point over the grid, in closed form for the two additive per-step costs."""
+  """Steps of every point over the grid, in closed form for the two additive per-step costs.
 
-  def __init__(self, points: list[tuple[Workload, Any]]):
+  A point whose run details are not all known has one column per variant; its error is the log
+  distance from the measurement to the range of its variants' predictions (0 inside,
+  `wafer.costmodel.workloads.log_error`)."""
+
+  def __init__(self, points: list[tuple[Workload, list[Any]]]):
     self.points = points
+    self.cols = cols = [(i, w, g) for i, (w, graphs) in enumerate(points) for g in graphs]
+    self.col_point = np.array([i for i, _, _ in cols])
     self.keys = list(itertools.product(CLOCKS, OVERHEADS, ROW_CYCLES))
     zero = {"optimizer_bytes_per_param": 0.0, "step_overhead_s": 0.0}
     self.base = np.array(
-      [[_step(w, g, dict(zip(GRID_PARAMS, k), **zero)) for w, g in points] for k in self.keys]
+      [[_step(w, g, dict(zip(GRID_PARAMS, k), **zero)) for _, w, g in cols] for k in self.keys]
     )
     ref = dict(zip(GRID_PARAMS, (CALIBRATION.clock_hz, 8.0, 1.0)), **zero)
-    at = [_step(w, g, ref) for w, g in points]
+    at = [_step(w, g, ref) for _, w, g in cols]
     # seconds per optimizer byte per parameter (P / B_io) and per second of step overhead (0 or 1)
     self.per_byte = np.array(
-      [_step(w, g, dict(ref, optimizer_bytes_per_param=1.0)) - a for (w, g), a in zip(points, at)]
+      [_step(w, g, dict(ref, optimizer_bytes_per_param=1.0)) - a for (_, w, g), a in zip(cols, at)]
     )
     self.per_overhead = np.array(
-      [(_step(w, g, dict(ref, step_overhead_s=0.01)) - a) / 0.01 for (w, g), a in zip(points, at)]
+      [(_step(w, g, dict(ref, step_overhead_s=0.01)) - a) / 0.01 for (_, w, g), a in zip(cols, at)]
     )
     self.batch = np.array([w.batch_size for w, _ in points], float)
     self.measured = np.array([w.measurement.value for w, _ in points])
     ob, so = np.array(OPTIMIZER_BYTES), np.array(STEP_OVERHEADS)
-    steps = (
+    self.steps = steps = (
       self.base[:, None, None, :]
       + ob[None, :, None, None] * self.per_byte[None, None, None, :]
       + so[None, None, :, None] * self.per_overhead[None, None, None, :]
     )
-    self.log_err = np.log(self.batch / steps / self.measured)  # [key, bytes, overhead, point]
+    # ln(pred / meas) per column, then per point: the range's lower and upper ends
+    col_err = np.log(self.batch[self.col_point] / steps / self.measured[self.col_point])
+    n = len(points)
+    self.lo = np.stack([col_err[..., self.col_point == i].min(-1) for i in range(n)], -1)
+    self.hi = np.stack([col_err[..., self.col_point == i].max(-1) for i in range(n)], -1)
+    # [key, bytes, overhead, point]: 0 where the measurement is inside the predicted range
+    self.log_err = np.where(self.lo > 0, self.lo, np.where(self.hi < 0, self.hi, 0.0))
 
   def fit(self, use: list[int]) -> tuple[int, int, int]:
     cost = np.sum(self.log_err[..., use] ** 2, axis=-1)
@@ -148,7 +165,14 @@ class Model:
     )
 
   def predict(self, idx: tuple[int, int, int], i: int) -> float:
+    """The prediction nearest the measurement (the measurement itself inside a range)."""
     return float(self.measured[i] * math.exp(self.log_err[idx][i]))
+
+  def predict_range(self, idx: tuple[int, int, int], i: int) -> tuple[float, float]:
+    return (
+      float(self.measured[i] * math.exp(self.lo[idx][i])),
+      float(self.measured[i] * math.exp(self.hi[idx][i])),
+    )
 
 
 def _describe(p: dict[str, float]) -> str:
@@ -157,6 +181,14 @@ def _describe(p: dict[str, float]) -> str:
     f"{p['attention_row_cycles']:.3g} cyc/row, {p['optimizer_bytes_per_param']:g} B/param, "
     f"{p['step_overhead_s'] * 1e3:g} ms/step"
   )
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+  """``pred (ln ratio)``, or ``lo-hi (ln ratio to the range)`` for a run detail not known."""
+  if key + "_range" in row:
+    lo, hi = row[key + "_range"]
+    return f"{lo:.3g}-{hi:.3g} ({row[key + '_log_ratio']:+.2f})"
+  return f"{row[key]:.4g} ({row[key + '_log_ratio']:+.2f})"
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -192,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
   full = model.fit(fit_idx)
   full_params = model.params(full)
   # the closed form against full estimates at the fitted point
-  check = [_step(w, g, full_params) for w, g in points]
-  closed = [model.batch[i] / model.predict(full, i) for i in range(n)]
+  check = [_step(w, g, full_params) for _, w, g in model.cols]
+  closed = list(model.steps[full])
   worst_gap = max(abs(a / b - 1) for a, b in zip(check, closed))
   assert worst_gap < 1e-6, f"closed-form per-step costs differ from the estimate by {worst_gap:.2e}"
 
@@ -221,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     if systems[i] == "wse3":
       row["cs3_out"] = model.predict(family_fit[CS3_GROUP], i)
+    if len(points[i][1]) > 1:  # a run detail not known: the prediction is a range
+      row["unknown"] = {k: list(v) for k, v in w.unknown}
+      for key, idx in (("in_sample", full), ("leave_one_out", loo), ("leave_one_family_out", fam)):
+        row[key + "_range"] = model.predict_range(idx, i)
+      if "cs3_out" in row:
+        row["cs3_out_range"] = model.predict_range(family_fit[CS3_GROUP], i)
     for key in ("in_sample", "leave_one_out", "leave_one_family_out", "cs3_out"):
       if key in row:
         row[key + "_log_ratio"] = math.log(row[key] / m.value)
@@ -300,16 +338,23 @@ def main(argv: list[str] | None = None) -> int:
           r["workload"],
           r["role"],
           f"{r['measured']:.4g}",
-          f"{r['in_sample']:.4g} ({r['in_sample_log_ratio']:+.2f})",
-          f"{r['leave_one_out']:.4g} ({r['leave_one_out_log_ratio']:+.2f})",
-          f"{r['leave_one_family_out']:.4g} ({r['leave_one_family_out_log_ratio']:+.2f})",
-          f"{r['cs3_out']:.4g} ({r['cs3_out_log_ratio']:+.2f})" if "cs3_out" in r else "",
+          _cell(r, "in_sample"),
+          _cell(r, "leave_one_out"),
+          _cell(r, "leave_one_family_out"),
+          _cell(r, "cs3_out") if "cs3_out" in r else "",
         ]
         for r in rows
       ],
       title="Cost model vs published measurements (samples/s, ln(pred/meas) in brackets; V11: prompts/s)",
     )
   )
+  for r in rows:
+    if "unknown" in r:
+      what = ", ".join(f"{k} in {v}" for k, v in r["unknown"].items())
+      print(
+        f"{r['id']}: {what} (not stated by its source): the prediction is the range over them, "
+        "its error the distance from the measurement to the range (0 inside)"
+      )
   print(f"\nfitted on {len(fit_idx)} points: {_describe(full_params)}")
   for key, label in (
     ("in_sample", "in sample, all points"),
