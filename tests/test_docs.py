@@ -102,6 +102,22 @@ def test_readme_taste_prints_what_the_readme_shows(capsys):
       assert got == want
 
 
+def test_cost_model_guide_first_example_prints_what_the_guide_shows(tmp_path, monkeypatch, capsys):
+  """The cost-model guide's first Python block, run as it is, prints every ``# <text>`` comment
+  that directly follows a ``print(`` line (the numbers it shows are today's cost model's). It runs
+  in a scratch directory: the block saves its report to ``model_dir``."""
+  text = (ROOT / "docs" / "guides" / "cost-model.md").read_text()
+  code = re.search(r"^```python\n(.*?)^```", text, flags=re.S | re.M).group(1)
+  lines = code.splitlines()
+  shown = [after[2:] for line, after in zip(lines, lines[1:]) if "print(" in line and after.startswith("# ")]
+  assert shown, "the guide's first Python block shows no printed output to check"
+  monkeypatch.chdir(tmp_path)
+  exec(compile(code, "docs/guides/cost-model.md", "exec"), {"__name__": "cost_model_guide"})
+  printed = capsys.readouterr().out.splitlines()
+  missing = [want for want in shown if want not in printed]
+  assert not missing, f"docs/guides/cost-model.md shows {missing}; the block printed {printed[:2]}"
+
+
 @pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(path):
   broken = []
