@@ -35,13 +35,16 @@ by the previous layer's last kernel, such as a norm that an unnamed grouping pla
 shared by every layer, such as a mask); ``S_o``, ``X_o`` the same for the other segments:
 
     M_full(mb) = S_o(mb) + sum_g L_g * S_g(mb)                                 every activation kept
-    M_attn(mb) = S_o(mb) + sum_g L_g * (S_g(mb) - Q_g(mb)) + max_g Q_g(1)       attention's core recomputed
-    M_ckpt(mb) = sum_g L_g * X_g(mb) + sum_o X_o(mb) + max(S_g(1), S_o(1))      every segment recomputed
+    M_attn(mb) = S_o(mb) + sum_g L_g * (S_g(mb) - Q_g(mb))                      attention's core recomputed
+    M_ckpt(mb) = sum_g L_g * X_g(mb) + sum_o X_o(mb) + max(S'_g(1), S'_o(1))    every segment recomputed
 
 A recomputation runs just before the backward that consumes it and, like that backward, sample by
 sample (the samples of a micro-batch are independent, and the segment's weights, streamed in for
-its backward, serve all of them), so only one sample's recomputed values are live: ``Q_g(1)``,
-``S(1)``. The compiler takes the cheapest of the three that fits in ``A * s`` (``A`` PEs of ``s``
+its backward, serve all of them), so only one sample's recomputed values are live: ``S'(1)``, one
+sample's saved activations without attention's core. The core itself is never whole in memory:
+fused attention produces and consumes its scores block by block (FlashAttention's forward and
+backward keep ``O(s)`` per query block, not ``h s^2``), so a sequence is not limited by one sample's
+score matrix (GPT-2 small's shape at 24,576 tokens would need 29 GB for it). The compiler takes the cheapest of the three that fits in ``A * s`` (``A`` PEs of ``s``
 bytes of SRAM for tensors):
 
 * ``M_full``: nothing recomputed, only for a step without an attention core;
@@ -188,19 +191,20 @@ def activation_memory(graph: Graph, ratio: float) -> ActivationMemory:
       single.append([k])
   others = sum(k.count * k.saved_bytes(ratio) for k in graph.kernels if id(k) not in in_block)
   full = others
-  boundary = working = attention = core = 0.0
+  boundary = working = attention = 0.0
+  fused = False  # a block with attention's core: it runs fused, its scores are never kept whole
   for b in blocks:
     layers = b[0].count
     inner = sum(k.saved_bytes(ratio) for k in b)
     full += layers * inner
     attention += layers * sum(k.saved_bytes(ratio, core=False) for k in b)
-    core = max(core, sum(k.saved_bytes(one, core=True) for k in b))
+    fused |= any(k.saved_bytes(one, core=True) > 0 for k in b)
   for seg in blocks + single:
     boundary += seg[0].count * _entering(seg, ratio)
-    working = max(working, sum(k.saved_bytes(one) for k in seg))
+    working = max(working, sum(k.saved_bytes(one, core=False) for k in seg))
   names = tuple(k.name for seg in blocks + single for k in seg if k.has_phase("bwd"))
   checkpointed = min(full, boundary + working) if names else full
-  selective = others + attention + core if core > 0 else full
+  selective = others + attention if fused else full
   return ActivationMemory(full, checkpointed, boundary, working, names, selective)
 
 

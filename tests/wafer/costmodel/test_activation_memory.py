@@ -196,3 +196,24 @@ def test_level_keeps_everything_only_without_an_attention_core(full, frac, ckpt,
   assert fused.level(cap) == (
     "attention" if frac * full <= cap else "layers" if ckpt * frac * full <= cap else None
   )
+
+
+@pytest.mark.parametrize("seq", [2048, 24576])
+def test_fused_attention_keeps_no_score_matrix_so_long_sequences_fit(seq):
+  """Attention's ``h s^2`` scores are produced and consumed block by block (fused, as
+  FlashAttention's forward and backward), so no level of the activation memory holds one sample's
+  score matrix: GPT-2 small's shape at 24,576 tokens (29 GB of scores a sample, over the CS-2's
+  27.5 GB) fits on a CS-2, and the memory at any length is the saved set without the scores."""
+  cfg = dataclasses.replace(W.GPT2_SMALL, layers=2, seq=seq, max_positions=seq)
+  fn, args = W.train_example(cfg, 2)
+  graph = extract(fn, args, batch_argnums=(2,), compute_bits=16)
+  mem = activation_memory(graph, 1.0)
+  one = 1.0 / graph.traced_batch
+  scores = max(sum(k.saved_bytes(one, core=True) for k in graph.kernels), 0.0)
+  assert scores >= cfg.heads * seq * seq * 2  # one sample's scores, 16-bit, are in the saved set
+  assert mem.attention < mem.full  # fused: recomputing the scores keeps less than keeping them
+  no_core = sum(k.count * k.saved_bytes(1.0, core=False) for k in graph.kernels)
+  assert mem.attention == pytest.approx(no_core)  # no score matrix, not even one sample's
+  assert mem.checkpointed <= mem.attention
+  report = wafer.estimate(fn, *args, system="wse2", mode="weight_streaming")
+  assert report.fits and report.samples_per_sec > 0
