@@ -199,7 +199,9 @@ def test_the_benchmark_rows_are_the_default_calibrations_estimates(bench, rows):
     r = by_id[b["id"]]
     if "in_sample_range" in b:  # a run detail not known: the benchmark scores the range
       assert b["in_sample_range"] == pytest.approx(list(r["predicted_range"]), rel=1e-6), b["id"]
-      assert b["in_sample_log_ratio"] == pytest.approx(math.copysign(r["abs_log_ratio"], b["in_sample_log_ratio"]))
+      assert b["in_sample_log_ratio"] == pytest.approx(
+        math.copysign(r["abs_log_ratio"], b["in_sample_log_ratio"])
+      )
     else:
       assert b["in_sample"] == pytest.approx(r["predicted"], rel=1e-6), b["id"]
       assert r["predicted_range"] == (r["predicted"], r["predicted"])
