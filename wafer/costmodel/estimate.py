@@ -25,7 +25,7 @@ from wafer.costmodel.streaming import (
   micro_batch_candidates,
   supported_micro_batch,
 )
-from wafer.errors import EstimateError
+from wafer.errors import EstimateError, TraceError
 
 __all__ = ("MODES", "EstimateError", "estimate", "estimate_graph", "run_inputs")
 
@@ -189,7 +189,10 @@ def estimate(
       Default (None): searched, and the report gives the range of rates over the feasible sizes.
     batch_argnums: which arguments carry the batch on axis 0. Default: every argument whose arrays
       all have, as axis 0, the batch size (axis 0 of the last argument with arrays): data, labels,
-      masks, per-sample keys. The report lists them (``Report.batch_arguments``).
+      masks, per-sample keys; but not one the step returns (an updated copy or a gradient: parameters
+      or optimizer state), nor one the step does not trace with when its axis 0 is doubled with the
+      batch (the report's notes name such arguments); the step must trace with the default batch
+      arguments doubled (else an `EstimateError`). The report lists them (``Report.batch_arguments``).
     kernel_depth: keep at most this many scope names per kernel (coarser kernels).
     rect: ``(width, height)`` of the PE rectangle to use (default: the chip's usable grid).
     gemm_algorithm: ``"search"`` (best mapping, as the Cerebras compiler explores layouts) or
@@ -232,6 +235,9 @@ def estimate(
     calib = calib.replace(clock_hz=float(clock_hz))
   names = _arg_names(step_fn, len(example_args))
   argnums = _argnums(batch_argnums, example_args, names)
+  left_out: list[str] = []
+  if batch_argnums is None:
+    argnums, left_out = _default_argnums(step_fn, example_args, names, argnums)
   width, height = _rect(rect, sys_.chip.usable_width, sys_.chip.usable_height)
   if batch_size is not None:
     batch_size = _positive_int("batch_size", batch_size)
@@ -247,7 +253,9 @@ def estimate(
     kernel_depth=kernel_depth,
     arg_names=names,
     scaling=scaling,
+    strict_batch=batch_argnums is None,
   )
+  graph.notes = [*left_out, *graph.notes]
   graph.sequence_length = _sequence_length(example_args, argnums)
   return estimate_graph(
     graph,
@@ -511,15 +519,88 @@ def _argnums(
       )
     others = (i for i in range(n_args) if i != last and axes[i] and all(a == b for a in axes[i]))
     return tuple(sorted({last, *others}))
-  nums = (batch_argnums,) if isinstance(batch_argnums, int) else tuple(batch_argnums)
+  bad = EstimateError(
+    f"batch_argnums={batch_argnums!r}; allowed: positions 0..{n_args - 1} of the example arguments"
+  )
+  try:
+    nums = (batch_argnums,) if isinstance(batch_argnums, int) else tuple(batch_argnums)
+  except TypeError:  # (not a sequence: 1.0)
+    raise bad from None
   out = []
   for i in nums:
     if isinstance(i, bool) or not isinstance(i, int) or not -n_args <= i < n_args:
-      raise EstimateError(
-        f"batch_argnums={batch_argnums!r}; allowed: positions 0..{n_args - 1} of the example arguments"
-      )
+      raise bad
     out.append(i % n_args)
   return tuple(sorted(set(out)))
+
+
+_MAX_TRIES = 8
+"""At most this many traces at twice the batch choose the default batch arguments (`_default_argnums`)."""
+
+
+def _default_argnums(
+  step_fn: Callable[..., Any], args: Sequence[Any], names: Sequence[str], candidates: tuple[int, ...]
+) -> tuple[tuple[int, ...], list[str]]:
+  """The default batch arguments among ``candidates`` (`_argnums`'s: the last argument with arrays
+  and every other whose arrays all have its axis 0), and a note for each other candidate left out.
+
+  Another candidate that the step returns (its output holds a pytree of its structure, shapes and
+  dtypes: an updated copy or a gradient) is state, parameters or optimizer state whose axis 0 equals
+  the batch by chance. The batch arguments are the first set, with the fewest such arguments and then
+  the most arguments, that the step traces with at twice the batch (`jax.eval_shape`: nothing is
+  computed; at most `_MAX_TRIES` traces); the last argument is always one of them. Where no set
+  traces, the last argument alone cannot be doubled: an `EstimateError` (`graph.undoubled_batch`).
+  """
+  import itertools
+
+  last = candidates[-1]
+  others = candidates[:-1]
+  if not others:  # (nothing to choose; `graph.extract` checks that the last argument can be doubled)
+    return candidates, []
+  try:
+    out = graph_mod.output_shapes(step_fn, args, names)
+  except TraceError:  # (`graph.extract` says where the step fails)
+    return candidates, []
+  returned = {i for i in others if graph_mod.holds(out, args[i])}
+  subsets = (
+    [c for r in range(len(others), -1, -1) for c in itertools.combinations(others, r)]
+    if len(others) <= 10
+    else [others, tuple(i for i in others if i not in returned)]
+  )
+  order = sorted(
+    set(subsets), key=lambda c: (len(returned.intersection(c)), -len(c), tuple(-i for i in reversed(c)))
+  )
+  tries = order[: _MAX_TRIES - 1] + ([()] if () not in order[: _MAX_TRIES - 1] else [])
+  b = next(a for a in _leading_axes(args[last]) if a is not None)
+  error: TraceError | None = None
+  for subset in tries:
+    chosen = (*subset, last)
+    try:
+      graph_mod.output_shapes(step_fn, args, names, doubled=chosen)
+      break
+    except TraceError as exc:
+      error = exc
+  else:
+    assert error is not None
+    raise graph_mod.undoubled_batch(names, (last,), b, error) from error
+  notes = []
+  for i in others:
+    if i in chosen:
+      continue
+    if i in returned:
+      what = (
+        "an array of its shape (parameters or their gradient)"
+        if hasattr(args[i], "shape")
+        else "arrays of its shapes (parameters, optimizer state or their gradients)"
+      )
+      why = f"the step returns {what}"
+    else:
+      why = "the step does not trace with its axis 0 doubled along with the batch"
+    notes.append(
+      f"{names[i]} has {b} on axis 0 like the batch but {why}, so it is not a batch argument; pass "
+      "batch_argnums= to override"
+    )
+  return tuple(sorted(chosen)), notes
 
 
 def _rect(rect: tuple[int, int] | None, max_w: int, max_h: int) -> tuple[int, int]:

@@ -48,7 +48,7 @@ import numpy as np
 from precision import _jax_compat as compat
 from wafer.costmodel import walk
 from wafer.costmodel.walk import Site, Walker
-from wafer.errors import TraceError, user_frame
+from wafer.errors import EstimateError, TraceError, user_frame
 
 __all__ = (
   "PHASES",
@@ -312,6 +312,76 @@ def _double_batch(tree: Any) -> Any:
   return jax.tree.map(conv, tree)
 
 
+def output_shapes(
+  fn: Callable[..., Any], args: Sequence[Any], names: Sequence[str], doubled: Sequence[int] = ()
+) -> Any:
+  """``fn``'s output as `jax.ShapeDtypeStruct`s (a function leaf as None) at the example arguments,
+  those at the positions ``doubled`` with their batch axes doubled: `jax.eval_shape`, nothing
+  computed. A function leaf of an argument is closed over, as in `_trace`.
+
+  Raises:
+    TraceError: the step does not trace at these shapes.
+  """
+  a = _abstract(tuple(args), names)
+  a = tuple(_double_batch(x) if i in doubled else x for i, x in enumerate(a))
+  leaves, treedef = jax.tree.flatten(a)
+  static = [_static(x) for x in leaves]
+
+  def traced(*dynamic: Any) -> Any:
+    it = iter(dynamic)
+    full = jax.tree.unflatten(treedef, [x if st else next(it) for x, st in zip(leaves, static)])
+    return jax.tree.map(lambda x: None if _static(x) else x, fn(*full))
+
+  try:
+    return jax.eval_shape(traced, *[x for x, st in zip(leaves, static) if not st])
+  except Exception as exc:
+    raise TraceError(f"could not trace the step with abstract inputs: {type(exc).__name__}: {exc}") from exc
+
+
+def holds(tree: Any, arg: Any) -> bool:
+  """Whether ``tree`` (`output_shapes`) holds a pytree with the structure, leaf shapes and dtypes of
+  the argument ``arg`` (a Python number matches a scalar): the step returns an updated copy of it or
+  its gradient."""
+  arg = jax.tree.map(lambda x: None if _static(x) else x, arg)
+  want = jax.tree.structure(arg)
+  want_leaves = jax.tree.leaves(arg)
+  n = len(want_leaves)
+
+  def same(a: Any, o: Any) -> bool:
+    shape = tuple(getattr(o, "shape", ()))
+    if hasattr(a, "shape"):
+      return tuple(a.shape) == shape and a.dtype == getattr(o, "dtype", None)
+    return shape == ()
+
+  found = False
+
+  def visit(node: Any) -> bool:  # (called on every node of the tree, the root first)
+    nonlocal found
+    if not found:
+      leaves = jax.tree.leaves(node)
+      found = len(leaves) == n and jax.tree.structure(node) == want and all(map(same, want_leaves, leaves))
+    return found
+
+  jax.tree.flatten(tree, is_leaf=visit)
+  return found
+
+
+def undoubled_batch(
+  names: Sequence[str], batch_argnums: Sequence[int], b0: int, exc: Exception
+) -> EstimateError:
+  """The error of default batch arguments the step cannot grow: it does not trace with their axis 0
+  doubled (``exc`` says why), so they may not be data, or the step fixes its batch size."""
+  cause = exc.__cause__ or exc
+  taken = ", ".join(names[i] for i in sorted(batch_argnums))
+  return EstimateError(
+    f"the batch was taken to be axis 0 ({b0}) of {taken} (the default batch arguments), but the step does "
+    f"not trace with it doubled ({type(cause).__name__}: {cause}); so {taken} may not be per-sample data "
+    "(a step with no per-sample work has no rate), or the step fixes its batch size; pass batch_argnums= "
+    "naming the arguments that carry the data on axis 0 (a step that fixes its batch size is then costed "
+    "with all its work linear in the batch)"
+  )
+
+
 def _batch_size_of(args: Sequence[Any], batch_argnums: Sequence[int], names: Sequence[str]) -> int:
   """The batch size shared by axis 0 of every array of the batch arguments; a disagreement is an
   error naming the argument and the key path."""
@@ -405,6 +475,7 @@ def extract(
   arg_names: Sequence[str] | None = None,
   canonical: bool = True,
   scaling: str = "traced",
+  strict_batch: bool = False,
 ) -> Graph:
   """Trace ``fn(*args)`` abstractly (twice, or once) and group its equations into kernels.
 
@@ -423,6 +494,9 @@ def extract(
       and traces the second time only where an equation mixes the batch in a way it does not
       follow (a loop over per-sample data, a slice of the batch...). The same graph for the steps
       tested (``tests/wafer/costmodel/test_batchflow.py``) at half the tracing time.
+    strict_batch: where the second trace fails, raise an `EstimateError` (`undoubled_batch`) instead
+      of assuming all work linear in the batch: ``batch_argnums`` were guessed from the shapes
+      (`wafer.estimate`'s default), and arguments the step cannot grow may not be data.
 
   Returns:
     The `Graph`.
@@ -446,7 +520,9 @@ def extract(
     try:
       w2, _ = _trace(fn, args2, batch_argnums)
       sites2 = w2.sites
-    except TraceError:
+    except TraceError as exc:
+      if strict_batch:
+        raise undoubled_batch(names, batch_argnums, b0, exc) from exc
       sites2 = None
     if (
       sites2 is None

@@ -7,6 +7,7 @@ conventions, bad inputs.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import pytest
@@ -14,7 +15,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import wafer
-from wafer.costmodel import CALIBRATION
+from tests.wafer.costmodel.helpers import sds
+from wafer.costmodel import CALIBRATION, EstimateError
 from wafer.costmodel import workloads as W
 from wafer.costmodel.hardware import WSE2
 from wafer.costmodel.mesh import Machine, gemm_cycles
@@ -257,3 +259,121 @@ def test_a_flax_linen_encoder_in_nn_scan_and_in_a_loop_agree_within_5_percent(d_
         rates[scan, mode] = wafer.estimate(step, params, opt_state, ids, mask, mode=mode).samples_per_sec
   for mode in ("pipeline", "weight_streaming"):
     assert rates[True, mode] == pytest.approx(rates[False, mode], rel=0.05), mode
+
+
+# ---- the default batch arguments: a parameter whose axis 0 equals the batch is not data -------------
+
+
+def _sgd_step(w: Any, x: Any, y: Any) -> Any:
+  """The README's step: linear regression through a tanh, one SGD update of ``w``."""
+  import jax.numpy as jnp
+
+  def loss(w: Any) -> Any:
+    return jnp.mean((jnp.tanh(x @ w) - y) ** 2)
+
+  return w - 1e-3 * jax.grad(loss)(w)
+
+
+def _scan_step(params: Any, x: Any, y: Any) -> Any:
+  """Layers stacked by the caller (axis 0: the layer) and run by ``lax.scan``, one SGD update."""
+  import jax.numpy as jnp
+
+  def loss(p: Any) -> Any:
+    layer = lambda h, q: (h + jax.nn.gelu(h @ q["w1"]) @ q["w2"], None)  # noqa: E731
+    h, _ = jax.lax.scan(layer, x, p)
+    return jnp.mean((h - y) ** 2)
+
+  return jax.tree.map(lambda a, g: a - 1e-3 * g, params, jax.grad(loss)(params))
+
+
+def _same_estimate(step: Any, args: tuple[Any, ...], argnums: tuple[int, ...]) -> Any:
+  """The default estimate, checked equal to the one with the right ``batch_argnums`` given."""
+  default = wafer.estimate(step, *args)
+  explicit = wafer.estimate(step, *args, batch_argnums=argnums)
+  assert default.batch_arguments == explicit.batch_arguments
+  assert default.samples_per_sec == explicit.samples_per_sec
+  assert default.flops_per_sample == explicit.flops_per_sample
+  return default
+
+
+def test_a_weight_with_the_batch_size_on_axis_0_is_not_a_batch_argument():
+  """The README's step at batch = width: w was data, 3.05M samples/s at 4096 instead of 53k."""
+  args = (sds(64, 64), sds(64, 64), sds(64, 64))
+  r = _same_estimate(_sgd_step, args, (1, 2))
+  assert r.batch_arguments == ("x", "y")
+  assert r.notes[0] == (
+    "w has 64 on axis 0 like the batch but the step returns an array of its shape (parameters or their "
+    "gradient), so it is not a batch argument; pass batch_argnums= to override"
+  )
+  assert "w has 64 on axis 0" in r.to_text()
+  # one sample more: nothing to decide, the same rate per sample (a step linear in the batch)
+  other = wafer.estimate(_sgd_step, sds(64, 64), sds(65, 64), sds(65, 64))
+  assert r.samples_per_sec == pytest.approx(other.samples_per_sec, rel=0.05)
+
+
+def test_layers_stacked_by_the_caller_as_many_as_the_batch_are_not_a_batch_argument():
+  """4 scanned layers at batch 4: the stacked params were data (318x the rate), with no note."""
+  d = 64
+  params = {"w1": sds(4, d, 4 * d), "w2": sds(4, 4 * d, d)}
+  r = _same_estimate(_scan_step, (params, sds(4, 16, d), sds(4, 16, d)), (1, 2))
+  assert r.batch_arguments == ("x", "y")
+  assert any(
+    n.startswith("params has 4 on axis 0 like the batch but the step returns arrays") for n in r.notes
+  )
+
+
+def test_a_weight_the_step_cannot_grow_with_the_batch_is_not_a_batch_argument():
+  """Not returned (an inference step) but ``x @ w`` does not trace with w's axis 0 doubled too."""
+  import jax.numpy as jnp
+
+  def step(w, x):
+    return jnp.sum(jnp.tanh(x @ w))
+
+  r = _same_estimate(step, (sds(32, 32), sds(32, 32)), (1,))
+  assert r.batch_arguments == ("x",)
+  assert any(
+    n.startswith("w has 32 on axis 0 like the batch but the step does not trace with its axis 0 doubled")
+    for n in r.notes
+  )
+
+
+def test_a_step_with_no_data_is_an_error_naming_what_was_taken_as_the_batch():
+  """``step(w, b)``: b (64,) was taken as 64 samples (853 samples/s); b broadcasts against w's axis 1,
+  so the step cannot be traced with it doubled. Given explicitly, batch_argnums is obeyed as before."""
+  import jax.numpy as jnp
+
+  def step(w, b):
+    return w - jax.grad(lambda w: jnp.sum((w + b[None, :]) ** 2))(w)
+
+  with pytest.raises(
+    EstimateError, match=r"axis 0 \(64\) of b .* does not trace with it doubled.*batch_argnums="
+  ):
+    wafer.estimate(step, sds(256, 64), sds(64))
+  r = wafer.estimate(step, sds(256, 64), sds(64), batch_argnums=1)
+  assert r.batch_arguments == ("b",) and any("traced differently at twice the batch" in n for n in r.notes)
+
+
+def test_a_step_that_fixes_its_batch_size_needs_batch_argnums():
+  def step(w, x):
+    return (x.reshape(4, 2, 8) @ w).sum()
+
+  with pytest.raises(EstimateError, match=r"axis 0 \(4\) of x.*fixes its batch size; pass batch_argnums="):
+    wafer.estimate(step, sds(8, 8), sds(4, 16))
+  r = wafer.estimate(step, sds(8, 8), sds(4, 16), batch_argnums=1)
+  assert any("all work is assumed linear in the batch" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("value", [1.0, "x", [1.5], (True,), 3])
+def test_a_bad_batch_argnums_is_an_estimate_error(value):
+  with pytest.raises(
+    EstimateError, match=r"batch_argnums=.*; allowed: positions 0..2 of the example arguments"
+  ):
+    wafer.estimate(_sgd_step, sds(8, 8), sds(4, 8), sds(4, 8), batch_argnums=value)
+
+
+@settings(max_examples=10, deadline=None)
+@given(d=st.sampled_from([8, 16, 32, 64]), batch=st.sampled_from(["d", "2d", "other"]))
+def test_linear_regression_gets_the_same_rate_with_default_and_explicit_batch_argnums(d, batch):
+  b = {"d": d, "2d": 2 * d, "other": d + 3}[batch]
+  r = _same_estimate(_sgd_step, (sds(d, d), sds(b, d), sds(b, d)), (1, 2))
+  assert r.batch_arguments == ("x", "y")
