@@ -120,6 +120,7 @@ def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> fl
       step_fn,
       state,
       batch,
+      batch_argnums=(1,),  # the state (parameters, optimizer state) is never data
       batch_size=plan.task.batch_size,
       num_csx=plan.runconfig.num_csx,
       policy=plan.policy,

@@ -769,6 +769,7 @@ def _write_compile_report(
       step_fn,
       state,
       batch,
+      batch_argnums=(1,),  # the state (parameters, optimizer state) is never data
       batch_size=task.batch_size,
       num_csx=num_csx,
       policy=policy,
