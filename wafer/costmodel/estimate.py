@@ -52,11 +52,16 @@ def run_inputs(params: Any) -> dict[str, Any]:
   a file's layout (``Params.release``: "1.x", "2.4+", ...) decides the meaning of the file's keys
   (its half type), not the stack it would run on today: a 1.x file estimated as a 1.x (layer
   pipelined) run would answer for software no longer shipped, and "1.x" cannot tell 1.8 (layer
-  pipelined) from 1.9 (weight streaming).
+  pipelined) from 1.9 (weight streaming). ``sequence_source``: the key that sets the batch's sequence
+  length, ``train_input.max_sequence_length``; where the file has none, the model's
+  ``max_position_embeddings`` stands for it (modelzoo's data fixes the length; the reference models'
+  tasks default to it), and the report says so.
 
   >>> from types import SimpleNamespace as NS
   >>> run_inputs(NS(train_input=NS(micro_batch_size=88), runconfig=NS()))
   {'micro_batch_size': 88}
+  >>> run_inputs(NS(train_input=NS(max_sequence_length=None), model=NS(max_position_embeddings=2048)))
+  {'sequence_source': 'not in the params file: model.max_position_embeddings = 2048'}
   >>> run_inputs(NS(train_input=NS(micro_batch_size="auto"), runconfig=NS(release="1.8")))
   {'release': '1.8'}
   >>> run_inputs(NS(train_input=None, runconfig=NS(modelzoo_release="Release_1.8.0")))
@@ -65,9 +70,15 @@ def run_inputs(params: Any) -> dict[str, Any]:
   {}
   """
   out: dict[str, Any] = {}
-  mb = getattr(getattr(params, "train_input", None), "micro_batch_size", None)
+  train_input = getattr(params, "train_input", None)
+  mb = getattr(train_input, "micro_batch_size", None)
   if isinstance(mb, int) and not isinstance(mb, bool):
     out["micro_batch_size"] = mb
+  positions = getattr(getattr(params, "model", None), "max_position_embeddings", None)
+  if getattr(train_input, "max_sequence_length", None) is not None:
+    out["sequence_source"] = "train_input.max_sequence_length"
+  elif isinstance(positions, int):
+    out["sequence_source"] = f"not in the params file: model.max_position_embeddings = {positions}"
   runconfig = getattr(params, "runconfig", None)
   for release in (
     getattr(runconfig, "modelzoo_release", None),
@@ -147,6 +158,7 @@ def estimate(
   clock_hz: float | None = None,
   name: str | None = None,
   scaling: str = "traced",
+  sequence_source: str | None = None,
 ) -> Report:
   """Estimate the training (or inference) rate of ``step_fn`` on a Cerebras wafer.
 
@@ -199,6 +211,9 @@ def estimate(
     scaling: ``"traced"`` (default: the step is traced at two batch sizes to find how each size
       grows with the batch) or ``"dataflow"`` (traced once where the batch can be followed through
       its equations, the same graph: `wafer.costmodel.graph.extract`).
+    sequence_source: where the batch's sequence length comes from, as the report states it beside
+      the length (a params file's key: `run_inputs` gives it). Default: the batch array it is
+      read from (``axis 1 of batch['input_ids']``).
 
   Returns:
     A `Report` (``samples_per_sec``, ``compute_samples_per_sec``, ``transmission_samples_per_sec``,
@@ -248,7 +263,10 @@ def estimate(
     arg_names=names,
     scaling=scaling,
   )
-  graph.sequence_length = _sequence_length(example_args, argnums)
+  graph.sequence_length, where = _sequence_length(example_args, argnums, names)
+  if sequence_source is not None and not isinstance(sequence_source, str):
+    raise EstimateError(f"sequence_source={sequence_source!r}; allowed: a string, or None")
+  graph.sequence_source = sequence_source or where
   return estimate_graph(
     graph,
     batch_size=batch_size,
@@ -534,22 +552,25 @@ def _rect(rect: tuple[int, int] | None, max_w: int, max_h: int) -> tuple[int, in
   return w, h
 
 
-def _sequence_length(args: Sequence[Any], argnums: Sequence[int]) -> int | None:
-  """Axis 1 of the first batch array that holds a sequence: integer token ids ``[batch, seq]`` or
-  float ``[batch, seq, features]``. Other arrays have no sequence axis (a float ``[batch, features]``
-  is an MLP's input, ``[batch, h, w, c]`` an image), and without a sequence there is no tokens/s."""
+def _sequence_length(
+  args: Sequence[Any], argnums: Sequence[int], names: Sequence[str]
+) -> tuple[int | None, str | None]:
+  """``(length, where)``: axis 1 of the first batch array that holds a sequence, integer token ids
+  ``[batch, seq]`` or float ``[batch, seq, features]``, and that array (``axis 1 of
+  batch['input_ids']``). Other arrays have no sequence axis (a float ``[batch, features]`` is an
+  MLP's input, ``[batch, h, w, c]`` an image), and without a sequence there is no tokens/s."""
   import jax
   import jax.numpy as jnp
 
   for i in argnums:
-    for leaf in jax.tree.leaves(args[i]):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
       shape = getattr(leaf, "shape", ())
       dtype = getattr(leaf, "dtype", jnp.float32)
       if (len(shape) == 2 and jnp.issubdtype(dtype, jnp.integer)) or (
         len(shape) == 3 and jnp.issubdtype(dtype, jnp.floating)
       ):
-        return int(shape[1])
-  return None
+        return int(shape[1]), f"axis 1 of {names[i]}{jax.tree_util.keystr(path)}"
+  return None, None
 
 
 def _size(params: int) -> str:
@@ -684,6 +705,7 @@ def _pipeline_report(
   rate = pipe.samples_per_sec if fits else 0.0
   details = {
     "sequence_length": seq,
+    "sequence_source": graph.sequence_source if seq else None,
     "training": graph.training,
     "memory_bytes": pipe.memory_bytes,
     "needed_pes": pipe.needed_pes,
@@ -792,7 +814,13 @@ def _streaming_report(
       step_time_s=None,
       kernels=(),
       placement=(rect,),
-      details={"sequence_length": seq, "training": graph.training, "per_system_batch": per_system, **extra},
+      details={
+        "sequence_length": seq,
+        "sequence_source": graph.sequence_source if seq else None,
+        "training": graph.training,
+        "per_system_batch": per_system,
+        **extra,
+      },
       notes=tuple(notes),
       remedy=remedy,
       **common,
@@ -852,6 +880,7 @@ def _streaming_report(
     notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
   details: dict[str, Any] = {
     "sequence_length": seq,
+    "sequence_source": graph.sequence_source if seq else None,
     "training": graph.training,
     "micro_batches": res.n_micro,
     "compute_s": res.compute_s,

@@ -230,6 +230,8 @@ class Graph:
     eqn_count: equations walked (with ``scan`` bodies once).
     notes: things the extraction approximated.
     sequence_length: axis 1 of the first batch argument, when it has one (to report tokens/s).
+    sequence_source: where that length comes from, as the report states it (a params file's key,
+      or the batch array it was read from).
     batch_arguments: names of the arguments taken as the batch.
     param_arrays: parameter arrays of the arguments read as weights (a stacked array counts once,
       however many layers read slices of it): what an optimizer issues its instructions over.
@@ -245,6 +247,7 @@ class Graph:
   eqn_count: int
   notes: list[str]
   sequence_length: int | None = None
+  sequence_source: str | None = None
   batch_arguments: tuple[str, ...] = ()
   param_arrays: int = 0
 

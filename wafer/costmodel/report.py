@@ -92,7 +92,8 @@ class Report:
     compute_format, accumulate_format: format names; ``clock_hz``: the clock used.
     calibration: the parameters used.
     details: mode-specific numbers (micro-batches, I/O seconds, memory...), and ``sequence_length``
-      (axis 1 of the batch's token ids, for tokens/s) and ``training`` (False: forward only). With a
+      (axis 1 of the batch's token ids, for tokens/s), ``sequence_source`` (where that length comes
+      from: a params file's key, or the batch array) and ``training`` (False: forward only). With a
       searched micro-batch, ``micro_batch_range``: the feasible sizes and the rates they give.
     notes: approximations the estimate made.
     batch_arguments: the step's arguments taken as the batch (axis 0 = samples).
@@ -291,6 +292,9 @@ class Report:
       )
     if self.batch_arguments:
       lines.append(f" {'Batch args:':<16}{', '.join(self.batch_arguments)}")
+    if d.get("sequence_length"):
+      source = f" ({d['sequence_source']})" if d.get("sequence_source") else ""
+      lines.append(f" {'Sequence:':<16}{d['sequence_length']:,} tokens per sample{source}")
     lines.append(f" {'Formats:':<16}{self.compute_format} operands, {self.accumulate_format} accumulation")
     passes = "forward + backward" if d.get("training", True) else "forward only"
     lines.append(

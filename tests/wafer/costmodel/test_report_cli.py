@@ -216,3 +216,35 @@ def test_cli_refuses_a_workload_and_a_params_file_together(capsys):
   assert exc.value.code == 2
   err = capsys.readouterr().err
   assert "not allowed with argument" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("release", ["Release_2.3.1", "Release_2.10.0"])
+def test_a_modelzoo_gpt3_file_without_max_sequence_length_is_costed_at_its_positions(
+  release, tmp_path, capsys
+):
+  """GPT-3 XL's files set no train_input.max_sequence_length (modelzoo's HDF5 data fixes it: msl2048);
+  the estimate costed 128-token samples (1.016 TFLOP a sample) and said nothing. The model's
+  max_position_embeddings stands for the data's length, and the report says where the length came from."""
+  path = f"tests/data/modelzoo/{release}/gpt3/params_gpt3_xl.yaml"
+  assert main(["estimate", "--params", path, "--model_dir", str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  assert (
+    " Sequence:       2,048 tokens per sample (not in the params file: model.max_position_embeddings" in out
+  )
+  data = json.loads((tmp_path / "compile_report.json").read_text())
+  assert data["details"]["sequence_length"] == 2048
+  assert data["flops_per_sample"] > 15e12  # 6 N s + attention at s = 2048 (128 tokens: 1.016e12)
+  assert main(["estimate", "--params", path, "train_input.max_sequence_length=1024"]) == 0
+  out = capsys.readouterr().out
+  assert " Sequence:       1,024 tokens per sample (train_input.max_sequence_length)" in out
+
+
+def test_the_sequence_line_names_the_batch_array_it_was_read_from():
+  w = {"emb": sds(1000, 64), "w": sds(64, 8)}
+  report = wafer.estimate(
+    lambda w, batch: jnp.tanh(w["emb"][batch["ids"]]) @ w["w"], w, {"ids": sds(32, 96, dtype=jnp.int32)}
+  )
+  assert " Sequence:       96 tokens per sample (axis 1 of batch['ids'])" in report.to_text()
+  assert report.details["sequence_source"] == "axis 1 of batch['ids']"
+  mlp = wafer.estimate(lambda w, x: jnp.tanh(x @ w["w"].T), w, sds(32, 8))
+  assert "Sequence:" not in mlp.to_text() and mlp.details["sequence_source"] is None
