@@ -248,3 +248,64 @@ def test_the_sequence_line_names_the_batch_array_it_was_read_from():
   assert report.details["sequence_source"] == "axis 1 of batch['ids']"
   mlp = wafer.estimate(lambda w, x: jnp.tanh(x @ w["w"].T), w, sds(32, 8))
   assert "Sequence:" not in mlp.to_text() and mlp.details["sequence_source"] is None
+
+
+def _estimate_lines(capsys, *argv):
+  assert main(["estimate", "--workload", "gpt2_small", *argv]) == 0, capsys.readouterr().err
+  lines = capsys.readouterr().out.splitlines()
+  pick = lambda label: [line for line in lines if line.startswith(f" {label}")]  # noqa: E731
+  return pick("Mode:")[0], pick("Batch:")[0], pick("Note:           workload")
+
+
+def test_cli_workload_conditions_say_they_are_the_published_runs(capsys):
+  """`--workload gpt2_small` said "Mode: weight streaming (requested)": nobody requested it."""
+  mode, batch, notes = _estimate_lines(capsys)
+  assert mode.endswith("weight streaming (the published run's: workload gpt2_small)"), mode
+  assert "micro-batch 112" in batch
+  assert notes == [
+    " Note:           workload gpt2_small: system wse2, mode weight_streaming, micro_batch_size 112: the "
+    "published run's conditions (a flag given wins; --batch_size, --num_csx, --release or --mode drop its "
+    "micro-batch, --release or --mode its mode)"
+  ]
+
+
+def test_cli_release_decides_the_mode_over_the_workloads_published_mode(capsys):
+  """`--release 1.8` printed "weight streaming (requested)": the workload's pinned mode overrode the release."""
+  mode, batch, notes = _estimate_lines(capsys, "--release", "1.8")
+  assert "layer pipelined (release 1.8 runs models under 1B parameters" in mode, mode
+  assert "requested" not in mode
+  assert any(
+    "not the published run's mode weight_streaming (--release decides the mode); micro_batch_size 112 "
+    "(--release changes the run: searched)" in n
+    for n in notes
+  ), notes
+
+
+@pytest.mark.parametrize("flags", [("--num_csx", "2"), ("--batch_size", "64")])
+def test_cli_a_new_batch_or_systems_drop_the_published_micro_batch(flags, capsys):
+  """`--num_csx 2` / `--batch_size 64` failed: "micro_batch_size=112 is larger than the 56 samples per
+  system", a micro-batch the user never gave."""
+  mode, batch, notes = _estimate_lines(capsys, *flags)
+  assert "as given" not in batch and "micro-batch 112" not in batch, batch
+  assert "published run's" in mode
+  assert any(f"micro_batch_size 112 ({flags[0]} changes the run: searched)" in n for n in notes), notes
+
+
+def test_cli_flags_given_win_over_the_workloads_conditions(capsys):
+  mode, batch, notes = _estimate_lines(capsys, "--micro_batch_size", "56", "--mode", "weight_streaming")
+  assert "micro-batch 56" in batch and mode.endswith("weight streaming (requested)")
+  assert notes == [
+    " Note:           workload gpt2_small: system wse2: the published run's conditions (a flag given wins; "
+    "--batch_size, --num_csx, --release or --mode drop its micro-batch, --release or --mode its mode)"
+  ]
+  assert main(["estimate", "--workload", "gptj_6b_2cs2", "--mode", "pipeline"]) == 0  # was: num_csx=2 refused
+  assert "not the published run's num_csx 2 (layer pipelined runs on one system)" in capsys.readouterr().out
+
+
+def test_cli_help_says_how_flags_and_a_workloads_conditions_combine(capsys):
+  with pytest.raises(SystemExit):
+    main(["estimate", "--help"])
+  text = " ".join(capsys.readouterr().out.split())
+  assert "a flag given wins over the condition of the same name" in text
+  assert "--batch_size, --num_csx, --release or --mode drops the published micro-batch" in text
+  assert "--release or --mode drops the published mode" in text
