@@ -103,6 +103,24 @@ def _positive_int(name: str, value: Any) -> int:
   return out
 
 
+SEARCHED_MICRO_BATCH = ("auto", "explore", "none")
+"""``micro_batch_size`` values (any case) that mean searched, as None does: the words of a params
+file's ``micro_batch_size`` and of ``wafer estimate --micro_batch_size``."""
+
+
+def _micro_batch_size(value: Any) -> int | None:
+  """A positive integer (used as given), or None for None / ``"auto"`` / ``"explore"`` (searched)."""
+  if value is None or (isinstance(value, str) and value.strip().lower() in SEARCHED_MICRO_BATCH):
+    return None
+  try:
+    return _positive_int("micro_batch_size", value)
+  except EstimateError:
+    raise EstimateError(
+      f"micro_batch_size={value!r}; allowed: a positive integer (used as given), or None, 'auto' or "
+      "'explore' (searched)"
+    ) from None
+
+
 def _format(name: str, value: Any) -> precision.FloatFormat:
   if isinstance(value, precision.FloatFormat):
     return value
@@ -149,7 +167,7 @@ def estimate(
   compute_format: str | precision.FloatFormat | None = None,
   policy: Any = None,
   accumulate_format: str | precision.FloatFormat = "float32",
-  micro_batch_size: int | None = None,
+  micro_batch_size: int | str | None = None,
   batch_argnums: int | Sequence[int] | None = None,
   kernel_depth: int | None = None,
   rect: tuple[int, int] | None = None,
@@ -198,7 +216,8 @@ def estimate(
       the supported size nearest it, ``ceil(B / n)`` for ``B`` samples per system (as Cerebras does;
       the report's notes say when it differs). When it does not fit, the report says by how much,
       which assumption decides it and the largest micro-batch that fits; it is never replaced.
-      Default (None): searched, and the report gives the range of rates over the feasible sizes.
+      None (default), ``"auto"`` or ``"explore"`` (any case; a params file's words): searched, and
+      the report gives the range of rates over the feasible sizes.
     batch_argnums: which arguments carry the batch on axis 0. Default: every argument whose arrays
       all have, as axis 0, the batch size (axis 0 of the last argument with arrays): data, labels,
       masks, per-sample keys. The report lists them (``Report.batch_arguments``).
@@ -250,8 +269,7 @@ def estimate(
   width, height = _rect(rect, sys_.chip.usable_width, sys_.chip.usable_height)
   if batch_size is not None:
     batch_size = _positive_int("batch_size", batch_size)
-  if micro_batch_size is not None:
-    micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
+  micro_batch_size = _micro_batch_size(micro_batch_size)
 
   compute_bits = 16 if compute.bits <= 16 else 32
   graph = graph_mod.extract(
@@ -316,7 +334,7 @@ def estimate_graph(
   num_csx: int = 1,
   compute_format: str | precision.FloatFormat = "cbfloat16",
   accumulate_format: str | precision.FloatFormat = "float32",
-  micro_batch_size: int | None = None,
+  micro_batch_size: int | str | None = None,
   rect: tuple[int, int] | None = None,
   gemm_algorithm: str = "search",
   calibration: Calibration | None = None,
@@ -337,9 +355,9 @@ def estimate_graph(
     raise EstimateError(f"batch_size={batch}: {problem}")
   per_system = batch // num_csx
   notes_extra = []
+  micro_batch_size = _micro_batch_size(micro_batch_size)
   ws_micro_batch = micro_batch_size
   if micro_batch_size is not None:
-    micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
     if micro_batch_size > per_system:
       raise EstimateError(
         f"micro_batch_size={micro_batch_size} is larger than the {per_system} samples per system; "
