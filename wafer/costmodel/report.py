@@ -14,9 +14,10 @@ import os
 from typing import Any
 
 from precision._table import Table
-from wafer._io import replace_atomically, write_text_atomically
+from wafer._io import make_writable_dir, replace_atomically, write_text_atomically
 from wafer.costmodel.calibration import Accuracy, Calibration
 from wafer.costmodel.placement import Rect
+from wafer.errors import EstimateError
 
 __all__ = ("FOLD_SHARE", "KernelRow", "Report")
 
@@ -382,9 +383,14 @@ class Report:
 
     Returns:
       ``{"text": path, "json": path, "png": path}``.
+
+    Raises:
+      wafer.errors.EstimateError: ``model_dir`` is a file, cannot be created or is not writable.
     """
     model_dir = os.fspath(model_dir)
-    os.makedirs(model_dir, exist_ok=True)
+    problem = make_writable_dir(model_dir, "model_dir", "the report")
+    if problem is not None:  # the message `wafer estimate --model_dir` gives
+      raise EstimateError(f"Report.save: {problem}; give a directory wafer can write")
     paths = {
       "text": os.path.join(model_dir, "compile_report.txt"),
       "json": os.path.join(model_dir, "compile_report.json"),

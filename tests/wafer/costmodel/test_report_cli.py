@@ -153,6 +153,22 @@ def test_the_placement_picture_leaves_the_users_matplotlib_backend_and_figures_a
   assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_save_into_a_file_is_a_wafer_error_with_the_clis_message(pipeline_report, tmp_path, capsys):
+  """Report.save(path) where path is a file raised a bare FileExistsError."""
+  from wafer.errors import WaferError
+
+  afile = tmp_path / "afile"
+  afile.write_text("mine")
+  with pytest.raises(WaferError, match=rf"^Report.save: model_dir='{afile}' is a file, not a directory; give "
+                     "a directory wafer can write$"):  # fmt: skip
+    pipeline_report.save(afile)
+  assert afile.read_text() == "mine"
+  assert main(["estimate", "--workload", "esm2_35m", "--model_dir", str(afile)]) == 1
+  assert f"--model_dir='{afile}' is a file, not a directory; give a directory wafer can write" in (
+    capsys.readouterr().err
+  )
+
+
 def test_a_failed_save_leaves_the_previous_report_whole(pipeline_report, tmp_path, monkeypatch):
   model_dir = tmp_path / "model_dir"
   pipeline_report.save(model_dir)
