@@ -370,7 +370,8 @@ class Report:
     return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
   def plot(self, path: str | os.PathLike[str]) -> str:
-    """Write a PNG of the placement on the wafer to ``path``; returns the path."""
+    """Write a PNG of the placement on the wafer to ``path`` (``.png`` added where it names no
+    extension); returns the path written."""
     from wafer.costmodel.placement_plot import plot_report  # matplotlib only when asked for
 
     return plot_report(self, os.fspath(path))

@@ -169,6 +169,14 @@ def test_save_into_a_file_is_a_wafer_error_with_the_clis_message(pipeline_report
   )
 
 
+def test_plot_returns_the_path_it_writes(pipeline_report, tmp_path):
+  """Report.plot("x") returned "x" and wrote x.png (matplotlib adds the extension)."""
+  written = pipeline_report.plot(tmp_path / "x")
+  assert written == str(tmp_path / "x.png") and not (tmp_path / "x").exists()
+  assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert pipeline_report.plot(tmp_path / "y.png") == str(tmp_path / "y.png")
+
+
 def test_a_failed_save_leaves_the_previous_report_whole(pipeline_report, tmp_path, monkeypatch):
   model_dir = tmp_path / "model_dir"
   pipeline_report.save(model_dir)
