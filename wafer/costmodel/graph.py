@@ -354,7 +354,11 @@ def _static(x: Any) -> bool:
 
 
 def _trace(
-  fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[int], batch: int | None = None
+  fn: Callable[..., Any],
+  args: Sequence[Any],
+  batch_argnums: Sequence[int],
+  batch: int | None = None,
+  names: Sequence[str] = (),
 ) -> tuple[Walker, Any]:
   leaves, treedef = jax.tree.flatten(tuple(args))
   static = [_static(x) for x in leaves]
@@ -370,6 +374,13 @@ def _trace(
   except Exception as exc:  # the user's function failed to trace: say so, where, keep the cause
     frame = user_frame(exc.__traceback__)
     where = f" at {frame[0]}:{frame[1]}\n    {frame[2]}\n" if frame else ": "
+    nones = [n for n, a in zip(names, args) if a is None]
+    if nones:  # a None argument traces as nothing; the step then fails on it (as a str argument is refused)
+      raise TraceError(
+        f"{' and '.join(nones)} {'is' if len(nones) == 1 else 'are'} None, which the cost model cannot cost, "
+        f"and tracing the step failed{where}{type(exc).__name__}: {exc}; allowed: arrays, "
+        "jax.ShapeDtypeStruct or Python numbers (bind other values with functools.partial)"
+      ) from exc
     raise TraceError(
       f"could not trace the step with abstract inputs{where}{type(exc).__name__}: {exc}"
     ) from exc
@@ -438,7 +449,7 @@ def extract(
   # leaves tracers in the copy it was given
   if scaling not in SCALINGS:
     raise TraceError(f"scaling={scaling!r}; allowed: {', '.join(map(repr, SCALINGS))}")
-  w1, _ = _trace(fn, _abstract(user_args, names), batch_argnums, b0)
+  w1, _ = _trace(fn, _abstract(user_args, names), batch_argnums, b0, names)
   notes = set(w1.notes)
   exact = True
   followed = scaling == "dataflow" and w1.batch_unknown is None

@@ -184,6 +184,21 @@ def test_an_8_bit_accumulator_is_an_error_naming_it(fmt):
   assert wafer.estimate(step, *args, accumulate_format="float16").accumulate_format == "float16"
 
 
+def test_a_none_argument_the_step_fails_on_is_named_as_a_str_argument_is():
+  """`wafer.estimate(step, w, None)` said only "could not trace the step" with the user's TypeError;
+  a str argument is named ("y is a str, which the cost model cannot cost")."""
+  from wafer.errors import TraceError
+
+  f32 = jax.numpy.float32
+  step = lambda w, x, y: jax.grad(lambda w: jax.numpy.mean((x @ w - y) ** 2))(w)  # noqa: E731
+  w, x = jax.ShapeDtypeStruct((16, 8), f32), jax.ShapeDtypeStruct((32, 16), f32)
+  with pytest.raises(TraceError, match=r"(?s)^y is None, which the cost model cannot cost, and tracing the step "
+                     r"failed at .*TypeError: .*allowed: arrays, jax.ShapeDtypeStruct or Python numbers"):  # fmt: skip
+    wafer.estimate(step, w, x, None)
+  ignored = lambda w, x, unused: jax.grad(lambda w: jax.numpy.mean((x @ w) ** 2))(w)  # noqa: E731
+  assert wafer.estimate(ignored, w, x, None).fits  # a None the step does not use is no error
+
+
 def _linen_encoder_step(d_model: int, scan: bool, layers: int = 4, heads: int = 4, vocab: int = 500):
   """A Transformers-style Flax linen encoder (einsum attention, an additive mask bias, post-LN) with
   AdamW: its layers in a Python loop or in ``nn.scan``."""
