@@ -130,13 +130,21 @@ def _format(name: str, value: Any) -> precision.FloatFormat:
     raise EstimateError(f"{name}={value!r} is not a float format: {exc}") from None
 
 
-def _accumulate_format(value: Any) -> precision.FloatFormat:
-  """The accumulator format: 16 bits or wider (the WSE's FMAC accumulates in FP16 or FP32)."""
+def _accumulate_format(value: Any, compute: precision.FloatFormat) -> precision.FloatFormat:
+  """The accumulator format: 16 bits or wider (the WSE's FMAC accumulates in FP16 or FP32), and not
+  narrower than the ``compute`` format of the products' operands."""
   fmt = _format("accumulate_format", value)
   if fmt.bits < 16:
     raise EstimateError(
       f"accumulate_format={value!r}: the WSE has no {fmt.bits}-bit accumulator (its FMAC accumulates in 16 "
       "or 32 bits); allowed: 'float32' (Cerebras mixed precision) or a 16-bit format such as 'float16'"
+    )
+  if fmt.bits < compute.bits:
+    raise EstimateError(
+      f"accumulate_format={value!r} ({fmt.bits} bits) is narrower than compute_format={compute.name!r} "
+      f"({compute.bits} bits): products of {compute.bits}-bit operands accumulate in at least "
+      f"{compute.bits} bits; allowed: accumulate_format='float32', or a 16-bit compute format (such as "
+      "'cbfloat16') with a 16-bit accumulator"
     )
   return fmt
 
@@ -256,7 +264,7 @@ def estimate(
   if compute_format is None:
     compute_format = getattr(policy, "compute", None) or "cbfloat16"
   compute = _format("compute_format", compute_format)
-  accumulate = _accumulate_format(accumulate_format)
+  accumulate = _accumulate_format(accumulate_format, compute)
   calib = calibration or CALIBRATION
   if not isinstance(calib, Calibration):
     raise EstimateError(f"calibration={calib!r}; allowed: a wafer.costmodel.Calibration")
@@ -345,7 +353,7 @@ def estimate_graph(
   fixed at extraction. Arguments as in `estimate`."""
   sys_, mode, num_csx, rel = _check_run(system, mode, num_csx, gemm_algorithm, release)
   compute = _format("compute_format", compute_format)
-  accumulate = _accumulate_format(accumulate_format)
+  accumulate = _accumulate_format(accumulate_format, compute)
   calib = calibration or CALIBRATION
   chip = sys_.chip
   width, height = _rect(rect, chip.usable_width, chip.usable_height)

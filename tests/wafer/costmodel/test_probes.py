@@ -184,6 +184,23 @@ def test_an_8_bit_accumulator_is_an_error_naming_it(fmt):
   assert wafer.estimate(step, *args, accumulate_format="float16").accumulate_format == "float16"
 
 
+def test_an_accumulator_narrower_than_the_compute_format_is_an_error_naming_both():
+  """compute_format="float32" with accumulate_format="float16" was accepted: 32-bit products summed in
+  a 16-bit accumulator, a run the WSE does not do."""
+  step = lambda p, x: jax.grad(lambda p: jax.numpy.mean((x @ p) ** 2))(p)  # noqa: E731
+  args = jax.ShapeDtypeStruct((16, 8), jax.numpy.float32), jax.ShapeDtypeStruct((32, 16), jax.numpy.float32)
+  both = r"accumulate_format='f(loat)?16' \(16 bits\) is narrower than compute_format='float32' \(32 bits\)"
+  with pytest.raises(wafer.costmodel.EstimateError, match=both + ".*allowed: accumulate_format='float32'"):
+    wafer.estimate(step, *args, compute_format="float32", accumulate_format="float16")
+  with pytest.raises(wafer.costmodel.EstimateError, match=both):
+    wafer.estimate(step, *args, policy="c=f32", accumulate_format="f16")  # the policy's compute format
+  graph = wafer.costmodel.extract(step, args, batch_argnums=(1,), compute_bits=32)
+  with pytest.raises(wafer.costmodel.EstimateError, match=both):
+    wafer.costmodel.estimate_graph(graph, compute_format="float32", accumulate_format="float16")
+  ok = wafer.estimate(step, *args, compute_format="bfloat16", accumulate_format="float16")
+  assert (ok.compute_format, ok.accumulate_format) == ("bfloat16", "float16")
+
+
 def test_a_none_argument_the_step_fails_on_is_named_as_a_str_argument_is():
   """`wafer.estimate(step, w, None)` said only "could not trace the step" with the user's TypeError;
   a str argument is named ("y is a str, which the cost model cannot cost")."""
