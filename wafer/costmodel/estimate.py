@@ -435,7 +435,9 @@ def estimate_graph(
     assert pipe is not None
     return _pipeline_report(pipe, ws, graph, common, notes, seq)
   assert ws is not None
-  return _streaming_report(ws, graph, machine, common, notes, seq, width, height, per_system)
+  return _streaming_report(
+    ws, graph, machine, common, notes, seq, width, height, per_system, micro_batch_size
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -822,7 +824,10 @@ def _streaming_report(
   width: int,
   height: int,
   per_system: int,
+  requested: int | None = None,
 ) -> Report:
+  """The weight-streaming report; ``requested``: the micro-batch the caller gave (``ws.requested`` is
+  the supported size nearest it, the one costed)."""
   batch = common["batch_size"]
   rect = Rect(0, 0, width, height, "all layers, one after another")
   if ws.result is None:
@@ -845,6 +850,7 @@ def _streaming_report(
         "sequence_source": graph.sequence_source if seq else None,
         "training": graph.training,
         "per_system_batch": per_system,
+        "micro_batch_requested": requested,
         **extra,
       },
       notes=tuple(notes),
@@ -917,6 +923,7 @@ def _streaming_report(
     "recompute_fraction": res.recompute_fraction,
     "per_system_batch": per_system,
     "micro_batch_given": ws.requested is not None,
+    "micro_batch_requested": requested,
   }
   if ws.feasible:
     sizes = sorted(ws.feasible)

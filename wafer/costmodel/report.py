@@ -279,6 +279,10 @@ class Report:
     if self.mode == "weight_streaming":
       given = " as given" if d.get("micro_batch_given") or d.get("requested_micro_batch") else ""
       mb = f"micro-batch {self.micro_batch_size}{given}" if self.micro_batch_size else "no micro-batch fits"
+      asked = d.get("micro_batch_requested")
+      if given and asked and self.micro_batch_size and asked != self.micro_batch_size:
+        costed = "run" if self.fits else "costed"
+        mb = f"micro-batch {asked} requested, {self.micro_batch_size} {costed}: the nearest supported size"
       per = f" ({d['micro_batches']} per step)" if "micro_batches" in d else ""
       batch_line = f"{self.batch_size} per step ({self.batch_size // self.num_csx} per system); {mb}{per}"
     else:

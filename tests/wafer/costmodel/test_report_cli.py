@@ -177,6 +177,16 @@ def test_plot_returns_the_path_it_writes(pipeline_report, tmp_path):
   assert pipeline_report.plot(tmp_path / "y.png") == str(tmp_path / "y.png")
 
 
+def test_a_micro_batch_run_at_the_nearest_supported_size_says_both(capsys):
+  """`--micro_batch_size 34` on gpt2_small printed "micro-batch 38 as given": 34 was given."""
+  assert main(["estimate", "--workload", "gpt2_small", "--micro_batch_size", "34"]) == 0
+  out = capsys.readouterr().out
+  assert "micro-batch 34 requested, 38 run: the nearest supported size (3 per step)" in out
+  assert "as given" not in out
+  assert main(["estimate", "--workload", "gpt2_small", "--micro_batch_size", "56"]) == 0
+  assert "micro-batch 56 as given (2 per step)" in capsys.readouterr().out
+
+
 def test_a_failed_save_leaves_the_previous_report_whole(pipeline_report, tmp_path, monkeypatch):
   model_dir = tmp_path / "model_dir"
   pipeline_report.save(model_dir)
