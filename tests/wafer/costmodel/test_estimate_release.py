@@ -73,6 +73,16 @@ def test_an_unknown_release_is_an_error_listing_what_is_allowed(bad):
     estimate_graph(_mlp_graph((64, 256, 64), 8, 16), release=bad)
 
 
+@pytest.mark.parametrize("bad", ["3.0", "3.x", "Release_3.1.0"])
+def test_the_release_error_says_which_majors_are_accepted(bad):
+  """The message said "2.0 and later" and refused 3.0: 2 is the newest major release Cerebras ships."""
+  with pytest.raises(EstimateError, match=r"no such Cerebras release; allowed: .*1.0-1.9 or 2.N \(2 is "):
+    parse_release(bad)
+  with pytest.raises(EstimateError) as info:
+    parse_release(bad)
+  assert "and later" not in str(info.value)
+
+
 def test_the_default_release_streams_every_small_model_and_says_why():
   """Issue 25: under the default (2.x), ESM-2 35M-class models were costed layer pipelined (the
   faster mode in the model) although Cerebras' 2.x software streams the weights of every model."""
