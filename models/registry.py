@@ -108,6 +108,28 @@ def _with_vocab(cfg: Any, vocab_size: int) -> Any:
   return cfg.model_copy(update={"vocab_size": vocab_size})
 
 
+def _with_sequence_length(cfg: Any, max_position_embeddings: int, which: str) -> Any:
+  """The input section with ``max_sequence_length`` defaulting to the model's ``max_position_embeddings``.
+
+  In modelzoo the pre-tokenised data fixes the length (a GPT HDF5 file holds ``[N, 3, MSL]``), so a
+  file without ``max_sequence_length`` means the data's length, and the longest sequence the model
+  takes is the natural stand-in for it (``wafer estimate`` says where its length came from:
+  `wafer.costmodel.estimate.run_inputs`). The section is validated again at that length (BERT's
+  ``max_predictions_per_seq`` must fit in it).
+  """
+  if cfg is None or getattr(cfg, "max_sequence_length", None) is not None:
+    return cfg
+  try:
+    return type(cfg).model_validate({**dict(cfg), "max_sequence_length": max_position_embeddings})
+  except ValueError as error:  # pydantic's ValidationError
+    found = getattr(error, "errors", lambda: [])()
+    problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in found) or str(error)
+    raise DataConfigError(
+      f"{which}.max_sequence_length: not in the params file, so model.max_position_embeddings="
+      f"{max_position_embeddings} stands for it, and then: {problems}; set {which}.max_sequence_length"
+    ) from None
+
+
 DROPOUT_KEYS = ("dropout_rate", "attention_dropout_rate", "embedding_dropout_rate", "dropout")
 
 
@@ -182,8 +204,11 @@ def _language_model_task(
 ) -> Task:
   """BERT's and GPT's task: token data checked against the model's vocabulary and positions."""
   model = params.model
+  positions = model.max_position_embeddings
   train_cfg = _with_vocab(_input_section(params, "train_input", allowed, kind), model.vocab_size)
   eval_cfg = _with_vocab(_input_section(params, "eval_input", allowed, kind), model.vocab_size)
+  train_cfg = _with_sequence_length(train_cfg, positions, "train_input")
+  eval_cfg = _with_sequence_length(eval_cfg, positions, "eval_input")
   if train_cfg is None:
     raise DataConfigError(
       f"train_input: missing; the {kind} model needs a train_input section with a data_processor"

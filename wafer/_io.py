@@ -35,7 +35,13 @@ import os
 import secrets
 from collections.abc import Callable
 
-__all__ = ("replace_atomically", "what_to_do", "write_bytes_atomically", "write_text_atomically")
+__all__ = (
+  "make_writable_dir",
+  "replace_atomically",
+  "what_to_do",
+  "write_bytes_atomically",
+  "write_text_atomically",
+)
 
 
 def _temporary_name(path: str) -> str:
@@ -95,6 +101,29 @@ def write_bytes_atomically(path: str | os.PathLike[str], data: bytes) -> None:
       f.write(data)
 
   replace_atomically(path, write)
+
+
+def make_writable_dir(path: str | os.PathLike[str], key: str, saved: str) -> str | None:
+  """Create the folder ``path`` (and its parents) where it is missing; None when it is ready, else the
+  problem for an error message (``key`` names it; ``saved`` is what could not be saved there): it is a
+  file, it cannot be created, or it is not writable.
+
+  >>> import tempfile
+  >>> make_writable_dir(tempfile.mkstemp()[1], "model_dir", "the report").endswith("is a file, not a directory")
+  True
+  """
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as error:
+    how = (
+      "is a file, not a directory"
+      if os.path.isfile(path)
+      else f"cannot be created ({error.strerror or error})"
+    )
+    return f"{key}={os.fspath(path)!r} {how}"
+  if not os.access(path, os.W_OK | os.X_OK):
+    return f"{key}={os.fspath(path)!r} is not writable, so {saved} could not be saved"
+  return None
 
 
 def what_to_do(error: OSError) -> str:

@@ -19,6 +19,7 @@ that argparse cannot parse; 130 on ctrl-C. Any other exception is a bug and keep
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -58,12 +59,14 @@ def _demo(args: argparse.Namespace) -> int:
   return 0
 
 
-def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
-  """``(step_fn, example_args, estimate defaults, name)`` for what the command line names.
+_RUN_FLAGS = ("system", "mode", "release", "num_csx", "micro_batch_size", "compute_format")
+"""The ``wafer estimate`` flags that are `wafer.estimate` arguments of the same name."""
 
-  Today that is a built-in workload (``--workload``); a params YAML (``--params``) plugs in here
-  when the config system exists.
-  """
+
+def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
+  """``(step_fn, example_args, estimate defaults, name)`` for what the command line names: a params
+  YAML (``--params``: its train step) or a built-in workload (``--workload``: its published run's
+  conditions, less those the command line replaces: `_workload_conditions`)."""
   from wafer.costmodel import workloads
 
   if args.batch_size is not None and args.batch_size < 1:
@@ -85,7 +88,61 @@ def _estimate_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], di
     raise CommandError(str(exc).replace("workload=", "--workload ")) from None
   batch = args.batch_size if args.batch_size is not None else w.batch_size
   fn, example_args = w.example(batch)
-  return fn, example_args, dict(w.estimate_kwargs), w.name
+  return fn, example_args, _workload_conditions(args, w), w.name
+
+
+def _workload_conditions(args: argparse.Namespace, w: Any) -> dict[str, Any]:
+  """The workload's conditions (``estimate_kwargs``: those its published run was measured under) that
+  still apply to the run the command line asks for.
+
+  A flag given wins over the condition of the same name. The published run's mode and micro-batch
+  describe that run only: ``--release`` or ``--mode`` drops its mode (the release, or the mode given,
+  decides); ``--batch_size``, ``--num_csx``, ``--release`` or ``--mode`` drops its micro-batch (searched
+  instead), as does a batch whose samples per system are fewer than it; layer pipelined (``--mode
+  pipeline``) drops its systems in data parallel. What is kept and what is dropped is stated in
+  ``args.workload_notes``, which `_estimate` adds to the report's notes.
+  """
+  pinned = dict(w.estimate_kwargs)
+  given = {k for k in (*_RUN_FLAGS, "batch_size") if getattr(args, k) is not None}
+  dropped: list[str] = []
+
+  def drop(key: str, why: str) -> None:
+    if key in pinned and key not in given:
+      dropped.append(f"{key} {_condition(pinned.pop(key))} ({why})")
+
+  changed = [f"--{k}" for k in ("batch_size", "num_csx", "release", "mode") if k in given]
+  if {"release", "mode"} & given:
+    deciding = [f for f in changed if f in ("--release", "--mode")]
+    drop("mode", f"{' and '.join(deciding)} {'decides' if len(deciding) == 1 else 'decide'} the mode")
+  if changed:
+    drop(
+      "micro_batch_size",
+      f"{' and '.join(changed)} {'changes' if len(changed) == 1 else 'change'} the run: searched",
+    )
+  batch = args.batch_size if args.batch_size is not None else w.batch_size
+  systems = args.num_csx if args.num_csx is not None else pinned.get("num_csx", 1)
+  mb = pinned.get("micro_batch_size")
+  if isinstance(mb, int) and isinstance(systems, int) and systems >= 1 and mb > batch // systems:
+    drop("micro_batch_size", f"more than the {batch // systems} samples per system: searched")
+  if args.mode is not None and str(args.mode).lower() in ("pipeline", "layer_pipelined", "pipelined"):
+    drop("num_csx", "layer pipelined runs on one system")
+  kept = [f"{k} {_condition(v)}" for k, v in pinned.items() if k not in given]
+  notes = []
+  if kept:
+    notes.append(
+      f"workload {w.name}: {', '.join(kept)}: the published run's conditions (a flag given wins; "
+      "--batch_size, --num_csx, --release or --mode drop its micro-batch, --release or --mode its mode)"
+    )
+  if dropped:
+    notes.append(f"workload {w.name}: not the published run's {'; '.join(dropped)}")
+  args.workload_notes = notes
+  args.workload_mode = pinned.get("mode") if "mode" not in given else None
+  return pinned
+
+
+def _condition(value: Any) -> str:
+  """A workload condition as the notes show it: ``weight_streaming``, ``112``, ``(720, 720)``."""
+  return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any], str]:
@@ -226,13 +283,20 @@ def _estimate(args: argparse.Namespace) -> int:
 
   if args.list:
     rows = [
-      [w.name, w.batch_size, w.measurement.value if w.measurement else "", w.description]
+      [
+        w.name,
+        w.batch_size,
+        w.measurement.value if w.measurement else "",
+        ", ".join(f"{k} {_condition(v)}" for k, v in w.estimate_kwargs.items()),
+        w.description,
+      ]
       for w in workloads.WORKLOADS.values()
     ]
-    print(Table(["workload", "batch", "measured samples/s", "description"], rows, title="Built-in workloads"))
+    header = ["workload", "batch", "measured samples/s", "published run's conditions", "description"]
+    print(Table(header, rows, title="Built-in workloads"))
     return 0
   fn, example_args, kwargs, name = _estimate_target(args)
-  for key in ("system", "mode", "release", "num_csx", "micro_batch_size", "compute_format"):
+  for key in _RUN_FLAGS:
     value = getattr(args, key)
     if value == _SEARCH:  # overrides the params file's micro_batch_size: searched
       kwargs.pop(key, None)
@@ -244,6 +308,12 @@ def _estimate(args: argparse.Namespace) -> int:
     make_model_dir(args.model_dir, "--model_dir")
   with cheap_sharding_probes():  # flax.nnx dropout draws in the traced step
     report = wafer.estimate(fn, *example_args, name=name, **kwargs)
+  notes = getattr(args, "workload_notes", None)
+  if notes:  # which conditions are the published run's, and which the command line replaced
+    reason = report.mode_reason
+    if getattr(args, "workload_mode", None) and reason.startswith("requested"):
+      reason = f"the published run's: workload {name}" + reason.removeprefix("requested")
+    report = dataclasses.replace(report, mode_reason=reason, notes=(*notes, *report.notes))
   print(report.to_text(), end="")
   if args.model_dir:
     paths = report.save(args.model_dir)
@@ -313,10 +383,20 @@ def build_parser() -> argparse.ArgumentParser:
     help="estimate samples/s on a Cerebras system and write the compile report",
     description="Estimate a step's rate on a Cerebras system (layer pipelined or weight streaming) and "
     "print a compile report; with --model_dir (with --params: by default its runconfig.model_dir), also "
-    "write compile_report.txt, compile_report.json and placement.png there.",
+    "write compile_report.txt, compile_report.json and placement.png there. A --workload carries the "
+    "conditions its published run was measured under (system, mode, micro-batch, systems: --list); a "
+    "flag given wins over the condition of the same name, --release or --mode drops the published mode "
+    "(the release or the mode given decides), and --batch_size, --num_csx, --release or --mode drops "
+    "the published micro-batch (searched instead), as does a batch with fewer samples per system than "
+    "it. The report's notes say which conditions are the published run's and which were dropped.",
   )
   target = est.add_argument_group("what to estimate").add_mutually_exclusive_group()
-  target.add_argument("--workload", metavar="NAME", help="a built-in workload (see --list)")
+  target.add_argument(
+    "--workload",
+    metavar="NAME",
+    help="a built-in workload (see --list), under its published run's conditions, less those the flags "
+    "below replace (see above)",
+  )
   target.add_argument("--params", metavar="FILE", type=_path, help="a params YAML: estimates its train step")
   target.add_argument("--list", action="store_true", help="list the built-in workloads and exit")
   est.add_argument("--system", help="wse2 (CS-2, default), wse3 (CS-3) or wse1 (CS-1)")

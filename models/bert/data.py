@@ -368,8 +368,9 @@ PROCESSORS = (
 class BertInput(InputConfig):
   """``train_input`` / ``eval_input`` of the BERT processors (strict): pre-tokenised CSV/HDF5 in
   ``data_dir``; or .txt/.jsonl text there (tokenised and masked here); or, with no ``data_dir``, the
-  embedded corpus. ``max_sequence_length`` defaults to 128, ``vocab_size`` (of the tokenizer trained
-  here) to the model's."""
+  embedded corpus. ``max_sequence_length`` defaults to the model's ``max_position_embeddings`` (the
+  task sets it; 128 for a section used alone), ``vocab_size`` (of the tokenizer trained here) to the
+  model's."""
 
   model_config = ConfigDict(extra="forbid")
 
@@ -402,8 +403,8 @@ class BertInput(InputConfig):
 
   @model_validator(mode="after")
   def _mmp(self) -> BertInput:
-    msl = self.max_sequence_length or 128
-    if self.max_predictions_per_seq is not None and self.max_predictions_per_seq > msl:
+    msl = self.max_sequence_length  # unset: the model's max_position_embeddings (checked there)
+    if msl is not None and self.max_predictions_per_seq is not None and self.max_predictions_per_seq > msl:
       raise ValueError(
         f"max_predictions_per_seq={self.max_predictions_per_seq}: more masked positions than the "
         f"max_sequence_length {msl}; allowed: 1 to {msl} (default {max_predictions(msl)})"

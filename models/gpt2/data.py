@@ -187,7 +187,9 @@ PROCESSORS = ("GptHDF5DataProcessor", "GptHDF5MapDataProcessor", "GptTextDataPro
 class GptInput(InputConfig):
   """``train_input`` / ``eval_input`` of the GPT processors (strict): modelzoo GPT HDF5 (``data``
   [N, 3, MSL]) in ``data_dir``; or .txt/.jsonl text there (byte-level BPE trained here, ids <
-  ``vocab_size``); or, with no ``data_dir``, the embedded corpus."""
+  ``vocab_size``); or, with no ``data_dir``, the embedded corpus. ``max_sequence_length`` defaults to
+  the model's ``max_position_embeddings`` (the task sets it: modelzoo's data fixes the length, so a
+  file without it means the data's; 128 for a section used alone)."""
 
   model_config = ConfigDict(extra="forbid")
 

@@ -360,3 +360,23 @@ def test_bert_max_predictions_per_seq_is_the_datas_masked_positions(tmp_path):
   assert batch["masked_lm_weights"].sum(axis=1).max() <= 7
   _run(DEFAULT_JOB, tmp_path, *overrides, "runconfig.max_steps=2", "runconfig.eval_steps=1")
   assert set(_losses(tmp_path)) >= {1, 2}
+
+
+def test_without_max_sequence_length_the_sequences_are_the_models_max_position_embeddings(tmp_path):
+  """A modelzoo file without train_input.max_sequence_length means the data's length (its HDF5 fixes
+  it); the tasks took 128 tokens. The model's max_position_embeddings stands for it (BERT and GPT), and
+  a BERT section is checked again at that length."""
+  from models.registry import DataConfigError
+
+  for config, extra, length in [
+    (GPT2_TINY, ["model.max_position_embeddings=96"], 96),
+    (DEFAULT_JOB, ["train_input.max_predictions_per_seq=80"], 512),  # BERT-tiny's 512 positions
+  ]:
+    overrides = [f"runconfig.model_dir={tmp_path}", "train_input.max_sequence_length=null", *extra]
+    spec = runner.load_plan(config, overrides).task.batch_spec()
+    assert spec["input_ids"].shape[1] == length, config
+  overrides = [f"runconfig.model_dir={tmp_path}", "train_input.max_sequence_length=null"]
+  too_few = ["model.max_position_embeddings=64", "train_input.max_predictions_per_seq=80"]
+  with pytest.raises(DataConfigError, match=r"train_input.max_sequence_length: not in the params file, so "
+                     r"model.max_position_embeddings=64 stands for it, and then: max_predictions_per_seq=80"):  # fmt: skip
+    runner.load_plan(DEFAULT_JOB, overrides + too_few)

@@ -22,6 +22,7 @@ import wafer
 from models.mlp import example_run
 from wafer import cli, runner, train
 from wafer.compile import cheap_sharding_probes
+from wafer.costmodel.estimate import run_inputs
 from wafer.errors import StaticGraphError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,7 +201,15 @@ def test_the_validate_only_estimate_is_the_estimate_of_the_step(tmp_path):
   summary = runner.run_plan(plan, progress=False)
   state, batch = train.step_shapes(plan.task, plan.optimizer, plan.loss_scale, plan.seed)
   step = train.make_train_step(plan.task, plan.optimizer, plan.policy)
-  report = wafer.estimate(step, state, batch, batch_size=plan.task.batch_size, num_csx=1, policy=plan.policy)
+  report = wafer.estimate(
+    step,
+    state,
+    batch,
+    batch_size=plan.task.batch_size,
+    num_csx=1,
+    policy=plan.policy,
+    **run_inputs(plan.params),
+  )
   assert summary["samples_per_sec_estimate"] == report.samples_per_sec
   assert (tmp_path / "compile_report.txt").read_text() == report.to_text()
 

@@ -52,11 +52,16 @@ def run_inputs(params: Any) -> dict[str, Any]:
   a file's layout (``Params.release``: "1.x", "2.4+", ...) decides the meaning of the file's keys
   (its half type), not the stack it would run on today: a 1.x file estimated as a 1.x (layer
   pipelined) run would answer for software no longer shipped, and "1.x" cannot tell 1.8 (layer
-  pipelined) from 1.9 (weight streaming).
+  pipelined) from 1.9 (weight streaming). ``sequence_source``: the key that sets the batch's sequence
+  length, ``train_input.max_sequence_length``; where the file has none, the model's
+  ``max_position_embeddings`` stands for it (modelzoo's data fixes the length; the reference models'
+  tasks default to it), and the report says so.
 
   >>> from types import SimpleNamespace as NS
   >>> run_inputs(NS(train_input=NS(micro_batch_size=88), runconfig=NS()))
   {'micro_batch_size': 88}
+  >>> run_inputs(NS(train_input=NS(max_sequence_length=None), model=NS(max_position_embeddings=2048)))
+  {'sequence_source': 'not in the params file: model.max_position_embeddings = 2048'}
   >>> run_inputs(NS(train_input=NS(micro_batch_size="auto"), runconfig=NS(release="1.8")))
   {'release': '1.8'}
   >>> run_inputs(NS(train_input=None, runconfig=NS(modelzoo_release="Release_1.8.0")))
@@ -65,9 +70,15 @@ def run_inputs(params: Any) -> dict[str, Any]:
   {}
   """
   out: dict[str, Any] = {}
-  mb = getattr(getattr(params, "train_input", None), "micro_batch_size", None)
+  train_input = getattr(params, "train_input", None)
+  mb = getattr(train_input, "micro_batch_size", None)
   if isinstance(mb, int) and not isinstance(mb, bool):
     out["micro_batch_size"] = mb
+  positions = getattr(getattr(params, "model", None), "max_position_embeddings", None)
+  if getattr(train_input, "max_sequence_length", None) is not None:
+    out["sequence_source"] = "train_input.max_sequence_length"
+  elif isinstance(positions, int):
+    out["sequence_source"] = f"not in the params file: model.max_position_embeddings = {positions}"
   runconfig = getattr(params, "runconfig", None)
   for release in (
     getattr(runconfig, "modelzoo_release", None),
@@ -92,6 +103,24 @@ def _positive_int(name: str, value: Any) -> int:
   return out
 
 
+SEARCHED_MICRO_BATCH = ("auto", "explore", "none")
+"""``micro_batch_size`` values (any case) that mean searched, as None does: the words of a params
+file's ``micro_batch_size`` and of ``wafer estimate --micro_batch_size``."""
+
+
+def _micro_batch_size(value: Any) -> int | None:
+  """A positive integer (used as given), or None for None / ``"auto"`` / ``"explore"`` (searched)."""
+  if value is None or (isinstance(value, str) and value.strip().lower() in SEARCHED_MICRO_BATCH):
+    return None
+  try:
+    return _positive_int("micro_batch_size", value)
+  except EstimateError:
+    raise EstimateError(
+      f"micro_batch_size={value!r}; allowed: a positive integer (used as given), or None, 'auto' or "
+      "'explore' (searched)"
+    ) from None
+
+
 def _format(name: str, value: Any) -> precision.FloatFormat:
   if isinstance(value, precision.FloatFormat):
     return value
@@ -101,13 +130,21 @@ def _format(name: str, value: Any) -> precision.FloatFormat:
     raise EstimateError(f"{name}={value!r} is not a float format: {exc}") from None
 
 
-def _accumulate_format(value: Any) -> precision.FloatFormat:
-  """The accumulator format: 16 bits or wider (the WSE's FMAC accumulates in FP16 or FP32)."""
+def _accumulate_format(value: Any, compute: precision.FloatFormat) -> precision.FloatFormat:
+  """The accumulator format: 16 bits or wider (the WSE's FMAC accumulates in FP16 or FP32), and not
+  narrower than the ``compute`` format of the products' operands."""
   fmt = _format("accumulate_format", value)
   if fmt.bits < 16:
     raise EstimateError(
       f"accumulate_format={value!r}: the WSE has no {fmt.bits}-bit accumulator (its FMAC accumulates in 16 "
       "or 32 bits); allowed: 'float32' (Cerebras mixed precision) or a 16-bit format such as 'float16'"
+    )
+  if fmt.bits < compute.bits:
+    raise EstimateError(
+      f"accumulate_format={value!r} ({fmt.bits} bits) is narrower than compute_format={compute.name!r} "
+      f"({compute.bits} bits): products of {compute.bits}-bit operands accumulate in at least "
+      f"{compute.bits} bits; allowed: accumulate_format='float32', or a 16-bit compute format (such as "
+      "'cbfloat16') with a 16-bit accumulator"
     )
   return fmt
 
@@ -138,7 +175,7 @@ def estimate(
   compute_format: str | precision.FloatFormat | None = None,
   policy: Any = None,
   accumulate_format: str | precision.FloatFormat = "float32",
-  micro_batch_size: int | None = None,
+  micro_batch_size: int | str | None = None,
   batch_argnums: int | Sequence[int] | None = None,
   kernel_depth: int | None = None,
   rect: tuple[int, int] | None = None,
@@ -147,6 +184,7 @@ def estimate(
   clock_hz: float | None = None,
   name: str | None = None,
   scaling: str = "traced",
+  sequence_source: str | None = None,
 ) -> Report:
   """Estimate the training (or inference) rate of ``step_fn`` on a Cerebras wafer.
 
@@ -186,7 +224,8 @@ def estimate(
       the supported size nearest it, ``ceil(B / n)`` for ``B`` samples per system (as Cerebras does;
       the report's notes say when it differs). When it does not fit, the report says by how much,
       which assumption decides it and the largest micro-batch that fits; it is never replaced.
-      Default (None): searched, and the report gives the range of rates over the feasible sizes.
+      None (default), ``"auto"`` or ``"explore"`` (any case; a params file's words): searched, and
+      the report gives the range of rates over the feasible sizes.
     batch_argnums: which arguments carry the batch on axis 0. Default: every argument whose arrays
       all have, as axis 0, the batch size (axis 0 of the last argument with arrays): data, labels,
       masks, per-sample keys; but not one the step returns (an updated copy or a gradient: parameters
@@ -202,6 +241,9 @@ def estimate(
     scaling: ``"traced"`` (default: the step is traced at two batch sizes to find how each size
       grows with the batch) or ``"dataflow"`` (traced once where the batch can be followed through
       its equations, the same graph: `wafer.costmodel.graph.extract`).
+    sequence_source: where the batch's sequence length comes from, as the report states it beside
+      the length (a params file's key: `run_inputs` gives it). Default: the batch array it is
+      read from (``axis 1 of batch['input_ids']``).
 
   Returns:
     A `Report` (``samples_per_sec``, ``compute_samples_per_sec``, ``transmission_samples_per_sec``,
@@ -225,7 +267,7 @@ def estimate(
   if compute_format is None:
     compute_format = getattr(policy, "compute", None) or "cbfloat16"
   compute = _format("compute_format", compute_format)
-  accumulate = _accumulate_format(accumulate_format)
+  accumulate = _accumulate_format(accumulate_format, compute)
   calib = calibration or CALIBRATION
   if not isinstance(calib, Calibration):
     raise EstimateError(f"calibration={calib!r}; allowed: a wafer.costmodel.Calibration")
@@ -241,8 +283,7 @@ def estimate(
   width, height = _rect(rect, sys_.chip.usable_width, sys_.chip.usable_height)
   if batch_size is not None:
     batch_size = _positive_int("batch_size", batch_size)
-  if micro_batch_size is not None:
-    micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
+  micro_batch_size = _micro_batch_size(micro_batch_size)
 
   compute_bits = 16 if compute.bits <= 16 else 32
   graph = graph_mod.extract(
@@ -256,7 +297,10 @@ def estimate(
     strict_batch=batch_argnums is None,
   )
   graph.notes = [*left_out, *graph.notes]
-  graph.sequence_length = _sequence_length(example_args, argnums)
+  graph.sequence_length, where = _sequence_length(example_args, argnums, names)
+  if sequence_source is not None and not isinstance(sequence_source, str):
+    raise EstimateError(f"sequence_source={sequence_source!r}; allowed: a string, or None")
+  graph.sequence_source = sequence_source or where
   return estimate_graph(
     graph,
     batch_size=batch_size,
@@ -306,7 +350,7 @@ def estimate_graph(
   num_csx: int = 1,
   compute_format: str | precision.FloatFormat = "cbfloat16",
   accumulate_format: str | precision.FloatFormat = "float32",
-  micro_batch_size: int | None = None,
+  micro_batch_size: int | str | None = None,
   rect: tuple[int, int] | None = None,
   gemm_algorithm: str = "search",
   calibration: Calibration | None = None,
@@ -317,7 +361,7 @@ def estimate_graph(
   fixed at extraction. Arguments as in `estimate`."""
   sys_, mode, num_csx, rel = _check_run(system, mode, num_csx, gemm_algorithm, release)
   compute = _format("compute_format", compute_format)
-  accumulate = _accumulate_format(accumulate_format)
+  accumulate = _accumulate_format(accumulate_format, compute)
   calib = calibration or CALIBRATION
   chip = sys_.chip
   width, height = _rect(rect, chip.usable_width, chip.usable_height)
@@ -327,9 +371,9 @@ def estimate_graph(
     raise EstimateError(f"batch_size={batch}: {problem}")
   per_system = batch // num_csx
   notes_extra = []
+  micro_batch_size = _micro_batch_size(micro_batch_size)
   ws_micro_batch = micro_batch_size
   if micro_batch_size is not None:
-    micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
     if micro_batch_size > per_system:
       raise EstimateError(
         f"micro_batch_size={micro_batch_size} is larger than the {per_system} samples per system; "
@@ -399,7 +443,9 @@ def estimate_graph(
     assert pipe is not None
     return _pipeline_report(pipe, ws, graph, common, notes, seq)
   assert ws is not None
-  return _streaming_report(ws, graph, machine, common, notes, seq, width, height, per_system)
+  return _streaming_report(
+    ws, graph, machine, common, notes, seq, width, height, per_system, micro_batch_size
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -615,22 +661,25 @@ def _rect(rect: tuple[int, int] | None, max_w: int, max_h: int) -> tuple[int, in
   return w, h
 
 
-def _sequence_length(args: Sequence[Any], argnums: Sequence[int]) -> int | None:
-  """Axis 1 of the first batch array that holds a sequence: integer token ids ``[batch, seq]`` or
-  float ``[batch, seq, features]``. Other arrays have no sequence axis (a float ``[batch, features]``
-  is an MLP's input, ``[batch, h, w, c]`` an image), and without a sequence there is no tokens/s."""
+def _sequence_length(
+  args: Sequence[Any], argnums: Sequence[int], names: Sequence[str]
+) -> tuple[int | None, str | None]:
+  """``(length, where)``: axis 1 of the first batch array that holds a sequence, integer token ids
+  ``[batch, seq]`` or float ``[batch, seq, features]``, and that array (``axis 1 of
+  batch['input_ids']``). Other arrays have no sequence axis (a float ``[batch, features]`` is an
+  MLP's input, ``[batch, h, w, c]`` an image), and without a sequence there is no tokens/s."""
   import jax
   import jax.numpy as jnp
 
   for i in argnums:
-    for leaf in jax.tree.leaves(args[i]):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
       shape = getattr(leaf, "shape", ())
       dtype = getattr(leaf, "dtype", jnp.float32)
       if (len(shape) == 2 and jnp.issubdtype(dtype, jnp.integer)) or (
         len(shape) == 3 and jnp.issubdtype(dtype, jnp.floating)
       ):
-        return int(shape[1])
-  return None
+        return int(shape[1]), f"axis 1 of {names[i]}{jax.tree_util.keystr(path)}"
+  return None, None
 
 
 def _size(params: int) -> str:
@@ -765,6 +814,7 @@ def _pipeline_report(
   rate = pipe.samples_per_sec if fits else 0.0
   details = {
     "sequence_length": seq,
+    "sequence_source": graph.sequence_source if seq else None,
     "training": graph.training,
     "memory_bytes": pipe.memory_bytes,
     "needed_pes": pipe.needed_pes,
@@ -855,7 +905,10 @@ def _streaming_report(
   width: int,
   height: int,
   per_system: int,
+  requested: int | None = None,
 ) -> Report:
+  """The weight-streaming report; ``requested``: the micro-batch the caller gave (``ws.requested`` is
+  the supported size nearest it, the one costed)."""
   batch = common["batch_size"]
   rect = Rect(0, 0, width, height, "all layers, one after another")
   if ws.result is None:
@@ -873,7 +926,14 @@ def _streaming_report(
       step_time_s=None,
       kernels=(),
       placement=(rect,),
-      details={"sequence_length": seq, "training": graph.training, "per_system_batch": per_system, **extra},
+      details={
+        "sequence_length": seq,
+        "sequence_source": graph.sequence_source if seq else None,
+        "training": graph.training,
+        "per_system_batch": per_system,
+        "micro_batch_requested": requested,
+        **extra,
+      },
       notes=tuple(notes),
       remedy=remedy,
       **common,
@@ -933,6 +993,7 @@ def _streaming_report(
     notes.append("the weight update runs on MemoryX, overlapped with streaming (not on the wafer)")
   details: dict[str, Any] = {
     "sequence_length": seq,
+    "sequence_source": graph.sequence_source if seq else None,
     "training": graph.training,
     "micro_batches": res.n_micro,
     "compute_s": res.compute_s,
@@ -943,6 +1004,7 @@ def _streaming_report(
     "recompute_fraction": res.recompute_fraction,
     "per_system_batch": per_system,
     "micro_batch_given": ws.requested is not None,
+    "micro_batch_requested": requested,
   }
   if ws.feasible:
     sizes = sorted(ws.feasible)

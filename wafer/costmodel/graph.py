@@ -230,6 +230,8 @@ class Graph:
     eqn_count: equations walked (with ``scan`` bodies once).
     notes: things the extraction approximated.
     sequence_length: axis 1 of the first batch argument, when it has one (to report tokens/s).
+    sequence_source: where that length comes from, as the report states it (a params file's key,
+      or the batch array it was read from).
     batch_arguments: names of the arguments taken as the batch.
     param_arrays: parameter arrays of the arguments read as weights (a stacked array counts once,
       however many layers read slices of it): what an optimizer issues its instructions over.
@@ -245,6 +247,7 @@ class Graph:
   eqn_count: int
   notes: list[str]
   sequence_length: int | None = None
+  sequence_source: str | None = None
   batch_arguments: tuple[str, ...] = ()
   param_arrays: int = 0
 
@@ -421,7 +424,11 @@ def _static(x: Any) -> bool:
 
 
 def _trace(
-  fn: Callable[..., Any], args: Sequence[Any], batch_argnums: Sequence[int], batch: int | None = None
+  fn: Callable[..., Any],
+  args: Sequence[Any],
+  batch_argnums: Sequence[int],
+  batch: int | None = None,
+  names: Sequence[str] = (),
 ) -> tuple[Walker, Any]:
   leaves, treedef = jax.tree.flatten(tuple(args))
   static = [_static(x) for x in leaves]
@@ -437,6 +444,13 @@ def _trace(
   except Exception as exc:  # the user's function failed to trace: say so, where, keep the cause
     frame = user_frame(exc.__traceback__)
     where = f" at {frame[0]}:{frame[1]}\n    {frame[2]}\n" if frame else ": "
+    nones = [n for n, a in zip(names, args) if a is None]
+    if nones:  # a None argument traces as nothing; the step then fails on it (as a str argument is refused)
+      raise TraceError(
+        f"{' and '.join(nones)} {'is' if len(nones) == 1 else 'are'} None, which the cost model cannot cost, "
+        f"and tracing the step failed{where}{type(exc).__name__}: {exc}; allowed: arrays, "
+        "jax.ShapeDtypeStruct or Python numbers (bind other values with functools.partial)"
+      ) from exc
     raise TraceError(
       f"could not trace the step with abstract inputs{where}{type(exc).__name__}: {exc}"
     ) from exc
@@ -509,7 +523,7 @@ def extract(
   # leaves tracers in the copy it was given
   if scaling not in SCALINGS:
     raise TraceError(f"scaling={scaling!r}; allowed: {', '.join(map(repr, SCALINGS))}")
-  w1, _ = _trace(fn, _abstract(user_args, names), batch_argnums, b0)
+  w1, _ = _trace(fn, _abstract(user_args, names), batch_argnums, b0, names)
   notes = set(w1.notes)
   exact = True
   followed = scaling == "dataflow" and w1.batch_unknown is None

@@ -8,14 +8,16 @@ kernel's share of the step (compute and weight I/O).
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 __all__ = ("plot_report",)
 
 
 def plot_report(report: Any, path: str) -> str:
-  """Draw ``report``'s placement into ``path`` (PNG). ``report`` is a `wafer.costmodel.Report`; this
-  module does not import it (``report.plot`` imports this one when asked for a picture).
+  """Draw ``report``'s placement into ``path`` (PNG; ``.png`` added where it names no extension) and
+  return the path written. ``report`` is a `wafer.costmodel.Report`; this module does not import it
+  (``report.plot`` imports this one when asked for a picture).
 
   Drawn on a bare ``matplotlib.figure.Figure``: pyplot, its backend (a notebook's inline one) and
   its open figures are left alone."""
@@ -117,6 +119,8 @@ def plot_report(report: Any, path: str) -> str:
     fontsize=10,
   )
   fig.tight_layout()
+  if not os.path.splitext(path)[1]:  # matplotlib would add it (savefig.format) and not say so
+    path += ".png"
   fig.savefig(path, dpi=110)
   return path
 

@@ -40,7 +40,8 @@ parameters", modelzoo README of R_1.7.0 / Release_1.8.0)."""
 _LAST_1X = 9  # 1.9.1 was the last 1.x release (the modelzoo's tags: R_1.6.0 ... Release_1.9.1)
 _ALLOWED = (
   "'2.x' (default: the current stack), '1.x' (a release before 1.9), or a release number 1.0-1.9 or "
-  "2.0 and later, written '2.4', 'R1.9.1', 'R_1.6.0', 'Release_2.10.0' or 'rel-2.2.1'"
+  "2.N (2 is Cerebras' newest major release), written '2.4', 'R1.9.1', 'R_1.6.0', 'Release_2.10.0' or "
+  "'rel-2.2.1'"
 )
 _PATTERN = re.compile(r"^(?:r|rel|release)?[\s_-]*v?(\d+)(?:\.(\d+|x))?(?:\.\d+)?$", re.IGNORECASE)
 

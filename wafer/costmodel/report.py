@@ -14,9 +14,10 @@ import os
 from typing import Any
 
 from precision._table import Table
-from wafer._io import replace_atomically, write_text_atomically
+from wafer._io import make_writable_dir, replace_atomically, write_text_atomically
 from wafer.costmodel.calibration import Accuracy, Calibration
 from wafer.costmodel.placement import Rect
+from wafer.errors import EstimateError
 
 __all__ = ("FOLD_SHARE", "KernelRow", "Report")
 
@@ -92,7 +93,8 @@ class Report:
     compute_format, accumulate_format: format names; ``clock_hz``: the clock used.
     calibration: the parameters used.
     details: mode-specific numbers (micro-batches, I/O seconds, memory...), and ``sequence_length``
-      (axis 1 of the batch's token ids, for tokens/s) and ``training`` (False: forward only). With a
+      (axis 1 of the batch's token ids, for tokens/s), ``sequence_source`` (where that length comes
+      from: a params file's key, or the batch array) and ``training`` (False: forward only). With a
       searched micro-batch, ``micro_batch_range``: the feasible sizes and the rates they give.
     notes: approximations the estimate made.
     batch_arguments: the step's arguments taken as the batch (axis 0 = samples).
@@ -277,6 +279,10 @@ class Report:
     if self.mode == "weight_streaming":
       given = " as given" if d.get("micro_batch_given") or d.get("requested_micro_batch") else ""
       mb = f"micro-batch {self.micro_batch_size}{given}" if self.micro_batch_size else "no micro-batch fits"
+      asked = d.get("micro_batch_requested")
+      if given and asked and self.micro_batch_size and asked != self.micro_batch_size:
+        costed = "run" if self.fits else "costed"
+        mb = f"micro-batch {asked} requested, {self.micro_batch_size} {costed}: the nearest supported size"
       per = f" ({d['micro_batches']} per step)" if "micro_batches" in d else ""
       batch_line = f"{self.batch_size} per step ({self.batch_size // self.num_csx} per system); {mb}{per}"
     else:
@@ -291,6 +297,9 @@ class Report:
       )
     if self.batch_arguments:
       lines.append(f" {'Batch args:':<16}{', '.join(self.batch_arguments)}")
+    if d.get("sequence_length"):
+      source = f" ({d['sequence_source']})" if d.get("sequence_source") else ""
+      lines.append(f" {'Sequence:':<16}{d['sequence_length']:,} tokens per sample{source}")
     lines.append(f" {'Formats:':<16}{self.compute_format} operands, {self.accumulate_format} accumulation")
     passes = "forward + backward" if d.get("training", True) else "forward only"
     lines.append(
@@ -365,7 +374,8 @@ class Report:
     return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
   def plot(self, path: str | os.PathLike[str]) -> str:
-    """Write a PNG of the placement on the wafer to ``path``; returns the path."""
+    """Write a PNG of the placement on the wafer to ``path`` (``.png`` added where it names no
+    extension); returns the path written."""
     from wafer.costmodel.placement_plot import plot_report  # matplotlib only when asked for
 
     return plot_report(self, os.fspath(path))
@@ -378,9 +388,14 @@ class Report:
 
     Returns:
       ``{"text": path, "json": path, "png": path}``.
+
+    Raises:
+      wafer.errors.EstimateError: ``model_dir`` is a file, cannot be created or is not writable.
     """
     model_dir = os.fspath(model_dir)
-    os.makedirs(model_dir, exist_ok=True)
+    problem = make_writable_dir(model_dir, "model_dir", "the report")
+    if problem is not None:  # the message `wafer estimate --model_dir` gives
+      raise EstimateError(f"Report.save: {problem}; give a directory wafer can write")
     paths = {
       "text": os.path.join(model_dir, "compile_report.txt"),
       "json": os.path.join(model_dir, "compile_report.json"),

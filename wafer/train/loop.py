@@ -45,6 +45,7 @@ import optax
 import precision
 import wafer
 from wafer import cluster
+from wafer._io import make_writable_dir
 from wafer.compile import cheap_sharding_probes
 from wafer.config import ConfigError, RunConfig, Runtime
 from wafer.config.errors import Problem
@@ -96,24 +97,10 @@ def make_model_dir(path: str | os.PathLike[str], key: str = "runconfig.model_dir
   Raises:
     ExecutorError: it is a file, or it cannot be created or written (checkpoints would be lost).
   """
-  model_dir = Path(path)
-  try:
-    model_dir.mkdir(parents=True, exist_ok=True)
-  except OSError as error:
-    what = (
-      "is a file, not a directory"
-      if model_dir.is_file()
-      else f"cannot be created ({error.strerror or error})"
-    )
-    raise ExecutorError(
-      f"{key}={str(path)!r} {what}; give a directory wafer can write (--model_dir DIR)"
-    ) from None
-  if not os.access(model_dir, os.W_OK | os.X_OK):
-    raise ExecutorError(
-      f"{key}={str(path)!r} is not writable, so no checkpoint or metric could be saved; "
-      "give a directory wafer can write (--model_dir DIR)"
-    )
-  return model_dir
+  problem = make_writable_dir(path, key, "no checkpoint or metric")
+  if problem is not None:
+    raise ExecutorError(f"{problem}; give a directory wafer can write (--model_dir DIR)")
+  return Path(path)
 
 
 _RESUME_ONLY = (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import hypothesis
 import pytest
@@ -70,6 +71,16 @@ def test_an_unknown_release_is_an_error_listing_what_is_allowed(bad):
     parse_release(bad)
   with pytest.raises(EstimateError, match="release="):
     estimate_graph(_mlp_graph((64, 256, 64), 8, 16), release=bad)
+
+
+@pytest.mark.parametrize("bad", ["3.0", "3.x", "Release_3.1.0"])
+def test_the_release_error_says_which_majors_are_accepted(bad):
+  """The message said "2.0 and later" and refused 3.0: 2 is the newest major release Cerebras ships."""
+  with pytest.raises(EstimateError, match=r"no such Cerebras release; allowed: .*1.0-1.9 or 2.N \(2 is "):
+    parse_release(bad)
+  with pytest.raises(EstimateError) as info:
+    parse_release(bad)
+  assert "and later" not in str(info.value)
 
 
 def test_the_default_release_streams_every_small_model_and_says_why():
@@ -139,6 +150,27 @@ def test_release_reaches_estimate_and_the_cli(capsys):
 
 
 # -- micro-batch as given -------------------------------------------------------------------------
+
+
+def test_the_api_searches_the_micro_batch_for_none_auto_or_explore_as_the_cli_and_params_files_do():
+  """`wafer.estimate(..., micro_batch_size="auto")` was refused ("allowed: a positive integer", None
+  not named) while the guide says "auto", "explore" or no micro-batch mean searched."""
+  widths = (64, 256, 64)
+  graph = _mlp_graph(widths, 32, 16)
+  searched = estimate_graph(graph, mode="weight_streaming")
+  assert not searched.details["micro_batch_given"]
+  for word in ("auto", "explore", "Auto", " EXPLORE ", "none"):
+    report = estimate_graph(graph, mode="weight_streaming", micro_batch_size=word)
+    assert report.to_dict() == searched.to_dict(), word
+  fn, args = mlp_train_step(widths), (mlp_params(widths), *batch_args(32, 16, 64, 64))
+  api = wafer.estimate(fn, *args, batch_argnums=(1, 2), mode="weight_streaming", micro_batch_size="explore")
+  assert api.micro_batch_size == searched.micro_batch_size and not api.details["micro_batch_given"]
+  allowed = "allowed: a positive integer (used as given), or None, 'auto' or 'explore' (searched)"
+  for bad in ("fast", 0, -2, 2.5, True):
+    with pytest.raises(EstimateError, match=re.escape(f"micro_batch_size={bad!r}; {allowed}")):
+      estimate_graph(graph, micro_batch_size=bad)
+  with pytest.raises(EstimateError, match=re.escape(allowed)):
+    wafer.estimate(fn, *args, batch_argnums=(1, 2), micro_batch_size="fastest")
 
 
 def test_a_given_micro_batch_is_used_as_given_or_reported_not_fitting_by_how_much():

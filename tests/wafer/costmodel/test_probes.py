@@ -186,6 +186,38 @@ def test_an_8_bit_accumulator_is_an_error_naming_it(fmt):
   assert wafer.estimate(step, *args, accumulate_format="float16").accumulate_format == "float16"
 
 
+def test_an_accumulator_narrower_than_the_compute_format_is_an_error_naming_both():
+  """compute_format="float32" with accumulate_format="float16" was accepted: 32-bit products summed in
+  a 16-bit accumulator, a run the WSE does not do."""
+  step = lambda p, x: jax.grad(lambda p: jax.numpy.mean((x @ p) ** 2))(p)  # noqa: E731
+  args = jax.ShapeDtypeStruct((16, 8), jax.numpy.float32), jax.ShapeDtypeStruct((32, 16), jax.numpy.float32)
+  both = r"accumulate_format='f(loat)?16' \(16 bits\) is narrower than compute_format='float32' \(32 bits\)"
+  with pytest.raises(wafer.costmodel.EstimateError, match=both + ".*allowed: accumulate_format='float32'"):
+    wafer.estimate(step, *args, compute_format="float32", accumulate_format="float16")
+  with pytest.raises(wafer.costmodel.EstimateError, match=both):
+    wafer.estimate(step, *args, policy="c=f32", accumulate_format="f16")  # the policy's compute format
+  graph = wafer.costmodel.extract(step, args, batch_argnums=(1,), compute_bits=32)
+  with pytest.raises(wafer.costmodel.EstimateError, match=both):
+    wafer.costmodel.estimate_graph(graph, compute_format="float32", accumulate_format="float16")
+  ok = wafer.estimate(step, *args, compute_format="bfloat16", accumulate_format="float16")
+  assert (ok.compute_format, ok.accumulate_format) == ("bfloat16", "float16")
+
+
+def test_a_none_argument_the_step_fails_on_is_named_as_a_str_argument_is():
+  """`wafer.estimate(step, w, None)` said only "could not trace the step" with the user's TypeError;
+  a str argument is named ("y is a str, which the cost model cannot cost")."""
+  from wafer.errors import TraceError
+
+  f32 = jax.numpy.float32
+  step = lambda w, x, y: jax.grad(lambda w: jax.numpy.mean((x @ w - y) ** 2))(w)  # noqa: E731
+  w, x = jax.ShapeDtypeStruct((16, 8), f32), jax.ShapeDtypeStruct((32, 16), f32)
+  with pytest.raises(TraceError, match=r"(?s)^y is None, which the cost model cannot cost, and tracing the step "
+                     r"failed at .*TypeError: .*allowed: arrays, jax.ShapeDtypeStruct or Python numbers"):  # fmt: skip
+    wafer.estimate(step, w, x, None)
+  ignored = lambda w, x, unused: jax.grad(lambda w: jax.numpy.mean((x @ w) ** 2))(w)  # noqa: E731
+  assert wafer.estimate(ignored, w, x, None).fits  # a None the step does not use is no error
+
+
 def _linen_encoder_step(d_model: int, scan: bool, layers: int = 4, heads: int = 4, vocab: int = 500):
   """A Transformers-style Flax linen encoder (einsum attention, an additive mask bias, post-LN) with
   AdamW: its layers in a Python loop or in ``nn.scan``."""

@@ -153,6 +153,40 @@ def test_the_placement_picture_leaves_the_users_matplotlib_backend_and_figures_a
   assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_save_into_a_file_is_a_wafer_error_with_the_clis_message(pipeline_report, tmp_path, capsys):
+  """Report.save(path) where path is a file raised a bare FileExistsError."""
+  from wafer.errors import WaferError
+
+  afile = tmp_path / "afile"
+  afile.write_text("mine")
+  with pytest.raises(WaferError, match=rf"^Report.save: model_dir='{afile}' is a file, not a directory; give "
+                     "a directory wafer can write$"):  # fmt: skip
+    pipeline_report.save(afile)
+  assert afile.read_text() == "mine"
+  assert main(["estimate", "--workload", "esm2_35m", "--model_dir", str(afile)]) == 1
+  assert f"--model_dir='{afile}' is a file, not a directory; give a directory wafer can write" in (
+    capsys.readouterr().err
+  )
+
+
+def test_plot_returns_the_path_it_writes(pipeline_report, tmp_path):
+  """Report.plot("x") returned "x" and wrote x.png (matplotlib adds the extension)."""
+  written = pipeline_report.plot(tmp_path / "x")
+  assert written == str(tmp_path / "x.png") and not (tmp_path / "x").exists()
+  assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert pipeline_report.plot(tmp_path / "y.png") == str(tmp_path / "y.png")
+
+
+def test_a_micro_batch_run_at_the_nearest_supported_size_says_both(capsys):
+  """`--micro_batch_size 34` on gpt2_small printed "micro-batch 38 as given": 34 was given."""
+  assert main(["estimate", "--workload", "gpt2_small", "--micro_batch_size", "34"]) == 0
+  out = capsys.readouterr().out
+  assert "micro-batch 34 requested, 38 run: the nearest supported size (3 per step)" in out
+  assert "as given" not in out
+  assert main(["estimate", "--workload", "gpt2_small", "--micro_batch_size", "56"]) == 0
+  assert "micro-batch 56 as given (2 per step)" in capsys.readouterr().out
+
+
 def test_a_failed_save_leaves_the_previous_report_whole(pipeline_report, tmp_path, monkeypatch):
   model_dir = tmp_path / "model_dir"
   pipeline_report.save(model_dir)
@@ -216,3 +250,96 @@ def test_cli_refuses_a_workload_and_a_params_file_together(capsys):
   assert exc.value.code == 2
   err = capsys.readouterr().err
   assert "not allowed with argument" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("release", ["Release_2.3.1", "Release_2.10.0"])
+def test_a_modelzoo_gpt3_file_without_max_sequence_length_is_costed_at_its_positions(
+  release, tmp_path, capsys
+):
+  """GPT-3 XL's files set no train_input.max_sequence_length (modelzoo's HDF5 data fixes it: msl2048);
+  the estimate costed 128-token samples (1.016 TFLOP a sample) and said nothing. The model's
+  max_position_embeddings stands for the data's length, and the report says where the length came from."""
+  path = f"tests/data/modelzoo/{release}/gpt3/params_gpt3_xl.yaml"
+  assert main(["estimate", "--params", path, "--model_dir", str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  assert (
+    " Sequence:       2,048 tokens per sample (not in the params file: model.max_position_embeddings" in out
+  )
+  data = json.loads((tmp_path / "compile_report.json").read_text())
+  assert data["details"]["sequence_length"] == 2048
+  assert data["flops_per_sample"] > 15e12  # 6 N s + attention at s = 2048 (128 tokens: 1.016e12)
+  assert main(["estimate", "--params", path, "train_input.max_sequence_length=1024"]) == 0
+  out = capsys.readouterr().out
+  assert " Sequence:       1,024 tokens per sample (train_input.max_sequence_length)" in out
+
+
+def test_the_sequence_line_names_the_batch_array_it_was_read_from():
+  w = {"emb": sds(1000, 64), "w": sds(64, 8)}
+  report = wafer.estimate(
+    lambda w, batch: jnp.tanh(w["emb"][batch["ids"]]) @ w["w"], w, {"ids": sds(32, 96, dtype=jnp.int32)}
+  )
+  assert " Sequence:       96 tokens per sample (axis 1 of batch['ids'])" in report.to_text()
+  assert report.details["sequence_source"] == "axis 1 of batch['ids']"
+  mlp = wafer.estimate(lambda w, x: jnp.tanh(x @ w["w"].T), w, sds(32, 8))
+  assert "Sequence:" not in mlp.to_text() and mlp.details["sequence_source"] is None
+
+
+def _estimate_lines(capsys, *argv):
+  assert main(["estimate", "--workload", "gpt2_small", *argv]) == 0, capsys.readouterr().err
+  lines = capsys.readouterr().out.splitlines()
+  pick = lambda label: [line for line in lines if line.startswith(f" {label}")]  # noqa: E731
+  return pick("Mode:")[0], pick("Batch:")[0], pick("Note:           workload")
+
+
+def test_cli_workload_conditions_say_they_are_the_published_runs(capsys):
+  """`--workload gpt2_small` said "Mode: weight streaming (requested)": nobody requested it."""
+  mode, batch, notes = _estimate_lines(capsys)
+  assert mode.endswith("weight streaming (the published run's: workload gpt2_small)"), mode
+  assert "micro-batch 112" in batch
+  assert notes == [
+    " Note:           workload gpt2_small: system wse2, mode weight_streaming, micro_batch_size 112: the "
+    "published run's conditions (a flag given wins; --batch_size, --num_csx, --release or --mode drop its "
+    "micro-batch, --release or --mode its mode)"
+  ]
+
+
+def test_cli_release_decides_the_mode_over_the_workloads_published_mode(capsys):
+  """`--release 1.8` printed "weight streaming (requested)": the workload's pinned mode overrode the release."""
+  mode, batch, notes = _estimate_lines(capsys, "--release", "1.8")
+  assert "layer pipelined (release 1.8 runs models under 1B parameters" in mode, mode
+  assert "requested" not in mode
+  assert any(
+    "not the published run's mode weight_streaming (--release decides the mode); micro_batch_size 112 "
+    "(--release changes the run: searched)" in n
+    for n in notes
+  ), notes
+
+
+@pytest.mark.parametrize("flags", [("--num_csx", "2"), ("--batch_size", "64")])
+def test_cli_a_new_batch_or_systems_drop_the_published_micro_batch(flags, capsys):
+  """`--num_csx 2` / `--batch_size 64` failed: "micro_batch_size=112 is larger than the 56 samples per
+  system", a micro-batch the user never gave."""
+  mode, batch, notes = _estimate_lines(capsys, *flags)
+  assert "as given" not in batch and "micro-batch 112" not in batch, batch
+  assert "published run's" in mode
+  assert any(f"micro_batch_size 112 ({flags[0]} changes the run: searched)" in n for n in notes), notes
+
+
+def test_cli_flags_given_win_over_the_workloads_conditions(capsys):
+  mode, batch, notes = _estimate_lines(capsys, "--micro_batch_size", "56", "--mode", "weight_streaming")
+  assert "micro-batch 56" in batch and mode.endswith("weight streaming (requested)")
+  assert notes == [
+    " Note:           workload gpt2_small: system wse2: the published run's conditions (a flag given wins; "
+    "--batch_size, --num_csx, --release or --mode drop its micro-batch, --release or --mode its mode)"
+  ]
+  assert main(["estimate", "--workload", "gptj_6b_2cs2", "--mode", "pipeline"]) == 0  # was: num_csx=2 refused
+  assert "not the published run's num_csx 2 (layer pipelined runs on one system)" in capsys.readouterr().out
+
+
+def test_cli_help_says_how_flags_and_a_workloads_conditions_combine(capsys):
+  with pytest.raises(SystemExit):
+    main(["estimate", "--help"])
+  text = " ".join(capsys.readouterr().out.split())
+  assert "a flag given wins over the condition of the same name" in text
+  assert "--batch_size, --num_csx, --release or --mode drops the published micro-batch" in text
+  assert "--release or --mode drops the published mode" in text
