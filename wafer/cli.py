@@ -161,6 +161,7 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
     args.model_dir = p.runconfig.model_dir
   kwargs = {"batch_size": p.task.batch_size, "num_csx": p.runconfig.num_csx, "policy": p.policy}
   kwargs.update(run_inputs(p.params))  # the file's micro_batch_size as given, its release
+  kwargs["batch_argnums"] = (1,)  # the train step's (state, batch): the state is never data
   return train.make_train_step(p.task, p.optimizer, p.policy), (state, batch), kwargs, p.task.name
 
 
