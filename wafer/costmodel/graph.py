@@ -491,7 +491,13 @@ def extract(
   for k in kernels:
     for r, (e, _) in k.weights.items():
       roots[r] = max(roots.get(r, 0), e * k.count)
-  param_arrays = len({w1.origin.get(r, r) for k in kernels for r in k.weights})
+  for r in list(roots):  # a parameter the step joined from others holds theirs: counted once
+    for part in w1.parts.get(r, ()):
+      roots.pop(part, None)
+  # (a parameter the step joined from others is the arrays it joins: what the optimizer updates)
+  param_arrays = len(
+    {w1.origin.get(p, p) for k in kernels for r in k.weights for p in w1.parts.get(w1.origin.get(r, r), (r,))}
+  )
   return Graph(
     kernels=_name(fuse_productless(fold_repeats(kernels)) if canonical else kernels),
     traced_batch=b0,
