@@ -1,9 +1,10 @@
 """One pre-norm transformer LM written the ways users write a stack of layers (issue 25, item 3).
 
 ``WAYS[name](cfg, batch) -> (step, params, tokens)``: a Flax linen Python loop over blocks, plain JAX
-``lax.scan`` over stacked block parameters, plain JAX over a list of per-block parameter trees stacked
-inside the step and scanned, Flax linen ``nn.scan``, Flax NNX with a Python loop over an
-``nnx.List`` of blocks, and Flax NNX with ``nnx.vmap``-made stacked blocks run by ``nnx.scan``.
+``lax.scan`` over stacked block parameters, plain JAX over a list of per-block parameter trees (a
+Python loop under shared scope names, or stacked inside the step and scanned), Flax linen
+``nn.scan``, Flax NNX with a Python loop over an ``nnx.List`` of blocks, and Flax NNX with
+``nnx.vmap``-made stacked blocks run by ``nnx.scan``.
 Every way computes the same function with the same parameters (attention written out, the same
 LayerNorm, GELU MLP and SGD step); only the arguments' abstract shapes are built, nothing is
 allocated, so GPT-J-sized networks cost no memory.
@@ -150,6 +151,12 @@ def _per_layer(net: Net, batch: int, stack: bool) -> tuple[Callable[..., Any], A
   return _sgd(loss), params, tokens
 
 
+def jax_loop(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
+  """Plain JAX: a Python loop over a list of per-block parameter trees; every block runs under the
+  same scope names (``Block``, ``Block/Dense_0``...)."""
+  return _per_layer(net, batch, stack=False)
+
+
 def jax_stack_scan(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
   """Plain JAX: a list of per-block parameter trees stacked inside the step (``jnp.stack``), then
   ``lax.scan`` over them."""
@@ -223,6 +230,7 @@ def nnx_scan(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
 WAYS: dict[str, Callable[[Net, int], tuple[Callable[..., Any], Any, Any]]] = {
   "linen_loop": linen_loop,
   "jax_scan": jax_scan,
+  "jax_loop": jax_loop,
   "jax_stack_scan": jax_stack_scan,
   "linen_scan": linen_scan,
   "nnx_loop": nnx_loop,
