@@ -139,8 +139,9 @@ def test_scan_writes_back_the_rng_state(name):
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_the_estimate_does_not_depend_on_scanning(name):
-  """The cost model folds the unrolled layers into one repeated layer: same micro-batch, rate within 1 %."""
-  rates = []
+  """The cost model folds the unrolled layers into one repeated layer: same micro-batch, rate within
+  1 %, and the same weights (the scan's layers, stacked inside the step, are weights too)."""
+  rates, weights = [], []
   for config in _configs(name, 4, 0.0):
     init, loss = models.functional(config)
     params = jax.eval_shape(init, jax.random.key(0))
@@ -152,9 +153,11 @@ def test_the_estimate_does_not_depend_on_scanning(name):
 
     report = wafer.estimate(step, params, batch, batch_size=8)
     rates.append((report.micro_batch_size, report.samples_per_sec))
+    weights.append(sum(k.weight_bytes for k in report.kernels))
   (mb_scan, rate_scan), (mb_loop, rate_loop) = rates
   assert mb_scan == mb_loop
   assert rate_scan == pytest.approx(rate_loop, rel=0.01)
+  assert weights[0] == pytest.approx(weights[1])
 
 
 class _Block(nnx.Module):

@@ -581,7 +581,13 @@ def extract(
   for k in kernels:
     for r, (e, _) in k.weights.items():
       roots[r] = max(roots.get(r, 0), e * k.count)
-  param_arrays = len({w1.origin.get(r, r) for k in kernels for r in k.weights})
+  for r in list(roots):  # a parameter the step joined from others holds theirs: counted once
+    for part in w1.parts.get(r, ()):
+      roots.pop(part, None)
+  # (a parameter the step joined from others is the arrays it joins: what the optimizer updates)
+  param_arrays = len(
+    {w1.origin.get(p, p) for k in kernels for r in k.weights for p in w1.parts.get(w1.origin.get(r, r), (r,))}
+  )
   return Graph(
     kernels=_name(fuse_productless(fold_repeats(kernels)) if canonical else kernels),
     traced_batch=b0,
@@ -605,6 +611,26 @@ def _group(
   compute_bits: int,
   kernel_depth: int | None,
 ) -> list[Kernel]:
+  """The kernels of the sites (`_group_once`); where a scope's forward pass holds the layers of a
+  Python loop that never leaves it (`_loop_starts`), grouped again with one occurrence per layer."""
+  kernels, assignment = _group_once(sites, exps, per_sample, walker, compute_bits, kernel_depth, frozenset())
+  starts = _loop_starts(sites, assignment, per_sample, walker)
+  if not starts:
+    return kernels
+  return _group_once(sites, exps, per_sample, walker, compute_bits, kernel_depth, starts)[0]
+
+
+def _group_once(
+  sites: list[Site],
+  exps: list[tuple[int, ...]],
+  per_sample: list[bool],
+  walker: Walker,
+  compute_bits: int,
+  kernel_depth: int | None,
+  starts: frozenset[int],
+) -> tuple[list[Kernel], list[tuple[Any, ...]]]:
+  """Group the sites into kernels: the kernels in dataflow order and each site's kernel id. A forward
+  site in ``starts`` opens a new occurrence of its scope, as re-entering the scope does."""
   kernels: dict[tuple[Any, ...], Kernel] = {}
   producer: dict[int, tuple[Any, ...]] = {}  # key -> kernel id that produced it
   made_at: dict[int, int] = {}  # key -> index of the site that produced it
@@ -653,26 +679,28 @@ def _group(
       base = (scopes, s.mult)
       name = "/".join(scopes)
       if phase == "fwd" and not in_backward:
-        if base != last_fwd:
-          if last_fwd is not None and not _nested(last_fwd[0], scopes):
-            # leaving a scope leaves its enclosing scopes too, up to the one shared with the new
-            # scope (equinox names each module call by its class: ``MultiheadAttention`` holds
-            # ``MultiheadAttention/Linear`` and is left with it)
-            prev, prev_mult = last_fwd
-            for n in range(len(prev), 0, -1):
-              if prev[:n] == scopes[:n]:
-                break
-              if (prev[:n], prev_mult) in occurrence:
-                left.add((prev[:n], prev_mult))
-          elif last_fwd is not None and len(last_fwd[0]) > len(scopes) and s.kind not in ("move", "cast"):
-            # back in an enclosing scope for arithmetic: its sub-scopes are left (equinox's ``MLP``
-            # runs its activation between its ``MLP/Linear`` calls; each call is its own layer). A
-            # copy or a cast there (autocast's roundings) leaves nothing.
-            prev, prev_mult = last_fwd
-            for n in range(len(prev), len(scopes), -1):
-              if (prev[:n], prev_mult) in occurrence:
-                left.add((prev[:n], prev_mult))
-          if base in left:
+        restart = i in starts and base in occurrence  # the next layer of a loop under one scope
+        if base != last_fwd or restart:
+          if last_fwd is not None and base != last_fwd:
+            if not _nested(last_fwd[0], scopes):
+              # leaving a scope leaves its enclosing scopes too, up to the one shared with the new
+              # scope (equinox names each module call by its class: ``MultiheadAttention`` holds
+              # ``MultiheadAttention/Linear`` and is left with it)
+              prev, prev_mult = last_fwd
+              for n in range(len(prev), 0, -1):
+                if prev[:n] == scopes[:n]:
+                  break
+                if (prev[:n], prev_mult) in occurrence:
+                  left.add((prev[:n], prev_mult))
+            elif len(last_fwd[0]) > len(scopes) and s.kind not in ("move", "cast"):
+              # back in an enclosing scope for arithmetic: its sub-scopes are left (equinox's ``MLP``
+              # runs its activation between its ``MLP/Linear`` calls; each call is its own layer). A
+              # copy or a cast there (autocast's roundings) leaves nothing.
+              prev, prev_mult = last_fwd
+              for n in range(len(prev), len(scopes), -1):
+                if (prev[:n], prev_mult) in occurrence:
+                  left.add((prev[:n], prev_mult))
+          if base in left or restart:
             occurrence[base] = occurrence.get(base, 0) + 1
             left.discard(base)
           occurrence.setdefault(base, 0)
@@ -760,7 +788,110 @@ def _group(
   for k in merged:
     if not k.name:
       k.name = "ops"
-  return sorted(merged, key=lambda k: k.order)
+  return sorted(merged, key=lambda k: k.order), assignment
+
+
+def _loop_starts(
+  sites: list[Site], assignment: list[tuple[Any, ...]], per_sample: list[bool], walker: Walker
+) -> frozenset[int]:
+  """The forward sites that begin a new layer of a Python loop whose layers run under one scope and
+  never leave it (every layer's ops under ``mlp`` alone; or ``Block``'s own ops, its sub-scopes
+  aside, when every layer is ``Block``), so that each layer gets its own kernel, as ``lax.scan``'s
+  instances do (`_layer_loop`). What comes before the layers and after them in that scope (a first
+  layer whose input needs no gradient differs from the others) gets its own kernel too."""
+  members: dict[tuple[Any, ...], list[int]] = {}
+  for i, (kid, s) in enumerate(zip(assignment, sites)):
+    if s.transposed:
+      break  # the backward pass began
+    if per_sample[i] and kid[0] == "scope":
+      members.setdefault(kid, []).append(i)
+  starts: set[int] = set()
+  for idx in members.values():
+    found = _layer_loop(sites, idx, walker.source)
+    if found is not None:
+      start, p, reps = found
+      starts.update(idx[c] for c in range(start, start + (reps + 1) * p, p) if 0 < c < len(idx))
+  return frozenset(starts)
+
+
+def _layer_loop(
+  sites: list[Site], idx: list[int], source: Callable[[int], int]
+) -> tuple[int, int, int] | None:
+  """``(start, period, repeats)``, positions in ``idx``, of the layers of a loop among one scope
+  kernel's forward sites ``idx``; None if there is none. The layers are the longest run of one period
+  repeated (the same ops on the same shapes, a matrix product in each; then the shortest period),
+  at least half the sites, each repeat reading what the one before made (a chain of layers, not the
+  ``q``, ``k`` and ``v`` projections of one layer: `_chained`). Where the run could start at several
+  sites (the tail of a different first layer is like the others'), a layer begins where the fewest
+  values cross from the repeat before (the residual stream, not a norm's output beside it:
+  `_crossing`)."""
+  n = len(idx)
+  table: dict[tuple[Any, ...], int] = {}
+  ids = np.array([table.setdefault(_site_signature(sites[i]), len(table)) for i in idx])
+  products = np.array([sites[i].kind == "matmul" for i in idx])
+  if n < 4 or products.sum() < 2:
+    return None
+  runs: list[tuple[int, int, int, int]] = []  # (covered, period, first start, last start)
+  for p in range(1, n // 2 + 1):
+    same = np.concatenate(([False], ids[:-p] == ids[p:], [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(same))
+    if not len(edges):
+      continue
+    lengths = edges[1::2] - edges[::2]
+    j = int(np.argmax(lengths))
+    a, span = int(edges[2 * j]), int(lengths[j]) + p  # sites a .. a + span - 1 repeat with period p
+    reps = span // p
+    if reps >= 2 and 2 * reps * p >= n:  # (a loop is most of its scope's work, not a detail of it)
+      runs.append((reps * p, p, a, a + span - reps * p))
+  for covered, p, first, last in sorted(runs, key=lambda r: (-r[0], r[1])):
+    start = min(range(first, last + 1), key=lambda c: (_crossing(sites, idx, c, p, source), c))
+    if products[start : start + p].any() and _chained(sites, idx, start, p, covered // p, source):
+      return start, p, covered // p
+  return None
+
+
+def _crossing(sites: list[Site], idx: list[int], start: int, p: int, source: Callable[[int], int]) -> int:
+  """How many values the repeat of ``p`` sites from ``idx[start]`` makes that the next repeat reads
+  (the equations between them, another scope's, included)."""
+  end = idx[start + 2 * p] if start + 2 * p < len(idx) else idx[-1] + 1
+  made = {source(k) for i in range(idx[start], idx[start + p]) for k in sites[i].out_keys}
+  return len({source(k) for i in range(idx[start + p], end) for k in sites[i].in_keys} & made)
+
+
+def _site_signature(s: Site) -> tuple[Any, ...]:
+  """What two layers' equations share: the work, its scopes and shapes, which operands are weights."""
+  return (
+    s.kind,
+    s.scopes,
+    s.mult,
+    s.measures,
+    s.in_shapes,
+    s.out_shapes,
+    s.bits,
+    len(s.weight_roots),
+    s.kept,
+  )
+
+
+def _chained(
+  sites: list[Site], idx: list[int], start: int, p: int, reps: int, source: Callable[[int], int]
+) -> bool:
+  """Whether each of ``reps`` repeats of ``p`` of the sites ``idx`` from ``idx[start]`` reads (through
+  any equations) a value the repeat before it made."""
+  rep = {idx[start + pos]: pos // p for pos in range(reps * p)}
+  linked = [r == 0 for r in range(reps)]
+  dep: dict[int, int] = {}  # value -> the latest repeat it derives from
+  for i in range(idx[start], idx[start + reps * p - 1] + 1):
+    s = sites[i]
+    d = max((dep.get(source(k), -1) for k in s.in_keys), default=-1)
+    r = rep.get(i)
+    if r is not None:
+      linked[r] = linked[r] or d == r - 1
+      d = max(d, r)
+    if d >= 0:
+      for k in s.out_keys:
+        dep[source(k)] = d
+  return all(linked)
 
 
 def _saved_activations(
@@ -1025,10 +1156,13 @@ def _forward_evidence(
   forward: set[int],
 ) -> tuple[Any, ...] | None:
   """The occurrence of ``base`` the forward pass ties ``s`` to: by a parameter it read, a saved
-  activation it made, or an activation its forward product read."""
+  activation it made, or an activation its forward product read. For a product (a weight's gradient
+  ``x^T dy``), the forward product that read its input comes before the input's maker: a layer's
+  first product may read the residual stream the layer before made."""
   evidence = [reader.get(r) for r in s.weight_roots]
-  evidence += [producer.get(key) for key in s.in_keys if key in forward]
-  evidence += [act_owner.get(key) for key in s.in_keys]
+  made = [producer.get(key) for key in s.in_keys if key in forward]
+  read = [act_owner.get(key) for key in s.in_keys]
+  evidence += read + made if s.kind == "matmul" else made + read
   return next((kid for kid in evidence if _ours(kid, base)), None)
 
 

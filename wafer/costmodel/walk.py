@@ -52,7 +52,7 @@ _MOVE = frozenset({
     "transpose", "concatenate", "pad", "slice", "dynamic_slice", "dynamic_update_slice", "gather",
     "scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter-max",
     "select_and_scatter_add", "select_and_gather_add", "sort", "rev", "copy", "split", "all_gather",
-    "all_to_all", "ppermute", "reduce_scatter", "top_k",
+    "all_to_all", "ppermute", "reduce_scatter", "top_k", "stack", "unstack",
 })
 # View-like ops: a parameter seen through them is still the same parameter (same root).
 _VIEW = frozenset({
@@ -61,7 +61,10 @@ _VIEW = frozenset({
     "sharding_constraint", "pvary", "stop_gradient",
 })
 # Slices of a parameter that are parameters themselves (``stacked[i]`` in an unrolled loop).
-_SLICE = frozenset({"slice", "dynamic_slice", "gather", "index_in_dim", "squeeze"})
+_SLICE = frozenset({"slice", "dynamic_slice", "gather", "index_in_dim", "squeeze", "unstack"})
+# Data movement that joins parameters into one (``jnp.stack`` of the layers' weights inside the step,
+# then a ``lax.scan`` over them, as ``models/common.py``'s ``run_layers``): the result is a parameter.
+_JOIN = frozenset({"concatenate", "stack"})
 # Ops that keep the axes a value varies along (a position index, a mask) where they are.
 _SAME_AXES = frozenset({
     "slice", "dynamic_slice", "convert_element_type", "copy", "copy_p", "neg", "rev", "reduce_precision",
@@ -157,6 +160,9 @@ class Walker:
     self.next_key = 0
     self.root: dict[int, int] = {}  # key -> root key of a parameter
     self.origin: dict[int, int] = {}  # root key -> the argument's array it was sliced from (itself if none)
+    # root key of a parameter the step joined from others (`_JOIN`) -> the roots it holds, so that
+    # its elements and theirs are counted once (`wafer.costmodel.graph.extract`)
+    self.parts: dict[int, frozenset[int]] = {}
     # key -> elements of the parameter it holds: a broadcast (a bias added to every token) reads no
     # more of the parameter than its input (`wafer.costmodel.graph._root_elements`)
     self.param_size: dict[int, int] = {}
@@ -379,6 +385,16 @@ class Walker:
           self.root[o] = o
           self.origin[o] = self.origin.get(self.root[ins[0]], self.root[ins[0]])
           self.param_size[o] = _size(var.aval)
+    elif prim in _JOIN and self._joins_parameters(ins):
+      # parameters stacked or concatenated inside the step (each layer's weight, expanded by a view):
+      # a parameter itself, whose slices a scan reads as weights and whose gradient is a weight's. It
+      # is an addressing of the parameters it joins, not work: each layer's stay where they are
+      held = frozenset().union(*(self.parts.get(self.root[k], {self.root[k]}) for k in ins if k is not None))
+      for o, var in zip(outs, eqn.outvars):
+        self.root[o] = o
+        self.param_size[o] = _size(var.aval)
+        self.parts[o] = held
+      return outs
     if kind is not None:
       self._site(eqn, kind, ins, outs, scopes, transposed, mult, kept)
     else:
@@ -397,6 +413,11 @@ class Walker:
         for o in outs:
           self.alias[o] = base
     return outs
+
+  def _joins_parameters(self, ins: Sequence[int | None]) -> bool:
+    """Whether every operand of a join is a parameter (a literal aside), none per-sample data."""
+    keys = [k for k in ins if k is not None]
+    return bool(keys) and all(k in self.root and k not in self.data for k in keys)
 
   def held(self, key: int, shape: Sequence[int]) -> float:
     """Elements of the value ``key`` holds, read with ``shape``: a view (a mask broadcast to every

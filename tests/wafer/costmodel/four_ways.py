@@ -1,8 +1,10 @@
 """One pre-norm transformer LM written the ways users write a stack of layers (issue 25, item 3).
 
 ``WAYS[name](cfg, batch) -> (step, params, tokens)``: a Flax linen Python loop over blocks, plain JAX
-``lax.scan`` over stacked block parameters, Flax linen ``nn.scan``, Flax NNX with a Python loop over
-an ``nnx.List`` of blocks, and Flax NNX with ``nnx.vmap``-made stacked blocks run by ``nnx.scan``.
+``lax.scan`` over stacked block parameters, plain JAX over a list of per-block parameter trees (a
+Python loop under shared scope names, or stacked inside the step and scanned), Flax linen
+``nn.scan``, Flax NNX with a Python loop over an ``nnx.List`` of blocks, and Flax NNX with
+``nnx.vmap``-made stacked blocks run by ``nnx.scan``.
 Every way computes the same function with the same parameters (attention written out, the same
 LayerNorm, GELU MLP and SGD step); only the arguments' abstract shapes are built, nothing is
 allocated, so GPT-J-sized networks cost no memory.
@@ -125,6 +127,42 @@ def jax_scan(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
   return _sgd(loss), params, _tokens(net, batch)
 
 
+def _per_layer(net: Net, batch: int, stack: bool) -> tuple[Callable[..., Any], Any, Any]:
+  """`jax_scan`'s network with one parameter tree per block (a list), run as a Python loop (every
+  block under the same names, ``Block/Dense_0``...) or stacked inside the step and scanned."""
+  import flax.linen as nn
+
+  block = _linen_block(net)()
+  _, stacked, tokens = jax_scan(net, batch)
+  one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), stacked["blocks"])
+  params = {**stacked, "blocks": [one] * net.layers}
+
+  def loss(p: Any, tokens: jax.Array) -> jax.Array:
+    x = jnp.take(p["embed"], tokens, axis=0)
+    if stack:  # as models/common.py's run_layers: the layers' trees stacked inside the step
+      blocks = jax.tree.map(lambda *leaves: jnp.stack(leaves), *p["blocks"])
+      x, _ = jax.lax.scan(lambda c, bp: (block.apply({"params": bp}, c), None), x, blocks)
+    else:
+      for bp in p["blocks"]:
+        x = block.apply({"params": bp}, x)
+    x = nn.LayerNorm().apply({"params": p["ln_f"]}, x)
+    return _xent(x @ p["head"]["kernel"] + p["head"]["bias"][None, None], tokens)
+
+  return _sgd(loss), params, tokens
+
+
+def jax_loop(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
+  """Plain JAX: a Python loop over a list of per-block parameter trees; every block runs under the
+  same scope names (``Block``, ``Block/Dense_0``...)."""
+  return _per_layer(net, batch, stack=False)
+
+
+def jax_stack_scan(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
+  """Plain JAX: a list of per-block parameter trees stacked inside the step (``jnp.stack``), then
+  ``lax.scan`` over them."""
+  return _per_layer(net, batch, stack=True)
+
+
 def _nnx_block(net: Net) -> Any:
   from flax import nnx
 
@@ -192,6 +230,8 @@ def nnx_scan(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
 WAYS: dict[str, Callable[[Net, int], tuple[Callable[..., Any], Any, Any]]] = {
   "linen_loop": linen_loop,
   "jax_scan": jax_scan,
+  "jax_loop": jax_loop,
+  "jax_stack_scan": jax_stack_scan,
   "linen_scan": linen_scan,
   "nnx_loop": nnx_loop,
   "nnx_scan": nnx_scan,
