@@ -633,6 +633,14 @@ def _group_once(
   site in ``starts`` opens a new occurrence of its scope, as re-entering the scope does."""
   kernels: dict[tuple[Any, ...], Kernel] = {}
   producer: dict[int, tuple[Any, ...]] = {}  # key -> kernel id that produced it
+
+  def held_as(key: int) -> int:
+    """The value a key holds when no work made it: the input of the free view or non-work op (a
+    reshape, autocast's rounding) that returned it, followed across call boundaries (`Walker.source`),
+    so a kernel reading a value it made itself, rounded or passed into a nested call, reads its own
+    value, not one entering from outside."""
+    return key if key in producer else walker.source(key)
+
   made_at: dict[int, int] = {}  # key -> index of the site that produced it
   forward: set[int] = set()  # keys made by the forward pass (saved activations)
   reader: dict[int, tuple[Any, ...]] = {}  # parameter root -> kernel of its first forward reader
@@ -728,9 +736,9 @@ def _group_once(
       # a residual add ``x + f(x)`` runs where ``f`` ends, not where the residual stream began
       # (a batch-independent input, a mask made once outside a loop, does not draw per-sample work)
       made = [
-        (made_at[k], producer[k])
-        for k in s.in_keys
-        if k in producer and kernels[producer[k]].count == s.mult and producer[k][0] != "update"
+        (made_at[b], producer[b])
+        for b in map(held_as, s.in_keys)
+        if b in producer and kernels[producer[b]].count == s.mult and producer[b][0] != "update"
       ]
       # (an op with no such input starts the misc kernel of its stretch of equations between loop
       # boundaries: the final norm after a ``scan`` is not the embedding's before it)
@@ -769,7 +777,7 @@ def _group_once(
     for pos, key in enumerate(s.in_keys):
       if key in walker.root or key in k.act_in:
         continue
-      if producer.get(key) != kid and (key in walker.data):
+      if producer.get(held_as(key)) != kid and (key in walker.data):
         shape = s.in_shapes[pos]
         e = _shape_exponent(shape, exps[i])
         k.act_in[key] = (walker.held(key, shape), e, bits)  # (a view enters as the value it views)

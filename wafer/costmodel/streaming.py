@@ -200,6 +200,8 @@ def activation_memory(graph: Graph, ratio: float) -> ActivationMemory:
     attention += layers * sum(k.saved_bytes(ratio, core=False) for k in b)
     fused |= any(k.saved_bytes(one, core=True) > 0 for k in b)
   for seg in blocks + single:
+    if not any(k.has_phase("bwd") for k in seg):
+      continue  # forward-only pieces (an element-wise chain grouped apart): no backward, no checkpoint
     boundary += seg[0].count * _entering(seg, ratio)
     working = max(working, sum(k.saved_bytes(one, core=False) for k in seg))
   names = tuple(k.name for seg in blocks + single for k in seg if k.has_phase("bwd"))

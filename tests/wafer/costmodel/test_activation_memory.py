@@ -217,3 +217,51 @@ def test_fused_attention_keeps_no_score_matrix_so_long_sequences_fit(seq):
   assert mem.checkpointed <= mem.attention
   report = wafer.estimate(fn, *args, system="wse2", mode="weight_streaming")
   assert report.fits and report.samples_per_sec > 0
+
+
+GPT3_XL = "tests/data/modelzoo/Release_2.3.1/gpt3/params_gpt3_xl.yaml"
+
+
+def _plan_step(path: str, overrides: list[str]):
+  from wafer import runner, train
+  from wafer.compile import cheap_sharding_probes
+
+  root = __import__("pathlib").Path(__file__).parents[3]
+  p = runner.load_plan(str(root / path), overrides)
+  with cheap_sharding_probes():
+    state, batch = train.step_shapes(p.task, p.optimizer, p.loss_scale, p.seed)
+  return p, train.make_train_step(p.task, p.optimizer, p.policy), state, batch
+
+
+def test_a_reference_gpt_under_autocast_checkpoints_only_its_residual_stream():
+  """A real modelzoo GPT-3 file on the reference GPT model (scanned layers; autocast's roundings and
+  nested calls inside each layer): each layer's checkpoint is its residual stream ``[b, s, d]`` (a
+  value the layer made, then rounded or passed into a nested call, is its own, not one entering it),
+  and a forward-only piece of a layer grouped apart keeps none. Before, the GELU's input entered
+  each layer (4x the residual) and a forward-only piece counted 7 checkpoints a layer."""
+  _, step, state, batch = _plan_step(
+    GPT3_XL, ["model.num_hidden_layers=4", "train_input.batch_size=8", "train_input.micro_batch_size=8"]
+  )
+  graph = extract(step, (state, batch), batch_argnums=(1,), compute_bits=16)
+  mem = activation_memory(graph, 1.0)
+  residual = 8 * 2048 * 2048 * 2  # batch x seq x d, 16-bit
+  assert mem.boundary == pytest.approx(5 * residual, rel=1e-3)  # 4 layers' inputs, the head's (and the token ids)
+
+
+@pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
+def test_the_gpt3_xl_file_runs_its_own_micro_batch():
+  """The file's ``micro_batch_size: 88`` (Cerebras' setting for GPT-3 XL at 2048 tokens on a CS-2) fits
+  as given, recomputing the layers from their checkpoints."""
+  p, step, state, batch = _plan_step(GPT3_XL, [])
+  from wafer.costmodel.estimate import run_inputs
+
+  report = wafer.estimate(
+    step,
+    state,
+    batch,
+    batch_argnums=(1,),
+    batch_size=p.task.batch_size,
+    policy=p.policy,
+    **run_inputs(p.params),
+  )
+  assert report.fits and report.micro_batch_size == 88, report.reason
