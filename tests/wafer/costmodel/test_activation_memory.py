@@ -245,7 +245,9 @@ def test_a_reference_gpt_under_autocast_checkpoints_only_its_residual_stream():
   graph = extract(step, (state, batch), batch_argnums=(1,), compute_bits=16)
   mem = activation_memory(graph, 1.0)
   residual = 8 * 2048 * 2048 * 2  # batch x seq x d, 16-bit
-  assert mem.boundary == pytest.approx(5 * residual, rel=1e-3)  # 4 layers' inputs, the head's (and the token ids)
+  assert mem.boundary == pytest.approx(
+    5 * residual, rel=1e-3
+  )  # 4 layers' inputs, the head's (and the token ids)
 
 
 @pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
