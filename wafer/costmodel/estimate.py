@@ -838,7 +838,9 @@ def _pipeline_report(
         f"{common['batch_size'] / ws.result.step_s:,.1f} samples/s"
       )
     else:
-      remedy = "a smaller model (fewer or narrower layers) or a chip with more SRAM (wse3)"
+      remedy = "a smaller model (fewer or narrower layers)" + _more_room(
+        common["system"], common["grid"], common["fabric"]
+      )
   return Report(
     mode="pipeline",
     fits=fits,
@@ -857,6 +859,14 @@ def _pipeline_report(
     remedy=remedy,
     **common,
   )
+
+
+def _more_room(system: str, grid: tuple[int, int], fabric: tuple[int, int]) -> str:
+  """The remedy's ", or ..." for more SRAM: the whole wafer when ``rect=`` gave a smaller rectangle,
+  else a chip with more SRAM (a WSE-3) unless this is one."""
+  if grid[0] * grid[1] < 0.9 * fabric[0] * fabric[1]:
+    return f", or a larger rect= than {grid[0]} x {grid[1]} PEs (the whole wafer is the default)"
+  return ", or a chip with more SRAM (wse3)" if system != "wse3" else ""
 
 
 def _not_fitting(
@@ -888,10 +898,12 @@ def _not_fitting(
     out.update(largest_fitting_micro_batch=largest, largest_fitting_samples_per_sec=rate)
     remedy = f"micro_batch_size {largest}, the largest that fits, runs at {rate:,.1f} samples/s"
   else:
-    remedy = (
-      "no micro-batch fits: a chip with more SRAM (wse3), a shorter sequence, or fewer activations kept "
-      "for the backward pass"
+    room = _more_room(
+      machine.chip.name.lower().replace("-", ""),
+      grid,
+      (machine.chip.fabric_width, machine.chip.fabric_height),
     )
+    remedy = f"no micro-batch fits: a shorter sequence, or fewer activations kept for the backward pass{room}"
   return remedy, out
 
 

@@ -183,3 +183,21 @@ def test_a_pipelines_embedding_at_millions_of_samples_per_second_is_folded():
     for k in report.table_rows()
   )
   _check_readable(report)
+
+
+@pytest.mark.parametrize("system, rect", [("wse2", None), ("wse3", None), ("wse3", (40, 40))])
+def test_a_model_that_does_not_fit_is_told_what_would_give_it_room(system, rect):
+  """The remedy of a step no micro-batch fits: a chip with more SRAM only when there is one (not on a
+  WSE-3), and the whole wafer when ``rect=`` gave a smaller rectangle."""
+  import dataclasses
+
+  import wafer
+
+  seq = 2048 if rect else 2**22  # on the whole wafer: one sample of 4M tokens keeps too much
+  cfg = dataclasses.replace(W.GPT2_SMALL, layers=2, seq=seq, max_positions=seq)
+  fn, args = W.train_example(cfg, 2)
+  report = wafer.estimate(fn, *args, system=system, mode="weight_streaming", rect=rect)
+  assert not report.fits and report.details.get("largest_fitting_micro_batch") is None
+  assert report.remedy.startswith("no micro-batch fits")
+  assert ("(wse3)" in report.remedy) == (system != "wse3" and rect is None), report.remedy
+  assert ("larger rect=" in report.remedy) == (rect is not None), report.remedy
