@@ -327,16 +327,13 @@ def output_shapes(
   """
   a = _abstract(tuple(args), names)
   a = tuple(_double_batch(x) if i in doubled else x for i, x in enumerate(a))
-  leaves, treedef = jax.tree.flatten(a)
-  static = [_static(x) for x in leaves]
+  dynamic_args, rebuild = _close_static(a)
 
   def traced(*dynamic: Any) -> Any:
-    it = iter(dynamic)
-    full = jax.tree.unflatten(treedef, [x if st else next(it) for x, st in zip(leaves, static)])
-    return jax.tree.map(lambda x: None if _static(x) else x, fn(*full))
+    return jax.tree.map(lambda x: None if _static(x) else x, fn(*rebuild(dynamic)))
 
   try:
-    return jax.eval_shape(traced, *[x for x, st in zip(leaves, static) if not st])
+    return jax.eval_shape(traced, *dynamic_args)
   except Exception as exc:
     raise TraceError(f"could not trace the step with abstract inputs: {type(exc).__name__}: {exc}") from exc
 
@@ -423,6 +420,19 @@ def _static(x: Any) -> bool:
   return callable(x) and not isinstance(x, (jax.ShapeDtypeStruct, type))
 
 
+def _close_static(args: tuple[Any, ...]) -> tuple[list[Any], Callable[[Sequence[Any]], tuple[Any, ...]]]:
+  """The leaves of ``args`` a trace takes as inputs, and a function that rebuilds ``args`` from them:
+  static leaves (an Equinox model's functions, `_static`) are closed over, not traced."""
+  leaves, treedef = jax.tree.flatten(args)
+  static = [_static(x) for x in leaves]
+
+  def rebuild(dynamic: Sequence[Any]) -> tuple[Any, ...]:
+    it = iter(dynamic)
+    return jax.tree.unflatten(treedef, [x if st else next(it) for x, st in zip(leaves, static)])
+
+  return [x for x, st in zip(leaves, static) if not st], rebuild
+
+
 def _trace(
   fn: Callable[..., Any],
   args: Sequence[Any],
@@ -430,17 +440,15 @@ def _trace(
   batch: int | None = None,
   names: Sequence[str] = (),
 ) -> tuple[Walker, Any]:
-  leaves, treedef = jax.tree.flatten(tuple(args))
-  static = [_static(x) for x in leaves]
+  dynamic_args, rebuild = _close_static(tuple(args))
 
   def traced(*dynamic: Any) -> Any:  # the arguments come back too: a step that updates them in place
-    it = iter(dynamic)  # (flax.nnx: nnx.jit with nnx.Optimizer) keeps its backward and its update
-    a = jax.tree.unflatten(treedef, [x if st else next(it) for x, st in zip(leaves, static)])
+    a = rebuild(dynamic)  # (flax.nnx: nnx.jit with nnx.Optimizer) keeps its backward and its update
     out = fn(*a), a
     return [x for x in jax.tree.leaves(out) if not _static(x)]  # (an Equinox model's functions)
 
   try:
-    closed = jax.make_jaxpr(traced)(*[x for x, st in zip(leaves, static) if not st])
+    closed = jax.make_jaxpr(traced)(*dynamic_args)
   except Exception as exc:  # the user's function failed to trace: say so, where, keep the cause
     frame = user_frame(exc.__traceback__)
     where = f" at {frame[0]}:{frame[1]}\n    {frame[2]}\n" if frame else ": "
@@ -633,13 +641,14 @@ def _group_once(
   site in ``starts`` opens a new occurrence of its scope, as re-entering the scope does."""
   kernels: dict[tuple[Any, ...], Kernel] = {}
   producer: dict[int, tuple[Any, ...]] = {}  # key -> kernel id that produced it
+  origin = walker.source
 
   def held_as(key: int) -> int:
     """The value a key holds when no work made it: the input of the free view or non-work op (a
     reshape, autocast's rounding) that returned it, followed across call boundaries (`Walker.source`),
     so a kernel reading a value it made itself, rounded or passed into a nested call, reads its own
     value, not one entering from outside."""
-    return key if key in producer else walker.source(key)
+    return key if key in producer else origin(key)
 
   made_at: dict[int, int] = {}  # key -> index of the site that produced it
   forward: set[int] = set()  # keys made by the forward pass (saved activations)
@@ -656,8 +665,6 @@ def _group_once(
   in_backward = False
   last_bwd: dict[tuple[Any, ...], tuple[Any, ...]] = {}
   masked = _masked_products(sites, walker.flow, per_sample)
-
-  origin = walker.source
 
   def ahead(i: int, base: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The occurrence the next backward equations of ``base`` show by forward evidence alone (for
