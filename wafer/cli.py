@@ -31,6 +31,7 @@ import numpy as np
 import precision
 from precision._table import Table
 from wafer.config.schema import MODES
+from wafer.costmodel.estimate import SEARCHED_MICRO_BATCH
 from wafer.errors import USER_ERROR_EXIT, CommandError
 
 _DEMO_FORMATS = ("float32", "bfloat16", "float16", "cbfloat16", "float8_e4m3fn")
@@ -356,12 +357,11 @@ def _path(text: str) -> str:
 
 
 _SEARCH = "search"
-_SEARCH_WORDS = ("auto", "explore", "none")
 
 
 def _micro_batch(text: str) -> int | str:
   """A --micro_batch_size value: an integer >= 1, or auto / explore / none (searched)."""
-  if text.strip().lower() in _SEARCH_WORDS:
+  if text.strip().lower() in SEARCHED_MICRO_BATCH:
     return _SEARCH
   try:
     value = int(text)
@@ -369,7 +369,7 @@ def _micro_batch(text: str) -> int | str:
     value = 0
   if value < 1:
     raise argparse.ArgumentTypeError(
-      f"{text!r}; allowed: an integer >= 1 (used as given), or {' / '.join(_SEARCH_WORDS)} (searched)"
+      f"{text!r}; allowed: an integer >= 1 (used as given), or {' / '.join(SEARCHED_MICRO_BATCH)} (searched)"
     )
   return value
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -12,7 +13,7 @@ import precision
 from wafer.config.schema import batch_split_problem
 from wafer.costmodel import graph as graph_mod
 from wafer.costmodel.calibration import ACCURACY, CALIBRATION, Calibration
-from wafer.costmodel.hardware import System, get_system
+from wafer.costmodel.hardware import WSE3, Chip, System, get_system
 from wafer.costmodel.mesh import ALGORITHMS, Machine
 from wafer.costmodel.pipeline import PipelineResult, layer_pipelined
 from wafer.costmodel.placement import Rect
@@ -597,8 +598,6 @@ def _default_argnums(
   computed; at most `_MAX_TRIES` traces); the last argument is always one of them. Where no set
   traces, the last argument alone cannot be doubled: an `EstimateError` (`graph.undoubled_batch`).
   """
-  import itertools
-
   last = candidates[-1]
   others = candidates[:-1]
   if not others:  # (nothing to choose; `graph.extract` checks that the last argument can be doubled)
@@ -838,9 +837,8 @@ def _pipeline_report(
         f"{common['batch_size'] / ws.result.step_s:,.1f} samples/s"
       )
     else:
-      remedy = "a smaller model (fewer or narrower layers)" + _more_room(
-        common["system"], common["grid"], common["fabric"]
-      )
+      chip = get_system(common["system"]).chip
+      remedy = "a smaller model (fewer or narrower layers)" + _more_room(chip, common["grid"])
   return Report(
     mode="pipeline",
     fits=fits,
@@ -861,12 +859,12 @@ def _pipeline_report(
   )
 
 
-def _more_room(system: str, grid: tuple[int, int], fabric: tuple[int, int]) -> str:
+def _more_room(chip: Chip, grid: tuple[int, int]) -> str:
   """The remedy's ", or ..." for more SRAM: the whole wafer when ``rect=`` gave a smaller rectangle,
   else a chip with more SRAM (a WSE-3) unless this is one."""
-  if grid[0] * grid[1] < 0.9 * fabric[0] * fabric[1]:
+  if grid[0] * grid[1] < 0.9 * chip.fabric_width * chip.fabric_height:
     return f", or a larger rect= than {grid[0]} x {grid[1]} PEs (the whole wafer is the default)"
-  return ", or a chip with more SRAM (wse3)" if system != "wse3" else ""
+  return ", or a chip with more SRAM (wse3)" if chip.name != WSE3.name else ""
 
 
 def _not_fitting(
@@ -898,11 +896,7 @@ def _not_fitting(
     out.update(largest_fitting_micro_batch=largest, largest_fitting_samples_per_sec=rate)
     remedy = f"micro_batch_size {largest}, the largest that fits, runs at {rate:,.1f} samples/s"
   else:
-    room = _more_room(
-      machine.chip.name.lower().replace("-", ""),
-      grid,
-      (machine.chip.fabric_width, machine.chip.fabric_height),
-    )
+    room = _more_room(machine.chip, grid)
     remedy = f"no micro-batch fits: a shorter sequence, or fewer activations kept for the backward pass{room}"
   return remedy, out
 
