@@ -31,7 +31,7 @@ import numpy as np
 import precision
 from precision._table import Table
 from wafer.config.schema import MODES
-from wafer.costmodel.estimate import SEARCHED_MICRO_BATCH
+from wafer.costmodel.estimate import SEARCHED_MICRO_BATCH, canonical_mode
 from wafer.errors import USER_ERROR_EXIT, CommandError
 
 _DEMO_FORMATS = ("float32", "bfloat16", "float16", "cbfloat16", "float8_e4m3fn")
@@ -125,7 +125,7 @@ def _workload_conditions(args: argparse.Namespace, w: Any) -> dict[str, Any]:
   mb = pinned.get("micro_batch_size")
   if isinstance(mb, int) and isinstance(systems, int) and systems >= 1 and mb > batch // systems:
     drop("micro_batch_size", f"more than the {batch // systems} samples per system: searched")
-  if args.mode is not None and str(args.mode).lower() in ("pipeline", "layer_pipelined", "pipelined"):
+  if args.mode is not None and canonical_mode(str(args.mode)) == "pipeline":
     drop("num_csx", "layer pipelined runs on one system")
   kept = [f"{k} {_condition(v)}" for k, v in pinned.items() if k not in given]
   notes = []

@@ -505,8 +505,14 @@ def _system(system: Any) -> System:
     raise EstimateError(str(exc)) from None
 
 
+def canonical_mode(mode: Any) -> Any:
+  """A mode's name as `MODES` spells it (``"layer_pipelined"`` -> ``"pipeline"``, any case); a value
+  that is not a string is returned as it is (`_mode` says what is allowed)."""
+  return _MODE_ALIASES.get(mode.lower(), mode.lower()) if isinstance(mode, str) else mode
+
+
 def _mode(mode: Any) -> str:
-  key = _MODE_ALIASES.get(str(mode).lower(), str(mode).lower()) if isinstance(mode, str) else mode
+  key = canonical_mode(mode)
   if key not in MODES:
     raise EstimateError(f"mode={mode!r}; allowed: {', '.join(map(repr, MODES))}")
   return key
