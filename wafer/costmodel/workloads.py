@@ -421,11 +421,12 @@ class Workload:
     b = self.batch_size if batch is None else batch
     return (train_example if self.kind == "train" else prefill_example)(config or self.config, b)
 
-  def estimate(self, **overrides: Any) -> Any:
-    """`wafer.estimate` of this workload under its measurement conditions (``overrides`` win)."""
+  def estimate(self, config: TransformerConfig | None = None, **overrides: Any) -> Any:
+    """`wafer.estimate` of this workload under its measurement conditions (``overrides`` win), for
+    ``config`` (default: the workload's; one of `variants`)."""
     from wafer.costmodel.estimate import estimate
 
-    fn, args = self.example()
+    fn, args = self.example(config=config)
     kwargs = dict(self.estimate_kwargs, name=self.name, **overrides)
     return estimate(fn, *args, **kwargs)
 
@@ -457,17 +458,13 @@ def accuracy(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
     ``mode``, ``micro_batch``, ``what``, ``source``, ``role`` (`Measurement.role`), ``held_out``,
     ``family``.
   """
-  from wafer.costmodel.estimate import estimate
-
   rows = []
   for w in WORKLOADS.values():
     if w.measurement is None or (names is not None and w.name not in names):
       continue
     report = w.estimate()
     rates = [report.samples_per_sec]
-    for config in w.variants()[1:]:
-      fn, args = w.example(config=config)
-      rates.append(estimate(fn, *args, **dict(w.estimate_kwargs, name=w.name)).samples_per_sec)
+    rates += [w.estimate(config=config).samples_per_sec for config in w.variants()[1:]]
     m = w.measurement
     rows.append(
       {
