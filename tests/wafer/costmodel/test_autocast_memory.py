@@ -1,0 +1,110 @@
+"""Activation memory does not depend on ``precision.autocast`` (issue 25, item 2).
+
+Autocast's roundings (``precision_round``, the casts it inserts) emulate the format the wafer
+computes in; they are not values the wafer stores. So one train step, written as the workloads
+write it (a ``lax.scan`` over the layers, or a Python loop with indexed or shared scope names, or
+of nested calls), has
+the same activation memory, at every level (`wafer.costmodel.streaming.ActivationMemory`: every
+activation kept, attention's core recomputed, layers recomputed from their checkpoints), the same
+checkpoints and the same recomputable kernels with and without ``autocast`` around its loss, under
+every policy (every policy here computes in a 16-bit format; the plain step is costed at 16 bits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import precision
+from wafer.costmodel import workloads as W
+from wafer.costmodel.graph import extract
+from wafer.costmodel.streaming import activation_memory
+
+FIELDS = ("full", "attention", "checkpointed", "boundary", "working_set")
+POLICIES = ["c=cbfloat16", "c=bfloat16,level=1", "c=bfloat16,level=2", "c=float16,level=0"]
+
+
+@st.composite
+def _configs(draw: st.DrawFn) -> W.TransformerConfig:
+  heads = draw(st.sampled_from([2, 4]))
+  seq = draw(st.sampled_from([16, 32]))
+  adaln = draw(st.booleans())
+  return W.TransformerConfig(
+    layers=draw(st.integers(2, 3)),
+    d_model=heads * draw(st.sampled_from([8, 16])),
+    heads=heads,
+    kv_heads=draw(st.sampled_from([None, heads // 2])),
+    ffn=draw(st.sampled_from([64, 96])),
+    vocab=draw(st.sampled_from([32, 100])),
+    seq=seq,
+    max_positions=seq,
+    norm=draw(st.sampled_from(["layernorm", "rmsnorm"])),
+    mlp=draw(st.sampled_from(["gelu", "swiglu"])),
+    positions=draw(st.sampled_from(["learned", "rotary", "none"])),
+    causal=not adaln and draw(st.booleans()),
+    tied_embeddings=not adaln and draw(st.booleans()),
+    adaln=adaln,
+  )
+
+
+def _step(cfg: W.TransformerConfig, layout: str, policy: precision.Policy | None):
+  """The workloads' train step (``layout``: the scan, or a Python loop), its loss under
+  ``autocast(policy)`` when a policy is given."""
+  if layout == "scan":
+    run = None
+  else:
+
+    def run(x, layer_params):
+      for i in range(cfg.layers):
+        p = jax.tree.map(lambda a, i=i: a[i], layer_params)
+        if layout == "indexed":
+          with jax.named_scope(f"layer_{i}"):
+            x = W._layer(cfg, x, p)
+        elif layout == "nested":  # each layer a nested call (as Flax and the reference models)
+          x = jax.jit(functools.partial(W._layer, cfg))(x, p)
+        else:
+          x = W._layer(cfg, x, p)
+      return x
+
+  def loss(params, tokens):
+    return W.loss_fn(cfg, params, tokens, layers=run)
+
+  if policy is not None:
+    loss = precision.autocast(loss, policy)
+
+  def step(params, opt_state, tokens):
+    value, grads = jax.value_and_grad(loss)(params, tokens)
+    params, opt_state = W.adamw_update(grads, opt_state, params)
+    return params, opt_state, value
+
+  return step
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+  cfg=_configs(),
+  layout=st.sampled_from(["scan", "indexed", "shared", "nested"]),
+  policy=st.sampled_from(POLICIES),
+  ratio=st.sampled_from([1.0, 0.25, 3.0]),
+)
+def test_autocast_leaves_the_activation_memory_unchanged(cfg, layout, policy, ratio):
+  parsed = precision.Policy.parse(policy)
+  _, args = W.train_example(cfg, 4)
+  plain = extract(_step(cfg, layout, None), args, batch_argnums=(2,), compute_bits=16)
+  mixed = extract(_step(cfg, layout, parsed), args, batch_argnums=(2,), compute_bits=16)
+  a, b = activation_memory(plain, ratio), activation_memory(mixed, ratio)
+  for field in FIELDS:
+    assert math.isclose(getattr(a, field), getattr(b, field), rel_tol=1e-9), (
+      field,
+      getattr(a, field),
+      getattr(b, field),
+      dataclasses.asdict(a),
+      dataclasses.asdict(b),
+    )
+  assert a.recomputable == b.recomputable
+  assert a.levels() == b.levels()
