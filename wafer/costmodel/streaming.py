@@ -414,7 +414,7 @@ def _evaluate(
   # grouped with the next layer's backward): every weight is updated
   if first is not None and graph.training:
     boundary = first.weight_bytes() / b_in + first.weight_elements() * machine.calib.gradient_bytes / b_out
-    params = sum(k.count * k.weight_elements() for k in graph.kernels)
+    params = graph.param_elements  # each parameter once (a tied embedding is read by two kernels)
     boundary += params * machine.calib.optimizer_bytes_per_param / b_in + machine.calib.step_overhead_s
   swarmx = 2 * math.ceil(math.log2(num_csx)) * machine.calib.swarmx_level_latency_s if num_csx > 1 else 0.0
   return StreamingResult(

@@ -93,3 +93,30 @@ def test_the_per_step_cost_is_paid_once_per_weight_streaming_step_only(sizes, ov
     steps[s] = (batch / ws.samples_per_sec, pipe.samples_per_sec if pipe.fits else None)
   assert steps[overhead][0] - steps[0.0][0] == pytest.approx(overhead, abs=1e-9)
   assert steps[overhead][1] == steps[0.0][1]
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_memoryx_updates_each_parameter_once(tied):
+  """MemoryX's optimizer pass at the iteration boundary runs over every parameter once: a tied
+  embedding, read by the embedding and by the LM head, is one parameter array, so the pass grows by
+  ``optimizer_bytes_per_param`` times the step's unique parameters (`Graph.param_elements`), the
+  count the arguments hold. Before, the tied table was counted once per kernel reading it."""
+  import jax
+
+  from wafer.costmodel.hardware import get_system
+
+  cfg = TransformerConfig(
+    layers=2, d_model=64, heads=2, ffn=256, vocab=512, seq=32, max_positions=32, tied_embeddings=tied
+  )
+  fn, args = train_example(cfg, 8)
+  graph = extract(fn, args, batch_argnums=(2,), compute_bits=16)
+  unique = sum(math.prod(a.shape) for a in jax.tree.leaves(args[0]))
+  assert graph.param_elements == unique
+  b_in = get_system("wse2").io_bytes_per_sec
+  per_param = 64.0
+  boundary = {}
+  for bytes_ in (0.0, per_param):
+    calib = CALIBRATION.replace(optimizer_bytes_per_param=bytes_)
+    r = estimate_graph(graph, batch_size=8, mode="weight_streaming", micro_batch_size=8, calibration=calib)
+    boundary[bytes_] = 8 / r.samples_per_sec
+  assert boundary[per_param] - boundary[0.0] == pytest.approx(unique * per_param / b_in, rel=1e-6)
