@@ -278,6 +278,36 @@ def is_unspecified(sharding: Any) -> bool:
   return isinstance(sharding, _Unspecified)
 
 
+# ---- reading products ----
+
+# Matrix products the cost model counts (`dot_numbers` reads the first three).
+PRODUCT_PRIMITIVES = frozenset({"dot_general", "ragged_dot_general", "ragged_dot", "conv_general_dilated"})
+
+
+def dot_numbers(eqn: Any) -> tuple[tuple[Any, Any], tuple[Any, Any], tuple[int, ...], tuple[int, ...], int]:
+  """``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch), rhs_group, lhs_ragged, groups)`` of a
+  ``dot_general`` or a ragged (grouped) product.
+
+  A ragged product (``lax.ragged_dot``, the grouped matmul of a mixture of experts) multiplies each
+  slice of ``lhs`` along ``lhs_ragged`` with one of ``groups`` slices of ``rhs`` (its
+  ``rhs_group`` axes; none where the output holds the groups instead, as in the weight gradient).
+  Layouts: ``ragged_dot_general`` with ``ragged_dot_dimension_numbers`` (JAX >= 0.4.38, every
+  supported release), and the older ``ragged_dot`` (``lhs [m, k]``, ``rhs [g, k, n]``).
+  """
+  prim = eqn.primitive.name
+  if prim == "dot_general":
+    contract, batch = eqn.params["dimension_numbers"]
+    return contract, batch, (), (), 1
+  groups = int(eqn.invars[2].aval.shape[-1]) if len(eqn.invars) > 2 else 1
+  if prim == "ragged_dot_general" and "ragged_dot_dimension_numbers" in eqn.params:
+    rdn = eqn.params["ragged_dot_dimension_numbers"]
+    contract, batch = rdn.dot_dimension_numbers
+    return contract, batch, tuple(rdn.rhs_group_dimensions), tuple(rdn.lhs_ragged_dimensions), groups
+  if prim == "ragged_dot":
+    return ((1,), (1,)), ((), ()), (0,), (0,), groups
+  raise RuntimeError(f"{prim} parameters of an unknown layout: {sorted(eqn.params)} (JAX {jax.__version__})")
+
+
 # ---- reading higher-order primitives ----
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from precision import _jax_compat as compat
+
 __all__ = ("Unknown", "out_axes")
 
 Axes = frozenset[int]
@@ -150,12 +152,17 @@ def out_axes(eqn: Any, ins: Sequence[Axes | None], batch: int | None = None) -> 
       return [ins[0]]
     keep = [d for d in range(len(in_shapes[0])) if d not in red]
     return [frozenset(keep.index(a) for a in ins[0] if a in keep) for _ in outs]
-  if prim == "dot_general":
-    (lc, rc), (lb, rb) = p["dimension_numbers"]
+  if prim in ("dot_general", "ragged_dot_general", "ragged_dot"):
+    (lc, rc), (lb, rb), group, ragged, _ = compat.dot_numbers(eqn)
     lhs, rhs = in_shapes[0], in_shapes[1]
     lfree = [d for d in range(len(lhs)) if d not in lc and d not in lb]
-    rfree = [d for d in range(len(rhs)) if d not in rc and d not in rb]
+    rfree = [d for d in range(len(rhs)) if d not in rc and d not in rb and d not in group]
     res: set[int] = set()
+    if prim != "dot_general" and any(d in lc for d in ragged):
+      # the groups' sums (a weight gradient): the output leads with the group axis
+      if any(a in lb for a in ins[0]) or any(a in rb for a in ins[1]):
+        raise Unknown("a ragged product over a batch axis")
+      return [frozenset()]
     for pos, (dl, dr) in enumerate(zip(lb, rb)):
       if dl in ins[0] or dr in ins[1]:
         res.add(pos)

@@ -273,8 +273,13 @@ def estimate(
   if not isinstance(calib, Calibration):
     raise EstimateError(f"calibration={calib!r}; allowed: a wafer.costmodel.Calibration")
   if clock_hz is not None:
-    if not isinstance(clock_hz, (int, float)) or isinstance(clock_hz, bool) or not clock_hz > 0:
-      raise EstimateError(f"clock_hz={clock_hz!r}; allowed: a positive frequency in Hz")
+    if (
+      not isinstance(clock_hz, (int, float))
+      or isinstance(clock_hz, bool)
+      or not clock_hz > 0
+      or not math.isfinite(clock_hz)
+    ):
+      raise EstimateError(f"clock_hz={clock_hz!r}; allowed: a positive, finite frequency in Hz")
     calib = calib.replace(clock_hz=float(clock_hz))
   names = _arg_names(step_fn, len(example_args))
   argnums = _argnums(batch_argnums, example_args, names)
@@ -297,7 +302,21 @@ def estimate(
     scaling=scaling,
     strict_batch=batch_argnums is None,
   )
-  graph.notes = [*left_out, *graph.notes]
+  format_notes = []
+  policy_compute = getattr(policy, "compute", None)
+  if policy_compute is not None and getattr(policy_compute, "name", policy_compute) != compute.name:
+    format_notes.append(
+      f"compute_format {compute.name} given with a policy computing in "
+      f"{getattr(policy_compute, 'name', policy_compute)}: the compute format wins (the step as it would "
+      "run in it)"
+    )
+  narrower = sorted({mm.bits for k in graph.kernels for mm in k.matmuls if mm.bits < compute_bits})
+  if narrower:
+    format_notes.append(
+      f"the step's own casts give some products {'/'.join(map(str, narrower))}-bit operands, narrower than "
+      f"compute_format {compute.name}: they are costed at their width"
+    )
+  graph.notes = [*left_out, *format_notes, *graph.notes]
   graph.sequence_length, where = _sequence_length(example_args, argnums, names)
   if sequence_source is not None and not isinstance(sequence_source, str):
     raise EstimateError(f"sequence_source={sequence_source!r}; allowed: a string, or None")
@@ -573,7 +592,8 @@ def _argnums(
     others = (i for i in range(n_args) if i != last and axes[i] and all(a == b for a in axes[i]))
     return tuple(sorted({last, *others}))
   bad = EstimateError(
-    f"batch_argnums={batch_argnums!r}; allowed: positions 0..{n_args - 1} of the example arguments"
+    f"batch_argnums={batch_argnums!r}; allowed: positions 0..{n_args - 1} of the example arguments "
+    f"(or -{n_args}..-1, counted from the end)"
   )
   try:
     nums = (batch_argnums,) if isinstance(batch_argnums, int) else tuple(batch_argnums)

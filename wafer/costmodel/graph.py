@@ -136,7 +136,8 @@ class Kernel:
     vector: ``(phase, kind, exponent, bits) -> [elements, instructions]`` for the non-matmul work;
       ``kind`` is ``"vector"``, ``"transcendental"``, ``"reduce"``, ``"cast"`` (elements) or
       ``"move"`` (bytes).
-    weights: ``root id -> (elements, bits)``: parameters it reads in its forward/backward.
+    weights: ``root id -> (elements, bits)``: parameters it reads in its forward/backward, per
+      instance (a weight its instances share counts its share: `_root_elements`).
     act_in, act_out: ``key -> (elements, exponent, bits)``: per-sample tensors crossing its
       boundary in the forward pass (inputs from other kernels or the data; outputs read by others).
     in_shapes, out_shapes: shapes (at the traced batch) of those boundary tensors.
@@ -157,7 +158,7 @@ class Kernel:
   scopes: tuple[str, ...] = ()
   matmuls: list[Matmul] = dataclasses.field(default_factory=list)
   vector: dict[tuple[str, str, int, int], list[float]] = dataclasses.field(default_factory=dict)
-  weights: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+  weights: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)
   act_in: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
   act_out: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
   in_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
@@ -546,13 +547,20 @@ def extract(
       if strict_batch:
         raise undoubled_batch(names, batch_argnums, b0, exc) from exc
       sites2 = None
-    if (
-      sites2 is None
-      or len(sites2) != len(w1.sites)
-      or any(a.kind != b.kind for a, b in zip(w1.sites, sites2))
+      cause = exc.__cause__ or exc
+      taken = ", ".join(names[i] for i in sorted(batch_argnums))
+      notes.add(
+        f"the step does not trace with axis 0 of {taken} doubled ({type(cause).__name__}: "
+        f"{str(cause).splitlines()[0] if str(cause) else ''}); all work is assumed linear in the batch. "
+        f"If {taken} is not per-sample data, pass batch_argnums= naming the data arguments"
+      )
+    if sites2 is not None and (
+      len(sites2) != len(w1.sites) or any(a.kind != b.kind for a, b in zip(w1.sites, sites2))
     ):
       exact = False
       notes.add("the step traced differently at twice the batch; all work is assumed linear in the batch")
+    elif sites2 is None:
+      exact = False
   sites = w1.sites
   exps: list[tuple[int, ...]] = []
   per_sample: list[bool] = []
@@ -1261,12 +1269,16 @@ def _add_site(
         k.weights[r] = (elements, min(s.bits, compute_bits))
 
 
-def _root_elements(s: Site, root: int, walker: Walker) -> int:
-  """Elements of the parameter operand with this root (the per-iteration slice inside a scan; a
-  broadcast bias counts its own elements, not the broadcast shape's)."""
+def _root_elements(s: Site, root: int, walker: Walker) -> float:
+  """Elements of the parameter operand with this root, per instance of the site's kernel (the
+  per-iteration slice inside a scan; a broadcast bias counts its own elements, not the broadcast
+  shape's). A weight that the ``mult`` instances share (a loop closes over it: an RNN's weights
+  over time, one layer applied ALBERT-style) is one array: each instance holds its share,
+  ``elements * distinct / mult``, so the kernel's instances together count, stream and update it once."""
   for pos, key in enumerate(s.in_keys):
     if walker.root.get(key) == root:
-      return int(min(math.prod(s.in_shapes[pos]), walker.param_size.get(key, math.inf)))
+      elements = min(math.prod(s.in_shapes[pos]), walker.param_size.get(key, math.inf))
+      return elements * min(1.0, walker.distinct.get(key, 1) / max(s.mult, 1))
   return 0
 
 

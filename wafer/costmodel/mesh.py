@@ -431,7 +431,9 @@ def kernel_cycles(
   total = 0.0
   for mm in kernel.matmuls:
     if mm.phase in phases:
-      if not mm.weight and mm.instances.at(ratio) > 1:
+      # attention: activation x activation products, one per (sample, head): their instances grow
+      # with the batch (a grouped product's weight gradient has one instance per expert: not attention)
+      if not mm.weight and mm.instances.exponent > 0 and mm.instances.at(ratio) > 1:
         total += attention_cycles(
           machine,
           mm.instances.at(ratio),

@@ -412,10 +412,11 @@ def _evaluate(
   boundary = 0.0
   # training, whichever kernel its backward work landed in (an embedding's gradient may be
   # grouped with the next layer's backward): every weight is updated
-  if first is not None and graph.training:
-    boundary = first.weight_bytes() / b_in + first.weight_elements() * machine.calib.gradient_bytes / b_out
+  if graph.training:  # every training step pays the per-step cost, whatever its kernels read
     params = graph.param_elements  # each parameter once (a tied embedding is read by two kernels)
-    boundary += params * machine.calib.optimizer_bytes_per_param / b_in + machine.calib.step_overhead_s
+    boundary = params * machine.calib.optimizer_bytes_per_param / b_in + machine.calib.step_overhead_s
+    if first is not None:
+      boundary += first.weight_bytes() / b_in + first.weight_elements() * machine.calib.gradient_bytes / b_out
   swarmx = 2 * math.ceil(math.log2(num_csx)) * machine.calib.swarmx_level_latency_s if num_csx > 1 else 0.0
   return StreamingResult(
     micro_batch=mb,

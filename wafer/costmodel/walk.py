@@ -83,8 +83,8 @@ _RANDOM = frozenset({
 # Where a mask meets the scores: ``scores + bias`` (an additive mask), ``scores * mask``.
 _APPLY = frozenset({"add", "sub", "mul", "add_any"})
 # Not evaluated at trace time even on constant operands: random bits, products, collectives, effects.
-_NOT_EVALUATED = frozenset({
-  "dot_general", "conv_general_dilated", "random_bits", "random_seed", "random_wrap", "random_unwrap",
+_NOT_EVALUATED = compat.PRODUCT_PRIMITIVES | frozenset({
+  "random_bits", "random_seed", "random_wrap", "random_unwrap",
   "random_fold_in", "random_split", "threefry2x32", "rng_bit_generator", "rng_uniform", "psum", "pmax",
   "pmin", "all_gather", "all_to_all", "ppermute", "reduce_scatter", "axis_index", "create_token",
   "debug_callback", "pure_callback", "io_callback", "infeed", "outfeed", "name",
@@ -166,6 +166,11 @@ class Walker:
     # key -> elements of the parameter it holds: a broadcast (a bias added to every token) reads no
     # more of the parameter than its input (`wafer.costmodel.graph._root_elements`)
     self.param_size: dict[int, int] = {}
+    # key -> how many distinct values of its parameter the loops around it hold: the product of the
+    # lengths of the loops that slice it per iteration (a scan's ``xs``, a slice inside a loop body);
+    # absent: 1, one array. A weight a loop closes over (an RNN's, a layer shared ALBERT-style) is
+    # the same array in every iteration: one parameter, streamed once (`wafer.costmodel.graph._root_elements`)
+    self.distinct: dict[int, int] = {}
     self.data: set[int] = set()  # keys that depend on the batch arguments
     self.notes: set[str] = set()
     self.alias: dict[int, int] = {}  # output of a no-cost op (reshape...) -> its data input
@@ -381,10 +386,13 @@ class Walker:
         if by_position or _size(var.aval) >= held:  # a table looked up at positions (``wpe(arange(s))``
           self.root[o] = self.root[ins[0]]  # broadcast over the batch): the table, no more
           self.param_size[o] = min(held, _size(var.aval))
+          self._inherit_distinct(ins[0], o)
         else:  # one layer's slice of stacked parameters (an unrolled loop): a parameter itself
           self.root[o] = o
           self.origin[o] = self.origin.get(self.root[ins[0]], self.root[ins[0]])
           self.param_size[o] = _size(var.aval)
+          if mult > 1:  # inside a loop body: indexed by the iteration (a fori_loop over stacked layers)
+            self.distinct[o] = mult
     elif prim in _JOIN and self._joins_parameters(ins):
       # parameters stacked or concatenated inside the step (each layer's weight, expanded by a view):
       # a parameter itself, whose slices a scan reads as weights and whose gradient is a weight's. It
@@ -394,6 +402,8 @@ class Walker:
         self.root[o] = o
         self.param_size[o] = _size(var.aval)
         self.parts[o] = held
+        if mult > 1:
+          self.distinct[o] = mult
       return outs
     if kind is not None:
       self._site(eqn, kind, ins, outs, scopes, transposed, mult, kept)
@@ -457,15 +467,15 @@ class Walker:
     ax = [frozenset() if k is None else self.baxes.get(k, frozenset()) for k in ins]
     out_ax = [self.baxes.get(k, frozenset()) for k in outs]
     if kind == "matmul":
-      if eqn.primitive.name != "dot_general":
+      if eqn.primitive.name == "conv_general_dilated":
         if any(ax):
           self._unknown("a convolution of per-sample data")
         return None
-      (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+      (lc, rc), (lb, rb), group, _, _ = compat.dot_numbers(eqn)
       lhs_n, rhs_n = len(eqn.invars[0].aval.shape), len(eqn.invars[1].aval.shape)
       both = lambda ls, rs: sum(1 for dl, dr in zip(ls, rs) if dl in ax[0] or dr in ax[1])  # noqa: E731
       m = sum(1 for d in range(lhs_n) if d not in lc and d not in lb and d in ax[0])
-      n = sum(1 for d in range(rhs_n) if d not in rc and d not in rb and d in ax[1])
+      n = sum(1 for d in range(rhs_n) if d not in rc and d not in rb and d not in group and d in ax[1])
       return (both(lb, rb), m, both(lc, rc), n)
     if kind == "move":
       counts = {len(a) for a in out_ax}
@@ -488,6 +498,12 @@ class Walker:
       for o, var in zip(outs, eqn.outvars):
         self.root[o] = self.root[held[0]]
         self.param_size[o] = min(size, _size(var.aval))  # a view holds no more than its input
+        self._inherit_distinct(held[0], o)
+
+  def _inherit_distinct(self, src: int, dst: int) -> None:
+    """``dst`` holds the same parameter values as ``src`` (a view, a carry, a table lookup)."""
+    if src in self.distinct:
+      self.distinct[dst] = self.distinct[src]
 
   def _site(
     self,
@@ -786,6 +802,7 @@ class Walker:
       stacked_batch |= 0 in axes
       if k is not None and k in self.root and k not in self.data:
         self.root[sliced] = self.root[k]
+        self.distinct[sliced] = mult * max(length, 1)  # each iteration's own slice
       if k is not None and k in self.data:
         self.data.add(sliced)
       if k is not None:
@@ -820,6 +837,7 @@ class Walker:
           self.data.add(fresh)
         if k in self.root:
           self.root[fresh] = self.root[k]
+          self._inherit_distinct(k, fresh)
         k = fresh
       out.append(k)
     return out
@@ -1093,7 +1111,7 @@ def _nbytes(aval: Any) -> int:
 def classify(eqn: Any) -> str | None:
   """The kind of work of a leaf equation, or None when it is not work."""
   prim = eqn.primitive.name
-  if prim in ("dot_general", "conv_general_dilated"):
+  if prim in compat.PRODUCT_PRIMITIVES:
     return "matmul"
   if prim in _FREE:
     return None
@@ -1117,15 +1135,25 @@ def classify(eqn: Any) -> str | None:
 
 
 def _matmul_measures(eqn: Any) -> tuple[float, float, float, float]:
-  """``(instances, m, k, n)`` of a ``dot_general`` or a convolution."""
+  """``(instances, m, k, n)`` of a ``dot_general``, a ragged product or a convolution.
+
+  A ragged product of ``g`` groups is ``g`` products, each of ``1 / g`` of the ragged axis with its
+  group's slice of ``rhs`` (a grouped matmul: every ``lhs`` row meets one expert's weight), so its
+  FLOPs are those of the dense product without the group axis."""
   lhs = eqn.invars[0].aval.shape
   rhs = eqn.invars[1].aval.shape
-  if eqn.primitive.name == "dot_general":
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+  if eqn.primitive.name != "conv_general_dilated":
+    (lc, rc), (lb, rb), group, ragged, groups = compat.dot_numbers(eqn)
     batch = math.prod(lhs[d] for d in lb)
     k = math.prod(lhs[d] for d in lc)
     m = math.prod(lhs[d] for d in range(len(lhs)) if d not in lc and d not in lb)
-    n = math.prod(rhs[d] for d in range(len(rhs)) if d not in rc and d not in rb)
+    n = math.prod(rhs[d] for d in range(len(rhs)) if d not in rc and d not in rb and d not in group)
+    if groups > 1 and ragged:
+      if any(d in lc for d in ragged):  # contracted (the weight gradient): each group sums its rows
+        k = k / groups
+      elif not any(d in lb for d in ragged):  # a row axis: each row meets one group
+        m = m / groups
+      batch *= groups
     return float(batch), float(m), float(k), float(n)
   # convolution as an implicit GEMM: m = N x output pixels, k = C_in/groups x window, n = C_out/groups
   dn = eqn.params["dimension_numbers"]

@@ -382,7 +382,12 @@ def test_a_step_with_no_data_is_an_error_naming_what_was_taken_as_the_batch():
   ):
     wafer.estimate(step, sds(256, 64), sds(64))
   r = wafer.estimate(step, sds(256, 64), sds(64), batch_argnums=1)
-  assert r.batch_arguments == ("b",) and any("traced differently at twice the batch" in n for n in r.notes)
+  assert r.batch_arguments == ("b",)
+  # the note says why the doubled trace failed, and what to pass if b is not data
+  assert any(
+    "does not trace with axis 0 of b doubled (TypeError" in n and "all work is assumed linear" in n
+    for n in r.notes
+  ), r.notes
 
 
 def test_a_step_that_fixes_its_batch_size_needs_batch_argnums():
@@ -409,3 +414,30 @@ def test_linear_regression_gets_the_same_rate_with_default_and_explicit_batch_ar
   b = {"d": d, "2d": 2 * d, "other": d + 3}[batch]
   r = _same_estimate(_sgd_step, (sds(d, d), sds(b, d), sds(b, d)), (1, 2))
   assert r.batch_arguments == ("x", "y")
+
+
+def test_the_report_says_when_the_formats_it_names_are_not_the_ones_costed():
+  """A step that casts its own operands to bfloat16 runs its products at 16 bits whatever
+  ``compute_format`` says; a ``compute_format`` given beside a policy of another format wins. Both
+  are said in the notes (before, the report read "float32 operands" for a 16-bit step)."""
+  import jax.numpy as jnp
+
+  def cast_step(w, x):
+    g = jax.grad(
+      lambda w: jnp.sum((x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)).astype(jnp.float32) ** 2)
+    )(w)
+    return w - 1e-3 * g
+
+  r = wafer.estimate(cast_step, sds(64, 64), sds(32, 64), compute_format="float32")
+  assert any("16-bit operands, narrower than compute_format float32" in n for n in r.notes), r.notes
+  plain = wafer.estimate(_sgd_step, sds(8, 8), sds(4, 8), sds(4, 8), compute_format="float32")
+  assert not any("narrower than compute_format" in n for n in plain.notes)
+  both = wafer.estimate(_sgd_step, sds(8, 8), sds(4, 8), sds(4, 8), policy="c=f32", compute_format="bfloat16")
+  assert any("compute_format bfloat16 given with a policy computing in float32" in n for n in both.notes)
+  assert "bfloat16 operands" in both.to_text()
+
+
+@pytest.mark.parametrize("clock", [0.0, -1.0, float("nan"), float("inf"), "1GHz", True])
+def test_a_clock_that_is_not_a_positive_finite_frequency_is_an_error(clock):
+  with pytest.raises(EstimateError, match=r"clock_hz=.*; allowed: a positive, finite frequency in Hz"):
+    wafer.estimate(_sgd_step, sds(8, 8), sds(4, 8), sds(4, 8), clock_hz=clock)
