@@ -79,6 +79,9 @@ PAIRS = (
   ("BERT-large, batch 2048 / 512", "C3", "C2", "batch sweep: per-step costs"),
   ("BERT-large, batch 1024 / 512", "E14", "C2", "batch sweep (R2.0.3 vs R2.1)"),
   ("BERT-large, batch 2048 / 1024", "C3", "E14", "batch sweep (R2.1 vs R2.0.3)"),
+  # held out (one student's sweep, 2025-12) against ALCF's batch-1024 run of the same params file
+  ("LLaMA-2 7B CS-3, batch 1024 / 32", "E8", "N01", "batch sweep (held out; 2025-10 vs 2025-12)"),
+  ("LLaMA-2 7B CS-3, batch 128 / 32", "N03", "N01", "batch sweep (held out; one log)"),
 )
 
 
@@ -298,11 +301,20 @@ def main(argv: list[str] | None = None) -> int:
       if per_a > 1
       else ra["measured"] / rb["measured"]
     )
-    pred = (
-      (ra["in_sample"] / ra["num_csx"]) / (rb["in_sample"] / rb["num_csx"])
-      if per_a > 1
-      else ra["in_sample"] / rb["in_sample"]
-    )
+    if "in_sample_range" in ra and "in_sample_range" in rb:
+      # two runs with the same unknown detail (LLaMA-2's sequence length): the ratio at each end of
+      # it, the same value for both (the slower end is the longer sequence for both), scored by the
+      # worse end
+      ends = [ra["in_sample_range"][j] / rb["in_sample_range"][j] for j in (0, 1)]
+      pred = max(ends, key=lambda e: abs(math.log(e / meas)))
+      pred_range = ends
+    else:
+      pred = (
+        (ra["in_sample"] / ra["num_csx"]) / (rb["in_sample"] / rb["num_csx"])
+        if per_a > 1
+        else ra["in_sample"] / rb["in_sample"]
+      )
+      pred_range = None
     pairs.append(
       {
         "pair": name,
@@ -310,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         "pins": pins,
         "measured": meas,
         "predicted": pred,
+        "predicted_range": pred_range,
         "log_ratio": math.log(pred / meas),
         "per_system": per_a > 1,
       }
@@ -376,8 +389,12 @@ def main(argv: list[str] | None = None) -> int:
             p["pair"],
             p["pins"],
             f"{p['measured']:.3f}",
-            f"{p['predicted']:.3f}",
-            f"x{math.exp(p['log_ratio']):.3f}",
+            f"{p['predicted']:.3f}"
+            if p["predicted_range"] is None
+            else "-".join(f"{e:.3f}" for e in p["predicted_range"]),
+            f"x{math.exp(p['log_ratio']):.3f}"
+            if p["predicted_range"] is None
+            else "-".join(f"x{e / p['measured']:.3f}" for e in p["predicted_range"]),
           ]
           for p in pairs
         ],
