@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import math
 import operator
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -338,6 +339,9 @@ def estimate(
   )
 
 
+_PATTERN_NAME = re.compile(r"(dot_general_(\d+|\*)|ops)(#\d+)?")
+
+
 def _check_run(
   system: Any, mode: Any, num_csx: Any, gemm_algorithm: Any, release: Any
 ) -> tuple[System, str, int, Release]:
@@ -458,6 +462,12 @@ def estimate_graph(
   notes = list(graph.notes) + notes_extra
   if not graph.training:
     notes.append("no backward pass: costed as inference (forward only, no weight update)")
+  with_products = [k for k in graph.kernels if k.matmuls]
+  if with_products and all(_PATTERN_NAME.fullmatch(k.name) for k in with_products):
+    notes.append(
+      "the kernels are named by op pattern (dot_general_N: the step has no jax.named_scope or Flax module "
+      "names); wrap each layer's parts in jax.named_scope('attn') etc. for rows named after the code"
+    )
   seq = graph.sequence_length
   if chosen == "pipeline":
     assert pipe is not None

@@ -144,3 +144,31 @@ def test_cli_estimate_params_names_kernels_by_layer(model, tmp_path, capsys):
   names = {k["name"] for k in data["kernels"]}
   for name in CANONICAL[model, model in STACK]:  # scanned: the default
     assert name in names and name in out
+
+
+def test_a_step_without_names_is_told_how_to_name_its_rows():
+  """Rows named ``dot_general_N`` cannot be mapped to the user's code: the report says to use
+  ``jax.named_scope``; a step that names its layers gets no such note."""
+  from tests.wafer.costmodel.helpers import sds
+
+  def make(named: bool):
+    def loss(w, x):
+      for i in range(2):
+        if named:
+          with jax.named_scope(f"layer_{i}"):
+            x = jnp.tanh(x @ w[i])
+        else:
+          x = jnp.tanh(x @ w[i])
+      return jnp.mean(x**2)
+
+    def step(w, x):
+      return w - 1e-3 * jax.grad(loss)(w, x)
+
+    return step
+
+  hint = "named by op pattern"
+  plain = wafer.estimate(make(False), sds(2, 32, 32), sds(8, 32))
+  assert all(k.name.startswith(("dot_general", "ops", "step boundary")) for k in plain.kernels)
+  assert any(hint in n for n in plain.notes), plain.notes
+  named = wafer.estimate(make(True), sds(2, 32, 32), sds(8, 32))
+  assert not any(hint in n for n in named.notes), named.notes
