@@ -331,6 +331,11 @@ def while_counts(params: dict[str, Any]) -> tuple[int, int]:
   return int(params["cond_nconsts"]), int(params["body_nconsts"])
 
 
+def while_jaxprs(params: dict[str, Any]) -> tuple[Any, Any]:
+  """``(cond, body)`` of a ``while`` equation (closed jaxprs: constants, then the carry)."""
+  return params["cond_jaxpr"], params["body_jaxpr"]
+
+
 def cond_branches(params: dict[str, Any]) -> tuple[Any, ...]:
   """A ``cond``'s branches (closed jaxprs), in index order."""
   return tuple(params["branches"])

@@ -328,7 +328,7 @@ class Walker:
     if prim == "scan":
       return self._scan(eqn, ins, scopes, transposed, mult)
     if prim == "while":
-      return self._while(eqn, ins, scopes, transposed, mult)
+      return self._while(eqn, ins, refs, scopes, transposed, mult)
     if prim == "cond":
       return self._cond(eqn, ins, scopes, transposed, mult)
     inner = compat.call_jaxpr(eqn)
@@ -843,15 +843,71 @@ class Walker:
     return out
 
   def _while(
-    self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
+    self,
+    eqn: Any,
+    ins: tuple[int | None, ...],
+    refs: tuple[Any, ...],
+    scopes: tuple[str, ...],
+    transposed: bool,
+    mult: int,
   ) -> list[int]:
     p = eqn.params
     cn, bn = compat.while_counts(p)
-    body, _ = compat.split_closed(p["body_jaxpr"])
+    body, _ = compat.split_closed(compat.while_jaxprs(p)[1])
     keys = list(ins[cn : cn + bn]) + self._carried(ins[cn + bn :])
-    self.notes.add("while loops (unknown trip count) are counted as one iteration")
-    self.walk(body, keys, scopes, transposed, mult)
+    trips = self._trip_count(eqn, refs)
+    if trips is None:
+      self.notes.add("while loops (unknown trip count) are counted as one iteration")
+    else:
+      self.notes.add("while loops that count an integer up to a known bound run that many iterations")
+    self.walk(body, keys, scopes, transposed, mult * max(trips or 1, 1))
     return self._fresh_outs(eqn, ins)
+
+  def _trip_count(self, eqn: Any, refs: tuple[Any, ...]) -> int | None:
+    """The iterations of a ``while`` that counts a carried integer up by 1 while it is below a bound
+    whose value is known (``while_loop(lambda c: c[0] < n, ...)``, a ``fori_loop`` whose bounds are
+    traced values of known value): ``bound - start``; None for any other loop."""
+    cn, bn = compat.while_counts(eqn.params)
+    cond_closed, body_closed = compat.while_jaxprs(eqn.params)
+    cond, _ = compat.split_closed(cond_closed)
+    body, _ = compat.split_closed(body_closed)
+    if len(cond.eqns) != 1 or cond.eqns[0].primitive.name != "lt":
+      return None
+    counter, bound = cond.eqns[0].invars
+    cond_in, carry_refs = list(cond.invars), refs[cn + bn :]
+    carry_in = cond_in[cn:]
+    if isinstance(counter, compat.Literal) or counter not in carry_in:
+      return None
+    j = carry_in.index(counter)
+    # the body adds 1 to the counter
+    out = body.outvars[j]
+    step = next((e for e in body.eqns if out in e.outvars), None)
+    if step is None or step.primitive.name != "add":
+      return None
+    ops = list(step.invars)
+    lit = [v for v in ops if isinstance(v, compat.Literal)]
+    if len(lit) != 1 or np.asarray(lit[0].val) != 1 or body.invars[bn + j] not in ops:
+      return None
+
+    def value(var: Any) -> Any:
+      if isinstance(var, compat.Literal):
+        return np.asarray(var.val)
+      if var in cond_in[:cn]:
+        ref = refs[cond_in.index(var)]
+      elif var in carry_in:
+        k = carry_in.index(var)
+        if body.outvars[k] is not body.invars[bn + k]:  # a bound the loop changes
+          return None
+        ref = carry_refs[k]
+      else:
+        return None
+      return None if ref is None else self._value(ref)
+
+    start = None if carry_refs[j] is None else self._value(carry_refs[j])
+    end = value(bound)
+    if start is None or end is None or np.size(start) != 1 or np.size(end) != 1:
+      return None
+    return max(0, int(np.ceil(float(end) - float(start))))
 
   def _cond(
     self, eqn: Any, ins: tuple[int | None, ...], scopes: tuple[str, ...], transposed: bool, mult: int
