@@ -155,6 +155,9 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
   overrides = list(args.overrides or ())
   if args.batch_size is not None:  # the params file's batch: the step is traced at it
     overrides.append(f"train_input.batch_size={args.batch_size}")
+  if args.micro_batch_size is not None:  # the flag replaces the file's value before it is checked
+    mb = "auto" if args.micro_batch_size == _SEARCH else args.micro_batch_size
+    overrides.append(f"train_input.micro_batch_size={mb}")
   p = runner.load_plan(args.params, overrides)
   with cheap_sharding_probes():
     state, batch = train.step_shapes(p.task, p.optimizer, p.loss_scale, p.seed)  # no weights, no data

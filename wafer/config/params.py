@@ -252,7 +252,8 @@ class Params(BaseModel):
         out.append(
           Problem(
             (name, "micro_batch_size"),
-            f"must divide the per-system batch batch_size/num_csx = {b // n}",
+            f"must divide the per-system batch batch_size/num_csx = {b // n}; set it to a divisor of "
+            f"{b // n}, or to auto to have it chosen",
             section.micro_batch_size,
           )
         )

@@ -343,3 +343,16 @@ def test_cli_help_says_how_flags_and_a_workloads_conditions_combine(capsys):
   assert "a flag given wins over the condition of the same name" in text
   assert "--batch_size, --num_csx, --release or --mode drops the published micro-batch" in text
   assert "--release or --mode drops the published mode" in text
+
+
+@pytest.mark.parametrize(("flag", "expected"), [("auto", "searched: 32 is"), ("16", "micro-batch 16 ")])
+def test_the_micro_batch_flag_replaces_the_files_before_it_is_checked(flag, expected, capsys):
+  """GPT-3 XL's file runs micro-batches of 88; at --batch_size 32 that value does not divide the
+  batch. ``--micro_batch_size`` replaces it before the file is checked (before, the file's 88 was
+  refused even with ``--micro_batch_size auto``); without the flag the error says what to set."""
+  path = "tests/data/modelzoo/Release_2.3.1/gpt3/params_gpt3_xl.yaml"
+  assert main(["estimate", "--params", path, "--batch_size", "32", "--micro_batch_size", flag]) == 0
+  assert expected in capsys.readouterr().out
+  assert main(["estimate", "--params", path, "--batch_size", "32"]) != 0
+  err = capsys.readouterr().err
+  assert "micro_batch_size: must divide the per-system batch" in err and "or to auto" in err
