@@ -14,6 +14,7 @@ from precision._op_classes import PRIMITIVE_CLASSES as PRIMITIVE_CLASSES
 from precision.autocast import autocast as autocast
 from precision.autocast import cast_report as cast_report
 from precision.autocast import float32_region as float32_region
+from precision.autocast import whole_products as whole_products
 from precision.cast_report import CastCounts as CastCounts
 from precision.cast_report import CastReport as CastReport
 from precision.formats import FloatFormat as FloatFormat
@@ -69,4 +70,5 @@ __all__ = (
   "round",
   "select_tree",
   "testing",
+  "whole_products",
 )

@@ -28,6 +28,9 @@ from precision._state import (
 
 # ---- matrix products ----
 
+# True inside `precision.whole_products`: products are bound whole, their accumulation not emulated.
+WHOLE = compat.trace_switch(False)
+
 
 def matmul(
   p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None], memo: dict[Any, jax.Array]
@@ -59,7 +62,11 @@ def matmul(
     rounded += numel(values[i])
     if isinstance(atom, compat.Var):
       memo[atom] = operands[i]
-  chunked = _mixed_product(p, eqn, operands, rule_class) if treatment == "mixed_accumulate" else None
+  chunked = (
+    _mixed_product(p, eqn, operands, rule_class)
+    if treatment == "mixed_accumulate" and not WHOLE.value
+    else None
+  )
   if chunked is None:
     native = _native_dtype(p) if name in ("dot_general", "conv_general_dilated") else None
 

@@ -182,12 +182,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 
-from precision import _control_flow  # noqa: F401  (registers the higher-order handlers)
+from precision import (
+  _control_flow,  # noqa: F401  (registers the higher-order handlers)
+  _matmul,
+)
 from precision._interpreter import run
 from precision._op_classes import PRIMITIVE_CLASSES
 from precision._state import (
@@ -209,7 +212,33 @@ from precision.cast_report import CastReport
 from precision.formats import float32
 from precision.policy import Policy
 
-__all__ = ("PRIMITIVE_CLASSES", "autocast", "cast_report", "float32_region")
+__all__ = ("PRIMITIVE_CLASSES", "autocast", "cast_report", "float32_region", "whole_products")
+
+
+@contextlib.contextmanager
+def whole_products() -> Iterator[None]:
+  """Within it, `autocast` binds each product whole and rounds its result once, instead of
+  emulating a ``mixed_accumulate`` accumulation in chunks (the zero-padded chunks, the batched
+  product over them and the ordered sum of their rounded sums).
+
+  The chunks are how a CPU or GPU reproduces the wafer's numerics, not what the wafer computes:
+  traced inside this context, a step has the products the hardware runs, with the shapes and
+  FLOPs of the same step without autocast. It is for tools that read a step's structure rather
+  than its values (``wafer.estimate`` traces under it); the values are those of
+  ``float32_accumulate``. Part of JAX's tracing-cache key (``jax.make_user_context``): a function
+  ``jax.jit`` traced outside it is traced again inside it.
+
+  >>> import jax, jax.numpy as jnp, precision
+  >>> f = precision.autocast(lambda a, b: a @ b, "c=bf16,level=1")
+  >>> a, b = jnp.ones((2, 3000)), jnp.ones((3000, 2))
+  >>> "f32[3,2,2]" in str(jax.make_jaxpr(f)(a, b))  # the sums of 3 chunks of 1024 products
+  True
+  >>> with precision.whole_products():
+  ...   "f32[3,2,2]" in str(jax.make_jaxpr(f)(a, b))
+  False
+  """
+  with _matmul.WHOLE(True):
+    yield
 
 
 class float32_region(contextlib.ContextDecorator):  # noqa: N801  (used like a function)

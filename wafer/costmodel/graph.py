@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import numpy as np
 
+import precision
 from precision import _jax_compat as compat
 from wafer.costmodel import walk
 from wafer.costmodel.walk import Site, Walker
@@ -449,7 +450,10 @@ def _trace(
     return [x for x in jax.tree.leaves(out) if not _static(x)]  # (an Equinox model's functions)
 
   try:
-    closed = jax.make_jaxpr(traced)(*dynamic_args)
+    # autocast's chunked accumulation emulates the wafer's numerics, it is not wafer work: the
+    # products are traced whole (`precision.whole_products`), as the wafer runs them
+    with precision.whole_products():
+      closed = jax.make_jaxpr(traced)(*dynamic_args)
   except Exception as exc:  # the user's function failed to trace: say so, where, keep the cause
     frame = user_frame(exc.__traceback__)
     where = f" at {frame[0]}:{frame[1]}\n    {frame[2]}\n" if frame else ": "

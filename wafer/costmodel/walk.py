@@ -56,7 +56,8 @@ _MOVE = frozenset({
 })
 # View-like ops: a parameter seen through them is still the same parameter (same root).
 _VIEW = frozenset({
-    "transpose", "reshape", "convert_element_type", "broadcast_in_dim", "squeeze", "expand_dims", "copy",
+    # (``pad``: a weight zero-padded to whole chunks, as autocast's chunked accumulation does)
+    "pad", "transpose", "reshape", "convert_element_type", "broadcast_in_dim", "squeeze", "expand_dims", "copy",
     "copy_p", "bitcast_convert_type", "reduce_precision", "precision_round", "precision_round_bits",
     "sharding_constraint", "pvary", "stop_gradient",
 })
