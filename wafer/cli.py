@@ -159,6 +159,8 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
     mb = "auto" if args.micro_batch_size == _SEARCH else args.micro_batch_size
     overrides.append(f"train_input.micro_batch_size={mb}")
   p = runner.load_plan(args.params, overrides)
+  for line in p.params.notes:  # what the loader inferred, ignored or translated, as `wafer run` prints
+    print(line, file=sys.stderr, flush=True)
   with cheap_sharding_probes():
     state, batch = train.step_shapes(p.task, p.optimizer, p.loss_scale, p.seed)  # no weights, no data
   if args.model_dir is None:

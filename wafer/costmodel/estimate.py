@@ -63,7 +63,7 @@ def run_inputs(params: Any) -> dict[str, Any]:
   >>> run_inputs(NS(train_input=NS(micro_batch_size=88), runconfig=NS()))
   {'micro_batch_size': 88}
   >>> run_inputs(NS(train_input=NS(max_sequence_length=None), model=NS(max_position_embeddings=2048)))
-  {'sequence_source': 'not in the params file: model.max_position_embeddings = 2048'}
+  {'sequence_source': 'train_input.max_sequence_length not set: model.max_position_embeddings = 2048'}
   >>> run_inputs(NS(train_input=NS(micro_batch_size="auto"), runconfig=NS(release="1.8")))
   {'release': '1.8'}
   >>> run_inputs(NS(train_input=None, runconfig=NS(modelzoo_release="Release_1.8.0")))
@@ -80,7 +80,9 @@ def run_inputs(params: Any) -> dict[str, Any]:
   if getattr(train_input, "max_sequence_length", None) is not None:
     out["sequence_source"] = "train_input.max_sequence_length"
   elif isinstance(positions, int):
-    out["sequence_source"] = f"not in the params file: model.max_position_embeddings = {positions}"
+    out["sequence_source"] = (
+      f"train_input.max_sequence_length not set: model.max_position_embeddings = {positions}"
+    )
   runconfig = getattr(params, "runconfig", None)
   for release in (
     getattr(runconfig, "modelzoo_release", None),

@@ -263,7 +263,8 @@ def test_a_modelzoo_gpt3_file_without_max_sequence_length_is_costed_at_its_posit
   assert main(["estimate", "--params", path, "--model_dir", str(tmp_path)]) == 0
   out = capsys.readouterr().out
   assert (
-    " Sequence:       2,048 tokens per sample (not in the params file: model.max_position_embeddings" in out
+    " Sequence:       2,048 tokens per sample (train_input.max_sequence_length not set: model.max_position_embeddings"
+    in out
   )
   data = json.loads((tmp_path / "compile_report.json").read_text())
   assert data["details"]["sequence_length"] == 2048
@@ -356,3 +357,12 @@ def test_the_micro_batch_flag_replaces_the_files_before_it_is_checked(flag, expe
   assert main(["estimate", "--params", path, "--batch_size", "32"]) != 0
   err = capsys.readouterr().err
   assert "micro_batch_size: must divide the per-system batch" in err and "or to auto" in err
+
+
+def test_estimate_prints_what_the_loader_inferred_from_a_params_file(capsys):
+  """``wafer run`` prints the loader's notes (a model inferred from the data processor, the release
+  and its half type); ``wafer estimate --params`` printed none of them (probe)."""
+  path = "tests/data/modelzoo/Release_2.3.1/gpt3/params_gpt3_xl.yaml"
+  assert main(["estimate", "--params", path]) == 0
+  err = capsys.readouterr().err
+  assert "note: model.name is missing: using 'gpt3'" in err and "half type cbfloat16" in err
