@@ -25,3 +25,30 @@ def test_renamed_and_refused_keys_are_documented():
     assert feature in DOC
     for section, key in keys:
       assert f"`{section + '.' if section else ''}{key}`" in DOC
+
+
+def _with_worker_cache(tmp_path, model_name):
+  import pathlib
+
+  import yaml
+
+  root = pathlib.Path(__file__).parents[2]
+  src = yaml.safe_load((root / "tests/data/modelzoo/Release_2.10.0/gpt3/params_gpt3_xl.yaml").read_text())
+  src["trainer"]["fit"]["train_dataloader"]["use_worker_cache"] = True
+  src["trainer"]["init"]["model"]["name"] = model_name
+  path = tmp_path / "params.yaml"
+  path.write_text(yaml.safe_dump(src))
+  return str(path)
+
+
+def test_use_worker_cache_is_ignored_and_an_unknown_model_is_named_first(tmp_path, capsys):
+  """Modelzoo 2.4+ dataloaders set ``use_worker_cache`` (a cluster performance flag): ignored with a
+  note, so a file of a model this project does not have (BTLM, JAIS) says that first, not
+  "unknown key 'use_worker_cache'" (probe 2)."""
+  from wafer.cli import main
+
+  assert main(["estimate", "--params", _with_worker_cache(tmp_path, "gpt3")]) == 0
+  assert "use_worker_cache" in capsys.readouterr().err  # named among the ignored keys
+  assert main(["estimate", "--params", _with_worker_cache(tmp_path, "btlm")]) != 0
+  err = capsys.readouterr().err
+  assert "unknown model 'btlm'" in err and "unknown key 'use_worker_cache'" not in err
