@@ -425,6 +425,9 @@ def _not_utf8(error: UnicodeDecodeError, source: str) -> str:
   )
 
 
+_INFERRED = "note: model.name is missing: "
+
+
 def load_params(
   path: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str] = (), mode: str | None = None
 ) -> Params:
@@ -516,16 +519,29 @@ def load_params(
   model = adapted.data.get("model")
   name = model.get("name") if isinstance(model, dict) else None
   release = _modelzoo.release_of(adapted.data, trainer_layout=trainer_layout, model=name)
-  params = validate_params(
-    adapted.data,
-    source,
-    lines,
-    origins,
-    v2_map,
-    found + adapted.problems,
-    _duplicate_notes(duplicates) + list(adapted.notes),
-    release,
-  )
+  try:
+    params = validate_params(
+      adapted.data,
+      source,
+      lines,
+      origins,
+      v2_map,
+      found + adapted.problems,
+      _duplicate_notes(duplicates) + list(adapted.notes),
+      release,
+    )
+  except ConfigError as e:
+    # a model read from the data processor (no model.name): its problems may be those of another
+    # model sharing the processor (a LLaMA file read as gpt3): say first how the file was read
+    inferred = next((n for n in adapted.notes if n.startswith(_INFERRED)), None)
+    if inferred is None:
+      raise
+    head = Problem(
+      ("model", "name"),
+      f"not set: {inferred[len(_INFERRED) :]}. The problems below may mean the file is of another model, "
+      f"which is not available here (registered models: {', '.join(sorted(model_schemas()))})",
+    )
+    raise ConfigError([head, *e.problems], e.source) from None
   note = _modelzoo.precision_note(params)
   return params.model_copy(update={"notes": params.notes + ((note,) if note else ())})
 

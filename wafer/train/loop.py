@@ -32,6 +32,7 @@ Nothing process-wide (JAX config, caches, cluster) is changed by `run`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -341,15 +342,18 @@ class _Run:
     if rc.validate_only:  # traced once for the check and the estimate (jax.jit's trace cache: same shapes)
       step_fn = jax.jit(step_fn)
     t1 = time.perf_counter()
-    self.compiled = wafer.compile(
-      step_fn,
-      init,
-      compile_batch,
-      num_csx=self.num_csx,
-      batch_argnums=self._batch_argnums(),
-      donate_argnums=(0,),
-      validate_only=rc.validate_only,
-    )
+    # a validation traces the step as the estimate does (autocast's products whole, not the CPU's
+    # chunked emulation of their accumulation: `precision.whole_products`), so the two share one trace
+    with precision.whole_products() if rc.validate_only else contextlib.nullcontext():
+      self.compiled = wafer.compile(
+        step_fn,
+        init,
+        compile_batch,
+        num_csx=self.num_csx,
+        batch_argnums=self._batch_argnums(),
+        donate_argnums=(0,),
+        validate_only=rc.validate_only,
+      )
     self.say(f"{'Traced and lowered' if lowered_only else 'Compiled'} in {time.perf_counter() - t1:.1f} s.")
     if self.main:
       # validation: the batch's scaling followed through the step's one trace (the same graph, where
