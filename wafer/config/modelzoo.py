@@ -87,7 +87,10 @@ IGNORED: dict[tuple[str, str], str] = {
     "decay_steps",
   ): "given with steps: modelzoo up to 1.9 overwrote decay_steps with steps (R_1.7.0 "
   "modelzoo/common/pytorch/PyTorchBaseModel.py, _configure_lr_scheduler)",
-  ("input", "use_worker_cache"): "copies the dataset to the input workers' local disk (performance; Release_2.4.0 "
+  (
+    "input",
+    "use_worker_cache",
+  ): "copies the dataset to the input workers' local disk (performance; Release_2.4.0 "
   "src/cerebras/modelzoo/data/common/h5_map_dataset/dataset.py)",
   ("callback", "ComputeNorm"): "logs the norms of the weights and gradients (logging; Release_2.4.3 "
   "src/cerebras/modelzoo/trainer/callbacks/norm.py)",
