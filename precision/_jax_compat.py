@@ -40,7 +40,6 @@ Layouts handled (each verified by ``tests/compat``):
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -277,39 +276,6 @@ def bind_params(eqn: Any, params: dict[str, Any]) -> dict[str, Any]:
 def is_unspecified(sharding: Any) -> bool:
   """Whether a ``jit`` sharding parameter is JAX's "unspecified" marker."""
   return isinstance(sharding, _Unspecified)
-
-
-# ---- trace-time switches ----
-
-
-class _ContextSwitch:
-  """A value read at trace time, set by ``with switch(value):`` (the fallback of `trace_switch`)."""
-
-  def __init__(self, default: Any):
-    import contextvars
-
-    self._var = contextvars.ContextVar(f"precision_switch_{id(self)}", default=default)
-
-  @property
-  def value(self) -> Any:
-    return self._var.get()
-
-  @contextlib.contextmanager
-  def __call__(self, value: Any) -> Iterator[None]:
-    token = self._var.set(value)
-    try:
-      yield
-    finally:
-      self._var.reset(token)
-
-
-def trace_switch(default: Any) -> Any:
-  """A value read when a function is traced (``.value``; set with ``with switch(v):``) that is part
-  of JAX's tracing-cache key: ``jax.make_user_context`` (a function traced under another value is
-  traced again, not served from ``jax.jit``'s or ``make_jaxpr``'s cache). Where JAX lacks it, a
-  context variable, which such caches do not see."""
-  make = getattr(jax, "make_user_context", None)
-  return make(default_value=default) if make is not None else _ContextSwitch(default)
 
 
 # ---- reading products ----

@@ -29,7 +29,8 @@ from precision._state import (
 # ---- matrix products ----
 
 # True inside `precision.whole_products`: products are bound whole, their accumulation not emulated.
-WHOLE = compat.trace_switch(False)
+# A JAX user context: part of the tracing caches' key, so a function jit traced outside is traced again.
+WHOLE = jax.make_user_context(default_value=False)
 
 
 def matmul(
