@@ -425,9 +425,6 @@ def _not_utf8(error: UnicodeDecodeError, source: str) -> str:
   )
 
 
-_INFERRED = "note: model.name is missing: "
-
-
 def load_params(
   path: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str] = (), mode: str | None = None
 ) -> Params:
@@ -533,12 +530,11 @@ def load_params(
   except ConfigError as e:
     # a model read from the data processor (no model.name): its problems may be those of another
     # model sharing the processor (a LLaMA file read as gpt3): say first how the file was read
-    inferred = next((n for n in adapted.notes if n.startswith(_INFERRED)), None)
-    if inferred is None:
+    if adapted.inferred is None:
       raise
     head = Problem(
       ("model", "name"),
-      f"not set: {inferred[len(_INFERRED) :]}. The problems below may mean the file is of another model, "
+      f"not set: {adapted.inferred}. The problems below may mean the file is of another model, "
       f"which is not available here (registered models: {', '.join(sorted(model_schemas()))})",
     )
     raise ConfigError([head, *e.problems], e.source) from None

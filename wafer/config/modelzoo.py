@@ -287,6 +287,8 @@ class Adapted:
   tensorflow: bool = False
   """The file is a TensorFlow (estimator) file: its refusal is the whole report (its other keys are
   TensorFlow's, not wafer's business)."""
+  inferred: str | None = None
+  """How the model was chosen when the file names none (``"using 'gpt2', the model of ..."``)."""
 
 
 def features_problem(locs: Mapping[str, list[Loc]], where: Callable[[Loc], str] = dotted) -> Problem | None:
@@ -461,13 +463,15 @@ def adapt(
   if translated:
     notes.append("note: translated from an older release: " + "; ".join(translated))
   model = data.get("model")
+  inferred = None
   if isinstance(model, dict) and model.get("name") is None and schemas is not None:
     name, why = infer_model(data, path, models_of, schemas)
     if name is None:
       problems.append(Problem(("model", "name"), "is missing, and " + why))
     else:
       data["model"] = {"name": name, **model}
-      notes.append(f"note: model.name is missing: using {name!r}, {why}")
+      inferred = f"using {name!r}, {why}"
+      notes.append(f"note: model.name is missing: {inferred}")
   model = data.get("model")
   name = model.get("name") if isinstance(model, dict) else None
   if isinstance(name, str) and processors_of is not None:
@@ -478,7 +482,7 @@ def adapt(
         notes.append(
           f"note: {s}.data_processor is missing: using {feeds[0]!r}, the only one that feeds {name}"
         )
-  return Adapted(data, notes, problems)
+  return Adapted(data, notes, problems, inferred=inferred)
 
 
 def _drop(data: dict[str, Any], loc: Loc) -> None:
