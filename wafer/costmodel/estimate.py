@@ -307,11 +307,11 @@ def estimate(
   )
   format_notes = []
   policy_compute = getattr(policy, "compute", None)
-  if policy_compute is not None and getattr(policy_compute, "name", policy_compute) != compute.name:
+  policy_format = getattr(policy_compute, "name", policy_compute)
+  if policy_compute is not None and policy_format != compute.name:
     format_notes.append(
-      f"compute_format {compute.name} given with a policy computing in "
-      f"{getattr(policy_compute, 'name', policy_compute)}: the compute format wins (the step as it would "
-      "run in it)"
+      f"compute_format {compute.name} given with a policy computing in {policy_format}: the compute "
+      "format wins (the step as it would run in it)"
     )
   narrower = sorted({mm.bits for k in graph.kernels for mm in k.matmuls if mm.bits < compute_bits})
   if narrower:

@@ -368,13 +368,19 @@ def holds(tree: Any, arg: Any) -> bool:
   return found
 
 
+def _undoubled(
+  names: Sequence[str], batch_argnums: Sequence[int], exc: Exception
+) -> tuple[str, BaseException]:
+  """The batch arguments a second trace doubled (their names) and why that trace failed."""
+  return ", ".join(names[i] for i in sorted(batch_argnums)), exc.__cause__ or exc
+
+
 def undoubled_batch(
   names: Sequence[str], batch_argnums: Sequence[int], b0: int, exc: Exception
 ) -> EstimateError:
   """The error of default batch arguments the step cannot grow: it does not trace with their axis 0
   doubled (``exc`` says why), so they may not be data, or the step fixes its batch size."""
-  cause = exc.__cause__ or exc
-  taken = ", ".join(names[i] for i in sorted(batch_argnums))
+  taken, cause = _undoubled(names, batch_argnums, exc)
   return EstimateError(
     f"the batch was taken to be axis 0 ({b0}) of {taken} (the default batch arguments), but the step does "
     f"not trace with it doubled ({type(cause).__name__}: {cause}); so {taken} may not be per-sample data "
@@ -551,20 +557,17 @@ def extract(
       if strict_batch:
         raise undoubled_batch(names, batch_argnums, b0, exc) from exc
       sites2 = None
-      cause = exc.__cause__ or exc
-      taken = ", ".join(names[i] for i in sorted(batch_argnums))
+      taken, cause = _undoubled(names, batch_argnums, exc)
       notes.add(
         f"the step does not trace with axis 0 of {taken} doubled ({type(cause).__name__}: "
         f"{str(cause).splitlines()[0] if str(cause) else ''}); all work is assumed linear in the batch. "
         f"If {taken} is not per-sample data, pass batch_argnums= naming the data arguments"
       )
-    if sites2 is not None and (
-      len(sites2) != len(w1.sites) or any(a.kind != b.kind for a, b in zip(w1.sites, sites2))
-    ):
+    if sites2 is None:
+      exact = False
+    elif len(sites2) != len(w1.sites) or any(a.kind != b.kind for a, b in zip(w1.sites, sites2)):
       exact = False
       notes.add("the step traced differently at twice the batch; all work is assumed linear in the batch")
-    elif sites2 is None:
-      exact = False
   sites = w1.sites
   exps: list[tuple[int, ...]] = []
   per_sample: list[bool] = []
