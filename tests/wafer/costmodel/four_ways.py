@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from tests.wafer.costmodel.helpers import Net
+from tests.wafer.costmodel.helpers import Net, sgd_step
 
 GPTJ = Net(layers=28, d=4096, heads=16, ffn=16384, vocab=50400, seq=2048)
 TINY = Net(layers=4, d=64, heads=4, ffn=256, vocab=300, seq=32)
@@ -39,13 +39,6 @@ def _attend(net: Net, qkv: jax.Array) -> jax.Array:
 def _xent(logits: jax.Array, tokens: jax.Array) -> jax.Array:
   logp = jax.nn.log_softmax(logits, axis=-1)
   return -jnp.mean(jnp.take_along_axis(logp, tokens[..., None], axis=-1))
-
-
-def _sgd(loss: Callable[[Any, jax.Array], jax.Array]) -> Callable[..., Any]:
-  def step(params: Any, tokens: jax.Array) -> Any:
-    return jax.tree.map(lambda p, g: p - 0.01 * g, params, jax.grad(loss)(params, tokens))
-
-  return step
 
 
 def _tokens(net: Net, batch: int) -> jax.ShapeDtypeStruct:
@@ -90,7 +83,7 @@ def _linen(net: Net, batch: int, scan: bool) -> tuple[Callable[..., Any], Any, A
   model = LM()
   tokens = _tokens(net, batch)
   params = jax.eval_shape(model.init, jax.random.key(0), tokens)
-  return _sgd(lambda p, t: _xent(model.apply(p, t), t)), params, tokens
+  return sgd_step(lambda p, t: _xent(model.apply(p, t), t), lr=0.01), params, tokens
 
 
 def linen_loop(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
@@ -124,7 +117,7 @@ def jax_scan(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
     x = nn.LayerNorm().apply({"params": p["ln_f"]}, x)
     return _xent(x @ p["head"]["kernel"] + p["head"]["bias"][None, None], tokens)
 
-  return _sgd(loss), params, _tokens(net, batch)
+  return sgd_step(loss, lr=0.01), params, _tokens(net, batch)
 
 
 def _per_layer(net: Net, batch: int, stack: bool) -> tuple[Callable[..., Any], Any, Any]:
@@ -148,7 +141,7 @@ def _per_layer(net: Net, batch: int, stack: bool) -> tuple[Callable[..., Any], A
     x = nn.LayerNorm().apply({"params": p["ln_f"]}, x)
     return _xent(x @ p["head"]["kernel"] + p["head"]["bias"][None, None], tokens)
 
-  return _sgd(loss), params, tokens
+  return sgd_step(loss, lr=0.01), params, tokens
 
 
 def jax_loop(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:
@@ -214,7 +207,7 @@ def _nnx(net: Net, batch: int, scan: bool) -> tuple[Callable[..., Any], Any, Any
       return self.head(self.ln_f(x))
 
   graphdef, state = nnx.split(nnx.eval_shape(lambda: LM(nnx.Rngs(0))))
-  return _sgd(lambda s, t: _xent(nnx.merge(graphdef, s)(t), t)), state, _tokens(net, batch)
+  return sgd_step(lambda s, t: _xent(nnx.merge(graphdef, s)(t), t), lr=0.01), state, _tokens(net, batch)
 
 
 def nnx_loop(net: Net, batch: int) -> tuple[Callable[..., Any], Any, Any]:

@@ -13,7 +13,6 @@ every policy (every policy here computes in a 16-bit format; the plain step is c
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -22,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import precision
+from tests.wafer.costmodel.helpers import unrolled_layers
 from wafer.costmodel import workloads as W
 from wafer.costmodel.graph import extract
 from wafer.costmodel.streaming import activation_memory
@@ -56,21 +56,7 @@ def _configs(draw: st.DrawFn) -> W.TransformerConfig:
 def _step(cfg: W.TransformerConfig, layout: str, policy: precision.Policy | None):
   """The workloads' train step (``layout``: the scan, or a Python loop), its loss under
   ``autocast(policy)`` when a policy is given."""
-  if layout == "scan":
-    run = None
-  else:
-
-    def run(x, layer_params):
-      for i in range(cfg.layers):
-        p = jax.tree.map(lambda a, i=i: a[i], layer_params)
-        if layout == "indexed":
-          with jax.named_scope(f"layer_{i}"):
-            x = W._layer(cfg, x, p)
-        elif layout == "nested":  # each layer a nested call (as Flax and the reference models)
-          x = jax.jit(functools.partial(W._layer, cfg))(x, p)
-        else:
-          x = W._layer(cfg, x, p)
-      return x
+  run = None if layout == "scan" else unrolled_layers(cfg, layout)
 
   def loss(params, tokens):
     return W.loss_fn(cfg, params, tokens, layers=run)

@@ -14,7 +14,7 @@ import pytest
 
 import precision
 import wafer
-from tests.wafer.costmodel.helpers import sds
+from tests.wafer.costmodel.helpers import sds, unrolled_layers
 from wafer.costmodel import EstimateError, TraceError
 from wafer.costmodel import workloads as W
 from wafer.errors import WaferError
@@ -35,15 +35,7 @@ IDS = ["d128", "d256", "d384-rotary"]
 def _unrolled_step(cfg: W.TransformerConfig, naming: str):
   """The workloads' train step with the layers in a Python loop instead of ``lax.scan``."""
 
-  def layers(x, layer_params):
-    for i in range(cfg.layers):
-      p = jax.tree.map(lambda a, i=i: a[i], layer_params)
-      if naming == "indexed":
-        with jax.named_scope(f"layer_{i}"):
-          x = W._layer(cfg, x, p)
-      else:  # every layer under the same scope names (attn, mlp)
-        x = W._layer(cfg, x, p)
-    return x
+  layers = unrolled_layers(cfg, naming)
 
   def loss(params, tokens):  # W.loss_fn with the Python loop in place of the scan
     return W.loss_fn(cfg, params, tokens, layers=layers)

@@ -14,17 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wafer
-from tests.wafer.costmodel.helpers import sds
+from tests.wafer.costmodel.helpers import sds, sgd_step
 from wafer.costmodel import CALIBRATION
 from wafer.costmodel import graph as G
-
-
-def _sgd(loss):
-  def step(p, x):
-    g = jax.grad(loss)(p, x)
-    return jax.tree.map(lambda a, b: a - 1e-3 * b, p, g)
-
-  return step
 
 
 def _moe(experts: int):
@@ -52,8 +44,8 @@ def test_a_grouped_product_costs_the_dense_products_of_its_tokens(experts, d, f,
   batch = 8
   params = {"w1": sds(experts, d, f), "w2": sds(experts, f, d)}
   x = sds(batch, seq, d)
-  moe = G.extract(_sgd(_moe(experts)), (params, x), batch_argnums=(1,), compute_bits=16)
-  dense = G.extract(_sgd(_dense), (params, x), batch_argnums=(1,), compute_bits=16)
+  moe = G.extract(sgd_step(_moe(experts)), (params, x), batch_argnums=(1,), compute_bits=16)
+  dense = G.extract(sgd_step(_dense), (params, x), batch_argnums=(1,), compute_bits=16)
   # forward 2 products, backward 3 (x needs no gradient): 5 x 2 d f FLOP per token
   assert moe.flops_per_sample() == pytest.approx(5 * 2 * d * f * seq, rel=1e-6)
   assert moe.flops_per_sample() == pytest.approx(dense.flops_per_sample(), rel=1e-6)
@@ -67,7 +59,7 @@ def test_the_weight_gradient_of_a_grouped_product_is_a_product_over_the_tokens()
   """The backward's ``ragged_dot_general`` with the tokens contracted (one sum per expert) is
   costed as ``experts`` products of ``tokens / experts`` each, whose tokens grow with the batch."""
   params = {"w1": sds(4, 32, 64), "w2": sds(4, 64, 32)}
-  graph = G.extract(_sgd(_moe(4)), (params, sds(8, 16, 32)), batch_argnums=(1,), compute_bits=16)
+  graph = G.extract(sgd_step(_moe(4)), (params, sds(8, 16, 32)), batch_argnums=(1,), compute_bits=16)
   products = [mm for k in graph.kernels for mm in k.matmuls if mm.phase == "bwd" and not mm.weight]
   grads = [mm for mm in products if mm.k.exponent > 0]  # contracted over the tokens
   assert len(grads) == 2 and all(mm.instances.at(1.0) == 4 and mm.instances.exponent == 0 for mm in grads)

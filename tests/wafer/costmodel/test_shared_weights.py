@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wafer
-from tests.wafer.costmodel.helpers import sds
+from tests.wafer.costmodel.helpers import sds, sgd_step
 from wafer.costmodel import graph as G
 
 
@@ -55,14 +55,6 @@ def _lstm_loss(way: str, steps: int):
   return loss
 
 
-def _sgd(loss):
-  def step(p, x):
-    g = jax.grad(loss)(p, x)
-    return jax.tree.map(lambda a, b: a - 1e-3 * b, p, g)
-
-  return step
-
-
 def _lstm(hidden: int):
   return {"wx": sds(hidden, 4 * hidden), "wh": sds(hidden, 4 * hidden), "b": sds(4 * hidden)}
 
@@ -77,7 +69,9 @@ def test_an_rnn_over_time_holds_its_weights_once_however_the_loop_is_written(hid
   params, x = _lstm(hidden), sds(batch, steps, hidden)
   graphs, reports = {}, {}
   for way in ("scan", "loop"):
-    graphs[way] = G.extract(_sgd(_lstm_loss(way, steps)), (params, x), batch_argnums=(1,), compute_bits=16)
+    graphs[way] = G.extract(
+      sgd_step(_lstm_loss(way, steps)), (params, x), batch_argnums=(1,), compute_bits=16
+    )
     reports[way] = wafer.costmodel.estimate_graph(graphs[way], batch_size=batch, mode="weight_streaming")
   for way, graph in graphs.items():
     assert graph.param_elements == _count(params), way
@@ -91,7 +85,7 @@ def test_an_rnn_over_time_holds_its_weights_once_however_the_loop_is_written(hid
 
 def test_a_fori_loop_over_time_holds_its_weights_once():
   params, x = _lstm(64), sds(16, 12, 64)
-  graph = G.extract(_sgd(_lstm_loss("fori", 12)), (params, x), batch_argnums=(1,), compute_bits=16)
+  graph = G.extract(sgd_step(_lstm_loss("fori", 12)), (params, x), batch_argnums=(1,), compute_bits=16)
   assert graph.param_elements == _count(params)
 
 
@@ -127,7 +121,7 @@ def test_one_layer_applied_many_times_is_one_layer_of_parameters(way):
   stacked = {k: sds(layers, *v.shape) for k, v in layer.items()}
   params = stacked if way.startswith("stacked") else layer
   x = sds(16, 32, d)
-  graph = G.extract(_sgd(_albert_loss(way, layers)), (params, x), batch_argnums=(1,), compute_bits=16)
+  graph = G.extract(sgd_step(_albert_loss(way, layers)), (params, x), batch_argnums=(1,), compute_bits=16)
   assert graph.param_elements == _count(params)
   # (an unrolled loop drops the first layer's unused input gradient, 1 of 36 products)
   assert graph.flops_per_sample() == pytest.approx(6 * 32 * layers * 2 * d * f, rel=0.03)
@@ -147,5 +141,5 @@ def test_a_weight_shared_inside_each_scanned_layer_counts_once_per_layer():
     h, _ = jax.lax.scan(layer, x, p["w"])
     return jnp.mean(h**2)
 
-  graph = G.extract(_sgd(loss), (params, sds(8, d)), batch_argnums=(1,), compute_bits=16)
+  graph = G.extract(sgd_step(loss), (params, sds(8, d)), batch_argnums=(1,), compute_bits=16)
   assert graph.param_elements == layers * d * d
