@@ -325,7 +325,7 @@ def bert_features_from_text(
 
 
 def bert_features(
-  data_dir: str | os.PathLike | None,
+  data_dir: str | os.PathLike | list[str] | None,
   *,
   msl: int,
   vocab_size: int = 8192,
@@ -338,7 +338,8 @@ def bert_features(
   """BERT features from pre-tokenised HDF5/CSV, from text (.txt / .jsonl), or the embedded corpus (None).
 
   ``split`` (``train`` / ``eval`` / None) selects documents of a text corpus; pre-tokenised data
-  is split by its files (point ``data_dir`` at the split's directory).
+  is split by its files (point ``data_dir`` at the split's directory). A list of paths is one
+  dataset, read in the list's order.
   """
   feats = pretokenised(data_dir, (".h5", ".hdf5", ".csv"), read_features, msl, split)
   if feats is not None:
@@ -418,7 +419,7 @@ class BertInput(InputConfig):
 
   def features(self, *, cache_dir: Any = None, seed: int = 0, eval_split: bool = False) -> Features:
     return bert_features(
-      data_dir(self),
+      data_dir(self, many=True),
       msl=self.max_sequence_length or 128,
       vocab_size=self.vocab_size or 8192,
       cache_dir=cache_dir,

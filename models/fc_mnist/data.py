@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from pydantic import ConfigDict
+from pydantic import ConfigDict, field_validator
 
 from wafer.config import InputConfig
 from wafer.data.pipeline import ArraySource, GrainBatchSource
@@ -140,6 +141,12 @@ class MnistInput(InputConfig):
 
   to_float: bool | None = None
   to_float16: bool | None = None
+
+  @field_validator("data_dir")
+  @classmethod
+  def _one_dir(cls, v: Any) -> Any:
+    data_dir(SimpleNamespace(data_dir=v, data_processor=PROCESSORS[0]))  # a list of several: refused here
+    return v
 
   def features(self, *, cache_dir: Any = None, seed: int = 0, eval_split: bool = False) -> Features:
     del cache_dir, seed

@@ -158,7 +158,7 @@ def gpt_features_from_text(
 
 
 def gpt_features(
-  data_dir: str | os.PathLike | None,
+  data_dir: str | os.PathLike | list[str] | None,
   *,
   msl: int,
   vocab_size: int = 8192,
@@ -169,7 +169,8 @@ def gpt_features(
 
   Pre-tokenised data is used as it is (its ids come from its own tokenizer, so ``vocab_size`` is
   not applied; it is split by its files); text is tokenised here with ids ``< vocab_size``, and
-  ``split`` selects its documents (:func:`gpt_features_from_text`).
+  ``split`` selects its documents (:func:`gpt_features_from_text`). A list of paths (every 2.x
+  GPT-3 params file lists ten directories) is one dataset, read in the list's order.
   """
   feats = pretokenised(data_dir, (".h5", ".hdf5"), read_features, msl, split)
   if feats is not None:
@@ -196,7 +197,7 @@ class GptInput(InputConfig):
   def features(self, *, cache_dir: Any = None, seed: int = 0, eval_split: bool = False) -> Features:
     del seed  # the windows are cut in order; shuffling is the pipeline's
     return gpt_features(
-      data_dir(self),
+      data_dir(self, many=True),
       msl=self.max_sequence_length or 128,
       vocab_size=self.vocab_size or 8192,
       cache_dir=cache_dir,

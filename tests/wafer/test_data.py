@@ -477,3 +477,45 @@ def test_damaged_caches_are_rebuilt_not_fatal(tmp_path, capsys):
   again_tok = text.train_bert_tokenizer(small_corpus(), 150, tmp_path / "tok")
   assert "cached tokenizer" in capsys.readouterr().out
   assert again_tok.get_vocab() == tok.get_vocab()
+
+
+def test_a_list_of_data_dirs_is_one_dataset_in_its_order(tmp_path):
+  """modelzoo's GPT and BERT processors take ``data_dir: [dir0, dir1, ...]`` (every 2.x GPT-3 file lists
+  ten): the examples of each path in the list's order; text documents likewise; MNIST's one path."""
+  from pydantic import ValidationError
+
+  from models.fc_mnist.data import MnistInput
+  from models.gpt2 import data as gpt
+  from wafer.config.schema import InputConfig
+  from wafer.data import processors
+
+  parts = [gpt.create_lm_examples([list(range(s, s + 40))], msl=8, eot_id=0) for s in (1, 100, 300)]
+  dirs = [tmp_path / f"d{i}" for i in range(3)]
+  for d, part in zip(dirs, parts):
+    d.mkdir()
+    gpt.write_hdf5(d / "a.h5", part)
+  whole = gpt.gpt_features([str(d) for d in (dirs[2], dirs[0], dirs[1])], msl=8)
+  for k in gpt.FEATURES:
+    assert np.array_equal(whole[k], np.concatenate([parts[2][k], parts[0][k], parts[1][k]])), k
+  cfg = InputConfig(
+    data_processor="GptHDF5MapDataProcessor", data_dir=[str(d) for d in dirs], batch_size=2,
+    max_sequence_length=8, shuffle=False,
+  )  # fmt: skip
+  rows = len(whole["input_ids"])
+  got = np.concatenate([b["input_ids"] for b in processors.eval_batches(cfg, seed=0)])
+  assert got.shape == (rows - rows % 2, 8) and np.array_equal(
+    np.sort(got, axis=0), np.sort(np.concatenate([p["input_ids"] for p in parts])[: len(got)], axis=0)
+  )
+  (tmp_path / "t0").mkdir(), (tmp_path / "t1").mkdir()
+  (tmp_path / "t0" / "a.txt").write_text("One. Two.")
+  (tmp_path / "t1" / "b.jsonl").write_text('{"text": "Three."}\n')
+  assert text.read_documents([tmp_path / "t1", tmp_path / "t0"]) == ["Three.", "One. Two."]
+  with pytest.raises(ValueError, match=r"pre-tokenised data .* and text \(.*t1\); list paths of one kind"):
+    gpt.gpt_features([str(dirs[0]), str(tmp_path / "t1")], msl=8)
+  with pytest.raises(FileNotFoundError, match=r"data_dir .*nope: no such file or directory"):
+    gpt.gpt_features([str(dirs[0]), str(tmp_path / "nope")], msl=8)
+  with pytest.raises(
+    ValidationError, match=r"MNISTDataProcessor reads one data_dir, got a list of 2 \(a, b\)"
+  ):
+    MnistInput(data_processor="MNISTDataProcessor", data_dir=["a", "b"], batch_size=2)
+  assert MnistInput(data_processor="MNISTDataProcessor", data_dir=["a"], batch_size=2).data_dir == ["a"]

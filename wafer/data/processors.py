@@ -38,7 +38,12 @@ DAMAGED_DATA: tuple[type[BaseException], ...] = (
 
 
 def _section_error(section: str, cfg: Any, error: BaseException) -> DataError:
-  where = f"{section} ({cfg.data_processor}, data_dir={cfg.data_dir!r})"
+  paths = cfg.data_dir
+  if isinstance(paths, list) and len(paths) > 2:  # 2.x GPT-3 files list ten: the first and the count
+    paths = f"[{paths[0]!r}, ... {len(paths) - 1} more]"
+  else:
+    paths = repr(paths)
+  where = f"{section} ({cfg.data_processor}, data_dir={paths})"
   detail = str(error) or type(error).__name__
   if isinstance(error, (EOFError, zlib.error)):  # the readers' own messages name no file
     detail += f" (a file in data_dir ends early or is corrupt: {DAMAGED_FILE_FIX})"
@@ -59,12 +64,26 @@ def text_split(cfg: Any, eval_split: bool) -> str | None:
   return None
 
 
-def data_dir(cfg: Any) -> str | None:
-  """``cfg.data_dir`` as one path (a one-element list is unwrapped; longer lists are an error)."""
+def data_dir(cfg: Any, *, many: bool = False) -> str | list[str] | None:
+  """``cfg.data_dir``: None, one path, or (``many=True``, a processor that reads several) a list of paths.
+
+  A one-element list is unwrapped. modelzoo's GPT and BERT processors take a list of directories (every
+  2.x GPT-3 file lists ten), read as one dataset in their order; a processor that reads one path
+  (``many=False``) refuses a longer list, naming the paths and the fix.
+
+  >>> from types import SimpleNamespace as NS
+  >>> data_dir(NS(data_dir=["a/0", "a/1"], data_processor="GptHDF5MapDataProcessor"), many=True)
+  ['a/0', 'a/1']
+  >>> data_dir(NS(data_dir=["a/0"], data_processor="MNISTDataProcessor"))
+  'a/0'
+  """
   path = cfg.data_dir[0] if isinstance(cfg.data_dir, list) and len(cfg.data_dir) == 1 else cfg.data_dir
-  if isinstance(path, list):
-    raise ValueError(f"{cfg.data_processor}: data_dir must be one path (got {len(path)})")
-  return path
+  if isinstance(path, list) and not many:
+    raise ValueError(
+      f"{cfg.data_processor} reads one data_dir, got a list of {len(path)} ({', '.join(map(str, path))}): "
+      "give one path, or data_dir: null for the built-in data"
+    )
+  return list(path) if isinstance(path, list) else path
 
 
 def as_processor(cfg: Any) -> Any:

@@ -7,7 +7,7 @@ axis = examples, to wrap in an :class:`~wafer.data.pipeline.ArraySource`) with t
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -54,7 +54,7 @@ def announce(
 
 
 def pretokenised(
-  data_dir: str | os.PathLike | None,
+  data_dir: str | os.PathLike | Sequence[str | os.PathLike] | None,
   suffixes: tuple[str, ...],
   read: Callable[[str], Features],
   msl: int,
@@ -63,13 +63,28 @@ def pretokenised(
   """Pre-tokenised features when ``data_dir`` is (or holds) a file with one of ``suffixes``, else None (text).
 
   Checks the sequence length against ``msl``; a ``split`` is an error (pre-tokenised data is split by files).
+  A list of paths (modelzoo's ``data_dir: [dir0, dir1, ...]``) is one dataset: each path's examples in
+  the list's order, concatenated; every path must hold pre-tokenised data, or none of them (text).
 
   Raises:
     ValueError: naming the file: it is empty, an ``.h5``/``.hdf5`` file without the HDF5 signature
-      (garbage, or a download that is not the file), or the reader fails on it (truncated, corrupt).
+      (garbage, or a download that is not the file), or the reader fails on it (truncated, corrupt);
+      or a list mixing pre-tokenised and text paths.
   """
   if data_dir is None:
     return None
+  if not isinstance(data_dir, (str, os.PathLike)):
+    paths = [os.fspath(p) for p in data_dir]
+    parts = [pretokenised(p, suffixes, read, msl, split) for p in paths]
+    if all(part is None for part in parts):
+      return None
+    if any(part is None for part in parts):
+      text_paths = [p for p, part in zip(paths, parts) if part is None]
+      raise ValueError(
+        f"data_dir lists pre-tokenised data ({', '.join(suffixes)}) and text ({', '.join(text_paths)}); "
+        "list paths of one kind"
+      )
+    return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
   path = os.fspath(data_dir)
   if not os.path.exists(path):
     raise FileNotFoundError(

@@ -179,10 +179,13 @@ def read_jsonl(path: str | os.PathLike, key: str = "text") -> list[str]:
   return docs
 
 
-def read_documents(data_dir: str | os.PathLike | None) -> list[str]:
-  """Documents from ``data_dir``: a ``.jsonl`` file, a directory of ``.txt``/``.jsonl`` files, or None (embedded)."""
+def read_documents(data_dir: str | os.PathLike | Sequence[str | os.PathLike] | None) -> list[str]:
+  """Documents from ``data_dir``: a ``.jsonl`` file, a directory of ``.txt``/``.jsonl`` files, a list of
+  those (their documents in the list's order), or None (embedded)."""
   if data_dir is None:
     return embedded_corpus()
+  if not isinstance(data_dir, (str, os.PathLike)):
+    return [doc for path in data_dir for doc in read_documents(path)]
   path = os.fspath(data_dir)
   if os.path.isfile(path):
     if path.endswith(".jsonl"):
