@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -141,6 +142,23 @@ def _workload_conditions(args: argparse.Namespace, w: Any) -> dict[str, Any]:
   return pinned
 
 
+_ARGUMENT = re.compile(
+  r"(?<![\w.])(system|mode|release|num_csx|micro_batch_size|compute_format|batch_size)="
+  r"(?:'([^']*)'|([^\s;,)']+))"
+)
+
+
+def _as_flags(text: str) -> str:
+  """``wafer.estimate``'s wording of its arguments (``num_csx=2``, ``mode='pipeline'``) as the flags a
+  `wafer estimate` user types (``--num_csx 2``, ``--mode pipeline``); a params key (``train_input.
+  micro_batch_size=``) is left as it is.
+
+  >>> print(_as_flags("num_csx=2 with mode='pipeline' (use mode='weight_streaming'); train_input.batch_size=3"))
+  --num_csx 2 with --mode pipeline (use --mode weight_streaming); train_input.batch_size=3
+  """
+  return _ARGUMENT.sub(lambda m: f"--{m[1]} {m[2] if m[2] is not None else m[3]}", text)
+
+
 def _condition(value: Any) -> str:
   """A workload condition as the notes show it: ``weight_streaming``, ``112``, ``(720, 720)``."""
   return f"{value:g}" if isinstance(value, float) else str(value)
@@ -153,12 +171,18 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
   from wafer.costmodel.estimate import run_inputs
 
   overrides = list(args.overrides or ())
-  if args.batch_size is not None:  # the params file's batch: the step is traced at it
-    overrides.append(f"train_input.batch_size={args.batch_size}")
-  if args.micro_batch_size is not None:  # the flag replaces the file's value before it is checked
-    mb = "auto" if args.micro_batch_size == _SEARCH else args.micro_batch_size
-    overrides.append(f"train_input.micro_batch_size={mb}")
-  p = runner.load_plan(args.params, overrides)
+  flags: dict[str, str] = {}  # override -> the flag it came from, which a problem with it names
+  for flag, key in (  # each flag replaces the file's value before the file is checked
+    ("batch_size", "train_input.batch_size"),  # the params file's batch: the step is traced at it
+    ("num_csx", "runconfig.num_csx"),  # the file's micro-batch is checked per system of the run
+    ("micro_batch_size", "train_input.micro_batch_size"),
+  ):
+    value = getattr(args, flag)
+    if value is not None:
+      value = "auto" if value == _SEARCH else value
+      overrides.append(f"{key}={value}")
+      flags[overrides[-1]] = f"--{flag} {value}"
+  p = runner.load_plan(args.params, overrides, flags=flags)
   for line in p.params.notes:  # what the loader inferred, ignored or translated, as `wafer run` prints
     print(line, file=sys.stderr, flush=True)
   with cheap_sharding_probes():
@@ -197,14 +221,17 @@ def _run(args: argparse.Namespace) -> int:
 
   _distributed(args)
   overrides = list(args.overrides or ())
+  flags: dict[str, str] = {}  # override -> the flag it came from, which a problem with it names
   if args.model_dir is not None:  # the value as given: a path is not YAML (``runs/a #2``, ``~``, ``2024``)
     overrides.append(literal_override("runconfig.model_dir", args.model_dir))
+    flags[overrides[-1]] = f"--model_dir {args.model_dir}"
   for flag in ("validate_only", "compile_only"):
     if getattr(args, flag):
       overrides.append(f"runconfig.{flag}=true")
+      flags[overrides[-1]] = f"--{flag}"
   source = args.params if args.params is not None else _default_params()
   try:
-    plan = runner.load_plan(source, overrides, mode=args.mode)
+    plan = runner.load_plan(source, overrides, mode=args.mode, flags=flags)
     from wafer.train.loop import make_model_dir
 
     model_dir = make_model_dir(plan.runconfig.model_dir)  # a bad model_dir is refused before any work
@@ -321,7 +348,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if getattr(args, "workload_mode", None) and reason.startswith("requested"):
       reason = f"the published run's: workload {name}" + reason.removeprefix("requested")
     report = dataclasses.replace(report, mode_reason=reason, notes=(*notes, *report.notes))
-  print(report.to_text(), end="")
+  print(_as_flags(report.to_text()), end="")  # the saved report keeps the API's wording
   if args.model_dir:
     paths = report.save(args.model_dir)
     print()
@@ -544,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     message = _user_error(error)
     if message is None:
       raise
+    if args.command == "estimate":  # wafer.estimate's argument checks, in the flags' wording
+      message = _as_flags(message)
     print(f"wafer {args.command}: error: {message}", file=sys.stderr)
     return USER_ERROR_EXIT
 

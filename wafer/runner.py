@@ -62,16 +62,21 @@ def plan(params: Params) -> Plan:
 
 
 def load_plan(
-  path: str | Path | dict, overrides: list[str] | tuple[str, ...] = (), *, mode: str | None = None
+  path: str | Path | dict,
+  overrides: list[str] | tuple[str, ...] = (),
+  *,
+  mode: str | None = None,
+  flags: dict[str, str] | None = None,
 ) -> Plan:
-  """Load the model plugins (once), then a params file, and plan it. ``mode`` sets ``runconfig.mode``.
+  """Load the model plugins (once), then a params file, and plan it. ``mode`` sets ``runconfig.mode``;
+  ``flags`` names the command-line flag each override came from (`wafer.config.load_params`).
 
   Raises:
     wafer.config.ConfigError: the file is wrong, or ``model.name`` names no registered model (with the
       file, the line and the nearest registered name).
   """
   registry.load_plugins()
-  params = load_params(path, list(overrides), mode=mode)
+  params = load_params(path, list(overrides), mode=mode, flags=flags)
   try:
     return plan(params)
   except registry.UnknownModelError as error:

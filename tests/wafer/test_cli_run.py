@@ -128,3 +128,40 @@ def test_process_flags_are_checked_before_anything_starts(tmp_path, capsys):
     "--coordinator_address HOST:PORT"
     in cli.build_parser()._subparsers._group_actions[0].choices["run"].format_help()
   )
+
+
+def test_estimate_flags_are_the_params_keys_they_replace(tmp_path, capsys):
+  """--num_csx replaces runconfig.num_csx before the file is checked, as --batch_size and
+  --micro_batch_size replace theirs: a flag and its override give one answer, a problem names the flag,
+  the per-system batch is that of the systems asked for, and wafer.estimate's own checks read as flags."""
+  path = _params_file(tmp_path, runconfig__model_dir=str(tmp_path / "md"), train_input__micro_batch_size=16)
+
+  def estimate(*argv):
+    rc = cli.main(["estimate", "--params", str(path), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+  rc, out, err = estimate("--num_csx", "8")  # 64 / 8 = 8 samples per system: 16 does not divide it
+  assert rc == 1 and "must divide the per-system batch batch_size/num_csx = 8" in err, err
+  assert estimate("runconfig.num_csx=8")[2] == err
+  rc, _, err = estimate("--num_csx", "4", "--micro_batch_size", "3")
+  assert (
+    rc == 1 and "(from --micro_batch_size 3): must divide the per-system batch batch_size/num_csx = 16" in err
+  )
+  rc, _, err = estimate("--batch_size", "3", "--num_csx", "4")
+  assert rc == 1 and "train_input.batch_size (from --batch_size 3): The number of CS devices (4)" in err, err
+  rc, out, _ = estimate("--num_csx", "2", "--model_dir", str(tmp_path / "b"))
+  assert rc == 0 and "2 x CS-2" in out and "(32 per system); micro-batch 16 as given" in out, out
+  rc, _, err = estimate("--num_csx", "2", "--mode", "pipeline")
+  assert rc == 1 and "--num_csx 2 with --mode pipeline" in err and "mode='" not in err, err
+
+
+def test_a_section_the_mode_does_not_run_is_not_checked(tmp_path):
+  """As modelzoo, which checks a section's batch when it builds that section's loader: an eval_input
+  whose micro-batch does not split under runconfig.num_csx refuses train_and_eval, not train."""
+  from wafer.config import ConfigError, load_params
+
+  path = _params_file(tmp_path, eval_input__micro_batch_size=48, runconfig__num_csx=2)
+  assert load_params(path).eval_input.micro_batch_size == 48
+  with pytest.raises(ConfigError, match=r"eval_input\.micro_batch_size.* batch_size/num_csx = 32"):
+    load_params(path, ["runconfig.eval_frequency=10"], mode="train_and_eval")

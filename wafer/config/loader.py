@@ -426,7 +426,10 @@ def _not_utf8(error: UnicodeDecodeError, source: str) -> str:
 
 
 def load_params(
-  path: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str] = (), mode: str | None = None
+  path: str | os.PathLike[str] | Mapping[str, Any],
+  overrides: Sequence[str] = (),
+  mode: str | None = None,
+  flags: Mapping[str, str] | None = None,
 ) -> Params:
   """Load and validate a params file.
 
@@ -437,6 +440,8 @@ def load_params(
     overrides: ``key.path=value`` strings, applied in order to the legacy layout (paths starting
       with ``trainer.`` are applied to a trainer-layout file before conversion).
     mode: sets ``runconfig.mode`` (the CLI's ``--mode``), checked like any other key.
+    flags: for overrides a command-line flag made, the flag as the user typed it (``{"train_input.
+      batch_size=3": "--batch_size 3"}``): a problem with its value names the flag, not the override.
 
   Returns:
     The validated :class:`Params`.
@@ -465,6 +470,11 @@ def load_params(
       source,
     )
   parsed = [(parse_override(o), o) for o in overrides]
+  flags = dict(flags or {})
+
+  def origin(text: str) -> str:
+    return flags.get(text, f"override {text!r}")
+
   origins: list[tuple[Loc, str]] = []
   v2_map: list[tuple[Loc, Loc]] = []
   found: list[Problem] = []
@@ -473,7 +483,7 @@ def load_params(
   if trainer_layout:
     for (loc, value), text in parsed:
       if loc[0] == "trainer":
-        origins.insert(0, (_apply(data, loc, value, text, source), f"override {text!r}"))
+        origins.insert(0, (_apply(data, loc, value, text, source), origin(text)))
     try:
       data, v2_map, found, callbacks = _trainer.convert_all(data)
     except ConfigError as e:  # the file's shape does not convert at all (a list of trainers)
@@ -489,7 +499,7 @@ def load_params(
         ),
         source,
       )
-    origins.insert(0, (_apply(data, loc, value, text, source), f"override {text!r}"))
+    origins.insert(0, (_apply(data, loc, value, text, source), origin(text)))
   if mode is not None:
     if data.get("runconfig") is None:
       data["runconfig"] = {}

@@ -240,9 +240,11 @@ class Params(BaseModel):
             "of each other.",
           )
         )
-    for name in ("train_input", "eval_input"):
+    for name, modes in (("train_input", TRAIN_MODES), ("eval_input", EVAL_MODES)):
       section = getattr(self, name)
-      if section is None:
+      if (
+        section is None or mode not in modes
+      ):  # as modelzoo, which checks a section when it builds its loader
         continue
       b, n = section.batch_size, rc.num_csx
       split = batch_split_problem(b, n)

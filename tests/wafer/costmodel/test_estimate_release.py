@@ -146,7 +146,7 @@ def test_release_reaches_estimate_and_the_cli(capsys):
   out = capsys.readouterr().out
   assert "Release:        1.8" in out and "layer pipelined (release 1.8 runs models under 1B" in out
   assert main(["estimate", "--workload", "gpt2_small", "--release", "7.1"]) == 1
-  assert "release='7.1'" in capsys.readouterr().err
+  assert "--release 7.1: no such Cerebras release" in capsys.readouterr().err
 
 
 # -- micro-batch as given -------------------------------------------------------------------------

@@ -227,9 +227,9 @@ def test_cli_lists_workloads(capsys):
 @pytest.mark.parametrize(
   ("argv", "message"),
   [
-    (["estimate", "--workload", "gpt2_small", "--system", "tpu"], "system='tpu'"),
-    (["estimate", "--workload", "gpt2_small", "--mode", "fast"], "mode='fast'"),
-    (["estimate", "--workload", "gpt2_small", "--num_csx", "3"], "num_csx=3"),
+    (["estimate", "--workload", "gpt2_small", "--system", "tpu"], "--system tpu is not a known system"),
+    (["estimate", "--workload", "gpt2_small", "--mode", "fast"], "--mode fast;"),
+    (["estimate", "--workload", "gpt2_small", "--num_csx", "3"], "--num_csx 3"),
     (["estimate", "--workload", "gpt2_small", "--batch_size", "0"], "--batch_size 0"),
     (["estimate", "--workload", "bert"], "--workload 'bert' is not a built-in workload"),
     (["estimate"], "--workload NAME"),
