@@ -96,7 +96,7 @@ def _step(w: Workload, graph: Any, params: dict[str, float]) -> float:
   """Seconds per step of ``w`` (its global batch over the estimated rate) at ``params``."""
   calib, kw = _calib(w, params)
   rate = estimate_graph(graph, batch_size=w.batch_size, calibration=calib, **kw).samples_per_sec
-  return w.batch_size / rate if rate > 0 else math.inf
+  return w.batch_size / rate if rate else math.inf  # None: does not fit
 
 
 def _points() -> list[tuple[Workload, list[Any]]]:

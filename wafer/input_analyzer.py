@@ -126,6 +126,12 @@ def consumption_rate(plan: Any, batch: Any, consumer: str, steps: int = 5) -> fl
       policy=plan.policy,
       name=plan.task.name,
     )
+    if not report.fits:  # no rate to feed: not "0 samples/s"
+      raise InputAnalysisError(
+        f"the cost model finds no wafer rate to feed: the train step does not fit ({report.reason}); "
+        f"would fit: {report.remedy}. Analyse against this machine's rate instead (consumer "
+        "'measured', the CLI's --consumer measured), or change the model or batch"
+      )
     return float(report.samples_per_sec)
   step = jax.jit(step_fn)
   state, loss = step(state, batch)  # compile and warm up
@@ -171,8 +177,8 @@ def analyze(
   def make(w: int) -> GrainBatchSource:
     return base.with_workers(num_workers_per_csx=w, num_processes=w)
 
+  need = consumption_rate(plan, batch, consumer)  # first: a step with no rate to feed stops before measuring
   rates = measure_samples_per_s(make, counts, seconds=seconds)
-  need = consumption_rate(plan, batch, consumer)
   return InputAnalysis(
     model=plan.task.name,
     batch_size=plan.task.batch_size,

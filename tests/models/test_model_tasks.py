@@ -380,3 +380,32 @@ def test_without_max_sequence_length_the_sequences_are_the_models_max_position_e
   with pytest.raises(DataConfigError, match=r"train_input.max_sequence_length: not in the params file, so "
                      r"model.max_position_embeddings=64 stands for it, and then: max_predictions_per_seq=80"):  # fmt: skip
     runner.load_plan(DEFAULT_JOB, overrides + too_few)
+
+
+@pytest.mark.slow  # about 5 s; .ci/run runs the slow tests
+def test_analyze_input_against_a_step_that_does_not_fit_has_no_rate_to_feed(tmp_path, monkeypatch):
+  """A train step the cost model finds does not fit has no wafer rate: an error saying why and what
+  to do, not "Model consumes 0.0 samples/s"."""
+  import dataclasses
+
+  import wafer
+  from wafer import input_analyzer
+
+  real = wafer.estimate
+
+  def not_fitting(*args, **kwargs):
+    r = real(*args, **kwargs)
+    return dataclasses.replace(
+      r,
+      fits=False,
+      samples_per_sec=None,
+      reason="32 GB of activations exceed 27.5 GB",
+      remedy="micro_batch_size 8",
+    )
+
+  monkeypatch.setattr(wafer, "estimate", not_fitting)
+  plan = runner.load_plan(FC_MNIST, [f"runconfig.model_dir={tmp_path}"])
+  with pytest.raises(
+    input_analyzer.InputAnalysisError, match=r"does not fit \(32 GB.*would fit: micro_batch_size 8"
+  ):
+    input_analyzer.analyze(plan, seconds=0.05)

@@ -848,7 +848,7 @@ def _pipeline_report(
       )
     )
   fits = pipe.fits
-  rate = pipe.samples_per_sec if fits else 0.0
+  rate = pipe.samples_per_sec if fits else None
   details = {
     "sequence_length": seq,
     "sequence_source": graph.sequence_source if seq else None,
@@ -883,8 +883,8 @@ def _pipeline_report(
     reason=pipe.reason,
     micro_batch_size=pipe.wave,
     samples_per_sec=rate,
-    compute_samples_per_sec=pipe.compute_samples_per_sec if fits else 0.0,
-    transmission_samples_per_sec=pipe.transmission_samples_per_sec if fits else 0.0,
+    compute_samples_per_sec=pipe.compute_samples_per_sec if fits else None,
+    transmission_samples_per_sec=pipe.transmission_samples_per_sec if fits else None,
     active_pes=sum(u.rect.area for u in pipe.units),
     compute_utilization=busy / total_area if fits else 0.0,
     step_time_s=common["batch_size"] / rate if rate else None,
@@ -962,9 +962,9 @@ def _streaming_report(
       fits=False,
       reason=ws.reason,
       micro_batch_size=ws.requested or 0,
-      samples_per_sec=0.0,
-      compute_samples_per_sec=0.0,
-      transmission_samples_per_sec=0.0,
+      samples_per_sec=None,
+      compute_samples_per_sec=None,
+      transmission_samples_per_sec=None,
       active_pes=0,
       compute_utilization=0.0,
       step_time_s=None,

@@ -70,14 +70,14 @@ class Report:
     system, system_name, chip: ``"wse2"``, ``"CS-2"``, ``"WSE-2"``.
     release: the Cerebras software release costed (``"2.x"``, ``"1.8"``...), which decides the mode.
     mode: ``"pipeline"`` or ``"weight_streaming"``; ``mode_reason`` says how it was chosen.
-    fits: False when the model does not fit in ``mode``: then it has no rate (the rate fields are 0,
-      None in `to_dict`), ``reason`` says why and ``remedy`` what would make it fit; ``details`` has
+    fits: False when the model does not fit in ``mode``: then it has no rate (the rate fields,
+      ``step_time_s``, ``model_flops_per_sec`` and ``flops_utilization`` are None), ``reason`` says why and ``remedy`` what would make it fit; ``details`` has
       the memory it needs and has, the factor over and the assumption that decides it.
     batch_size: samples per step (all systems); ``num_csx``: systems in data parallel.
     micro_batch_size: samples per micro-batch (weight streaming) or per pipeline wave.
     samples_per_sec: the estimate: ``min`` of compute and transmission in a pipeline, the
-      overlapped step in weight streaming.
-    compute_samples_per_sec: the rate if data movement were free (None: no compute).
+      overlapped step in weight streaming (None: the model does not fit).
+    compute_samples_per_sec: the rate if data movement were free (None: no compute, or no fit).
     transmission_samples_per_sec: the rate if compute were free (fabric transfers, I/O; None: none).
     active_pes: PEs doing work; ``total_pes``: PEs of the chip's fabric (per system).
     compute_utilization: the fraction of time the active PEs compute.
@@ -114,7 +114,7 @@ class Report:
   batch_size: int
   num_csx: int
   micro_batch_size: int
-  samples_per_sec: float
+  samples_per_sec: float | None
   compute_samples_per_sec: float | None
   transmission_samples_per_sec: float | None
   active_pes: int
@@ -154,14 +154,17 @@ class Report:
     return self.active_pes / self.total_pes if self.total_pes else 0.0
 
   @property
-  def model_flops_per_sec(self) -> float:
-    """Matrix-product FLOP per second achieved (all systems)."""
-    return self.samples_per_sec * self.flops_per_sample
+  def model_flops_per_sec(self) -> float | None:
+    """Matrix-product FLOP per second achieved (all systems); None when the model does not fit."""
+    return None if self.samples_per_sec is None else self.samples_per_sec * self.flops_per_sample
 
   @property
-  def flops_utilization(self) -> float:
-    """Achieved model FLOP/s over the dense peak (model FLOPs utilization)."""
-    return self.model_flops_per_sec / self.peak_flops_per_sec if self.peak_flops_per_sec else 0.0
+  def flops_utilization(self) -> float | None:
+    """Achieved model FLOP/s over the dense peak (model FLOPs utilization); None when it does not fit."""
+    flops = self.model_flops_per_sec
+    if flops is None:
+      return None
+    return flops / self.peak_flops_per_sec if self.peak_flops_per_sec else 0.0
 
   @property
   def tokens_per_sec(self) -> float | None:

@@ -431,21 +431,21 @@ class Workload:
     return estimate(fn, *args, **kwargs)
 
 
-def log_error(predicted: Sequence[float], measured: float) -> float:
+def log_error(predicted: Sequence[float | None], measured: float) -> float:
   """``ln(pred / measured)`` for a prediction that is a range (one rate per `Workload.variants`):
   0 when ``measured`` lies inside ``[min, max]``, else the log distance to the nearer end.
 
-  A prediction of no rate (0, or not finite: the model says the run does not fit, though it ran)
-  is ``-inf``, never a small error.
+  A prediction of no rate (None, 0 or not finite: the model says the run does not fit, though it
+  ran) is ``-inf``, never a small error.
 
   >>> log_error([20.0], 25.0) == math.log(0.8)
   True
   >>> log_error([20.0, 40.0], 25.0), round(log_error([20.0, 40.0], 50.0), 3)
   (0.0, -0.223)
-  >>> log_error([0.0, 40.0], 25.0)
+  >>> log_error([None, 40.0], 25.0)
   -inf
   """
-  if not all(math.isfinite(p) and p > 0 for p in predicted):
+  if not all(p is not None and math.isfinite(p) and p > 0 for p in predicted):
     return -math.inf
   lo, hi = min(predicted), max(predicted)
   if lo > measured:
@@ -478,7 +478,7 @@ def accuracy(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "id": m.id,
         "workload": w.name,
         "predicted": report.samples_per_sec,
-        "predicted_range": (min(rates), max(rates)),
+        "predicted_range": None if None in rates else (min(rates), max(rates)),
         "measured": m.value,
         "abs_log_ratio": abs(log_error(rates, m.value)),
         "mode": report.mode,

@@ -189,6 +189,7 @@ def test_a_given_micro_batch_is_used_as_given_or_reported_not_fitting_by_how_muc
   too_big = 2 * largest if 512 % (2 * largest) == 0 else 512
   report = estimate_graph(graph, mode="weight_streaming", micro_batch_size=too_big)
   assert not report.fits and report.micro_batch_size == too_big  # never replaced
+  assert report.samples_per_sec is None and report.step_time_s is None  # no rate, not 0 samples/s
   d = report.details
   assert d["memory_required_bytes"] > d["memory_available_bytes"]
   assert d["over_factor"] == pytest.approx(d["memory_required_bytes"] / d["memory_available_bytes"])
