@@ -1023,12 +1023,14 @@ def _streaming_report(
     smallest = max(res.rejected)
     notes.append(f"micro-batch {smallest} rejected: {res.rejected[smallest]}")
   if res.recompute:  # (selective or at segment boundaries: `streaming.activation_memory`)
-    what = (
-      "attention runs fused: its scores are never stored and each layer's backward recomputes them"
-      if res.recomputed == "attention"
-      else "only the layer boundaries and the head's input are kept and each layer's forward runs again "
-      "before its backward"
-    )
+    what = {
+      "attention": "attention runs fused: its scores are never stored and each layer's backward recomputes them",
+      "layers": "only the layer boundaries and the head's input are kept and each layer's forward runs again "
+      "before its backward",
+      "spans": f"even the layer boundaries do not fit: only every {res.span}th is kept, each span of "
+      f"{res.span} layers runs forward again to rebuild its boundaries, and each layer once more before its "
+      "backward (Chen et al. 2016, https://arxiv.org/abs/1604.06174)",
+    }[res.recomputed]
     notes.append(
       f"recomputing activations: +{100 * res.recompute_fraction:.0f} % FLOPs (keeping every layer's "
       f"activations would take {res.full_activation_bytes / 1e9:.3g} GB; {what})"

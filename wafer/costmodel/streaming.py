@@ -37,6 +37,8 @@ shared by every layer, such as a mask); ``S_o``, ``X_o`` the same for the other 
     M_full(mb) = S_o(mb) + sum_g L_g * S_g(mb)                                 every activation kept
     M_attn(mb) = S_o(mb) + sum_g L_g * (S_g(mb) - Q_g(mb))                      attention's core recomputed
     M_ckpt(mb) = sum_g L_g * X_g(mb) + sum_o X_o(mb) + max(S'_g(1), S'_o(1))    every segment recomputed
+    M_nest(mb) = sum_g ceil(L_g / k_g) * X_g(mb) + max_g k_g * X_g(mb)            and every span's boundaries
+                 + sum_o X_o(mb) + max(S'_g(1), S'_o(1))
 
 A recomputation runs just before the backward that consumes it and, like that backward, sample by
 sample (the samples of a micro-batch are independent, and the segment's weights, streamed in for
@@ -64,6 +66,16 @@ bytes of SRAM for tensors):
   keeps only the boundaries and each segment's whole forward runs again just before its backward;
   each such kernel's backward costs ``max((C_fwd + C_bwd) / f, W / B_in, G / B_out)`` (its weights,
   streamed in once for the backward, serve the recomputation too).
+
+* ``M_nest`` (nested checkpointing, Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+  Cost", https://arxiv.org/abs/1604.06174), only when the layer boundaries themselves do not fit:
+  a block keeps every ``k_g``-th boundary (``k_g = round(sqrt(L_g))``, near the least of
+  ``ceil(L / k) + k``); before a span's backward its ``k_g`` layers run forward again, their weights
+  streamed in again (``max(C_fwd / f, W / B_in)`` more per layer), to rebuild its boundaries, then
+  each layer recomputes as in ``M_ckpt``. Evidence: Cerebras' own micro-batches for GPT-3 2.7B,
+  6.7B and 13B at 2,048 tokens (modelzoo 2.1-2.3 params files: 88, 104, 90) keep 30.7, 58 and 78
+  GB of layer boundaries, more than a CS-2's 27.5 GB for tensors; how the real stack keeps them is
+  not public, and this is the cheapest published mechanism that fits them.
 
 The recomputed FLOPs (``n_micro * sum_k count_k * F_fwd,k`` for whole segments, ``F_core`` for
 attention) are reported as a fraction of the model's FLOPs (``+N %``; about +33 % for whole
@@ -129,6 +141,9 @@ class ActivationMemory:
       ``max(S_g, S_o)``.
     recomputable: names of the kernels a recomputation of every layer runs again.
     attention: ``M_attn``, attention's core recomputed (equal to ``full`` without one).
+    nested: ``M_nest``, only every ``span``-th layer boundary kept (``math.inf`` when no block has
+      4 or more layers: it would keep no less than ``checkpointed``).
+    span: layers per span of ``nested``, the largest block's ``round(sqrt(L))``.
   """
 
   full: float
@@ -137,12 +152,16 @@ class ActivationMemory:
   working_set: float
   recomputable: tuple[str, ...]
   attention: float = math.inf
+  nested: float = math.inf
+  span: int = 1
 
   def levels(self) -> list[str]:
     """The recomputations this step can run, cheapest first: ``""`` (none: only without an
-    attention core, which runs fused and is always recomputed), ``"attention"``, ``"layers"``."""
+    attention core, which runs fused and is always recomputed), ``"attention"``, ``"layers"``,
+    ``"spans"``."""
     fused = self.attention < self.full
-    return ["attention" if fused else ""] + (["layers"] if self.recomputable else [])
+    deeper = ["layers"] + (["spans"] if self.nested < self.checkpointed else [])
+    return ["attention" if fused else ""] + (deeper if self.recomputable else [])
 
   def level(self, capacity: float) -> str | None:
     """The cheapest of `levels` that fits in ``capacity`` bytes; None when none does."""
@@ -153,7 +172,9 @@ class ActivationMemory:
     return min(self.resident(level) for level in self.levels())
 
   def resident(self, level: str) -> float:
-    return {"": self.full, "attention": self.attention, "layers": self.checkpointed}[level]
+    return {"": self.full, "attention": self.attention, "layers": self.checkpointed, "spans": self.nested}[
+      level
+    ]
 
 
 def _blocks(graph: Graph) -> list[list[Kernel]]:
@@ -199,15 +220,23 @@ def activation_memory(graph: Graph, ratio: float) -> ActivationMemory:
     full += layers * inner
     attention += layers * sum(k.saved_bytes(ratio, core=False) for k in b)
     fused |= any(k.saved_bytes(one, core=True) > 0 for k in b)
+  kept = rebuilt = 0.0  # M_nest: each block keeps every span-th boundary, one span's are rebuilt
+  span = 1
   for seg in blocks + single:
     if not any(k.has_phase("bwd") for k in seg):
       continue  # forward-only pieces (an element-wise chain grouped apart): no backward, no checkpoint
-    boundary += seg[0].count * _entering(seg, ratio)
+    layers, x = seg[0].count, _entering(seg, ratio)
+    boundary += layers * x
+    per = max(1, round(math.sqrt(layers)))  # ceil(L / per) + per boundaries: least near sqrt(L)
+    kept += -(-layers // per) * x
+    rebuilt = max(rebuilt, per * x if per > 1 else 0.0)
+    span = max(span, per)
     working = max(working, sum(k.saved_bytes(one, core=False) for k in seg))
   names = tuple(k.name for seg in blocks + single for k in seg if k.has_phase("bwd"))
   checkpointed = min(full, boundary + working) if names else full
+  nested = kept + rebuilt + working if names and span > 1 and kept + rebuilt < boundary else math.inf
   selective = others + attention if fused else full
-  return ActivationMemory(full, checkpointed, boundary, working, names, selective)
+  return ActivationMemory(full, checkpointed, boundary, working, names, selective, nested, span)
 
 
 def _core(kernel: Kernel) -> Kernel:
@@ -256,11 +285,13 @@ class StreamingResult:
     kernels: per-kernel timings.
     rejected: micro-batches that were not feasible, with why.
     recompute: whether activations are recomputed (they do not all fit); ``recomputed``: what,
-      ``"attention"`` (attention's core, before each layer's backward) or ``"layers"`` (every
-      layer's forward, from its boundary), ``""`` for nothing.
+      ``"attention"`` (attention's core, before each layer's backward), ``"layers"`` (every
+      layer's forward, from its boundary), ``"spans"`` (as ``"layers"``, and each span's forward
+      once more to rebuild its boundaries), ``""`` for nothing.
     recompute_flops: FLOP per step (per system) of the recomputed forward passes; ``model_flops``:
       the step's forward and backward matrix-product FLOP per system without them.
     full_activation_bytes: what keeping every activation would take (``M_full``).
+    span: layers per span when ``recomputed == "spans"``.
   """
 
   micro_batch: int
@@ -278,6 +309,7 @@ class StreamingResult:
   model_flops: float = 0.0
   recomputed: str = ""
   full_activation_bytes: float = 0.0
+  span: int = 1
 
   @property
   def recompute_fraction(self) -> float:
@@ -347,7 +379,14 @@ def _evaluate(
     level = mem.level(capacity)
   else:
     level = {False: "", True: "layers"}.get(recompute, recompute)  # type: ignore[call-overload]
-    if level == "layers" and not mem.recomputable or level == "attention" and not mem.attention < mem.full:
+    if level == "spans" and not mem.nested < mem.checkpointed:
+      level = "layers"
+    if (
+      level in ("layers", "spans")
+      and not mem.recomputable
+      or level == "attention"
+      and not mem.attention < mem.full
+    ):
       level = ""
     if mem.resident(level) > capacity:
       level = None
@@ -358,6 +397,8 @@ def _evaluate(
       if mem.recomputable
       else "; nothing to recompute"
     )
+    if mem.recomputable and mem.nested < mem.checkpointed:
+      how += f"; {mem.nested / 1e9:.3g} GB keeping every {mem.span}th boundary"
     return Rejection(
       f"activations kept for the backward pass ({mem.full / 1e9:.3g} GB{how}) exceed the rectangle's "
       f"SRAM for tensors ({capacity / 1e9:.3g} GB)",
@@ -383,17 +424,21 @@ def _evaluate(
     g_bytes = k.weight_elements() * machine.calib.gradient_bytes
     io_fwd = w_bytes / b_in
     io_bwd = max(w_bytes / b_in, g_bytes / b_out) if has_bwd else 0.0
-    t = max(c_fwd / f, io_fwd) + (max((c_bwd + c_again) / f, io_bwd) if has_bwd else 0.0)
-    compute = (c_fwd + c_bwd + c_again) / f
+    # "spans": a layer of a block runs forward once more, its weights streamed in again, to rebuild
+    # its span's boundaries before the span's backward
+    rebuild = 1 if level == "spans" and c_again and k.count > 1 else 0
+    t = (1 + rebuild) * max(c_fwd / f, io_fwd) + (max((c_bwd + c_again) / f, io_bwd) if has_bwd else 0.0)
+    compute = ((1 + rebuild) * c_fwd + c_bwd + c_again) / f
     scale = n_micro * k.count
     flops = scale * k.matmul_flops(ratio, ("fwd", "bwd"))
-    again_flops = scale * part.matmul_flops(ratio, ("fwd",)) if c_again else 0.0
+    again_flops = (1 + rebuild) * scale * part.matmul_flops(ratio, ("fwd",)) if c_again else 0.0
+    io = io_bwd + (1 + rebuild) * io_fwd
     rows.append(
       StreamingKernel(
         k.name,
         k.count,
         compute * scale,
-        (io_fwd + io_bwd) * scale,
+        io * scale,
         t * scale,
         flops,
         w_bytes * k.count,
@@ -401,7 +446,7 @@ def _evaluate(
       )
     )
     compute_total += compute * scale
-    io_total += (io_fwd + io_bwd) * scale
+    io_total += io * scale
     time_total += t * scale
     model_flops += flops
     recompute_flops += again_flops
@@ -431,6 +476,7 @@ def _evaluate(
     rejected={},
     recompute=bool(again),
     recomputed=level,
+    span=mem.span,
     recompute_flops=recompute_flops,
     model_flops=model_flops,
     full_activation_bytes=mem.full,
@@ -458,8 +504,9 @@ def weight_streaming(
     batch_per_system: samples per step on one system.
     num_csx: systems in data parallel (for the SwarmX latency).
     micro_batch: force this micro-batch (a supported size: see `supported_micro_batch`).
-    recompute: force recomputing every layer (True or ``"layers"``), attention's core
-      (``"attention"``) or nothing (False); None, the compiler's choice: the cheapest that fits.
+    recompute: force recomputing every layer (True or ``"layers"``), every layer and the spans'
+      boundaries (``"spans"``), attention's core (``"attention"``) or nothing (False); None, the
+      compiler's choice: the cheapest that fits.
   """
   candidates = [micro_batch] if micro_batch else micro_batch_candidates(batch_per_system)
   fits, rejected = cost_micro_batches(
@@ -485,8 +532,10 @@ def cost_micro_batches(
 ) -> tuple[dict[int, StreamingResult], dict[int, Rejection]]:
   """Every candidate micro-batch costed: ``(fits, rejected)``, the results of those that fit and why
   each other one does not, both in candidate order (arguments as in `weight_streaming`)."""
-  if recompute not in (None, False, True, "attention", "layers"):
-    raise EstimateError(f"recompute={recompute!r}; allowed: None, False, True, 'attention', 'layers'")
+  if recompute not in (None, False, True, "attention", "layers", "spans"):
+    raise EstimateError(
+      f"recompute={recompute!r}; allowed: None, False, True, 'attention', 'layers', 'spans'"
+    )
   fits: dict[int, StreamingResult] = {}
   rejected: dict[int, Rejection] = {}
   for mb in candidates:
