@@ -72,6 +72,7 @@ def _step(cfg: W.TransformerConfig, layout: str, policy: precision.Policy | None
   return step
 
 
+@pytest.mark.slow  # 20 s on the 2-core CI machine (12 generated steps); runs in the slow stage
 @settings(max_examples=12, deadline=None)
 @given(
   cfg=_configs(),

@@ -252,6 +252,7 @@ def test_cli_refuses_a_workload_and_a_params_file_together(capsys):
   assert "not allowed with argument" in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # 15 s each on the 2-core CI machine; runs in the slow stage
 @pytest.mark.parametrize("release", ["Release_2.3.1", "Release_2.10.0"])
 def test_a_modelzoo_gpt3_file_without_max_sequence_length_is_costed_at_its_positions(
   release, tmp_path, capsys
