@@ -182,10 +182,34 @@ def _while(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tupl
   p.log.merge(cond_log)
   p.log.while_loops += 1
   cond_fun, body_fun = _as_fun(cond_jaxpr, cond_new), _as_fun(body_jaxpr, body_new)
-  outs = jax.lax.while_loop(
-    lambda c: cond_fun(*cond_consts, *c)[0], lambda c: body_fun(*body_consts, *c), list(init)
-  )
-  return list(outs), carry
+  pred_shape = tuple(cond.outvars[0].aval.shape)
+  if not pred_shape:
+    outs = jax.lax.while_loop(
+      lambda c: cond_fun(*cond_consts, *c)[0], lambda c: body_fun(*body_consts, *c), list(init)
+    )
+    return list(outs), carry
+  # a batched predicate (vmap of a while_loop whose condition depends on the mapped value): as JAX
+  # lowers it, the loop runs while any element's predicate holds, and an element whose predicate
+  # no longer holds keeps its carry (the predicate's axes lead every carry's)
+  for v in init:
+    if tuple(jnp.shape(v))[: len(pred_shape)] != pred_shape:
+      raise NotImplementedError(
+        f"a while loop with a batched predicate of shape {pred_shape} and a carry of shape "
+        f"{jnp.shape(v)} (the predicate's axes do not lead it): not supported"
+      )
+
+  def keep_going(c: list[Any]) -> Any:
+    return jnp.any(cond_fun(*cond_consts, *c)[0])
+
+  def step(c: list[Any]) -> list[Any]:
+    pred = cond_fun(*cond_consts, *c)[0]
+    new = body_fun(*body_consts, *c)
+    return [
+      jax.lax.select(jax.lax.broadcast_in_dim(pred, jnp.shape(n), tuple(range(len(pred_shape)))), n, o)
+      for n, o in zip(new, c)
+    ]
+
+  return list(jax.lax.while_loop(keep_going, step, list(init))), carry
 
 
 def _cond(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:

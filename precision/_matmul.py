@@ -43,6 +43,7 @@ def matmul(
   rule_class = "attention_matmul" if attention else "matmul"
   treatment = p.rules[rule_class]
   operand_count = 2
+  values, tags = _promote_narrow_operand(eqn, values, tags, operand_count)
   if any(t is None for t in tags[:operand_count]) or treatment == "float32":
     if treatment == "float32" and all(t is not None for t in tags[:operand_count]):
       outs = compat.bind(eqn, values, **dot_precision(eqn, TRUE_FLOAT32))
@@ -87,6 +88,28 @@ def matmul(
     rounded += (2 * n - 1) * numel(out_aval)
   p.log.record(name, rule_class, rounded=rounded)
   return [out], [Tag(ROUNDED, score)]
+
+
+def _promote_narrow_operand(
+  eqn: Any, values: list[Any], tags: list[Tag | None], count: int
+) -> tuple[list[Any], list[Tag | None]]:
+  """A product of a float32 value and a narrower float (bfloat16 or float16 data fed to a float32
+  model: JAX binds ``dot_general(bf16, f32, preferred_element_type=f32)``, no convert) with a float32
+  result: the narrow operand as the float32 value it holds exactly, to be rounded like any other, so
+  the float32 operand and the result follow the policy too (they escaped it, silently). Other
+  products are returned as they are: two narrow operands are the program's own 16-bit product."""
+  head = tags[:count]
+  if not is_f32(eqn.outvars[0].aval) or all(t is None for t in head) or all(t is not None for t in head):
+    return values, tags
+  narrow = [
+    t is None and jnp.issubdtype(jnp.result_type(v), jnp.floating) and jnp.result_type(v).itemsize < 4
+    for v, t in zip(values[:count], head)
+  ]
+  if not all(n or t is not None for n, t in zip(narrow, head)):
+    return values, tags
+  values = [v.astype(jnp.float32) if i < count and narrow[i] else v for i, v in enumerate(values)]
+  tags = [RAW_TAG if i < count and narrow[i] else t for i, t in enumerate(tags)]
+  return values, tags
 
 
 # The precision config of the products autocast binds (``precision=`` of dot_general and

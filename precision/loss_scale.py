@@ -223,6 +223,11 @@ class DynamicLossScale:
       raise ValueError(f"min_loss_scale={min_scale!r} is too small; allowed: at least 2^-14")
     if not min_scale <= max_scale:
       raise ValueError(f"min_loss_scale={min_scale!r} exceeds max_loss_scale={max_scale!r}")
+    if initial < min_scale:
+      raise ValueError(
+        f"initial_loss_scale={initial!r} is below min_loss_scale={min_scale!r}; allowed: "
+        f"{min_scale!r} to {max_scale!r} (a larger one is clamped to max_loss_scale)"
+      )
     if (
       isinstance(steps_per_increase, bool)
       or not isinstance(steps_per_increase, int)
@@ -245,7 +250,18 @@ class DynamicLossScale:
   unscale = StaticLossScale.unscale
 
   def adjust(self, grads_finite: jax.Array) -> DynamicLossScale:
-    """The state after a step whose gradients were ``grads_finite`` (a bool scalar)."""
+    """The state after a step whose gradients were ``grads_finite`` (a bool scalar).
+
+    Raises:
+      ValueError: ``grads_finite`` is not one boolean (``jnp.isfinite(grads)`` instead of
+        ``all_finite(grads)`` would make the scale a vector).
+    """
+    shape = jnp.shape(grads_finite)
+    if shape != ():
+      raise ValueError(
+        f"adjust: grads_finite must be one boolean (a 0-d array such as all_finite(grads)); got shape "
+        f"{shape}, which would make the loss scale an array of that shape"
+      )
     overflow = jnp.logical_not(grads_finite).astype(jnp.int32)
     steps = self.steps_since_rescale + 1
     overflows = self.overflows_since_rescale + overflow

@@ -485,7 +485,12 @@ class NumericsReport:
     """Per scope (cut to its first ``depth`` components): worst drop, lowest SQNR, counts.
 
     Sorted by the largest single ``drop_db`` of the scope, worst first.
+
+    Raises:
+      ValueError: ``depth`` is not None or an int >= 0.
     """
+    if depth is not None:
+      _count("depth", depth)
     groups: dict[str, list[Row]] = collections.defaultdict(list)
     for row in self.rows:
       scope = _scope_key(row.scope, depth)
@@ -529,7 +534,7 @@ class NumericsReport:
     return title
 
   def _cells(self, n: int) -> list[list[str]]:
-    return [[_fmt_cell(getattr(r, c)) for c in self._COLUMNS] for r in self.rows[:n]]
+    return [[_fmt_cell(getattr(r, c)) for c in self._COLUMNS] for r in self.rows[: _count("n", n)]]
 
   def rich_table(self, n: int = 15) -> Any:
     from rich.table import Table
@@ -602,7 +607,23 @@ class NumericsReport:
 def _scope_key(scope: str, depth: int | None) -> str:
   if depth is None:
     return scope
-  return "/".join(scope.split("/")[:depth])
+  return "/".join(scope.split("/")[: _count("depth", depth)])
+
+
+def _count(name: str, value: Any) -> int:
+  """``value`` as a count of rows or scope components: an int >= 0 (a negative one would count
+  from the end, silently), else a ``ValueError`` naming the argument.
+
+  >>> _count("n", 3), _count("depth", 0)
+  (3, 0)
+  >>> _count("n", -1)
+  Traceback (most recent call last):
+  ...
+  ValueError: n=-1; allowed: an int >= 0
+  """
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+    raise ValueError(f"{name}={value!r}; allowed: an int >= 0")
+  return int(value)
 
 
 def _fmt_cell(v: Any) -> str:

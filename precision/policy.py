@@ -283,7 +283,13 @@ class Policy:
     settings: dict[str, Any] = {}
     rules: dict[str, str] = {}
     seen: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    items = [part.strip() for part in text.split(",")]
+    if text.strip() and not all(items):
+      raise PolicyError(
+        f"policy {text!r}: an empty item (two commas, or one at an end); items are key=value separated "
+        "by single commas (e.g. 'c=cb16,level=2')"
+      )
+    for item in filter(None, items):
       key, sep, value = item.partition("=")
       key, value = key.strip().lower(), value.strip()
       if not sep or not value:
@@ -354,7 +360,9 @@ class Policy:
     use_bfloat16 = _as_flag("use_bfloat16", use_bfloat16)
     level = 1 if precision_opt_level is None else _as_int(precision_opt_level)
     if level not in LEVELS:
-      raise PolicyError(f"precision_opt_level={precision_opt_level!r}: must be an integer in range [0, 3)")
+      raise PolicyError(
+        f"precision_opt_level={precision_opt_level!r}: the precision optimisation level must be 0, 1 or 2"
+      )
     if use_bfloat16 and fp16_type not in (None, "bfloat16"):
       raise PolicyError(f"use_bfloat16: True conflicts with fp16_type: {fp16_type}; set only fp16_type")
     half = fp16_type or "bfloat16"

@@ -204,6 +204,57 @@ def test_while_loop_and_cond():
     _same(precision.autocast(f, _level(0))(x), by_hand(x))
 
 
+@pytest.mark.parametrize("level", [0, 1, 2])
+@pytest.mark.parametrize("seed", [19, 20])
+def test_a_vmapped_while_loop_with_a_per_example_trip_count(seed, level):
+  """vmap of a while_loop whose condition reads the mapped value binds a while with a batched
+  predicate (each element runs until its own condition fails); autocast of it is vmap of autocast."""
+
+  def g(u, w):
+    def body(s):
+      i, v = s
+      return i + 1, jnp.tanh(v @ w) * 1.7 + v
+
+    return jax.lax.while_loop(lambda s: (jnp.sum(jnp.abs(s[1])) < 40.0) & (s[0] < 50), body, (0, u))
+
+  x, w = _normal(seed, (6, 4)), _normal(seed + 100, (4, 4), 0.5)
+  batched = jax.vmap(g, in_axes=(0, None))
+  trips = batched(x, w)[0]
+  assert len(set(np.asarray(trips).tolist())) > 1, "the example must have per-example trip counts"
+  policy = _level(level)
+  _same(
+    precision.autocast(batched, policy)(x, w),
+    jax.vmap(precision.autocast(g, policy), in_axes=(0, None))(x, w),
+  )
+  _same(jax.jit(precision.autocast(batched, policy))(x, w), precision.autocast(batched, policy)(x, w))
+
+
+PRODUCTS = {
+  "matmul": lambda x, w: jnp.tanh(x @ w),
+  "einsum": lambda x, w: jnp.einsum("bi,io->bo", x, w) * 0.5,
+  "dot_general": lambda x, w: jax.lax.dot_general(
+    x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+  ),
+}  # (lax.conv_general_dilated refuses operands of two dtypes)
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+@pytest.mark.parametrize("narrow", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("product", sorted(PRODUCTS))
+def test_16_bit_data_into_a_float32_product_is_the_float32_value_it_holds(product, narrow, level):
+  """A bfloat16 or float16 input times float32 weights (JAX binds the mixed product with a float32
+  result, no convert): the same numbers as the float32 copy of the input, weights and result rounded
+  (they were left in float32, silently)."""
+  f = PRODUCTS[product]
+  x, w = _normal(21, (4, 8)).astype(narrow), _normal(22, (8, 3))
+  auto = precision.autocast(f, _level(level))
+  with jax.numpy_dtype_promotion("standard"):  # (the suite runs strict; mixed dtypes are the point)
+    _same(auto(x, w), auto(x.astype(jnp.float32), w))
+    assert not np.array_equal(np.asarray(auto(x, w)), np.asarray(f(x, w)))  # rounding happened
+    loss = lambda g: lambda x, w: jnp.sum(g(x, w) ** 2)
+    _same(jax.grad(loss(auto), 1)(x, w), jax.grad(loss(auto), 1)(x.astype(jnp.float32), w))
+
+
 def test_custom_vjp_keeps_its_rule_and_autocasts_it():
   @jax.custom_vjp
   def half_square(x):

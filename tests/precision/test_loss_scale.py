@@ -84,6 +84,10 @@ def test_overflow_tolerance():
     (dict(max_loss_scale="big"), "max_loss_scale='big'; allowed"),
     (dict(min_loss_scale=None, max_loss_scale=True), "max_loss_scale=True; allowed"),
     (dict(overflow_tolerance="0.5"), "overflow_tolerance='0.5'; allowed: a finite number >= 0"),
+    (
+      dict(half_dtype="float16", initial_loss_scale=2.0**-20),
+      r"initial_loss_scale=9.5\d*e-07 is below min_loss_scale",
+    ),
   ],
 )
 def test_bad_settings_are_explained(kwargs, fragment):
@@ -225,3 +229,12 @@ def test_select_tree_checks_the_predicate_and_passes_non_array_leaves():
     precision.select_tree(True, new, {**old, "act": jax.nn.relu})
   with pytest.raises(ValueError, match=r"same structure.*first at \['v'\]"):
     precision.select_tree(True, {"v": jnp.ones(1), "w": jnp.ones(1)}, {"u": jnp.ones(1), "w": jnp.ones(1)})
+
+
+def test_adjust_refuses_a_flag_per_element():
+  """``jnp.isfinite(grads)`` for ``all_finite(grads)`` would make the scale a vector, silently."""
+  ls = DynamicLossScale.create("float16")
+  grads = jnp.array([1.0, jnp.inf])
+  with pytest.raises(ValueError, match=r"grads_finite must be one boolean .* got shape \(2,\)"):
+    ls.adjust(jnp.isfinite(grads))
+  assert ls.adjust(jnp.all(jnp.isfinite(grads))).loss_scale.shape == ()

@@ -259,3 +259,15 @@ def test_module_docstring_example_runs():
 
   result = doctest.testmod(sys.modules["precision.numerics_report"], optionflags=doctest.ELLIPSIS)
   assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "rows", True])
+def test_row_and_depth_counts_are_checked(bad, capsys):
+  """A negative count would count from the end (rows[:-1] drops the last row), silently; a
+  non-integer gave a bare slicing TypeError."""
+  report = precision.numerics_report(lambda x: jnp.sum(jnp.tanh(x) * 3.0), "c=cb16", jnp.arange(4.0))
+  for call in (lambda: report.table(bad), lambda: report.by_scope(bad), lambda: report.rich_table(bad)):
+    with pytest.raises(ValueError, match=r"(n|depth)=.*; allowed: an int >= 0"):
+      call()
+  report.table(0)
+  assert report.by_scope(0) == report.by_scope(0) and len(report.by_scope(None)) >= 1

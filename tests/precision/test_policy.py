@@ -103,7 +103,9 @@ def test_from_config_modelzoo_keys():
   ) == ("round")
   assert precision.Policy.from_config(use_bfloat16=True).compute is precision.bfloat16
   assert not precision.Policy.from_config(mixed_precision=False).is_mixed
-  with pytest.raises(PolicyError, match=r"must be an integer in range \[0, 3\)"):
+  with pytest.raises(
+    PolicyError, match=r"precision_opt_level=3: the precision optimisation level must be 0, 1 or 2"
+  ):
     precision.Policy.from_config(precision_opt_level=3)
   with pytest.raises(PolicyError, match="Did you mean 'cbfloat16'"):
     precision.Policy.from_config(fp16_type="cbfloat61")
@@ -165,6 +167,13 @@ def test_parse_says_to_separate_items_with_commas(text):
     precision.Policy.parse(text)
 
 
+@pytest.mark.parametrize("text", ["c=cb16,,level=2", ",c=cb16", "c=cb16,", "c=cb16, ,level=1"])
+def test_parse_refuses_empty_items(text):
+  """Two commas (or one at an end) were dropped silently, where `wafer sweep --formats` refuses them."""
+  with pytest.raises(PolicyError, match="an empty item"):
+    precision.Policy.parse(text)
+
+
 @pytest.mark.parametrize("text", [None, 16, b"c=bf16"])
 def test_parse_of_something_not_a_string_is_a_policy_error(text):
   with pytest.raises(PolicyError, match="a policy string is text"):
@@ -175,8 +184,8 @@ def test_level_and_block_types():
   for bad in (1.0, "1", 1.5):
     with pytest.raises(PolicyError, match="must be 0, 1 or 2"):
       precision.Policy(level=bad)
-  with pytest.raises(PolicyError, match="must be an integer"):
-    precision.Policy.from_config(precision_opt_level=1.0)
+  with pytest.raises(PolicyError, match=r"precision_opt_level=1.0: .* must be 0, 1 or 2"):
+    precision.Policy.from_config(precision_opt_level=1.0)  # one wording for the rule, as Policy(level=)
   p = precision.Policy(level=np.int64(2), accumulation_block=np.int64(64))
   assert p == precision.Policy(level=2, accumulation_block=64)
   assert type(p.level) is int and type(p.accumulation_block) is int

@@ -242,9 +242,8 @@ class OptimizerConfig(Section):
         overflow_tolerance=self.overflow_tolerance,
       )
     except ValueError as err:
-      key = next(
-        (k for k in ("min_loss_scale", "initial_loss_scale", "overflow_tolerance") if k in str(err)), ""
-      )
+      keys = ("min_loss_scale", "initial_loss_scale", "overflow_tolerance")
+      key = next((k for k in keys if str(err).startswith(k)), next((k for k in keys if k in str(err)), ""))
       raise OptimizerError(key or "loss_scaling_factor", str(err)) from None
 
   def _update(self) -> list[optax.GradientTransformation]:
