@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
       "workload": w.name,
       "role": m.role,
       "family": m.family,
+      "blind": m.blind,
       "system": systems[i],
       "num_csx": w.estimate_kwargs.get("num_csx", 1),
       "mode": w.estimate_kwargs.get("mode"),
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     "cs3_out": _summary(errors("cs3_out")),
     "structure_only": _summary(errors("leave_one_family_out", "structure")),
     "held_out": _summary(errors("leave_one_family_out", "held_out")),
+    "blind": _summary([abs(r["leave_one_family_out_log_ratio"]) for r in rows if r["blind"]]),
   }
   # the band: calibrated on leave-one-family-out errors, ln(measured / predicted)
   signed = [-r["leave_one_family_out_log_ratio"] for r in rows]
@@ -377,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     ("cs3_out", "all CS-3 out"),
     ("structure_only", "structure-only points, family out"),
     ("held_out", "held out (never fitted, never looked at)"),
+    ("blind", "of them collected blind (B01-B10)"),
   ):
     print(f"  {label + ':':<42}{_fmt(summary[key])}")
   print(

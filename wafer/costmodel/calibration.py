@@ -341,13 +341,13 @@ class Accuracy:
 
 
 ACCURACY = Accuracy(
-  points=27,
-  median=0.145,
-  worst=0.570,
+  points=37,
+  median=0.233,
+  worst=0.905,
   band=(0.7406, 1.183),
-  coverage=18 / 27,
-  placed_coverage=19 / 27,
-  held_out=12,
-  held_out_median=0.155,
-  held_out_worst=0.523,
+  coverage=14 / 37,
+  placed_coverage=22 / 37,
+  held_out=22,
+  held_out_median=0.268,
+  held_out_worst=0.905,
 )

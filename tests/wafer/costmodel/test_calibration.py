@@ -190,6 +190,11 @@ def test_every_measurement_has_a_role_family_and_explicit_mode(bench):
     Measurement("X", 1.0, "", "", role="tuned")
   with pytest.raises(ValueError, match="value=0"):
     Measurement("X", 0, "", "")
+  with pytest.raises(ValueError, match="blind=True needs role='held_out'"):
+    Measurement("X", 1.0, "", "", role="fit", blind=True)
+  blind = {r["id"] for r in bench["rows"] if r["blind"]}
+  assert blind == {w.measurement.id for w in measured if w.measurement.blind} and len(blind) >= 10
+  assert bench["summary"]["blind"]["n"] == len(blind)
 
 
 @pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
