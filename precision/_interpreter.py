@@ -254,9 +254,13 @@ def _apply(
   op_class = PRIMITIVE_CLASSES.get(name, "unknown")
   if not any(is_f32(a) for a in out_avals):
     outs = compat.bind(eqn, values)
-    p.log.record(
-      name, "integer" if op_class != "cast" else "cast", untouched=sum(numel(a) for a in out_avals)
-    )
+    if op_class == "cast":
+      region = "cast"
+    elif any(jnp.issubdtype(a.dtype, jnp.floating) for a in out_avals if hasattr(a, "dtype")):
+      region = "other_float"  # float64 (x64), or 16-bit values the program computes itself
+    else:
+      region = "integer"
+    p.log.record(name, region, untouched=sum(numel(a) for a in out_avals))
     return outs, [None] * len(outs)
   if op_class == "matmul":
     return matmul(p, eqn, values, tags, memo)

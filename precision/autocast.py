@@ -182,6 +182,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -355,9 +356,20 @@ class _Autocast:
     functools.update_wrapper(self, fn)
     self.policy = policy
     self._statics = statics
+    try:  # a parameter of fn's own named rounding_key: the keyword would not reach it
+      self._own_key = "rounding_key" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature (a builtin, some C callables)
+      self._own_key = False
 
   def __call__(self, *args: Any, rounding_key: Any = None, **kwargs: Any) -> Any:
     fn, policy = self.__wrapped__, self.policy
+    if rounding_key is not None and self._own_key:
+      name = fn_name(fn)
+      raise TypeError(
+        f"autocast({name}): rounding_key= is autocast's key for stochastic rounding, and {name} has a "
+        f"parameter named rounding_key too, which the keyword would not reach; rename {name}'s "
+        "parameter, or pass its value by position"
+      )
     nested = getattr(TRACING, "depth", 0) > 0
     if not policy.is_mixed and policy.output == float32:
       # The identity is ``fn`` itself (products in true float32, as the pass binds them). The

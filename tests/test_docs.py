@@ -118,6 +118,17 @@ def test_cost_model_guide_first_example_prints_what_the_guide_shows(tmp_path, mo
   assert not missing, f"docs/guides/cost-model.md shows {missing}; the block printed {printed[:2]}"
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the shown digits are the CPU's")
+def test_autocast_concept_stochastic_example_prints_what_it_shows(capsys):
+  """docs/concepts/autocast.md's stochastic-rounding example, run as it is, prints its output block
+  (it passed Python numbers, constants that are never rounded, and printed float32 three times)."""
+  text = (ROOT / "docs" / "concepts" / "autocast.md").read_text()
+  pairs = re.findall(r"^```python\n(.*?)^```\n\n```\n(.*?)^```", text, flags=re.S | re.M)
+  code, shown = next((c, o) for c, o in pairs if "def total(start, inc)" in c)
+  exec(compile(code, "docs/concepts/autocast.md", "exec"), {"__name__": "autocast_concept"})
+  assert capsys.readouterr().out.splitlines() == shown.splitlines()
+
+
 @pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(path):
   broken = []

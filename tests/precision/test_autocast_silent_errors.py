@@ -486,3 +486,21 @@ def test_the_issue_example_relu_cancelling_to_zero_flips():
   report = precision.numerics_report(lambda x, y: jnp.sum(jax.nn.relu(x * 1.0 - y)), "c=cb16", x, y)
   (relu,) = [r for r in report.rows if r.primitive == "max"]
   assert (relu.flips, relu.flip_distance, relu.underflow) == (1, 2.0**-12, 1)
+
+
+def test_float_work_outside_float32_is_listed_as_other_float_not_integer():
+  """A float64 program (jax_enable_x64) or 16-bit values the program computes itself escape the
+  policy: the cast report lists them as other_float (it called a float64 matmul "integer")."""
+  before = jax.config.jax_enable_x64
+  jax.config.update("jax_enable_x64", True)  # (restored below: a global switch)
+  try:
+    x, w = jnp.linspace(0.0, 1.0, 6).reshape(2, 3), jnp.full((3, 2), 0.5)
+    assert x.dtype == jnp.float64
+    report = precision.cast_report(lambda x, w: jnp.tanh(x @ w) * 2.0, "c=bf16", x, w).to_dict()["by_class"]
+  finally:
+    jax.config.update("jax_enable_x64", before)
+  assert set(report) == {"other_float"} and report["other_float"]["untouched"] == 12
+  half = precision.cast_report(lambda x: jnp.tanh(x) * 2, "c=bf16", jnp.ones(4, jnp.bfloat16))
+  assert set(half.to_dict()["by_class"]) == {"other_float"}
+  ints = precision.cast_report(lambda i: (i * 3) > 4, "c=bf16", jnp.arange(4))
+  assert set(ints.to_dict()["by_class"]) == {"integer"}

@@ -283,3 +283,20 @@ def test_the_sites_primitive_rounds_like_precision_round(seed, fmt):
   expected = precision.round(x, fmt, "stochastic", key=key)
   assert_same_floats(round_stochastic_linear(x, precision.get_format(fmt), key), expected)
   assert not same_floats(expected, x).all()
+
+
+@pytest.mark.parametrize("policy", ["c=bf16", "c=bf16,stochastic=elementwise", "c=f32"])
+def test_a_functions_own_rounding_key_parameter_is_not_swallowed(policy):
+  """autocast's rounding_key= would take the keyword meant for the function's own parameter of that
+  name (which then ran with its default, silently): an error names the clash; by position it works."""
+
+  def noisy(x, rounding_key=None):
+    return x if rounding_key is None else x + jax.random.normal(rounding_key, x.shape)
+
+  x, key = jnp.ones(3), jax.random.key(0)
+  with pytest.raises(
+    TypeError, match=r"autocast\(noisy\): rounding_key= .* has a parameter named rounding_key"
+  ):
+    precision.autocast(noisy, policy)(x, rounding_key=key)
+  if "stochastic" not in policy:
+    assert not np.array_equal(np.asarray(precision.autocast(noisy, policy)(x, key)), np.ones(3))
