@@ -292,18 +292,20 @@ def bert_features_from_text(
   dupe_factor: int = 1,
   split: str | None = None,
   mmp: int | None = None,
+  lowercase: bool = True,
 ) -> dict[str, np.ndarray]:
   """Train (or load) BERT's tokenizer (`wafer.data.text.train_bert_tokenizer`) on ``docs``, then create MLM+NSP examples.
 
   The tokenizer is trained on all of ``docs``; the examples come from the documents of
   ``split`` (:func:`wafer.data.text.split_documents`; None: all). With a ``cache_dir`` the
   examples are cached there as HDF5 (keyed by the corpus hash, MSL, vocabulary size, seed,
-  dupe factor and split), so a second run skips tokenisation.
+  dupe factor, split and case), so a second run skips tokenisation. ``lowercase=False``: a cased
+  tokenizer (modelzoo's ``do_lower: false``).
   """
 
   def build() -> dict[str, np.ndarray]:
     chosen = announce(docs, split, f"subword BPE, {vocab_size} ids", f"MSL-{msl} MLM+NSP", cache_dir)
-    tok = text.train_bert_tokenizer(docs, vocab_size, cache_dir)
+    tok = text.train_bert_tokenizer(docs, vocab_size, cache_dir, lowercase=lowercase)
     return create_mlm_nsp_examples(
       text.tokenize_documents(tok, chosen),
       msl=msl,
@@ -318,8 +320,10 @@ def bert_features_from_text(
     )
 
   masked = "" if mmp is None or mmp == max_predictions(msl) else f"-p{mmp}"
+  cased = "" if lowercase else "-cased"
   key = (
-    f"bert-{text.corpus_hash(docs)}-msl{msl}{masked}-v{vocab_size}-s{seed}-d{dupe_factor}-{split or 'all'}.h5"
+    f"bert-{text.corpus_hash(docs)}-msl{msl}{masked}{cased}-v{vocab_size}-s{seed}-d{dupe_factor}-"
+    f"{split or 'all'}.h5"
   )
   return cached_features(cache_dir, key, read_hdf5, write_hdf5, build)
 
@@ -334,6 +338,7 @@ def bert_features(
   dupe_factor: int = 1,
   split: str | None = None,
   mmp: int | None = None,
+  lowercase: bool = True,
 ) -> dict[str, np.ndarray]:
   """BERT features from pre-tokenised HDF5/CSV, from text (.txt / .jsonl), or the embedded corpus (None).
 
@@ -353,6 +358,7 @@ def bert_features(
     dupe_factor=dupe_factor,
     split=split,
     mmp=mmp,
+    lowercase=lowercase,
   )
 
 
@@ -377,7 +383,8 @@ class BertInput(InputConfig):
 
   masked_lm_prob: float = 0.15
   max_predictions_per_seq: PosInt | None = None
-  # modelzoo keys describing its pre-tokenised files; the tokenizer here lowercases and masks subwords
+  # do_lower: the tokenizer trained here on text lowercases (true) or keeps case (false: modelzoo's
+  # RoBERTa files); pre-tokenised files are read as they are. Masking is of subwords.
   do_lower: bool = True
   whole_word_masking: bool = False
 
@@ -386,13 +393,6 @@ class BertInput(InputConfig):
   def _rate(cls, v: float) -> float:
     if v != 0.15:
       raise ValueError("only 0.15 is implemented (modelzoo's masking rate)")
-    return v
-
-  @field_validator("do_lower", mode="after")
-  @classmethod
-  def _lower(cls, v: bool) -> bool:
-    if not v:
-      raise ValueError("only do_lower: true is implemented (the tokenizer trained here lowercases)")
     return v
 
   @field_validator("whole_word_masking", mode="after")
@@ -426,6 +426,7 @@ class BertInput(InputConfig):
       seed=seed,
       split=text_split(self, eval_split),
       mmp=self.mmp,
+      lowercase=self.do_lower,
     )
 
   def example_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -71,6 +71,9 @@ class BertConfig(MupConfig):
   attention_dropout_rate: float | None = Field(default=None, ge=0.0, lt=1.0)
   max_position_embeddings: int = Field(default=512, ge=1)
   position_embedding_type: Literal["learned"] = "learned"
+  # modelzoo 2.x RoBERTa: the position table has one more row; the tokens of a sequence take rows
+  # 1..seq and its padding (id 0, at the end) row 0 (modelzoo's LearnedPositionEmbeddingLayer)
+  mask_padding_in_positional_embed: bool = False
   num_segments: int | None = Field(default=2, ge=1)
   layer_norm_epsilon: float = Field(default=1.0e-5, gt=0.0)
   share_embedding_weights: bool = True
@@ -127,7 +130,9 @@ class BertForPreTraining(nnx.Module):
   def __init__(self, c: BertConfig, *, rngs: nnx.Rngs):
     d, init = c.hidden_size, truncated_normal(c.initializer_range)
     self.word_embeddings = nnx.Embed(c.vocab_size, d, embedding_init=init, rngs=rngs)
-    self.position_embeddings = nnx.Embed(c.max_position_embeddings, d, embedding_init=init, rngs=rngs)
+    rows = c.max_position_embeddings + (1 if c.mask_padding_in_positional_embed else 0)
+    self.position_embeddings = nnx.Embed(rows, d, embedding_init=init, rngs=rngs)
+    self.mask_padding = c.mask_padding_in_positional_embed
     self.token_type_embeddings = (
       nnx.Embed(c.num_segments, d, embedding_init=init, rngs=rngs) if c.num_segments else None
     )
@@ -160,8 +165,20 @@ class BertForPreTraining(nnx.Module):
   ) -> jax.Array:
     """int32[batch, seq] inputs -> hidden states float32[batch, seq, hidden]."""
     with jax.named_scope("embeddings"):
-      positions = position_ids(input_ids, self.position_embeddings)
-      x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
+      if self.mask_padding:  # tokens at rows 1..seq, padding (id 0, [PAD]) at row 0
+        seq, most = input_ids.shape[1], self.position_embeddings.num_embeddings - 1
+        if seq > most:
+          raise ValueError(
+            f"input_ids has {seq} tokens per sequence, more than model.max_position_embeddings={most}: "
+            "raise max_position_embeddings or shorten the sequences"
+          )
+        positions = jnp.where(input_ids != 0, jnp.arange(1, seq + 1, dtype=jnp.int32), 0)
+        position_embeddings = self.position_embeddings(positions)
+      else:
+        position_embeddings = self.position_embeddings(position_ids(input_ids, self.position_embeddings))[
+          None
+        ]
+      x = self.word_embeddings(input_ids) + position_embeddings
       if self.token_type_embeddings is not None:
         if token_type_ids is None:
           token_type_ids = jnp.zeros_like(input_ids)

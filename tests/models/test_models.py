@@ -396,3 +396,24 @@ def test_sequences_longer_than_the_position_table_are_refused(name):
     jax.jit(lambda ids: model(ids))(too_long)
   out = jax.tree.leaves(model(jnp.zeros((2, limit), jnp.int32)))  # the whole table is usable
   assert all(bool(jnp.all(jnp.isfinite(x))) for x in out)
+
+
+def test_roberta_position_rows_shift_by_one_and_padding_takes_row_zero():
+  """modelzoo 2.x RoBERTa's mask_padding_in_positional_embed: one more position row; the tokens of a
+  sequence read rows 1..seq and its padding ([PAD], id 0) row 0. The same model with its table
+  shifted by one row is the plain model on unpadded sequences."""
+  model, batch = _tiny_model("bert", disable_nsp=True, mask_padding_in_positional_embed=True)
+  plain, _ = _tiny_model("bert", disable_nsp=True)
+  table = model.position_embeddings.embedding
+  assert table.shape[0] == plain.position_embeddings.embedding.shape[0] + 1
+  plain.position_embeddings.embedding[...] = table[...][1:]
+  ids, types = batch["input_ids"], batch["token_type_ids"]
+  ids = jnp.where(ids == 0, 5, ids)  # no padding
+  np.testing.assert_array_equal(model.encode(ids, types, None), plain.encode(ids, types, None))
+  padded = ids.at[:, -4:].set(0)
+  mask = (padded != 0).astype(jnp.int32)
+  row0 = model.encode(padded, types, mask)
+  table[...] = table[...].at[0].add(1.0)
+  changed = model.encode(padded, types, mask)
+  np.testing.assert_array_equal(row0[:, :-4], changed[:, :-4])  # tokens never read row 0
+  assert not np.array_equal(np.asarray(row0[:, -4:]), np.asarray(changed[:, -4:]))  # the padding does

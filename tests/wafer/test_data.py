@@ -519,3 +519,20 @@ def test_a_list_of_data_dirs_is_one_dataset_in_its_order(tmp_path):
   ):
     MnistInput(data_processor="MNISTDataProcessor", data_dir=["a", "b"], batch_size=2)
   assert MnistInput(data_processor="MNISTDataProcessor", data_dir=["a"], batch_size=2).data_dir == ["a"]
+
+
+def test_do_lower_false_trains_a_cased_tokenizer(tmp_path):
+  """modelzoo's RoBERTa files set do_lower: false (they were refused): the tokenizer keeps case, in a
+  cache of its own, and the cased features differ from the lowercased ones."""
+  docs = small_corpus()
+  lower = text.train_bert_tokenizer(docs, 300, tmp_path)
+  cased = text.train_bert_tokenizer(docs, 300, tmp_path, lowercase=False)
+  assert lower.encode("The Cat").tokens == lower.encode("the cat").tokens
+  assert cased.encode("The Cat").tokens != cased.encode("the cat").tokens
+  names = sorted(p.name for p in tmp_path.iterdir())
+  assert any(n.startswith("bert-bpe-cased-300-") for n in names) and any(
+    n.startswith("bert-bpe-300-") for n in names
+  )
+  a = bert.bert_features_from_text(docs, msl=32, vocab_size=300, cache_dir=tmp_path)
+  b = bert.bert_features_from_text(docs, msl=32, vocab_size=300, cache_dir=tmp_path, lowercase=False)
+  assert not np.array_equal(a["input_ids"][:4], b["input_ids"][:4])

@@ -261,10 +261,15 @@ def _cached_tokenizer(cache_dir: str | os.PathLike | None, name: str, train):
   return tok
 
 
-def train_bert_tokenizer(docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None = None):
-  """BERT's subword tokenizer trained on ``docs``, cached as ``cache_dir/bert-bpe-V-HASH.json``.
+def train_bert_tokenizer(
+  docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None = None, *, lowercase: bool = True
+):
+  """BERT's subword tokenizer trained on ``docs``, cached as ``cache_dir/bert-bpe-V-HASH.json``
+  (``bert-bpe-cased-V-HASH.json`` with ``lowercase=False``).
 
-  BERT's lowercasing normalizer and pre-tokenizer (words and punctuation marks split apart), then
+  BERT's normalizer (lowercasing unless ``lowercase=False``: modelzoo's ``do_lower: false``, as its
+  RoBERTa files give; accents are stripped only when lowercasing, as BERT's cased models keep them)
+  and pre-tokenizer (words and punctuation marks split apart), then
   BPE merges within words, with ``vocab_size`` ids at most. Subwords carry no ``##`` marker, so
   ``decode`` separates every token by a space (nothing in training decodes).
 
@@ -281,7 +286,7 @@ def train_bert_tokenizer(docs: Sequence[str], vocab_size: int, cache_dir: str | 
 
   def train():
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     trainer = trainers.BpeTrainer(
       vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
@@ -289,7 +294,8 @@ def train_bert_tokenizer(docs: Sequence[str], vocab_size: int, cache_dir: str | 
     tok.train_from_iterator(docs, trainer=trainer)
     return tok
 
-  return _cached_tokenizer(cache_dir, f"bert-bpe-{vocab_size}-{corpus_hash(docs)}.json", train)
+  cased = "" if lowercase else "cased-"
+  return _cached_tokenizer(cache_dir, f"bert-bpe-{cased}{vocab_size}-{corpus_hash(docs)}.json", train)
 
 
 def train_bpe(docs: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None = None):

@@ -41,6 +41,7 @@ FILES: list[tuple[str, str, str]] = [
       "bert/configs/bert_base_msl512.yaml",
       "bert/configs/bert_large_msl128.yaml",
       "bert/configs/bert_large_msl512.yaml",
+      "bert/configs/roberta_base.yaml",
       "gpt2/configs/params_gpt2_small.yaml",
       "gpt2/configs/params_gpt2_medium.yaml",
       "gpt2/configs/params_gpt2_large.yaml",
@@ -89,6 +90,7 @@ FILES: list[tuple[str, str, str]] = [
     _PT,
     [
       "bert/configs/bert_base_MSL512.yaml",
+      "bert/configs/roberta_base.yaml",
       "bert/configs/bert_large_MSL128.yaml",
       "gpt2/configs/params_gpt2_medium.yaml",
       "gpt3/configs/params_gpt3_256m.yaml",
@@ -142,6 +144,7 @@ FILES: list[tuple[str, str, str]] = [
     [
       "bert/configs/bert_base_MSL128.yaml",
       "bert/configs/bert_large_MSL512.yaml",
+      "bert/configs/roberta_large.yaml",
       "gpt3/configs/params_gpt3_xl.yaml",
       "gpt3/configs/Cerebras_GPT/111m.yaml",
       "gpt3/configs/Cerebras_GPT/13b_bs720.yaml",
