@@ -6,8 +6,9 @@ and AdamW (with global-norm clipping, as the modelzoo configs use), or a forward
 inference row. They build abstract arguments only, so even GPT-3 175B costs no memory.
 
 >>> from wafer.costmodel import workloads
->>> sorted(workloads.WORKLOADS)[:3]
-['bert_large_pipelined', 'bert_large_pipelined_r18', 'bert_large_pipelined_sc22']
+>>> w = workloads.get_workload("gpt2_small")
+>>> w.batch_size, w.measurement.id, w.measurement.role
+(112, 'V01', 'fit')
 """
 
 from __future__ import annotations
