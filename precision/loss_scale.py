@@ -102,6 +102,16 @@ def all_finite(grads: Any) -> jax.Array:
   return jnp.sqrt(squares) < jnp.float32(jnp.inf)
 
 
+def _one_boolean(what: str, flag: Any, otherwise: str) -> None:
+  """A ``ValueError`` unless ``flag`` is one boolean (0-d): ``jnp.isfinite(grads)`` for
+  ``all_finite(grads)`` is the usual mistake; ``otherwise`` says what it would do."""
+  shape = jnp.shape(flag)
+  if shape != ():
+    raise ValueError(
+      f"{what} must be one boolean (a 0-d array such as all_finite(grads)); got shape {shape}, {otherwise}"
+    )
+
+
 def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
   """Leafwise ``jnp.where(pred, a, b)`` over two pytrees of the same structure (skipping updates).
 
@@ -113,12 +123,7 @@ def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
     ValueError: ``pred`` is not a scalar, the trees differ in structure (the message names the
       first key path that differs), or a non-array leaf differs between the two trees.
   """
-  shape = jnp.shape(pred)
-  if shape != ():
-    raise ValueError(
-      f"select_tree: pred must be one boolean (a 0-d array such as all_finite(grads)); got shape {shape}, "
-      "which would mix the two trees element by element"
-    )
+  _one_boolean("select_tree: pred", pred, "which would mix the two trees element by element")
   true_paths, true_def = jax.tree_util.tree_flatten_with_path(on_true)
   false_paths, false_def = jax.tree_util.tree_flatten_with_path(on_false)
   if true_def != false_def:
@@ -256,12 +261,9 @@ class DynamicLossScale:
       ValueError: ``grads_finite`` is not one boolean (``jnp.isfinite(grads)`` instead of
         ``all_finite(grads)`` would make the scale a vector).
     """
-    shape = jnp.shape(grads_finite)
-    if shape != ():
-      raise ValueError(
-        f"adjust: grads_finite must be one boolean (a 0-d array such as all_finite(grads)); got shape "
-        f"{shape}, which would make the loss scale an array of that shape"
-      )
+    _one_boolean(
+      "adjust: grads_finite", grads_finite, "which would make the loss scale an array of that shape"
+    )
     overflow = jnp.logical_not(grads_finite).astype(jnp.int32)
     steps = self.steps_since_rescale + 1
     overflows = self.overflows_since_rescale + overflow

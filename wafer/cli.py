@@ -142,10 +142,8 @@ def _workload_conditions(args: argparse.Namespace, w: Any) -> dict[str, Any]:
   return pinned
 
 
-_ARGUMENT = re.compile(
-  r"(?<![\w.])(system|mode|release|num_csx|micro_batch_size|compute_format|batch_size)="
-  r"(?:'([^']*)'|([^\s;,)']+))"
-)
+_ARGUMENT = re.compile(rf"(?<![\w.])({'|'.join((*_RUN_FLAGS, 'batch_size'))})=(?:'([^']*)'|([^\s;,)']+))")
+"""``name=value`` of a `wafer.estimate` argument that a `wafer estimate` flag sets (`_as_flags`)."""
 
 
 def _as_flags(text: str) -> str:

@@ -585,6 +585,45 @@ GPT3_20B = TransformerConfig(layers=44, d_model=6144, heads=64, ffn=24576, vocab
 BERT_LARGE_SST2 = dataclasses.replace(BERT_LARGE, vocab=2, predictions=1, tied_embeddings=False)
 BERT_BASE_SST2 = dataclasses.replace(BERT_LARGE_SST2, layers=12, d_model=768, heads=12, ffn=3072)
 
+
+def _hpec(name: str, what: str, config: TransformerConfig, batch: int, mid: str, value: float) -> Workload:
+  """A blind held-out run of Zhang, Parikh, Zhang and Prasanna, HPEC 2024 (arXiv:2409.00287v2): 1 x
+  CS-2, the rate read back from a projected one-epoch time (GPT-3 on the Pile: table V; BERT
+  fine-tuned on SST-2: table IV), micro-batch not stated: searched."""
+  gpt = config.causal
+  stated = "release, precision and micro-batch not stated" if gpt else "release and precision not stated"
+  return Workload(
+    name,
+    f"{what}, seq {config.seq}, batch {batch}, on 1 x CS-2 (micro-batch not stated: searched)",
+    config,
+    batch,
+    estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+    measurement=Measurement(
+      mid,
+      value,
+      f"1 x CS-2, 2024 ({stated}), {'Pile subset' if gpt else 'SST-2 fine-tuning'}, one-epoch time",
+      f"Zhang, Parikh, Zhang, Prasanna, HPEC 2024 (arXiv:2409.00287v2) Table {'V' if gpt else 'IV'}; "
+      "PDF in augustuszzq/Regular-DABench-LLM paper/ @5f86bb6",
+      role="held_out",
+      family="gpt3" if gpt else "bert",
+      blind=True,
+    ),
+  )
+
+
+_HPEC_RUNS = (
+  _hpec("gpt3_256m_hpec", "GPT-3 256M (14 x d1088, 17 heads)", GPT3_256M, 128, "B01", 373.4),
+  _hpec("gpt3_590m_hpec", "GPT-3 590M (18 x d1536, 12 heads)", GPT3_590M, 128, "B02", 199.4),
+  _hpec("gpt3_2p7b_hpec", "GPT-3 2.7B (32 x d2560, 32 heads)", GPT3_2P7B, 128, "B03", 46.6),
+  _hpec("gpt3_6p7b_hpec", "GPT-3 6.7B (32 x d4096, 32 heads)", GPT3_6P7B, 128, "B04", 22.67),
+  _hpec("gpt3_13b_hpec", "GPT-3 13B (40 x d5120, 40 heads)", GPT3_13B, 128, "B05", 11.86),
+  _hpec("gpt3_20b_hpec", "GPT-3 20B (44 x d6144, 64 heads)", GPT3_20B, 128, "B06", 7.7),
+  _hpec("bert_large_sst2_b2048", "BERT-large classifier (SST-2)", BERT_LARGE_SST2, 2048, "B07", 7074.6),
+  _hpec("bert_large_sst2_b128", "BERT-large classifier (SST-2)", BERT_LARGE_SST2, 128, "B08", 1040.5),
+  _hpec("bert_base_sst2_b2048", "BERT-base classifier (SST-2)", BERT_BASE_SST2, 2048, "B09", 16190),
+)
+"""B01-B09 (blind; the comment above `WORKLOADS`' entry of them says how they were collected)."""
+
 _WAFERLLM = {
   "system": "wse2",
   "mode": "weight_streaming",
@@ -1040,150 +1079,7 @@ WORKLOADS: dict[str, Workload] = {
     # stated (weight streaming: the 2024 R2.x stack). B09 may be input-bound (the paper's BERT-base
     # rate falls at larger batches). B10: 720 samples between the log timestamps of steps 1590 and
     # 1680 (the log's running average includes a checkpoint save).
-    Workload(
-      "gpt3_256m_hpec",
-      "GPT-3 256M (14 x d1088, 17 heads), seq 2048, on 1 x CS-2, batch 128 (micro-batch not stated: searched)",
-      GPT3_256M,
-      128,
-      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-      measurement=Measurement(
-        "B01",
-        373.4,
-        "1 x CS-2, 2024 (release, precision and micro-batch not stated), Pile subset, one-epoch time",
-        "Zhang, Parikh, Zhang, Prasanna, HPEC 2024 (arXiv:2409.00287v2) Table V; PDF in augustuszzq/Regular-DABench-LLM paper/ @5f86bb6",
-        role="held_out",
-        family="gpt3",
-        blind=True,
-      ),
-    ),
-    Workload(
-      "gpt3_590m_hpec",
-      "GPT-3 590M (18 x d1536, 12 heads), seq 2048, on 1 x CS-2, batch 128 (micro-batch not stated: searched)",
-      GPT3_590M,
-      128,
-      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-      measurement=Measurement(
-        "B02",
-        199.4,
-        "1 x CS-2, 2024 (release, precision and micro-batch not stated), Pile subset, one-epoch time",
-        "Zhang, Parikh, Zhang, Prasanna, HPEC 2024 (arXiv:2409.00287v2) Table V; PDF in augustuszzq/Regular-DABench-LLM paper/ @5f86bb6",
-        role="held_out",
-        family="gpt3",
-        blind=True,
-      ),
-    ),
-    Workload(
-      "gpt3_2p7b_hpec",
-      "GPT-3 2.7B (32 x d2560, 32 heads), seq 2048, on 1 x CS-2, batch 128 (micro-batch not stated: searched)",
-      GPT3_2P7B,
-      128,
-      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-      measurement=Measurement(
-        "B03",
-        46.6,
-        "1 x CS-2, 2024 (release, precision and micro-batch not stated), Pile subset, one-epoch time",
-        "Zhang, Parikh, Zhang, Prasanna, HPEC 2024 (arXiv:2409.00287v2) Table V; PDF in augustuszzq/Regular-DABench-LLM paper/ @5f86bb6",
-        role="held_out",
-        family="gpt3",
-        blind=True,
-      ),
-    ),
-    Workload(
-      "gpt3_6p7b_hpec",
-      "GPT-3 6.7B (32 x d4096, 32 heads), seq 2048, on 1 x CS-2, batch 128 (micro-batch not stated: searched)",
-      GPT3_6P7B,
-      128,
-      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-      measurement=Measurement(
-        "B04",
-        22.67,
-        "1 x CS-2, 2024 (release, precision and micro-batch not stated), Pile subset, one-epoch time",
-        "Zhang, Parikh, Zhang, Prasanna, HPEC 2024 (arXiv:2409.00287v2) Table V; PDF in augustuszzq/Regular-DABench-LLM paper/ @5f86bb6",
-        role="held_out",
-        family="gpt3",
-        blind=True,
-      ),
-    ),
-    Workload(
-      "gpt3_13b_hpec",
-      "GPT-3 13B (40 x d5120, 40 heads), seq 2048, on 1 x CS-2, batch 128 (micro-batch not stated: searched)",
-      GPT3_13B,
-      128,
-      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-      measurement=Measurement(
-        "B05",
-        11.86,
-        "1 x CS-2, 2024 (release, precision and micro-batch not stated), Pile subset, one-epoch time",
-        "Zhang, Parikh, Zhang, Prasanna, HPEC 2024 (arXiv:2409.00287v2) Table V; PDF in augustuszzq/Regular-DABench-LLM paper/ @5f86bb6",
-        role="held_out",
-        family="gpt3",
-        blind=True,
-      ),
-    ),
-    Workload(
-      "gpt3_20b_hpec",
-      "GPT-3 20B (44 x d6144, 64 heads), seq 2048, on 1 x CS-2, batch 128 (micro-batch not stated: searched)",
-      GPT3_20B,
-      128,
-      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-      measurement=Measurement(
-        "B06",
-        7.7,
-        "1 x CS-2, 2024 (release, precision and micro-batch not stated), Pile subset, one-epoch time",
-        "Zhang, Parikh, Zhang, Prasanna, HPEC 2024 (arXiv:2409.00287v2) Table V; PDF in augustuszzq/Regular-DABench-LLM paper/ @5f86bb6",
-        role="held_out",
-        family="gpt3",
-        blind=True,
-      ),
-    ),
-    Workload(
-      "bert_large_sst2_b2048",
-      "BERT-large classifier (SST-2), seq 128, batch 2048 on 1 x CS-2 (micro-batch not stated: searched)",
-      BERT_LARGE_SST2,
-      2048,
-      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-      measurement=Measurement(
-        "B07",
-        7074.6,
-        "1 x CS-2, 2024 (release and precision not stated), SST-2 fine-tuning, one-epoch time",
-        "Zhang, Parikh, Zhang, Prasanna, HPEC 2024 (arXiv:2409.00287v2) Table IV; PDF in augustuszzq/Regular-DABench-LLM paper/ @5f86bb6",
-        role="held_out",
-        blind=True,
-        family="bert",
-      ),
-    ),
-    Workload(
-      "bert_large_sst2_b128",
-      "BERT-large classifier (SST-2), seq 128, batch 128 on 1 x CS-2 (micro-batch not stated: searched)",
-      BERT_LARGE_SST2,
-      128,
-      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-      measurement=Measurement(
-        "B08",
-        1040.5,
-        "1 x CS-2, 2024 (release and precision not stated), SST-2 fine-tuning, one-epoch time",
-        "Zhang, Parikh, Zhang, Prasanna, HPEC 2024 (arXiv:2409.00287v2) Table IV; PDF in augustuszzq/Regular-DABench-LLM paper/ @5f86bb6",
-        role="held_out",
-        blind=True,
-        family="bert",
-      ),
-    ),
-    Workload(
-      "bert_base_sst2_b2048",
-      "BERT-base classifier (SST-2), seq 128, batch 2048 on 1 x CS-2 (micro-batch not stated: searched)",
-      BERT_BASE_SST2,
-      2048,
-      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
-      measurement=Measurement(
-        "B09",
-        16190,
-        "1 x CS-2, 2024 (release and precision not stated), SST-2 fine-tuning, one-epoch time",
-        "Zhang, Parikh, Zhang, Prasanna, HPEC 2024 (arXiv:2409.00287v2) Table IV; PDF in augustuszzq/Regular-DABench-LLM paper/ @5f86bb6",
-        role="held_out",
-        blind=True,
-        family="bert",
-      ),
-    ),
+    *_HPEC_RUNS,
     Workload(
       "llama2_7b_cs3_finetune",
       "LLaMA-2 7B full fine-tune on 1 x CS-3, seq 1024, batch 8 (micro-batch not set: searched)",
