@@ -4,10 +4,10 @@ Builds each published workload as a JAX step (forward + backward + AdamW; forwar
 WaferLLM prefill row), each under the conditions it was measured in (system, number of systems,
 release's execution mode, batch), and scores predictions in log space, |ln(pred / meas)|.
 
-**What is fitted.** Five constants of `wafer.costmodel.calibration`, each moved mostly by its own
-evidence (docs/cost-model-accuracy.md, "Constants"): the clock, the setup cycles of a tensor
-instruction and the cycles per attention row (evaluated on a grid: every workload is estimated at
-every grid point), and the two per-step costs of weight streaming, MemoryX's optimizer bytes per
+**What is fitted.** Six constants of `wafer.costmodel.calibration`, each moved mostly by its own
+evidence (docs/cost-model-accuracy.md, "Constants"): the WSE-2's and the WSE-3's clocks, the setup
+cycles of a tensor instruction and the cycles per attention row (evaluated on a grid: every workload
+is estimated at every grid point; a run depends only on its own chip's clock), and the two per-step costs of weight streaming, MemoryX's optimizer bytes per
 parameter and a fixed cost per step (exactly additive to the step time, so they are scanned in
 closed form: ``step = step_0 + bytes * P / B_io + overhead``; the benchmark checks this against a
 full estimate at the fitted point). The fit minimises the sum of squared log errors over the
@@ -59,6 +59,7 @@ TARGET_EACH = math.log(1.25)
 TARGET_MEDIAN = math.log(1.15)
 TARGET_SLOPE = math.log(1.10)
 CLOCKS = (0.85e9, 0.95e9, 1.1e9)  # the published range: SDK scripts 850 MHz, WaferLLM/HC34 1.1 GHz
+# each chip's clock (Calibration.clock_hz: WSE-2; wse3_clock_hz) is fitted on the grid above
 OVERHEADS = (4.0, 6.0, 8.0, 12.0)
 ROW_CYCLES = tuple(2 ** (i / 4) for i in range(-2, 3))  # 0.71-1.41 cycles per row, steps of 2**0.25
 # MemoryX bytes per parameter at the system's I/O rate: set, not fitted (calibration.py: AdamW's
@@ -67,7 +68,7 @@ ROW_CYCLES = tuple(2 ** (i / 4) for i in range(-2, 3))  # 0.71-1.41 cycles per r
 OPTIMIZER_BYTES = (CALIBRATION.optimizer_bytes_per_param,)
 STEP_OVERHEADS = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2)  # seconds per training step
 GRID_PARAMS = ("clock_hz", "instruction_overhead_cycles", "attention_row_cycles")
-PARAMS = GRID_PARAMS + ("optimizer_bytes_per_param", "step_overhead_s")
+PARAMS = ("clock_hz", "wse3_clock_hz") + GRID_PARAMS[1:] + ("optimizer_bytes_per_param", "step_overhead_s")
 CS3_GROUP = "CS-3"
 
 # pairs that differ in one condition: (name, numerator id, denominator id, what the pair pins)
@@ -86,9 +87,14 @@ PAIRS = (
 
 
 def _calib(w: Workload, params: dict[str, float]) -> tuple[Any, dict[str, Any]]:
+  """The calibration and estimate arguments of ``w`` at ``params`` (``wse3_clock_hz`` defaults to
+  ``clock_hz``: a grid point sets the clock of whichever chip the run is on)."""
   kw = dict(w.estimate_kwargs)
   fixed_clock = kw.pop("clock_hz", None)  # WaferLLM converted cycles at 1.1 GHz: not calibrated
-  p = dict(params, clock_hz=fixed_clock or params["clock_hz"])
+  p = dict(params)
+  p.setdefault("wse3_clock_hz", p["clock_hz"])
+  if fixed_clock:
+    p["clock_hz"] = p["wse3_clock_hz"] = fixed_clock
   return CALIBRATION.replace(**p), kw
 
 
@@ -142,11 +148,19 @@ class Model:
     self.batch = np.array([w.batch_size for w, _ in points], float)
     self.measured = np.array([w.measurement.value for w, _ in points])
     ob, so = np.array(OPTIMIZER_BYTES), np.array(STEP_OVERHEADS)
+    # each chip its own clock: the joint grid (WSE-2 clock, WSE-3 clock, overhead, row cycles);
+    # a column takes its base steps from the key with its own chip's clock
+    on_wse3 = np.array([w.estimate_kwargs.get("system") == "wse3" for _, w, _ in cols])
+    at = {k: i for i, k in enumerate(self.keys)}
+    self.joint = list(itertools.product(CLOCKS, CLOCKS, OVERHEADS, ROW_CYCLES))
+    rows = np.array([[at[(c3 if on else c2, o, r)] for on in on_wse3] for c2, c3, o, r in self.joint])
+    self.base_joint = self.base[rows, np.arange(len(cols))[None, :]]
     self.steps = steps = (
-      self.base[:, None, None, :]
+      self.base_joint[:, None, None, :]
       + ob[None, :, None, None] * self.per_byte[None, None, None, :]
       + so[None, None, :, None] * self.per_overhead[None, None, None, :]
     )
+    self.wse3_points = {int(self.col_point[j]) for j in np.flatnonzero(on_wse3)}
     # ln(pred / meas) per column, then per point: the range's lower and upper ends
     col_err = np.log(self.batch[self.col_point] / steps / self.measured[self.col_point])
     n = len(points)
@@ -157,12 +171,18 @@ class Model:
 
   def fit(self, use: list[int]) -> tuple[int, int, int]:
     cost = np.sum(self.log_err[..., use] ** 2, axis=-1)
+    if not self.wse3_points & set(use):  # nothing pins the WSE-3's clock: it is the WSE-2's
+      cost = cost + np.array([0.0 if c2 == c3 else np.inf for c2, c3, _, _ in self.joint])[:, None, None]
     return tuple(int(i) for i in np.unravel_index(int(np.argmin(cost)), cost.shape))
 
   def params(self, idx: tuple[int, int, int]) -> dict[str, float]:
     k, b, s = idx
+    c2, c3, o, r = self.joint[k]
     return dict(
-      zip(GRID_PARAMS, self.keys[k]),
+      clock_hz=c2,
+      wse3_clock_hz=c3,
+      instruction_overhead_cycles=o,
+      attention_row_cycles=r,
       optimizer_bytes_per_param=OPTIMIZER_BYTES[b],
       step_overhead_s=STEP_OVERHEADS[s],
     )
@@ -180,7 +200,8 @@ class Model:
 
 def _describe(p: dict[str, float]) -> str:
   return (
-    f"{p['clock_hz'] / 1e9:g} GHz, {p['instruction_overhead_cycles']:g} cyc/instr, "
+    f"WSE-2 {p['clock_hz'] / 1e9:g} GHz, WSE-3 {p['wse3_clock_hz'] / 1e9:g} GHz, "
+    f"{p['instruction_overhead_cycles']:g} cyc/instr, "
     f"{p['attention_row_cycles']:.3g} cyc/row, {p['optimizer_bytes_per_param']:g} B/param, "
     f"{p['step_overhead_s'] * 1e3:g} ms/step"
   )
@@ -284,6 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     "structure_only": _summary(errors("leave_one_family_out", "structure")),
     "held_out": _summary(errors("leave_one_family_out", "held_out")),
     "blind": _summary([abs(r["leave_one_family_out_log_ratio"]) for r in rows if r["blind"]]),
+    # each blind set on its own: B01-B10 (2026-11, scored on the model of then), D01-D17 (2026-11-27)
+    **{
+      f"blind_{p}": _summary(
+        [abs(r["leave_one_family_out_log_ratio"]) for r in rows if r["blind"] and r["id"].startswith(p)]
+      )
+      for p in ("B", "D")
+    },
   }
   # the band: calibrated on leave-one-family-out errors, ln(measured / predicted)
   signed = [-r["leave_one_family_out_log_ratio"] for r in rows]
@@ -379,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     ("cs3_out", "all CS-3 out"),
     ("structure_only", "structure-only points, family out"),
     ("held_out", "held out (never fitted, never looked at)"),
-    ("blind", "of them collected blind (B01-B10)"),
+    ("blind", "collected blind (B01-B10, D01-D17)"),
+    ("blind_B", "  blind set B01-B10"),
+    ("blind_D", "  blind set D01-D17"),
   ):
     print(f"  {label + ':':<42}{_fmt(summary[key])}")
   print(

@@ -101,7 +101,8 @@ def _workload_conditions(args: argparse.Namespace, w: Any) -> dict[str, Any]:
   describe that run only: ``--release`` or ``--mode`` drops its mode (the release, or the mode given,
   decides); ``--batch_size``, ``--num_csx``, ``--release`` or ``--mode`` drops its micro-batch (searched
   instead), as does a batch whose samples per system are fewer than it; layer pipelined (``--mode
-  pipeline``) drops its systems in data parallel. What is kept and what is dropped is stated in
+  pipeline``) drops its systems in data parallel; ``--system`` naming another system drops the
+  conditions of the run's chip (its clock and rectangle). What is kept and what is dropped is stated in
   ``args.workload_notes``, which `_estimate` adds to the report's notes.
   """
   pinned = dict(w.estimate_kwargs)
@@ -128,6 +129,9 @@ def _workload_conditions(args: argparse.Namespace, w: Any) -> dict[str, Any]:
     drop("micro_batch_size", f"more than the {batch // systems} samples per system: searched")
   if args.mode is not None and canonical_mode(str(args.mode)) == "pipeline":
     drop("num_csx", "layer pipelined runs on one system")
+  if "system" in given and _chip_name(args.system) != _chip_name(pinned.get("system", args.system)):
+    for key in ("clock_hz", "rect"):  # conditions of the published run's chip
+      drop(key, "--system changes the chip")
   kept = [f"{k} {_condition(v)}" for k, v in pinned.items() if k not in given]
   notes = []
   if kept:
@@ -154,7 +158,18 @@ def _as_flags(text: str) -> str:
   >>> print(_as_flags("num_csx=2 with mode='pipeline' (use mode='weight_streaming'); train_input.batch_size=3"))
   --num_csx 2 with --mode pipeline (use --mode weight_streaming); train_input.batch_size=3
   """
-  return _ARGUMENT.sub(lambda m: f"--{m[1]} {m[2] if m[2] is not None else m[3]}", text)
+  return _ARGUMENT.sub(lambda m: f"--{m[1]} {(m[2] if m[2] is not None else m[3]) or chr(39) * 2}", text)
+
+
+def _chip_name(system: Any) -> str:
+  """The chip of a ``--system`` value (``"WSE-2"``), or the value itself when it names none (the
+  estimate's own check then refuses it)."""
+  from wafer.costmodel.hardware import get_system
+
+  try:
+    return get_system(system).chip.name
+  except Exception:  # noqa: BLE001 - an unknown system: wafer.estimate says what is allowed
+    return str(system)
 
 
 def _condition(value: Any) -> str:
@@ -419,7 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     "flag given wins over the condition of the same name, --release or --mode drops the published mode "
     "(the release or the mode given decides), and --batch_size, --num_csx, --release or --mode drops "
     "the published micro-batch (searched instead), as does a batch with fewer samples per system than "
-    "it. The report's notes say which conditions are the published run's and which were dropped.",
+    "it; --system naming another chip drops the published run's clock and rectangle. The report's "
+    "notes say which conditions are the published run's and which were dropped.",
   )
   target = est.add_argument_group("what to estimate").add_mutually_exclusive_group()
   target.add_argument(
@@ -439,7 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
   est.add_argument(
     "--release",
     help="Cerebras software release: 2.x (default: weight streaming for every model), 1.x (before 1.9: "
-    "layer pipelined under 1B parameters), or a number such as 2.4, R1.9.1, Release_2.10.0",
+    "layer pipelined under 1B parameters), or a number such as 2.4, R1.9.1, Release_2.10.0; a 1.x "
+    "release computes at 1/1.5 of the 2.x rate (Cerebras' R2.0: 50%% faster)",
   )
   est.add_argument(
     "--batch_size",

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from precision._table import Table
 
@@ -34,17 +37,34 @@ __all__ = (
 )
 
 
+_CLOCKS = {
+  alias: field
+  for n, field in ((1, "clock_hz"), (2, "clock_hz"), (3, "wse3_clock_hz"))
+  for alias in (f"WSE-{n}", f"WSE{n}", f"CS-{n}", f"CS{n}")
+}
+"""Each chip's clock parameter, by chip and system name (upper case)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Calibration:
   """Named calibration parameters (frozen; change one with `replace`).
 
   Attributes:
-    clock_hz: PE clock in Hz, for every WSE. Published figures conflict: the SDK benchmark
-      scripts convert cycles at 850 MHz, WaferLLM and HC34 say "up to 1.1 GHz". Calibrated (grid
-      0.85 / 0.95 / 1.1 GHz): 0.85 GHz, the SDK scripts' figure. It scales every compute-bound run
-      alike, so it is pinned by the absolute level of the compute-bound runs, not by any pair.
-      (WaferLLM's tokens/s were converted from cycles at 1.1 GHz; to compare with them, use
-      ``replace(clock_hz=1.1e9)``.)
+    clock_hz: PE clock in Hz of the WSE-2 (and the WSE-1). Published figures conflict: the SDK
+      benchmark scripts convert cycles at 850 MHz, WaferLLM and HC34 say "up to 1.1 GHz".
+      Calibrated (grid 0.85 / 0.95 / 1.1 GHz) on the CS-2 runs: 1.1 GHz. The published 2.x runs of
+      6-20B-parameter models need it: GPT-3 20B at 7.7 samples/s of 2,048 tokens (HPEC 2024) is
+      2.0 PFLOP/s of model FLOPs, 2.7 with each layer recomputed, more than the 2.5 PFLOP/s that
+      745,500 PEs at 0.85 GHz can do when a 16-bit AXPY into FP32 accumulators is bound by the
+      8-byte write port (`wafer.costmodel.mesh`). (WaferLLM's tokens/s were converted from cycles
+      at 1.1 GHz too.)
+    wse3_clock_hz: PE clock in Hz of the WSE-3, which no one publishes either (Cerebras gives its
+      peak, "2x the WSE-2 at the same power"). Calibrated on the CS-3 runs, with the same grid:
+      0.85 GHz (the WSE-2's when no CS-3 run is fitted). The two clocks are separate unknowns
+      because the measured CS-3 / CS-2 ratios of one model (ESM-2 35M 1.7x, LLaMA-2 7B 1.6x, the
+      CS-3 run on a newer release each time) fall short of the 2x that one clock and the WSE-3's
+      doubled datapath give. A consequence: a step bound by latency rather than by the datapath
+      (a toy model) comes out up to 1.3x slower on a CS-3. `clock` picks a chip's.
     instruction_overhead_cycles: fixed cycles a PE spends per tensor (DSD) instruction, on top of
       the vector work: loading the descriptor registers, the loop step, task dispatch. It sets the
       efficiency of short vectors: an AXPY of length L costs ``ceil(L / lanes) + this``.
@@ -92,12 +112,13 @@ class Calibration:
       size: the round trip through MemoryX and the host at the iteration boundary (the gradient
       norm, the wait for the updated first layer, the runtime's synchronisation). Layer-pipelined
       mode keeps and updates the weights on the wafer and does not pay it. Fitted (grid 0-200 ms):
-      75 ms. Pinned by the BERT-large batch sweep at one system (C2, E14, C3: 340 M parameters,
+      100 ms. Pinned by the BERT-large batch sweep at one system (C2, E14, C3: 340 M parameters,
       2.3x faster per sample at batch 2048 than at 512), where the per-parameter bubble above is
       only 5 ms.
   """
 
-  clock_hz: float = 0.85e9
+  clock_hz: float = 1.1e9
+  wse3_clock_hz: float = 0.85e9
   instruction_overhead_cycles: float = 6.0
   sram_reserved_bytes_per_pe: int = 12 * 1024
   transcendental_ops: float = 8.0
@@ -106,18 +127,55 @@ class Calibration:
   max_lanes: int = 4096
   attention_row_cycles: float = 2**-0.5
   optimizer_bytes_per_param: float = 2.0
-  step_overhead_s: float = 0.075
+  step_overhead_s: float = 0.1
 
   def __post_init__(self) -> None:
+    clocks = set(_CLOCKS.values())
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
-      if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-        raise ValueError(f"Calibration.{field.name}={value!r}; allowed: a number >= 0")
-    if self.clock_hz <= 0:
-      raise ValueError(f"Calibration.clock_hz={self.clock_hz!r}; allowed: a positive frequency in Hz")
+      number = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+      if field.name in clocks:
+        if not number or not 0 < value < math.inf:
+          raise ValueError(f"Calibration.{field.name}={value!r}; allowed: a positive, finite frequency in Hz")
+      elif not number or not 0 <= value < math.inf:
+        raise ValueError(f"Calibration.{field.name}={value!r}; allowed: a finite number >= 0")
+      if isinstance(value, np.generic):  # a NumPy scalar: the Python number it holds
+        object.__setattr__(self, field.name, value.item())
+
+  @staticmethod
+  def clock_field(chip: Any) -> str:
+    """The name of the clock parameter of ``chip``: ``"wse3_clock_hz"`` for the WSE-3,
+    ``"clock_hz"`` for the WSE-2 and the WSE-1.
+
+    ``chip``: a chip or system name (``"WSE-3"``, ``"wse3"``, ``"CS-3"``), a `Chip` or a `System`.
+
+    Raises:
+      ValueError: anything else (the message lists the names allowed).
+
+    >>> Calibration.clock_field("wse3"), Calibration.clock_field("CS-2")
+    ('wse3_clock_hz', 'clock_hz')
+    """
+    system_chip = getattr(chip, "chip", None)  # a System
+    name = getattr(system_chip if system_chip is not None else chip, "name", chip)
+    key = name.upper().replace("_", "-").replace(" ", "") if isinstance(name, str) else None
+    field = _CLOCKS.get(key) if key is not None else None
+    if field is None:
+      raise ValueError(
+        f"no clock for chip {chip!r}; allowed: WSE-1, WSE-2, WSE-3 (or wse1/wse2/wse3, CS-1/CS-2/CS-3, "
+        "a Chip or a System)"
+      )
+    return field
+
+  def clock(self, chip: Any) -> float:
+    """The PE clock of ``chip`` in Hz (``chip`` as in `clock_field`).
+
+    >>> CALIBRATION.clock("WSE-2") == CALIBRATION.clock_hz, CALIBRATION.clock("wse3") == CALIBRATION.wse3_clock_hz
+    (True, True)
+    """
+    return float(getattr(self, self.clock_field(chip)))
 
   def replace(self, **changes: Any) -> Calibration:
-    """A copy with some parameters changed, e.g. ``CALIBRATION.replace(clock_hz=1.1e9)``.
+    """A copy with some parameters changed, e.g. ``CALIBRATION.replace(wse3_clock_hz=1.1e9)``.
 
     An unknown name is an error that lists the parameters."""
     names = [field.name for field in dataclasses.fields(self)]
@@ -138,8 +196,9 @@ class Calibration:
         "clock_hz",
         f"{self.clock_hz / 1e9:g} GHz",
         "calibrated",
-        "PE clock (SDK scripts: 850 MHz; WaferLLM: 1.1 GHz)",
+        "WSE-2 (and WSE-1) PE clock (SDK scripts: 850 MHz; WaferLLM, HC34: up to 1.1 GHz)",
       ],
+      ["wse3_clock_hz", f"{self.wse3_clock_hz / 1e9:g} GHz", "calibrated", "WSE-3 PE clock (not published)"],
       [
         "instruction_overhead_cycles",
         f"{self.instruction_overhead_cycles:g} cycles",
@@ -341,13 +400,13 @@ class Accuracy:
 
 
 ACCURACY = Accuracy(
-  points=37,
-  median=0.233,
-  worst=0.905,
-  band=(0.7406, 1.183),
-  coverage=14 / 37,
-  placed_coverage=22 / 37,
-  held_out=22,
-  held_out_median=0.268,
-  held_out_worst=0.905,
+  points=54,
+  median=0.103,
+  worst=0.916,
+  band=(0.7873, 1.257),
+  coverage=36 / 54,
+  placed_coverage=39 / 54,
+  held_out=17,
+  held_out_median=0.072,
+  held_out_worst=0.916,
 )

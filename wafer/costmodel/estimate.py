@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import numbers
 import operator
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 import precision
 from wafer.config.schema import batch_split_problem
@@ -18,7 +21,7 @@ from wafer.costmodel.hardware import WSE3, Chip, System, get_system
 from wafer.costmodel.mesh import ALGORITHMS, Machine
 from wafer.costmodel.pipeline import PipelineResult, layer_pipelined
 from wafer.costmodel.placement import Rect
-from wafer.costmodel.release import DEFAULT_RELEASE, PIPELINE_MAX_PARAMS, Release, parse_release
+from wafer.costmodel.release import DEFAULT_RELEASE, PIPELINE_MAX_PARAMS, SPEEDUP_2_0, Release, parse_release
 from wafer.costmodel.report import KernelRow, Report
 from wafer.costmodel.streaming import (
   Rejection,
@@ -213,7 +216,8 @@ def estimate(
       ``"pipeline"`` (layer pipelined) or ``"weight_streaming"``: that mode, whatever the release.
     release: the Cerebras software release: ``"2.x"`` (default, the current stack), ``"1.x"`` (before
       1.9), or a release number (``"2.4"``, ``"R1.9.1"``, ``"Release_2.10.0"``). The report states it,
-      the mode and why (``Report.release``, ``Report.mode_reason``).
+      the mode and why (``Report.release``, ``Report.mode_reason``). A 1.x release also computes at
+      1 / 1.5 of the 2.x stack's rate (`wafer.costmodel.Release.compute_speed`; a report note says so).
     num_csx: systems in data parallel (weight streaming only); ``batch_size`` must divide evenly.
     compute_format: format of matrix-product operands and activations (name or
       `precision.FloatFormat`): 16-bit formats run at the 16-bit SIMD rate, wider ones at the FP32
@@ -240,7 +244,8 @@ def estimate(
     rect: ``(width, height)`` of the PE rectangle to use (default: the chip's usable grid).
     gemm_algorithm: ``"search"`` (best mapping, as the Cerebras compiler explores layouts) or
       ``"meshgemm"`` (WaferLLM's MeshGEMM).
-    calibration: calibration parameters (default `CALIBRATION`); ``clock_hz`` overrides its clock.
+    calibration: calibration parameters (default `CALIBRATION`); ``clock_hz`` overrides the clock of
+      the system's chip (`Calibration.clock`: the WSE-2 and the WSE-3 each have their own).
     name: name shown in the report.
     scaling: ``"traced"`` (default: the step is traced at two batch sizes to find how each size
       grows with the batch) or ``"dataflow"`` (traced once where the batch can be followed through
@@ -277,13 +282,13 @@ def estimate(
     raise EstimateError(f"calibration={calib!r}; allowed: a wafer.costmodel.Calibration")
   if clock_hz is not None:
     if (
-      not isinstance(clock_hz, (int, float))
-      or isinstance(clock_hz, bool)
+      not isinstance(clock_hz, numbers.Real)
+      or isinstance(clock_hz, (bool, np.bool_))
       or not clock_hz > 0
       or not math.isfinite(clock_hz)
     ):
       raise EstimateError(f"clock_hz={clock_hz!r}; allowed: a positive, finite frequency in Hz")
-    calib = calib.replace(clock_hz=float(clock_hz))
+    calib = calib.replace(**{calib.clock_field(sys_.chip.name): float(clock_hz)})
   names = _arg_names(step_fn, len(example_args))
   argnums = _argnums(batch_argnums, example_args, names)
   left_out: list[str] = []
@@ -422,7 +427,12 @@ def estimate_graph(
       f"compute format {compute.name}: the WSE has no {compute.bits}-bit floating-point datapath; "
       "its products are costed at the 16-bit SIMD rate"
     )
-  machine = Machine(chip, calib, 16 if accumulate.bits <= 16 else 32, gemm_algorithm)
+  machine = Machine(chip, calib, 16 if accumulate.bits <= 16 else 32, gemm_algorithm, rel.compute_speed)
+  if rel.compute_speed != 1.0:
+    notes_extra.append(
+      f"release {rel.label}: the 1.x software computes at 1/{SPEEDUP_2_0:g} of the 2.x stack's rate "
+      "(Cerebras' R2.0 announcement: 50% faster on large GPT models)"
+    )
 
   params = graph.param_elements
   release_pipelines = not rel.streams_every_model and num_csx == 1 and params < PIPELINE_MAX_PARAMS
@@ -448,14 +458,14 @@ def estimate_graph(
     offset=(chip.io_margin_width // 2 + 1, chip.io_margin_height // 2),
     compute_format=compute.name,
     accumulate_format=accumulate.name,
-    clock_hz=calib.clock_hz,
+    clock_hz=calib.clock(chip.name),
     calibration=calib,
     flops_per_sample=graph.flops_per_sample(),
     peak_flops_per_sec=num_csx
     * width
     * height
     * chip.peak_flops_per_cycle(graph.compute_bits)
-    * calib.clock_hz,
+    * calib.clock(chip.name),
     alternatives=alternatives,
     mode_reason=reason,
     batch_arguments=graph.batch_arguments,
@@ -470,6 +480,10 @@ def estimate_graph(
       "the kernels are named by op pattern (dot_general_N: the step has no jax.named_scope or Flax module "
       "names); wrap each layer's parts in jax.named_scope('attn') etc. for rows named after the code"
     )
+  if chosen != "pipeline" and sys_.memoryx.startswith("none"):
+    notes.append(f"a what-if: the {sys_.name} has no MemoryX, so it never streamed weights")
+  if chip is WSE3 and rel.major == 1:
+    notes.append(f"a what-if: the {sys_.name} never ran a 1.x release (the CS-3 came with 2.x software)")
   seq = graph.sequence_length
   if chosen == "pipeline":
     assert pipe is not None
@@ -873,6 +887,7 @@ def _pipeline_report(
       remedy = (
         f"weight streaming (mode='weight_streaming', or the default under release 2.x) runs it at "
         f"{common['batch_size'] / ws.result.step_s:,.1f} samples/s"
+        + (f" under release {common['release']}" if common["release"].startswith("1.") else "")
       )
     else:
       chip = get_system(common["system"]).chip

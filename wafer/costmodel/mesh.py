@@ -82,12 +82,20 @@ class Machine:
     acc_bits: accumulator width of matrix products (32 for Cerebras mixed precision).
     algorithm: ``"search"`` (best mapping, as the Cerebras compiler explores layouts) or
       ``"meshgemm"`` (WaferLLM's fixed MeshGEMM).
+    speed: the software's compute rate as a fraction of the 2.x stack's
+      (`wafer.costmodel.release.Release.compute_speed`: 1, or 1 / 1.5 for a 1.x release).
   """
 
   chip: Chip
   calib: Calibration
   acc_bits: int = 32
   algorithm: str = "search"
+  speed: float = 1.0
+
+  @property
+  def clock_hz(self) -> float:
+    """Cycles of this model per second: the chip's clock (`Calibration.clock`) times ``speed``."""
+    return self.calib.clock(self.chip.name) * self.speed
 
   @property
   def sram_data_bytes(self) -> int:

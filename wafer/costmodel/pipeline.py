@@ -131,7 +131,8 @@ def _lanes(graph: Graph, machine: Machine, kernel: Kernel, area: float, memory: 
 def _evaluate(
   graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, wave: int
 ) -> PipelineResult:
-  f = machine.calib.clock_hz
+  f = machine.calib.clock(machine.chip.name)  # fabric links: the chip's clock, whatever the software
+  fc = machine.clock_hz  # compute: the clock times the release's compute speed
   sram = machine.sram_data_bytes
   ratio = wave / graph.traced_batch
   kernels = [k for k in graph.kernels if k.has_phase("fwd") or k.has_phase("bwd")]
@@ -212,7 +213,7 @@ def _evaluate(
         machine, k, r.width, r.height, ratio, ("fwd", "bwd"), _lanes(graph, machine, k, r.area, mem)
       )
       link = 2 * k.activation_in_bytes(ratio) / (_links(option, j) * machine.chip.link_bytes_per_cycle)
-      slowest = max(slowest, cycles, link)
+      slowest = max(slowest, cycles / fc, link / f)
     if best_plan is None or slowest < best_plan[0]:
       best_plan = (slowest, option)
   assert best_plan is not None
@@ -231,7 +232,7 @@ def _evaluate(
         k.name,
         i,
         r,
-        f * wave / cycles if cycles else math.inf,
+        fc * wave / cycles if cycles else math.inf,
         f * wave / transfer if transfer else math.inf,
         mem,
       )
@@ -247,8 +248,8 @@ def _evaluate(
       needed_pes=needed,
     )
   update_cycles = _update_cycles(graph, machine, width, height, ratio)
-  update_s = update_cycles / f  # weights stay on the wafer: no MemoryX round trip per step
-  compute = f * wave / worst_compute if worst_compute else math.inf
+  update_s = update_cycles / fc  # weights stay on the wafer: no MemoryX round trip per step
+  compute = fc * wave / worst_compute if worst_compute else math.inf
   data_rate = (
     system.io_bytes_per_sec / graph.input_bytes_per_sample if graph.input_bytes_per_sample else math.inf
   )

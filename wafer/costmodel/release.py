@@ -14,6 +14,14 @@ The release decides the mode (the public record):
   describes the Wafer-Scale Cluster's execution as weight streaming
   (https://training-api.cerebras.ai/en/rel-2.2.1/wsc/cerebras-basics/glossary.html).
 
+The release also sets how fast its kernels run. **2.0 sped training up by half**: "R2.0 is the
+largest step function improvement among these -- boosting performance by 50% on large GPT models"
+(Cerebras, "Cerebras Software Release 2.0: 50% Faster Training, PyTorch 2.0 Support, Diffusion
+Transformers, and More", 2023-11-29, https://cerebras.ai/blog/cerebras-software-release-2.0-50-faster-training-pytorch-2.0-support-diffusion-transformers-and-more).
+The cost model's kernels are those of the 2.x stack; a 1.x release computes at ``1 / 1.5`` of their
+rate (`Release.compute_speed`, `SPEEDUP_2_0`), in either mode. Only the compute is slower: weight
+and data transfers run at the links' rate whatever the software.
+
 >>> parse_release("Release_2.10.0").label, parse_release("R1.9.1").streams_every_model
 ('2.10', True)
 >>> parse_release("1.8").streams_every_model, parse_release("1.x").label
@@ -23,12 +31,15 @@ The release decides the mode (the public record):
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from typing import Any
 
+import numpy as np
+
 from wafer.errors import EstimateError
 
-__all__ = ("DEFAULT_RELEASE", "PIPELINE_MAX_PARAMS", "Release", "parse_release")
+__all__ = ("DEFAULT_RELEASE", "PIPELINE_MAX_PARAMS", "SPEEDUP_2_0", "Release", "parse_release")
 
 DEFAULT_RELEASE = "2.x"
 """The current Cerebras software stack (2.x): weight streaming for every model."""
@@ -37,13 +48,19 @@ PIPELINE_MAX_PARAMS = 1e9
 """1.x (to 1.8): models below this many parameters ran layer pipelined ("less than a billion
 parameters", modelzoo README of R_1.7.0 / Release_1.8.0)."""
 
+SPEEDUP_2_0 = 1.5
+"""How much faster the 2.x stack computes than 1.x: "boosting performance by 50% on large GPT models"
+(Cerebras' R2.0 announcement, 2023-11-29). Set from that statement, not fitted; the published 1.x
+runs (BERT-large layer pipelined R1.7-1.8, GPT-J 6B weight streaming R1.7-1.9) are its evidence and
+check (``docs/cost-model-accuracy.md``, "Constants")."""
+
 _LAST_1X = 9  # 1.9.1 was the last 1.x release (the modelzoo's tags: R_1.6.0 ... Release_1.9.1)
 _ALLOWED = (
   "'2.x' (default: the current stack), '1.x' (a release before 1.9), or a release number 1.0-1.9 or "
   "2.N (2 is Cerebras' newest major release), written '2.4', 'R1.9.1', 'R_1.6.0', 'Release_2.10.0' or "
   "'rel-2.2.1'"
 )
-_PATTERN = re.compile(r"^(?:r|rel|release)?[\s_-]*v?(\d+)(?:\.(\d+|x))?(?:\.\d+)?$", re.IGNORECASE)
+_PATTERN = re.compile(r"^(?:(?:r|rel|release)[\s_-]*)?v?(\d+)(?:\.(\d+)(?:\.\d+)?|\.(x))?$", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +74,20 @@ class Release:
   major: int
   minor: int | None
 
+  def __post_init__(self) -> None:
+    minor_ok = self.minor is None or (
+      isinstance(self.minor, int) and not isinstance(self.minor, bool) and self.minor >= 0
+    )
+    if (
+      self.major not in (1, 2)
+      or isinstance(self.major, bool)
+      or not minor_ok
+      or (self.major == 1 and self.minor is not None and self.minor > _LAST_1X)
+    ):
+      raise EstimateError(
+        f"Release({self.major!r}, {self.minor!r}): no such Cerebras release; allowed: {_ALLOWED}"
+      )
+
   @property
   def label(self) -> str:
     """``"2.x"``, ``"1.8"``, ``"2.10"``."""
@@ -66,6 +97,16 @@ class Release:
   def streams_every_model(self) -> bool:
     """True from 1.9 on: weight streaming for every model, no layer-pipelined mode."""
     return self.major >= 2 or (self.minor is not None and self.minor >= 9)
+
+  @property
+  def compute_speed(self) -> float:
+    """The release's compute rate as a fraction of the 2.x stack's: 1 from 2.0 on, ``1 /
+    SPEEDUP_2_0`` for every 1.x release.
+
+    >>> parse_release("2.4").compute_speed, round(parse_release("R1.9.2").compute_speed, 3)
+    (1.0, 0.667)
+    """
+    return 1.0 if self.major >= 2 else 1.0 / SPEEDUP_2_0
 
 
 def parse_release(value: Any) -> Release:
@@ -79,14 +120,13 @@ def parse_release(value: Any) -> Release:
   """
   if isinstance(value, Release):
     return value
-  if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (str, numbers.Real)):
     raise EstimateError(f"release={value!r}; allowed: {_ALLOWED}")
   match = _PATTERN.match(str(value).strip())
   if match is None:
     raise EstimateError(f"release={value!r}; allowed: {_ALLOWED}")
   major = int(match.group(1))
-  minor_text = match.group(2)
-  minor = None if minor_text in (None, "x", "X") else int(minor_text)
+  minor = None if match.group(2) is None else int(match.group(2))
   if major not in (1, 2) or (major == 1 and minor is not None and minor > _LAST_1X):
     raise EstimateError(f"release={value!r}: no such Cerebras release; allowed: {_ALLOWED}")
   return Release(major, minor)

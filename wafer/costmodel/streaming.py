@@ -369,7 +369,7 @@ def _evaluate(
   num_csx: int,
   recompute: bool | str | None = None,
 ) -> StreamingResult | Rejection:
-  f = machine.calib.clock_hz
+  f = machine.clock_hz
   b_in = b_out = system.io_bytes_per_sec
   ratio = mb / graph.traced_batch
   n_micro = -(-batch // mb)

@@ -165,7 +165,8 @@ def test_the_flagship_models_fit_by_recomputing_at_a_plausible_utilisation(cfg, 
   assert 0.05 <= mfu <= 0.60, mfu  # (measured: GPT-3 175B 18 %, LLaMA-70B 17 %)
   note = next(n for n in r.notes if n.startswith("recomputing activations: +"))
   assert f"+{100 * r.details['recompute_fraction']:.0f} % FLOPs" in note, note
-  assert 0 < r.details["recompute_fraction"] <= 1 / 3 + 0.01  # (measured: whole layers, +33 %)
+  # whole layers (+33 %) or, when their boundaries do not fit, spans of them (+66 %)
+  assert 0 < r.details["recompute_fraction"] <= 2 / 3 + 0.01
   assert (
     r.details["resident_bytes"]
     <= r.grid[0]

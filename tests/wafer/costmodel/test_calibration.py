@@ -171,7 +171,7 @@ def test_calibration_round_trips(values):
 
 
 def test_calibration_rejects_bad_values():
-  with pytest.raises(ValueError, match=r"step_overhead_s=-1.*allowed: a number >= 0"):
+  with pytest.raises(ValueError, match=r"step_overhead_s=-1.*allowed: a finite number >= 0"):
     CALIBRATION.replace(step_overhead_s=-1)
   with pytest.raises(ValueError, match="no parameter 'clock'"):
     CALIBRATION.replace(clock=1e9)
@@ -190,7 +190,7 @@ def test_every_measurement_has_a_role_family_and_explicit_mode(bench):
     Measurement("X", 1.0, "", "", role="tuned")
   with pytest.raises(ValueError, match="value=0"):
     Measurement("X", 0, "", "")
-  with pytest.raises(ValueError, match="blind=True needs role='held_out'"):
+  with pytest.raises(ValueError, match="blind=True needs role 'held_out' or 'structure'"):
     Measurement("X", 1.0, "", "", role="fit", blind=True)
   blind = {r["id"] for r in bench["rows"] if r["blind"]}
   assert blind == {w.measurement.id for w in measured if w.measurement.blind} and len(blind) >= 10

@@ -10,6 +10,7 @@ import json
 import re
 
 import hypothesis
+import jax
 import pytest
 from hypothesis import strategies as st
 
@@ -340,3 +341,142 @@ def test_a_run_whose_given_micro_batch_does_not_fit_says_so_and_has_no_rate(tmp_
   assert "samples_per_sec_estimate" not in summary and summary["compile_report"]
   data = json.loads((tmp_path / "compile_report.json").read_text())
   assert data["micro_batch_size"] == 512 and data["fits"] is False and data["samples_per_sec"] is None
+
+
+# -- the release's compute rate and each chip's clock ---------------------------------------------
+
+
+@hypothesis.settings(max_examples=6, deadline=None)
+@hypothesis.given(
+  widths=st.sampled_from([(256, 512, 256), (512, 1024, 512, 128)]),
+  micro=st.sampled_from([8, 16, 32]),
+  old=st.sampled_from(["1.7", "R1.8.0", "1.9", "1.x"]),
+)
+def test_a_1x_release_computes_at_two_thirds_of_2x_and_moves_bytes_alike(widths, micro, old):
+  """Cerebras' R2.0 announcement: 2.0 is 50 % faster; the links run at their rate whatever the software."""
+  from wafer.costmodel.release import SPEEDUP_2_0
+
+  graph = _mlp_graph(widths, 64, 128)
+  kw = dict(batch_size=64, micro_batch_size=micro, mode="weight_streaming")
+  new, slow = estimate_graph(graph, release="2.4", **kw), estimate_graph(graph, release=old, **kw)
+  assert slow.details["compute_s"] == pytest.approx(SPEEDUP_2_0 * new.details["compute_s"], rel=1e-12)
+  assert slow.details["io_s"] == pytest.approx(new.details["io_s"], rel=1e-12)
+  assert slow.clock_hz == new.clock_hz  # the chip's clock is the same; the software is slower
+  assert any("1.x software computes at 1/1.5" in n for n in slow.notes)
+  assert not any("1.x software" in n for n in new.notes)
+  pipe = {r: estimate_graph(graph, batch_size=64, mode="pipeline", release=r) for r in ("2.x", old)}
+  ratio = pipe[old].compute_samples_per_sec / pipe["2.x"].compute_samples_per_sec
+  assert ratio == pytest.approx(1 / SPEEDUP_2_0, rel=1e-9)
+  if pipe[old].placement == pipe["2.x"].placement:  # the fabric's links run at the chip's clock
+    assert pipe[old].transmission_samples_per_sec == pytest.approx(
+      pipe["2.x"].transmission_samples_per_sec, rel=1e-12
+    )
+
+
+def test_a_fabric_bound_pipeline_is_as_fast_under_1x():
+  """A 1.x release slowed the layer-pipelined fabric transfers too (a wide, thin MLP bound by moving
+  activations between its regions: 1.5x slower under 1.8)."""
+  import jax.numpy as jnp
+
+  def step(params, x):
+    def loss(p):
+      return jnp.mean(jnp.square((x @ p["w1"]) @ p["w2"]))
+
+    g = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 1e-3 * g, params, g)
+
+  f32 = jnp.float32
+  params = {"w1": jax.ShapeDtypeStruct((16, 65536), f32), "w2": jax.ShapeDtypeStruct((65536, 4), f32)}
+  x = jax.ShapeDtypeStruct((4096, 16), f32)
+  r = {
+    rel: wafer.estimate(step, params, x, release=rel, mode="pipeline", micro_batch_size=64)
+    for rel in ("2.x", "1.8")
+  }
+  new, old = r["2.x"], r["1.8"]
+  assert new.transmission_samples_per_sec < new.compute_samples_per_sec  # fabric bound
+  assert old.compute_samples_per_sec == pytest.approx(new.compute_samples_per_sec / 1.5, rel=1e-9)
+  assert old.transmission_samples_per_sec == pytest.approx(new.transmission_samples_per_sec, rel=1e-9)
+
+
+def test_a_not_fitting_pipeline_under_1x_names_the_release_of_its_streaming_rate():
+  fn, args = W.train_example(SMALL, 64)
+  r = wafer.estimate(fn, *args, mode="pipeline", release="1.8", rect=(8, 8))
+  assert not r.fits
+  assert "weight streaming" in r.remedy and r.remedy.endswith("samples/s under release 1.8"), r.remedy
+
+
+@pytest.mark.parametrize("bad", ["-2", -2, "__2.4", "2.x.1", "-1.8", "r-", "2.", ".4"])
+def test_release_junk_is_refused(bad):
+  with pytest.raises(EstimateError, match="allowed"):
+    parse_release(bad)
+
+
+def test_release_accepts_numpy_numbers_and_checks_a_release_built_directly():
+  import numpy as np
+
+  assert parse_release(np.float32(1.8)).label == "1.8" and parse_release(np.int64(2)).label == "2.x"
+  for major, minor in ((2, -1), (3, 0), (1, 10), (True, None)):
+    with pytest.raises(EstimateError, match="no such Cerebras release"):
+      Release(major, minor)
+
+
+def test_calibration_names_each_chips_clock_and_refuses_what_it_cannot_name():
+  import numpy as np
+
+  from wafer.costmodel import CALIBRATION, Calibration
+  from wafer.costmodel.hardware import get_system
+
+  for name in ("WSE-3", "wse3", "CS-3", "cs3", get_system("wse3"), get_system("wse3").chip):
+    assert CALIBRATION.clock(name) == CALIBRATION.wse3_clock_hz
+  for name in ("WSE-2", "wse2", "CS-2", "WSE-1", "cs1"):
+    assert CALIBRATION.clock(name) == CALIBRATION.clock_hz
+  for bad in ("bogus", "", None, 3):
+    with pytest.raises(ValueError, match="allowed: WSE-1, WSE-2, WSE-3"):
+      CALIBRATION.clock(bad)
+  for field in ("clock_hz", "wse3_clock_hz"):
+    for bad in (float("inf"), 0, -1, float("nan"), True):
+      with pytest.raises(ValueError, match=f"{field}=.*allowed: a positive, finite frequency in Hz"):
+        CALIBRATION.replace(**{field: bad})
+  with pytest.raises(ValueError, match="max_lanes=inf; allowed: a finite number >= 0"):
+    Calibration(max_lanes=float("inf"))
+  c = CALIBRATION.replace(wse3_clock_hz=np.float32(9e8), max_lanes=np.int64(8))
+  assert type(c.wse3_clock_hz) is float and type(c.max_lanes) is int and c.wse3_clock_hz == 9e8
+
+
+def test_each_chip_runs_at_its_own_clock():
+  from wafer.costmodel import CALIBRATION
+
+  graph = _mlp_graph((512, 1024, 512), 64, 128)
+  kw = dict(batch_size=64, micro_batch_size=16, mode="weight_streaming")
+  for system, own, other in (("wse3", "wse3_clock_hz", "clock_hz"), ("wse2", "clock_hz", "wse3_clock_hz")):
+    base = estimate_graph(graph, system=system, **kw)
+    assert base.clock_hz == getattr(CALIBRATION, own)
+    moved = estimate_graph(graph, system=system, calibration=CALIBRATION.replace(**{other: 0.5e9}), **kw)
+    assert moved.samples_per_sec == base.samples_per_sec  # the other chip's clock changes nothing
+    half = CALIBRATION.replace(**{own: getattr(CALIBRATION, own) / 2})
+    slow = estimate_graph(graph, system=system, calibration=half, **kw)
+    assert slow.details["compute_s"] == pytest.approx(2 * base.details["compute_s"], rel=1e-12)
+    # wafer.estimate's clock_hz= overrides the clock of the system's chip
+    widths = (512, 1024, 512)
+    args = (mlp_params(widths), *batch_args(64, 128, widths[0], widths[-1]))
+    step = mlp_train_step(widths)
+    run = dict(kw, system=system, batch_argnums=(1, 2))
+    at, set_ = wafer.estimate(step, *args, **run), wafer.estimate(step, *args, clock_hz=0.7e9, **run)
+    assert (at.clock_hz, set_.clock_hz) == (getattr(CALIBRATION, own), 0.7e9)
+    assert set_.details["compute_s"] == pytest.approx(
+      at.details["compute_s"] * getattr(CALIBRATION, own) / 0.7e9, rel=1e-12
+    )
+
+
+def test_pairs_of_system_and_release_that_never_ran_are_called_what_ifs():
+  graph = _small_graph()
+  what_ifs = lambda r: [n for n in r.notes if n.startswith("a what-if")]  # noqa: E731
+  assert what_ifs(estimate_graph(graph, batch_size=64, system="wse1")) == [
+    "a what-if: the CS-1 has no MemoryX, so it never streamed weights"
+  ]
+  assert what_ifs(estimate_graph(graph, batch_size=64, system="wse1", release="1.8")) == []  # pipelined
+  assert what_ifs(estimate_graph(graph, batch_size=64, system="wse3", release="1.8")) == [
+    "a what-if: the CS-3 never ran a 1.x release (the CS-3 came with 2.x software)"
+  ]
+  assert what_ifs(estimate_graph(graph, batch_size=64, system="wse3")) == []
+  assert what_ifs(estimate_graph(graph, batch_size=64, system="wse2", release="1.8")) == []

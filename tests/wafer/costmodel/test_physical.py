@@ -34,13 +34,16 @@ _sizes = st.tuples(
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_sizes)
-def test_rates_stay_below_peak_and_a_wse3_is_never_slower(sizes):
+def test_rates_stay_below_peak_and_a_wse3_is_never_slower_at_one_clock(sizes):
+  """Each chip's clock is a fitted unknown; at one clock (the CS-2 at the WSE-3's) the WSE-3's
+  larger grid, wider SIMD and ports never make a step slower."""
   graph = _graph(*sizes)
   batch = sizes[3]
   rates = {}
+  one_clock = CALIBRATION.replace(clock_hz=CALIBRATION.wse3_clock_hz)
   for system in ("wse2", "wse3"):
     for mode in ("weight_streaming", "pipeline"):
-      r = estimate_graph(graph, batch_size=batch, system=system, mode=mode)
+      r = estimate_graph(graph, batch_size=batch, system=system, mode=mode, calibration=one_clock)
       if not r.fits:
         continue
       assert r.samples_per_sec > 0 and math.isfinite(r.samples_per_sec)

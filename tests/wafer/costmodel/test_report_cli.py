@@ -367,3 +367,15 @@ def test_estimate_prints_what_the_loader_inferred_from_a_params_file(capsys):
   assert main(["estimate", "--params", path]) == 0
   err = capsys.readouterr().err
   assert "note: model.name is missing: using 'gpt3'" in err and "half type cbfloat16" in err
+
+
+def test_cli_another_system_drops_the_published_runs_chip_conditions(capsys):
+  """`--workload llama3_8b_prefill --system wse3` costed the CS-3 at the WSE-2 run's 1.1 GHz (WaferLLM's
+  cycle conversion) on the WSE-2 run's 720 x 720 rectangle."""
+  assert main(["estimate", "--workload", "llama3_8b_prefill", "--system", "wse3"]) == 0
+  out = capsys.readouterr().out
+  assert "0.85 GHz clock" in out and "720 x 720" not in out, out
+  assert "not the published run's clock_hz 1.1e+09 (--system changes the chip); rect (720, 720)" in out
+  assert main(["estimate", "--workload", "llama3_8b_prefill", "--system", "cs2"]) == 0  # the same chip
+  out = capsys.readouterr().out
+  assert "1.1 GHz clock" in out and "720 x 720 PEs used" in out and "--system changes the chip" not in out
