@@ -33,6 +33,7 @@ import precision
 from precision._table import Table
 from wafer.config.schema import MODES
 from wafer.costmodel.estimate import SEARCHED_MICRO_BATCH, canonical_mode
+from wafer.costmodel.release import SPEEDUP_2_0
 from wafer.errors import USER_ERROR_EXIT, CommandError
 
 _DEMO_FORMATS = ("float32", "bfloat16", "float16", "cbfloat16", "float8_e4m3fn")
@@ -101,8 +102,8 @@ def _workload_conditions(args: argparse.Namespace, w: Any) -> dict[str, Any]:
   describe that run only: ``--release`` or ``--mode`` drops its mode (the release, or the mode given,
   decides); ``--batch_size``, ``--num_csx``, ``--release`` or ``--mode`` drops its micro-batch (searched
   instead), as does a batch whose samples per system are fewer than it; layer pipelined (``--mode
-  pipeline``) drops its systems in data parallel; ``--system`` naming another system drops the
-  conditions of the run's chip (its clock and rectangle). What is kept and what is dropped is stated in
+  pipeline``) drops its systems in data parallel; ``--system`` naming another chip drops the
+  conditions of the run's chip (its clock, rectangle and micro-batch). What is kept and what is dropped is stated in
   ``args.workload_notes``, which `_estimate` adds to the report's notes.
   """
   pinned = dict(w.estimate_kwargs)
@@ -132,6 +133,7 @@ def _workload_conditions(args: argparse.Namespace, w: Any) -> dict[str, Any]:
   if "system" in given and _chip_name(args.system) != _chip_name(pinned.get("system", args.system)):
     for key in ("clock_hz", "rect"):  # conditions of the published run's chip
       drop(key, "--system changes the chip")
+    drop("micro_batch_size", "--system changes the chip: searched")
   kept = [f"{k} {_condition(v)}" for k, v in pinned.items() if k not in given]
   notes = []
   if kept:
@@ -434,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     "flag given wins over the condition of the same name, --release or --mode drops the published mode "
     "(the release or the mode given decides), and --batch_size, --num_csx, --release or --mode drops "
     "the published micro-batch (searched instead), as does a batch with fewer samples per system than "
-    "it; --system naming another chip drops the published run's clock and rectangle. The report's "
+    "it; --system naming another chip drops the published run's clock, rectangle and micro-batch. The report's "
     "notes say which conditions are the published run's and which were dropped.",
   )
   target = est.add_argument_group("what to estimate").add_mutually_exclusive_group()
@@ -456,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     "--release",
     help="Cerebras software release: 2.x (default: weight streaming for every model), 1.x (before 1.9: "
     "layer pipelined under 1B parameters), or a number such as 2.4, R1.9.1, Release_2.10.0; a 1.x "
-    "release computes at 1/1.5 of the 2.x rate (Cerebras' R2.0: 50%% faster)",
+    f"release computes at 1/{SPEEDUP_2_0:g} of the 2.x rate (Cerebras' R2.0: 50%% faster)",
   )
   est.add_argument(
     "--batch_size",

@@ -288,7 +288,11 @@ def estimate(
       or not math.isfinite(clock_hz)
     ):
       raise EstimateError(f"clock_hz={clock_hz!r}; allowed: a positive, finite frequency in Hz")
-    calib = calib.replace(**{calib.clock_field(sys_.chip.name): float(clock_hz)})
+    try:
+      field = calib.clock_field(sys_.chip.name)
+    except ValueError:  # a user's own chip runs at the WSE-2's clock (`Machine.chip_clock_hz`)
+      field = "clock_hz"
+    calib = calib.replace(**{field: float(clock_hz)})
   names = _arg_names(step_fn, len(example_args))
   argnums = _argnums(batch_argnums, example_args, names)
   left_out: list[str] = []
@@ -428,10 +432,17 @@ def estimate_graph(
       "its products are costed at the 16-bit SIMD rate"
     )
   machine = Machine(chip, calib, 16 if accumulate.bits <= 16 else 32, gemm_algorithm, rel.compute_speed)
+  try:
+    calib.clock_field(chip.name)
+  except ValueError:
+    notes_extra.append(
+      f"chip {chip.name!r} has no calibrated clock of its own: it runs at the WSE-2's "
+      f"({calib.clock_hz / 1e9:g} GHz, Calibration.clock_hz)"
+    )
   if rel.compute_speed != 1.0:
     notes_extra.append(
       f"release {rel.label}: the 1.x software computes at 1/{SPEEDUP_2_0:g} of the 2.x stack's rate "
-      "(Cerebras' R2.0 announcement: 50% faster on large GPT models)"
+      "(Cerebras' R2.0 announcement: 50% faster on large GPT models; transfers unchanged)"
     )
 
   params = graph.param_elements
@@ -458,14 +469,14 @@ def estimate_graph(
     offset=(chip.io_margin_width // 2 + 1, chip.io_margin_height // 2),
     compute_format=compute.name,
     accumulate_format=accumulate.name,
-    clock_hz=calib.clock(chip.name),
+    clock_hz=machine.chip_clock_hz,
     calibration=calib,
     flops_per_sample=graph.flops_per_sample(),
     peak_flops_per_sec=num_csx
     * width
     * height
     * chip.peak_flops_per_cycle(graph.compute_bits)
-    * calib.clock(chip.name),
+    * machine.chip_clock_hz,
     alternatives=alternatives,
     mode_reason=reason,
     batch_arguments=graph.batch_arguments,
@@ -482,7 +493,7 @@ def estimate_graph(
     )
   if chosen != "pipeline" and sys_.memoryx.startswith("none"):
     notes.append(f"a what-if: the {sys_.name} has no MemoryX, so it never streamed weights")
-  if chip is WSE3 and rel.major == 1:
+  if chip.name == WSE3.name and rel.major == 1:
     notes.append(f"a what-if: the {sys_.name} never ran a 1.x release (the CS-3 came with 2.x software)")
   seq = graph.sequence_length
   if chosen == "pipeline":

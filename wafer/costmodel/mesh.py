@@ -93,9 +93,19 @@ class Machine:
   speed: float = 1.0
 
   @property
+  def chip_clock_hz(self) -> float:
+    """The chip's clock (`Calibration.clock`); a chip the calibration has no clock for (a user's own
+    `Chip`, renamed) runs at the WSE-2's, ``Calibration.clock_hz``."""
+    try:
+      return self.calib.clock(self.chip.name)
+    except ValueError:
+      return float(self.calib.clock_hz)
+
+  @property
   def clock_hz(self) -> float:
-    """Cycles of this model per second: the chip's clock (`Calibration.clock`) times ``speed``."""
-    return self.calib.clock(self.chip.name) * self.speed
+    """Compute cycles per second: the chip's clock times ``speed`` (the fabric's links run at the
+    chip's clock whatever the software)."""
+    return self.chip_clock_hz * self.speed
 
   @property
   def sram_data_bytes(self) -> int:

@@ -18,8 +18,10 @@ For a wave of ``g`` samples (``g`` searched over powers of two up to the batch):
 * **Throughput.** Kernel ``k`` needs ``C_k`` cycles per wave for its forward and backward pass on
   its rectangle; fabric transfers to its neighbour carry ``2 x boundary bytes`` per wave over
   ``min(width, height)`` links of 4 bytes per cycle. The slowest kernel sets the rate:
-  ``samples/s = f * g / max_k max(C_k, T_k)``, plus the per-step weight update (run in every
-  region at once) amortized over the batch, and the system's input bandwidth for the data.
+  ``samples/s = g / max_k max(C_k / f_c, T_k / f)``, with ``f`` the chip's clock (the links) and
+  ``f_c = f x`` the release's compute speed (1, or 1 / 1.5 for a 1.x release), plus the per-step
+  weight update (run in every region at once) amortized over the batch, and the system's input
+  bandwidth for the data.
 * **Not fitting** (the sum of minimum areas exceeds the rectangle, or no packing exists) is a
   result with a reason, not an error.
 """
@@ -131,7 +133,7 @@ def _lanes(graph: Graph, machine: Machine, kernel: Kernel, area: float, memory: 
 def _evaluate(
   graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, wave: int
 ) -> PipelineResult:
-  f = machine.calib.clock(machine.chip.name)  # fabric links: the chip's clock, whatever the software
+  f = machine.chip_clock_hz  # fabric links: the chip's clock, whatever the software
   fc = machine.clock_hz  # compute: the clock times the release's compute speed
   sram = machine.sram_data_bytes
   ratio = wave / graph.traced_batch

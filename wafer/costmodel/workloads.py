@@ -590,7 +590,8 @@ BERT_BASE_SST2 = dataclasses.replace(BERT_LARGE_SST2, layers=12, d_model=768, he
 def _hpec(
   name: str, what: str, config: TransformerConfig, batch: int, mid: str, value: float, role: str = "held_out"
 ) -> Workload:
-  """A blind held-out run of Zhang, Parikh, Zhang and Prasanna, HPEC 2024 (arXiv:2409.00287v2): 1 x
+  """A run collected blind (``role``: held out, or structure once used) of Zhang, Parikh, Zhang and
+  Prasanna, HPEC 2024 (arXiv:2409.00287v2): 1 x
   CS-2, the rate read back from a projected one-epoch time (GPT-3 on the Pile: table V; BERT
   fine-tuned on SST-2: table IV), micro-batch not stated: searched."""
   gpt = config.causal

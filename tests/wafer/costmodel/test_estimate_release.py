@@ -392,10 +392,13 @@ def test_a_fabric_bound_pipeline_is_as_fast_under_1x():
     rel: wafer.estimate(step, params, x, release=rel, mode="pipeline", micro_batch_size=64)
     for rel in ("2.x", "1.8")
   }
+  from wafer.costmodel.release import SPEEDUP_2_0
+
   new, old = r["2.x"], r["1.8"]
-  assert new.transmission_samples_per_sec < new.compute_samples_per_sec  # fabric bound
-  assert old.compute_samples_per_sec == pytest.approx(new.compute_samples_per_sec / 1.5, rel=1e-9)
+  assert new.transmission_samples_per_sec < new.compute_samples_per_sec / SPEEDUP_2_0  # fabric bound
+  assert old.compute_samples_per_sec == pytest.approx(new.compute_samples_per_sec / SPEEDUP_2_0, rel=1e-9)
   assert old.transmission_samples_per_sec == pytest.approx(new.transmission_samples_per_sec, rel=1e-9)
+  assert old.samples_per_sec == pytest.approx(new.samples_per_sec, rel=1e-3)  # still fabric bound
 
 
 def test_a_not_fitting_pipeline_under_1x_names_the_release_of_its_streaming_rate():
@@ -415,7 +418,7 @@ def test_release_accepts_numpy_numbers_and_checks_a_release_built_directly():
   import numpy as np
 
   assert parse_release(np.float32(1.8)).label == "1.8" and parse_release(np.int64(2)).label == "2.x"
-  for major, minor in ((2, -1), (3, 0), (1, 10), (True, None)):
+  for major, minor in ((2, -1), (3, 0), (1, 10), (True, None), (2.0, None), (2, 1.5)):
     with pytest.raises(EstimateError, match="no such Cerebras release"):
       Release(major, minor)
 
@@ -426,10 +429,11 @@ def test_calibration_names_each_chips_clock_and_refuses_what_it_cannot_name():
   from wafer.costmodel import CALIBRATION, Calibration
   from wafer.costmodel.hardware import get_system
 
+  apart = CALIBRATION.replace(clock_hz=1.0e9, wse3_clock_hz=0.7e9)  # two clocks told apart
   for name in ("WSE-3", "wse3", "CS-3", "cs3", get_system("wse3"), get_system("wse3").chip):
-    assert CALIBRATION.clock(name) == CALIBRATION.wse3_clock_hz
-  for name in ("WSE-2", "wse2", "CS-2", "WSE-1", "cs1"):
-    assert CALIBRATION.clock(name) == CALIBRATION.clock_hz
+    assert apart.clock(name) == 0.7e9
+  for name in ("WSE-2", "wse2", "CS-2", "WSE-1", "cs1", get_system("wse2").chip):
+    assert apart.clock(name) == 1.0e9
   for bad in ("bogus", "", None, 3):
     with pytest.raises(ValueError, match="allowed: WSE-1, WSE-2, WSE-3"):
       CALIBRATION.clock(bad)
@@ -441,6 +445,9 @@ def test_calibration_names_each_chips_clock_and_refuses_what_it_cannot_name():
     Calibration(max_lanes=float("inf"))
   c = CALIBRATION.replace(wse3_clock_hz=np.float32(9e8), max_lanes=np.int64(8))
   assert type(c.wse3_clock_hz) is float and type(c.max_lanes) is int and c.wse3_clock_hz == 9e8
+  from fractions import Fraction
+
+  assert type(CALIBRATION.replace(step_overhead_s=Fraction(1, 10)).step_overhead_s) is float
 
 
 def test_each_chip_runs_at_its_own_clock():
@@ -480,3 +487,21 @@ def test_pairs_of_system_and_release_that_never_ran_are_called_what_ifs():
   ]
   assert what_ifs(estimate_graph(graph, batch_size=64, system="wse3")) == []
   assert what_ifs(estimate_graph(graph, batch_size=64, system="wse2", release="1.8")) == []
+
+
+def test_a_users_own_chip_runs_at_the_wse2_clock_and_says_so():
+  """A `System` with a renamed chip crashed on `Calibration.clock` once each chip had its own clock."""
+  import dataclasses
+
+  from wafer.costmodel import CALIBRATION
+  from wafer.costmodel.hardware import get_system
+
+  wse2 = get_system("wse2")
+  mine = dataclasses.replace(wse2, chip=dataclasses.replace(wse2.chip, name="MY-WSE"))
+  graph = _small_graph()
+  r = estimate_graph(graph, batch_size=64, system=mine)
+  assert r.clock_hz == CALIBRATION.clock_hz
+  assert r.samples_per_sec == pytest.approx(
+    estimate_graph(graph, batch_size=64, system="wse2").samples_per_sec
+  )
+  assert any("'MY-WSE' has no calibrated clock of its own" in n for n in r.notes), r.notes
