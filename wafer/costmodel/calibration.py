@@ -37,12 +37,8 @@ __all__ = (
 )
 
 
-_CLOCKS = {
-  alias: field
-  for n, field in ((1, "clock_hz"), (2, "clock_hz"), (3, "wse3_clock_hz"))
-  for alias in (f"WSE-{n}", f"WSE{n}", f"CS-{n}", f"CS{n}")
-}
-"""Each chip's clock parameter, by chip and system name (upper case)."""
+_CLOCKS = {"wse1": "clock_hz", "wse2": "clock_hz", "wse3": "wse3_clock_hz"}
+"""Each chip's clock parameter, by the key of its system in `wafer.costmodel.hardware.SYSTEMS`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +152,15 @@ class Calibration:
     >>> Calibration.clock_field("wse3"), Calibration.clock_field("CS-2")
     ('wse3_clock_hz', 'clock_hz')
     """
+    from wafer.costmodel.hardware import get_system
+
     system_chip = getattr(chip, "chip", None)  # a System
     name = getattr(system_chip if system_chip is not None else chip, "name", chip)
-    key = name.upper().replace("_", "-").replace(" ", "") if isinstance(name, str) else None
-    field = _CLOCKS.get(key) if key is not None else None
+    try:  # the names `--system` takes, resolved where they are defined
+      key = get_system(name).key if isinstance(name, str) else None
+    except ValueError:
+      key = None
+    field = _CLOCKS.get(key)
     if field is None:
       raise ValueError(
         f"no clock for chip {chip!r}; allowed: WSE-1, WSE-2, WSE-3 (or wse1/wse2/wse3, CS-1/CS-2/CS-3, "

@@ -18,7 +18,7 @@ from wafer.config.schema import batch_split_problem
 from wafer.costmodel import graph as graph_mod
 from wafer.costmodel.calibration import ACCURACY, CALIBRATION, Calibration
 from wafer.costmodel.hardware import WSE3, Chip, System, get_system
-from wafer.costmodel.mesh import ALGORITHMS, Machine
+from wafer.costmodel.mesh import ALGORITHMS, Machine, clock_field
 from wafer.costmodel.pipeline import PipelineResult, layer_pipelined
 from wafer.costmodel.placement import Rect
 from wafer.costmodel.release import DEFAULT_RELEASE, PIPELINE_MAX_PARAMS, SPEEDUP_2_0, Release, parse_release
@@ -288,11 +288,7 @@ def estimate(
       or not math.isfinite(clock_hz)
     ):
       raise EstimateError(f"clock_hz={clock_hz!r}; allowed: a positive, finite frequency in Hz")
-    try:
-      field = calib.clock_field(sys_.chip.name)
-    except ValueError:  # a user's own chip runs at the WSE-2's clock (`Machine.chip_clock_hz`)
-      field = "clock_hz"
-    calib = calib.replace(**{field: float(clock_hz)})
+    calib = calib.replace(**{clock_field(calib, sys_.chip)[0]: float(clock_hz)})
   names = _arg_names(step_fn, len(example_args))
   argnums = _argnums(batch_argnums, example_args, names)
   left_out: list[str] = []
@@ -432,9 +428,7 @@ def estimate_graph(
       "its products are costed at the 16-bit SIMD rate"
     )
   machine = Machine(chip, calib, 16 if accumulate.bits <= 16 else 32, gemm_algorithm, rel.compute_speed)
-  try:
-    calib.clock_field(chip.name)
-  except ValueError:
+  if not clock_field(calib, chip)[1]:
     notes_extra.append(
       f"chip {chip.name!r} has no calibrated clock of its own: it runs at the WSE-2's "
       f"({calib.clock_hz / 1e9:g} GHz, Calibration.clock_hz)"

@@ -67,9 +67,32 @@ from wafer.costmodel.calibration import Calibration
 from wafer.costmodel.graph import PHASES, Kernel
 from wafer.costmodel.hardware import Chip
 
-__all__ = ("GemmPlan", "Machine", "PeParams", "attention_cycles", "gemm_cycles", "kernel_cycles")
+__all__ = (
+  "GemmPlan",
+  "Machine",
+  "PeParams",
+  "attention_cycles",
+  "clock_field",
+  "gemm_cycles",
+  "kernel_cycles",
+)
 
 ALGORITHMS = ("search", "meshgemm")
+
+
+def clock_field(calib: Calibration, chip: Chip) -> tuple[str, bool]:
+  """The `Calibration` parameter holding ``chip``'s clock (`Calibration.clock_field`), and whether it
+  is the chip's own: a chip the calibration has no clock for (a user's own `Chip`, renamed) runs at
+  the WSE-2's, ``clock_hz``.
+
+  >>> from wafer.costmodel.hardware import get_system
+  >>> clock_field(Calibration(), get_system("cs3").chip)
+  ('wse3_clock_hz', True)
+  """
+  try:
+    return calib.clock_field(chip.name), True
+  except ValueError:
+    return "clock_hz", False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,12 +117,8 @@ class Machine:
 
   @property
   def chip_clock_hz(self) -> float:
-    """The chip's clock (`Calibration.clock`); a chip the calibration has no clock for (a user's own
-    `Chip`, renamed) runs at the WSE-2's, ``Calibration.clock_hz``."""
-    try:
-      return self.calib.clock(self.chip.name)
-    except ValueError:
-      return float(self.calib.clock_hz)
+    """The chip's clock (`clock_field`)."""
+    return float(getattr(self.calib, clock_field(self.calib, self.chip)[0]))
 
   @property
   def clock_hz(self) -> float:

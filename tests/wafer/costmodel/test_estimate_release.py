@@ -366,11 +366,7 @@ def test_a_1x_release_computes_at_two_thirds_of_2x_and_moves_bytes_alike(widths,
   assert not any("1.x software" in n for n in new.notes)
   pipe = {r: estimate_graph(graph, batch_size=64, mode="pipeline", release=r) for r in ("2.x", old)}
   ratio = pipe[old].compute_samples_per_sec / pipe["2.x"].compute_samples_per_sec
-  assert ratio == pytest.approx(1 / SPEEDUP_2_0, rel=1e-9)
-  if pipe[old].placement == pipe["2.x"].placement:  # the fabric's links run at the chip's clock
-    assert pipe[old].transmission_samples_per_sec == pytest.approx(
-      pipe["2.x"].transmission_samples_per_sec, rel=1e-12
-    )
+  assert ratio == pytest.approx(1 / SPEEDUP_2_0, rel=1e-9)  # (its links: the fabric-bound test below)
 
 
 def test_a_fabric_bound_pipeline_is_as_fast_under_1x():
