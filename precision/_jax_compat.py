@@ -40,6 +40,8 @@ Layouts handled (each verified by ``tests/compat``):
 
 from __future__ import annotations
 
+import os
+import pathlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -217,18 +219,34 @@ def is_higher_order(eqn: Any) -> bool:
   return any(True for _ in jaxprs_in_params(eqn.params))
 
 
+_OWN_DIRS = tuple(
+  str(pathlib.Path(__file__).resolve().parent.parent / package) + os.sep for package in ("precision", "wafer")
+)
+"""This project's own packages: a frame in them is never the user's line (a user's own model, under
+``models/`` or elsewhere, is)."""
+
+
 def user_line(eqn: Any) -> str:
-  """``file:line (function)`` of the user's code that traced ``eqn`` (``<unknown>`` if none)."""
-  frame = _source_info_src.user_frame(eqn.source_info.traceback)
-  if frame is None:
-    return "<unknown>"
-  return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+  """``file:line (function)`` of the user's code that traced ``eqn``: the innermost frame outside JAX,
+  the standard library and this project's ``precision`` and ``wafer`` packages (``<unknown>`` if
+  none: the function given is then the primitive's own call, a ``functools.partial`` of its
+  ``bind``, say)."""
+  if hasattr(_source_info_src, "user_frames"):  # (every supported JAX; feature-detected)
+    frames = _source_info_src.user_frames(eqn.source_info.traceback)
+  else:
+    frames = iter([_source_info_src.user_frame(eqn.source_info.traceback)])
+  for frame in frames:
+    if frame is not None and not os.path.abspath(frame.file_name).startswith(_OWN_DIRS):
+      return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+  return "<unknown>"
 
 
 def unhandled(eqn: Any, walker: str) -> UnhandledPrimitiveError:
   """The error for a higher-order equation ``walker`` does not handle."""
+  line = user_line(eqn)
+  where = f"traced at {line}" if line != "<unknown>" else f"bound by the function given to {walker} itself"
   return UnhandledPrimitiveError(
-    f"{walker}: the primitive {eqn.primitive.name!r} (traced at {user_line(eqn)}) carries a computation "
+    f"{walker}: the primitive {eqn.primitive.name!r} ({where}) carries a computation "
     f"that {walker} does not know how to transform, so its body would escape the policy (it would run "
     "unchanged, in float32). This JAX version may have introduced it: please report it with your JAX "
     f"version ({jax.__version__}); meanwhile move the call out of the function, or wrap it in "

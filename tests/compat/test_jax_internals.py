@@ -7,6 +7,7 @@ deep inside autocast or the cost model. The readers are in `precision._jax_compa
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 
 import jax
@@ -207,6 +208,19 @@ def test_autocast_refuses_a_higher_order_primitive_it_does_not_handle():
     precision.autocast(_uses_opaque, "c=cb16")(X)
   message = str(info.value)
   assert "opaque_call_for_tests" in message and pathlib.Path(__file__).name in message
+
+
+def test_an_unhandled_primitive_bound_by_the_function_itself_names_no_internal_line():
+  """The function given to autocast is the primitive's own call: no line of the user's traced it,
+  and the error said "traced at .../precision/_tracing.py" (this project's own frame)."""
+  import functools
+
+  body = jax.make_jaxpr(lambda v: jnp.tanh(v) * 1.1)(X)
+  with pytest.raises(compat.UnhandledPrimitiveError) as info:
+    precision.autocast(functools.partial(OPAQUE.bind, body=body), "c=cb16")(X)
+  message = str(info.value)
+  assert "bound by the function given to precision.autocast itself" in message, message
+  assert "_tracing.py" not in message and f"{os.sep}precision{os.sep}" not in message, message
 
 
 def test_the_cost_model_refuses_a_higher_order_primitive_it_does_not_handle():
