@@ -20,8 +20,9 @@ Classes that compute (their treatment comes from the `Policy` rule table): ``mat
   listed so that a program that escapes the policy this way shows it.
 * ``unknown``: float primitives not in this table: left unchanged and listed in the report.
 
-`PRIMITIVE_CLASSES` is a plain dict: add a primitive (for example a custom op) with
-``precision.PRIMITIVE_CLASSES["my_op"] = "elementwise"``.
+`PRIMITIVE_CLASSES` is a dict: add a primitive (for example a custom op) with
+``precision.PRIMITIVE_CLASSES["my_op"] = "elementwise"``; an entry under a class that is not one of
+`ENTRY_CLASSES` is refused (a typo would leave the primitive unrounded).
 """
 
 from __future__ import annotations
@@ -65,9 +66,56 @@ CONTROL_FLOW = (
     "custom_jvp_call", "custom_vjp_call", "shard_map", "custom_linear_solve",
 )  # fmt: skip
 
+ENTRY_CLASSES = (
+  "matmul",
+  "elementwise",
+  "transcendental",
+  "reduction",
+  "exact",
+  "data_movement",
+  "cast",
+  "control_flow",
+)
+"""The classes a primitive can be entered under (the others are decided per equation)."""
+
+
+class _PrimitiveClasses(dict):  # type: ignore[type-arg]
+  """A dict that refuses an entry it could not use: a class name with a typo would make the pass
+  treat the primitive as unknown and leave it unrounded, silently."""
+
+  @staticmethod
+  def _check(name: object, op_class: object) -> None:
+    if not isinstance(name, str):
+      raise TypeError(f"PRIMITIVE_CLASSES[{name!r}]: a key is a JAX primitive's name (a str)")
+    if op_class not in ENTRY_CLASSES:
+      raise ValueError(
+        f"PRIMITIVE_CLASSES[{name!r}] = {op_class!r}: not an op class; allowed: {', '.join(ENTRY_CLASSES)}"
+      )
+
+  def __setitem__(self, name: str, op_class: str) -> None:
+    self._check(name, op_class)
+    super().__setitem__(name, op_class)
+
+  def update(self, *args: object, **kwargs: str) -> None:  # type: ignore[override]
+    entries = dict(*args, **kwargs)
+    for name, op_class in entries.items():  # every entry checked before any is written
+      self._check(name, op_class)
+    super().update(entries)
+
+  def setdefault(self, name: str, op_class: str = "elementwise") -> str:  # type: ignore[override]
+    if name not in self:
+      self[name] = op_class
+    return self[name]
+
+  def __ior__(self, other: object) -> _PrimitiveClasses:  # type: ignore[override,misc]
+    self.update(other)
+    return self
+
+
 #: JAX primitive name -> autocast op class (matmul, elementwise, transcendental, reduction, exact, ...).
-#: Add an entry for a primitive autocast does not know: ``PRIMITIVE_CLASSES["my_op"] = "elementwise"``.
-PRIMITIVE_CLASSES: dict[str, str] = {}
+#: Add an entry for a primitive autocast does not know: ``PRIMITIVE_CLASSES["my_op"] = "elementwise"``
+#: (a class not in `ENTRY_CLASSES` is refused).
+PRIMITIVE_CLASSES: dict[str, str] = _PrimitiveClasses()
 for _cls, _names in (
   ("matmul", MATMUL_PRIMITIVES),
   ("elementwise", _ELEMENTWISE),

@@ -241,6 +241,30 @@ class _Lifted(NamedTuple):
   traced_outputs: list[int]  # filled while tracing: how many traced outputs fn's result has
 
 
+def module_as_argument(
+  fn: Callable[..., Any], args: tuple, statics: Statics
+) -> tuple[Callable[..., Any], tuple, Statics]:
+  """``fn`` an NNX module, or a method bound to one, as a function of the module: ``(call, (module,
+  *args), statics)`` with the static positions shifted, so that `lift_nnx_modules` writes back what
+  the call changes in it (as if the user had written ``f(model, x)``); anything else as it is."""
+  nnx = _sys.modules.get("flax.nnx")
+  if nnx is None:
+    return fn, args, statics
+  is_node = nnx.graph.is_graph_node
+  owner = getattr(fn, "__self__", None)
+  if is_node(fn):
+    module, call = fn, _call_module
+  elif owner is not None and is_node(owner) and callable(getattr(fn, "__func__", None)):
+    module, call = owner, fn.__func__
+  else:
+    return fn, args, statics
+  return call, (module, *args), Statics(tuple(i + 1 for i in statics.argnums), statics.argnames)
+
+
+def _call_module(module: Any, *args: Any, **kwargs: Any) -> Any:
+  return module(*args, **kwargs)
+
+
 def lift_nnx_modules(fn: Callable[..., Any], statics: Statics, args: tuple, kwargs: dict) -> _Lifted | None:
   """``fn(*args, **kwargs)`` as ``nnx.jit`` runs it, where an argument holds an NNX module.
 

@@ -207,6 +207,7 @@ from precision._tracing import (
   check_key,
   fn_name,
   lift_nnx_modules,
+  module_as_argument,
   trace_fn,
 )
 from precision.cast_report import CastReport
@@ -381,9 +382,21 @@ class _Autocast:
     p = Pass(policy)
     if p.stochastic:
       p.key = check_key(fn, policy, rounding_key)
-    lifted = lift_nnx_modules(fn, self._statics, args, kwargs)
+    fn, args, statics = module_as_argument(fn, args, self._statics)
+    try:
+      lifted = lift_nnx_modules(fn, statics, args, kwargs)
+      if lifted is None:
+        closed, outputs, flat = trace_fn(fn, statics, args, kwargs)
+    except Exception as exc:
+      if type(exc).__name__ != "TraceContextError":  # (Flax's: a module changed from inside a trace)
+        raise
+      name = fn_name(self.__wrapped__)
+      raise TypeError(
+        f"autocast({name}): it changes an NNX module that it reads from outside its arguments (BatchNorm "
+        "statistics, the Rngs counts of dropout), which a traced function cannot do; pass the module as "
+        f"an argument, as nnx.jit needs too: autocast(lambda model, x: model(x), policy)(model, x)"
+      ) from exc
     if lifted is None:
-      closed, outputs, flat = trace_fn(fn, self._statics, args, kwargs)
       with jax.named_scope(NESTED_SCOPE) if nested else contextlib.nullcontext():
         outs = run(p, closed, flat)
       return outputs.unflatten(outs)

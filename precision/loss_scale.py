@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any
 
 import jax
@@ -109,6 +110,12 @@ def _one_boolean(what: str, flag: Any, otherwise: str) -> None:
   if shape != ():
     raise ValueError(
       f"{what} must be one boolean (a 0-d array such as all_finite(grads)); got shape {shape}, {otherwise}"
+    )
+  dtype = jnp.result_type(flag)
+  if dtype != jnp.bool_:  # a gradient norm passed for the flag: NaN would count as finite
+    raise ValueError(
+      f"{what} must be one boolean (a 0-d array such as all_finite(grads)); got a {dtype} value "
+      "(a gradient norm? NaN would be read as true): pass a boolean, e.g. jnp.isfinite(norm)"
     )
 
 
@@ -234,11 +241,12 @@ class DynamicLossScale:
         f"{min_scale!r} to {max_scale!r} (a larger one is clamped to max_loss_scale)"
       )
     if (
-      isinstance(steps_per_increase, bool)
-      or not isinstance(steps_per_increase, int)
+      isinstance(steps_per_increase, (bool, np.bool_))
+      or not isinstance(steps_per_increase, numbers.Integral)
       or steps_per_increase < 1
     ):
       raise ValueError(f"steps_per_increase={steps_per_increase!r}; allowed: an int >= 1")
+    steps_per_increase = int(steps_per_increase)  # (a NumPy integer: a Python int, as the field says)
     zero = jnp.asarray(0, jnp.int32)
     return cls(
       loss_scale=jnp.asarray(min(max_scale, initial), jnp.float32),

@@ -167,8 +167,10 @@ class PolicyError(ValueError):
 class Policy:
   """Formats and precision level of a mixed-precision computation (hashable, immutable).
 
+  ``Policy(compute, output, level, rules, ...)``: the arguments in this order, or by name; ``param``
+  only by name.
+
   Args:
-    param: weight storage format; must be float32 (see the module docstring).
     compute: activation / arithmetic format, e.g. ``"cbfloat16"``, ``"bf16"``, ``"fp16"``.
     output: format of the autocast function's float32 outputs.
     level: precision optimisation level, 0, 1 or 2 (see the module docstring's table).
@@ -180,6 +182,7 @@ class Policy:
     products: how products of rounded operands run on a GPU: ``"native"`` (bfloat16 / float16
       tensor cores where that dtype holds the compute format exactly, else TF32) or
       ``"tf32"`` (always TF32, for comparison); no effect on CPUs (module docstring).
+    param: weight storage format, keyword only; must be float32 (see the module docstring).
 
   Raises:
     PolicyError: unknown level, op class or treatment, a repeated stochastic class or one
@@ -187,9 +190,10 @@ class Policy:
 
   >>> Policy(compute="bf16", level=0).compute.name
   'bfloat16'
+  >>> str(Policy("float32", "bfloat16"))
+  'p=float32,c=float32,o=bfloat16,level=1'
   """
 
-  param: FloatFormat | str = "float32"
   compute: FloatFormat | str = "cbfloat16"
   output: FloatFormat | str = "float32"
   level: int = 1
@@ -197,6 +201,8 @@ class Policy:
   accumulation_block: int = DEFAULT_ACCUMULATION_BLOCK
   stochastic: tuple[str, ...] | str = ()
   products: str = "native"
+  _: dataclasses.KW_ONLY
+  param: FloatFormat | str = "float32"  # keyword only: ``Policy("f32", "bf16")`` is compute, output
 
   def __post_init__(self) -> None:
     for field in ("param", "compute", "output"):

@@ -18,12 +18,15 @@ that argparse cannot parse; 130 on ctrl-C. Any other exception is a bug and keep
 
 from __future__ import annotations
 
+import _thread
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -567,6 +570,35 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+@contextlib.contextmanager
+def interrupts_delivered() -> Iterator[None]:
+  """ctrl-C is never lost. Python turns SIGINT into a KeyboardInterrupt at the next bytecode, and
+  when that bytecode is in a callback it cannot raise from (JAX's garbage-collection callback, run by
+  any allocation), the exception is printed as "Exception ignored" and dropped: the run went on, to
+  "Training completed". Inside this context such an interrupt is delivered to the main thread again
+  (``_thread.interrupt_main``, from a timer thread 50 ms later), where the command's handler says
+  where model_dir stands."""
+  previous = sys.unraisablehook
+
+  def hook(unraisable: Any) -> None:
+    if (
+      isinstance(unraisable.exc_value, KeyboardInterrupt)
+      and threading.current_thread() is threading.main_thread()
+    ):
+      # from another thread, once this hook has returned (raised here, it would be dropped again)
+      timer = threading.Timer(0.05, _thread.interrupt_main)
+      timer.daemon = True
+      timer.start()
+      return
+    previous(unraisable)
+
+  sys.unraisablehook = hook
+  try:
+    yield
+  finally:
+    sys.unraisablehook = previous
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = build_parser()
   args, extra = parser.parse_known_args(argv)
@@ -580,7 +612,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.print_help(sys.stderr)
     return 2
   try:
-    return args.handler(args)
+    with interrupts_delivered():
+      return args.handler(args)
   except BrokenPipeError:  # output piped into e.g. `head`: stop quietly, as Unix tools do
     sys.stdout = open(os.devnull, "w")
     return 0

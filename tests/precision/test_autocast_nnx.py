@@ -82,3 +82,34 @@ def test_cast_report_on_the_transformer(setup):
   assert report.by_class["matmul"].rounded > 0 and report.by_class["attention_matmul"].rounded > 0
   assert report.by_class["attention_softmax"].kept_float32 > 0  # level 1: softmax in float32
   assert report.by_class["reduction"].kept_float32 > 0
+
+
+def test_a_module_given_as_the_function_keeps_its_state_changes():
+  """``autocast(model, p)(x)`` and ``autocast(model.__call__, p)(x)`` of a module with BatchNorm or
+  Dropout failed with Flax's bare TraceContextError; a closure over one now says to pass it."""
+  from flax import nnx
+
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.l1 = nnx.Linear(16, 8, rngs=rngs)
+      self.bn = nnx.BatchNorm(8, rngs=rngs)
+      self.do = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+      return self.do(self.bn(self.l1(x)))
+
+  x = jax.random.normal(jax.random.key(1), (4, 16))
+  ref = Net(nnx.Rngs(0))
+  want = precision.autocast(lambda m, x: m(x), "c=cb16")(ref, x)
+  for how in ("module", "bound method"):
+    net = Net(nnx.Rngs(0))
+    fn = net if how == "module" else net.__call__
+    got = precision.autocast(fn, "c=cb16")(x)
+    assert np.array_equal(got, want), how
+    assert np.array_equal(net.bn.mean[...], ref.bn.mean[...]) and net.bn.mean[...].any(), how
+    assert int(net.do.rngs.count[...]) == int(ref.do.rngs.count[...]) > 0, how
+  closed = Net(nnx.Rngs(0))
+  with pytest.raises(
+    TypeError, match=r"pass the module as an argument.*autocast\(lambda model, x: model\(x\)"
+  ):
+    precision.autocast(lambda x: closed(x), "c=cb16")(x)

@@ -504,3 +504,22 @@ def test_float_work_outside_float32_is_listed_as_other_float_not_integer():
   assert set(half.to_dict()["by_class"]) == {"other_float"}
   ints = precision.cast_report(lambda i: (i * 3) > 4, "c=bf16", jnp.arange(4))
   assert set(ints.to_dict()["by_class"]) == {"integer"}
+
+
+def test_a_primitive_entered_under_an_unknown_class_is_refused():
+  """``PRIMITIVE_CLASSES["sin"] = "elementwize"`` was accepted, and sin then ran unrounded in float32
+  (the report called it an unknown primitive)."""
+  table = precision.PRIMITIVE_CLASSES
+  before = dict(table)
+  for bad in ("elementwize", 3, None, "attention_softmax"):
+    with pytest.raises(ValueError, match=r"PRIMITIVE_CLASSES\['sin'\] = .*allowed: matmul, elementwise"):
+      table["sin"] = bad
+    with pytest.raises(ValueError, match="allowed"):
+      table.update({"my_op": "elementwise", "sin": bad})
+    with pytest.raises(ValueError, match="allowed"):
+      table |= {"sin": bad}
+  with pytest.raises(TypeError, match="primitive's name"):
+    table[3] = "elementwise"
+  assert dict(table) == before  # nothing half-written
+  x = jnp.array([1.0, 2.0], jnp.float32)
+  assert precision.autocast(jnp.sin, "c=cb16")(x).tolist() == precision.round(jnp.sin(x), "cb16").tolist()

@@ -238,3 +238,22 @@ def test_adjust_refuses_a_flag_per_element():
   with pytest.raises(ValueError, match=r"grads_finite must be one boolean .* got shape \(2,\)"):
     ls.adjust(jnp.isfinite(grads))
   assert ls.adjust(jnp.all(jnp.isfinite(grads))).loss_scale.shape == ()
+
+
+@pytest.mark.parametrize("flag", [jnp.float32(jnp.nan), jnp.float32(0.0), 1.5, jnp.int32(1)])
+def test_adjust_and_select_tree_refuse_a_flag_that_is_not_a_boolean(flag):
+  """A gradient norm passed for ``all_finite(grads)``: a NaN norm counted as a clean step (the scale
+  kept, no step skipped) and select_tree took the NaN update; a zero norm counted as an overflow."""
+  ls = DynamicLossScale.create("float16")
+  with pytest.raises(ValueError, match=r"grads_finite must be one boolean .* got a (float|int)"):
+    ls.adjust(flag)
+  with pytest.raises(ValueError, match=r"pred must be one boolean .* got a (float|int)"):
+    precision.select_tree(flag, {"a": jnp.ones(())}, {"a": jnp.zeros(())})
+  assert float(ls.adjust(jnp.bool_(False)).loss_scale) == float(ls.loss_scale) / 2
+
+
+def test_create_takes_numpy_integers():
+  import numpy as np
+
+  ls = DynamicLossScale.create("float16", steps_per_increase=np.int64(3))
+  assert ls.steps_per_increase == 3 and type(ls.steps_per_increase) is int

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import precision
-from precision.policy import LEVEL_RULES, PolicyError
+from precision.policy import LEVEL_RULES, Policy, PolicyError
 
 
 def test_defaults_and_format_resolution():
@@ -210,3 +210,15 @@ def test_from_config_flags_accept_booleans_and_0_or_1(flag):
   assert softmax.rule("attention_softmax") == ("float32" if flag else "round")
   with pytest.raises(PolicyError, match="mixed_precision=None"):
     precision.Policy.from_config(mixed_precision=None)
+
+
+def test_positional_arguments_follow_the_documented_signature():
+  """``Policy(compute, output, level, ...)`` as the docs give it: the first field was ``param``, so
+  ``Policy("float32", "bfloat16")`` was a bfloat16-compute policy and ``Policy("cb16")`` an error
+  about ``param``."""
+  p = Policy("float32", "bfloat16")
+  assert (p.compute.name, p.output.name, p.param.name) == ("float32", "bfloat16", "float32")
+  assert Policy("cb16", "f32", 2) == Policy(compute="cbfloat16", output="float32", level=2)
+  with pytest.raises(TypeError):
+    Policy("cb16", "f32", 1, (), 1024, (), "native", "float32")  # param is keyword only
+  assert Policy(param="float32").param.name == "float32"

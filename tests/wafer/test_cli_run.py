@@ -165,3 +165,30 @@ def test_a_section_the_mode_does_not_run_is_not_checked(tmp_path):
   assert load_params(path).eval_input.micro_batch_size == 48
   with pytest.raises(ConfigError, match=r"eval_input\.micro_batch_size.* batch_size/num_csx = 32"):
     load_params(path, ["runconfig.eval_frequency=10"], mode="train_and_eval")
+
+
+def test_a_ctrl_c_that_lands_in_a_gc_callback_still_stops_the_command():
+  """A KeyboardInterrupt raised inside JAX's garbage-collection callback is "Exception ignored" by
+  Python: ctrl-C during data preparation was lost and the run finished. The CLI delivers it again."""
+  import gc
+  import time
+
+  from wafer.cli import interrupts_delivered
+
+  fired = []
+
+  def callback(phase, info):
+    if not fired:
+      fired.append(phase)
+      raise KeyboardInterrupt
+
+  gc.callbacks.append(callback)
+  try:
+    with pytest.raises(KeyboardInterrupt), interrupts_delivered():
+      gc.collect()
+      deadline = time.monotonic() + 10
+      while time.monotonic() < deadline:  # the interrupt arrives here, 50 ms later
+        time.sleep(0.001)
+  finally:
+    gc.callbacks.remove(callback)
+  assert fired

@@ -260,6 +260,16 @@ def test_trainer_errors_are_shown_at_the_written_path(tmp_path: pathlib.Path) ->
 # --- overrides ------------------------------------------------------------------------------------
 
 
+def test_an_override_of_drop_last_outvoted_by_drop_last_batch_is_an_error() -> None:
+  """The file's ``drop_last_batch: True`` silently won over ``train_input.drop_last=false`` (the
+  "dataset too small" error then suggested the very override that had been ignored)."""
+  text = error_of(FC, ["train_input.drop_last=false"])
+  assert "train_input.drop_last (from override 'train_input.drop_last=false')" in text, text
+  assert "disagrees with drop_last_batch=True, the key that counts; set drop_last_batch instead" in text, text
+  assert not load_params(FC, ["train_input.drop_last_batch=false"]).train_input.drop_remainder
+  assert load_params(FC, ["train_input.drop_last=true"]).train_input.drop_remainder  # (they agree)
+
+
 def test_overrides() -> None:
   p = load_params(
     FC,
@@ -425,6 +435,10 @@ def test_misspelled_core_key_in_an_open_section() -> None:
 def test_loss_scaling_factor_message() -> None:
   text = error_of(FC, ["optimizer.loss_scaling_factor=auto"])
   assert "Optimizer param 'loss_scaling_factor' must be a float, None, or 'dynamic'." in text
+  for bad in ("0.0", "-2.0", "inf"):  # floats: the rule the message gave did not say why they are refused
+    assert "Allowed: a finite number > 0 (a static scale)" in error_of(
+      FC, [f"optimizer.loss_scaling_factor={bad}"]
+    )
   assert load_params(FC, ["optimizer.loss_scaling_factor=null"]).optimizer.loss_scaling_factor is None
 
 

@@ -129,7 +129,10 @@ class OptimizerConfig(Section):
   def _loss_scaling_factor(cls, v: Any) -> Any:
     if v is None or v == "dynamic" or (_number(v) and v > 0 and math.isfinite(v)):
       return float(v) if _number(v) else v
-    raise ValueError("Optimizer param 'loss_scaling_factor' must be a float, None, or 'dynamic'.")
+    raise ValueError(
+      "Optimizer param 'loss_scaling_factor' must be a float, None, or 'dynamic'. Allowed: a finite "
+      "number > 0 (a static scale), 'dynamic', or null (none)"
+    )
 
   @field_validator("grad_accum_steps", mode="after")
   @classmethod

@@ -331,6 +331,15 @@ class InputConfig(OpenSection):
       return v
     raise ValueError("must be a path or a list of paths")
 
+  @model_validator(mode="after")
+  def _one_drop_last(self) -> InputConfig:
+    if "drop_last" in self.model_fields_set and self.drop_last_batch not in (None, self.drop_last):
+      raise ValueError(  # (an override of drop_last was silently outvoted by the file's drop_last_batch)
+        f"drop_last={self.drop_last}: disagrees with drop_last_batch={self.drop_last_batch}, the key that "
+        "counts; set drop_last_batch instead (or give only one of the two)"
+      )
+    return self
+
   @field_validator("micro_batch_size", mode="before")
   @classmethod
   def _micro_batch_size(cls, v: Any) -> Any:

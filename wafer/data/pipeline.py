@@ -116,7 +116,7 @@ class _WorkerBatches(grain.MapDataset):
         "Iterating the dataloader did not return any values. This is possibly because the dataset "
         f"is too small for the specified batch_size or drop_last settings: input worker {worker} of "
         f"{num_workers} holds {self.shard_size} examples, fewer than batch_size={batch_size}; use "
-        "fewer workers, a smaller batch, or drop_last: false"
+        "fewer workers, a smaller batch, or drop_last_batch: false"
       )
 
   def __len__(self) -> int:

@@ -231,6 +231,10 @@ def settings_of(config: Any) -> dict[str, Any]:
   return out
 
 
+_CHANGES_SHOWN = 12
+"""Changed settings a checkpoint-mismatch error lists (the rest are counted)."""
+
+
 def changed_settings(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
   """``["model.hidden_size: checkpoint 50, now 40", ...]`` for the keys whose value differs (sorted).
 
@@ -494,10 +498,19 @@ class _Run:
     meta = self.checkpoints.meta(step)
     if "config" not in meta:
       return message
+    before, now = meta["config"].get("model.name"), self.settings.get("model.name")
+    if before is not None and now is not None and before != now:  # the one cause that matters
+      return (
+        f"{self.model_dir} holds checkpoints of model {before!r} (step {step}), and this run is model "
+        f"{now!r}: give this run a model_dir of its own (--model_dir), or move those checkpoints away."
+      )
     changes = changed_settings(meta["config"], self.settings)
     if not changes:
       return message
-    return f"{message} Settings changed since that checkpoint was written: {'; '.join(changes)}."
+    shown = "; ".join(changes[:_CHANGES_SHOWN])
+    if len(changes) > _CHANGES_SHOWN:
+      shown += f"; and {len(changes) - _CHANGES_SHOWN} more"
+    return f"{message} Settings changed since that checkpoint was written: {shown}."
 
   def _meta(self) -> dict[str, Any]:
     """What a checkpoint records beside the state: the input pipeline's identity and the run's settings."""
@@ -537,7 +550,10 @@ class _Run:
         m = jax.device_get(step_metrics)
         now = time.perf_counter()
         rate = (done - window_step) * task.batch_size / max(now - window_time, 1e-9)
-        global_rate = (done - start_step) * task.batch_size / max(now - start_time, 1e-9)
+        # since the run's first step, over training time only (train_and_eval's stretches together)
+        global_rate = (self.summary.get("trained_samples", 0) + (done - start_step) * task.batch_size) / max(
+          self.summary.get("trained_seconds", 0.0) + now - start_time, 1e-9
+        )
         window_time, window_step = now, done
         loss = float(m["loss"])
         record = {"step": done, "loss": loss, "loss_scale": float(m["loss_scale"])}

@@ -508,3 +508,25 @@ def test_the_docstring_examples_run(module):
 
   result = doctest.testmod(importlib.import_module(module))
   assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_checkpoint_of_another_model_says_so_first_and_a_long_change_list_is_cut():
+  """An fc_mnist run in a GPT-2 model_dir: one 4,000-character line of ~60 changed keys, with the
+  cause (``model.name``) in the middle of it."""
+  from types import SimpleNamespace
+
+  from wafer.train.loop import _CHANGES_SHOWN, _Run
+
+  saved = {"model.name": "gpt2", **{f"model.k{i:02d}": i for i in range(60)}}
+
+  def run(now):
+    meta = SimpleNamespace(meta=lambda step: {"config": saved})
+    return SimpleNamespace(checkpoints=meta, settings=now, model_dir=Path("md"))
+
+  other = _Run._with_changes(run({"model.name": "fc_mnist"}), "The checkpoint does not fit.", 7)
+  assert other == (
+    "md holds checkpoints of model 'gpt2' (step 7), and this run is model 'fc_mnist': give this run a "
+    "model_dir of its own (--model_dir), or move those checkpoints away."
+  )
+  same = _Run._with_changes(run({"model.name": "gpt2"}), "The checkpoint does not fit.", 7)
+  assert same.count(", now ") == _CHANGES_SHOWN and same.endswith(f"; and {60 - _CHANGES_SHOWN} more.")

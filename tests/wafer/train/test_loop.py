@@ -117,8 +117,18 @@ def test_eval_modes(tmp_path, capsys):
   single = _run(tmp_path, mode="eval")
   assert single["eval"] == summary["eval_all"][20]
   assert "Avg Eval Accuracy:" in capsys.readouterr().out
-  both = _run(tmp_path / "tae", mode="train_and_eval", max_steps=20, eval_frequency=10, checkpoint_steps=10)
+  both = _run(
+    tmp_path / "tae",
+    mode="train_and_eval",
+    max_steps=20,
+    eval_frequency=10,
+    checkpoint_steps=10,
+    log_steps=10,
+  )
   assert [step for step, _ in both["evals"]] == [10, 20]
+  # GlobalRate counts from the run's first step, not from the last evaluation (where it equalled Rate)
+  last = [r for r in _records(tmp_path / "tae") if "loss" in r][-1]
+  assert last["step"] == 20 and last["avg_samples_per_sec"] != last["samples_per_sec"]
   # the final line counts both stretches between evaluations, each stretch line its own
   batch = example_run(str(tmp_path / "x"))[0].batch_size
   out = capsys.readouterr().out
