@@ -220,7 +220,8 @@ def is_higher_order(eqn: Any) -> bool:
 
 
 _OWN_DIRS = tuple(
-  str(pathlib.Path(__file__).resolve().parent.parent / package) + os.sep for package in ("precision", "wafer")
+  os.path.realpath(pathlib.Path(__file__).parent.parent / package) + os.sep
+  for package in ("precision", "wafer")
 )
 """This project's own packages: a frame in them is never the user's line (a user's own model, under
 ``models/`` or elsewhere, is)."""
@@ -236,7 +237,7 @@ def user_line(eqn: Any) -> str:
   else:
     frames = iter([_source_info_src.user_frame(eqn.source_info.traceback)])
   for frame in frames:
-    if frame is not None and not os.path.abspath(frame.file_name).startswith(_OWN_DIRS):
+    if frame is not None and not os.path.realpath(frame.file_name).startswith(_OWN_DIRS):  # (symlinks too)
       return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
   return "<unknown>"
 

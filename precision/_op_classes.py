@@ -21,8 +21,9 @@ Classes that compute (their treatment comes from the `Policy` rule table): ``mat
 * ``unknown``: float primitives not in this table: left unchanged and listed in the report.
 
 `PRIMITIVE_CLASSES` is a dict: add a primitive (for example a custom op) with
-``precision.PRIMITIVE_CLASSES["my_op"] = "elementwise"``; an entry under a class that is not one of
-`ENTRY_CLASSES` is refused (a typo would leave the primitive unrounded).
+``precision.PRIMITIVE_CLASSES["my_op"] = "elementwise"``; an entry under another class than
+matmul, elementwise, transcendental, reduction, exact, data_movement or cast is refused (a typo would
+leave the primitive unrounded).
 """
 
 from __future__ import annotations
@@ -66,18 +67,6 @@ CONTROL_FLOW = (
     "custom_jvp_call", "custom_vjp_call", "shard_map", "custom_linear_solve",
 )  # fmt: skip
 
-ENTRY_CLASSES = (
-  "matmul",
-  "elementwise",
-  "transcendental",
-  "reduction",
-  "exact",
-  "data_movement",
-  "cast",
-  "control_flow",
-)
-"""The classes a primitive can be entered under (the others are decided per equation)."""
-
 
 class _PrimitiveClasses(dict):  # type: ignore[type-arg]
   """A dict that refuses an entry it could not use: a class name with a typo would make the pass
@@ -102,9 +91,9 @@ class _PrimitiveClasses(dict):  # type: ignore[type-arg]
       self._check(name, op_class)
     super().update(entries)
 
-  def setdefault(self, name: str, op_class: str = "elementwise") -> str:  # type: ignore[override]
+  def setdefault(self, name: str, op_class: str | None = None) -> str:  # type: ignore[override]
     if name not in self:
-      self[name] = op_class
+      self[name] = op_class  # (None, dict's default, is no class: refused)
     return self[name]
 
   def __ior__(self, other: object) -> _PrimitiveClasses:  # type: ignore[override,misc]
@@ -114,9 +103,9 @@ class _PrimitiveClasses(dict):  # type: ignore[type-arg]
 
 #: JAX primitive name -> autocast op class (matmul, elementwise, transcendental, reduction, exact, ...).
 #: Add an entry for a primitive autocast does not know: ``PRIMITIVE_CLASSES["my_op"] = "elementwise"``
-#: (a class not in `ENTRY_CLASSES` is refused).
+#: (a class the error does not list is refused).
 PRIMITIVE_CLASSES: dict[str, str] = _PrimitiveClasses()
-for _cls, _names in (
+_TABLE = (
   ("matmul", MATMUL_PRIMITIVES),
   ("elementwise", _ELEMENTWISE),
   ("transcendental", _TRANSCENDENTAL),
@@ -124,8 +113,9 @@ for _cls, _names in (
   ("exact", _EXACT),
   ("data_movement", _DATA_MOVEMENT),
   ("cast", _CAST),
-  ("control_flow", CONTROL_FLOW),
-):
-  for _name in _names:
-    PRIMITIVE_CLASSES[_name] = _cls
-del _cls, _names, _name
+)
+ENTRY_CLASSES = tuple(op_class for op_class, _ in _TABLE)
+"""The classes a user's primitive can be entered under (``control_flow`` is the pass's own: a primitive
+carrying a body needs a handler; the others are decided per equation)."""
+PRIMITIVE_CLASSES.update({name: op_class for op_class, names in _TABLE for name in names})
+dict.update(PRIMITIVE_CLASSES, dict.fromkeys(CONTROL_FLOW, "control_flow"))  # (the pass's own handlers)

@@ -253,16 +253,34 @@ def module_as_argument(
   is_node = nnx.graph.is_graph_node
   owner = getattr(fn, "__self__", None)
   if is_node(fn):
-    module, call = fn, _call_module
+    module, call = fn, _call_module  # (positions from the end stay where they are)
   elif owner is not None and is_node(owner) and callable(getattr(fn, "__func__", None)):
     module, call = owner, fn.__func__
   else:
     return fn, args, statics
-  return call, (module, *args), Statics(tuple(i + 1 for i in statics.argnums), statics.argnames)
+  shifted = tuple(i + 1 if i >= 0 else i for i in statics.argnums)
+  return call, (module, *args), Statics(shifted, statics.argnames)
 
 
 def _call_module(module: Any, *args: Any, **kwargs: Any) -> Any:
   return module(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def module_state_errors(fn: Callable[..., Any], caller: str) -> Any:
+  """Flax's error for a module changed from inside a trace (a closure over a module with BatchNorm
+  or Dropout) as the fix: pass the module as an argument."""
+  try:
+    yield
+  except Exception as exc:
+    if type(exc).__name__ != "TraceContextError":
+      raise
+    raise TypeError(
+      f"{caller}({fn_name(fn)}): it changes an NNX module that it reads from outside its arguments "
+      "(BatchNorm statistics, the Rngs counts of dropout), which a traced function cannot do; pass the "
+      f"module as an argument, as nnx.jit needs too: {caller}(lambda model, x: model(x), ...) called "
+      "with (model, x)"
+    ) from exc
 
 
 def lift_nnx_modules(fn: Callable[..., Any], statics: Statics, args: tuple, kwargs: dict) -> _Lifted | None:

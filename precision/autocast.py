@@ -208,6 +208,7 @@ from precision._tracing import (
   fn_name,
   lift_nnx_modules,
   module_as_argument,
+  module_state_errors,
   trace_fn,
 )
 from precision.cast_report import CastReport
@@ -383,19 +384,10 @@ class _Autocast:
     if p.stochastic:
       p.key = check_key(fn, policy, rounding_key)
     fn, args, statics = module_as_argument(fn, args, self._statics)
-    try:
+    with module_state_errors(self.__wrapped__, "autocast"):
       lifted = lift_nnx_modules(fn, statics, args, kwargs)
       if lifted is None:
         closed, outputs, flat = trace_fn(fn, statics, args, kwargs)
-    except Exception as exc:
-      if type(exc).__name__ != "TraceContextError":  # (Flax's: a module changed from inside a trace)
-        raise
-      name = fn_name(self.__wrapped__)
-      raise TypeError(
-        f"autocast({name}): it changes an NNX module that it reads from outside its arguments (BatchNorm "
-        "statistics, the Rngs counts of dropout), which a traced function cannot do; pass the module as "
-        f"an argument, as nnx.jit needs too: autocast(lambda model, x: model(x), policy)(model, x)"
-      ) from exc
     if lifted is None:
       with jax.named_scope(NESTED_SCOPE) if nested else contextlib.nullcontext():
         outs = run(p, closed, flat)
@@ -430,7 +422,9 @@ def cast_report(
   """
   check_callable(fn, "cast_report")
   policy = as_policy(policy)
-  closed, _, flat = trace_fn(fn, Statics.of(fn, static_argnums, static_argnames), args, kwargs)
+  call, args, statics = module_as_argument(fn, args, Statics.of(fn, static_argnums, static_argnames))
+  with module_state_errors(fn, "cast_report"):
+    closed, _, flat = trace_fn(call, statics, args, kwargs)
   p = Pass(policy)
   p.key = jax.random.key(0) if p.stochastic else None  # nothing is computed: any key will do
   jax.make_jaxpr(lambda *xs: run(p, closed, xs))(*flat)

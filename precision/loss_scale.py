@@ -122,12 +122,13 @@ def _one_boolean(what: str, flag: Any, otherwise: str) -> None:
 def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
   """Leafwise ``jnp.where(pred, a, b)`` over two pytrees of the same structure (skipping updates).
 
-  ``pred`` is one boolean (a 0-d array or a Python bool): the whole tree is taken from one side.
+  ``pred`` is one boolean (a 0-d boolean array or a Python bool; a float, such as a gradient norm,
+  is refused: a NaN would read as true): the whole tree is taken from one side.
   Leaves that are not arrays (an Equinox module's activation function, a string) must be the same
   object on both sides and are returned as they are.
 
   Raises:
-    ValueError: ``pred`` is not a scalar, the trees differ in structure (the message names the
+    ValueError: ``pred`` is not one boolean, the trees differ in structure (the message names the
       first key path that differs), or a non-array leaf differs between the two trees.
   """
   _one_boolean("select_tree: pred", pred, "which would mix the two trees element by element")

@@ -108,7 +108,14 @@ from precision import _control_flow, _interpreter
 from precision import _jax_compat as compat
 from precision._op_classes import CONTROL_FLOW, PRIMITIVE_CLASSES
 from precision._state import Pass
-from precision._tracing import Statics, as_policy, check_callable, trace_fn
+from precision._tracing import (
+  Statics,
+  as_policy,
+  check_callable,
+  module_as_argument,
+  module_state_errors,
+  trace_fn,
+)
 from precision.formats import FloatFormat
 from precision.policy import Policy
 from precision.rounding import _host_round
@@ -655,7 +662,9 @@ def numerics_report(
   """
   check_callable(fn, "numerics_report")
   policy = as_policy(policy)
-  closed, outputs, flat = trace_fn(fn, Statics.of(fn, (), ()), args, kwargs)
+  call, args, statics = module_as_argument(fn, args, Statics.of(fn, (), ()))
+  with module_state_errors(fn, "numerics_report"):
+    closed, outputs, flat = trace_fn(call, statics, args, kwargs)
   collector = _Collector(policy.compute)
   identity = Policy.parse("c=f32")
 

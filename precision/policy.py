@@ -167,8 +167,9 @@ class PolicyError(ValueError):
 class Policy:
   """Formats and precision level of a mixed-precision computation (hashable, immutable).
 
-  ``Policy(compute, output, level, rules, ...)``: the arguments in this order, or by name; ``param``
-  only by name.
+  ``Policy(compute, *, output, level, rules, ...)``: the compute format by position or by name, the
+  rest by name only (``Policy("float32", "bfloat16")`` would mean compute, output here and param,
+  compute in jmp's order, so it is refused).
 
   Args:
     compute: activation / arithmetic format, e.g. ``"cbfloat16"``, ``"bf16"``, ``"fp16"``.
@@ -182,7 +183,7 @@ class Policy:
     products: how products of rounded operands run on a GPU: ``"native"`` (bfloat16 / float16
       tensor cores where that dtype holds the compute format exactly, else TF32) or
       ``"tf32"`` (always TF32, for comparison); no effect on CPUs (module docstring).
-    param: weight storage format, keyword only; must be float32 (see the module docstring).
+    param: weight storage format; must be float32 (see the module docstring).
 
   Raises:
     PolicyError: unknown level, op class or treatment, a repeated stochastic class or one
@@ -190,19 +191,21 @@ class Policy:
 
   >>> Policy(compute="bf16", level=0).compute.name
   'bfloat16'
-  >>> str(Policy("float32", "bfloat16"))
-  'p=float32,c=float32,o=bfloat16,level=1'
+  >>> str(Policy("cb16", level=2))
+  'p=float32,c=cbfloat16,o=float32,level=2'
   """
 
   compute: FloatFormat | str = "cbfloat16"
+  # the rest by name only: jmp's order (param, compute, output) and this one's would read
+  # ``Policy("float32", "bfloat16")`` differently, silently
+  _: dataclasses.KW_ONLY
   output: FloatFormat | str = "float32"
   level: int = 1
   rules: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
   accumulation_block: int = DEFAULT_ACCUMULATION_BLOCK
   stochastic: tuple[str, ...] | str = ()
   products: str = "native"
-  _: dataclasses.KW_ONLY
-  param: FloatFormat | str = "float32"  # keyword only: ``Policy("f32", "bf16")`` is compute, output
+  param: FloatFormat | str = "float32"
 
   def __post_init__(self) -> None:
     for field in ("param", "compute", "output"):

@@ -576,9 +576,10 @@ def interrupts_delivered() -> Iterator[None]:
   when that bytecode is in a callback it cannot raise from (JAX's garbage-collection callback, run by
   any allocation), the exception is printed as "Exception ignored" and dropped: the run went on, to
   "Training completed". Inside this context such an interrupt is delivered to the main thread again
-  (``_thread.interrupt_main``, from a timer thread 50 ms later), where the command's handler says
-  where model_dir stands."""
+  (``_thread.interrupt_main``, from a timer thread 50 ms later); one still pending when the context
+  ends is raised there, never after it."""
   previous = sys.unraisablehook
+  pending: list[threading.Timer] = []
 
   def hook(unraisable: Any) -> None:
     if (
@@ -588,6 +589,7 @@ def interrupts_delivered() -> Iterator[None]:
       # from another thread, once this hook has returned (raised here, it would be dropped again)
       timer = threading.Timer(0.05, _thread.interrupt_main)
       timer.daemon = True
+      pending.append(timer)
       timer.start()
       return
     previous(unraisable)
@@ -596,7 +598,13 @@ def interrupts_delivered() -> Iterator[None]:
   try:
     yield
   finally:
-    sys.unraisablehook = previous
+    if sys.unraisablehook is hook:
+      sys.unraisablehook = previous
+    waiting = [t for t in pending if t.is_alive()]
+    for timer in waiting:
+      timer.cancel()
+    if waiting:
+      raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -614,6 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     with interrupts_delivered():
       return args.handler(args)
+  except KeyboardInterrupt:  # (the commands' own handlers say more where they can)
+    print(f"\nwafer {args.command}: interrupted.", file=sys.stderr)
+    return 130
   except BrokenPipeError:  # output piped into e.g. `head`: stop quietly, as Unix tools do
     sys.stdout = open(os.devnull, "w")
     return 0

@@ -113,3 +113,30 @@ def test_a_module_given_as_the_function_keeps_its_state_changes():
     TypeError, match=r"pass the module as an argument.*autocast\(lambda model, x: model\(x\)"
   ):
     precision.autocast(lambda x: closed(x), "c=cb16")(x)
+  # the two reports take a module as the function too (they raised Flax's bare error)
+  net = Net(nnx.Rngs(0))
+  want = precision.cast_report(lambda m, x: m(x), "c=cb16", net, x).to_dict()
+  assert precision.cast_report(net, "c=cb16", x).to_dict() == want
+  assert precision.cast_report(net.__call__, "c=cb16", x).to_dict() == want
+  assert len(precision.numerics_report(net, "c=cb16", x).rows) > 0
+  with pytest.raises(TypeError, match=r"cast_report\(<lambda>\): .*pass the module as an argument"):
+    precision.cast_report(lambda x: closed(x), "c=cb16", x)
+
+
+def test_a_module_given_as_the_function_keeps_its_static_arguments_in_place():
+  """``static_argnums`` counts the module's own arguments: shifted past the module for positions
+  from the front, unchanged from the end (a -1 became 0, the module's slot)."""
+
+  class Scaled(nnx.Module):
+    def __init__(self, rngs):
+      self.l1 = nnx.Linear(4, 4, rngs=rngs)
+      self.bn = nnx.BatchNorm(4, rngs=rngs)
+
+    def __call__(self, *args):  # (no named positions: a -1 stays -1)
+      return self.bn(self.l1(args[0])) * args[-1]
+
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  want = precision.autocast(lambda m, x, s: m(x, s), "c=cb16", static_argnums=2)(Scaled(nnx.Rngs(0)), x, 3.0)
+  for nums in (1, -1):
+    got = precision.autocast(Scaled(nnx.Rngs(0)), "c=cb16", static_argnums=nums)(x, 3.0)
+    assert np.array_equal(got, want), nums

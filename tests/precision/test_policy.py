@@ -212,13 +212,14 @@ def test_from_config_flags_accept_booleans_and_0_or_1(flag):
     precision.Policy.from_config(mixed_precision=None)
 
 
-def test_positional_arguments_follow_the_documented_signature():
-  """``Policy(compute, output, level, ...)`` as the docs give it: the first field was ``param``, so
-  ``Policy("float32", "bfloat16")`` was a bfloat16-compute policy and ``Policy("cb16")`` an error
-  about ``param``."""
-  p = Policy("float32", "bfloat16")
-  assert (p.compute.name, p.output.name, p.param.name) == ("float32", "bfloat16", "float32")
-  assert Policy("cb16", "f32", 2) == Policy(compute="cbfloat16", output="float32", level=2)
-  with pytest.raises(TypeError):
-    Policy("cb16", "f32", 1, (), 1024, (), "native", "float32")  # param is keyword only
+def test_only_the_compute_format_is_positional():
+  """``Policy(compute, *, output, level, ...)``: the first field was ``param``, so
+  ``Policy("float32", "bfloat16")`` (the docs' order: compute, output) was a bfloat16-compute policy,
+  silently, and ``Policy("cb16")`` an error about ``param``. Two positional formats are refused, as
+  the docs' order and jmp's (param, compute, output) would read them differently."""
+  assert Policy("cb16") == Policy(compute="cbfloat16")
+  assert Policy("bf16", output="bf16", level=2) == Policy(compute="bfloat16", output="bfloat16", level=2)
+  for args in (("float32", "bfloat16"), ("float32", "cbfloat16", "float32"), ("cb16", "f32", 2)):
+    with pytest.raises(TypeError, match="positional argument"):
+      Policy(*args)
   assert Policy(param="float32").param.name == "float32"

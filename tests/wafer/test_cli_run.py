@@ -192,3 +192,29 @@ def test_a_ctrl_c_that_lands_in_a_gc_callback_still_stops_the_command():
   finally:
     gc.callbacks.remove(callback)
   assert fired
+
+
+def test_an_interrupt_swallowed_just_before_the_command_ends_is_raised_inside_it():
+  """The re-delivery timer was never cancelled: a ctrl-C swallowed in the last 50 ms of a command
+  arrived after main() had returned, as a raw traceback (or in the caller's code)."""
+  import gc
+
+  from wafer.cli import interrupts_delivered
+
+  fired = []
+
+  def callback(phase, info):
+    if not fired:
+      fired.append(phase)
+      raise KeyboardInterrupt
+
+  gc.callbacks.append(callback)
+  try:
+    with pytest.raises(KeyboardInterrupt), interrupts_delivered():
+      gc.collect()  # swallowed; the context ends at once, before the timer fires
+  finally:
+    gc.callbacks.remove(callback)
+  import time
+
+  time.sleep(0.2)  # nothing arrives later (a stray interrupt would fail this test here)
+  assert fired

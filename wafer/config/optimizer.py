@@ -131,7 +131,7 @@ class OptimizerConfig(Section):
       return float(v) if _number(v) else v
     raise ValueError(
       "Optimizer param 'loss_scaling_factor' must be a float, None, or 'dynamic'. Allowed: a finite "
-      "number > 0 (a static scale), 'dynamic', or null (none)"
+      "number > 0 (a static scale), 'dynamic', or null (no scaling)"
     )
 
   @field_validator("grad_accum_steps", mode="after")

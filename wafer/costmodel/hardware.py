@@ -226,7 +226,7 @@ def get_system(system: str | System) -> System:
   """
   if isinstance(system, System):
     return system
-  key = str(system).strip().lower()
+  key = "-".join(str(system).strip().lower().replace("_", " ").split())  # "WSE 3", "cs_2": "wse-3", "cs-2"
   key = _ALIASES.get(key, key)
   if key not in SYSTEMS:
     raise ValueError(

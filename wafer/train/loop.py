@@ -36,6 +36,7 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +233,14 @@ def settings_of(config: Any) -> dict[str, Any]:
 
 
 _CHANGES_SHOWN = 12
-"""Changed settings a checkpoint-mismatch error lists (the rest are counted)."""
+"""Changed settings a message lists (the rest are counted)."""
+
+
+def listed(changes: Sequence[str]) -> str:
+  """``changes`` joined with ``; ``, the first `_CHANGES_SHOWN` of them and a count of the rest."""
+  shown = "; ".join(changes[:_CHANGES_SHOWN])
+  more = len(changes) - _CHANGES_SHOWN
+  return shown + (f"; and {more} more" if more > 0 else "")
 
 
 def changed_settings(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
@@ -481,7 +489,7 @@ class _Run:
     self.say(f"Resuming from the checkpoint at step {step}.")
     changes = changed_settings(meta.get("config", {}), self.settings) if "config" in meta else []
     if changes:
-      self.say(f"Note: settings changed since the checkpoint of step {step}: {'; '.join(changes)}.")
+      self.say(f"Note: settings changed since the checkpoint of step {step}: {listed(changes)}.")
     self.metrics.resume(step)  # the killed run's records after `step` move to metrics.superseded.jsonl
     return state
 
@@ -499,18 +507,16 @@ class _Run:
     if "config" not in meta:
       return message
     before, now = meta["config"].get("model.name"), self.settings.get("model.name")
-    if before is not None and now is not None and before != now:  # the one cause that matters
+    if before is not None and now is not None and before != now:  # the cause, first; every key differs
       return (
         f"{self.model_dir} holds checkpoints of model {before!r} (step {step}), and this run is model "
-        f"{now!r}: give this run a model_dir of its own (--model_dir), or move those checkpoints away."
+        f"{now!r}: give this run a model_dir of its own (--model_dir), or move those checkpoints away. "
+        f"{message}"
       )
     changes = changed_settings(meta["config"], self.settings)
     if not changes:
       return message
-    shown = "; ".join(changes[:_CHANGES_SHOWN])
-    if len(changes) > _CHANGES_SHOWN:
-      shown += f"; and {len(changes) - _CHANGES_SHOWN} more"
-    return f"{message} Settings changed since that checkpoint was written: {shown}."
+    return f"{message} Settings changed since that checkpoint was written: {listed(changes)}."
 
   def _meta(self) -> dict[str, Any]:
     """What a checkpoint records beside the state: the input pipeline's identity and the run's settings."""

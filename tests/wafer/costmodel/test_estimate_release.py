@@ -426,9 +426,9 @@ def test_calibration_names_each_chips_clock_and_refuses_what_it_cannot_name():
   from wafer.costmodel.hardware import get_system
 
   apart = CALIBRATION.replace(clock_hz=1.0e9, wse3_clock_hz=0.7e9)  # two clocks told apart
-  for name in ("WSE-3", "wse3", "CS-3", "cs3", get_system("wse3"), get_system("wse3").chip):
+  for name in ("WSE-3", "wse3", "CS-3", "cs3", "WSE 3", "cs_3", get_system("wse3"), get_system("wse3").chip):
     assert apart.clock(name) == 0.7e9
-  for name in ("WSE-2", "wse2", "CS-2", "WSE-1", "cs1", get_system("wse2").chip):
+  for name in ("WSE-2", "wse2", "CS-2", "WSE-1", "cs1", "CS 2", "wse_2", get_system("wse2").chip):
     assert apart.clock(name) == 1.0e9
   for bad in ("bogus", "", None, 3):
     with pytest.raises(ValueError, match="allowed: WSE-1, WSE-2, WSE-3"):

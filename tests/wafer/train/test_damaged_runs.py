@@ -526,7 +526,7 @@ def test_a_checkpoint_of_another_model_says_so_first_and_a_long_change_list_is_c
   other = _Run._with_changes(run({"model.name": "fc_mnist"}), "The checkpoint does not fit.", 7)
   assert other == (
     "md holds checkpoints of model 'gpt2' (step 7), and this run is model 'fc_mnist': give this run a "
-    "model_dir of its own (--model_dir), or move those checkpoints away."
+    "model_dir of its own (--model_dir), or move those checkpoints away. The checkpoint does not fit."
   )
   same = _Run._with_changes(run({"model.name": "gpt2"}), "The checkpoint does not fit.", 7)
   assert same.count(", now ") == _CHANGES_SHOWN and same.endswith(f"; and {60 - _CHANGES_SHOWN} more.")
