@@ -254,6 +254,13 @@ def initialize(
     raise ClusterConfigError(
       f"--process_id {process_id} with --num_processes {num_processes}; allowed: 0 <= process_id < num_processes"
     )
+  if coordinator_address is not None:  # (JAX reads it with split(":")[1]: an IndexError from inside it)
+    host, _, port = str(coordinator_address).rpartition(":")
+    if not host or not port.isdigit():
+      raise ClusterConfigError(
+        f"--coordinator_address {coordinator_address!r}; allowed: HOST:PORT, e.g. 10.0.0.1:1234 (the same on "
+        "every host)"
+      )
   try:
     jax.distributed.initialize(
       coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id

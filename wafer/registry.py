@@ -53,12 +53,39 @@ class ModelSpec:
   eval_metric: str = "loss"
   default_job: tuple[str, str, int] | None = None
 
+  def __post_init__(self) -> None:
+    from wafer.config import InputConfig, ModelConfig
+
+    names = (self.names,) if isinstance(self.names, str) else self.names  # one name: not its letters
+    try:
+      names = tuple(names)
+    except TypeError:
+      names = None
+    if not names or not all(isinstance(n, str) and n.strip() for n in names):
+      raise PluginError(f"ModelSpec.names={self.names!r}; allowed: a model name or a tuple of names")
+    object.__setattr__(self, "names", names)
+    if not (isinstance(self.config, type) and issubclass(self.config, ModelConfig)):
+      raise PluginError(
+        f"ModelSpec({names[0]!r}).config={self.config!r}; allowed: a wafer.config.ModelConfig subclass"
+      )
+    if not callable(self.build_task):
+      raise PluginError(
+        f"ModelSpec({names[0]!r}).build_task={self.build_task!r}; allowed: build_task(params) -> Task"
+      )
+    for processor, schema in dict(self.data_processors).items():
+      if not isinstance(processor, str) or not (isinstance(schema, type) and issubclass(schema, InputConfig)):
+        raise PluginError(
+          f"ModelSpec({names[0]!r}).data_processors[{processor!r}]={schema!r}; allowed: "
+          "{data_processor name: a wafer.config.InputConfig subclass}"
+        )
+
 
 _SPECS: dict[str, ModelSpec] = {}
 _LOADED: list[bool] = []
 _ORIGIN: dict[str, str] = {}  # model name -> the entry point that registered it
 _FAILED: dict[str, str] = {}  # entry point name -> why it did not load
 _CONFLICTS: dict[str, list[str]] = {}  # model name -> the entry points that each registered it
+_PROCESSOR_ORIGIN: dict[str, str] = {}  # data_processor name -> the entry point that registered it
 
 
 def register(spec: ModelSpec) -> None:
@@ -89,22 +116,32 @@ def load_plugins() -> None:
     return
   _LOADED.append(True)
   for entry in metadata.entry_points(group=GROUP):
+    origin = _entry(entry)
     try:
       loaded = entry.load()
       specs = list(loaded) if isinstance(loaded, (list, tuple)) else [loaded]
       wrong = [s for s in specs if not isinstance(s, ModelSpec)]
       if wrong or not specs:
         raise PluginError(f"it gives {wrong[0] if wrong else loaded!r}, not a wafer.registry.ModelSpec")
+      for spec in specs:  # a processor's schema is looked up by its name alone: two cannot share one
+        for processor in spec.data_processors:
+          if _PROCESSOR_ORIGIN.get(processor, origin) != origin:
+            raise PluginError(
+              f"its data_processor {processor!r} is already registered by {_PROCESSOR_ORIGIN[processor]}; "
+              "rename the processor, or uninstall one of the packages"
+            )
     except Exception as error:  # reported by name when one of its models is asked for
-      _FAILED[entry.name] = f"the {GROUP} entry point {_entry(entry)} does not load: {error}"
+      _FAILED[entry.name] = f"the {GROUP} entry point {origin} does not load: {error}"
       continue
     for spec in specs:
-      taken = [n for n in spec.names if n.lower() in _ORIGIN and _ORIGIN[n.lower()] != _entry(entry)]
+      taken = [n for n in spec.names if n.lower() in _ORIGIN and _ORIGIN[n.lower()] != origin]
       for name in taken:
-        _CONFLICTS.setdefault(name.lower(), [_ORIGIN[name.lower()]]).append(_entry(entry))
+        _CONFLICTS.setdefault(name.lower(), [_ORIGIN[name.lower()]]).append(origin)
       register(spec)
       for name in spec.names:
-        _ORIGIN.setdefault(name.lower(), _entry(entry))
+        _ORIGIN.setdefault(name.lower(), origin)
+      for processor in spec.data_processors:
+        _PROCESSOR_ORIGIN.setdefault(processor, origin)
 
 
 def get_spec(name: str) -> ModelSpec:

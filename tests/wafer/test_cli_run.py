@@ -128,6 +128,11 @@ def test_process_flags_are_checked_before_anything_starts(tmp_path, capsys):
     "--coordinator_address HOST:PORT"
     in cli.build_parser()._subparsers._group_actions[0].choices["run"].format_help()
   )
+  for address in ("nohostcolon", ":1234", "host:", "host:port"):  # was an IndexError from inside JAX
+    flags = ["--num_processes", "2", "--process_id", "0", "--coordinator_address", address]
+    assert cli.main(["run", "--params", str(path), *flags]) == 1
+    err = capsys.readouterr().err
+    assert f"--coordinator_address {address!r}; allowed: HOST:PORT" in err and "Traceback" not in err, err
 
 
 def test_estimate_flags_are_the_params_keys_they_replace(tmp_path, capsys):

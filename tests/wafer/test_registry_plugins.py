@@ -28,10 +28,11 @@ def _entry(name, value, loaded):
 @pytest.fixture
 def fresh_registry(monkeypatch):
   """The registry's state emptied for the test and restored after it."""
-  for attr in ("_SPECS", "_ORIGIN", "_FAILED", "_CONFLICTS"):
+  for attr in ("_SPECS", "_ORIGIN", "_FAILED", "_CONFLICTS", "_PROCESSOR_ORIGIN"):
     monkeypatch.setattr(registry, attr, {})
   monkeypatch.setattr(registry, "_LOADED", [])
-  monkeypatch.setattr(config_params, "_MODEL_SCHEMAS", dict(config_params._MODEL_SCHEMAS))
+  for attr in ("_MODEL_SCHEMAS", "_INPUT_SCHEMAS", "_PROCESSOR_MODELS"):
+    monkeypatch.setattr(config_params, attr, dict(getattr(config_params, attr)))
 
   def use(*entries):
     monkeypatch.setattr(registry.metadata, "entry_points", lambda group: list(entries))
@@ -74,3 +75,49 @@ def test_without_broken_plugins_an_unknown_name_suggests_one(fresh_registry):
   fresh_registry(_entry("good", "pkg.good:SPEC", _spec("toy_bert")))
   with pytest.raises(UnknownModelError, match="Did you mean 'toy_bert'"):
     registry.get_spec("toy_bertt")
+
+
+def test_a_spec_with_wrong_types_is_refused_where_it_is_made():
+  """A config that is not a ModelConfig subclass (or a processor schema that is not an InputConfig
+  subclass) stopped every `wafer run`, every model's, with a bare TypeError from registration; a
+  string for names registered each of its letters."""
+  from wafer.config import InputConfig
+
+  assert registry.ModelSpec(names="strmodel", config=ModelConfig, build_task=print).names == ("strmodel",)
+  bad = [
+    dict(names=(), config=ModelConfig, build_task=print),
+    dict(names=("ok", 3), config=ModelConfig, build_task=print),
+    dict(names="m", config=dict, build_task=print),
+    dict(names="m", config=ModelConfig(), build_task=print),
+    dict(names="m", config=ModelConfig, build_task=None),
+    dict(names="m", config=ModelConfig, build_task=print, data_processors={"P": dict}),
+    dict(names="m", config=ModelConfig, build_task=print, data_processors={"P": InputConfig(batch_size=1)}),
+  ]
+  for kwargs in bad:
+    with pytest.raises(PluginError, match="allowed"):
+      registry.ModelSpec(**kwargs)
+
+
+def test_a_plugin_whose_spec_fails_or_whose_processor_is_taken_blocks_only_its_own_models(fresh_registry):
+  from wafer.config import InputConfig
+
+  class P(InputConfig):
+    pass
+
+  with_processor = registry.ModelSpec(
+    names="first", config=ModelConfig, build_task=print, data_processors={"P": P}
+  )
+  again = registry.ModelSpec(names="second", config=ModelConfig, build_task=print, data_processors={"P": P})
+  fresh_registry(
+    _entry("one", "pkg_one:SPEC", with_processor),
+    _entry("two", "pkg_two:SPEC", again),
+    # (entry.load() runs the plugin's module, which builds its spec: the spec's error is its error)
+    _entry("wrong", "pkg_wrong:SPEC", PluginError("ModelSpec('wrong').config=<class 'dict'>; allowed: ...")),
+  )
+  assert registry.get_spec("first").names == ("first",)  # the others do not stop it
+  with pytest.raises(
+    PluginError, match=r"'two' \(pkg_two:SPEC\) does not load: its data_processor 'P' is already "
+  ):
+    registry.get_spec("second")
+  with pytest.raises(PluginError, match=r"'wrong' \(pkg_wrong:SPEC\) does not load"):
+    registry.get_spec("wrong")
