@@ -137,7 +137,8 @@ def test_explicit_modes_stay_explicit_and_fastest_is_the_what_if():
   assert fastest.samples_per_sec == max(piped.samples_per_sec, estimate_graph(graph).samples_per_sec)
 
 
-def test_release_reaches_estimate_and_the_cli(capsys):
+def test_release_reaches_estimate_and_the_cli(capsys, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # `wafer estimate` writes ./model_dir/compile_report.txt
   fn, args = W.train_example(SMALL, 16)
   assert wafer.estimate(fn, *args, release="Release_1.8.0").mode == "pipeline"
   assert wafer.estimate(fn, *args).mode == "weight_streaming"
