@@ -173,8 +173,12 @@ def test_a_section_the_mode_does_not_run_is_not_checked(tmp_path):
 
 
 _SWALLOWED_CTRL_C = """
-import gc, sys, time
+import gc, signal, sys, time
 from wafer.cli import interrupts_delivered
+
+# ctrl-C as in a terminal (a job started in the background by a script ignores SIGINT, and then
+# neither ctrl-C nor its re-delivery reaches the process)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def swallowed_once(phase, info, fired=[]):  # as JAX's gc callback would: Python drops what it raises
   if not fired:
