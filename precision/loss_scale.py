@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any
 
 import jax
@@ -37,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from precision.formats import FloatFormat, get_format
+from precision.policy import _as_int
 
 MIN_LOSS_SCALE = 2.0**-14
 
@@ -241,20 +241,16 @@ class DynamicLossScale:
         f"initial_loss_scale={initial!r} is below min_loss_scale={min_scale!r}; allowed: "
         f"{min_scale!r} to {max_scale!r} (a larger one is clamped to max_loss_scale)"
       )
-    if (
-      isinstance(steps_per_increase, (bool, np.bool_))
-      or not isinstance(steps_per_increase, numbers.Integral)
-      or steps_per_increase < 1
-    ):
+    steps = _as_int(steps_per_increase)  # (a NumPy integer: a Python int, as the field says)
+    if steps is None or steps < 1:
       raise ValueError(f"steps_per_increase={steps_per_increase!r}; allowed: an int >= 1")
-    steps_per_increase = int(steps_per_increase)  # (a NumPy integer: a Python int, as the field says)
     zero = jnp.asarray(0, jnp.int32)
     return cls(
       loss_scale=jnp.asarray(min(max_scale, initial), jnp.float32),
       steps_since_rescale=zero,
       overflows_since_rescale=zero,
       num_skipped_steps=zero,
-      steps_per_increase=steps_per_increase,
+      steps_per_increase=steps,
       min_loss_scale=min_scale,
       max_loss_scale=max_scale,
       overflow_tolerance=overflow_tolerance,
