@@ -267,14 +267,24 @@ def _call_module(module: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def module_state_errors(fn: Callable[..., Any], caller: str) -> Any:
-  """Flax's error for a module changed from inside a trace (a closure over a module with BatchNorm
-  or Dropout) as the fix: pass the module as an argument."""
+def module_state_errors(fn: Callable[..., Any], caller: str, *, writing_back: bool = False) -> Any:
+  """Flax's error for a module changed from inside a trace as the fix. Tracing (``writing_back``
+  false): a closure over a module with BatchNorm or Dropout; pass the module as an argument.
+  Writing the new state back: the call runs inside a JAX transformation (``jax.jit(autocast(model,
+  p))``) that was not given the module, so its new state belongs to that trace."""
   try:
     yield
   except Exception as exc:
     if type(exc).__name__ != "TraceContextError":
       raise
+    if writing_back:
+      raise TypeError(
+        f"{caller}({fn_name(fn)}) runs inside a JAX transformation (jax.jit, jax.grad, ...) that was "
+        "not given the NNX module it changes (BatchNorm statistics, the Rngs counts of dropout): the new "
+        "state is a value of that trace and cannot be written into the module outside it. Use nnx.jit "
+        "(or nnx.grad, ...), which carries the module through: nnx.jit(lambda model, x: "
+        f"{caller}(model, policy)(x))(model, x); or call model.eval() when nothing should change"
+      ) from exc
     raise TypeError(
       f"{caller}({fn_name(fn)}): it changes an NNX module that it reads from outside its arguments "
       "(BatchNorm statistics, the Rngs counts of dropout), which a traced function cannot do; pass the "

@@ -395,7 +395,8 @@ class _Autocast:
     closed, outputs, flat = trace_fn(lifted.fn, Statics((), ()), lifted.args, {})
     with jax.named_scope(NESTED_SCOPE) if nested else contextlib.nullcontext():
       outs = run(p, closed, flat, rounded_outputs=lifted.traced_outputs[0])
-    return lifted.finish(outputs.unflatten(outs))
+    with module_state_errors(self.__wrapped__, "autocast", writing_back=True):
+      return lifted.finish(outputs.unflatten(outs))
 
   def __get__(self, instance: Any, owner: Any = None) -> Any:
     return self if instance is None else functools.partial(self, instance)

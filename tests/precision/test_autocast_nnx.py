@@ -123,6 +123,32 @@ def test_a_module_given_as_the_function_keeps_its_state_changes():
     precision.cast_report(lambda x: closed(x), "c=cb16", x)
 
 
+def test_a_module_changed_inside_a_jax_jit_that_was_not_given_it_says_to_use_nnx_jit():
+  """``jax.jit(autocast(model, p))`` of a module with BatchNorm raised Flax's bare TraceContextError
+  when autocast wrote the new statistics back; it now says what to write instead, and that works."""
+
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.l1 = nnx.Linear(16, 8, rngs=rngs)
+      self.bn = nnx.BatchNorm(8, rngs=rngs)
+
+    def __call__(self, x):
+      return self.bn(self.l1(x))
+
+  x = jax.random.normal(jax.random.key(1), (4, 16))
+  net = Net(nnx.Rngs(0))
+  with pytest.raises(TypeError, match=r"autocast\(Net\) runs inside a JAX transformation.*Use nnx\.jit"):
+    jax.jit(precision.autocast(net, "c=cb16"))(x)
+  fixed = Net(nnx.Rngs(0))
+  got = nnx.jit(lambda model, x: precision.autocast(model, "c=cb16")(x))(fixed, x)
+  ref = Net(nnx.Rngs(0))
+  want = precision.autocast(ref, "c=cb16")(x)
+  assert np.array_equal(got, want)
+  assert np.array_equal(fixed.bn.mean[...], ref.bn.mean[...]) and fixed.bn.mean[...].any()
+  net.eval()  # the other way out the message names: nothing changes, so nothing is written back
+  assert jax.jit(precision.autocast(net, "c=cb16"))(x).shape == (4, 8)
+
+
 def test_a_module_given_as_the_function_keeps_its_static_arguments_in_place():
   """``static_argnums`` counts the module's own arguments: shifted past the module for positions
   from the front, unchanged from the end (a -1 became 0, the module's slot)."""
