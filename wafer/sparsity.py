@@ -348,6 +348,11 @@ def sparsify(
         for p, s, i in zip(leaves, level_leaves, index_leaves, strict=True)
         if s and int(i) == gi
       ]
+      if not chosen:  # a level of 0 (or a selection that names no tensor): the group does nothing
+        parts.append(
+          f"no tensor of {len(leaves)} is sparse (sparsity 0 or none selected): {group.algorithm} has no effect"
+        )
+        continue
       total = sum(n for n, _ in chosen)
       kept = sum(keep_count(n, s, group.rounding) for n, s in chosen)
       levels_text = "/".join(sorted({f"{s:.4g}" for _, s in chosen}))
@@ -358,6 +363,8 @@ def sparsify(
       if group.dynamic:
         text += f"; masks change after optimizer steps {group.update.describe()}, dropping {group.drop_fraction.describe()}"
       parts.append(text)
+    if not any(level_leaves):
+      return "note: sparsity: " + "; ".join(parts) + "; the run is the dense model's"
     return (
       "note: sparsity: "
       + "; ".join(parts)

@@ -361,3 +361,14 @@ def test_bad_groups_are_refused():
     Group(algorithm="gmp")
   with pytest.raises(ValueError, match="several sparsity groups need group_of"):
     sparsify(_standard_promotion(optax.sgd(0.1)), _levels(0.5), [Group(), Group()])
+
+
+def test_the_note_of_sparsity_zero_says_nothing_is_sparse():
+  """``sparsity: 0`` described a RigL schedule for "0 tensors ... at sparsity  (0 of 0 weights
+  kept)", with the level blank; it now says that no tensor is sparse."""
+  params = {"w": jnp.ones((4, 4)), "b": jnp.ones(4)}
+  note = sparsify(_standard_promotion(optax.sgd(0.1)), _levels(0.0), Group(algorithm="rigl")).describe(params)
+  assert "no tensor of 2 is sparse" in note and "rigl has no effect" in note, note
+  assert "at sparsity  (" not in note and "masks change" not in note, note
+  dense = sparsify(_standard_promotion(optax.sgd(0.1)), _levels(0.5), Group()).describe(params)
+  assert "at sparsity 0.5" in dense and "no tensor" not in dense, dense
