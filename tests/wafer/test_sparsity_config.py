@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import pathlib
+import re
 
 import jax
 import numpy as np
 import pytest
+import yaml
 
 from tests.samples import SHRUNK
 from wafer.config import ConfigError, load_params
@@ -172,7 +174,10 @@ def test_a_parameter_belongs_to_the_first_group_that_matches():
     ({"sparsity": 0.5, "drop_fraction": 0.2}, "only set and rigl change their masks"),
     ({"sparsity": 0.5, "type": "rigl"}, "schedule: required for type rigl"),
     ({"sparsity": 0.5, "param_name_patterns": "proj_[q"}, "not a valid regex"),
-    ({"sparsity": 0.5, "algorithm": "set", "update": {"freq": 2, "stop": "abc"}}, "update.stop must be"),
+    (
+      {"sparsity": 0.5, "algorithm": "set", "update": {"freq": 2, "stop": "abc"}},
+      r"update.stop.*must be a step number",
+    ),
     ({"sparsity": 0.5, "algorithm": "set", "update": {"freq": 2, "steps": [3]}}, "cannot come with it"),
     ({"sparsity": 0.5, "groups": [{"sparsity": 0.9}]}, "next to a list of groups"),
     (
@@ -195,6 +200,37 @@ def test_mistakes_are_named(section, message):
   with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("'", ".")) as info:
     load_params(_section(section))
   assert "sparsity" in str(info.value)
+
+
+RIGL_2_1 = (
+  pathlib.Path(__file__).parents[1] / "data/modelzoo/Release_2.1.1/gpt3/sparsity/params_gpt3_125m_rigl75.yaml"
+)
+
+
+@pytest.mark.parametrize(
+  "override, key, why",
+  [
+    ("sparsity.schedule.freq=0", "sparsity.schedule.freq", "must be at least 1"),
+    ("sparsity.init_method=bogus", "sparsity.init_method", "must be random, topk or from_zeros"),
+    ("sparsity.type=gmp", "sparsity.type", "gmp .* is not available"),
+    ("sparsity.drop_fraction.init=1.5", "sparsity.drop_fraction.init", r"must be in \[0, 1\]"),
+  ],
+)
+def test_a_sparsity_mistake_an_override_made_names_the_override_and_the_files_key(override, key, why):
+  """These pointed at the section's line in the file (an override made them) and called a 2.1 file's
+  ``schedule`` ``update``; they now name the key as written and where its value came from."""
+  with pytest.raises(ConfigError) as info:
+    load_params(RIGL_2_1, [override])
+  line = next(x for x in str(info.value).splitlines() if x.strip().startswith("sparsity."))
+  assert re.search(rf"{re.escape(key)} \(from override '{re.escape(override)}'\): {why}", line), line
+
+
+def test_a_sparsity_mistake_in_the_file_names_its_own_line():
+  text = RIGL_2_1.read_text().replace("freq: 100", "freq: 0")
+  assert text != RIGL_2_1.read_text()
+  data = yaml.safe_load(text)
+  with pytest.raises(ConfigError, match=r"sparsity.schedule.freq: must be at least 1"):
+    load_params(data)
 
 
 def test_a_filter_that_matches_nothing_names_the_models_parameters():

@@ -66,10 +66,12 @@ def from_pydantic(errors: Iterable[dict[str, Any]], prefix: Loc, fields_at: Any)
       msg, value = "required key is missing", _MISSING
     elif kind in ("value_error", "assertion_error"):
       msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
-      key = re.match(r"^(\w+)=[^:]*: ", msg)
-      if key and isinstance(value, dict) and key.group(1) in value:
-        # a section validator's "key=value: why" is about that key: locate it there (its own line)
-        loc, value, msg = (*loc, key.group(1)), value[key.group(1)], msg[key.end() :]
+      key = re.match(r"^(\w+(?:\.\w+)*)=[^:]*: ", msg)
+      path, inner = (key.group(1).split(".") if key else []), value
+      for part in path:  # a section validator's "key=value: why" (or "key.sub=value: why") is about that key
+        inner = inner.get(part, _MISSING) if isinstance(inner, dict) else _MISSING
+      if key and inner is not _MISSING:  # locate it there: its own line, or the override that set it
+        loc, value, msg = (*loc, *path), inner, msg[key.end() :]
     elif kind.startswith("literal_error") or kind == "enum":
       options = _QUOTED.findall(e.get("ctx", {}).get("expected", ""))
       msg = "must be one of " + ", ".join(repr(o) for o in options)

@@ -146,15 +146,18 @@ class SparsityConfig(Section):
         f"algorithm {self.algorithm!r} and type {self.type!r} disagree; type is algorithm's old name"
       )
     name = self.algorithm_name
+    given = "algorithm" if self.algorithm is not None else "type"  # the key the file (or an override) set
     if name == "gmp":
       raise ValueError(
-        "algorithm gmp (gradual magnitude pruning, a sparsity level that changes over the run) is not available "
-        "in wafer; static, set and rigl are"
+        f"{given}={getattr(self, given)!r}: gmp (gradual magnitude pruning, a sparsity level that changes over "
+        "the run) is not available in wafer; static, set and rigl are"
       )
     if name not in ALGORITHMS:
-      raise ValueError(f"algorithm must be {_one_of(ALGORITHMS)} (type: also sideband), not {name!r}")
+      raise ValueError(
+        f"{given}={getattr(self, given)!r}: must be {_one_of(ALGORITHMS)} (type: also sideband), not {name!r}"
+      )
     if self.init_method not in INIT_METHODS:
-      raise ValueError(f"init_method must be {_one_of(INIT_METHODS)}, not {self.init_method!r}")
+      raise ValueError(f"init_method={self.init_method!r}: must be {_one_of(INIT_METHODS)}")
     if self.param_filter is not None and self.param_name_patterns is not None:
       raise ValueError(
         "param_filter (2.2+, globs) and param_name_patterns (2.1 and earlier, regexes): give one"
@@ -229,40 +232,46 @@ class SparsityConfig(Section):
     from wafer.sparsity import Group, UpdateSchedule
 
     cadence = self.schedule if self.schedule_is_cadence else self.update
+    key = (
+      "schedule" if self.schedule_is_cadence else "update"
+    )  # the file's name for the cadence (2.0 - 2.1: schedule)
     if cadence is None:
       update = UpdateSchedule()
     elif isinstance(cadence, int) and not isinstance(cadence, bool):
       update = UpdateSchedule(freq=cadence)
     elif isinstance(cadence, list):
       if not all(isinstance(s, int) and not isinstance(s, bool) for s in cadence):
-        raise ValueError(f"update: a list of step numbers, not {cadence!r}")
+        raise ValueError(f"{key}: a list of step numbers, not {cadence!r}")
       update = UpdateSchedule(steps=tuple(cadence))
     elif isinstance(cadence, dict):
       unknown = set(cadence) - {"freq", "start", "stop", "steps"}
       if unknown:
         raise ValueError(
-          f"update: unknown key(s) {', '.join(sorted(unknown))}; allowed: freq, start, stop, steps"
+          f"{key}: unknown key(s) {', '.join(sorted(unknown))}; allowed: freq, start, stop, steps"
         )
-      for key, value in cadence.items():
-        ints = value if key == "steps" and isinstance(value, list) else [value]
+      for sub, value in cadence.items():
+        ints = value if sub == "steps" and isinstance(value, list) else [value]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints) or (
-          key == "steps" and not isinstance(value, list)
+          sub == "steps" and not isinstance(value, list)
         ):
-          if not (key == "stop" and value is None):
-            what = "a list of step numbers" if key == "steps" else "a step number (a non-negative integer)"
-            raise ValueError(f"update.{key} must be {what}, not {value!r}")
+          if not (sub == "stop" and value is None):
+            what = "a list of step numbers" if sub == "steps" else "a step number (a non-negative integer)"
+            shown = (
+              "[...]" if isinstance(value, (list, dict)) else repr(value)
+            )  # no colon: errors.py locates it
+            raise ValueError(f"{key}.{sub}={shown}: must be {what}, not {value!r}")
       if "steps" in cadence:
         if set(cadence) - {"steps"}:
-          raise ValueError("update: steps lists the update steps; freq, start and stop cannot come with it")
+          raise ValueError(f"{key}: steps lists the update steps; freq, start and stop cannot come with it")
         update = UpdateSchedule(steps=tuple(cadence["steps"]))
       else:
         update = UpdateSchedule(
           freq=cadence.get("freq", 1), start=cadence.get("start") or 0, stop=cadence.get("stop")
         )
       if update.freq < 1:
-        raise ValueError(f"update.freq must be at least 1, not {update.freq}")
+        raise ValueError(f"{key}.freq={update.freq}: must be at least 1 (masks change every freq steps)")
     else:
-      raise ValueError(f"update must be a mapping {{freq, start, stop}} or {{steps}}, not {cadence!r}")
+      raise ValueError(f"{key} must be a mapping {{freq, start, stop}} or {{steps}}, not {cadence!r}")
     return Group(
       algorithm=self.algorithm_name,
       init_method=self.init_method,
@@ -404,7 +413,7 @@ def _drop_fraction(value: Any) -> Any:
 
   if isinstance(value, (int, float)) and not isinstance(value, bool):
     if not 0 <= value <= 1:
-      raise ValueError(f"drop_fraction must be in [0, 1], not {value}")
+      raise ValueError(f"drop_fraction={value}: must be in [0, 1]")
     return DropFraction(float(value))
   if isinstance(value, dict):
     kind = str(value.get("type", "")).lower()
@@ -417,8 +426,9 @@ def _drop_fraction(value: Any) -> Any:
         raise ValueError(
           f"drop_fraction: half_period must be a positive number, init and minimum in [0, 1]: {value!r}"
         )
-      if not (0 <= value["init"] <= 1 and 0 <= value.get("minimum", 0.0) <= 1):
-        raise ValueError(f"drop_fraction.init and minimum must be in [0, 1]: {value!r}")
+      for sub in ("init", "minimum"):
+        if not 0 <= value.get(sub, 0.0) <= 1:
+          raise ValueError(f"drop_fraction.{sub}={value[sub]!r}: must be in [0, 1] (init and minimum both)")
       return DropFraction(float(value["init"]), float(value["half_period"]), float(value.get("minimum", 0.0)))
   raise ValueError(
     f"drop_fraction must be a number or {{type: cosine, init, half_period[, minimum]}}, not {value!r}"
