@@ -226,7 +226,8 @@ def _distributed(args: argparse.Namespace) -> bool:
     raise cluster.ClusterConfigError(
       f"--num_processes {args.num_processes}; allowed: the number of processes in the run, >= 1"
     )
-  if args.num_processes == 1:
+  if args.num_processes == 1:  # one process: nothing to start, but the flags given must still make sense
+    cluster.check_flags(args.coordinator_address, args.num_processes, args.process_id)
     return False
   cluster.initialize(args.coordinator_address, args.num_processes, args.process_id)
   return True
@@ -406,6 +407,19 @@ def _path(text: str) -> str:
   return text
 
 
+def _worker_count(text: str) -> int:
+  """A --workers value: an integer (an override after the list was read as one of them)."""
+  try:
+    return int(text)
+  except ValueError:
+    hint = (
+      "; key=value overrides go before --workers (--workers takes every value after it)"
+      if "=" in text
+      else ""
+    )
+    raise argparse.ArgumentTypeError(f"invalid worker count {text!r}: an integer{hint}") from None
+
+
 _SEARCH = "search"
 
 
@@ -497,7 +511,11 @@ def build_parser() -> argparse.ArgumentParser:
   )
   ana.add_argument("--params", metavar="FILE", type=_path, required=True, help="a params YAML")
   ana.add_argument(
-    "--workers", type=int, nargs="+", metavar="N", help="worker counts (default: 1, 2, 4, ... CPUs)"
+    "--workers",
+    type=_worker_count,
+    nargs="+",
+    metavar="N",
+    help="worker counts (default: 1, 2, 4, ... CPUs); key=value overrides go before it",
   )
   ana.add_argument("--seconds", type=float, default=2.0, help="seconds measured per worker count (default 2)")
   ana.add_argument(

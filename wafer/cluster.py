@@ -248,6 +248,27 @@ def initialize(
   Raises:
     ClusterConfigError: the settings are incomplete or inconsistent (the message says which).
   """
+  check_flags(coordinator_address, num_processes, process_id)
+  try:
+    jax.distributed.initialize(
+      coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+    )
+  except (ValueError, TypeError) as error:
+    raise ClusterConfigError(
+      f"cannot start the processes of this run: {error}. Give --num_processes N --process_id I "
+      "--coordinator_address HOST:PORT (the same N and address on every host, I = 0..N-1), or run under "
+      "SLURM / MPI, or set JAX_COORDINATOR_ADDRESS."
+    ) from None
+
+
+def check_flags(
+  coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> None:
+  """The process flags' own checks (`initialize` makes them; a one-process run makes them too).
+
+  Raises:
+    ClusterConfigError: a process id out of range, or an address that is not HOST:PORT.
+  """
   if num_processes is not None and (
     num_processes < 1 or (process_id is not None and not 0 <= process_id < num_processes)
   ):
@@ -261,16 +282,6 @@ def initialize(
         f"--coordinator_address {coordinator_address!r}; allowed: HOST:PORT, e.g. 10.0.0.1:1234 (the same on "
         "every host)"
       )
-  try:
-    jax.distributed.initialize(
-      coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
-    )
-  except (ValueError, TypeError) as error:
-    raise ClusterConfigError(
-      f"cannot start the processes of this run: {error}. Give --num_processes N --process_id I "
-      "--coordinator_address HOST:PORT (the same N and address on every host, I = 0..N-1), or run under "
-      "SLURM / MPI, or set JAX_COORDINATOR_ADDRESS."
-    ) from None
 
 
 def mesh(num_csx: int) -> jax.sharding.Mesh:
@@ -280,6 +291,11 @@ def mesh(num_csx: int) -> jax.sharding.Mesh:
   """
   devices = jax.devices()
   procs = jax.process_count()
+  if procs > 1 and num_csx % procs:  # first: the device hint below assumes an even spread
+    raise ClusterConfigError(
+      f"num_csx={num_csx} cannot be spread evenly over {procs} processes; allowed: a multiple of the "
+      "number of processes (every process drives the same number of systems)."
+    )
   if num_csx > len(devices):
     raise ClusterConfigError(
       f"num_csx={num_csx} needs {num_csx} JAX devices; "
@@ -289,11 +305,6 @@ def mesh(num_csx: int) -> jax.sharding.Mesh:
     )
   if procs == 1:
     return jax.sharding.Mesh(np.asarray(devices[:num_csx]), (AXIS,))
-  if num_csx % procs:
-    raise ClusterConfigError(
-      f"num_csx={num_csx} cannot be spread evenly over {procs} processes; allowed: a multiple of the "
-      "number of processes (every process drives the same number of systems)."
-    )
   per = num_csx // procs
   chosen = []
   for p in range(procs):

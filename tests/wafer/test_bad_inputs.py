@@ -257,6 +257,16 @@ def test_analyze_input_refuses_seconds_that_measure_nothing(tmp_path, capsys, se
   assert "Measuring" not in captured.out and "--seconds" in captured.err
 
 
+def test_analyze_input_says_where_an_override_after_workers_goes(tmp_path, capsys):
+  """``--workers 1 key=value`` read the override as a worker count: "invalid int value"."""
+  with pytest.raises(SystemExit):
+    cli.main(["analyze-input", "--params", _params(tmp_path), "--workers", "1", "train_input.batch_size=8"])
+  err = capsys.readouterr().err
+  assert (
+    "invalid worker count 'train_input.batch_size=8'" in err and "overrides go before --workers" in err
+  ), err
+
+
 class _State(typing.NamedTuple):
   w: jax.Array
   step: jax.Array

@@ -128,6 +128,12 @@ def test_process_flags_are_checked_before_anything_starts(tmp_path, capsys):
     "--coordinator_address HOST:PORT"
     in cli.build_parser()._subparsers._group_actions[0].choices["run"].format_help()
   )
+  # one process: nothing starts, but a process id of another run was taken without a word
+  flags = ["--num_processes", "1", "--process_id", "3", "--coordinator_address", "foo:1"]
+  assert cli.main(["run", "--params", str(path), *flags]) == 1
+  err = capsys.readouterr().err
+  assert "--process_id 3 with --num_processes 1; allowed: 0 <= process_id < num_processes" in err, err
+  assert not (tmp_path / "md").exists()
   for address in ("nohostcolon", ":1234", "host:", "host:port"):  # was an IndexError from inside JAX
     flags = ["--num_processes", "2", "--process_id", "0", "--coordinator_address", address]
     assert cli.main(["run", "--params", str(path), *flags]) == 1

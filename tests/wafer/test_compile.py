@@ -170,6 +170,15 @@ def test_data_parallel_num_csx_matches_one_device():
     cluster.mesh(8)
 
 
+def test_num_csx_over_processes_is_checked_for_an_even_spread_before_the_device_count(monkeypatch):
+  """With 2 processes of one device each, num_csx=3 said to force 2 devices per process; doing so
+  then failed with "cannot be spread evenly". The spread comes first now."""
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "devices", lambda: jax.local_devices()[:2])
+  with pytest.raises(cluster.ClusterConfigError, match=r"num_csx=3 cannot be spread evenly over 2 processes"):
+    cluster.mesh(3)
+
+
 def test_compilation_cache_directory(tmp_path, monkeypatch):
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
            "jax_persistent_cache_min_entry_size_bytes")  # fmt: skip
