@@ -156,14 +156,14 @@ def get_spec(name: str) -> ModelSpec:
   found = _SPECS.get(key)
   if found is None:
     known = sorted(_SPECS)
-    if _FAILED:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    if _FAILED:  # a plugin's error: the model may be one of its own
       raise PluginError(
-        f"model.name: unknown model {name!r}; it may be in a plugin that did not load: "
+        f"model.name: unknown model {name!r}.{hint} It may be in a plugin that did not load: "
         + "; ".join(_FAILED.values())
         + f". Registered models: {', '.join(known)}"
       )
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownModelError(
       f"model.name: unknown model {name!r}.{hint} Registered models ({GROUP} entry points): {', '.join(known)}"
     )

@@ -79,13 +79,14 @@ def load_plan(
   params = load_params(path, list(overrides), mode=mode, flags=flags)
   try:
     return plan(params)
-  except registry.UnknownModelError as error:
+  except (registry.UnknownModelError, registry.PluginError) as error:  # (a plugin's: the model may be its)
     raise ConfigError(
       Problem(
         ("model", "name"),
         str(error).removeprefix("model.name: "),
         params.model.name,
-        line=params.line("model", "name"),
+        line=None if params.origin("model", "name") else params.line("model", "name"),
+        source=params.origin("model", "name"),
       ),
       params.source,
     ) from None

@@ -2,6 +2,7 @@
 `PluginError` naming the entry points when one of their models is asked for, and never empties
 the registry (a broken plugin left every model, the built-in ones included, unknown)."""
 
+import pathlib
 import types
 
 import pytest
@@ -49,9 +50,13 @@ def test_a_broken_plugin_blocks_only_its_own_models(fresh_registry):
   assert registry.get_spec("toy") is registry.get_spec("TOY")  # a second lookup: still there
   assert registry.registered() == ["toy"]
   with pytest.raises(
-    PluginError, match=r"unknown model 'mine'; .*'broken' \(pkg.broken:MISSING\) does not load: No module"
+    PluginError,
+    match=r"unknown model 'mine'\. It may be .*'broken' \(pkg.broken:MISSING\) does not load: No",
   ):
     registry.get_spec("mine")
+  # a misspelled name still gets its suggestion (and, through wafer run, its file line: runner.load_plan)
+  with pytest.raises(PluginError, match=r"unknown model 'toyy'\. Did you mean 'toy'\? It may be in a plugin"):
+    registry.get_spec("toyy")
 
 
 def test_an_entry_point_that_is_not_a_spec_is_named(fresh_registry):
@@ -121,3 +126,28 @@ def test_a_plugin_whose_spec_fails_or_whose_processor_is_taken_blocks_only_its_o
     registry.get_spec("second")
   with pytest.raises(PluginError, match=r"'wrong' \(pkg_wrong:SPEC\) does not load"):
     registry.get_spec("wrong")
+
+
+def test_wafer_run_names_where_an_unknown_model_name_came_from_when_a_plugin_failed(fresh_registry, tmp_path):
+  """With a plugin that did not load, an unknown ``model.name`` lost its file line and its "did you
+  mean"; one set by an override was blamed on the file's line."""
+  from wafer import runner
+  from wafer.config import ConfigError
+
+  fresh_registry(
+    _entry("good", "pkg.good:SPEC", _spec("toy")),
+    _entry("broken", "pkg.broken:MISSING", ImportError("No module named 'pkg.broken'")),
+  )
+  original = pathlib.Path(__file__).resolve().parents[2] / "models/fc_mnist/configs/params_fc_mnist.yaml"
+  text = original.read_text()
+  path = tmp_path / "p.yaml"
+  path.write_text(text.replace("name: fc_mnist", "name: toyy"))
+  assert path.read_text() != text
+  with pytest.raises(
+    ConfigError, match=r"p.yaml: line \d+: model.name: unknown model 'toyy'\. Did you mean 'toy'"
+  ):
+    runner.load_plan(str(path))
+  with pytest.raises(
+    ConfigError, match=r"model.name \(from override 'model.name=toyy'\): unknown model 'toyy'\. Did you mean"
+  ):
+    runner.load_plan(str(original), ["model.name=toyy"])

@@ -380,7 +380,14 @@ def validate_params(
   if data.get("model") is None:
     problems.append(Problem(("model",), "required section is missing"))
   if not problems:
-    params = Params(**sections, source=source, lines=dict(lines or {}), release=release, notes=tuple(notes))
+    params = Params(
+      **sections,
+      source=source,
+      lines=dict(lines or {}),
+      origins=tuple(origins),
+      release=release,
+      notes=tuple(notes),
+    )
     problems = params.problems()
   if problems:
     raise ConfigError([_locate(p, lines, origins, renames) for p in problems], source)

@@ -151,6 +151,8 @@ class Params(BaseModel):
     source: the file it came from.
     lines: the loader's line map, ``{key path: 1-based line}`` of the file as written (empty for a
       mapping); `line` reads it.
+    origins: ``(key path prefix, origin)`` pairs, latest first: the values under the prefix came from
+      ``origin`` (``"override 'model.name=x'"``, a flag), not from the file; `origin` reads it.
     release: the Model Zoo release the file was written for and the defaults that follow from it
       (`wafer.config.modelzoo.Release`); None for a mapping validated without the loader.
     notes: what the loader inferred, ignored and translated, and the release's defaults, one line each
@@ -168,12 +170,17 @@ class Params(BaseModel):
   sparsity: SparsityConfig | None = None
   source: str | None = None
   lines: dict[tuple[str | int, ...], int] = Field(default_factory=dict, exclude=True, repr=False)
+  origins: tuple[tuple[tuple[str | int, ...], str], ...] = Field(default=(), exclude=True, repr=False)
   release: Any = Field(default=None, exclude=True)
   notes: tuple[str, ...] = Field(default=(), exclude=True)
 
   def line(self, *loc: str | int) -> int | None:
     """The line of key path ``loc`` in the file as written (``params.line("model", "name")``), or None."""
     return self.lines.get(tuple(loc))
+
+  def origin(self, *loc: str | int) -> str | None:
+    """The override (or flag) that set key path ``loc``, or None when its value is the file's."""
+    return next((o for prefix, o in self.origins if tuple(loc)[: len(prefix)] == prefix), None)
 
   @property
   def fp16_type(self) -> str | None:
