@@ -87,6 +87,12 @@ PAIRS = (
   # held out (one student's sweep, 2025-12) against ALCF's batch-1024 run of the same params file
   ("LLaMA-2 7B CS-3, batch 1024 / 32", "E8", "N01", "batch sweep (2025-10 vs 2025-12)"),
   ("LLaMA-2 7B CS-3, batch 128 / 32", "N03", "N01", "batch sweep (one log)"),
+  # the HPEC 2024 paper's sweeps (one CS-2, one paper): each model's largest batch against its smallest
+  ("GPT-3 256M, batch 1024 / 128", "F02", "B01", "batch sweep (one paper; blind)"),
+  ("GPT-3 2.7B, batch 1024 / 128", "F06", "B03", "batch sweep (one paper; blind)"),
+  ("GPT-3 20B, batch 1024 / 128", "F12", "B06", "batch sweep (one paper; blind)"),
+  ("BERT-large SST-2, batch 16384 / 128", "D11", "B08", "batch sweep (one paper; blind)"),
+  ("BERT-base SST-2, batch 16384 / 128", "D17", "D12", "batch sweep (one paper; blind)"),
 )
 
 
@@ -318,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
       f"blind_{p}": _summary(
         [abs(r["in_sample_log_ratio"]) for r in rows if r["blind"] and r["id"].startswith(p)]
       )
-      for p in ("B", "D")
+      for p in ("B", "D", "F")
     },
   }
   # the band: calibrated on leave-one-family-out errors, ln(measured / predicted)
@@ -418,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     ("held_out_family_out", "  the same, family out"),
     ("blind_B", "blind B01-B10 (structure), in sample"),
     ("blind_D", "blind D01-D17 (held out), in sample"),
+    ("blind_F", "blind F01-F12 (held out), in sample"),
   ):
     print(f"  {label + ':':<42}{_fmt(summary[key])}")
   print(

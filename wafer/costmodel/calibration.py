@@ -403,13 +403,13 @@ class Accuracy:
 
 
 ACCURACY = Accuracy(
-  points=54,
-  median=0.103,
+  points=66,
+  median=0.087,
   worst=0.916,
-  band=(0.7873, 1.257),
-  coverage=36 / 54,
-  placed_coverage=39 / 54,
-  held_out=17,
-  held_out_median=0.144,
+  band=(0.8004, 1.278),
+  coverage=46 / 66,
+  placed_coverage=50 / 66,
+  held_out=29,
+  held_out_median=0.088,
   held_out_worst=0.872,
 )
