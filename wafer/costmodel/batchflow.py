@@ -118,6 +118,8 @@ def out_axes(eqn: Any, ins: Sequence[Axes | None], batch: int | None = None) -> 
   outs = eqn.outvars
   prim = eqn.primitive.name
   p = eqn.params
+  if not outs:  # an effect with no result (jax.debug.print or callback of the batch): nothing to follow
+    return []
   if prim == "broadcast_in_dim":
     dims = p["broadcast_dimensions"]
     res = {dims[a] for a in ins[0]}

@@ -28,6 +28,7 @@ from wafer.costmodel.streaming import (
   StreamingResult,
   cost_micro_batches,
   micro_batch_candidates,
+  ordinal,
   supported_micro_batch,
 )
 from wafer.errors import EstimateError, TraceError
@@ -277,6 +278,10 @@ def estimate(
     compute_format = getattr(policy, "compute", None) or "cbfloat16"
   compute = _format("compute_format", compute_format)
   accumulate = _accumulate_format(accumulate_format, compute)
+  if (
+    scaling not in graph_mod.SCALINGS
+  ):  # (extract's own check is a TraceError: an argument here is an EstimateError)
+    raise EstimateError(f"scaling={scaling!r}; allowed: {', '.join(map(repr, graph_mod.SCALINGS))}")
   calib = calibration or CALIBRATION
   if not isinstance(calib, Calibration):
     raise EstimateError(f"calibration={calib!r}; allowed: a wafer.costmodel.Calibration")
@@ -492,6 +497,17 @@ def estimate_graph(
   seq = graph.sequence_length
   if chosen == "pipeline":
     assert pipe is not None
+    fed = sys_.io_bytes_per_sec / graph.input_bytes_per_sample if graph.input_bytes_per_sample else math.inf
+    if (
+      pipe.fits
+      and fed <= pipe.transmission_samples_per_sec * (1 + 1e-9)
+      and fed <= pipe.compute_samples_per_sec
+    ):
+      notes.append(
+        f"the rate is the system's input I/O, not a kernel's: {graph.input_bytes_per_sample:,.0f} B of input "
+        f"per sample at {sys_.io_bytes_per_sec / 1e9:,.0f} GB/s feed {fed:,.1f} samples/s, below "
+        "every kernel's rate"
+      )
     return _pipeline_report(pipe, ws, graph, common, notes, seq)
   assert ws is not None
   return _streaming_report(
@@ -861,7 +877,7 @@ def _pipeline_report(
         _finite(trans),
         area,
         util,
-        k.count * k.matmul_flops(1 / graph.traced_batch, ("fwd", "bwd")),
+        k.count * k.model_flops(1 / graph.traced_batch),
         k.count * k.weight_bytes(),
         area / total_area,
       )
@@ -955,7 +971,15 @@ def _not_fitting(
     remedy = f"micro_batch_size {largest}, the largest that fits, runs at {rate:,.1f} samples/s"
   else:
     room = _more_room(machine.chip, grid)
-    remedy = f"no micro-batch fits: a shorter sequence, or fewer activations kept for the backward pass{room}"
+    if no is not None and no.kind == "tile":  # one layer's weight, not the activations, is too large
+      remedy = (
+        f"no micro-batch fits: the weight tile of {no.reason.split(':')[0]} does not fit a PE even at micro-batch 1; "
+        f"split that layer into smaller products (its output or contraction axis){room}"
+      )
+    else:
+      remedy = (
+        f"no micro-batch fits: a shorter sequence, or fewer activations kept for the backward pass{room}"
+      )
   return remedy, out
 
 
@@ -1018,7 +1042,7 @@ def _streaming_report(
         batch / r.io_s if r.io_s else None,
         width * height,
         r.compute_s / r.time_s if r.time_s else 0.0,
-        k.count * k.matmul_flops(1 / graph.traced_batch, ("fwd", "bwd")),
+        k.count * k.model_flops(1 / graph.traced_batch),
         r.weight_bytes,
         r.time_s / res.step_s,
       )
@@ -1047,7 +1071,7 @@ def _streaming_report(
       "attention": "attention runs fused: its scores are never stored and each layer's backward recomputes them",
       "layers": "only the layer boundaries and the head's input are kept and each layer's forward runs again "
       "before its backward",
-      "spans": f"even the layer boundaries do not fit: only every {res.span}th is kept, each span of "
+      "spans": f"even the layer boundaries do not fit: only every {ordinal(res.span)} is kept, each span of "
       f"{res.span} layers runs forward again to rebuild its boundaries, and each layer once more before its "
       "backward (Chen et al. 2016, https://arxiv.org/abs/1604.06174)",
     }[res.recomputed]

@@ -102,6 +102,8 @@ class Matmul:
       about w / s for a sliding window of w, 1 / blocks for a block-diagonal one; 0.5 for a causal
       mask whose value is not known at trace time. Its row work scales with it
       (`wafer.costmodel.mesh.attention_cycles`).
+    recomputed: a product of a forward pass the step recomputes in its backward (``jax.checkpoint``):
+      it takes time, but it is not one of the model's FLOPs (`Graph.flops_per_sample`).
   """
 
   phase: str
@@ -112,6 +114,7 @@ class Matmul:
   bits: int
   weight: bool
   kept: float = 1.0
+  recomputed: bool = False
 
   @property
   def masked(self) -> bool:
@@ -169,8 +172,13 @@ class Kernel:
   saved_core: set[int] = dataclasses.field(default_factory=set)
 
   def matmul_flops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
-    """Matrix-product FLOP of one instance at ``batch = ratio * b0``."""
+    """Matrix-product FLOP of one instance at ``batch = ratio * b0``: the work, recomputation included."""
     return sum(mm.flops(ratio) for mm in self.matmuls if mm.phase in phases)
+
+  def model_flops(self, ratio: float) -> float:
+    """The model's matrix-product FLOP of one instance (forward + backward) at ``batch = ratio * b0``:
+    `matmul_flops` without a forward pass the step recomputes (``jax.checkpoint``)."""
+    return sum(mm.flops(ratio) for mm in self.matmuls if mm.phase in ("fwd", "bwd") and not mm.recomputed)
 
   def flops_by_format(self, ratio: float, phases: Sequence[str] = PHASES) -> dict[int, float]:
     """``bits -> FLOP`` (matrix products at 2 FLOP per MAC, element-wise ops at 1 per element)."""
@@ -254,9 +262,15 @@ class Graph:
   param_arrays: int = 0
 
   def flops_per_sample(self, phases: Sequence[str] = ("fwd", "bwd")) -> float:
-    """Matrix-product FLOP per sample (all kernel instances), the 'model FLOPs'."""
+    """Matrix-product FLOP per sample (all kernel instances), the 'model FLOPs': a forward pass the
+    step recomputes (``jax.checkpoint``) is not counted again."""
     ratio = 1.0 / self.traced_batch
-    return sum(k.count * k.matmul_flops(ratio, phases) for k in self.kernels)
+    return sum(
+      k.count * mm.flops(ratio)
+      for k in self.kernels
+      for mm in k.matmuls
+      if mm.phase in phases and not mm.recomputed
+    )
 
   @property
   def training(self) -> bool:
@@ -1262,6 +1276,7 @@ def _add_site(
         bits,
         weight=bool(s.weight_roots),
         kept=kept,
+        recomputed=s.recomputed,
       )
     )
   else:

@@ -294,10 +294,13 @@ class Report:
     span = d.get("micro_batch_range")
     if span:
       (lo_mb, hi_mb), (lo, hi) = span["sizes"], span["samples_per_sec"]
-      lines.append(
-        f" {'Micro-batch:':<16}searched: {self.micro_batch_size} is the fastest of {span['count']} feasible "
-        f"sizes ({lo_mb}-{hi_mb}), which give {_rate(lo)}-{_rate(hi)} samples/s"
-      )
+      if span["count"] == 1:
+        lines.append(f" {'Micro-batch:':<16}searched: {self.micro_batch_size}, the one feasible size")
+      else:
+        lines.append(
+          f" {'Micro-batch:':<16}searched: {self.micro_batch_size} is the fastest of {span['count']} feasible "
+          f"sizes ({lo_mb}-{hi_mb}), which give {_rate(lo)}-{_rate(hi)} samples/s"
+        )
     if self.batch_arguments:
       lines.append(f" {'Batch args:':<16}{', '.join(self.batch_arguments)}")
     if d.get("sequence_length"):

@@ -109,6 +109,7 @@ __all__ = (
   "activation_memory",
   "cost_micro_batches",
   "micro_batch_candidates",
+  "ordinal",
   "supported_micro_batch",
   "supported_micro_batches",
   "weight_streaming",
@@ -175,6 +176,16 @@ class ActivationMemory:
     return {"": self.full, "attention": self.attention, "layers": self.checkpointed, "spans": self.nested}[
       level
     ]
+
+
+def ordinal(n: int) -> str:
+  """``1st``, ``2nd``, ``3rd``, ``4th``, ``11th``, ``21st``: for "every 3rd boundary".
+
+  >>> [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 102)]
+  ['1st', '2nd', '3rd', '4th', '11th', '12th', '13th', '21st', '102nd']
+  """
+  suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+  return f"{n}{suffix}"
 
 
 def _blocks(graph: Graph) -> list[list[Kernel]]:
@@ -343,11 +354,24 @@ def supported_micro_batch(batch: int, requested: int) -> int:
   >>> supported_micro_batch(337, 168), supported_micro_batch(1024, 256), supported_micro_batch(8, 3)
   (169, 256, 3)
   """
-  return min(supported_micro_batches(batch), key=lambda v: (abs(v - requested), -v))
+  # ceil(batch / n) falls as n grows: the sizes either side of ``requested`` are those of
+  # n = ceil(batch / requested) (at most it) and n - 1 (above it); no list of every size is needed
+  requested = min(max(int(requested), 1), batch)
+  n = -(-batch // requested)
+  sizes = [-(-batch // n)] + ([-(-batch // (n - 1))] if n > 1 else [])
+  return min(sizes, key=lambda v: (abs(v - requested), -v))
+
+
+_ENUMERATED = 10**7
+"""Up to this many samples per system the micro-batch search thins the list of every supported size;
+above it (a list of millions), it picks the sizes nearest log-spaced targets directly."""
 
 
 def micro_batch_candidates(batch: int, limit: int = 200) -> list[int]:
   """`supported_micro_batches`, thinned to about ``limit`` roughly log-spaced sizes (``batch`` included)."""
+  if batch > _ENUMERATED:  # (2 sqrt(batch) sizes: a batch of 10**12 took 90 s, 2**63 never ended)
+    targets = (math.exp(math.log(batch) * i / (limit - 1)) for i in range(limit))
+    return sorted({1, batch} | {supported_micro_batch(batch, round(t)) for t in targets})
   sizes = supported_micro_batches(batch)
   if len(sizes) <= limit:
     return sizes
@@ -398,7 +422,7 @@ def _evaluate(
       else "; nothing to recompute"
     )
     if mem.recomputable and mem.nested < mem.checkpointed:
-      how += f"; {mem.nested / 1e9:.3g} GB keeping every {mem.span}th boundary"
+      how += f"; {mem.nested / 1e9:.3g} GB keeping every {ordinal(mem.span)} boundary"
     return Rejection(
       f"activations kept for the backward pass ({mem.full / 1e9:.3g} GB{how}) exceed the rectangle's "
       f"SRAM for tensors ({capacity / 1e9:.3g} GB)",

@@ -145,6 +145,9 @@ class Site:
   # could not follow them (`Walker.batch_unknown`)
   batch_exps: tuple[int, ...] | None = None
   batch_per_sample: bool = False
+  # a forward pass the step recomputes in its backward (``jax.checkpoint``, ``nn.remat``): time, but
+  # not model FLOPs
+  recomputed: bool = False
 
   @property
   def masked(self) -> bool:
@@ -200,6 +203,7 @@ class Walker:
     self._memo: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
     self._literals: dict[tuple[Any, ...], np.ndarray] = {}
     self.eqn_count = 0
+    self.rematted = 0  # depth of jax.checkpoint's recomputed forward around the equation walked
     # key -> the axes of its value that carry the batch (`wafer.costmodel.batchflow`); the first
     # equation whose batch axes could not be followed, if any
     self.baxes: dict[int, frozenset[int]] = {}
@@ -249,7 +253,13 @@ class Walker:
       ins = tuple(None if isinstance(v, compat.Literal) else env.get(v) for v in eqn.invars)
       refs = tuple(self._ref(v, env, literal) for v in eqn.invars)
       e_scopes, e_transposed = self._context(eqn, scopes, transposed)
-      outs = self._eqn(eqn, ins, refs, e_scopes, e_transposed, mult)
+      stack = getattr(eqn.source_info.name_stack, "stack", ())
+      recomputing = any(str(getattr(item, "name", "")) == "rematted_computation" for item in stack)
+      self.rematted += recomputing
+      try:
+        outs = self._eqn(eqn, ins, refs, e_scopes, e_transposed, mult)
+      finally:
+        self.rematted -= recomputing
       for var, key in zip(eqn.outvars, outs):
         env[var] = key
     return [None if isinstance(v, compat.Literal) else env.get(v) for v in jaxpr.outvars]
@@ -574,6 +584,7 @@ class Walker:
         kept,
         exps,
         per_sample,
+        self.rematted > 0,
       )
     )
 
@@ -1225,6 +1236,43 @@ def _matmul_measures(eqn: Any) -> tuple[float, float, float, float]:
   return (
     float(groups),
     float(n_batch * out_pixels),
-    float(c_in // max(groups, 1) * window),
+    float(c_in // max(groups, 1) * window) * _real_tap_fraction(eqn),
     float(c_out // max(groups, 1)),
   )
+
+
+def _real_tap_fraction(eqn: Any) -> float:
+  """The share of a convolution's (output pixel, window tap) pairs that meet an input element and not
+  one of the zeros ``lhs_dilation`` puts between them (the input gradient of a stride-``s`` convolution
+  is one over its gradient dilated ``s``-fold: about ``1 / s`` of the taps per axis are real, and no
+  compiler multiplies the rest). Padding is counted as before (as work); 1.0 without dilation.
+
+  Per spatial axis: output position ``o`` and tap ``t`` read the dilated, padded input at
+  ``q = o * stride + t * rhs_dilation - pad_lo``; inside ``[0, (size - 1) * d]`` it is real when
+  ``q % d == 0``. The axes are independent, so the share is the product of the axes' shares.
+  """
+  p = eqn.params
+  dilation = tuple(p.get("lhs_dilation") or ())
+  if not dilation or all(d == 1 for d in dilation):
+    return 1.0
+  dn = p["dimension_numbers"]
+  lhs, rhs, out = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape, eqn.outvars[0].aval.shape
+  strides = tuple(p.get("window_strides") or (1,) * len(dilation))
+  rhs_dilation = tuple(p.get("rhs_dilation") or (1,) * len(dilation))
+  share = 1.0
+  for i, d in enumerate(dilation):
+    if d == 1:
+      continue
+    size, taps, outs = lhs[dn.lhs_spec[2 + i]], rhs[dn.rhs_spec[2 + i]], out[dn.out_spec[2 + i]]
+    pad_lo = p["padding"][i][0]
+    extent = (size - 1) * d
+    if outs * taps > 1 << 18:  # a long axis: the interior's share, 1 / d, to within its edges
+      share /= d
+      continue
+    holes = 0
+    for o in range(outs):  # (outs x taps: counted up to 2**18)
+      for t in range(taps):
+        q = o * strides[i] + t * rhs_dilation[i] - pad_lo
+        holes += 0 <= q <= extent and q % d != 0
+    share *= 1.0 - holes / max(outs * taps, 1)
+  return share

@@ -131,9 +131,33 @@ def test_a_while_over_samples_is_traced_twice():
   assert a.exact_scaling and b.exact_scaling
 
 
+def test_a_step_that_prints_or_logs_its_batch_costs_what_it_costs_without():
+  """``jax.debug.print`` / ``jax.debug.callback`` of a value with the batch axis (an equation with no
+  output) was a bare IndexError in the batch-axis walk; host logging is no wafer work."""
+
+  def plain(w, x):
+    return w - 1e-3 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+
+  def printing(w, x):
+    jax.debug.print("x {x}", x=x)
+    jax.debug.callback(lambda v: None, x)
+    return plain(w, x)
+
+  args = (jax.ShapeDtypeStruct((64, 64), jnp.float32), jax.ShapeDtypeStruct((16, 64), jnp.float32))
+  walker, traced, followed = _exps_two_traces(printing, args, (1,))
+  assert walker.batch_unknown is None and followed == traced
+  want, got = estimate(plain, *args), estimate(printing, *args)
+  assert got.samples_per_sec == pytest.approx(want.samples_per_sec, rel=1e-9)
+
+
 def test_unknown_scaling_is_refused():
   with pytest.raises(G.TraceError, match="scaling="):
     G.extract(lambda x: x * 2, (jnp.ones((2, 3)),), batch_argnums=(0,), compute_bits=16, scaling="guess")
+  # wafer.estimate's arguments are EstimateErrors, as its docstring says (it was extract's TraceError)
+  from wafer.errors import EstimateError
+
+  with pytest.raises(EstimateError, match="scaling='guess'; allowed: 'traced', 'dataflow'"):
+    estimate(lambda x: (x * 2).sum(), jnp.ones((2, 3)), scaling="guess")
 
 
 # -- the shipped configs: the estimate --validate_only writes is the two traces' one --

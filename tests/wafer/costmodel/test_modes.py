@@ -250,6 +250,22 @@ def test_supported_micro_batches_are_the_even_splits_of_the_batch(batch):
     assert (n_micro - 1) * mb < batch <= n_micro * mb  # no micro-batch is empty
 
 
+@hypothesis.settings(max_examples=80, deadline=None)
+@hypothesis.given(batch=st.integers(1, 3000), requested=st.integers(-5, 3100))
+def test_the_nearest_supported_size_is_found_without_listing_every_size(batch, requested):
+  """`supported_micro_batch` no longer lists every size (2 sqrt(batch) of them: a batch of 10**12
+  took 90 s, 2**63 never ended): it equals the nearest of the full list, the larger on a tie."""
+  brute = sorted({-(-batch // n) for n in range(1, batch + 1)})
+  want = min(brute, key=lambda v: (abs(v - min(max(requested, 1), batch)), -v))
+  assert supported_micro_batch(batch, requested) == want
+
+
+def test_an_absurd_batch_is_answered_not_searched_forever():
+  for batch in (10**12, 2**63):
+    report = _mlp_estimate([64, 64], 8, tokens=1, mode="weight_streaming", batch_size=batch)
+    assert report.fits and 1 <= report.micro_batch_size <= batch and report.samples_per_sec > 0
+
+
 def test_a_micro_batch_that_does_not_split_evenly_is_replaced_by_the_nearest_even_one():
   assert supported_micro_batch(337, 168) == 169  # the Cerebras docs' example
   report = _mlp_estimate([64, 256, 64], 10, tokens=16, mode="weight_streaming", micro_batch_size=7)

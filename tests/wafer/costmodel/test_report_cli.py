@@ -235,6 +235,15 @@ def test_cli_lists_workloads(capsys):
     (["estimate"], "--workload NAME"),
     (["estimate", "--params", "params.yaml"], "params.yaml: cannot read the params file"),
     (["estimate", "--workload", "gpt2_small", "model.hidden_size=64"], "overrides change a --params file"),
+    # a value the workload's published run set is named as its, not as a flag the user did not give
+    (
+      ["estimate", "--workload", "bert_large_pipelined", "--num_csx", "2"],
+      "--num_csx 2 with mode 'pipeline' (workload bert_large_pipelined's published run)",
+    ),
+    (
+      ["estimate", "--workload", "llama3_8b_prefill", "--num_csx", "2"],
+      "batch_size 1 (workload llama3_8b_prefill's published run): ",
+    ),
   ],
 )
 def test_cli_errors_print_a_message_not_a_traceback(argv, message, capsys):

@@ -201,3 +201,60 @@ def test_a_model_that_does_not_fit_is_told_what_would_give_it_room(system, rect)
   assert report.remedy.startswith("no micro-batch fits")
   assert ("(wse3)" in report.remedy) == (system != "wse3" and rect is None), report.remedy
   assert ("larger rect=" in report.remedy) == (rect is not None), report.remedy
+
+
+def test_the_micro_batch_line_reads_as_english_for_one_feasible_size_and_every_kth_boundary():
+  """It said "1 is the fastest of 1 feasible sizes (1-1), which give 9.56-9.56 samples/s", and
+  "every 3th boundary"."""
+  from wafer.costmodel.streaming import ordinal
+
+  graph = _mlp((64, 64, 64), 1)
+  text = estimate_graph(graph, batch_size=1, mode="weight_streaming").to_text()
+  line = next(x for x in text.splitlines() if "Micro-batch:" in x)
+  assert "the one feasible size" in line and "of 1 feasible" not in line, line
+  assert [ordinal(n) for n in (1, 2, 3, 4, 11, 13, 22, 101, 111)] == [
+    "1st", "2nd", "3rd", "4th", "11th", "13th", "22nd", "101st", "111th"
+  ]  # fmt: skip
+
+
+def test_a_pipelined_rate_set_by_the_input_io_says_so():
+  """In layer-pipelined mode the system's input I/O can set the rate, below every kernel's; the
+  report showed a Transmission rate that no row had and said nothing."""
+  import jax
+  import jax.numpy as jnp
+
+  import wafer
+
+  def infer(p, x):
+    h = x
+    for i, w in enumerate(p):
+      with jax.named_scope(f"fc{i}"):
+        h = jnp.tanh(h @ w)
+    return h
+
+  d, f32 = 2048, jnp.float32
+  r = wafer.estimate(
+    infer, [jax.ShapeDtypeStruct((d, d), f32)] * 2, jax.ShapeDtypeStruct((65536, d), f32), mode="pipeline"
+  )
+  note = next((n for n in r.notes if "input I/O" in n), None)
+  assert note is not None, r.notes
+  fed = float(re.search(r"feed ([\d,.]+) samples/s", note)[1].replace(",", ""))
+  assert fed == pytest.approx(r.samples_per_sec, rel=1e-3)
+  assert all(k.samples_per_sec is None or k.samples_per_sec > r.samples_per_sec for k in r.kernels)
+
+
+def test_a_layer_too_large_for_any_tile_is_told_to_split_it_not_to_shorten_a_sequence():
+  import jax
+  import jax.numpy as jnp
+
+  import wafer
+
+  def step(w, x):
+    return w - 1e-3 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+
+  d, f32 = 131072, jnp.float32
+  r = wafer.estimate(
+    step, jax.ShapeDtypeStruct((d, d), f32), jax.ShapeDtypeStruct((1024, d), f32), system="wse3"
+  )
+  assert not r.fits
+  assert "split that layer" in r.remedy and "shorter sequence" not in r.remedy, r.remedy
