@@ -148,6 +148,7 @@ def _workload_conditions(args: argparse.Namespace, w: Any) -> dict[str, Any]:
     notes.append(f"workload {w.name}: not the published run's {'; '.join(dropped)}")
   args.workload_notes = notes
   args.workload_mode = pinned.get("mode") if "mode" not in given else None
+  args.workload_pinned = (w.name, {k for k in pinned if k not in given} | ({"batch_size"} - given))
   return pinned
 
 
@@ -155,15 +156,30 @@ _ARGUMENT = re.compile(rf"(?<![\w.])({'|'.join((*_RUN_FLAGS, 'batch_size'))})=(?
 """``name=value`` of a `wafer.estimate` argument that a `wafer estimate` flag sets (`_as_flags`)."""
 
 
-def _as_flags(text: str) -> str:
+def _as_flags(text: str, workload: tuple[str, set[str]] | None = None) -> str:
   """``wafer.estimate``'s wording of its arguments (``num_csx=2``, ``mode='pipeline'``) as the flags a
   `wafer estimate` user types (``--num_csx 2``, ``--mode pipeline``); a params key (``train_input.
-  micro_batch_size=``) is left as it is.
+  micro_batch_size=``) is left as it is, and so is an argument a workload's published run set
+  (``workload``: its name and those arguments), which says so instead of naming a flag not given.
 
   >>> print(_as_flags("num_csx=2 with mode='pipeline' (use mode='weight_streaming'); train_input.batch_size=3"))
   --num_csx 2 with --mode pipeline (use --mode weight_streaming); train_input.batch_size=3
+  >>> print(_as_flags("num_csx=2 with mode='pipeline' (use mode='weight_streaming')", ("bert", {"mode"})))
+  --num_csx 2 with mode 'pipeline' (workload bert's published run) (use --mode weight_streaming)
   """
-  return _ARGUMENT.sub(lambda m: f"--{m[1]} {(m[2] if m[2] is not None else m[3]) or chr(39) * 2}", text)
+  name, pinned = workload or ("", set())
+  said: set[str] = set()
+
+  def flag(m: re.Match) -> str:
+    value = (m[2] if m[2] is not None else m[3]) or chr(39) * 2
+    if m[1] in pinned and m[1] not in said:  # the run's value, said once (a later one is advice: a flag)
+      said.add(m[1])
+      colon = ":" if value.endswith(":") else ""
+      value = value.removesuffix(":")
+      return f"{m[1]} {value if m[2] is None else repr(value)} (workload {name}'s published run){colon}"
+    return f"--{m[1]} {value}"
+
+  return _ARGUMENT.sub(flag, text)
 
 
 def _chip_name(system: Any) -> str:
@@ -651,7 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if message is None:
       raise
     if args.command == "estimate":  # wafer.estimate's argument checks, in the flags' wording
-      message = _as_flags(message)
+      message = _as_flags(message, getattr(args, "workload_pinned", None))
     print(f"wafer {args.command}: error: {message}", file=sys.stderr)
     return USER_ERROR_EXIT
 

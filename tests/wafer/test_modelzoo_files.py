@@ -160,6 +160,12 @@ def test_dynamic_mlm_scale_translates_and_half_type_follows_the_release():
   assert trainer.release.half_dtype == "bfloat16" and trainer.policy().compute.name == "bfloat16"
   given = load_params(DATA / "R_1.6.0" / "bert" / "bert_base_msl128.yaml", ["runconfig.modelzoo_release=2.4"])
   assert given.policy().compute.name == "bfloat16"
+  # a release that does not exist picked 1.x/2.0 defaults without a word, and a later estimate blamed --release
+  for bad in ("banana", "3.0"):
+    with pytest.raises(
+      ConfigError, match=r"runconfig.modelzoo_release \(from override .*\): .*allowed: '2.x'"
+    ):
+      load_params(DATA / "R_1.6.0" / "bert" / "bert_base_msl128.yaml", [f"runconfig.modelzoo_release={bad}"])
 
 
 def test_a_model_that_cannot_be_inferred_says_what_would_decide_it(tmp_path):

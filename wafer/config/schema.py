@@ -175,6 +175,21 @@ class RunConfig(Section):
   save_losses: bool = False
   use_cs_grad_accum: bool = False
 
+  @field_validator("modelzoo_release")
+  @classmethod
+  def _release(cls, v: str | float | None) -> str | float | None:
+    """A release the cost model (`wafer.costmodel.release.parse_release`, the one reader of release
+    names) knows: a typo here would silently pick the wrong release's defaults."""
+    if v is not None:
+      from wafer.costmodel.release import parse_release
+      from wafer.errors import EstimateError
+
+      try:
+        parse_release(v)
+      except EstimateError as e:
+        raise ValueError(str(e).removeprefix(f"release={v!r}").lstrip(":; ") or str(e)) from None
+    return v
+
   @field_validator("model_dir")
   @classmethod
   def _model_dir(cls, v: str) -> str:
