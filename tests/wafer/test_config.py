@@ -766,3 +766,19 @@ def test_a_null_override_restores_the_default_of_a_key_that_takes_no_null() -> N
   assert micro is None  # null is one of micro_batch_size's values
   with pytest.raises(ConfigError, match="train_input.batch_size .*required key is missing"):
     load_params(FC, ["train_input.batch_size=null"])
+
+
+def test_a_model_vocabulary_smaller_than_the_datas_is_refused_before_any_work():
+  """``--validate_only model.vocab_size=100`` passed; the run then stopped at the first token id
+  >= 100. Both sizes are in the file: the check needs no data. One problem, however many sections."""
+  path = pathlib.Path(__file__).resolve().parents[2] / "models/bert/configs/params_bert_tiny_default.yaml"
+  with pytest.raises(ConfigError) as info:
+    load_params(path, ["model.vocab_size=100"])
+  text = str(info.value)
+  assert text.count("must be at least") == 1, text
+  assert (
+    "model.vocab_size (from override 'model.vocab_size=100'): must be at least train_input.vocab_size" in text
+  )
+  assert (
+    load_params(path, ["model.vocab_size=9000"]).model.vocab_size == 9000
+  )  # a larger model vocabulary is fine

@@ -247,6 +247,7 @@ class Params(BaseModel):
             "of each other.",
           )
         )
+    vocab: tuple[str, int] | None = None  # the largest data vocabulary of the sections the mode reads
     for name, modes in (("train_input", TRAIN_MODES), ("eval_input", EVAL_MODES)):
       section = getattr(self, name)
       if (
@@ -257,7 +258,10 @@ class Params(BaseModel):
       split = batch_split_problem(b, n)
       if split is not None:
         out.append(Problem((name, "batch_size"), split, b))
-      elif isinstance(section.micro_batch_size, int) and (b // n) % section.micro_batch_size:
+      data_vocab = getattr(section, "vocab_size", None)
+      if isinstance(data_vocab, int) and data_vocab > (vocab[1] if vocab else 0):
+        vocab = (name, data_vocab)
+      if split is None and isinstance(section.micro_batch_size, int) and (b // n) % section.micro_batch_size:
         out.append(
           Problem(
             (name, "micro_batch_size"),
@@ -266,6 +270,16 @@ class Params(BaseModel):
             section.micro_batch_size,
           )
         )
+    model_vocab = getattr(self.model, "vocab_size", None)
+    if vocab is not None and isinstance(model_vocab, int) and vocab[1] > model_vocab:
+      out.append(  # the run stops at the first token id >= model.vocab_size: say it before any work
+        Problem(
+          ("model", "vocab_size"),
+          f"must be at least {vocab[0]}.vocab_size = {vocab[1]}, the data's vocabulary (its token ids run to "
+          f"{vocab[1] - 1}); set both to the tokenizer's size",
+          model_vocab,
+        )
+      )
     try:
       policy = self.policy()
     except PolicyError as e:
