@@ -281,9 +281,10 @@ def module_state_errors(fn: Callable[..., Any], caller: str, *, writing_back: bo
       raise TypeError(
         f"{caller}({fn_name(fn)}) runs inside a JAX transformation (jax.jit, jax.grad, ...) that was "
         "not given the NNX module it changes (BatchNorm statistics, the Rngs counts of dropout): the new "
-        "state is a value of that trace and cannot be written into the module outside it. Use nnx.jit "
-        "(or nnx.grad, ...), which carries the module through: nnx.jit(lambda model, x: "
-        f"{caller}(model, policy)(x))(model, x); or call model.eval() when nothing should change"
+        "state is a value of that trace and cannot be written into the module outside it. Pass the module "
+        "as an argument of the transformation, with nnx.jit (or nnx.grad, ...), which carries it through "
+        f"(jax.jit cannot): nnx.jit(lambda model, x: {caller}(model, policy)(x))(model, x); or call "
+        "model.eval() when nothing should change"
       ) from exc
     raise TypeError(
       f"{caller}({fn_name(fn)}): it changes an NNX module that it reads from outside its arguments "

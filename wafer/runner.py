@@ -81,13 +81,7 @@ def load_plan(
     return plan(params)
   except (registry.UnknownModelError, registry.PluginError) as error:  # (a plugin's: the model may be its)
     raise ConfigError(
-      Problem(
-        ("model", "name"),
-        str(error).removeprefix("model.name: "),
-        params.model.name,
-        line=None if params.origin("model", "name") else params.line("model", "name"),
-        source=params.origin("model", "name"),
-      ),
+      params.locate(Problem(("model", "name"), str(error).removeprefix("model.name: "), params.model.name)),
       params.source,
     ) from None
 

@@ -349,9 +349,12 @@ def sparsify(
         if s and int(i) == gi
       ]
       if not chosen:  # a level of 0 (or a selection that names no tensor): the group does nothing
-        parts.append(
-          f"no tensor of {len(leaves)} is sparse (sparsity 0 or none selected): {group.algorithm} has no effect"
-        )
+        if len(groups) == 1:
+          parts.append(
+            f"no tensor of {len(leaves)} is sparse (sparsity 0 or none selected): {group.algorithm} has no effect"
+          )
+        else:
+          parts.append(f"group {gi} ({group.algorithm}) makes no tensor sparse (sparsity 0 or none selected)")
         continue
       total = sum(n for n, _ in chosen)
       kept = sum(keep_count(n, s, group.rounding) for n, s in chosen)

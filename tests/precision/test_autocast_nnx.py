@@ -137,7 +137,10 @@ def test_a_module_changed_inside_a_jax_jit_that_was_not_given_it_says_to_use_nnx
 
   x = jax.random.normal(jax.random.key(1), (4, 16))
   net = Net(nnx.Rngs(0))
-  with pytest.raises(TypeError, match=r"autocast\(Net\) runs inside a JAX transformation.*Use nnx\.jit"):
+  with pytest.raises(
+    TypeError,
+    match=r"autocast\(Net\) runs inside a JAX transformation.*Pass the module as an argument.*nnx\.jit",
+  ):
     jax.jit(precision.autocast(net, "c=cb16"))(x)
   fixed = Net(nnx.Rngs(0))
   got = nnx.jit(lambda model, x: precision.autocast(model, "c=cb16")(x))(fixed, x)

@@ -332,3 +332,22 @@ def test_a_2_1_file_with_use_cs_grad_accum_is_not_called_1x():
   """``runconfig.use_cs_grad_accum`` is in 2.0 and 2.1 files too (Release_2.1.1's sparsity configs)."""
   params = load_params(DATA / "Release_2.1.1/gpt3/sparsity/params_gpt3_125m_rigl75.yaml")
   assert params.release.name == "2.1-2.3", params.release
+
+
+def test_an_unknown_model_name_in_a_trainer_layout_file_is_located_as_written(tmp_path):
+  """A 2.4+ file's model name is ``trainer.init.model.name``: the error named ``model.name`` with
+  neither its line nor the override that set it."""
+  from wafer import runner
+
+  path = DATA / "Release_2.4.3" / "gpt3" / "Cerebras_GPT" / "111m.yaml"
+  with pytest.raises(
+    ConfigError,
+    match=r"trainer.init.model.name \(from override 'trainer.init.model.name=gpt33'\): unknown model 'gpt33'\. Did you mean 'gpt3'",
+  ):
+    runner.load_plan(path, ["trainer.init.model.name=gpt33"])
+  edited = tmp_path / "111m.yaml"
+  edited.write_text(path.read_text().replace('name: "gpt3"', 'name: "gpt33"', 1))
+  with pytest.raises(
+    ConfigError, match=r"111m.yaml: line \d+: trainer.init.model.name: unknown model 'gpt33'"
+  ):
+    runner.load_plan(edited)

@@ -372,3 +372,13 @@ def test_the_note_of_sparsity_zero_says_nothing_is_sparse():
   assert "at sparsity  (" not in note and "masks change" not in note, note
   dense = sparsify(_standard_promotion(optax.sgd(0.1)), _levels(0.5), Group()).describe(params)
   assert "at sparsity 0.5" in dense and "no tensor" not in dense, dense
+  # with several groups, an empty one is named as a group (it said "no tensor of 3 is sparse" next to
+  # "1 tensors of 3 at sparsity 0.5")
+  two = sparsify(
+    _standard_promotion(optax.sgd(0.1)),
+    lambda p: {"w": 0.5, "b": 0.0},
+    [Group(algorithm="rigl"), Group()],
+    group_of=lambda p: {"w": 1, "b": 0},
+  ).describe(params)
+  assert "group 0 (rigl) makes no tensor sparse" in two and "no tensor of" not in two, two
+  assert "1 tensors of 2 at sparsity 0.5" in two, two

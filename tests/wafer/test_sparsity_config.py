@@ -225,12 +225,14 @@ def test_a_sparsity_mistake_an_override_made_names_the_override_and_the_files_ke
   assert re.search(rf"{re.escape(key)} \(from override '{re.escape(override)}'\): {why}", line), line
 
 
-def test_a_sparsity_mistake_in_the_file_names_its_own_line():
+def test_a_sparsity_mistake_in_the_file_names_its_own_line(tmp_path):
   text = RIGL_2_1.read_text().replace("freq: 100", "freq: 0")
   assert text != RIGL_2_1.read_text()
-  data = yaml.safe_load(text)
-  with pytest.raises(ConfigError, match=r"sparsity.schedule.freq: must be at least 1"):
-    load_params(data)
+  path = tmp_path / "p.yaml"
+  path.write_text(text)
+  line = next(i for i, x in enumerate(text.splitlines(), 1) if "freq: 0" in x)
+  with pytest.raises(ConfigError, match=rf"line {line}: sparsity.schedule.freq: must be at least 1"):
+    load_params(path)
 
 
 def test_a_filter_that_matches_nothing_names_the_models_parameters():
@@ -300,3 +302,23 @@ def test_the_other_shrunk_real_sparse_files_train(name, tmp_path):
     ],
   )
   assert summary["final_step"] == 3 and all(math.isfinite(loss) for _, loss in summary["losses"])
+
+
+def test_a_list_of_sparsity_groups_is_located_as_written(tmp_path):
+  """``sparsity: [...]`` is validated as ``{groups: [...]}``: its mistakes were shown as
+  ``sparsity.groups[0]...`` at the ``sparsity:`` line, and an override that made them was not named."""
+  groups = [
+    {"sparsity": 0.5, "algorithm": "set", "update": {"freq": 2}, "param_filter": "*fc*"},
+    {"sparsity": 0.3},
+  ]
+  path = tmp_path / "p.yaml"
+  path.write_text(yaml.safe_dump(_section(groups), sort_keys=False))
+  with pytest.raises(
+    ConfigError, match=r"sparsity\[0\].update.freq \(from override 'sparsity.0.update.freq=0'\)"
+  ):
+    load_params(path, ["sparsity.0.update.freq=0"])
+  text = path.read_text().replace("freq: 2", "freq: 0")
+  path.write_text(text)
+  line = next(i for i, x in enumerate(text.splitlines(), 1) if "freq: 0" in x)
+  with pytest.raises(ConfigError, match=rf"line {line}: sparsity\[0\].update.freq: must be at least 1"):
+    load_params(path)

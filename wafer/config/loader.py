@@ -385,16 +385,17 @@ def validate_params(
       source=source,
       lines=dict(lines or {}),
       origins=tuple(origins),
+      renames=tuple(renames),
       release=release,
       notes=tuple(notes),
     )
     problems = params.problems()
   if problems:
-    raise ConfigError([_locate(p, lines, origins, renames) for p in problems], source)
+    raise ConfigError([locate(p, lines, origins, renames) for p in problems], source)
   return params
 
 
-def _locate(
+def locate(
   p: Problem,
   lines: Mapping[Loc, int],
   origins: Sequence[tuple[Loc, str]],
@@ -494,7 +495,7 @@ def load_params(
     try:
       data, v2_map, found, callbacks = _trainer.convert_all(data)
     except ConfigError as e:  # the file's shape does not convert at all (a list of trainers)
-      raise ConfigError([_locate(p, lines, origins) for p in e.problems], source) from None
+      raise ConfigError([locate(p, lines, origins) for p in e.problems], source) from None
     parsed = [item for item in parsed if item[0][0][0] != "trainer"]
   for (loc, value), text in parsed:
     if loc[0] not in SECTIONS:
@@ -515,7 +516,7 @@ def load_params(
     origins.insert(0, (("runconfig", "mode"), "--mode"))
 
   def where(loc: Loc) -> str:
-    p = _locate(Problem(loc, ""), lines, origins, v2_map)
+    p = locate(Problem(loc, ""), lines, origins, v2_map)
     shown = p.shown_path or dotted(loc)
     return f"{shown} ({p.source or f'line {p.line}'})" if p.source or p.line else shown
 
@@ -529,10 +530,12 @@ def load_params(
     [f"{dotted(loc)} ({_modelzoo.IGNORED[('callback', name)]})" for loc, name in callbacks],
   )
   if adapted.tensorflow:
-    raise ConfigError([_locate(p, lines, origins, v2_map) for p in adapted.problems], source)
+    raise ConfigError([locate(p, lines, origins, v2_map) for p in adapted.problems], source)
   model = adapted.data.get("model")
   name = model.get("name") if isinstance(model, dict) else None
   release = _modelzoo.release_of(adapted.data, trainer_layout=trainer_layout, model=name)
+  if isinstance(adapted.data.get("sparsity"), list):  # validated as {groups: [...]}: shown as written
+    v2_map = [*v2_map, (("sparsity", "groups"), ("sparsity",))]
   try:
     params = validate_params(
       adapted.data,

@@ -152,7 +152,9 @@ class Params(BaseModel):
     lines: the loader's line map, ``{key path: 1-based line}`` of the file as written (empty for a
       mapping); `line` reads it.
     origins: ``(key path prefix, origin)`` pairs, latest first: the values under the prefix came from
-      ``origin`` (``"override 'model.name=x'"``, a flag), not from the file; `origin` reads it.
+      ``origin`` (``"override 'model.name=x'"``, a flag), not from the file.
+    renames: ``(legacy key path prefix, written key path prefix)`` pairs of a trainer-layout file;
+      `locate` reads these, ``origins`` and ``lines``.
     release: the Model Zoo release the file was written for and the defaults that follow from it
       (`wafer.config.modelzoo.Release`); None for a mapping validated without the loader.
     notes: what the loader inferred, ignored and translated, and the release's defaults, one line each
@@ -171,6 +173,9 @@ class Params(BaseModel):
   source: str | None = None
   lines: dict[tuple[str | int, ...], int] = Field(default_factory=dict, exclude=True, repr=False)
   origins: tuple[tuple[tuple[str | int, ...], str], ...] = Field(default=(), exclude=True, repr=False)
+  renames: tuple[tuple[tuple[str | int, ...], tuple[str | int, ...]], ...] = Field(
+    default=(), exclude=True, repr=False
+  )
   release: Any = Field(default=None, exclude=True)
   notes: tuple[str, ...] = Field(default=(), exclude=True)
 
@@ -178,9 +183,12 @@ class Params(BaseModel):
     """The line of key path ``loc`` in the file as written (``params.line("model", "name")``), or None."""
     return self.lines.get(tuple(loc))
 
-  def origin(self, *loc: str | int) -> str | None:
-    """The override (or flag) that set key path ``loc``, or None when its value is the file's."""
-    return next((o for prefix, o in self.origins if tuple(loc)[: len(prefix)] == prefix), None)
+  def locate(self, problem: Problem) -> Problem:
+    """``problem`` (about a key of this file) with the key as written, and the override that set it or
+    its line, as the loader's own problems are (`wafer.config.loader.locate`)."""
+    from wafer.config.loader import locate
+
+    return locate(problem, self.lines, self.origins, self.renames)
 
   @property
   def fp16_type(self) -> str | None:

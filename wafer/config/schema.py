@@ -169,7 +169,8 @@ class RunConfig(Section):
   wgt_memory_gi: PosFloat | None = None
   modelzoo_release: str | float | None = None
   """The Model Zoo release the file was written for (``"1.9"``, ``"2.3.1"``, ``"Release_2.4.3"``): decides
-  the defaults that changed across releases (`wafer.config.modelzoo.release_of`); inferred when absent."""
+  the defaults that changed across releases (`wafer.config.modelzoo.release_of`); inferred when absent.
+  Quote it: YAML reads ``2.10`` as the number 2.1."""
   # 1.x-era keys, accepted and ignored
   show_debug_metrics: bool = False
   save_losses: bool = False
@@ -178,8 +179,9 @@ class RunConfig(Section):
   @field_validator("modelzoo_release")
   @classmethod
   def _release(cls, v: str | float | None) -> str | float | None:
-    """A release the cost model (`wafer.costmodel.release.parse_release`, the one reader of release
-    names) knows: a typo here would silently pick the wrong release's defaults."""
+    """A release `wafer.costmodel.release.parse_release` accepts (the check of release names that
+    ``--release`` has too; `wafer.config.modelzoo.release_of` then reads its numbers for the defaults):
+    a typo here would silently pick the wrong release's defaults."""
     if v is not None:
       from wafer.costmodel.release import parse_release
       from wafer.errors import EstimateError

@@ -154,7 +154,7 @@ class SparsityConfig(Section):
       )
     if name not in ALGORITHMS:
       raise ValueError(
-        f"{given}={getattr(self, given)!r}: must be {_one_of(ALGORITHMS)} (type: also sideband), not {name!r}"
+        f"{given}={getattr(self, given)!r}: must be {_one_of(ALGORITHMS)} (type: also sideband)"
       )
     if self.init_method not in INIT_METHODS:
       raise ValueError(f"init_method={self.init_method!r}: must be {_one_of(INIT_METHODS)}")
@@ -259,7 +259,7 @@ class SparsityConfig(Section):
             shown = (
               "[...]" if isinstance(value, (list, dict)) else repr(value)
             )  # no colon: errors.py locates it
-            raise ValueError(f"{key}.{sub}={shown}: must be {what}, not {value!r}")
+            raise ValueError(f"{key}.{sub}={shown}: must be {what}")
       if "steps" in cadence:
         if set(cadence) - {"steps"}:
           raise ValueError(f"{key}: steps lists the update steps; freq, start and stop cannot come with it")

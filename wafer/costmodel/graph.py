@@ -36,6 +36,7 @@ cast* of another emulation library — costs one element-wise cast, what a real 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import re
@@ -121,6 +122,11 @@ class Matmul:
     """Whether a mask keeps only part of the product's scores (`kept` < 1)."""
     return self.kept < 1.0
 
+  @property
+  def sizes(self) -> tuple[Size, Size, Size, Size, int]:
+    """What makes two products the same product: instances, m, k, n and width."""
+    return (self.instances, self.m, self.k, self.n, self.bits)
+
   def flops(self, ratio: float) -> float:
     """``2 * instances * m * k * n`` at ``batch = ratio * b0``."""
     return 2.0 * self.instances.at(ratio) * self.m.at(ratio) * self.k.at(ratio) * self.n.at(ratio)
@@ -175,10 +181,22 @@ class Kernel:
     """Matrix-product FLOP of one instance at ``batch = ratio * b0``: the work, recomputation included."""
     return sum(mm.flops(ratio) for mm in self.matmuls if mm.phase in phases)
 
-  def model_flops(self, ratio: float) -> float:
-    """The model's matrix-product FLOP of one instance (forward + backward) at ``batch = ratio * b0``:
-    `matmul_flops` without a forward pass the step recomputes (``jax.checkpoint``)."""
-    return sum(mm.flops(ratio) for mm in self.matmuls if mm.phase in ("fwd", "bwd") and not mm.recomputed)
+  def model_flops(self, ratio: float, phases: Sequence[str] = ("fwd", "bwd")) -> float:
+    """The model's matrix-product FLOP of one instance at ``batch = ratio * b0``: `matmul_flops`
+    without a forward pass the step computes again (``jax.checkpoint``). A recomputed product counts
+    once where it has no forward twin (a product of the same sizes in this kernel's forward): when
+    the checkpointed forward's result feeds only the loss, the forward itself is dead code and the
+    recomputation is the one forward left."""
+    twins = collections.Counter(mm.sizes for mm in self.matmuls if mm.phase == "fwd" and not mm.recomputed)
+    total = 0.0
+    for mm in self.matmuls:
+      if mm.phase not in phases:
+        continue
+      if mm.recomputed and twins[mm.sizes] > 0:
+        twins[mm.sizes] -= 1
+        continue
+      total += mm.flops(ratio)
+    return total
 
   def flops_by_format(self, ratio: float, phases: Sequence[str] = PHASES) -> dict[int, float]:
     """``bits -> FLOP`` (matrix products at 2 FLOP per MAC, element-wise ops at 1 per element)."""
@@ -263,14 +281,9 @@ class Graph:
 
   def flops_per_sample(self, phases: Sequence[str] = ("fwd", "bwd")) -> float:
     """Matrix-product FLOP per sample (all kernel instances), the 'model FLOPs': a forward pass the
-    step recomputes (``jax.checkpoint``) is not counted again."""
+    step computes again (``jax.checkpoint``) is not counted twice (`Kernel.model_flops`)."""
     ratio = 1.0 / self.traced_batch
-    return sum(
-      k.count * mm.flops(ratio)
-      for k in self.kernels
-      for mm in k.matmuls
-      if mm.phase in phases and not mm.recomputed
-    )
+    return sum(k.count * k.model_flops(ratio, phases) for k in self.kernels)
 
   @property
   def training(self) -> bool:

@@ -454,7 +454,7 @@ def _evaluate(
     t = (1 + rebuild) * max(c_fwd / f, io_fwd) + (max((c_bwd + c_again) / f, io_bwd) if has_bwd else 0.0)
     compute = ((1 + rebuild) * c_fwd + c_bwd + c_again) / f
     scale = n_micro * k.count
-    flops = scale * k.matmul_flops(ratio, ("fwd", "bwd"))
+    flops = scale * k.model_flops(ratio)  # (a jax.checkpoint recomputation is work, not model FLOPs)
     again_flops = (1 + rebuild) * scale * part.matmul_flops(ratio, ("fwd",)) if c_again else 0.0
     io = io_bwd + (1 + rebuild) * io_fwd
     rows.append(
