@@ -87,9 +87,12 @@ PAIRS = (
   # held out (one student's sweep, 2025-12) against ALCF's batch-1024 run of the same params file
   ("LLaMA-2 7B CS-3, batch 1024 / 32", "E8", "N01", "batch sweep (2025-10 vs 2025-12)"),
   ("LLaMA-2 7B CS-3, batch 128 / 32", "N03", "N01", "batch sweep (one log)"),
-  # the HPEC 2024 paper's sweeps (one CS-2, one paper): each model's largest batch against its smallest
+  # the HPEC 2024 paper's eight sweeps (one CS-2, one paper): each model's largest batch against its smallest
   ("GPT-3 256M, batch 1024 / 128", "F02", "B01", "batch sweep (one paper; blind)"),
+  ("GPT-3 590M, batch 1024 / 128", "F04", "B02", "batch sweep (one paper; blind)"),
   ("GPT-3 2.7B, batch 1024 / 128", "F06", "B03", "batch sweep (one paper; blind)"),
+  ("GPT-3 6.7B, batch 1024 / 128", "F08", "B04", "batch sweep (one paper; blind)"),
+  ("GPT-3 13B, batch 1024 / 128", "F10", "B05", "batch sweep (one paper; blind)"),
   ("GPT-3 20B, batch 1024 / 128", "F12", "B06", "batch sweep (one paper; blind)"),
   ("BERT-large SST-2, batch 16384 / 128", "D11", "B08", "batch sweep (one paper; blind)"),
   ("BERT-base SST-2, batch 16384 / 128", "D17", "D12", "batch sweep (one paper; blind)"),
