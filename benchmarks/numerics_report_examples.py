@@ -133,7 +133,7 @@ def report_case(name, fn, args, policies, depth, top, results):
     print("per scope (worst drop first):")
     for s in report.by_scope(depth)[:6]:
       print(f"  {s['scope'] or '(none)':<40} worst drop {s['worst_drop_db']:6.1f} dB at {s['worst_at']}; "
-            f"min SQNR {s['min_sqnr_db']:6.1f} dB; flips {s['flips']}; underflow {s['underflow']}")  # fmt: skip
+            f"min SQNR {s['min_sqnr_db']:6.1f} dB; flips {s['flips']}; underflow {s['underflow']}; cancelled {s['cancelled']}")  # fmt: skip
     print("decisions that flipped (closest to the boundary first):")
     for r in report.flips()[:6]:
       dist = "-" if r.flip_distance is None else f"{r.flip_distance:.3g}"

@@ -112,7 +112,9 @@ class CastReport:
       listed = ", ".join(f"{k} ({v})" for k, v in self.unknown_primitives.items())
       notes.append(f"Unknown primitives left unchanged: {listed}.")
     if self.while_loops:
-      notes.append(f"{self.while_loops} while loop(s): bodies counted once per iteration.")
+      notes.append(
+        f"{self.while_loops} while loop(s): bodies counted once each (their trip counts are not known before they run)."
+      )
     return Table(
       [f"op {by}", "equations", "values rounded", "kept float32", "untouched"],
       rows,

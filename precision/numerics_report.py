@@ -42,7 +42,10 @@ one row):
   relative error uniform in +-2^-(m+1)).
 * ``overflow``: finite shadow values that became inf (or, in a format without inf, a
   finite shadow value beyond the format's max); ``underflow``: non-zero shadow values that
-  became 0; ``subnormal``: non-zero outputs below the format's smallest normal.
+  became 0 because they lie below the format's range (one rounding to the format gives 0 too);
+  ``cancelled``: non-zero shadow values that became exactly 0 though the format holds them (the
+  rounded operands cancelled: ``a - b`` with ``a`` and ``b`` equal after rounding); ``subnormal``:
+  non-zero outputs below the format's smallest normal.
 * ``flips``: decisions that differ from the shadow's: comparisons (``gt``, ``ge``, ... : a
   ReLU's gradient mask), ``max`` / ``min`` choices (ReLU, max-pooling written with
   ``max``: the order of the two operands, a tie included, so a ReLU input that cancels to
@@ -154,6 +157,7 @@ class Row:
   round_sqnr_db: float
   overflow: int
   underflow: int
+  cancelled: int
   subnormal: int
   nonfinite: int
   flips: int
@@ -183,7 +187,7 @@ class _Acc:
     self.in_noise = [0.0] * n_inputs
     self.in_lost = [0] * n_inputs  # elements finite in the shadow that the policy run lost
     self.lost = 0
-    self.overflow = self.underflow = self.subnormal = self.nonfinite = self.flips = 0
+    self.overflow = self.underflow = self.cancelled = self.subnormal = self.nonfinite = self.flips = 0
     self.flip_distance = math.inf
     self.elements = self.calls = 0
 
@@ -330,7 +334,9 @@ class _Collector:
         finite_s = np.isfinite(s)
         over = finite_s & (np.isinf(x) | (np.abs(s) > fmt.max) & (np.abs(x) >= fmt.max))
         acc.overflow += int(np.sum(over))
-        acc.underflow += int(np.sum((s != 0) & finite_s & (x == 0)))
+        zeroed = (s != 0) & finite_s & (x == 0)  # below the format's range, or cancelled to exactly 0
+        acc.underflow += int(np.sum(zeroed & (r == 0)))
+        acc.cancelled += int(np.sum(zeroed & (r != 0)))
         acc.subnormal += int(np.sum((x != 0) & (np.abs(x) < fmt.min_normal)))
         acc.nonfinite += int(np.sum(~np.isfinite(x) & finite_s & ~over))
         acc.lost += _lost(x, s)
@@ -371,6 +377,7 @@ class _Collector:
           round_sqnr_db=round_sqnr,
           overflow=acc.overflow,
           underflow=acc.underflow,
+          cancelled=acc.cancelled,
           subnormal=acc.subnormal,
           nonfinite=acc.nonfinite,
           flips=acc.flips,
@@ -515,6 +522,7 @@ class NumericsReport:
           "overflow": sum(r.overflow for r in rows),
           "nonfinite": sum(r.nonfinite for r in rows),
           "underflow": sum(r.underflow for r in rows),
+          "cancelled": sum(r.cancelled for r in rows),
           "flips": sum(r.flips for r in rows),
         }
       )
@@ -529,7 +537,7 @@ class NumericsReport:
     }
 
   _COLUMNS = ("drop_db", "sqnr_db", "primitive", "op_class", "source", "scope", "overflow", "nonfinite",
-              "underflow", "subnormal", "flips", "flip_distance")  # fmt: skip
+              "underflow", "cancelled", "subnormal", "flips", "flip_distance")  # fmt: skip
 
   def _title(self) -> str:
     title = f"numerics report, {self.policy} ({len(self.rows)} equations, worst drop first)"

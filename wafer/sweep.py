@@ -68,7 +68,13 @@ def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
   ...
   wafer.errors.SweepError: --formats: unknown format 'bfloat61'; did you mean 'bfloat16'? Allowed: cbfloat16, bfloat16, float16, float32 (or an alias: cb16, bf16, fp16, f32, ...)
   """
-  items = formats.split(",") if isinstance(formats, str) else [str(f) for f in formats]
+  if not isinstance(formats, str) and not (
+    isinstance(formats, Sequence) and all(isinstance(f, str) for f in formats)
+  ):  # (16, or [16]: a bare TypeError from iterating it)
+    raise SweepError(
+      f"formats={formats!r}; allowed: format names, as one string ('bf16,f32') or a sequence (['bf16', 'f32'])"
+    )
+  items = formats.split(",") if isinstance(formats, str) else list(formats)
   given = [n.strip() for n in items if n.strip()]
   allowed = f"Allowed: {', '.join(FORMATS)} (or an alias: cb16, bf16, fp16, f32, ...)"
   if not given:
@@ -253,6 +259,10 @@ def _check_overrides(overrides: Sequence[str], levels_given: bool) -> None:
   ``runconfig.precision_opt_level`` is the level of every run when ``levels`` is not given, and a
   conflict when it is.
   """
+  if isinstance(overrides, str) or not all(isinstance(t, str) for t in overrides):  # a string was iterated
+    raise SweepError(  # letter by letter ("got 'r'")
+      f"overrides={overrides!r}; allowed: a sequence of key.path=value strings, e.g. ['runconfig.max_steps=3']"
+    )
   for text in overrides:
     key = text.split("=", 1)[0].strip()
     flag = _SET_BY_THE_SWEEP.get(key)

@@ -206,3 +206,17 @@ def test_overrides_the_sweep_would_replace_or_that_train_nothing_are_refused(
   with pytest.raises(sweep.SweepError, match=re.escape(message)):
     sweep.sweep("params.yaml", "float32", levels, "s", overrides, progress=False)
   assert not Path("s").exists() and not Path("elsewhere").exists()
+
+
+PARAMS = Path(__file__).resolve().parents[2] / "models/bert/configs/params_bert_tiny_default.yaml"
+
+
+def test_the_python_api_refuses_a_string_of_overrides_and_a_number_of_formats(tmp_path):
+  """``overrides="runconfig.max_steps=1"`` was read letter by letter ("got 'r'"); ``formats=16``
+  was a bare TypeError."""
+  with pytest.raises(sweep.SweepError, match=r"overrides='runconfig.max_steps=1'; allowed: a sequence"):
+    sweep.sweep(PARAMS, model_dir=tmp_path, overrides="runconfig.max_steps=1")
+  for bad in (16, [16]):
+    with pytest.raises(sweep.SweepError, match=r"formats=.*; allowed: format names"):
+      sweep.sweep(PARAMS, model_dir=tmp_path, formats=bad)
+  assert not any(tmp_path.iterdir())  # refused before any run
