@@ -7,9 +7,10 @@ misspelled keys and enum values get a "did you mean". Several problems are liste
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from wafer.errors import _MISSING as _MISSING
@@ -97,3 +98,28 @@ def unknown_key_message(key: Any, allowed: Sequence[str]) -> str:
   if not allowed:
     return f"unknown key {key!r}"
   return f"unknown key {key!r}; allowed keys: {', '.join(sorted(allowed))}"
+
+
+def locate(
+  p: Problem,
+  lines: Mapping[Loc, int],
+  origins: Sequence[tuple[Loc, str]],
+  renames: Sequence[tuple[Loc, Loc]] = (),
+) -> Problem:
+  """``p`` with its path as written, and the override it came from or its line in the file."""
+  shown, lookup = p.shown_path, p.loc
+  for prefix, written in renames:
+    if p.loc[: len(prefix)] == prefix:
+      lookup = written + p.loc[len(prefix) :]
+      shown = dotted(lookup)
+      break
+  for prefix, origin in origins:
+    if p.loc[: len(prefix)] == prefix or lookup[: len(prefix)] == prefix:
+      return dataclasses.replace(p, source=origin, shown_path=shown)
+  for prefix, origin in origins:  # an override set a part of the value checked as a whole (a scheduler list)
+    if any(len(loc) >= 2 and prefix[: len(loc)] == loc for loc in (p.loc, lookup)):
+      return dataclasses.replace(p, source=origin, shown_path=shown)
+  for n in range(len(lookup), 0, -1):
+    if lookup[:n] in lines:
+      return dataclasses.replace(p, line=lines[lookup[:n]], shown_path=shown)
+  return dataclasses.replace(p, shown_path=shown)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import re
 import typing
@@ -15,7 +14,16 @@ from pydantic import BaseModel, ValidationError
 
 from wafer.config import modelzoo as _modelzoo
 from wafer.config import trainer as _trainer
-from wafer.config.errors import ConfigError, Loc, Problem, dotted, from_pydantic, suggest, unknown_key_message
+from wafer.config.errors import (
+  ConfigError,
+  Loc,
+  Problem,
+  dotted,
+  from_pydantic,
+  locate,
+  suggest,
+  unknown_key_message,
+)
 from wafer.config.params import (
   SECTIONS,
   Params,
@@ -393,31 +401,6 @@ def validate_params(
   if problems:
     raise ConfigError([locate(p, lines, origins, renames) for p in problems], source)
   return params
-
-
-def locate(
-  p: Problem,
-  lines: Mapping[Loc, int],
-  origins: Sequence[tuple[Loc, str]],
-  renames: Sequence[tuple[Loc, Loc]] = (),
-) -> Problem:
-  """``p`` with its path as written, and the override it came from or its line in the file."""
-  shown, lookup = p.shown_path, p.loc
-  for prefix, written in renames:
-    if p.loc[: len(prefix)] == prefix:
-      lookup = written + p.loc[len(prefix) :]
-      shown = dotted(lookup)
-      break
-  for prefix, origin in origins:
-    if p.loc[: len(prefix)] == prefix or lookup[: len(prefix)] == prefix:
-      return dataclasses.replace(p, source=origin, shown_path=shown)
-  for prefix, origin in origins:  # an override set a part of the value checked as a whole (a scheduler list)
-    if any(len(loc) >= 2 and prefix[: len(loc)] == loc for loc in (p.loc, lookup)):
-      return dataclasses.replace(p, source=origin, shown_path=shown)
-  for n in range(len(lookup), 0, -1):
-    if lookup[:n] in lines:
-      return dataclasses.replace(p, line=lines[lookup[:n]], shown_path=shown)
-  return dataclasses.replace(p, shown_path=shown)
 
 
 def _not_utf8(error: UnicodeDecodeError, source: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from wafer.config.errors import Problem, suggest
+from wafer.config.errors import Problem, locate, suggest
 from wafer.config.optimizer import Optimizer, OptimizerConfig, optimizer_class
 from wafer.config.schema import (
   EVAL_MODES,
@@ -185,9 +185,7 @@ class Params(BaseModel):
 
   def locate(self, problem: Problem) -> Problem:
     """``problem`` (about a key of this file) with the key as written, and the override that set it or
-    its line, as the loader's own problems are (`wafer.config.loader.locate`)."""
-    from wafer.config.loader import locate
-
+    its line, as the loader's own problems are (`wafer.config.errors.locate`)."""
     return locate(problem, self.lines, self.origins, self.renames)
 
   @property
