@@ -7,6 +7,7 @@ a format (gfloat, a dev dependency, is imported only when that is asked for).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -289,8 +290,9 @@ def assert_close(
   ``distance <= ulps``: ``ulps=0`` asks for equal values, ``ulps=0.5`` is the bound of one
   correct rounding of ``expected`` to ``fmt``, ``ulps=float("inf")`` checks only the special
   values (a distance of ``inf`` always fails). Pytrees (a dict or ``FrozenDict`` of gradients,
-  ``(loss, grads)``, a model's output dataclass) are compared leaf by leaf; a failure names the leaf's
-  key path (``['h']['0']['kernel']: ...``) and structures must be equal.
+  ``(loss, grads)``, a model's output dataclass) are compared leaf by leaf; a failure names the worst
+  failing leaf's key path (``['h']['0']['kernel']: ...``) and then the other failing leaves, and
+  structures must be equal (compared by key paths: a ``FrozenDict`` matches a dict, a list a tuple).
 
   Raises:
     AssertionError: naming how many elements fail, then the worst distance, its index, the two
@@ -313,9 +315,22 @@ def assert_close(
   if not ulps >= 0:
     raise ValueError(f"assert_close: ulps={ulps!r}; allowed: a number >= 0 (e.g. ulps=0.5, one rounding)")
   pairs = _tree_pairs(actual, expected, context)
-  if pairs is not None:  # leaf by leaf, each message naming its key path
+  if pairs is not None:  # leaf by leaf, each message naming its key path; the worst leaf first
+    failed: list[tuple[float, str, str]] = []
     for where, a, e in pairs:
-      assert_close(a, e, fmt, ulps=ulps, check_zero_sign=check_zero_sign, context=where)
+      try:
+        assert_close(a, e, fmt, ulps=ulps, check_zero_sign=check_zero_sign, context=where)
+      except AssertionError as err:
+        failed.append((getattr(err, "worst_ulps", math.inf), where, str(err)))
+    if failed:
+      failed.sort(key=lambda f: -f[0])  # (stable: leaves of equal distance stay in key order)
+      message = failed[0][2]
+      if len(failed) > 1:
+        others = ", ".join(where for _, where, _ in failed[1:6]) + (", ..." if len(failed) > 6 else "")
+        message += f"\n  {len(failed) - 1} other leaf(s) fail too, worst first: {others}"
+      error = AssertionError(message)
+      error.worst_ulps = failed[0][0]  # type: ignore[attr-defined]
+      raise error
     return
   prefix = f"{context}: " if context else ""
   try:
@@ -341,4 +356,6 @@ def assert_close(
     for k in order[:5]
   ]
   head = f"{prefix}{bad.size} of {dist.size} elements differ by more than {ulps:g} ulp of {fmt.name}; worst: {lines[0]}"
-  raise AssertionError("\n  ".join([head, *lines[1:]]))
+  error = AssertionError("\n  ".join([head, *lines[1:]]))
+  error.worst_ulps = float(dist.flat[order[0]])  # type: ignore[attr-defined]  (a pytree's worst leaf first)
+  raise error

@@ -297,3 +297,14 @@ def test_assert_same_floats_compares_prng_keys_by_their_data():
   assert_same_floats(tree, {"key": jax.random.key(0), "w": jnp.ones(2), "raw": jax.random.PRNGKey(3)})
   with pytest.raises(AssertionError, match=r"\['key'\]"):
     assert_same_floats(tree, {**tree, "key": jax.random.key(1)})
+
+
+def test_a_pytree_failure_names_its_worst_leaf_first_and_counts_the_others():
+  """It named the first failing leaf in key order and said nothing of the others (a worse one
+  included)."""
+  one = np.ones(4, np.float32)
+  with pytest.raises(AssertionError) as info:
+    assert_close({"a": one, "b": one, "c": one * 3}, {"a": one + 1, "b": one, "c": one}, "bf16", ulps=1)
+  text = str(info.value)
+  assert text.startswith("['c']: 4 of 4 elements"), text  # 256 ulp, against 'a''s 64
+  assert text.endswith("1 other leaf(s) fail too, worst first: ['a']"), text
