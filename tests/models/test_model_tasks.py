@@ -220,10 +220,10 @@ def test_data_errors_name_the_section(tmp_path):
       "train_input.max_predictions_per_seq=null",
       "runconfig.max_steps=1",
     )
+  # a model vocabulary below the data's is refused by the params check, before any data is read
+  # (the data check below catches ids beyond it that the file's sizes do not predict)
   with pytest.raises(
-    DataError,
-    match=r"token id \d+ is outside model.vocab_size=100; set model.vocab_size to at "
-    r"least",
+    ConfigError, match=r"model.vocab_size \(from override 'model.vocab_size=100'\): must be at least"
   ):
     _run(
       DEFAULT_JOB, tmp_path, "model.vocab_size=100", "train_input.vocab_size=8192", "runconfig.max_steps=1"
@@ -245,6 +245,10 @@ def test_negative_token_ids_are_an_error_naming_the_section():
   ):
     _check_tokens({"input_ids": ids}, 100, 512, "train_input")
   _check_tokens({"input_ids": np.abs(ids)}, 100, 512, "train_input")  # in range: no error
+  with pytest.raises(
+    DataError, match=r"token id 120 is outside model.vocab_size=100; set model.vocab_size to at least"
+  ):
+    _check_tokens({"input_ids": np.array([[5, 120, 7]], np.int32)}, 100, 512, "train_input")
 
 
 @pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
