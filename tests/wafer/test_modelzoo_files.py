@@ -303,6 +303,36 @@ def test_the_half_type_default_follows_the_given_release(major, minor, model):
   )
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+  minor=st.integers(0, 12),
+  patch=st.integers(0, 3),
+  spelling=st.sampled_from(["{}", "R{}", "Release_{}", "rel-{}", "R_{}"]),
+  model=st.sampled_from(["bert", "gpt2", "gpt3"]),
+)
+def test_every_spelling_of_a_release_gives_its_defaults(minor, patch, spelling, model):
+  """The release is read by the one parser `wafer.costmodel.release.parse_release` (``--release`` and the
+  schema's check use it too): a spelling it accepts gives the defaults of the bare number."""
+  from wafer.config.modelzoo import release_of
+
+  def of(text):
+    return release_of({"runconfig": {"modelzoo_release": text}}, trainer_layout=False, model=model)
+
+  written = of(spelling.format(f"2.{minor}.{patch}"))
+  bare = of(f"2.{minor}")
+  assert (written.half_dtype, written.source) == (bare.half_dtype, bare.source)
+  assert written.reason == f"runconfig.modelzoo_release={spelling.format(f'2.{minor}.{patch}')}"
+
+
+def test_a_release_without_minor_number_is_inferred_and_says_so():
+  from wafer.config.modelzoo import release_of
+
+  two = release_of({"runconfig": {"modelzoo_release": "2.x"}, "model": {}}, trainer_layout=True, model="gpt3")
+  assert two.name == "2.4+" and "2.x names no minor release" in two.reason
+  one = release_of({"runconfig": {"modelzoo_release": "1.x"}}, trainer_layout=False, model="gpt2")
+  assert one.half_dtype == "float16" and one.reason == "runconfig.modelzoo_release=1.x"
+
+
 def test_trainer_layout_conversion_problems_are_reported_together(tmp_path):
   data = yaml.safe_load(
     (DATA / "Release_2.4.3" / "gpt3" / "sparsity" / "params_gpt3_125m_static75.yaml").read_text()

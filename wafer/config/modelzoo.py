@@ -195,9 +195,17 @@ class Release:
   source: str
 
 
-def _version(text: str) -> tuple[int, int] | None:
-  m = re.search(r"(\d+)\.(\d+)", str(text))
-  return (int(m.group(1)), int(m.group(2))) if m else None
+def _parsed(given: Any) -> tuple[int, int | None] | None:
+  """``(major, minor)`` of a ``runconfig.modelzoo_release`` as `wafer.costmodel.release.parse_release`
+  reads it (minor None for ``"2.x"``); None for a release it refuses (the schema reports that)."""
+  from wafer.costmodel.release import parse_release  # lazily: the cost model's package is large
+  from wafer.errors import EstimateError
+
+  try:
+    release = parse_release(given)
+  except EstimateError:
+    return None
+  return (release.major, release.minor)
 
 
 _HALF_SOURCES = {
@@ -235,9 +243,19 @@ def release_of(data: Mapping[str, Any], *, trainer_layout: bool, model: str | No
   """
   rc = data.get("runconfig") if isinstance(data.get("runconfig"), dict) else {}
   given = rc.get("modelzoo_release")
-  if given is not None and _version(given) is not None:
-    half, src = _half_of(_version(given), model)
+  parsed = None if given is None else _parsed(given)
+  if parsed is not None and (parsed[1] is not None or parsed[0] == 1):  # every 1.x defaults to float16
+    half, src = _half_of((parsed[0], parsed[1] or 0), model)
     return Release(str(given), half, f"runconfig.modelzoo_release={given}", src)
+  inferred = _infer(data, trainer_layout=trainer_layout, model=model)
+  if parsed is None:
+    return inferred
+  why = f"runconfig.modelzoo_release={given} names no minor release (2.0, 2.1-2.3 and 2.4+ differ)"
+  return dataclasses.replace(inferred, reason=f"{why}; {inferred.reason}")
+
+
+def _infer(data: Mapping[str, Any], *, trainer_layout: bool, model: str | None) -> Release:
+  """`release_of` from the file's layout and keys alone."""
   if trainer_layout:
     half, src = _half_of((2, 4), model)
     return Release("2.4+", half, "trainer layout (2.4 and later)", src)
