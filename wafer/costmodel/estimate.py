@@ -497,7 +497,7 @@ def estimate_graph(
   seq = graph.sequence_length
   if chosen == "pipeline":
     assert pipe is not None
-    fed = sys_.io_bytes_per_sec / graph.input_bytes_per_sample if graph.input_bytes_per_sample else math.inf
+    fed = pipe.input_samples_per_sec
     if (
       pipe.fits
       and fed <= pipe.transmission_samples_per_sec * (1 + 1e-9)

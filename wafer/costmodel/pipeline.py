@@ -71,6 +71,8 @@ class PipelineResult:
     memory_bytes: bytes all rectangles hold; ``needed_pes``: the minimum area in PEs;
       ``available_pes``: the rectangle's, set when the model does not fit (0 when it fits).
     update_s: per-step weight-update time (all regions at once).
+    input_samples_per_sec: the rate the system's input I/O feeds (its bytes per second over a
+      sample's input bytes; ``inf`` for a step with no input); it caps the transmission rate.
   """
 
   fits: bool
@@ -84,6 +86,7 @@ class PipelineResult:
   needed_pes: int = 0
   update_s: float = 0.0
   available_pes: int = 0
+  input_samples_per_sec: float = math.inf
 
 
 def dataflow_units(kernels: list[Kernel]) -> list[tuple[Kernel, int]]:
@@ -259,7 +262,17 @@ def _evaluate(
   rate = min(compute, transmit)
   rate = 1.0 / (1.0 / rate + update_s / batch)
   return PipelineResult(
-    True, "", wave, rate, compute, transmit, tuple(placed_units), sum(memory), needed, update_s
+    True,
+    "",
+    wave,
+    rate,
+    compute,
+    transmit,
+    tuple(placed_units),
+    sum(memory),
+    needed,
+    update_s,
+    input_samples_per_sec=data_rate,
   )
 
 
