@@ -26,7 +26,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +148,11 @@ def _workload_conditions(args: argparse.Namespace, w: Any) -> dict[str, Any]:
     notes.append(f"workload {w.name}: not the published run's {'; '.join(dropped)}")
   args.workload_notes = notes
   args.workload_mode = pinned.get("mode") if "mode" not in given else None
-  args.workload_pinned = (w.name, {k for k in pinned if k not in given} | ({"batch_size"} - given))
+  args.workload_pinned = (
+    w.name,
+    {k: v for k, v in pinned.items() if k not in given}
+    | ({} if "batch_size" in given else {"batch_size": w.batch_size}),
+  )
   return pinned
 
 
@@ -156,27 +160,28 @@ _ARGUMENT = re.compile(rf"(?<![\w.])({'|'.join((*_RUN_FLAGS, 'batch_size'))})=(?
 """``name=value`` of a `wafer.estimate` argument that a `wafer estimate` flag sets (`_as_flags`)."""
 
 
-def _as_flags(text: str, workload: tuple[str, set[str]] | None = None) -> str:
+def _as_flags(text: str, workload: tuple[str, Mapping[str, Any]] | None = None) -> str:
   """``wafer.estimate``'s wording of its arguments (``num_csx=2``, ``mode='pipeline'``) as the flags a
   `wafer estimate` user types (``--num_csx 2``, ``--mode pipeline``); a params key (``train_input.
-  micro_batch_size=``) is left as it is, and so is an argument a workload's published run set
-  (``workload``: its name and those arguments), which says so instead of naming a flag not given.
+  micro_batch_size=``) is left as it is, and so is the value a workload's published run set
+  (``workload``: its name and those arguments' values), which says so instead of naming a flag not
+  given; another value of that argument (advice) is a flag.
 
   >>> print(_as_flags("num_csx=2 with mode='pipeline' (use mode='weight_streaming'); train_input.batch_size=3"))
   --num_csx 2 with --mode pipeline (use --mode weight_streaming); train_input.batch_size=3
-  >>> print(_as_flags("num_csx=2 with mode='pipeline' (use mode='weight_streaming')", ("bert", {"mode"})))
-  --num_csx 2 with mode 'pipeline' (workload bert's published run) (use --mode weight_streaming)
+  >>> print(_as_flags("mode='weight_streaming' is faster than mode='pipeline'", ("bert", {"mode": "pipeline"})))
+  --mode weight_streaming is faster than mode 'pipeline' (workload bert's published run)
   """
-  name, pinned = workload or ("", set())
+  name, pinned = workload or ("", {})
   said: set[str] = set()
 
   def flag(m: re.Match) -> str:
     value = (m[2] if m[2] is not None else m[3]) or chr(39) * 2
-    if m[1] in pinned and m[1] not in said:  # the run's value, said once (a later one is advice: a flag)
+    colon = ":" if value.endswith(":") else ""
+    bare = value.removesuffix(":")
+    if m[1] in pinned and m[1] not in said and bare == _condition(pinned[m[1]]):  # the run's value, once
       said.add(m[1])
-      colon = ":" if value.endswith(":") else ""
-      value = value.removesuffix(":")
-      return f"{m[1]} {value if m[2] is None else repr(value)} (workload {name}'s published run){colon}"
+      return f"{m[1]} {bare if m[2] is None else repr(bare)} (workload {name}'s published run){colon}"
     return f"--{m[1]} {value}"
 
   return _ARGUMENT.sub(flag, text)

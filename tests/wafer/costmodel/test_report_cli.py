@@ -396,3 +396,14 @@ def test_cli_another_system_drops_the_published_runs_chip_conditions(capsys, mon
   assert main(["estimate", "--workload", "llama3_8b_prefill", "--system", "cs2"]) == 0
   out = capsys.readouterr().out
   assert "1.1 GHz clock" in out and "720 x 720 PEs used" in out and "--system changes the chip" not in out
+
+
+def test_a_workload_value_is_named_where_its_value_is_mentioned_not_at_the_first_mention():
+  from wafer.cli import _as_flags
+
+  text = "use mode='weight_streaming' or num_csx=1: mode='pipeline' runs on num_csx=1 system"
+  out = _as_flags(text, ("bert_large_pipelined", {"mode": "pipeline", "num_csx": 1}))
+  assert out == (
+    "use --mode weight_streaming or num_csx 1 (workload bert_large_pipelined's published run): "
+    "mode 'pipeline' (workload bert_large_pipelined's published run) runs on --num_csx 1 system"
+  )
