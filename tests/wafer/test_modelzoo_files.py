@@ -381,3 +381,59 @@ def test_an_unknown_model_name_in_a_trainer_layout_file_is_located_as_written(tm
     ConfigError, match=r"111m.yaml: line \d+: trainer.init.model.name: unknown model 'gpt33'"
   ):
     runner.load_plan(edited)
+
+
+def _adamw_without_correct_bias(entry: dict) -> bool:
+  opt = yaml.safe_load((DATA / entry["file"]).read_text()).get("optimizer") or {}
+  return str(opt.get("optimizer_type", "")).lower() == "adamw" and "correct_bias" not in opt
+
+
+@pytest.mark.parametrize(
+  "entry", [e for e in MANIFEST if EXPECTED[e["file"]] == "ok" and _adamw_without_correct_bias(e)], ids=str
+)
+def test_adamw_without_correct_bias_gets_its_release_default_or_a_note(entry):
+  """modelzoo's AdamW defaulted to ``correct_bias: False`` up to 1.8 and True from 1.9 on: a file of 1.8
+  or before is never given True silently, a later file never False."""
+  params = load_params(DATA / entry["file"])
+  major, minor = (int(x) for x in entry["tag"].removeprefix("Release_").removeprefix("R_").split(".")[:2])
+  undecided = [n for n in params.notes if "correct_bias not given: True" in n and "does not say" in n]
+  if (major, minor) <= (1, 8):
+    assert params.optimizer.correct_bias is False or undecided, params.notes
+  else:
+    assert params.optimizer.correct_bias is True
+  assert len(undecided) <= 1
+
+
+def test_a_1_8_bert_file_updates_as_modelzoo_1_8_did():
+  """Release_1.8.0's BERT-base AdamW: no bias correction, so the first update is ``lr (1 - b1) g /
+  (sqrt((1 - b2) g^2) + eps)`` (3.2x the corrected one at beta1 0.9, beta2 0.999), as PyTorchBaseModel.py built it."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  params = load_params(
+    DATA / "Release_1.8.0/bert/bert_base_MSL128.yaml",
+    ["optimizer.learning_rate=0.001", "optimizer.weight_decay_rate=0.0", "optimizer.max_gradient_norm=null"],
+  )
+  assert any("correct_bias not given: False" in n for n in params.notes)
+  tx, _ = params.build_optimizer()
+  g = jnp.array([1e-3, 1.0, 5.0])
+  update, _ = tx.update({"w": g}, tx.init({"w": jnp.zeros(3)}), {"w": jnp.zeros(3)})
+  b1, b2 = params.optimizer.b1_b2
+  eps = params.optimizer.epsilon_value
+  expected = -1e-3 * (1 - b1) * g / (np.sqrt((1 - b2) * g**2) + eps)
+  np.testing.assert_allclose(update["w"], expected, rtol=1e-5)
+  corrected = load_params(DATA / "Release_1.8.0/bert/bert_base_MSL128.yaml", ["optimizer.correct_bias=true"])
+  assert corrected.optimizer.correct_bias is True
+  assert not any("correct_bias" in n for n in corrected.notes)
+
+
+@pytest.mark.parametrize(
+  ("release", "expected"),
+  [("1.8", False), ("R_1.6.0", False), ("1.x", False), ("1.9.1", True), ("2.0.3", True)],
+)
+def test_a_given_release_decides_adamw_correct_bias(release, expected):
+  from wafer.config.modelzoo import adamw_default, release_of
+
+  data = {"runconfig": {"modelzoo_release": release}, "optimizer": {"optimizer_type": "adamw"}}
+  adamw_default(data, release_of(data, trainer_layout=False, model="bert"))
+  assert data["optimizer"].get("correct_bias", True) is expected

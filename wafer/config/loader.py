@@ -516,7 +516,9 @@ def load_params(
     raise ConfigError([locate(p, lines, origins, v2_map) for p in adapted.problems], source)
   model = adapted.data.get("model")
   name = model.get("name") if isinstance(model, dict) else None
-  release = _modelzoo.release_of(adapted.data, trainer_layout=trainer_layout, model=name)
+  # the release from the keys as written (adapt drops the ignored ones, some of which date the file)
+  release = _modelzoo.release_of(data, trainer_layout=trainer_layout, model=name)
+  adamw_note = _modelzoo.adamw_default(adapted.data, release)
   if isinstance(adapted.data.get("sparsity"), list):  # validated as {groups: [...]}: shown as written
     v2_map = [*v2_map, (("sparsity", "groups"), ("sparsity",))]
   try:
@@ -527,7 +529,7 @@ def load_params(
       origins,
       v2_map,
       found + adapted.problems,
-      _duplicate_notes(duplicates) + list(adapted.notes),
+      _duplicate_notes(duplicates) + list(adapted.notes) + ([adamw_note] if adamw_note else []),
       release,
     )
   except ConfigError as e:

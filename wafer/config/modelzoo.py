@@ -173,8 +173,47 @@ _ONE_X = (
   ("input", "dynamic_mlm_scale"),
   ("", "csconfig"),
 )
-"""Keys only 1.x files have (they mark a legacy file as 1.x). ``runconfig.use_cs_grad_accum`` is not
-one: Release_2.0.3 and 2.1.1 files have it too."""
+"""Keys of the 1.x era (they mark a legacy file as 1.x or 2.0: ``model.use_bfloat16``,
+``use_position_embedding`` and ``runconfig.use_appliance_data`` are in Release_2.0.3 files too, and
+``csconfig`` in a 2.2 one). ``runconfig.use_cs_grad_accum`` is not one: Release_2.0.3 and 2.1.1 files
+have it too."""
+
+_UP_TO_1_8 = (
+  ("model", "allow_multireplica"),
+  ("model", "enable_vts"),
+  ("runconfig", "execution_strategy"),
+  ("runconfig", "log_step_count_steps"),
+  ("runconfig", "multireplica"),
+  ("runconfig", "save_summary_steps"),
+  ("input", "buckets"),
+  ("input", "dynamic_mlm_scale"),
+)
+"""Keys that files of R_1.6.0 to Release_1.8.0 have and no file of Release_1.9.1 or later (every
+legacy-layout params file of the modelzoo's 23 tags: 84 of the 184 files of 1.6-1.8 have one, none of
+the 897 later ones): such a file is of a release before 1.9."""
+
+_FROM_1_9 = (
+  ("optimizer", "weight_decay"),
+  ("optimizer", "betas"),
+  ("runconfig", "precision_opt_level"),
+  ("runconfig", "eval_frequency"),
+  ("model", "pooler_nonlinearity"),
+  ("model", "fp16_type"),
+  ("model", "attention_module"),
+  ("model", "norm_type"),
+  ("input", "micro_batch_size"),
+)
+"""Keys that no file of 1.6-1.8 has and most later ones do (853 of the 897 legacy-layout files of
+Release_1.9.1 and later have one): such a file is of 1.9 or later."""
+
+ADAMW_CORRECT_BIAS_SOURCES = (
+  MZ + "Release_1.8.0/modelzoo/common/pytorch/PyTorchBaseModel.py (AdamW: "
+  'correct_bias=oparams.get("correct_bias", False), as in R_1.6.0 and R_1.7.1)',
+  MZ + "Release_1.9.1/modelzoo/common/pytorch/PyTorchBaseModel.py (AdamW: "
+  'correct_bias=oparams.get("correct_bias", True))',
+)
+"""Where modelzoo's AdamW default of ``correct_bias`` changed: False up to 1.8 (BERT's AdamW, without
+bias correction), True from 1.9 on."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,17 +221,21 @@ class Release:
   """The Model Zoo release a file was written for, and the defaults that follow from it.
 
   Attributes:
-    name: ``"1.x"``, ``"2.1-2.3"``, ``"legacy layout (<= 2.3)"`` (not decidable), ``"2.4+"``, or the
-      release given (``runconfig.modelzoo_release``).
+    name: ``"1.x (up to 1.8)"``, ``"1.x or 2.0"``, ``"2.1-2.3"``, ``"legacy layout (<= 2.3)"`` (not
+      decidable), ``"2.4+"``, or the release given (``runconfig.modelzoo_release``).
     half_dtype: the half type when the file gives none (``model.fp16_type`` / ``use_bfloat16``).
     reason: how the release was decided.
     source: where the half-type default of that release is (a public URL and what it says).
+    adamw_correct_bias: AdamW's ``correct_bias`` when the file gives none: False up to 1.8, True from
+      1.9 on (:data:`ADAMW_CORRECT_BIAS_SOURCES`); None when the file does not decide it (True is
+      used, with a note: `adamw_default`).
   """
 
   name: str
   half_dtype: str
   reason: str
   source: str
+  adamw_correct_bias: bool | None = True
 
 
 def _parsed(given: Any) -> tuple[int, int | None] | None:
@@ -233,20 +276,25 @@ def release_of(data: Mapping[str, Any], *, trainer_layout: bool, model: str | No
   """The release of a (legacy-layout, converted if it was a trainer-layout) params dict.
 
   From ``runconfig.modelzoo_release`` when given; else the trainer layout is 2.4+, a legacy file with
-  a 1.x-only key (:data:`_ONE_X`) is 1.x, one with ``model.fp16_type`` (introduced in 2.1) 2.1-2.3;
-  any other legacy file is "legacy layout (<= 2.3)", its half default that of 1.x/2.0 (float16).
+  a key no file of 1.9 or later has (:data:`_UP_TO_1_8`) is "1.x (up to 1.8)", one with a 1.x-era key
+  (:data:`_ONE_X`) "1.x or 2.0", one with ``model.fp16_type`` (introduced in 2.1) 2.1-2.3; any other
+  legacy file is "legacy layout (<= 2.3)", its half default that of 1.x/2.0 (float16). AdamW's
+  ``correct_bias`` default is decided by the first, or by a key of 1.9 and later (:data:`_FROM_1_9`).
 
   >>> release_of({"model": {}}, trainer_layout=True, model="gpt3").half_dtype
   'bfloat16'
+  >>> release_of({"runconfig": {"save_summary_steps": 10}}, trainer_layout=False, model="bert").name
+  '1.x (up to 1.8)'
   >>> release_of({"runconfig": {"save_losses": True}}, trainer_layout=False, model="bert").name
-  '1.x'
+  '1.x or 2.0'
   """
   rc = data.get("runconfig") if isinstance(data.get("runconfig"), dict) else {}
   given = rc.get("modelzoo_release")
   parsed = None if given is None else _parsed(given)
   if parsed is not None and (parsed[1] is not None or parsed[0] == 1):  # every 1.x defaults to float16
     half, src = _half_of((parsed[0], parsed[1] or 0), model)
-    return Release(str(given), half, f"runconfig.modelzoo_release={given}", src)
+    before_1_9 = parsed[0] == 1 and (parsed[1] is None or parsed[1] <= 8)  # "1.x": a release before 1.9
+    return Release(str(given), half, f"runconfig.modelzoo_release={given}", src, not before_1_9)
   inferred = _infer(data, trainer_layout=trainer_layout, model=model)
   if parsed is None:
     return inferred
@@ -259,14 +307,22 @@ def _infer(data: Mapping[str, Any], *, trainer_layout: bool, model: str | None) 
   if trainer_layout:
     half, src = _half_of((2, 4), model)
     return Release("2.4+", half, "trainer layout (2.4 and later)", src)
+  early = [dotted(loc) for loc in _present(data, _UP_TO_1_8)]
+  later = bool(_present(data, _FROM_1_9))
+  if early and not later:
+    half, src = _half_of((1, 8), model)
+    why = f"legacy layout with keys no file of 1.9 or later has: {', '.join(early[:3])}"
+    return Release("1.x (up to 1.8)", half, why, src, False)
+  decided = None if early or not later else True  # AdamW's default: keys of both eras decide nothing
   marks = [dotted(loc) for loc in _present(data, _ONE_X)]
   if marks:
     half, src = _half_of((1, 9), model)
-    return Release("1.x", half, f"legacy layout with 1.x-only keys: {', '.join(marks[:3])}", src)
+    why = f"legacy layout with keys of 1.x and 2.0 files: {', '.join(marks[:3])}"
+    return Release("1.x or 2.0", half, why, src, decided)
   model_section = data.get("model") if isinstance(data.get("model"), dict) else {}
   if "fp16_type" in model_section:
     half, src = _half_of((2, 3), model)
-    return Release("2.1-2.3", half, "legacy layout with model.fp16_type (2.1 to 2.3)", src)
+    return Release("2.1-2.3", half, "legacy layout with model.fp16_type (2.1 to 2.3)", src, decided)
   half, src = _half_of((2, 0), model)
   other = ""
   if _half_of((2, 3), model)[0] != half:
@@ -274,7 +330,39 @@ def _infer(data: Mapping[str, Any], *, trainer_layout: bool, model: str | None) 
       f"; 2.1-2.3 would have used {_half_of((2, 3), model)[0]} for this model: set model.fp16_type, or "
       "runconfig.modelzoo_release, to decide"
     )
-  return Release("legacy layout (<= 2.3)", half, f"legacy layout, release not decidable{other}", src)
+  return Release("legacy layout (<= 2.3)", half, f"legacy layout, release not decidable{other}", src, decided)
+
+
+def adamw_default(data: dict[str, Any], release: Release) -> str | None:
+  """Give an AdamW section without ``correct_bias`` its release's default (in ``data``, a legacy-layout
+  dict); returns the note that says so, or None when there is nothing to say.
+
+  Up to 1.8 modelzoo's AdamW did not correct its moments' bias (BERT's AdamW): the first update is
+  ``(1 - beta1) / sqrt(1 - beta2)`` times the corrected one (3.2x at beta1 0.9, beta2 0.999).
+
+  >>> data = {"optimizer": {"optimizer_type": "AdamW"}}
+  >>> adamw_default(data, Release("1.x (up to 1.8)", "float16", "", "", False)).split(":")[1]
+  ' optimizer.correct_bias not given'
+  >>> data["optimizer"]["correct_bias"]
+  False
+  """
+  opt = data.get("optimizer")
+  if not isinstance(opt, dict) or str(opt.get("optimizer_type", "")).lower() != "adamw":
+    return None
+  if "correct_bias" in opt or release.adamw_correct_bias is True:
+    return None
+  old, new = ADAMW_CORRECT_BIAS_SOURCES
+  if release.adamw_correct_bias is False:
+    opt["correct_bias"] = False
+    return (
+      f"note: optimizer.correct_bias not given: False, AdamW's default up to Model Zoo 1.8 ({old}); "
+      "1.9 and later default to True"
+    )
+  return (
+    "note: optimizer.correct_bias not given: True, AdamW's default from Model Zoo 1.9 on "
+    f"({new}); up to 1.8 it was False ({old}), and this file does not say which it is "
+    f"({release.reason}): set optimizer.correct_bias, or runconfig.modelzoo_release, to decide"
+  )
 
 
 def _sections(data: Mapping[str, Any], section: str) -> list[str]:
