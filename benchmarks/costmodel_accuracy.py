@@ -84,6 +84,8 @@ PAIRS = (
   ("BERT-large, batch 2048 / 512", "C3", "C2", "batch sweep: per-step costs"),
   ("BERT-large, batch 1024 / 512", "E14", "C2", "batch sweep (R2.0.3 vs R2.1)"),
   ("BERT-large, batch 2048 / 1024", "C3", "E14", "batch sweep (R2.1 vs R2.0.3)"),
+  ("BERT-large, batch 1024 / 512, one course", "G01", "C2", "batch sweep (one release, R2.1; blind)"),
+  ("BERT-large, batch 2048 / 1024, one course", "C3", "G01", "batch sweep (one release, R2.1; blind)"),
   # held out (one student's sweep, 2025-12) against ALCF's batch-1024 run of the same params file
   ("LLaMA-2 7B CS-3, batch 1024 / 32", "E8", "N01", "batch sweep (2025-10 vs 2025-12)"),
   ("LLaMA-2 7B CS-3, batch 128 / 32", "N03", "N01", "batch sweep (one log)"),
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
       f"blind_{p}": _summary(
         [abs(r["in_sample_log_ratio"]) for r in rows if r["blind"] and r["id"].startswith(p)]
       )
-      for p in ("B", "D", "F")
+      for p in ("B", "D", "F", "G")
     },
   }
   # the band: calibrated on leave-one-family-out errors, ln(measured / predicted)
@@ -428,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     ("blind_B", "blind B01-B10 (structure), in sample"),
     ("blind_D", "blind D01-D17 (held out), in sample"),
     ("blind_F", "blind F01-F12 (held out), in sample"),
+    ("blind_G", "blind G01 (held out), in sample"),
   ):
     print(f"  {label + ':':<42}{_fmt(summary[key])}")
   print(

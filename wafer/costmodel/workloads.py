@@ -625,75 +625,75 @@ def _hpec(
   )
 
 
+_HPEC_GPT3 = {
+  "256m": ("GPT-3 256M (14 x d1088, 17 heads)", GPT3_256M),
+  "590m": ("GPT-3 590M (18 x d1536, 12 heads)", GPT3_590M),
+  "2p7b": ("GPT-3 2.7B (32 x d2560, 32 heads)", GPT3_2P7B),
+  "6p7b": ("GPT-3 6.7B (32 x d4096, 32 heads)", GPT3_6P7B),
+  "13b": ("GPT-3 13B (40 x d5120, 40 heads)", GPT3_13B),
+  "20b": ("GPT-3 20B (44 x d6144, 64 heads)", GPT3_20B),
+}
+"""The paper's six GPT-3 sizes (its table II), by the key of their workload names."""
+_HPEC_BERT = {
+  "large": ("BERT-large classifier (SST-2)", BERT_LARGE_SST2),
+  "base": ("BERT-base classifier (SST-2)", BERT_BASE_SST2),
+}
+
+
+def _gpt3(
+  size: str, batch: int, mid: str, value: float, role: str = "held_out", figure: bool = False
+) -> Workload:
+  """`_hpec` of a GPT-3 size: ``gpt3_<size>_hpec`` at batch 128 (the first set), else ``..._b<batch>``."""
+  what, config = _HPEC_GPT3[size]
+  name = f"gpt3_{size}_hpec" + ("" if batch == 128 else f"_b{batch}")
+  return _hpec(name, what, config, batch, mid, value, role, figure=figure)
+
+
+def _bert(size: str, batch: int, mid: str, value: float, role: str = "held_out") -> Workload:
+  """`_hpec` of a BERT SST-2 classifier: ``bert_<size>_sst2_b<batch>``."""
+  what, config = _HPEC_BERT[size]
+  return _hpec(f"bert_{size}_sst2_b{batch}", what, config, batch, mid, value, role)
+
+
 _HPEC_RUNS = (
-  _hpec("gpt3_256m_hpec", "GPT-3 256M (14 x d1088, 17 heads)", GPT3_256M, 128, "B01", 373.4, "structure"),
-  _hpec("gpt3_590m_hpec", "GPT-3 590M (18 x d1536, 12 heads)", GPT3_590M, 128, "B02", 199.4, "structure"),
-  _hpec("gpt3_2p7b_hpec", "GPT-3 2.7B (32 x d2560, 32 heads)", GPT3_2P7B, 128, "B03", 46.6, "structure"),
-  _hpec("gpt3_6p7b_hpec", "GPT-3 6.7B (32 x d4096, 32 heads)", GPT3_6P7B, 128, "B04", 22.67, "structure"),
-  _hpec("gpt3_13b_hpec", "GPT-3 13B (40 x d5120, 40 heads)", GPT3_13B, 128, "B05", 11.86, "structure"),
-  _hpec("gpt3_20b_hpec", "GPT-3 20B (44 x d6144, 64 heads)", GPT3_20B, 128, "B06", 7.7, "structure"),
-  _hpec(
-    "bert_large_sst2_b2048",
-    "BERT-large classifier (SST-2)",
-    BERT_LARGE_SST2,
-    2048,
-    "B07",
-    7074.6,
-    "structure",
-  ),
-  _hpec(
-    "bert_large_sst2_b128", "BERT-large classifier (SST-2)", BERT_LARGE_SST2, 128, "B08", 1040.5, "structure"
-  ),
-  _hpec(
-    "bert_base_sst2_b2048", "BERT-base classifier (SST-2)", BERT_BASE_SST2, 2048, "B09", 16190, "structure"
-  ),
-  _hpec("gpt3_256m_hpec_b256", "GPT-3 256M (14 x d1088, 17 heads)", GPT3_256M, 256, "D01", 373.4),
-  _hpec("gpt3_590m_hpec_b256", "GPT-3 590M (18 x d1536, 12 heads)", GPT3_590M, 256, "D02", 202.15),
-  _hpec("gpt3_2p7b_hpec_b256", "GPT-3 2.7B (32 x d2560, 32 heads)", GPT3_2P7B, 256, "D03", 46.824),
-  _hpec("gpt3_6p7b_hpec_b256", "GPT-3 6.7B (32 x d4096, 32 heads)", GPT3_6P7B, 256, "D04", 22.713),
-  _hpec("gpt3_13b_hpec_b256", "GPT-3 13B (40 x d5120, 40 heads)", GPT3_13B, 256, "D05", 11.869),
-  _hpec("gpt3_20b_hpec_b256", "GPT-3 20B (44 x d6144, 64 heads)", GPT3_20B, 256, "D06", 7.7197),
-  _hpec("bert_large_sst2_b512", "BERT-large classifier (SST-2)", BERT_LARGE_SST2, 512, "D07", 3263.1),
-  _hpec("bert_large_sst2_b1024", "BERT-large classifier (SST-2)", BERT_LARGE_SST2, 1024, "D08", 5311.5),
-  _hpec("bert_large_sst2_b4096", "BERT-large classifier (SST-2)", BERT_LARGE_SST2, 4096, "D09", 7180.2),
-  _hpec("bert_large_sst2_b8192", "BERT-large classifier (SST-2)", BERT_LARGE_SST2, 8192, "D10", 7249.7),
-  _hpec("bert_large_sst2_b16384", "BERT-large classifier (SST-2)", BERT_LARGE_SST2, 16384, "D11", 7210.9),
-  _hpec("bert_base_sst2_b128", "BERT-base classifier (SST-2)", BERT_BASE_SST2, 128, "D12", 2267.7),
-  _hpec("bert_base_sst2_b512", "BERT-base classifier (SST-2)", BERT_BASE_SST2, 512, "D13", 7804.2),
-  _hpec("bert_base_sst2_b1024", "BERT-base classifier (SST-2)", BERT_BASE_SST2, 1024, "D14", 12335),
-  _hpec("bert_base_sst2_b4096", "BERT-base classifier (SST-2)", BERT_BASE_SST2, 4096, "D15", 14515),
-  _hpec("bert_base_sst2_b8192", "BERT-base classifier (SST-2)", BERT_BASE_SST2, 8192, "D16", 13606),
-  _hpec("bert_base_sst2_b16384", "BERT-base classifier (SST-2)", BERT_BASE_SST2, 16384, "D17", 12135),
-  _hpec(
-    "gpt3_256m_hpec_b512", "GPT-3 256M (14 x d1088, 17 heads)", GPT3_256M, 512, "F01", 378.26, figure=True
-  ),
-  _hpec(
-    "gpt3_256m_hpec_b1024", "GPT-3 256M (14 x d1088, 17 heads)", GPT3_256M, 1024, "F02", 380.91, figure=True
-  ),
-  _hpec(
-    "gpt3_590m_hpec_b512", "GPT-3 590M (18 x d1536, 12 heads)", GPT3_590M, 512, "F03", 202.04, figure=True
-  ),
-  _hpec(
-    "gpt3_590m_hpec_b1024", "GPT-3 590M (18 x d1536, 12 heads)", GPT3_590M, 1024, "F04", 202.7, figure=True
-  ),
-  _hpec(
-    "gpt3_2p7b_hpec_b512", "GPT-3 2.7B (32 x d2560, 32 heads)", GPT3_2P7B, 512, "F05", 46.788, figure=True
-  ),
-  _hpec(
-    "gpt3_2p7b_hpec_b1024", "GPT-3 2.7B (32 x d2560, 32 heads)", GPT3_2P7B, 1024, "F06", 46.928, figure=True
-  ),
-  _hpec(
-    "gpt3_6p7b_hpec_b512", "GPT-3 6.7B (32 x d4096, 32 heads)", GPT3_6P7B, 512, "F07", 22.731, figure=True
-  ),
-  _hpec(
-    "gpt3_6p7b_hpec_b1024", "GPT-3 6.7B (32 x d4096, 32 heads)", GPT3_6P7B, 1024, "F08", 22.741, figure=True
-  ),
-  _hpec("gpt3_13b_hpec_b512", "GPT-3 13B (40 x d5120, 40 heads)", GPT3_13B, 512, "F09", 11.873, figure=True),
-  _hpec(
-    "gpt3_13b_hpec_b1024", "GPT-3 13B (40 x d5120, 40 heads)", GPT3_13B, 1024, "F10", 11.873, figure=True
-  ),
-  _hpec("gpt3_20b_hpec_b512", "GPT-3 20B (44 x d6144, 64 heads)", GPT3_20B, 512, "F11", 7.753, figure=True),
-  _hpec("gpt3_20b_hpec_b1024", "GPT-3 20B (44 x d6144, 64 heads)", GPT3_20B, 1024, "F12", 3.424, figure=True),
+  _gpt3("256m", 128, "B01", 373.4, "structure"),
+  _gpt3("590m", 128, "B02", 199.4, "structure"),
+  _gpt3("2p7b", 128, "B03", 46.6, "structure"),
+  _gpt3("6p7b", 128, "B04", 22.67, "structure"),
+  _gpt3("13b", 128, "B05", 11.86, "structure"),
+  _gpt3("20b", 128, "B06", 7.7, "structure"),
+  _bert("large", 2048, "B07", 7074.6, "structure"),
+  _bert("large", 128, "B08", 1040.5, "structure"),
+  _bert("base", 2048, "B09", 16190, "structure"),
+  _gpt3("256m", 256, "D01", 373.4),
+  _gpt3("590m", 256, "D02", 202.15),
+  _gpt3("2p7b", 256, "D03", 46.824),
+  _gpt3("6p7b", 256, "D04", 22.713),
+  _gpt3("13b", 256, "D05", 11.869),
+  _gpt3("20b", 256, "D06", 7.7197),
+  _bert("large", 512, "D07", 3263.1),
+  _bert("large", 1024, "D08", 5311.5),
+  _bert("large", 4096, "D09", 7180.2),
+  _bert("large", 8192, "D10", 7249.7),
+  _bert("large", 16384, "D11", 7210.9),
+  _bert("base", 128, "D12", 2267.7),
+  _bert("base", 512, "D13", 7804.2),
+  _bert("base", 1024, "D14", 12335),
+  _bert("base", 4096, "D15", 14515),
+  _bert("base", 8192, "D16", 13606),
+  _bert("base", 16384, "D17", 12135),
+  _gpt3("256m", 512, "F01", 378.26, figure=True),
+  _gpt3("256m", 1024, "F02", 380.91, figure=True),
+  _gpt3("590m", 512, "F03", 202.04, figure=True),
+  _gpt3("590m", 1024, "F04", 202.7, figure=True),
+  _gpt3("2p7b", 512, "F05", 46.788, figure=True),
+  _gpt3("2p7b", 1024, "F06", 46.928, figure=True),
+  _gpt3("6p7b", 512, "F07", 22.731, figure=True),
+  _gpt3("6p7b", 1024, "F08", 22.741, figure=True),
+  _gpt3("13b", 512, "F09", 11.873, figure=True),
+  _gpt3("13b", 1024, "F10", 11.873, figure=True),
+  _gpt3("20b", 512, "F11", 7.753, figure=True),
+  _gpt3("20b", 1024, "F12", 3.424, figure=True),
 )
 """B01-B09, D01-D17 and F01-F12 (blind; the comment above `WORKLOADS`' entry of them says how they were
 collected)."""
@@ -1168,6 +1168,26 @@ WORKLOADS: dict[str, Workload] = {
     # before the values were read: 0.79-0.98x of the measured, and 2.18x for GPT-3 20B at batch
     # 1024, whose rate the paper says drops at large batches.
     *_HPEC_RUNS,
+    # G01, the fourth blind set (2026-11-27, round 23): BERT-large at batch 1024 in the course of C2
+    # and C3 (the same params file and release), three students' runs within 0.3 %; E14 is the same
+    # model and batch at R2.0.3. Predicted at commit 4065293 (the round-20 calibration, unchanged)
+    # before the value was read: 0.92x of the measured.
+    Workload(
+      "bert_large_ws1024_r21",
+      "BERT-large (as bert_large_pipelined), weight streaming, batch 1024, R2.1.x (the course of C2/C3)",
+      BERT_LARGE,
+      1024,
+      estimate_kwargs={"system": "wse2", "mode": "weight_streaming"},
+      measurement=Measurement(
+        "G01",
+        4847.18,
+        "1 x CS-2, weight streaming, Release_2.1.1 modelzoo, 2024-04 (GlobalRate at step 1000)",
+        "SVeldman/ai-science-training-series 07_AITestbeds/Homework_07_Submission.md @c0a3b13 (line 39)",
+        role="held_out",
+        blind=True,
+        family="bert",
+      ),
+    ),
     Workload(
       "llama2_7b_cs3_finetune",
       "LLaMA-2 7B full fine-tune on 1 x CS-3, seq 1024, batch 8 (micro-batch not set: searched)",
