@@ -134,6 +134,20 @@ def test_validate_only_lowers_but_never_compiles(tmp_path, monkeypatch, capsys):
   assert "Estimating the rate on the wafer" in out and (tmp_path / "compile_report.txt").exists()
 
 
+def test_validate_only_says_on_the_console_which_sequence_length_it_assumed(tmp_path, capsys):
+  """A file without ``max_sequence_length`` is estimated at ``max_position_embeddings`` tokens (modelzoo's
+  data fixes the length): the console line says so, not only compile_report.txt."""
+  unset = ["train_input.max_sequence_length=null", "eval_input.max_sequence_length=null"]
+  rc = cli.main(["run", "--params", str(GPT2_TINY), "--validate_only", "--model_dir", str(tmp_path), *unset])
+  out = capsys.readouterr().out
+  assert rc == 0, out
+  line = next(line for line in out.splitlines() if line.startswith("Estimated "))
+  assert "-token sequences (train_input.max_sequence_length not set: model.max_position_embeddings = " in line
+  rc = cli.main(["run", "--params", str(GPT2_TINY), "--validate_only", "--model_dir", str(tmp_path / "b")])
+  stated = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Estimated "))
+  assert rc == 0 and "-token sequences" not in stated
+
+
 # ------------------------------------------------------------------ what validate_only must still refuse
 
 

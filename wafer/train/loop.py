@@ -807,5 +807,9 @@ def _write_compile_report(
           f"would fit: {report.remedy}; {where}", flush=True)  # fmt: skip
     return
   summary["samples_per_sec_estimate"] = float(report.samples_per_sec)
-  print(f"Estimated {report.samples_per_sec:,.1f} samples/s on the wafer ({mode}, release {report.release}); "
-        f"{where}", flush=True)  # fmt: skip
+  seq, source = report.details.get("sequence_length"), report.details.get("sequence_source") or ""
+  of = ""
+  if seq and "not set" in source:  # a length the file does not state: the reader sees it was assumed
+    of = f" of {seq:,}-token sequences ({source}: the data's own length decides it; set it to that)"
+  print(f"Estimated {report.samples_per_sec:,.1f} samples/s{of} on the wafer ({mode}, release "
+        f"{report.release}); {where}", flush=True)  # fmt: skip
