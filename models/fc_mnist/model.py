@@ -14,7 +14,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from models.common import activation, cross_entropy
 from wafer.config import ModelConfig
@@ -36,6 +36,20 @@ class FCMnistConfig(ModelConfig):
   to_float16: bool = False
   input_size: int = Field(default=INPUT_SIZE, ge=1)
   num_classes: int = Field(default=NUM_CLASSES, ge=2)
+
+  @field_validator("to_float16")
+  @classmethod
+  def _to_float16(cls, v: bool) -> bool:
+    """modelzoo 2.x casts the whole model, weights included, to the half type when it is true
+    (``model.to(cstorch.amp.get_half_dtype())``, Release_2.10.0 fc_mnist/model.py; 1.x refused it): no
+    float32 weights, which wafer always keeps. Refused rather than silently trained in mixed precision."""
+    if v:
+      raise ValueError(
+        "true (the whole model, its weights too, in the half type, as modelzoo 2.x's fc_mnist does) is not "
+        "available: wafer keeps the weights in float32 and computes in the half type with "
+        "model.mixed_precision: true (and model.fp16_type); set model.to_float16: false"
+      )
+    return v
 
   def hidden_sizes(self) -> list[int]:
     """One width per hidden layer."""

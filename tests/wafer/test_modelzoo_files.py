@@ -437,3 +437,21 @@ def test_a_given_release_decides_adamw_correct_bias(release, expected):
   data = {"runconfig": {"modelzoo_release": release}, "optimizer": {"optimizer_type": "adamw"}}
   adamw_default(data, release_of(data, trainer_layout=False, model="bert"))
   assert data["optimizer"].get("correct_bias", True) is expected
+
+
+@pytest.mark.parametrize(
+  ("path", "key"),
+  [
+    ("Release_2.10.0/fc_mnist/params.yaml", "model.to_float16"),
+    ("Release_2.6.0/fc_mnist/params.yaml", "trainer.init.model.to_float16"),
+  ],
+)
+def test_fc_mnist_to_float16_true_is_refused_not_trained_in_mixed_precision(path, key):
+  """modelzoo 2.x's fc_mnist casts the whole model, weights too, to the half type with to_float16: true;
+  wafer keeps float32 weights, so it refuses the key (at its line) rather than train another model."""
+  with pytest.raises(
+    ConfigError, match=r"model.to_float16 .*: true \(the whole model, its weights too"
+  ) as error:
+    load_params(DATA / path, [f"{key}=true"])
+  assert "set model.to_float16: false" in str(error.value)
+  assert load_params(DATA / path, [f"{key}=false"]).model.to_float16 is False
