@@ -268,3 +268,38 @@ def test_zoo_folder_names_the_model_of_each_layout():
   assert zoo_folder("tests/data/modelzoo/Release_1.9.1/gpt2/params_gpt2_small.yaml") is None
   assert all(name == name.lower() for name in MODELZOO_MODELS)
 
+
+def test_a_scheduler_that_wraps_another_is_named_not_dumped(tmp_path):
+  """Minor: the 2.5 MoE file's ``ScalePerParamLR: {scheduler: {SequentialLR: ...}}`` gave "Invalid
+  lr_scheduler type {'SequentialLR': ...}" (its argument replaced its name) and "learning_rate: required"."""
+  from wafer.config.trainer import convert_all
+
+  text = LLAMA_TRAINER.replace("name: llama", "name: gpt3") + (
+    "    schedulers:\n"
+    "    - ScalePerParamLR:\n"
+    "        scheduler:\n"
+    "          SequentialLR:\n"
+    "            schedulers:\n"
+    "            - LinearLR: {initial_learning_rate: 0.0, end_learning_rate: 0.01, total_iters: 9}\n"
+    "            - LinearLR: {initial_learning_rate: 0.01, end_learning_rate: 0.0, total_iters: 9}\n"
+  )
+  import yaml
+
+  _, _, found, _ = convert_all(yaml.safe_load(text))
+  (wrapped,) = [p for p in found if "ScalePerParamLR" in p.loc]
+  assert wrapped.loc[-1] == "scheduler" and "wraps another scheduler" in wrapped.message
+  registry.load_plugins()
+  with pytest.raises(ConfigError) as info:
+    load_params(_write(tmp_path, "p.yaml", text))
+  messages = str(info.value)
+  assert "ScalePerParamLR.scheduler: ScalePerParamLR wraps another scheduler" in messages
+  assert "{'SequentialLR'" not in messages and "required key is missing" not in messages
+
+
+def test_a_qualified_core_key_is_not_a_misspelling():
+  """Minor: T5's ``src_max_sequence_length`` "looked like a misspelling of max_sequence_length"."""
+  from wafer.config.schema import InputConfig
+
+  found = InputConfig.key_problems({"src_max_sequence_length": 512, "tgt_max_sequence_length": 114})
+  assert found == {}
+  assert "batch_size" in InputConfig.key_problems({"batch_sise": 8}).get("batch_sise", "")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from wafer.config import modelzoo as _modelzoo
 from wafer.config import trainer as _trainer
 from wafer.config.errors import (
+  REQUIRED,
   ConfigError,
   Loc,
   Problem,
@@ -538,6 +539,8 @@ def load_params(
     )
   except ConfigError as e:
     problems = e.problems
+    if any("schedulers" in p.loc for p in found):  # a scheduler that did not convert is not a missing one
+      problems = [p for p in problems if (p.loc, p.message) != (("optimizer", "learning_rate"), REQUIRED)]
     # a model that is not available: say so first (its keys and data processors are its own, not
     # mistakes; its unknown data processors are left out); the runner says the same of a file
     # without other problems
