@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
-from wafer.config import add_schema_source, register_input_schema, register_model_schema
+from wafer.config import add_model_check, add_schema_source, register_input_schema, register_model_schema
+from wafer.config.modelzoo import MODELZOO_MODELS
 from wafer.errors import PluginError, UnknownModelError
 
 GROUP = "wafer.models"
@@ -144,6 +145,34 @@ def load_plugins() -> None:
         _PROCESSOR_ORIGIN.setdefault(processor, origin)
 
 
+def unknown_model(name: str) -> str | None:
+  """Why ``model.name`` = ``name`` names no registered model (the registered names, the nearest one, the
+  plugins that did not load), or None when it names one. `get_spec` raises it; the config's loader puts
+  it first among a file's problems (`wafer.config.add_model_check`), so that a file of another model
+  says so before its keys are read as this project's.
+
+  A Model Zoo model this project does not have (`wafer.config.modelzoo.MODELZOO_MODELS`) gets no
+  "did you mean": a GPT-J file is not a GPT-3 file with a typo."""
+  load_plugins()
+  key = str(name).lower()
+  if key in _SPECS:
+    return None
+  known = sorted(_SPECS)
+  other = MODELZOO_MODELS.get(key)
+  if other is not None:
+    hint = f" It is Cerebras Model Zoo's {other} model, which wafer does not have."
+  else:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+  if _FAILED:  # a plugin's error: the model may be one of its own
+    return (
+      f"unknown model {name!r}.{hint} It may be in a plugin that did not load: "
+      + "; ".join(_FAILED.values())
+      + f". Registered models: {', '.join(known)}"
+    )
+  return f"unknown model {name!r}.{hint} Registered models ({GROUP} entry points): {', '.join(known)}"
+
+
 def get_spec(name: str) -> ModelSpec:
   """The spec registered as ``name``; an error lists the known names (and the plugins that did not load)."""
   load_plugins()
@@ -155,18 +184,8 @@ def get_spec(name: str) -> ModelSpec:
     )
   found = _SPECS.get(key)
   if found is None:
-    known = sorted(_SPECS)
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    if _FAILED:  # a plugin's error: the model may be one of its own
-      raise PluginError(
-        f"model.name: unknown model {name!r}.{hint} It may be in a plugin that did not load: "
-        + "; ".join(_FAILED.values())
-        + f". Registered models: {', '.join(known)}"
-      )
-    raise UnknownModelError(
-      f"model.name: unknown model {name!r}.{hint} Registered models ({GROUP} entry points): {', '.join(known)}"
-    )
+    why = unknown_model(name)
+    raise (PluginError if _FAILED else UnknownModelError)(f"model.name: {why}")
   return found
 
 
@@ -202,3 +221,4 @@ def registered() -> list[str]:
 
 
 add_schema_source(load_plugins)
+add_model_check(unknown_model)

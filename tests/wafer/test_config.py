@@ -44,6 +44,9 @@ optimizer:
 runconfig:
   max_steps: 10
 """
+REGISTERED = MINIMAL.replace("name: tiny", "name: mlp_example")
+"""`MINIMAL` of a registered model: its errors are the file's alone (a file of a model that is not
+available says that first)."""
 
 
 def write(tmp_path: pathlib.Path, text: str, name: str = "params.yaml") -> pathlib.Path:
@@ -210,7 +213,8 @@ def test_trainer_unconverted_keys_are_errors(tmp_path: pathlib.Path) -> None:
       """,
   )
   text = error_of(path)
-  assert "3 problems" in text
+  assert "4 problems" in text  # the model first: it is not available (x names none)
+  assert text.splitlines()[1].startswith("  line 3: trainer.init.model.name: unknown model 'x'")
   assert "trainer.init.loop.max_stepz: unknown key 'max_stepz'; did you mean 'max_steps'?" in text
   assert "trainer.init.callbacks[0].CheckLoss: callback 'CheckLoss' is not converted" in text
   assert "trainer.init.schedulers: only one learning-rate scheduler" in text
@@ -371,7 +375,7 @@ def test_mode_argument() -> None:
 
 
 def test_misspelled_key_in_file(tmp_path: pathlib.Path) -> None:
-  path = write(tmp_path, MINIMAL.replace("max_steps: 10", "max_stesp: 10\n  max_steps: 10"))
+  path = write(tmp_path, REGISTERED.replace("max_steps: 10", "max_stesp: 10\n  max_steps: 10"))
   text = error_of(path)
   assert text == (
     f"{path}: line 9: runconfig.max_stesp: unknown key 'max_stesp'; did you mean 'max_steps'? (got 10)"
@@ -493,7 +497,7 @@ def test_missing_sections(tmp_path: pathlib.Path) -> None:
   assert "train_input (from override 'train_input=null'): required for mode 'train'" in error_of(
     FC, ["train_input=null"]
   )
-  text = error_of(write(tmp_path, MINIMAL), mode="eval")
+  text = error_of(write(tmp_path, REGISTERED), mode="eval")
   assert text.endswith("params.yaml: eval_input: required for mode 'eval'")
 
 
@@ -519,7 +523,7 @@ def test_unreadable_and_empty_files(tmp_path: pathlib.Path) -> None:
 
 def test_several_problems_one_per_line(tmp_path: pathlib.Path) -> None:
   path = write(
-    tmp_path, MINIMAL.replace("batch_size: 8", "batch_size: -1").replace("SGD", "SDG") + "  sed: 1\n"
+    tmp_path, REGISTERED.replace("batch_size: 8", "batch_size: -1").replace("SGD", "SDG") + "  sed: 1\n"
   )
   text = error_of(path)
   lines = text.splitlines()

@@ -55,9 +55,9 @@ def test_use_worker_cache_is_ignored_and_an_unknown_model_is_named_first(tmp_pat
 
 
 def test_a_file_read_as_another_model_says_so_before_its_problems(tmp_path):
-  """A legacy LLaMA file has no model.name: its data processor makes it gpt2, and its LLaMA keys
-  then read as gpt2 mistakes ("did you mean 'silu'" for swiglu). The error says first how the file
-  was read and that its model may not be available (probe 2)."""
+  """A legacy file has no model.name: its data processor makes it gpt2, and a key of another model then
+  reads as a gpt2 mistake. The error says first how the file was read and that its model may not be
+  available (probe 2). (A LLaMA file's rotary and swiglu refuse it as another model's: probe 23b.)"""
   import pytest
 
   from wafer.config import load_params
@@ -67,8 +67,7 @@ def test_a_file_read_as_another_model_says_so_before_its_problems(tmp_path):
   path.write_text(
     "train_input:\n  data_processor: GptHDF5MapDataProcessor\n  batch_size: 8\n"
     "model:\n  hidden_size: 64\n  num_hidden_layers: 2\n  num_heads: 2\n  filter_size: 128\n"
-    "  vocab_size: 100\n  max_position_embeddings: 64\n  position_embedding_type: rotary\n"
-    "  nonlinearity: swiglu\n"
+    "  vocab_size: 100\n  max_position_embeddings: 64\n  position_embedding_type: fixed\n"
     "optimizer:\n  optimizer_type: adamw\n  learning_rate: 1.0e-4\n"
     "runconfig:\n  max_steps: 2\n"
   )
@@ -78,3 +77,10 @@ def test_a_file_read_as_another_model_says_so_before_its_problems(tmp_path):
   assert first.loc == ("model", "name") and "not set: using 'gpt2'" in first.message
   assert "not available here (registered models: " in first.message
   assert any(p.loc == ("model", "position_embedding_type") for p in info.value.problems[1:])
+  path.write_text(path.read_text().replace("fixed", "rotary"))
+  with pytest.raises(ConfigError) as info:
+    load_params(str(path))
+  (only,) = info.value.problems
+  assert (
+    only.loc == ("model",) and "rotary position embeddings: model.position_embedding_type" in only.message
+  )

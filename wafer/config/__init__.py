@@ -5,7 +5,7 @@ Example (a ConfigError's text names the file, the line, the key path, the value 
 >>> from wafer.config import ConfigError, load_params
 >>> data = {
 ...   "train_input": {"batch_size": 8},
-...   "model": {"name": "my_model", "fp16_type": "bfloat16"},
+...   "model": {"name": "mlp_example", "fp16_type": "bfloat16"},
 ...   "optimizer": {"optimizer_type": "SGD", "learning_rate": 0.1, "momentum": 0.9},
 ...   "runconfig": {"max_steps": 100},
 ... }
@@ -37,6 +37,7 @@ from wafer.config.optimizer import Optimizer as Optimizer
 from wafer.config.optimizer import OptimizerConfig as OptimizerConfig
 from wafer.config.params import Params as Params
 from wafer.config.params import Runtime as Runtime
+from wafer.config.params import add_model_check as add_model_check
 from wafer.config.params import add_schema_source as add_schema_source
 from wafer.config.params import register_input_schema as register_input_schema
 from wafer.config.params import register_model_schema as register_model_schema
@@ -57,6 +58,7 @@ __all__ = (
   "Problem",
   "RunConfig",
   "Runtime",
+  "add_model_check",
   "add_schema_source",
   "build_optimizer",
   "format_config_error",

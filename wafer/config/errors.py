@@ -43,6 +43,8 @@ def format_config_error(err: BaseException) -> str:
 
 
 _QUOTED = re.compile(r"'([^']*)'")
+REQUIRED = "required key is missing"
+"""The message of a missing required key (`from_pydantic`)."""
 
 
 def from_pydantic(errors: Iterable[dict[str, Any]], prefix: Loc, fields_at: Any) -> list[Problem]:
@@ -64,7 +66,7 @@ def from_pydantic(errors: Iterable[dict[str, Any]], prefix: Loc, fields_at: Any)
       allowed = fields_at(loc[:-1]) or []
       msg = unknown_key_message(loc[-1], allowed)
     elif kind == "missing":
-      msg, value = "required key is missing", _MISSING
+      msg, value = REQUIRED, _MISSING
     elif kind in ("value_error", "assertion_error"):
       msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
       key = re.match(r"^(\w+(?:\.\w+)*)=[^:]*: ", msg)

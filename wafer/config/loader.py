@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from wafer.config import modelzoo as _modelzoo
 from wafer.config import trainer as _trainer
 from wafer.config.errors import (
+  REQUIRED,
   ConfigError,
   Loc,
   Problem,
@@ -32,6 +33,7 @@ from wafer.config.params import (
   processors_of,
   registered_input_schemas,
   section_schema,
+  unknown_model,
 )
 from wafer.config.schema import MODES, OpenSection
 
@@ -403,6 +405,11 @@ def validate_params(
   return params
 
 
+def _unknown_processor(p: Problem) -> bool:
+  """Whether ``p`` is an input section's unknown ``data_processor`` (`_validate_section`'s problem)."""
+  return len(p.loc) == 2 and p.loc[1] == "data_processor" and p.message.startswith("unknown data_processor")
+
+
 def _not_utf8(error: UnicodeDecodeError, source: str) -> str:
   """Where a params file stops being UTF-8 text: line and column of the first bad byte."""
   with open(source, "rb") as f:
@@ -512,7 +519,7 @@ def load_params(
     where,
     [f"{dotted(loc)} ({_modelzoo.IGNORED[('callback', name)]})" for loc, name in callbacks],
   )
-  if adapted.tensorflow:
+  if adapted.alone:
     raise ConfigError([locate(p, lines, origins, v2_map) for p in adapted.problems], source)
   model = adapted.data.get("model")
   name = model.get("name") if isinstance(model, dict) else None
@@ -533,16 +540,27 @@ def load_params(
       release,
     )
   except ConfigError as e:
+    problems = e.problems
+    if any("schedulers" in p.loc for p in found):  # a scheduler that did not convert is not a missing one
+      problems = [p for p in problems if (p.loc, p.message) != (("optimizer", "learning_rate"), REQUIRED)]
+    # a model that is not available: say so first (its keys and data processors are its own, not
+    # mistakes; its unknown data processors are left out); the runner says the same of a file
+    # without other problems
+    why = unknown_model(name) if isinstance(name, str) else None
+    if why is not None:
+      head = locate(Problem(("model", "name"), why, name), lines, origins, v2_map)
+      rest = [p for p in problems if not _unknown_processor(p)]
+      raise ConfigError([head, *rest], e.source) from None
     # a model read from the data processor (no model.name): its problems may be those of another
     # model sharing the processor (a LLaMA file read as gpt3): say first how the file was read
     if adapted.inferred is None:
-      raise
+      raise ConfigError(problems, e.source) from None
     head = Problem(
       ("model", "name"),
       f"not set: {adapted.inferred}. The problems below may mean the file is of another model, "
       f"which is not available here (registered models: {', '.join(sorted(model_schemas()))})",
     )
-    raise ConfigError([head, *e.problems], e.source) from None
+    raise ConfigError([head, *problems], e.source) from None
   note = _modelzoo.precision_note(params)
   return params.model_copy(update={"notes": params.notes + ((note,) if note else ())})
 

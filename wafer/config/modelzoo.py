@@ -151,13 +151,166 @@ FEATURES: dict[str, tuple[tuple[str, str], ...]] = {
     ("input", "num_parallel_calls"),
     ("runconfig", "save_checkpoints_steps"),
     ("runconfig", "tf_random_seed"),
-    ("", "description"),
     ("model", "hidden_sizes"),
     ("model", "use_vsl"),
   ),
 }
 """``{feature: keys}``: features wafer does not have, refused with every key of the file named.
 A ``data_processor`` reading TFRecords (``*Tf*Processor``) is TensorFlow input too."""
+
+MODELZOO_MODELS: dict[str, str] = {
+  "bert/classifier": "BERT classifier (fine-tuning)",
+  "bert/extractive_summarization": "BERT extractive summarization (fine-tuning)",
+  "bert/qa": "BERT question answering (fine-tuning)",
+  "bert/token_classifier": "BERT token classifier (fine-tuning)",
+  "bloom": "BLOOM",
+  "btlm": "BTLM",
+  "dino": "DINOv2",
+  "dit": "DiT (diffusion transformer)",
+  "dpo": "DPO",
+  "dpr": "DPR",
+  "esm2": "ESM-2",
+  "falcon": "Falcon",
+  "gemma2": "Gemma 2",
+  "gptj": "GPT-J / GPT-NeoX",
+  "jais": "Jais",
+  "layers_api_demo": "layers API demo",
+  "llama": "LLaMA",
+  "llava": "LLaVA",
+  "mistral": "Mistral",
+  "mixtral": "Mixtral (mixture of experts)",
+  "multimodal_simple": "multimodal (simple)",
+  "santacoder": "SantaCoder",
+  "starcoder": "StarCoder",
+  "t5": "T5",
+  "transformer": "Transformer (encoder-decoder)",
+  "unet": "UNet",
+  "vision_transformer": "ViT (vision transformer)",
+}
+"""``{model name or folder: the model}``: Cerebras Model Zoo models that wafer's own models are not (their
+``model.name`` from 2.4 on, their folder under ``transformers/pytorch``, ``vision/pytorch`` or
+``models/<domain>`` before). A file of one is refused as that model, never read key by key as one of
+wafer's (`other_model`, `wafer.registry.unknown_model`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Evidence:
+  """A ``model`` key (and values) that only models wafer does not have use: a legacy file without
+  ``model.name`` that has it is of one of those models, whatever its data processor feeds."""
+
+  key: str
+  values: tuple[Any, ...] | None
+  """The values that are evidence (None: any); strings compare case-insensitively."""
+  feature: str
+  models: str
+  """The Model Zoo models that use it (as a hint when the file's folder does not name its model)."""
+
+  def found(self, model: Mapping[str, Any]) -> bool:
+    if self.key not in model:
+      return False
+    value = model[self.key]
+    if self.values is None:
+      return True
+    value = value.lower() if isinstance(value, str) else value
+    return any(value == v and type(value) is type(v) for v in self.values)
+
+
+EVIDENCE: tuple[Evidence, ...] = (
+  Evidence(
+    "position_embedding_type",
+    ("rotary",),
+    "rotary position embeddings",
+    "GPT-J, GPT-NeoX, LLaMA, Mistral, Mixtral, Falcon, Gemma 2, ESM-2",
+  ),
+  Evidence("position_embedding_type", ("alibi",), "ALiBi attention biases", "BLOOM, BTLM, Jais"),
+  Evidence("position_embedding_type", ("relative",), "relative position biases", "T5"),
+  Evidence(
+    "nonlinearity",
+    ("swiglu", "geglu", "reglu", "liglu", "glu"),
+    "a gated feed-forward",
+    "LLaMA, Mistral, Mixtral, BTLM, Jais, Gemma 2",
+  ),
+  Evidence(
+    "attention_module",
+    ("multiquery_attention",),
+    "multi-query or grouped-query attention",
+    "Falcon, StarCoder, SantaCoder, LLaMA 2/3 70B, Mistral, Mixtral",
+  ),
+  Evidence("use_rms_norm", (True,), "RMSNorm", "LLaMA"),
+  Evidence("norm_type", ("rmsnorm",), "RMSNorm", "LLaMA, Mistral, Mixtral, Jais, Gemma 2"),
+  Evidence("moe", None, "a mixture of experts", "Mixtral"),
+  Evidence("attention_sliding_window_length", None, "sliding-window attention", "Mistral, Gemma 2"),
+)
+"""What marks a legacy file (no ``model.name``) as another model's. Each is a key or value wafer's models
+reject (a test checks it against every registered model), so no file wafer runs is refused for it."""
+
+_ZOO_FOLDER = re.compile(r"(?:^|/)(?:pytorch|models/[a-z0-9_]+)/((?:[a-z0-9_]+/)+?)configs/")
+"""The model's folder in Model Zoo's tree: ``transformers/pytorch/<model>/configs/`` (up to 2.0),
+``models/<domain>/<model>/configs/`` (2.1 on), with ``fine_tuning/`` between model and task up to 2.0."""
+
+
+def zoo_folder(path: str | None) -> str | None:
+  """The model a file's Model Zoo folder names (``"llama"``, ``"bert/classifier"``), or None when the path
+  is not in Model Zoo's tree.
+
+  >>> zoo_folder("modelzoo/transformers/pytorch/bert/fine_tuning/classifier/configs/bert_base_sst2.yaml")
+  'bert/classifier'
+  >>> zoo_folder("src/cerebras/modelzoo/models/nlp/gptj/continuous_pretraining/configs/p.yaml")
+  'gptj'
+  """
+  if not path:
+    return None
+  found = _ZOO_FOLDER.search(str(path).replace("\\", "/").lower())
+  if found is None:
+    return None
+  parts = [p for p in found.group(1).strip("/").split("/") if p != "fine_tuning"]
+  for n in range(len(parts), 0, -1):
+    if "/".join(parts[:n]) in MODELZOO_MODELS:
+      return "/".join(parts[:n])
+  return parts[0]
+
+
+def other_model(
+  data: Mapping[str, Any],
+  path: str | None,
+  models_of: Callable[[str], tuple[str, ...]],
+  names: Sequence[str],
+  where: Callable[[Loc], str] = dotted,
+) -> Problem | None:
+  """The refusal of a legacy file without ``model.name`` that is of a Model Zoo model wafer does not
+  have, or None: its ``model`` keys show it (:data:`EVIDENCE`), or its Model Zoo folder names such a model
+  (:data:`MODELZOO_MODELS`) and no data processor of the file feeds one of wafer's models.
+
+  Args:
+    names: the registered model names (a folder that names one is not another model's).
+    where: how a key path is shown (as written, with its line).
+  """
+  model = data.get("model") if isinstance(data.get("model"), dict) else {}
+  registered = {n.lower() for n in names}
+  folder = zoo_folder(path)
+  folder = folder if folder in MODELZOO_MODELS and folder not in registered else None
+  shown = [e for e in EVIDENCE if e.found(model)]
+  if not shown:
+    ours = [
+      p
+      for s in _sections(data, "input")
+      if isinstance(p := data[s].get("data_processor"), str) and models_of(p)
+    ]
+    if folder is None or ours:
+      return None
+  evidence = "; ".join(f"{e.feature}: {where(('model', e.key))}" for e in shown)
+  if folder is not None:
+    what = f"a Cerebras Model Zoo {MODELZOO_MODELS[folder]} file (its folder {folder!r}"
+    what += f"; {evidence})" if evidence else ")"
+  else:
+    models = sorted({m.strip() for e in shown for m in e.models.split(",")})
+    what = f"a file of a Cerebras Model Zoo model ({', '.join(models)}): {evidence}"
+  return Problem(
+    ("model",),
+    f"this is {what}. Wafer does not have that model, so the file cannot run here; wafer's models: "
+    f"{', '.join(sorted(names))}",
+  )
+
 
 _TF_PROCESSOR = re.compile(r"tf(records)?(data)?processor$|tfrecords", re.IGNORECASE)
 _ONE_X = (
@@ -390,9 +543,9 @@ class Adapted:
   data: dict[str, Any]
   notes: list[str]
   problems: list[Problem]
-  tensorflow: bool = False
-  """The file is a TensorFlow (estimator) file: its refusal is the whole report (its other keys are
-  TensorFlow's, not wafer's business)."""
+  alone: bool = False
+  """The refusal is the whole report: the file is a TensorFlow (estimator) file, or one of a Model Zoo
+  model wafer does not have (`other_model`); its other keys are that model's, not wafer's business."""
   inferred: str | None = None
   """How the model was chosen when the file names none (``"using 'gpt2', the model of ..."``)."""
 
@@ -516,7 +669,12 @@ def adapt(
   features = feature_locs(data)
   refused = features_problem(features, where)
   if refused is not None and any(features[f] for f in features if f.startswith("TensorFlow")):
-    return Adapted(data, [], [refused], tensorflow=True)
+    return Adapted(data, [], [refused], alone=True)
+  model = data.get("model")
+  if isinstance(model, dict) and model.get("name") is None and schemas is not None:
+    other = other_model(data, path, models_of, sorted(schemas), where)
+    if other is not None:
+      return Adapted(data, [], [other], alone=True)
   if refused is not None:
     problems.append(refused)
     for locs in feature_locs(data).values():

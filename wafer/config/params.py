@@ -42,6 +42,7 @@ _MODEL_SCHEMAS: dict[str, type[ModelConfig]] = {}
 _INPUT_SCHEMAS: dict[str, type[InputConfig]] = {}
 _PROCESSOR_MODELS: dict[str, tuple[str, ...]] = {}
 _SCHEMA_SOURCES: list[Callable[[], None]] = []
+_MODEL_CHECKS: list[Callable[[str], str | None]] = []
 
 
 def add_schema_source(load: Callable[[], None]) -> None:
@@ -50,6 +51,25 @@ def add_schema_source(load: Callable[[], None]) -> None:
   that never loaded the plugins still gets their strict schemas."""
   if load not in _SCHEMA_SOURCES:
     _SCHEMA_SOURCES.append(load)
+
+
+def add_model_check(check: Callable[[str], str | None]) -> None:
+  """``check(name)``: why ``model.name`` = ``name`` names no available model, or None when it names one.
+  `wafer.registry` adds its `unknown_model`: a file that fails to load says first that its model is not
+  available (`unknown_model`), with the message a run would give."""
+  if check not in _MODEL_CHECKS:
+    _MODEL_CHECKS.append(check)
+
+
+def unknown_model(name: str) -> str | None:
+  """Why ``model.name`` = ``name`` names no available model (the checks of `add_model_check`), or None:
+  it names one, or no check is installed (the config alone validates any model name)."""
+  load_schemas()
+  for check in tuple(_MODEL_CHECKS):
+    why = check(name)
+    if why is not None:
+      return why
+  return None
 
 
 def load_schemas() -> None:

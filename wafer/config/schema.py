@@ -87,6 +87,8 @@ class OpenSection(Section):
       core = list(cls.model_fields)
       for key in data:
         close = suggest(key, core, cutoff=cls._typo_cutoff) if key not in core else None
+        if close and (key.endswith(f"_{close}") or key.startswith(f"{close}_")):
+          close = None  # a qualified core key (T5's src_max_sequence_length): another key, not a typo
         if close:
           out[key] = f"unknown key {key!r} looks like a misspelling of {close!r}; did you mean {close!r}?"
     return out

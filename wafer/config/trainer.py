@@ -311,6 +311,13 @@ def _scheduler(c: _Converter, value: Any, loc: Loc) -> dict[str, Any] | None:
   if name.lower() in _SEQUENTIAL + _CHAINED:
     c.bad(loc + (name,), f"a nested {name} cannot be converted to the legacy layout")
     return None
+  if "scheduler" in args:  # a wrapper (ScalePerParamLR): its argument would replace its name
+    c.bad(
+      loc + (name, "scheduler"),
+      f"{name} wraps another scheduler; a scheduler that wraps others is not converted (convertible: one "
+      "learning-rate scheduler, or a SequentialLR or ChainedScheduler of them)",
+    )
+    return None
   return {"scheduler": name, **copy.deepcopy(args)}
 
 
