@@ -786,3 +786,22 @@ def test_a_model_vocabulary_smaller_than_the_datas_is_refused_before_any_work():
   assert (
     load_params(path, ["model.vocab_size=9000"]).model.vocab_size == 9000
   )  # a larger model vocabulary is fine
+
+
+@pytest.mark.parametrize(
+  ("written", "suggested"),
+  [
+    ("SST2DataProcessor", None),  # a BERT classifier's: not MNIST's, whose name shares only the ending
+    ("MnistDataProcesor", "MNISTDataProcessor"),
+    ("GptHDF5DataProcesor", "GptHDF5DataProcessor"),
+    ("BertCSVDynamicMaskDataProcesor", "BertCSVDynamicMaskDataProcessor"),
+  ],
+)
+def test_an_unknown_data_processor_is_matched_on_its_name_not_its_ending(written, suggested):
+  from wafer.config.loader import _unknown_processor_message
+
+  message = _unknown_processor_message(written)
+  if suggested is None:
+    assert "did you mean" not in message and "registered processors: " in message
+  else:
+    assert message.endswith(f"did you mean {suggested!r}?")

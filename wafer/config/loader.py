@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 import re
 import typing
@@ -298,16 +299,7 @@ def _validate_section(key: str, value: Any) -> tuple[Any, list[Problem]]:
   problems: list[Problem] = []
   processor = value.get("data_processor") if key in ("train_input", "eval_input") else None
   if isinstance(processor, str) and schema is SECTIONS[key] and registered_input_schemas():
-    known = registered_input_schemas()
-    problems.append(
-      Problem(
-        (key, "data_processor"),
-        unknown_key_message(processor, known)
-        .replace("unknown key", "unknown data_processor")
-        .replace("allowed keys", "registered processors"),
-        processor,
-      )
-    )
+    problems.append(Problem((key, "data_processor"), _unknown_processor_message(processor), processor))
   if issubclass(schema, OpenSection):
     found = schema.key_problems(value)
     problems += [Problem((key, k), m, value[k]) for k, m in found.items()]
@@ -403,6 +395,24 @@ def validate_params(
   if problems:
     raise ConfigError([locate(p, lines, origins, renames) for p in problems], source)
   return params
+
+
+def _unknown_processor_message(processor: str) -> str:
+  """``unknown data_processor 'X'`` with the nearest registered one, or the list. The nearest is
+  kept only if the names are still near without the ending they share (``SST2DataProcessor`` is not
+  ``MNISTDataProcessor``: ``SST2`` is not ``MNIST``).
+
+  >>> _unknown_processor_message("BertCSVDynamicMaskDataProcesor")
+  "unknown data_processor 'BertCSVDynamicMaskDataProcesor'; did you mean 'BertCSVDynamicMaskDataProcessor'?"
+  """
+  known = registered_input_schemas()
+  close = suggest(processor, known)
+  if close is not None:
+    a, b = processor.lower(), close.lower()
+    shared = len(os.path.commonprefix([a[::-1], b[::-1]]))
+    if difflib.SequenceMatcher(None, a[: len(a) - shared], b[: len(b) - shared]).ratio() >= 0.6:
+      return f"unknown data_processor {processor!r}; did you mean {close!r}?"
+  return f"unknown data_processor {processor!r}; registered processors: {', '.join(sorted(known))}"
 
 
 def _unknown_processor(p: Problem) -> bool:

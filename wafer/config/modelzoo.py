@@ -504,7 +504,7 @@ def adamw_default(data: dict[str, Any], release: Release) -> str | None:
     return None
   if "correct_bias" in opt or release.adamw_correct_bias is True:
     return None
-  old, new = ADAMW_CORRECT_BIAS_SOURCES
+  old, new = (source.split(" ")[0] for source in ADAMW_CORRECT_BIAS_SOURCES)  # the URLs
   if release.adamw_correct_bias is False:
     opt["correct_bias"] = False
     return (
@@ -512,9 +512,9 @@ def adamw_default(data: dict[str, Any], release: Release) -> str | None:
       "1.9 and later default to True"
     )
   return (
-    "note: optimizer.correct_bias not given: True, AdamW's default from Model Zoo 1.9 on "
-    f"({new}); up to 1.8 it was False ({old}), and this file does not say which it is "
-    f"({release.reason}): set optimizer.correct_bias, or runconfig.modelzoo_release, to decide"
+    f"note: optimizer.correct_bias not given: True, AdamW's default from Model Zoo 1.9 on ({new}); up to "
+    f"1.8 it was False ({old}), and this file does not say which it is ({release.reason}): set "
+    "optimizer.correct_bias, or runconfig.modelzoo_release, to decide"
   )
 
 
