@@ -63,13 +63,16 @@ def accuracy(params: dict[str, Any], batch: dict[str, Any]) -> jax.Array:
   return jnp.mean((jnp.argmax(logits(params, batch["x"]), axis=-1) == batch["label"]).astype(jnp.float32))
 
 
-def example_task(batch_size: int = 64, eval_batches: int = 4) -> Task:
+def example_task(batch_size: int = 64, eval_batches: int = 4, eval_batch_size: int | None = None) -> Task:
+  """The example task: training batches of ``batch_size``; ``eval_batches`` held-out batches of
+  ``eval_batch_size`` (default: ``batch_size``)."""
+  eval_rows = batch_size if eval_batch_size is None else eval_batch_size
   return Task(
     name="mlp_example",
     init_params=init_params,
     loss_fn=loss_fn,
     train_data=lambda seed: IndexedBatches(lambda step: _batch(seed, step, batch_size)),
-    eval_data=lambda: (_batch(10_000, i, batch_size) for i in range(eval_batches)),
+    eval_data=lambda: (_batch(10_000, i, eval_rows) for i in range(eval_batches)),
     eval_metric=accuracy,
     eval_metric_name="accuracy",
     batch_size=batch_size,
@@ -82,10 +85,14 @@ EXAMPLE_PARAMS = CONFIG.read_text()
 
 
 def build_task(params: Any) -> Task:
-  """The registry builder: the example task at the params file's batch sizes."""
-  batch = params.train_input.batch_size if params.train_input is not None else 64
-  eval_batches = params.runconfig.eval_steps or 4
-  return example_task(batch_size=batch, eval_batches=eval_batches)
+  """The registry builder: the example task at the params file's batch sizes (``train_input`` and
+  ``eval_input``'s ``batch_size``; an eval-only file's train batch is its eval batch)."""
+  train = params.train_input.batch_size if params.train_input is not None else None
+  evaluate = params.eval_input.batch_size if params.eval_input is not None else None
+  batch = train or evaluate or 64
+  return example_task(
+    batch_size=batch, eval_batches=params.runconfig.eval_steps or 4, eval_batch_size=evaluate
+  )
 
 
 class MlpConfig(ModelConfig):

@@ -417,3 +417,17 @@ def test_roberta_position_rows_shift_by_one_and_padding_takes_row_zero():
   changed = model.encode(padded, types, mask)
   np.testing.assert_array_equal(row0[:, :-4], changed[:, :-4])  # tokens never read row 0
   assert not np.array_equal(np.asarray(row0[:, -4:]), np.asarray(changed[:, -4:]))  # the padding does
+
+
+@pytest.mark.parametrize(("train", "evaluate"), [(16, 8), (16, 64), (32, None)])
+def test_the_example_mlp_evaluates_at_eval_input_batch_size(train, evaluate):
+  """``eval_input.batch_size`` sets the example's eval batches (it used the training batch size)."""
+  from models.mlp import CONFIG, build_task
+  from wafer.config import load_params
+
+  overrides = [f"train_input.batch_size={train}", "runconfig.eval_steps=2"]
+  overrides.append(f"eval_input.batch_size={evaluate}" if evaluate else "eval_input=null")
+  task = build_task(load_params(CONFIG, overrides))
+  batches = list(task.eval_data())
+  assert len(batches) == 2 and all(b["x"].shape[0] == (evaluate or train) for b in batches)
+  assert task.batch_size == train
