@@ -211,11 +211,15 @@ class Checkpoints:
       except UnreadableCheckpoint as why:
         say(f"{self.unreadable(step, why)}; trying the one before it.")
     if steps:
-      raise ExecutorError(
-        f"None of the checkpoints in {self.directory} (steps {', '.join(map(str, steps))}) can be read. "
-        "Move them away (nothing was deleted) or use a new model_dir."
-      )
+      raise ExecutorError(self.none_readable(steps))
     return None
+
+  def none_readable(self, steps: list[int]) -> str:
+    """The error of a run that found checkpoints ``steps`` and could read none of them."""
+    return (
+      f"None of the checkpoints in {self.directory} (steps {', '.join(map(str, steps))}) can be read. "
+      "Move them away (nothing was deleted) or use a new model_dir."
+    )
 
 
 def _aside(directory: Path, step: int) -> Path:

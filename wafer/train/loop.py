@@ -655,6 +655,8 @@ class _Run:
         with cluster.same_outcome():  # every process is here (agreed): one message
           raise ExecutorError(self._with_changes(str(error), step)) from None
       self.summary["eval_all"][step] = self._evaluate(state.params, step)
+    if not self.summary["eval_all"]:  # every one skipped (agreed): no evaluation is not a success
+      raise ExecutorError(self.checkpoints.none_readable(steps))
 
   def _evaluate(self, params: Any, step: int) -> float:
     task, rc = self.task, self.rc
