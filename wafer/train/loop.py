@@ -550,8 +550,9 @@ class _Run:
       done += 1
       self.at_step = done
       is_log = done % log_every == 0 or done == last or done == 1
-      if is_log or (activation and done % activation == 0):
-        self.compiled.run_closures(checkpoint=done in marks)  # step closures: log and activation steps
+      is_closure_step = is_log or bool(activation and done % activation == 0)
+      if is_closure_step or done in marks:  # step closures: log and activation steps; checkpoint closures
+        self.compiled.run_closures(checkpoint=done in marks, step=is_closure_step)
       if is_log:
         m = jax.device_get(step_metrics)
         now = time.perf_counter()

@@ -163,3 +163,48 @@ def test_num_csx_runs_data_parallel_and_changes_nothing_process_wide(tmp_path):
   task, runconfig, *rest = example_run(str(tmp_path / "four"))
   with pytest.raises(ExecutorError, match="mode='fit'; allowed"):
     run(task, runconfig.model_copy(update={"mode": "fit"}), *rest, progress=False)
+
+
+def _closure_run(model_dir, **runconfig):
+  """A tiny float32 run whose loss calls a step closure and a checkpoint closure with the step's number."""
+  import jax.numpy as jnp
+  import optax
+
+  import precision
+  import wafer
+  from wafer.train import IndexedBatches, Task
+
+  seen = {"step": [], "checkpoint": []}
+
+  @wafer.step_closure
+  def at_step(k):
+    seen["step"].append(int(k))
+
+  @wafer.checkpoint_closure
+  def at_checkpoint(k):
+    seen["checkpoint"].append(int(k))
+
+  def loss(params, batch):
+    at_step(batch["k"][0])
+    at_checkpoint(batch["k"][0])
+    return jnp.mean((batch["x"] @ params["w"]) ** 2)
+
+  task = Task(
+    name="closures",
+    init_params=lambda key: {"w": jax.random.normal(key, (4, 1))},
+    loss_fn=loss,
+    train_data=lambda seed: IndexedBatches(
+      lambda k: {"x": np.ones((2, 4), np.float32), "k": np.full((2,), k + 1, np.int32)}
+    ),
+    batch_size=2,
+  )
+  rc = RunConfig.model_validate({"model_dir": str(model_dir), **runconfig})
+  run(task, rc, optax.sgd(0.01), precision.StaticLossScale.create(1.0), precision.Policy(compute="float32"),
+      progress=False)  # fmt: skip
+  return seen
+
+
+def test_checkpoint_closures_run_at_every_checkpoint_step_and_step_closures_only_at_theirs(tmp_path):
+  seen = _closure_run(tmp_path, max_steps=12, log_steps=4, checkpoint_steps=6)
+  assert seen["checkpoint"] == [6, 12]  # step 6 is neither a log nor an activation step
+  assert seen["step"] == [1, 4, 8, 12]  # log steps only: not the checkpoint step 6
