@@ -33,6 +33,7 @@ Nothing process-wide (JAX config, caches, cluster) is changed by `run`.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -544,6 +545,8 @@ class _Run:
     start_time, start_step = time.perf_counter(), done
     window_time, window_step = start_time, done
     losses = []
+    skipped_before = _skipped_steps(state)  # the loss scale's count, where it keeps one
+    logged_skips = []  # `skipped` of each logged step: the count of a loss scale that keeps none
     while done < last:
       batch = cluster.global_batch(next_batch(self.data, done), self.num_csx, local=self.local_rows)
       state, step_metrics = self.compiled(state, batch)
@@ -572,7 +575,11 @@ class _Run:
         with cluster.same_outcome():  # process 0 writes: its full disk stops every process
           metrics.write(record, line)
         losses.append((done, loss))
+        logged_skips.append(record["skipped"])
         bar.update(done, loss, rate)
+        if rc.check_loss_values and not math.isfinite(loss):  # modelzoo's check, on the fetched loss
+          bar.close()
+          raise ExecutorError(self._non_finite_loss(done, loss))
       if done in marks:
         self.checkpoints.save(state, self._meta())
     bar.close()
@@ -590,9 +597,44 @@ class _Run:
       self.say(
         f"Training completed successfully! Processed {total_samples} sample(s) in {total_elapsed:.2f} seconds."
       )
+    skipped_after = _skipped_steps(state)
+    all_skipped = (
+      skipped_after - skipped_before == done - start_step
+      if skipped_before is not None and skipped_after is not None
+      else bool(logged_skips) and all(logged_skips)
+    )
+    if all_skipped:
+      self.say(self._all_skipped(start_step, done, skipped_before is None))
     self.summary.update(final_step=done, params=state.params)
     self.summary["losses"] = self.summary.get("losses", []) + losses
     return state
+
+  def _non_finite_loss(self, step: int, loss: float) -> str:
+    """The error of a NaN or infinite loss at ``step`` (``runconfig.check_loss_values``)."""
+    steps = self.checkpoints.steps()
+    where = (
+      f"its newest checkpoint, step {max(steps)}, was written before it"
+      if steps
+      else "no checkpoint was written before it (the rerun starts from step 0)"
+    )
+    return (
+      f"Step {step}: the loss is {'NaN' if math.isnan(loss) else loss} (runconfig.check_loss_values is true: a "
+      "NaN or infinite loss stops the run). Training diverged, or a batch holds NaN/Inf: lower "
+      "optimizer.learning_rate (or warm it up), clip the gradients (optimizer.max_gradient_norm), use dynamic "
+      "loss scaling (optimizer.loss_scaling_factor: dynamic) or a smaller static one, or check the input "
+      f"data; then rerun: {where}. runconfig.check_loss_values: false trains on regardless (a step whose "
+      "gradients are not finite is then skipped)."
+    )
+
+  def _all_skipped(self, first: int, last: int, logged_only: bool) -> str:
+    """The warning of a run (or stretch) whose every step was skipped (non-finite gradients)."""
+    which = "every logged step" if logged_only else "every step"
+    return (
+      f"Warning: {which} of steps {first + 1}..{last} was skipped: the gradients were not finite (NaN or "
+      "Inf), so the weights, the optimizer state and the learning-rate schedule did not change. Lower "
+      "optimizer.learning_rate, use dynamic loss scaling (optimizer.loss_scaling_factor: dynamic) or a "
+      "smaller static loss scale, or check the input data for NaN/Inf."
+    )
 
   def _nothing_to_train(self, done: int) -> None:
     self.say(
@@ -695,6 +737,12 @@ class _Run:
         {"step": step, f"eval/{name}": value}, f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})"
       )
     return value
+
+
+def _skipped_steps(state: TrainState) -> int | None:
+  """The steps the loss scale has skipped so far (`precision.DynamicLossScale` counts them), or None."""
+  count = getattr(state.loss_scale, "num_skipped_steps", None)
+  return None if count is None else int(jax.device_get(count))
 
 
 def _shapes_by_path(tree: Any) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

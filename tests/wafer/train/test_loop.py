@@ -208,3 +208,52 @@ def test_checkpoint_closures_run_at_every_checkpoint_step_and_step_closures_only
   seen = _closure_run(tmp_path, max_steps=12, log_steps=4, checkpoint_steps=6)
   assert seen["checkpoint"] == [6, 12]  # step 6 is neither a log nor an activation step
   assert seen["step"] == [1, 4, 8, 12]  # log steps only: not the checkpoint step 6
+
+
+def _nan_run(model_dir, loss_scale, **runconfig):
+  """A tiny float32 run whose every batch holds a NaN: its loss and gradients are NaN at every step."""
+  import jax.numpy as jnp
+  import optax
+
+  import precision
+  from wafer.train import IndexedBatches, Task
+
+  task = Task(
+    name="nan",
+    init_params=lambda key: {"w": jax.random.normal(key, (4, 1))},
+    loss_fn=lambda p, b: jnp.mean((b["x"] @ p["w"]) ** 2),
+    train_data=lambda seed: IndexedBatches(lambda k: {"x": np.full((2, 4), np.nan, np.float32)}),
+    batch_size=2,
+  )
+  rc = RunConfig.model_validate({"model_dir": str(model_dir), **runconfig})
+  return run(task, rc, optax.sgd(0.01), loss_scale, precision.Policy(compute="float32"), progress=False)
+
+
+def test_a_nan_loss_stops_the_run_naming_the_step_and_metrics_stay_strict_json(tmp_path, capsys):
+  import precision
+  from wafer.train import read_metrics
+
+  with pytest.raises(
+    ExecutorError, match=r"Step 1: the loss is NaN \(runconfig.check_loss_values is true.*learning_rate"
+  ):
+    _nan_run(tmp_path, precision.StaticLossScale.create(1.0), max_steps=6, log_steps=1, checkpoint_steps=3)
+  assert not (
+    tmp_path / "checkpoints" / "3"
+  ).exists()  # stopped at the step it was found, nothing saved after
+  line = (tmp_path / "metrics.jsonl").read_text().splitlines()[0]
+  json.loads(line, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))  # null, not a bare NaN
+  assert json.loads(line)["loss"] is None and np.isnan(read_metrics(tmp_path / "metrics.jsonl")[0]["loss"])
+
+
+def test_without_check_loss_values_a_run_whose_every_step_was_skipped_says_so(tmp_path, capsys):
+  import precision
+
+  for name, scale in [
+    ("dls", precision.DynamicLossScale.create("float16")),
+    ("static", precision.StaticLossScale.create(1.0)),
+  ]:
+    summary = _nan_run(tmp_path / name, scale, max_steps=6, log_steps=2, check_loss_values=False)
+    assert summary.final_step == 6
+    out = capsys.readouterr().out
+    assert "Training completed successfully!" in out
+    assert "of steps 1..6 was skipped: the gradients were not finite" in out, name
