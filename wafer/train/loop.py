@@ -662,7 +662,7 @@ class _Run:
     if end == done:
       self._nothing_to_train(done)
     while done < end:
-      target = min(done + freq, end)
+      target = min((done // freq + 1) * freq, end)  # multiples of freq from step 0: a resume evaluates alike
       state = self._train(state, target, ckpt or freq, end)
       done = target
       self.summary["evals"].append((done, self._evaluate(state.params, done)))

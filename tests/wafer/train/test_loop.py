@@ -257,3 +257,11 @@ def test_without_check_loss_values_a_run_whose_every_step_was_skipped_says_so(tm
     out = capsys.readouterr().out
     assert "Training completed successfully!" in out
     assert "of steps 1..6 was skipped: the gradients were not finite" in out, name
+
+
+def test_train_and_eval_resumed_evaluates_at_the_steps_of_an_uninterrupted_run(tmp_path):
+  settings = {"mode": "train_and_eval", "eval_frequency": 10, "checkpoint_steps": 5, "log_steps": 5}
+  first = _run(tmp_path, max_steps=15, **settings)
+  assert [step for step, _ in first["evals"]] == [10, 15]  # every 10 steps and the final one
+  resumed = _run(tmp_path, max_steps=30, **settings)  # resumes from the checkpoint of step 15
+  assert [step for step, _ in resumed["evals"]] == [20, 30]  # not 25: counted from step 0
