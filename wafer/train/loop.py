@@ -90,8 +90,13 @@ def steps_to_run(runconfig: RunConfig, initial_step: int, data: Any = None) -> i
       ),
       f"model_dir {runconfig.model_dir}",
     )
+  return runconfig.num_train_steps(initial_step, epoch_steps(data))
+
+
+def epoch_steps(data: Any) -> int | None:
+  """The epoch length of the training `BatchSource` ``data`` (its ``epoch_steps()``), or None when unknown."""
   epoch = getattr(data, "epoch_steps", None)
-  return runconfig.num_train_steps(initial_step, epoch() if callable(epoch) else None)
+  return epoch() if callable(epoch) else None
 
 
 def make_model_dir(path: str | os.PathLike[str], key: str = "runconfig.model_dir") -> Path:
@@ -645,8 +650,15 @@ class _Run:
   def _train_and_eval(self, init: TrainState) -> None:
     rc = self.rc
     freq = rc.eval_frequency
-    if not isinstance(freq, int) or freq <= 0:
-      raise ExecutorError(f"`eval_frequency` must be a positive integer, got {freq}")
+    if freq is None and rc.num_epochs is not None:  # modelzoo's rule: evaluate after every epoch
+      freq = rc.steps_per_epoch or epoch_steps(self.data)
+      if freq is None:  # num_train_steps' error: an epoch count needs a known epoch length
+        rc.num_train_steps(0, None)
+    if freq is None:
+      raise ExecutorError(
+        "runconfig.eval_frequency is unset: train_and_eval needs it (evaluate every N steps), or num_epochs "
+        "(evaluate after every epoch)"
+      )
     ckpt = rc.checkpoint_steps or 0
     if ckpt and freq % ckpt and ckpt % freq:
       raise ExecutorError(

@@ -265,3 +265,10 @@ def test_train_and_eval_resumed_evaluates_at_the_steps_of_an_uninterrupted_run(t
   assert [step for step, _ in first["evals"]] == [10, 15]  # every 10 steps and the final one
   resumed = _run(tmp_path, max_steps=30, **settings)  # resumes from the checkpoint of step 15
   assert [step for step, _ in resumed["evals"]] == [20, 30]  # not 25: counted from step 0
+
+
+def test_train_and_eval_by_epochs_without_eval_frequency_evaluates_after_every_epoch(tmp_path):
+  summary = _run(
+    tmp_path, mode="train_and_eval", max_steps=None, num_epochs=2, steps_per_epoch=5, log_steps=5
+  )
+  assert [step for step, _ in summary["evals"]] == [5, 10]  # modelzoo: the epoch is the eval interval
