@@ -10,7 +10,8 @@ donated), restores the newest readable checkpoint in ``model_dir`` if there is o
   the final one and step 1, from the step's metrics fetched then (the device is not synchronised
   on other steps); step closures run at those steps and every ``activation_steps``-th step,
   checkpoint closures at checkpoint steps;
-* a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step: the whole `TrainState`,
+* a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step (none when ``checkpoint_steps``
+  is unset or 0, as in modelzoo; the run says so at its end): the whole `TrainState`,
   with the input pipeline's identity and the run's settings (`settings_of`), so that a resume
   that does not fit names the keys that changed;
 * on resume from the checkpoint of step k, ``metrics.jsonl`` keeps the records up to k and moves
@@ -458,7 +459,8 @@ class _Run:
     restored = self._restore_latest()
     if restored is None:
       with cluster.same_outcome():  # process 0 rewrites metrics.jsonl: its error stops every process
-        self.metrics.resume(int(init.step))  # records of a run killed before its first checkpoint move aside
+        # records of a run that left no checkpoint (killed before its first, or none asked for) move aside
+        self.metrics.resume(int(init.step), from_checkpoint=False)
       if self.rc.save_initial_checkpoint:  # the step-0 checkpoint of a fresh run (modelzoo's key)
         self.checkpoints.save(init, self._meta())
       return init
@@ -543,7 +545,8 @@ class _Run:
       self.summary.update(final_step=done, params=state.params)
       self.summary.setdefault("losses", [])
       return state
-    marks = checkpoint_iterations(checkpoint_steps, done, last)
+    # the run's checkpoint steps (N, 2N, ... and its end), not each train_and_eval stretch's end
+    marks = {s for s in checkpoint_iterations(checkpoint_steps, done, run_end or last) if s <= last}
     log_every = max(1, rc.log_steps)
     activation = rc.effective_activation_steps
     bar = Progress(self.progress and self.main and sys.stderr.isatty(), done, last)
@@ -601,6 +604,12 @@ class _Run:
     else:
       self.say(
         f"Training completed successfully! Processed {total_samples} sample(s) in {total_elapsed:.2f} seconds."
+      )
+    if not checkpoint_steps and done == (run_end or last):
+      self.say(
+        "Note: runconfig.checkpoint_steps is unset (or 0), so no checkpoint was written (as in modelzoo): the "
+        "trained weights are not kept, and a rerun starts again from step 0. Set runconfig.checkpoint_steps "
+        "(e.g. to max_steps) to keep them."
       )
     skipped_after = _skipped_steps(state)
     all_skipped = (
@@ -675,7 +684,7 @@ class _Run:
       self._nothing_to_train(done)
     while done < end:
       target = min((done // freq + 1) * freq, end)  # multiples of freq from step 0: a resume evaluates alike
-      state = self._train(state, target, ckpt or freq, end)
+      state = self._train(state, target, ckpt, end)
       done = target
       self.summary["evals"].append((done, self._evaluate(state.params, done)))
 

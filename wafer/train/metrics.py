@@ -131,8 +131,10 @@ class Metrics:
     if self.enabled:
       print(line, flush=True)
 
-  def resume(self, step: int) -> None:
+  def resume(self, step: int, from_checkpoint: bool = True) -> None:
     """Start the history at ``step``: records of later steps and partial lines move to `SUPERSEDED`.
+
+    ``from_checkpoint``: False when the run starts from its initial state, there being no checkpoint.
 
     Both files are rewritten atomically (`wafer._io`), metrics.superseded.jsonl first, so a crash
     in between leaves a record in both files, never in neither. TensorBoard events of steps after
@@ -182,7 +184,13 @@ class Metrics:
       self.say(
         f"Warning: and {len(notes) - 3} more line(s) of {self.path} that are not records; moved to {aside}."
       )
-    if later:
+    if later and not from_checkpoint:
+      self.say(
+        f"Note: {self.path.name} held {len(later)} record(s) of an earlier run (steps {later[0]}..{later[-1]}) "
+        f"that left no checkpoint to resume from (it stopped before its first, or runconfig.checkpoint_steps "
+        f"was unset or 0); moved to {aside}: this run starts again from step {step}."
+      )
+    elif later:
       self.say(
         f"Note: {self.path.name} held {len(later)} record(s) of steps after the checkpoint of step {step} "
         f"(steps {later[0]}..{later[-1]}, logged by a run that stopped before its next checkpoint); moved to "

@@ -272,3 +272,35 @@ def test_train_and_eval_by_epochs_without_eval_frequency_evaluates_after_every_e
     tmp_path, mode="train_and_eval", max_steps=None, num_epochs=2, steps_per_epoch=5, log_steps=5
   )
   assert [step for step, _ in summary["evals"]] == [5, 10]  # modelzoo: the epoch is the eval interval
+
+
+def _checkpoints(model_dir):
+  folder = Path(model_dir) / "checkpoints"
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+
+
+def test_train_and_eval_checkpoints_at_checkpoint_steps_not_at_every_evaluation(tmp_path):
+  settings = {"mode": "train_and_eval", "max_steps": 40, "eval_frequency": 10, "log_steps": 10}
+  _run(tmp_path / "n20", checkpoint_steps=20, **settings)
+  assert _checkpoints(tmp_path / "n20") == [20, 40]  # N, 2N, ... and the final step (it wrote 10, 20, 30, 40)
+  _run(
+    tmp_path / "n0",
+    checkpoint_steps=0,
+    max_steps=20,
+    **{k: v for k, v in settings.items() if k != "max_steps"},
+  )
+  assert _checkpoints(tmp_path / "n0") == []  # 0: none, as in train mode and modelzoo (it wrote 10, 20)
+
+
+def test_a_train_run_without_checkpoint_steps_says_it_kept_nothing_and_its_rerun_says_why_it_starts_at_0(
+  tmp_path, capsys
+):
+  _run(tmp_path, max_steps=4, checkpoint_steps=None, log_steps=2)
+  out = capsys.readouterr().out
+  assert (
+    _checkpoints(tmp_path) == [] and "runconfig.checkpoint_steps is unset (or 0), so no checkpoint" in out
+  )
+  _run(tmp_path, max_steps=6, checkpoint_steps=None, log_steps=2)
+  out = capsys.readouterr().out
+  assert "checkpoint of step 0" not in out  # there is none
+  assert "held 3 record(s) of an earlier run (steps 1..4) that left no checkpoint" in out
