@@ -340,6 +340,11 @@ class _Run:
       self.say(f"Preparing the training data of {task.name}...")
       t0 = time.perf_counter()
       self.data = task.train_data(seed)
+      if not _is_batch_source(self.data):  # resuming needs its position: get_state / set_state
+        raise ExecutorError(
+          f"Task.train_data(seed) returned a {type(self.data).__name__}; {TRAIN_DATA_ALLOWED}: a plain iterator "
+          "or list has no position to checkpoint and resume"
+        )
       # With many processes, a source that can build only this process's systems' rows does so: the
       # input workers are split by process (every process holds the same position).
       self.local_rows = self.distributed and hasattr(self.data, "for_systems")
@@ -777,6 +782,11 @@ def _check_run_arguments(task: Any, runtime: Runtime) -> None:
   wrong = []
   if not isinstance(task, Task):
     wrong.append(f"task is a {type(task).__name__}; it must be a wafer.train.Task")
+  elif not callable(task.train_data) or _is_batch_source(task.train_data):
+    wrong.append(
+      f"Task.train_data is a {type(task.train_data).__name__}; {TRAIN_DATA_ALLOWED} (lambda seed: "
+      "IndexedBatches(batch_of))"
+    )
   if not isinstance(runtime.runconfig, RunConfig):
     wrong.append(
       f"runconfig is a {type(runtime.runconfig).__name__}; it must be a wafer.config.RunConfig "
@@ -797,6 +807,18 @@ def _check_run_arguments(task: Any, runtime: Runtime) -> None:
     )
   if wrong:
     raise TypeError("wafer.train.run: " + "; ".join(wrong))
+
+
+TRAIN_DATA_ALLOWED = (
+  "it must be a function of the seed returning a wafer.train.BatchSource (next(), get_state(), set_state()), "
+  "e.g. wafer.train.IndexedBatches(lambda k: batches[k % len(batches)]) over a list of batches"
+)
+"""What `Task.train_data` may be, said by the errors of a wrong one."""
+
+
+def _is_batch_source(data: Any) -> bool:
+  """``data`` has what the loop reads of a `BatchSource`: ``next()``, ``get_state()`` and ``set_state()``."""
+  return all(callable(getattr(data, name, None)) for name in ("__next__", "get_state", "set_state"))
 
 
 def _local_rows(global_rows: int, num_csx: int) -> int:
