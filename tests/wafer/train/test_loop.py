@@ -63,7 +63,7 @@ def test_train_writes_metrics_checkpoints_and_the_loss_falls(tmp_path, capsys):
   assert summary["final_step"] == 60
 
 
-def test_resume_continues_bit_for_bit(tmp_path):
+def test_resume_continues_bit_for_bit(tmp_path, capsys):
   whole = _run(tmp_path / "whole", max_steps=40, checkpoint_steps=10, log_steps=10)
   _run(tmp_path / "parts", max_steps=25, checkpoint_steps=10, log_steps=5)
   resumed = _run(tmp_path / "parts", max_steps=40, checkpoint_steps=10, log_steps=10)
@@ -72,6 +72,10 @@ def test_resume_continues_bit_for_bit(tmp_path):
   again = _run(tmp_path / "parts", max_steps=40, checkpoint_steps=10, log_steps=10)  # already done
   assert again["final_step"] == 40 and again["losses"] == []
   _same_params(again["params"], whole["params"])
+  capsys.readouterr()
+  with pytest.raises(ConfigError, match="Initial global step 40 already exceeds max step 30"):
+    _run(tmp_path / "parts", max_steps=30, checkpoint_steps=10, log_steps=10)
+  assert "Resuming from" not in capsys.readouterr().out  # refused, not resumed
 
 
 @pytest.mark.slow  # a whole second run; .ci/run runs it
