@@ -298,7 +298,9 @@ def _run(args: argparse.Namespace) -> int:
     ("checkpoints", model_dir / "checkpoints"),
     ("compile report", model_dir / "compile_report.txt"),
   ):
-    if path.exists():
+    if path.exists() and not (
+      path.is_dir() and not any(path.iterdir())
+    ):  # an empty checkpoints/: none written
       print(f"  {label:15s} {path}")
   return 0
 

@@ -3,9 +3,10 @@
 Inside a step compiled by `wafer.compile`, calling a `step_closure`-decorated function (or
 `add_step_closure`) does not run it: its array arguments become extra outputs of the compiled
 graph and the call is queued. After the step, `CompiledStep.run_closures()` (the executor calls
-it at log and activation steps) fetches those outputs to the host and calls the closures in the
-order they were queued, with NumPy values in place of the arrays; other arguments pass through.
-The step itself never waits for the host. Checkpoint closures run only at checkpoint steps.
+it at log, activation and checkpoint steps) fetches those outputs to the host and calls the closures
+in the order they were queued, with NumPy values in place of the arrays; other arguments pass through.
+The step itself never waits for the host. Step closures run at log and activation steps; checkpoint
+closures at every checkpoint step (whether or not it is a log step), and only there.
 
 A closure may be called anywhere in the step's code:
 

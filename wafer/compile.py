@@ -282,10 +282,11 @@ class CompiledStep:
     self._pending = closure_arrays
     return out
 
-  def run_closures(self, checkpoint: bool = False) -> None:
+  def run_closures(self, checkpoint: bool = False, step: bool = True) -> None:
     """Fetch the last step's closure values and run its closures, in queue order.
 
-    Step closures always run; checkpoint closures only with ``checkpoint=True``.
+    Step closures run unless ``step=False`` (a checkpoint step that is neither a log nor an
+    activation step); checkpoint closures only with ``checkpoint=True``.
     """
     if self._pending is None or not self._closures:
       return
@@ -295,13 +296,13 @@ class CompiledStep:
     offset = 0
     for closure in self._closures:
       if isinstance(closure, _closures.InnerClosure):
-        if closure.kind == _closures.STEP or checkpoint:
+        if (closure.kind == _closures.STEP and step) or (closure.kind == _closures.CHECKPOINT and checkpoint):
           closure.call_latest()
         continue
       n = len(closure.array_slots)
       values = host[offset : offset + n]
       offset += n
-      if closure.kind == _closures.STEP or checkpoint:
+      if (closure.kind == _closures.STEP and step) or (closure.kind == _closures.CHECKPOINT and checkpoint):
         closure.call(values)
     self._pending = None
 

@@ -263,7 +263,8 @@ class RunConfig(Section):
 
   @property
   def effective_activation_steps(self) -> int | None:
-    """``activation_steps``, else ``log_steps`` when ``enable_act_frequency``, else None (every step)."""
+    """``activation_steps``, else ``log_steps`` when ``enable_act_frequency``, else None: step closures
+    then run at the log steps only (``log_steps``, step 1 and the final step)."""
     if self.activation_steps is not None:
       return self.activation_steps
     return self.log_steps if self.enable_act_frequency else None

@@ -130,20 +130,30 @@ class Checkpoints:
     """
     ocp = self._ocp
     with cluster.same_outcome():  # every process reads the files; one that cannot stops the others alike
-      self._check(step, like)
+      renamed = self._check(step, like)
     restored, failure = None, None
     try:
       restored = self.manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
       )
     except Exception as error:
-      failure = UnreadableCheckpoint(_reason(error))
+      # the files were read whole by `_check`: with other array paths, the state's structure changed
+      # (an optimizer wrapped in gradient clipping), not the checkpoint
+      failure = (
+        CheckpointMismatch(self._does_not_fit(step, renamed), step)
+        if renamed is not None
+        else UnreadableCheckpoint(_reason(error))
+      )
       failure.__cause__ = error
     cluster.agree(failure)
     return restored.state, restored.meta
 
-  def _check(self, step: int, like: Any) -> None:
-    """`restore`'s checks of checkpoint ``step`` before orbax reads it (its errors), on this process's reading."""
+  def _check(self, step: int, like: Any) -> str | None:
+    """`restore`'s checks of checkpoint ``step`` before orbax reads it (its errors), on this process's reading.
+
+    Returns how the arrays' paths differ when only they do (the same shapes, another structure: orbax
+    decides whether they fit), else None.
+    """
     path = self.directory / str(step)
     if path.exists() and not path.is_dir():
       size = path.stat().st_size
@@ -159,12 +169,17 @@ class Checkpoints:
       raise UnreadableCheckpoint("its array metadata (state/_METADATA) is missing or lists no arrays")
     mismatch = _shape_mismatch(saved, like)
     if mismatch is not None:  # checked before orbax starts reading: a failed read leaves its threads behind
-      raise CheckpointMismatch(
-        f"The checkpoint of step {step} in {self.directory} does not fit this model: {mismatch}. The "
-        "model keys (sizes, vocab_size, layers), the optimizer and the sparsity section must be the ones "
-        "the checkpoint was written with; restore them, or use a new model_dir.",
-        step,
-      )
+      raise CheckpointMismatch(self._does_not_fit(step, mismatch), step)
+    return _path_difference(saved, like)
+
+  def _does_not_fit(self, step: int, how: str) -> str:
+    """The message of a readable checkpoint whose state does not fit this run's (``how``: the difference)."""
+    return (
+      f"The checkpoint of step {step} in {self.directory} does not fit this model: {how}. The "
+      "model keys (sizes, vocab_size, layers), the optimizer (its type, gradient clipping, loss scaling) and "
+      "the sparsity section must be the ones the checkpoint was written with; restore them, or use a new "
+      "model_dir."
+    )
 
   def meta(self, step: int) -> dict[str, Any]:
     """The JSON metadata saved with checkpoint ``step`` as far as it can be read ({} when it cannot)."""
@@ -211,11 +226,15 @@ class Checkpoints:
       except UnreadableCheckpoint as why:
         say(f"{self.unreadable(step, why)}; trying the one before it.")
     if steps:
-      raise ExecutorError(
-        f"None of the checkpoints in {self.directory} (steps {', '.join(map(str, steps))}) can be read. "
-        "Move them away (nothing was deleted) or use a new model_dir."
-      )
+      raise ExecutorError(self.none_readable(steps))
     return None
+
+  def none_readable(self, steps: list[int]) -> str:
+    """The error of a run that found checkpoints ``steps`` and could read none of them."""
+    return (
+      f"None of the checkpoints in {self.directory} (steps {', '.join(map(str, steps))}) can be read. "
+      "Move them away (nothing was deleted) or use a new model_dir."
+    )
 
 
 def _aside(directory: Path, step: int) -> Path:
@@ -321,4 +340,24 @@ def _shape_mismatch(saved: Any, like: Any) -> str | None:
     )
   if sorted(have.values()) != sorted(want.values()):  # paths spelled differently: compare the shapes
     return f"the checkpoint holds {len(have)} arrays, the model's state {len(want)}, with different shapes"
-  return None
+  return None  # the same shapes under other paths: `_path_difference` says how, if orbax refuses them
+
+
+def _path_difference(saved: Any, like: Any, shown: int = 2) -> str | None:
+  """How the arrays' paths of the checkpoint and the model's state differ, or None when they are the same.
+
+  >>> import numpy as np
+  >>> print(_path_difference({"opt": {"0": {"m": np.zeros(2)}}}, {"opt": {"1": {"0": {"m": np.zeros(2)}}}}))
+  its state is laid out otherwise (arrays only in the checkpoint: opt/0/m; arrays only in this run's state: opt/1/0/m)
+  """
+  have, want = _path_shapes(saved), _path_shapes(like)
+  if set(have) == set(want):
+    return None
+  only_saved, only_now = sorted(set(have) - set(want)), sorted(set(want) - set(have))
+
+  def some(paths: list[str]) -> str:
+    return ", ".join(paths[:shown]) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+
+  parts = [f"arrays only in the checkpoint: {some(only_saved)}"] if only_saved else []
+  parts += [f"arrays only in this run's state: {some(only_now)}"] if only_now else []
+  return "its state is laid out otherwise (" + "; ".join(parts) + ")"

@@ -10,7 +10,8 @@ donated), restores the newest readable checkpoint in ``model_dir`` if there is o
   the final one and step 1, from the step's metrics fetched then (the device is not synchronised
   on other steps); step closures run at those steps and every ``activation_steps``-th step,
   checkpoint closures at checkpoint steps;
-* a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step: the whole `TrainState`,
+* a checkpoint (orbax; atomic) at steps N, 2N, ... and the final step (none when ``checkpoint_steps``
+  is unset or 0, as in modelzoo; the run says so at its end): the whole `TrainState`,
   with the input pipeline's identity and the run's settings (`settings_of`), so that a resume
   that does not fit names the keys that changed;
 * on resume from the checkpoint of step k, ``metrics.jsonl`` keeps the records up to k and moves
@@ -33,6 +34,7 @@ Nothing process-wide (JAX config, caches, cluster) is changed by `run`.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -89,8 +91,13 @@ def steps_to_run(runconfig: RunConfig, initial_step: int, data: Any = None) -> i
       ),
       f"model_dir {runconfig.model_dir}",
     )
+  return runconfig.num_train_steps(initial_step, epoch_steps(data))
+
+
+def epoch_steps(data: Any) -> int | None:
+  """The epoch length of the training `BatchSource` ``data`` (its ``epoch_steps()``), or None when unknown."""
   epoch = getattr(data, "epoch_steps", None)
-  return runconfig.num_train_steps(initial_step, epoch() if callable(epoch) else None)
+  return epoch() if callable(epoch) else None
 
 
 def make_model_dir(path: str | os.PathLike[str], key: str = "runconfig.model_dir") -> Path:
@@ -333,6 +340,11 @@ class _Run:
       self.say(f"Preparing the training data of {task.name}...")
       t0 = time.perf_counter()
       self.data = task.train_data(seed)
+      if not _is_batch_source(self.data):  # resuming needs its position: get_state / set_state
+        raise ExecutorError(
+          f"Task.train_data(seed) returned a {type(self.data).__name__}; {TRAIN_DATA_ALLOWED}: a plain iterator "
+          "or list has no position to checkpoint and resume"
+        )
       # With many processes, a source that can build only this process's systems' rows does so: the
       # input workers are split by process (every process holds the same position).
       self.local_rows = self.distributed and hasattr(self.data, "for_systems")
@@ -452,7 +464,8 @@ class _Run:
     restored = self._restore_latest()
     if restored is None:
       with cluster.same_outcome():  # process 0 rewrites metrics.jsonl: its error stops every process
-        self.metrics.resume(int(init.step))  # records of a run killed before its first checkpoint move aside
+        # records of a run that left no checkpoint (killed before its first, or none asked for) move aside
+        self.metrics.resume(int(init.step), from_checkpoint=False)
       if self.rc.save_initial_checkpoint:  # the step-0 checkpoint of a fresh run (modelzoo's key)
         self.checkpoints.save(init, self._meta())
       return init
@@ -486,6 +499,9 @@ class _Run:
           step,
         )
       ) from error
+    steps_to_run(
+      self.rc, step, self.data
+    )  # a max_steps below the checkpoint's step: refused before "Resuming"
     self.say(f"Resuming from the checkpoint at step {step}.")
     changes = changed_settings(meta.get("config", {}), self.settings) if "config" in meta else []
     if changes:
@@ -537,21 +553,25 @@ class _Run:
       self.summary.update(final_step=done, params=state.params)
       self.summary.setdefault("losses", [])
       return state
-    marks = checkpoint_iterations(checkpoint_steps, done, last)
+    # the run's checkpoint steps (N, 2N, ... and its end), not each train_and_eval stretch's end
+    marks = {s for s in checkpoint_iterations(checkpoint_steps, done, run_end or last) if s <= last}
     log_every = max(1, rc.log_steps)
     activation = rc.effective_activation_steps
     bar = Progress(self.progress and self.main and sys.stderr.isatty(), done, last)
     start_time, start_step = time.perf_counter(), done
     window_time, window_step = start_time, done
     losses = []
+    skipped_before = _skipped_steps(state)  # the loss scale's count, where it keeps one
+    logged_skips = []  # `skipped` of each logged step: the count of a loss scale that keeps none
     while done < last:
       batch = cluster.global_batch(next_batch(self.data, done), self.num_csx, local=self.local_rows)
       state, step_metrics = self.compiled(state, batch)
       done += 1
       self.at_step = done
       is_log = done % log_every == 0 or done == last or done == 1
-      if is_log or (activation and done % activation == 0):
-        self.compiled.run_closures(checkpoint=done in marks)  # step closures: log and activation steps
+      is_closure_step = is_log or bool(activation and done % activation == 0)
+      if is_closure_step or done in marks:  # step closures: log and activation steps; checkpoint closures
+        self.compiled.run_closures(checkpoint=done in marks, step=is_closure_step)
       if is_log:
         m = jax.device_get(step_metrics)
         now = time.perf_counter()
@@ -571,7 +591,11 @@ class _Run:
         with cluster.same_outcome():  # process 0 writes: its full disk stops every process
           metrics.write(record, line)
         losses.append((done, loss))
+        logged_skips.append(record["skipped"])
         bar.update(done, loss, rate)
+        if rc.check_loss_values and not math.isfinite(loss):  # modelzoo's check, on the fetched loss
+          bar.close()
+          raise ExecutorError(self._non_finite_loss(done, loss))
       if done in marks:
         self.checkpoints.save(state, self._meta())
     bar.close()
@@ -589,9 +613,50 @@ class _Run:
       self.say(
         f"Training completed successfully! Processed {total_samples} sample(s) in {total_elapsed:.2f} seconds."
       )
+    if not checkpoint_steps and done == (run_end or last):
+      self.say(
+        "Note: runconfig.checkpoint_steps is unset (or 0), so no checkpoint was written (as in modelzoo): the "
+        "trained weights are not kept, and a rerun starts again from step 0. Set runconfig.checkpoint_steps "
+        "(e.g. to max_steps) to keep them."
+      )
+    skipped_after = _skipped_steps(state)
+    all_skipped = (
+      skipped_after - skipped_before == done - start_step
+      if skipped_before is not None and skipped_after is not None
+      else bool(logged_skips) and all(logged_skips)
+    )
+    if all_skipped:
+      self.say(self._all_skipped(start_step, done, skipped_before is None))
     self.summary.update(final_step=done, params=state.params)
     self.summary["losses"] = self.summary.get("losses", []) + losses
     return state
+
+  def _non_finite_loss(self, step: int, loss: float) -> str:
+    """The error of a NaN or infinite loss at ``step`` (``runconfig.check_loss_values``)."""
+    steps = self.checkpoints.steps()
+    where = (
+      f"its newest checkpoint, step {max(steps)}, was written before it"
+      if steps
+      else "no checkpoint was written before it (the rerun starts from step 0)"
+    )
+    return (
+      f"Step {step}: the loss is {'NaN' if math.isnan(loss) else loss} (runconfig.check_loss_values is true: a "
+      "NaN or infinite loss stops the run). Training diverged, or a batch holds NaN/Inf: lower "
+      "optimizer.learning_rate (or warm it up), clip the gradients (optimizer.max_gradient_norm), use dynamic "
+      "loss scaling (optimizer.loss_scaling_factor: dynamic) or a smaller static one, or check the input "
+      f"data; then rerun: {where}. runconfig.check_loss_values: false trains on regardless (a step whose "
+      "gradients are not finite is then skipped)."
+    )
+
+  def _all_skipped(self, first: int, last: int, logged_only: bool) -> str:
+    """The warning of a run (or stretch) whose every step was skipped (non-finite gradients)."""
+    which = "every logged step" if logged_only else "every step"
+    return (
+      f"Warning: {which} of steps {first + 1}..{last} was skipped: the gradients were not finite (NaN or "
+      "Inf), so the weights, the optimizer state and the learning-rate schedule did not change. Lower "
+      "optimizer.learning_rate, use dynamic loss scaling (optimizer.loss_scaling_factor: dynamic) or a "
+      "smaller static loss scale, or check the input data for NaN/Inf."
+    )
 
   def _nothing_to_train(self, done: int) -> None:
     self.say(
@@ -602,8 +667,15 @@ class _Run:
   def _train_and_eval(self, init: TrainState) -> None:
     rc = self.rc
     freq = rc.eval_frequency
-    if not isinstance(freq, int) or freq <= 0:
-      raise ExecutorError(f"`eval_frequency` must be a positive integer, got {freq}")
+    if freq is None and rc.num_epochs is not None:  # modelzoo's rule: evaluate after every epoch
+      freq = rc.steps_per_epoch or epoch_steps(self.data)
+      if freq is None:  # num_train_steps' error: an epoch count needs a known epoch length
+        rc.num_train_steps(0, None)
+    if freq is None:
+      raise ExecutorError(
+        "runconfig.eval_frequency is unset: train_and_eval needs it (evaluate every N steps), or num_epochs "
+        "(evaluate after every epoch)"
+      )
     ckpt = rc.checkpoint_steps or 0
     if ckpt and freq % ckpt and ckpt % freq:
       raise ExecutorError(
@@ -619,8 +691,8 @@ class _Run:
     if end == done:
       self._nothing_to_train(done)
     while done < end:
-      target = min(done + freq, end)
-      state = self._train(state, target, ckpt or freq, end)
+      target = min((done // freq + 1) * freq, end)  # multiples of freq from step 0: a resume evaluates alike
+      state = self._train(state, target, ckpt, end)
       done = target
       self.summary["evals"].append((done, self._evaluate(state.params, done)))
 
@@ -655,6 +727,8 @@ class _Run:
         with cluster.same_outcome():  # every process is here (agreed): one message
           raise ExecutorError(self._with_changes(str(error), step)) from None
       self.summary["eval_all"][step] = self._evaluate(state.params, step)
+    if not self.summary["eval_all"]:  # every one skipped (agreed): no evaluation is not a success
+      raise ExecutorError(self.checkpoints.none_readable(steps))
 
   def _evaluate(self, params: Any, step: int) -> float:
     task, rc = self.task, self.rc
@@ -694,6 +768,12 @@ class _Run:
     return value
 
 
+def _skipped_steps(state: TrainState) -> int | None:
+  """The steps the loss scale has skipped so far (`precision.DynamicLossScale` counts them), or None."""
+  count = getattr(state.loss_scale, "num_skipped_steps", None)
+  return None if count is None else int(jax.device_get(count))
+
+
 def _shapes_by_path(tree: Any) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
   """``{"['input_ids']": ((32, 128), int32), ...}``: each leaf's shape and dtype by its key path."""
   leaves = jax.tree_util.tree_leaves_with_path(tree)
@@ -705,6 +785,11 @@ def _check_run_arguments(task: Any, runtime: Runtime) -> None:
   wrong = []
   if not isinstance(task, Task):
     wrong.append(f"task is a {type(task).__name__}; it must be a wafer.train.Task")
+  elif not callable(task.train_data) or _is_batch_source(task.train_data):
+    wrong.append(
+      f"Task.train_data is a {type(task.train_data).__name__}; {TRAIN_DATA_ALLOWED} (lambda seed: "
+      "IndexedBatches(batch_of))"
+    )
   if not isinstance(runtime.runconfig, RunConfig):
     wrong.append(
       f"runconfig is a {type(runtime.runconfig).__name__}; it must be a wafer.config.RunConfig "
@@ -725,6 +810,18 @@ def _check_run_arguments(task: Any, runtime: Runtime) -> None:
     )
   if wrong:
     raise TypeError("wafer.train.run: " + "; ".join(wrong))
+
+
+TRAIN_DATA_ALLOWED = (
+  "it must be a function of the seed returning a wafer.train.BatchSource (next(), get_state(), set_state()), "
+  "e.g. wafer.train.IndexedBatches(lambda k: batches[k % len(batches)]) over a list of batches"
+)
+"""What `Task.train_data` may be, said by the errors of a wrong one."""
+
+
+def _is_batch_source(data: Any) -> bool:
+  """``data`` has what the loop reads of a `BatchSource`: ``next()``, ``get_state()`` and ``set_state()``."""
+  return all(callable(getattr(data, name, None)) for name in ("__next__", "get_state", "set_state"))
 
 
 def _local_rows(global_rows: int, num_csx: int) -> int:

@@ -2,7 +2,7 @@
 
 ``model_dir/metrics.jsonl`` holds one JSON object per line, each with an integer ``"step"``: the
 training records (``loss``, ``loss_scale``, ``samples_per_sec``, ...) and the eval records
-(``eval/<metric>``). It is the history of the run that led to the newest checkpoint:
+(``eval/<metric>``); a NaN or infinite number is written as ``null`` (strict JSON). It is the history of the run that led to the newest checkpoint:
 
 * a line is written whole (one ``write``) and a failed write (a full disk) is cut back off, so a
   run that keeps going never leaves a partial line; a run killed mid-write (SIGKILL) can, and
@@ -19,6 +19,7 @@ training records (``loss``, ``loss_scale``, ``samples_per_sec``, ...) and the ev
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +45,17 @@ def _record(line: bytes) -> dict[str, Any] | None:
   return record
 
 
+def _json_line(record: dict[str, Any]) -> bytes:
+  """``record`` as one line of strict JSON: a NaN or infinite number is written as ``null`` (JSON has no
+  NaN; Python's bare ``NaN`` breaks jq and other readers), which `read_metrics` reads back as nan.
+
+  >>> _json_line({"step": 5, "loss": float("nan"), "loss_scale": 1.0})
+  b'{"step": 5, "loss": null, "loss_scale": 1.0}\\n'
+  """
+  finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+  return (json.dumps(finite, allow_nan=False) + "\n").encode("utf-8")
+
+
 def _lines(data: bytes) -> list[tuple[int, bytes, bool]]:
   """``(line number, line, complete)`` for each non-blank line; the last is incomplete without its newline."""
   parts = data.split(b"\n")
@@ -59,7 +71,8 @@ def read_metrics(path: str | os.PathLike[str], say: Callable[[str], object] | No
 
   A line that is not a JSON object with an integer ``"step"`` (the partial last line of a run
   killed while writing it, or damage) is reported with ``say`` as ``PATH:LINE: ...`` (``say=None``:
-  silently) and skipped, never merged with the next record.
+  silently) and skipped, never merged with the next record. A ``null`` value (a NaN or infinite number:
+  a diverged loss) is read as ``nan``, so the records' numbers stay numbers.
 
   >>> import os, pathlib, tempfile
   >>> path = os.path.join(tempfile.mkdtemp(), "metrics.jsonl")
@@ -77,7 +90,7 @@ def read_metrics(path: str | os.PathLike[str], say: Callable[[str], object] | No
         what = "not a complete record (a run killed while writing it?)" if not complete else "not a record"
         say(f"{os.fspath(path)}:{number}: {what}; skipped: {line[:60].decode('utf-8', 'replace')!r}")
       continue
-    records.append(record)
+    records.append({k: math.nan if v is None else v for k, v in record.items()})
   return records
 
 
@@ -118,8 +131,10 @@ class Metrics:
     if self.enabled:
       print(line, flush=True)
 
-  def resume(self, step: int) -> None:
+  def resume(self, step: int, from_checkpoint: bool = True) -> None:
     """Start the history at ``step``: records of later steps and partial lines move to `SUPERSEDED`.
+
+    ``from_checkpoint``: False when the run starts from its initial state, there being no checkpoint.
 
     Both files are rewritten atomically (`wafer._io`), metrics.superseded.jsonl first, so a crash
     in between leaves a record in both files, never in neither. TensorBoard events of steps after
@@ -169,7 +184,13 @@ class Metrics:
       self.say(
         f"Warning: and {len(notes) - 3} more line(s) of {self.path} that are not records; moved to {aside}."
       )
-    if later:
+    if later and not from_checkpoint:
+      self.say(
+        f"Note: {self.path.name} held {len(later)} record(s) of an earlier run (steps {later[0]}..{later[-1]}) "
+        f"that left no checkpoint to resume from (it stopped before its first, or runconfig.checkpoint_steps "
+        f"was unset or 0); moved to {aside}: this run starts again from step {step}."
+      )
+    elif later:
       self.say(
         f"Note: {self.path.name} held {len(later)} record(s) of steps after the checkpoint of step {step} "
         f"(steps {later[0]}..{later[-1]}, logged by a run that stopped before its next checkpoint); moved to "
@@ -201,7 +222,7 @@ class Metrics:
     """
     if not self.enabled:
       return
-    data = (json.dumps(record) + "\n").encode("utf-8")
+    data = _json_line(record)
     try:
       if not self._checked_tail:
         self._fix_tail()

@@ -51,4 +51,6 @@ def test_eval_all_skips_a_damaged_checkpoint_and_none_readable_is_an_error(tmp_p
   _truncate_arrays(tmp_path / "checkpoints" / "20")
   with pytest.raises(ExecutorError, match=r"None of the checkpoints in .* \(steps 10, 20\) can be read"):
     _run(tmp_path, max_steps=30)
+  with pytest.raises(ExecutorError, match=r"None of the checkpoints in .* \(steps 10, 20\) can be read"):
+    _run(tmp_path, mode="eval_all")  # evaluated nothing: an error, not a success
   assert (tmp_path / "checkpoints" / "10").is_dir() and (tmp_path / "checkpoints" / "20").is_dir()

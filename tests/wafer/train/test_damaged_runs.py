@@ -530,3 +530,23 @@ def test_a_checkpoint_of_another_model_says_so_first_and_a_long_change_list_is_c
   )
   same = _Run._with_changes(run({"model.name": "gpt2"}), "The checkpoint does not fit.", 7)
   assert same.count(", now ") == _CHANGES_SHOWN and same.endswith(f"; and {60 - _CHANGES_SHOWN} more.")
+
+
+def test_a_resume_with_gradient_clipping_added_names_the_key_not_a_damaged_checkpoint(tmp_path, capsys):
+  """Clipping wraps the optimizer (the same arrays under other paths): it was called unreadable, and
+  eval_all skipped the good checkpoints."""
+  import optax
+
+  _run(tmp_path, max_steps=2, checkpoint_steps=2, log_steps=1)
+  task, rc, _, loss_scale, policy = example_run(str(tmp_path), max_steps=4)
+  clipped = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.05, momentum=0.9))
+  for mode in ("train", "eval_all"):
+    capsys.readouterr()
+    with pytest.raises(ExecutorError, match=r"The checkpoint of step 2 in .* does not fit this model: its state is "
+                       r"laid out otherwise \(arrays only in the checkpoint: opt_state/0/"):  # fmt: skip
+      run(task, rc.model_copy(update={"mode": mode}), clipped, loss_scale, policy, progress=False)
+    out = capsys.readouterr().out
+    assert "cannot be read" not in out and "Move them away" not in out, mode
+  assert (tmp_path / "checkpoints" / "2").is_dir() and not (
+    tmp_path / "checkpoints" / "2.unreadable"
+  ).exists()

@@ -63,7 +63,7 @@ def test_train_writes_metrics_checkpoints_and_the_loss_falls(tmp_path, capsys):
   assert summary["final_step"] == 60
 
 
-def test_resume_continues_bit_for_bit(tmp_path):
+def test_resume_continues_bit_for_bit(tmp_path, capsys):
   whole = _run(tmp_path / "whole", max_steps=40, checkpoint_steps=10, log_steps=10)
   _run(tmp_path / "parts", max_steps=25, checkpoint_steps=10, log_steps=5)
   resumed = _run(tmp_path / "parts", max_steps=40, checkpoint_steps=10, log_steps=10)
@@ -72,6 +72,10 @@ def test_resume_continues_bit_for_bit(tmp_path):
   again = _run(tmp_path / "parts", max_steps=40, checkpoint_steps=10, log_steps=10)  # already done
   assert again["final_step"] == 40 and again["losses"] == []
   _same_params(again["params"], whole["params"])
+  capsys.readouterr()
+  with pytest.raises(ConfigError, match="Initial global step 40 already exceeds max step 30"):
+    _run(tmp_path / "parts", max_steps=30, checkpoint_steps=10, log_steps=10)
+  assert "Resuming from" not in capsys.readouterr().out  # refused, not resumed
 
 
 @pytest.mark.slow  # a whole second run; .ci/run runs it
@@ -163,3 +167,144 @@ def test_num_csx_runs_data_parallel_and_changes_nothing_process_wide(tmp_path):
   task, runconfig, *rest = example_run(str(tmp_path / "four"))
   with pytest.raises(ExecutorError, match="mode='fit'; allowed"):
     run(task, runconfig.model_copy(update={"mode": "fit"}), *rest, progress=False)
+
+
+def _closure_run(model_dir, **runconfig):
+  """A tiny float32 run whose loss calls a step closure and a checkpoint closure with the step's number."""
+  import jax.numpy as jnp
+  import optax
+
+  import precision
+  import wafer
+  from wafer.train import IndexedBatches, Task
+
+  seen = {"step": [], "checkpoint": []}
+
+  @wafer.step_closure
+  def at_step(k):
+    seen["step"].append(int(k))
+
+  @wafer.checkpoint_closure
+  def at_checkpoint(k):
+    seen["checkpoint"].append(int(k))
+
+  def loss(params, batch):
+    at_step(batch["k"][0])
+    at_checkpoint(batch["k"][0])
+    return jnp.mean((batch["x"] @ params["w"]) ** 2)
+
+  task = Task(
+    name="closures",
+    init_params=lambda key: {"w": jax.random.normal(key, (4, 1))},
+    loss_fn=loss,
+    train_data=lambda seed: IndexedBatches(
+      lambda k: {"x": np.ones((2, 4), np.float32), "k": np.full((2,), k + 1, np.int32)}
+    ),
+    batch_size=2,
+  )
+  rc = RunConfig.model_validate({"model_dir": str(model_dir), **runconfig})
+  run(task, rc, optax.sgd(0.01), precision.StaticLossScale.create(1.0), precision.Policy(compute="float32"),
+      progress=False)  # fmt: skip
+  return seen
+
+
+def test_checkpoint_closures_run_at_every_checkpoint_step_and_step_closures_only_at_theirs(tmp_path):
+  seen = _closure_run(tmp_path, max_steps=12, log_steps=4, checkpoint_steps=6)
+  assert seen["checkpoint"] == [6, 12]  # step 6 is neither a log nor an activation step
+  assert seen["step"] == [1, 4, 8, 12]  # log steps only: not the checkpoint step 6
+
+
+def _nan_run(model_dir, loss_scale, **runconfig):
+  """A tiny float32 run whose every batch holds a NaN: its loss and gradients are NaN at every step."""
+  import jax.numpy as jnp
+  import optax
+
+  import precision
+  from wafer.train import IndexedBatches, Task
+
+  task = Task(
+    name="nan",
+    init_params=lambda key: {"w": jax.random.normal(key, (4, 1))},
+    loss_fn=lambda p, b: jnp.mean((b["x"] @ p["w"]) ** 2),
+    train_data=lambda seed: IndexedBatches(lambda k: {"x": np.full((2, 4), np.nan, np.float32)}),
+    batch_size=2,
+  )
+  rc = RunConfig.model_validate({"model_dir": str(model_dir), **runconfig})
+  return run(task, rc, optax.sgd(0.01), loss_scale, precision.Policy(compute="float32"), progress=False)
+
+
+def test_a_nan_loss_stops_the_run_naming_the_step_and_metrics_stay_strict_json(tmp_path, capsys):
+  import precision
+  from wafer.train import read_metrics
+
+  with pytest.raises(
+    ExecutorError, match=r"Step 1: the loss is NaN \(runconfig.check_loss_values is true.*learning_rate"
+  ):
+    _nan_run(tmp_path, precision.StaticLossScale.create(1.0), max_steps=6, log_steps=1, checkpoint_steps=3)
+  assert not (
+    tmp_path / "checkpoints" / "3"
+  ).exists()  # stopped at the step it was found, nothing saved after
+  line = (tmp_path / "metrics.jsonl").read_text().splitlines()[0]
+  json.loads(line, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))  # null, not a bare NaN
+  assert json.loads(line)["loss"] is None and np.isnan(read_metrics(tmp_path / "metrics.jsonl")[0]["loss"])
+
+
+def test_without_check_loss_values_a_run_whose_every_step_was_skipped_says_so(tmp_path, capsys):
+  import precision
+
+  for name, scale in [
+    ("dls", precision.DynamicLossScale.create("float16")),
+    ("static", precision.StaticLossScale.create(1.0)),
+  ]:
+    summary = _nan_run(tmp_path / name, scale, max_steps=6, log_steps=2, check_loss_values=False)
+    assert summary.final_step == 6
+    out = capsys.readouterr().out
+    assert "Training completed successfully!" in out
+    assert "of steps 1..6 was skipped: the gradients were not finite" in out, name
+
+
+def test_train_and_eval_resumed_evaluates_at_the_steps_of_an_uninterrupted_run(tmp_path):
+  settings = {"mode": "train_and_eval", "eval_frequency": 10, "checkpoint_steps": 5, "log_steps": 5}
+  first = _run(tmp_path, max_steps=15, **settings)
+  assert [step for step, _ in first["evals"]] == [10, 15]  # every 10 steps and the final one
+  resumed = _run(tmp_path, max_steps=30, **settings)  # resumes from the checkpoint of step 15
+  assert [step for step, _ in resumed["evals"]] == [20, 30]  # not 25: counted from step 0
+
+
+def test_train_and_eval_by_epochs_without_eval_frequency_evaluates_after_every_epoch(tmp_path):
+  summary = _run(
+    tmp_path, mode="train_and_eval", max_steps=None, num_epochs=2, steps_per_epoch=5, log_steps=5
+  )
+  assert [step for step, _ in summary["evals"]] == [5, 10]  # modelzoo: the epoch is the eval interval
+
+
+def _checkpoints(model_dir):
+  folder = Path(model_dir) / "checkpoints"
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+
+
+def test_train_and_eval_checkpoints_at_checkpoint_steps_not_at_every_evaluation(tmp_path):
+  settings = {"mode": "train_and_eval", "max_steps": 40, "eval_frequency": 10, "log_steps": 10}
+  _run(tmp_path / "n20", checkpoint_steps=20, **settings)
+  assert _checkpoints(tmp_path / "n20") == [20, 40]  # N, 2N, ... and the final step (it wrote 10, 20, 30, 40)
+  _run(
+    tmp_path / "n0",
+    checkpoint_steps=0,
+    max_steps=20,
+    **{k: v for k, v in settings.items() if k != "max_steps"},
+  )
+  assert _checkpoints(tmp_path / "n0") == []  # 0: none, as in train mode and modelzoo (it wrote 10, 20)
+
+
+def test_a_train_run_without_checkpoint_steps_says_it_kept_nothing_and_its_rerun_says_why_it_starts_at_0(
+  tmp_path, capsys
+):
+  _run(tmp_path, max_steps=4, checkpoint_steps=None, log_steps=2)
+  out = capsys.readouterr().out
+  assert (
+    _checkpoints(tmp_path) == [] and "runconfig.checkpoint_steps is unset (or 0), so no checkpoint" in out
+  )
+  _run(tmp_path, max_steps=6, checkpoint_steps=None, log_steps=2)
+  out = capsys.readouterr().out
+  assert "checkpoint of step 0" not in out  # there is none
+  assert "held 3 record(s) of an earlier run (steps 1..4) that left no checkpoint" in out

@@ -2,6 +2,8 @@
 (which failed later as a bare AttributeError from inside wafer) or a `Task.batch_size` that is not
 the data's (which made every logged sample count and rate wrong, silently)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,3 +73,20 @@ def test_a_batch_size_that_is_not_the_datas_is_refused(tmp_path):
 def test_task_batch_size_is_a_positive_int(batch_size):
   with pytest.raises(ExecutorError, match="Task.batch_size=.*allowed: an int >= 1"):
     _task(batch_size=batch_size)
+
+
+def test_train_data_that_is_not_a_function_of_the_seed_is_named_before_any_work(tmp_path):
+  source = IndexedBatches(lambda k: {"x": np.zeros((4, 8), np.float32), "y": np.zeros((4, 1), np.float32)})
+  args = _args(tmp_path) | {"task": dataclasses.replace(_task(), train_data=source)}
+  with pytest.raises(TypeError, match=r"Task.train_data is a IndexedBatches; it must be a function of the seed "
+                     r"returning a wafer.train.BatchSource .*\(lambda seed: IndexedBatches\(batch_of\)\)"):  # fmt: skip
+    run(**args, progress=False)
+  assert not (tmp_path / "md").exists()  # nothing was prepared
+
+
+def test_train_data_returning_a_plain_iterator_is_refused_saying_what_is_allowed(tmp_path):
+  batches = [{"x": np.zeros((4, 8), np.float32), "y": np.zeros((4, 1), np.float32)}] * 3
+  args = _args(tmp_path) | {"task": dataclasses.replace(_task(), train_data=lambda seed: iter(batches))}
+  with pytest.raises(ExecutorError, match=r"Task.train_data\(seed\) returned a list_iterator; it must be a function "
+                     r"of the seed returning a wafer.train.BatchSource .*IndexedBatches"):  # fmt: skip
+    run(**args, progress=False)
