@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -226,15 +227,33 @@ class SweepResult:
     """The sweep of a ``sweep.json`` (``path``: the file or its folder)."""
     path = Path(path)
     path = path / "sweep.json" if path.is_dir() else path
-    return cls([Run(**r) for r in json.loads(path.read_text())["runs"]], str(path.parent))
+    runs = json.loads(path.read_text())["runs"]
+    for r in runs:  # a diverged loss is saved as null (strict JSON): nan again
+      r["losses"] = [math.nan if v is None else v for v in r["losses"]]
+    return cls([Run(**r) for r in runs], str(path.parent))
 
   def save(self, model_dir: str | Path | None = None) -> dict[str, Path]:
     """Write ``sweep.json`` and ``sweep.png`` into ``model_dir`` (default: the sweep's)."""
     out = Path(model_dir or self.model_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "sweep.json"
-    write_text_atomically(json_path, json.dumps(self.to_dict(), indent=1) + "\n")
+    write_text_atomically(json_path, json.dumps(_strict(self.to_dict()), indent=1, allow_nan=False) + "\n")
     return {"json": json_path, "png": self.plot(out / "sweep.png")}
+
+
+def _strict(value: Any) -> Any:
+  """``value`` with every NaN or infinite float as None: strict JSON (a diverged run's losses).
+
+  >>> _strict({"losses": [2.5, float("nan")], "eval": {"loss": float("inf")}})
+  {'losses': [2.5, None], 'eval': {'loss': None}}
+  """
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {k: _strict(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_strict(v) for v in value]
+  return value
 
 
 def format_overrides(fmt: str, level: int) -> list[str]:
@@ -312,7 +331,10 @@ def sweep(
     jobs.insert(0, (BASELINE, min(lvls)))
   root = Path(model_dir)
   user = list(overrides)
-  defaults = [] if any(o.split("=", 1)[0].strip() == "runconfig.log_steps" for o in user) else ["runconfig.log_steps=1"]  # fmt: skip
+  given = {o.split("=", 1)[0].strip() for o in user}
+  defaults = [] if "runconfig.log_steps" in given else ["runconfig.log_steps=1"]
+  if "runconfig.check_loss_values" not in given:  # a format whose loss diverges is a result (nan losses)
+    defaults.append("runconfig.check_loss_values=false")
   runs = []
   for i, (fmt, level) in enumerate(jobs, 1):
     out = root / run_name(fmt, level)

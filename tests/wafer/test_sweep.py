@@ -220,3 +220,18 @@ def test_the_python_api_refuses_a_string_of_overrides_and_a_number_of_formats(tm
     with pytest.raises(sweep.SweepError, match=r"formats=.*; allowed: format names"):
       sweep.sweep(PARAMS, model_dir=tmp_path, formats=bad)
   assert not any(tmp_path.iterdir())  # refused before any run
+
+
+def test_a_diverging_format_is_a_result_with_nan_losses_in_strict_json(tmp_path):
+  """A loss that becomes NaN stops a `wafer run` (runconfig.check_loss_values); in a sweep it is what
+  the sweep is for: the run's losses show nan, sweep.json stays strict JSON (null) and loads as nan."""
+  from models import mlp
+
+  overrides = ["runconfig.max_steps=3", "optimizer.learning_rate=1e30"]
+  result = sweep.sweep(mlp.CONFIG, "f32", None, tmp_path, overrides, progress=False)
+  (run,) = result.runs
+  assert run.steps == [1, 2, 3] and math.isfinite(run.losses[0]) and math.isnan(run.losses[-1])
+  text = (tmp_path / "sweep.json").read_text()
+  assert "NaN" not in text
+  json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in sweep.json"))
+  assert math.isnan(sweep.SweepResult.load(tmp_path).runs[0].losses[-1])
