@@ -256,8 +256,8 @@ def _apply(
     outs = compat.bind(eqn, values)
     if op_class == "cast":
       region = "cast"
-    elif any(jnp.issubdtype(a.dtype, jnp.floating) for a in out_avals if hasattr(a, "dtype")):
-      region = "other_float"  # float64 (x64), or 16-bit values the program computes itself
+    elif any(jnp.issubdtype(a.dtype, jnp.inexact) for a in out_avals if hasattr(a, "dtype")):
+      region = "other_float"  # float64 (x64), complex, or 16-bit values the program computes itself
     else:
       region = "integer"
     p.log.record(name, region, untouched=sum(numel(a) for a in out_avals))
@@ -275,6 +275,12 @@ def _apply(
   if op_class == "cast":
     same = name == "convert_element_type" and len(tags) == 1 and tags[0] is not None
     tag = tags[0] if same else RAW_TAG
+    if name == "bitcast_convert_type" and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.integer):
+      # a float32 built from bits (jax.random's samplers: random bits into [1, 2), then ``- 1`` and a
+      # scale): data made by bit manipulation, kept float32 through the elementwise arithmetic with
+      # constants that finishes it (`_value_treatment`); rounding that arithmetic turned uniforms just
+      # below 1 into 1.0, and normals, Gumbel and exponential draws built on them into inf
+      tag = Tag(FLOAT32)
     if name == "precision_round" and eqn.params["fmt"] == p.fmt and eqn.params["mode"] == "nearest_even":
       tag = Tag(ROUNDED, tags[0].attention if tags[0] else False)
     p.log.record(name, op_class, untouched=size)

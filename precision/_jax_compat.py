@@ -210,13 +210,45 @@ def call_jaxpr(eqn: Any) -> Any | None:
 
 
 def is_higher_order(eqn: Any) -> bool:
-  """Whether ``eqn`` carries a computation of its own (a jaxpr parameter, or an opaque one)."""
+  """Whether ``eqn`` carries a computation of its own (a jaxpr parameter, or an opaque one). A
+  scatter whose ``update_jaxpr`` is more than its monoid (``x.at[i].apply(fn)`` binds ``scatter`` with
+  ``fn`` as its update) carries one (`_only_a_combiner`)."""
   name = eqn.primitive.name
   if name in _OPAQUE_HIGHER_ORDER:
     return True
+  if name.startswith("scatter"):
+    return not _only_a_combiner(eqn.params.get("update_jaxpr"))
   if name.startswith(_COMBINER_PREFIXES):
     return False
   return any(True for _ in jaxprs_in_params(eqn.params))
+
+
+def _only_a_combiner(update: Any) -> bool:
+  """Whether a scatter's ``update_jaxpr`` is only how an update meets the operand: none, ``(x, y) -> y``
+  or one equation of the two inputs (``add``, ``mul``, ``max``, ...), as ``.set`` / ``.add`` / ``.mul``
+  / ``.max`` bind it. ``.apply(fn)``'s is ``fn`` of the operand alone (``(x, _) -> fn(x)``).
+
+  >>> import jax, jax.numpy as jnp
+  >>> def update(f):
+  ...   eqns = jax.make_jaxpr(f)(jnp.ones(3)).jaxpr.eqns
+  ...   return next(e for e in eqns if e.primitive.name.startswith("scatter")).params.get("update_jaxpr")
+  >>> _only_a_combiner(update(lambda x: x.at[0].add(2.0))), _only_a_combiner(update(lambda x: x.at[0].set(2.0)))
+  (True, True)
+  >>> _only_a_combiner(update(lambda x: x.at[0].apply(jnp.sin)))
+  False
+  """
+  if update is None:
+    return True
+  jaxpr = getattr(update, "jaxpr", update)  # a ClosedJaxpr or a Jaxpr
+  inputs = list(getattr(jaxpr, "invars", ()))
+  eqns = list(getattr(jaxpr, "eqns", ()))
+  if not eqns:
+    return True
+  if len(eqns) > 1 or len(inputs) != 2:
+    return False
+  (only,) = eqns
+  used = [v for v in only.invars if not isinstance(v, Literal)]
+  return len(used) == 2 and all(any(v is w for w in inputs) for v in used)
 
 
 _OWN_DIRS = tuple(
@@ -246,13 +278,28 @@ def unhandled(eqn: Any, walker: str) -> UnhandledPrimitiveError:
   """The error for a higher-order equation ``walker`` does not handle."""
   line = user_line(eqn)
   where = f"traced at {line}" if line != "<unknown>" else f"bound by the function given to {walker} itself"
+  name = eqn.primitive.name
+  hint = next((h for prefix, h in _UNHANDLED_HINTS.items() if name.startswith(prefix)), None)
+  if hint is None:
+    hint = (
+      f"If it is new in your JAX version ({jax.__version__}), please report it; meanwhile move the call "
+      "out of the function"
+    )
   return UnhandledPrimitiveError(
-    f"{walker}: the primitive {eqn.primitive.name!r} ({where}) carries a computation "
-    f"that {walker} does not know how to transform, so its body would escape the policy (it would run "
-    "unchanged, in float32). This JAX version may have introduced it: please report it with your JAX "
-    f"version ({jax.__version__}); meanwhile move the call out of the function, or wrap it in "
-    "precision.float32_region() to keep it float32 deliberately."
+    f"{walker}: the primitive {name!r} ({where}) carries a computation that {walker} does not know how "
+    "to transform, so its body would escape the policy (it would run unchanged, in float32). "
+    f"{hint}, or wrap it in precision.float32_region() to keep it float32 deliberately."
   )
+
+
+_UNHANDLED_HINTS = {
+  "scatter": "x.at[idx].apply(fn) runs fn inside a scatter: write x.at[idx].set(fn(x[idx])), which "
+  "computes fn under the policy",
+  "composite": "jax.lax.composite wraps a decomposition for other compilers: call the decomposition itself",
+  "custom_partitioning": "a custom_partitioning function partitions by rules of its own: call its "
+  "undecorated body",
+}
+"""What to write instead, by primitive name (prefix), for higher-order primitives users meet."""
 
 
 def eqn_context(eqn: Any) -> Any:

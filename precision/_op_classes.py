@@ -13,10 +13,11 @@ Classes that compute (their treatment comes from the `Policy` rule table): ``mat
   ``precision.round``): left exactly as written.
 * ``control_flow``: jit, remat, scan, while, cond, custom_jvp/custom_vjp, shard_map: the pass
   recurses into their bodies.
-* ``integer``: any equation without float results (comparisons, integer arithmetic, RNG
-  bits): untouched.
+* ``integer``: any equation without float or complex results (comparisons, integer arithmetic,
+  RNG bits): untouched.
 * ``other_float``: an equation whose float results are not float32 (float64 with
-  ``jax_enable_x64``, bfloat16 or float16 values the program computes itself): untouched, and
+  ``jax_enable_x64``, complex values (an FFT), bfloat16 or float16 values the program computes
+  itself): untouched, and
   listed so that a program that escapes the policy this way shows it.
 * ``unknown``: float primitives not in this table: left unchanged and listed in the report.
 

@@ -280,3 +280,47 @@ def test_autocast_keeps_a_partly_manual_shard_map_partly_manual():
   assert compat.shard_map_manual_axes(eqn.params) == {"a"}
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2**-6)
   assert not np.array_equal(np.asarray(got), np.asarray(want))  # rounded inside the body
+
+
+M = jnp.linspace(-2.0, 2.0, 12, dtype=jnp.float32).reshape(3, 4)
+
+_SCATTERS = {
+  "set": lambda y: y.at[:, 0].set(2.0),
+  "add": lambda y: y.at[:, 0].add(2.0),
+  "mul": lambda y: y.at[:, 0].multiply(2.0),
+  "min": lambda y: y.at[:, 0].min(0.5),
+  "max": lambda y: y.at[:, 0].max(0.5),
+  "divide": lambda y: y.at[:, 0].divide(2.0),
+  "power": lambda y: y.at[:, 0].power(2.0),
+}
+
+
+@pytest.mark.parametrize("how", sorted(_SCATTERS))
+def test_a_scatter_of_updates_is_a_combiner_and_is_rounded_as_before(how):
+  """``.at[i].set/add/multiply/min/max/divide/power`` bind scatters whose update_jaxpr is only their
+  monoid (or none): first order, never refused."""
+  fn = lambda x: _SCATTERS[how](jnp.tanh(x @ M.T))  # noqa: E731
+  for eqn in jax.make_jaxpr(fn)(M).jaxpr.eqns:
+    assert not compat.is_higher_order(eqn), eqn.primitive.name
+  assert precision.autocast(fn, "c=bf16")(M).dtype == jnp.float32
+
+
+def test_scatter_apply_runs_a_function_and_is_refused_with_the_rewrite():
+  """``x.at[i].apply(fn)`` binds ``scatter`` with ``fn`` as its update: fn ran unrounded in float32 and
+  the result kept its "rounded" tag. It is a higher-order primitive: an error that says what to write."""
+  g = lambda v: v * v * 0.37 + v  # noqa: E731
+
+  def apply(x):
+    return jnp.tanh(x @ M.T).at[:, 0].apply(g)
+
+  def rewritten(x):
+    y = jnp.tanh(x @ M.T)
+    return y.at[:, 0].set(g(y[:, 0]))
+
+  assert compat.is_higher_order(eqns_of(apply, M, name="scatter")[0])
+  with pytest.raises(compat.UnhandledPrimitiveError, match=r"x\.at\[idx\]\.set\(fn\(x\[idx\]\)\)") as info:
+    precision.autocast(apply, "c=bf16")(M)
+  assert pathlib.Path(__file__).name in str(info.value) and "new in your JAX version" not in str(info.value)
+  out = precision.autocast(rewritten, "c=bf16,o=bf16")(M)
+  assert jnp.array_equal(out, precision.round(out, "bfloat16"))  # the rewrite is rounded throughout
+  assert jnp.array_equal(precision.autocast(apply, "c=f32")(M), apply(M))  # float32: fn itself
