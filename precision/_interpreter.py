@@ -254,6 +254,8 @@ def _apply(
   op_class = PRIMITIVE_CLASSES.get(name, "unknown")
   if not any(is_f32(a) for a in out_avals):
     outs = compat.bind(eqn, values)
+    if name in _RANDOM_BITS or any(id(v) in p.random_bits for v in values):  # bits and their integer ops
+      p.random_bits.update((id(o), o) for o in outs)
     if op_class == "cast":
       region = "cast"
     elif any(jnp.issubdtype(a.dtype, jnp.inexact) for a in out_avals if hasattr(a, "dtype")):
@@ -275,11 +277,12 @@ def _apply(
   if op_class == "cast":
     same = name == "convert_element_type" and len(tags) == 1 and tags[0] is not None
     tag = tags[0] if same else RAW_TAG
-    if name == "bitcast_convert_type" and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.integer):
-      # a float32 built from bits (jax.random's samplers: random bits into [1, 2), then ``- 1`` and a
-      # scale): data made by bit manipulation, kept float32 through the elementwise arithmetic with
-      # constants that finishes it (`_value_treatment`); rounding that arithmetic turned uniforms just
-      # below 1 into 1.0, and normals, Gumbel and exponential draws built on them into inf
+    if name == "bitcast_convert_type" and id(values[0]) in p.random_bits:
+      # a float32 built from random bits (jax.random's samplers: bits into [1, 2), then ``- 1`` and a
+      # scale): a draw, kept float32 through the elementwise arithmetic with constants that finishes
+      # it (`_value_treatment`); rounding that arithmetic turned uniforms just below 1 into 1.0, and
+      # normals, Gumbel and exponential draws built on them into inf. Bits of a computed float (a
+      # user's mantissa trick) are not random: their float is raw, rounded as before.
       tag = Tag(FLOAT32)
     if name == "precision_round" and eqn.params["fmt"] == p.fmt and eqn.params["mode"] == "nearest_even":
       tag = Tag(ROUNDED, tags[0].attention if tags[0] else False)
@@ -287,6 +290,11 @@ def _apply(
     return outs, [tag if is_f32(a) else None for a in out_avals]
   p.log.record(name, "unknown", untouched=size)
   return outs, [RAW_TAG if is_f32(a) else None for a in out_avals]
+
+
+_RANDOM_BITS = frozenset({"random_bits", "threefry2x32"})
+"""Primitives whose integer results are random bits (a new-style key's ``random_bits``; the threefry
+hash of raw uint32 keys)."""
 
 
 def _value_op(

@@ -236,6 +236,8 @@ def _only_a_combiner(update: Any) -> bool:
   (True, True)
   >>> _only_a_combiner(update(lambda x: x.at[0].apply(jnp.sin)))
   False
+  >>> _only_a_combiner(update(lambda x: x.at[0].apply(lambda v: v * v)))
+  False
   """
   if update is None:
     return True
@@ -248,7 +250,8 @@ def _only_a_combiner(update: Any) -> bool:
     return False
   (only,) = eqns
   used = [v for v in only.invars if not isinstance(v, Literal)]
-  return len(used) == 2 and all(any(v is w for w in inputs) for v in used)
+  # each input once: ``mul a b`` is a monoid, ``mul a a`` (``.apply(lambda v: v * v)``) is not
+  return len(used) == 2 and {id(v) for v in used} == {id(w) for w in inputs}
 
 
 _OWN_DIRS = tuple(

@@ -62,6 +62,9 @@ class Pass:
     self.extreme: float = self.fmt.max if self.rules["attention_softmax"] == "round" else float32.max
     # id(equation with such a literal) -> ids of the score-product candidates its result meets
     self.extreme_meets: dict[int, set[int]] = {}
+    # integer values made of random bits (``random_bits`` and integer ops on them), by id, each kept
+    # alive beside its id: a float32 bitcast from them is a random draw (`precision._interpreter`)
+    self.random_bits: dict[int, Any] = {}
 
   def child(self) -> Pass:
     """A pass for a sub-jaxpr; its rounding stream is a fresh site of this one's."""
@@ -69,6 +72,7 @@ class Pass:
     child.analysed = self.analysed
     child.extreme = self.extreme
     child.extreme_meets = self.extreme_meets
+    child.random_bits = self.random_bits
     if self.stochastic and self.key is not None:
       child.key = self.site_key()
     return child

@@ -228,9 +228,12 @@ class SweepResult:
     path = Path(path)
     path = path / "sweep.json" if path.is_dir() else path
     runs = json.loads(path.read_text())["runs"]
-    for r in runs:  # a diverged loss is saved as null (strict JSON): nan again
+    for r in runs:  # a diverged loss or eval is saved as null (strict JSON): nan again
       r["losses"] = [math.nan if v is None else v for v in r["losses"]]
-    return cls([Run(**r) for r in runs], str(path.parent))
+      r["eval"] = {k: math.nan if v is None else v for k, v in r.get("eval", {}).items()}
+    result = cls([Run(**r) for r in runs], str(path.parent))
+    _deviations(result.runs)  # an infinite deviation (a diverged run) was saved as null
+    return result
 
   def save(self, model_dir: str | Path | None = None) -> dict[str, Path]:
     """Write ``sweep.json`` and ``sweep.png`` into ``model_dir`` (default: the sweep's)."""
@@ -404,8 +407,10 @@ def _deviations(runs: list[Run]) -> None:
   base = next((r for r in runs if r.format == BASELINE), None)
   if base is None:
     return
-  ref = dict(zip(base.steps, base.losses))
+  ref = {s: v for s, v in zip(base.steps, base.losses) if math.isfinite(v) and v}
   for r in runs:
     u = unit_roundoff(r.format)
-    devs = [abs(v - ref[s]) / (abs(ref[s]) * u) for s, v in zip(r.steps, r.losses) if s in ref and ref[s]]
+    # a loss that is not finite where float32's is (a diverged format) deviates without bound
+    devs = [abs(v - ref[s]) / (abs(ref[s]) * u) if math.isfinite(v) else math.inf
+            for s, v in zip(r.steps, r.losses) if s in ref]  # fmt: skip
     r.deviation_u = max(devs) if devs else None

@@ -305,6 +305,13 @@ def test_a_scatter_of_updates_is_a_combiner_and_is_rounded_as_before(how):
   assert precision.autocast(fn, "c=bf16")(M).dtype == jnp.float32
 
 
+@pytest.mark.parametrize("fn", [jnp.sin, lambda v: v * v, lambda v: v + v, lambda v: jnp.maximum(v, v)])
+def test_every_scatter_apply_is_higher_order(fn):
+  """``.apply(fn)`` of one equation of the operand with itself (``mul a a``) is not a monoid either."""
+  (eqn,) = eqns_of(lambda x: x.at[0].apply(fn), X, name="scatter")
+  assert compat.is_higher_order(eqn)
+
+
 def test_scatter_apply_runs_a_function_and_is_refused_with_the_rewrite():
   """``x.at[i].apply(fn)`` binds ``scatter`` with ``fn`` as its update: fn ran unrounded in float32 and
   the result kept its "rounded" tag. It is a higher-order primitive: an error that says what to write."""

@@ -331,3 +331,21 @@ def test_complex_arithmetic_is_listed_as_other_float_not_integer():
   fn = lambda x: jnp.real(jnp.fft.ifft(jnp.fft.fft(x) * 2.0))  # noqa: E731
   table = str(precision.cast_report(fn, "c=bf16", jnp.ones(8)).table("class"))
   assert "other_float" in table and "integer" not in table, table
+
+
+def test_bits_of_a_computed_float_are_not_a_random_draw():
+  """Only a float built from random bits is kept float32: a user's mantissa trick on a computed value
+  (bitcast to int, mask, bitcast back) is rounded as before, and an old-style uint32 key samples as a
+  new-style one."""
+  w = jnp.linspace(-2.0, 2.0, 64, dtype=jnp.float32).reshape(8, 8)
+  x = jnp.linspace(-1.0, 1.3, 64, dtype=jnp.float32).reshape(8, 8)
+
+  def trick(x):
+    bits = jax.lax.bitcast_convert_type(jnp.tanh(x @ w), jnp.int32) & jnp.int32(-65536)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32) * 3.3 + 0.1
+
+  out = precision.autocast(trick, "c=bf16")(x)
+  assert jnp.array_equal(out, precision.round(out, "bfloat16"))
+  old_key = jax.random.PRNGKey(3)
+  draw = precision.autocast(lambda k: jax.random.uniform(k, (50_000,)), "c=bf16")(old_key)
+  assert jnp.array_equal(draw, jax.random.uniform(old_key, (50_000,)))

@@ -429,12 +429,16 @@ def test_a_1_8_bert_file_updates_as_modelzoo_1_8_did():
 
 @pytest.mark.parametrize(
   ("release", "expected"),
-  [("1.8", False), ("R_1.6.0", False), ("1.x", False), ("1.9.1", True), ("2.0.3", True)],
+  [("1.8", False), ("R_1.6.0", False), ("1.x", False), ("1.9.1", True), ("2.0.3", True), ("2.x", True)],
 )
 def test_a_given_release_decides_adamw_correct_bias(release, expected):
+  """The release given wins over keys that date the file (here one that only 1.6-1.8 files have)."""
   from wafer.config.modelzoo import adamw_default, release_of
 
-  data = {"runconfig": {"modelzoo_release": release}, "optimizer": {"optimizer_type": "adamw"}}
+  data = {
+    "runconfig": {"modelzoo_release": release, "save_summary_steps": 10},
+    "optimizer": {"optimizer_type": "adamw"},
+  }
   adamw_default(data, release_of(data, trainer_layout=False, model="bert"))
   assert data["optimizer"].get("correct_bias", True) is expected
 

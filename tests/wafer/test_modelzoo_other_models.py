@@ -303,3 +303,40 @@ def test_a_qualified_core_key_is_not_a_misspelling():
   found = InputConfig.key_problems({"src_max_sequence_length": 512, "tgt_max_sequence_length": 114})
   assert found == {}
   assert "batch_size" in InputConfig.key_problems({"batch_sise": 8}).get("batch_sise", "")
+
+
+def test_a_plugin_model_that_takes_the_evidence_is_not_refused_as_another_model():
+  """Evidence of another Model Zoo model (rotary embeddings) does not refuse a file whose data
+  processor feeds a registered model that takes that value (a user's plugin); a hand-registered
+  schema's name is not called unknown when the file has another problem."""
+  from pydantic import ConfigDict
+
+  from wafer.config import InputConfig, ModelConfig, register_input_schema, register_model_schema
+  from wafer.config.params import unregister_schema
+
+  class RopeModel(ModelConfig):
+    model_config = ConfigDict(extra="forbid")
+    hidden_size: int = 8
+    position_embedding_type: str = "rotary"
+
+  class RopeInput(InputConfig):
+    pass
+
+  registry.load_plugins()
+  register_model_schema("rope_test_model", RopeModel)
+  register_input_schema("RopeTestProcessor", RopeInput, models=("rope_test_model",))
+  try:
+    data = {
+      "train_input": {"data_processor": "RopeTestProcessor", "batch_size": 8},
+      "model": {"hidden_size": 8, "position_embedding_type": "rotary"},
+      "optimizer": {"optimizer_type": "SGD", "learning_rate": 0.1},
+      "runconfig": {"max_steps": 2},
+    }
+    assert isinstance(load_params(data).model, RopeModel)
+    data["model"] = {"name": "rope_test_model", "hidden_sise": 8}
+    with pytest.raises(ConfigError) as error:
+      load_params(data)
+    assert "unknown model" not in str(error.value) and "hidden_sise" in str(error.value)
+  finally:
+    unregister_schema("rope_test_model")
+    unregister_schema("RopeTestProcessor")

@@ -235,3 +235,29 @@ def test_a_diverging_format_is_a_result_with_nan_losses_in_strict_json(tmp_path)
   assert "NaN" not in text
   json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in sweep.json"))
   assert math.isnan(sweep.SweepResult.load(tmp_path).runs[0].losses[-1])
+
+
+def test_a_diverged_format_deviates_without_bound_and_survives_a_save(tmp_path):
+  """A format whose loss became nan where float32's is finite has an infinite deviation (max() skipped
+  a nan that was not first); sweep.json holds nulls and loads back as the same sweep."""
+  runs = [
+    sweep.Run(
+      "float32", 1, str(tmp_path / "a"), [1, 2, 3], [2.0, 1.9, 1.7], {"step": 3, "accuracy": 0.5}, None
+    ),
+    sweep.Run(
+      "float16",
+      1,
+      str(tmp_path / "b"),
+      [1, 2, 3],
+      [2.0, 1.9001, math.nan],
+      {"step": 3, "accuracy": math.nan},
+      None,
+    ),
+  ]
+  sweep._deviations(runs)
+  assert runs[0].deviation_u == 0 and runs[1].deviation_u == math.inf
+  result = sweep.SweepResult(runs, str(tmp_path))
+  result.save()
+  loaded = sweep.SweepResult.load(tmp_path)
+  assert loaded.runs[1].deviation_u == math.inf and math.isnan(loaded.runs[1].eval["accuracy"])
+  assert "inf" in str(loaded.table())

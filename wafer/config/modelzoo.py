@@ -270,34 +270,49 @@ def zoo_folder(path: str | None) -> str | None:
   return parts[0]
 
 
+def _takes(schema: Any, key: str, value: Any) -> bool:
+  """Whether the model schema ``schema`` takes ``model.<key> = value`` (its other keys aside)."""
+  from pydantic import ValidationError
+
+  try:
+    schema.model_validate({key: value})
+  except ValidationError as error:
+    return not any(tuple(e.get("loc", ()))[:1] == (key,) for e in error.errors())
+  except Exception:  # noqa: BLE001 - a model-level check of the other keys: this key was taken
+    return True
+  return True
+
+
 def other_model(
   data: Mapping[str, Any],
   path: str | None,
   models_of: Callable[[str], tuple[str, ...]],
-  names: Sequence[str],
+  schemas: Mapping[str, Any],
   where: Callable[[Loc], str] = dotted,
 ) -> Problem | None:
   """The refusal of a legacy file without ``model.name`` that is of a Model Zoo model wafer does not
-  have, or None: its ``model`` keys show it (:data:`EVIDENCE`), or its Model Zoo folder names such a model
+  have, or None: its ``model`` keys show it (:data:`EVIDENCE`, unless a model its data processors feed
+  takes that value: a plugin's rotary model), or its Model Zoo folder names such a model
   (:data:`MODELZOO_MODELS`) and no data processor of the file feeds one of wafer's models.
 
   Args:
-    names: the registered model names (a folder that names one is not another model's).
+    schemas: the registered models' schemas, by name (a folder that names one is not another model's).
     where: how a key path is shown (as written, with its line).
   """
+  names = sorted(schemas)
   model = data.get("model") if isinstance(data.get("model"), dict) else {}
   registered = {n.lower() for n in names}
   folder = zoo_folder(path)
   folder = folder if folder in MODELZOO_MODELS and folder not in registered else None
-  shown = [e for e in EVIDENCE if e.found(model)]
-  if not shown:
-    ours = [
-      p
-      for s in _sections(data, "input")
-      if isinstance(p := data[s].get("data_processor"), str) and models_of(p)
-    ]
-    if folder is None or ours:
-      return None
+  ours = [
+    p
+    for s in _sections(data, "input")
+    if isinstance(p := data[s].get("data_processor"), str) and models_of(p)
+  ]
+  fed = [schemas[m] for p in ours for m in models_of(p) if m in schemas]
+  shown = [e for e in EVIDENCE if e.found(model) and not any(_takes(f, e.key, model[e.key]) for f in fed)]
+  if not shown and (folder is None or ours):
+    return None
   evidence = "; ".join(f"{e.feature}: {where(('model', e.key))}" for e in shown)
   if folder is not None:
     what = f"a Cerebras Model Zoo {MODELZOO_MODELS[folder]} file (its folder {folder!r}"
@@ -448,26 +463,30 @@ def release_of(data: Mapping[str, Any], *, trainer_layout: bool, model: str | No
     half, src = _half_of((parsed[0], parsed[1] or 0), model)
     before_1_9 = parsed[0] == 1 and (parsed[1] is None or parsed[1] <= 8)  # "1.x": a release before 1.9
     return Release(str(given), half, f"runconfig.modelzoo_release={given}", src, not before_1_9)
-  inferred = _infer(data, trainer_layout=trainer_layout, model=model)
   if parsed is None:
-    return inferred
+    return _infer(data, trainer_layout=trainer_layout, model=model)
+  # "2.x": a 2.x file, whatever 1.x-era keys it kept (AdamW corrects its bias in every 2.x)
+  inferred = _infer(data, trainer_layout=trainer_layout, model=model, two=True)
   why = f"runconfig.modelzoo_release={given} names no minor release (2.0, 2.1-2.3 and 2.4+ differ)"
-  return dataclasses.replace(inferred, reason=f"{why}; {inferred.reason}")
+  return dataclasses.replace(inferred, reason=f"{why}; {inferred.reason}", adamw_correct_bias=True)
 
 
-def _infer(data: Mapping[str, Any], *, trainer_layout: bool, model: str | None) -> Release:
-  """`release_of` from the file's layout and keys alone."""
+def _infer(data: Mapping[str, Any], *, trainer_layout: bool, model: str | None, two: bool = False) -> Release:
+  """`release_of` from the file's layout and keys alone (``two``: the file is of a 2.x release, so its
+  1.x-era keys date nothing)."""
   if trainer_layout:
     half, src = _half_of((2, 4), model)
     return Release("2.4+", half, "trainer layout (2.4 and later)", src)
   early = [dotted(loc) for loc in _present(data, _UP_TO_1_8)]
   later = bool(_present(data, _FROM_1_9))
+  if two:
+    early = []
   if early and not later:
     half, src = _half_of((1, 8), model)
     why = f"legacy layout with keys no file of 1.9 or later has: {', '.join(early[:3])}"
     return Release("1.x (up to 1.8)", half, why, src, False)
   decided = None if early or not later else True  # AdamW's default: keys of both eras decide nothing
-  marks = [dotted(loc) for loc in _present(data, _ONE_X)]
+  marks = [] if two else [dotted(loc) for loc in _present(data, _ONE_X)]
   if marks:
     half, src = _half_of((1, 9), model)
     why = f"legacy layout with keys of 1.x and 2.0 files: {', '.join(marks[:3])}"
@@ -672,7 +691,7 @@ def adapt(
     return Adapted(data, [], [refused], alone=True)
   model = data.get("model")
   if isinstance(model, dict) and model.get("name") is None and schemas is not None:
-    other = other_model(data, path, models_of, sorted(schemas), where)
+    other = other_model(data, path, models_of, schemas, where)
     if other is not None:
       return Adapted(data, [], [other], alone=True)
   if refused is not None:

@@ -65,6 +65,8 @@ def unknown_model(name: str) -> str | None:
   """Why ``model.name`` = ``name`` names no available model (the checks of `add_model_check`), or None:
   it names one, or no check is installed (the config alone validates any model name)."""
   load_schemas()
+  if str(name).lower() in {k.lower() for k in _MODEL_SCHEMAS}:  # a schema registered for it validates it
+    return None
   for check in tuple(_MODEL_CHECKS):
     why = check(name)
     if why is not None:

@@ -634,11 +634,18 @@ class _Run:
   def _non_finite_loss(self, step: int, loss: float) -> str:
     """The error of a NaN or infinite loss at ``step`` (``runconfig.check_loss_values``)."""
     steps = self.checkpoints.steps()
-    where = (
-      f"its newest checkpoint, step {max(steps)}, was written before it"
-      if steps
-      else "no checkpoint was written before it (the rerun starts from step 0)"
-    )
+    every = max(1, int(self.rc.log_steps or 1))
+    if not steps:
+      where = "no checkpoint was written before it (the rerun starts from step 0)"
+    elif every > 1 and max(steps) > step - every:  # the loss is read at log steps only
+      seen = f"step {step - every}" if step - every >= 1 else "none was logged before"
+      where = (
+        f"the newest checkpoint, step {max(steps)}, was written after the last loss seen finite "
+        f"({seen}; the loss is read at log steps), so it may hold the diverged run: resume from an "
+        "earlier one, or from step 0"
+      )
+    else:
+      where = f"its newest checkpoint, step {max(steps)}, was written before it"
     return (
       f"Step {step}: the loss is {'NaN' if math.isnan(loss) else loss} (runconfig.check_loss_values is true: a "
       "NaN or infinite loss stops the run). Training diverged, or a batch holds NaN/Inf: lower "
@@ -785,7 +792,9 @@ def _check_run_arguments(task: Any, runtime: Runtime) -> None:
   wrong = []
   if not isinstance(task, Task):
     wrong.append(f"task is a {type(task).__name__}; it must be a wafer.train.Task")
-  elif not callable(task.train_data) or _is_batch_source(task.train_data):
+  elif not callable(task.train_data) or (
+    _is_batch_source(task.train_data) and not isinstance(task.train_data, type)  # a class of the seed is fine
+  ):
     wrong.append(
       f"Task.train_data is a {type(task.train_data).__name__}; {TRAIN_DATA_ALLOWED} (lambda seed: "
       "IndexedBatches(batch_of))"

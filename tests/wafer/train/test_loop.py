@@ -9,13 +9,16 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+import precision
 from models.mlp import example_run
 from tests.devices import needs_devices
 from wafer.config import ConfigError, RunConfig
-from wafer.train import ExecutorError, checkpoint_iterations, run, steps_to_run
+from wafer.train import ExecutorError, IndexedBatches, Task, checkpoint_iterations, run, steps_to_run
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -308,3 +311,28 @@ def test_a_train_run_without_checkpoint_steps_says_it_kept_nothing_and_its_rerun
   out = capsys.readouterr().out
   assert "checkpoint of step 0" not in out  # there is none
   assert "held 3 record(s) of an earlier run (steps 1..4) that left no checkpoint" in out
+
+
+def test_a_nan_loss_seen_at_a_log_step_does_not_vouch_for_a_checkpoint_after_the_last_finite_one(tmp_path):
+  """The loss is read at log steps: a NaN from step 3, seen at step 10 with checkpoints every 5 steps,
+  may already be in checkpoint 5; the error must not say it was written before the divergence."""
+  task = Task(
+    name="nan",
+    init_params=lambda key: {"w": jax.random.normal(key, (4, 1))},
+    loss_fn=lambda p, b: jnp.mean((b["x"] @ p["w"]) ** 2),
+    train_data=lambda seed: IndexedBatches(
+      lambda k: {"x": np.full((2, 4), np.nan if k >= 2 else 1.0, np.float32)}
+    ),
+    batch_size=2,
+  )
+  rc = RunConfig.model_validate(
+    {"model_dir": str(tmp_path), "max_steps": 20, "log_steps": 10, "checkpoint_steps": 5}
+  )
+  with pytest.raises(ExecutorError) as error:
+    run(task, rc, optax.sgd(0.01), precision.StaticLossScale.create(1.0), precision.Policy(compute="float32"),
+        progress=False)  # fmt: skip
+  message = str(error.value)
+  assert message.startswith("Step 10: the loss is NaN") and "was written before it" not in message
+  assert (
+    "the newest checkpoint, step 5, was written after the last loss seen finite (none was logged" in message
+  )

@@ -90,3 +90,24 @@ def test_train_data_returning_a_plain_iterator_is_refused_saying_what_is_allowed
   with pytest.raises(ExecutorError, match=r"Task.train_data\(seed\) returned a list_iterator; it must be a function "
                      r"of the seed returning a wafer.train.BatchSource .*IndexedBatches"):  # fmt: skip
     run(**args, progress=False)
+
+
+def test_a_batch_source_class_of_the_seed_is_a_function_of_the_seed(tmp_path):
+  """A class whose constructor takes the seed returns a BatchSource: it is not refused as a source."""
+
+  class Source:
+    def __init__(self, seed):
+      self.k = 0
+
+    def __next__(self):
+      self.k += 1
+      return {"x": np.zeros((4, 8), np.float32), "y": np.zeros((4, 1), np.float32)}
+
+    def get_state(self):
+      return {"next_batch": self.k}
+
+    def set_state(self, state):
+      self.k = state["next_batch"]
+
+  args = _args(tmp_path) | {"task": dataclasses.replace(_task(), train_data=Source)}
+  assert run(**args, progress=False).final_step == 2
