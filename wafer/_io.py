@@ -9,7 +9,8 @@ propagates; one left by a SIGKILL is named ``<stem>.tmp-<pid>-<hex><ext>`` (safe
 
 `write_text_atomically` / `write_bytes_atomically` are the common cases; `what_to_do(error)` is
 the advice an error message gives for an ``OSError`` of a write (full disk, permissions, a folder
-where a file belongs).
+where a file belongs); `strict_json` makes a value writable as strict JSON (NaN and infinities as
+``null``, which JSON has in their place).
 
 >>> import os, pathlib, tempfile
 >>> folder = tempfile.mkdtemp()
@@ -31,13 +32,16 @@ OSError: [Errno 28] No space left on device
 from __future__ import annotations
 
 import errno
+import math
 import os
 import secrets
 from collections.abc import Callable
+from typing import Any
 
 __all__ = (
   "make_writable_dir",
   "replace_atomically",
+  "strict_json",
   "what_to_do",
   "write_bytes_atomically",
   "write_text_atomically",
@@ -141,3 +145,20 @@ def what_to_do(error: OSError) -> str:
   if error.errno in (errno.EISDIR, errno.ENOTDIR, errno.EEXIST):
     return "a folder stands where a file belongs (or a file where a folder belongs): move it away"
   return "check model_dir (or give another --model_dir)"
+
+
+def strict_json(value: Any) -> Any:
+  """``value`` with every NaN or infinite float, in dicts, lists and tuples at any depth, as None:
+  ``json.dumps(strict_json(v), allow_nan=False)`` is strict JSON (Python's bare ``NaN`` breaks jq and
+  other readers). A diverged run's losses are written so.
+
+  >>> strict_json({"losses": [2.5, float("nan")], "eval": {"loss": float("inf")}})
+  {'losses': [2.5, None], 'eval': {'loss': None}}
+  """
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {k: strict_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict_json(v) for v in value]
+  return value

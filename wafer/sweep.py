@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import precision
 from precision._table import Table
-from wafer._io import replace_atomically, write_text_atomically
+from wafer._io import replace_atomically, strict_json, write_text_atomically
 from wafer.config.schema import TRAIN_MODES
 from wafer.errors import SweepError
 
@@ -240,23 +240,10 @@ class SweepResult:
     out = Path(model_dir or self.model_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "sweep.json"
-    write_text_atomically(json_path, json.dumps(_strict(self.to_dict()), indent=1, allow_nan=False) + "\n")
+    write_text_atomically(
+      json_path, json.dumps(strict_json(self.to_dict()), indent=1, allow_nan=False) + "\n"
+    )
     return {"json": json_path, "png": self.plot(out / "sweep.png")}
-
-
-def _strict(value: Any) -> Any:
-  """``value`` with every NaN or infinite float as None: strict JSON (a diverged run's losses).
-
-  >>> _strict({"losses": [2.5, float("nan")], "eval": {"loss": float("inf")}})
-  {'losses': [2.5, None], 'eval': {'loss': None}}
-  """
-  if isinstance(value, float) and not math.isfinite(value):
-    return None
-  if isinstance(value, dict):
-    return {k: _strict(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_strict(v) for v in value]
-  return value
 
 
 def format_overrides(fmt: str, level: int) -> list[str]:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from wafer._io import what_to_do, write_bytes_atomically
+from wafer._io import strict_json, what_to_do, write_bytes_atomically
 from wafer.errors import ExecutorError
 
 __all__ = ("SUPERSEDED", "Metrics", "Progress", "read_metrics")
@@ -52,8 +52,7 @@ def _json_line(record: dict[str, Any]) -> bytes:
   >>> _json_line({"step": 5, "loss": float("nan"), "loss_scale": 1.0})
   b'{"step": 5, "loss": null, "loss_scale": 1.0}\\n'
   """
-  finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-  return (json.dumps(finite, allow_nan=False) + "\n").encode("utf-8")
+  return (json.dumps(strict_json(record), allow_nan=False) + "\n").encode("utf-8")
 
 
 def _lines(data: bytes) -> list[tuple[int, bytes, bool]]:
