@@ -375,13 +375,12 @@ _FROM_1_9 = (
 Release_1.9.1 and later have one): such a file is of 1.9 or later."""
 
 ADAMW_CORRECT_BIAS_SOURCES = (
-  MZ + "Release_1.8.0/modelzoo/common/pytorch/PyTorchBaseModel.py (AdamW: "
-  'correct_bias=oparams.get("correct_bias", False), as in R_1.6.0 and R_1.7.1)',
-  MZ + "Release_1.9.1/modelzoo/common/pytorch/PyTorchBaseModel.py (AdamW: "
-  'correct_bias=oparams.get("correct_bias", True))',
+  MZ + "Release_1.8.0/modelzoo/common/pytorch/PyTorchBaseModel.py",
+  MZ + "Release_1.9.1/modelzoo/common/pytorch/PyTorchBaseModel.py",
 )
-"""Where modelzoo's AdamW default of ``correct_bias`` changed: False up to 1.8 (BERT's AdamW, without
-bias correction), True from 1.9 on."""
+"""Where modelzoo's AdamW default of ``correct_bias`` changed: False up to 1.8 (AdamW built with
+``correct_bias=oparams.get("correct_bias", False)``, as in R_1.6.0 and R_1.7.1: BERT's AdamW, without
+bias correction), True from 1.9 on (``oparams.get("correct_bias", True)``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,10 +476,8 @@ def _infer(data: Mapping[str, Any], *, trainer_layout: bool, model: str | None, 
   if trainer_layout:
     half, src = _half_of((2, 4), model)
     return Release("2.4+", half, "trainer layout (2.4 and later)", src)
-  early = [dotted(loc) for loc in _present(data, _UP_TO_1_8)]
+  early = [] if two else [dotted(loc) for loc in _present(data, _UP_TO_1_8)]
   later = bool(_present(data, _FROM_1_9))
-  if two:
-    early = []
   if early and not later:
     half, src = _half_of((1, 8), model)
     why = f"legacy layout with keys no file of 1.9 or later has: {', '.join(early[:3])}"
@@ -523,7 +520,7 @@ def adamw_default(data: dict[str, Any], release: Release) -> str | None:
     return None
   if "correct_bias" in opt or release.adamw_correct_bias is True:
     return None
-  old, new = (source.split(" ")[0] for source in ADAMW_CORRECT_BIAS_SOURCES)  # the URLs
+  old, new = ADAMW_CORRECT_BIAS_SOURCES
   if release.adamw_correct_bias is False:
     opt["correct_bias"] = False
     return (

@@ -499,9 +499,8 @@ class _Run:
           step,
         )
       ) from error
-    steps_to_run(
-      self.rc, step, self.data
-    )  # a max_steps below the checkpoint's step: refused before "Resuming"
+    # a max_steps below the checkpoint's step: refused before "Resuming"
+    steps_to_run(self.rc, step, self.data)
     self.say(f"Resuming from the checkpoint at step {step}.")
     changes = changed_settings(meta.get("config", {}), self.settings) if "config" in meta else []
     if changes:
