@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from precision import _jax_compat as compat
 from precision._interpreter import interpret
+from precision._matmul import hoist
 from precision._state import HIGHER_ORDER, RAW_TAG, Pass, Tag, is_f32, join, join_all_opt, numel
 from precision.cast_report import CastLog
 from precision.policy import PolicyError
@@ -32,14 +33,20 @@ Handler = Callable[[Pass, Any, list, list], tuple[list, list]]
 
 
 def _retrace(
-  p: Pass, jaxpr: Any, consts: Sequence[Any], tags: Sequence[Tag | None], iteration: bool = False
+  p: Pass,
+  jaxpr: Any,
+  consts: Sequence[Any],
+  tags: Sequence[Tag | None],
+  iteration: bool = False,
+  rounded: dict[int, Any] | None = None,
 ) -> tuple[Any, list[Any], list[Tag | None], CastLog]:
   """Trace the transformed ``jaxpr`` (bound to ``consts`` and arguments tagged ``tags``).
 
   Returns ``(new jaxpr, new constants, output tags, cast log)``; the new jaxpr is open and takes
   the new constants first, then the arguments (`compat.trace`). ``iteration``: it takes one more,
   last, argument: a uint32 iteration index folded into the child's rounding key (fresh
-  stochastic bits in each loop iteration)."""
+  stochastic bits in each loop iteration). ``rounded``: arguments the caller rounded as
+  matrix-product operands (`hoist`), closed over (they become new constants)."""
   child = p.child()
   loop_key = child.key
   box: list[list[Tag | None]] = []
@@ -48,7 +55,7 @@ def _retrace(
     if iteration:
       *args, i = args
       child.key, child.sites = (None if loop_key is None else jax.random.fold_in(loop_key, i)), 0
-    outs, out_tags = interpret(child, jaxpr, consts, args, tags)
+    outs, out_tags = interpret(child, jaxpr, consts, args, tags, rounded)
     box.append(out_tags)
     return outs
 
@@ -75,12 +82,13 @@ def _fixed_point(
   carry: list[Tag | None],
   tail: list[Tag | None],
   iteration: bool = False,
+  rounded: dict[int, Any] | None = None,
 ) -> tuple[Any, list[Any], list[Tag | None], list[Tag | None], CastLog]:
   """Retrace a loop body (a closed jaxpr) until the carried tags are stable (each pass can only
   widen them). Returns (new jaxpr, new constants, carry tags, output tags, log)."""
   jaxpr, consts = compat.split_closed(body)
   while True:
-    new_jaxpr, new_consts, out_tags, log = _retrace(p, jaxpr, consts, head + carry + tail, iteration)
+    new_jaxpr, new_consts, out_tags, log = _retrace(p, jaxpr, consts, head + carry + tail, iteration, rounded)
     joined = [join(a, b) for a, b in zip(carry, out_tags[: len(carry)])]
     if joined == carry:
       return new_jaxpr, new_consts, carry, out_tags, log
@@ -89,7 +97,8 @@ def _fixed_point(
 
 def _inline(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
   jaxpr, consts = compat.split_closed(compat.call_jaxpr(eqn))
-  return interpret(p, jaxpr, consts, values, tags)
+  rounded = hoist(p, jaxpr, len(consts), eqn.invars, values, tags)
+  return interpret(p, jaxpr, consts, values, tags, rounded)
 
 
 def _jit(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
@@ -111,10 +120,11 @@ def _jit(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[
   if not (traced or placed):
     return _inline(p, eqn, values, tags)
   jaxpr, consts = compat.split_closed(params["jaxpr"])
+  rounded = hoist(p, jaxpr, len(consts), eqn.invars, values, tags)  # closed over: new constants
   box: list[list[Tag | None]] = []
 
   def body(*args: Any) -> list[Any]:
-    outs, out_tags = interpret(p, jaxpr, consts, args, tags)
+    outs, out_tags = interpret(p, jaxpr, consts, args, tags, rounded)
     box.append(out_tags)
     return outs
 
@@ -133,7 +143,8 @@ def _jit(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[
 
 def _remat(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
   jaxpr, consts = compat.split_closed(eqn.params["jaxpr"])
-  new_jaxpr, new_consts, out_tags, log = _retrace(p, jaxpr, consts, tags)
+  rounded = hoist(p, jaxpr, len(consts), eqn.invars, values, tags)
+  new_jaxpr, new_consts, out_tags, log = _retrace(p, jaxpr, consts, tags, rounded=rounded)
   p.log.merge(log)
   outs = compat.bind(eqn, [*new_consts, *values], jaxpr=new_jaxpr)
   return outs, out_tags
@@ -145,8 +156,10 @@ def _scan(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple
   length = int(params["length"])
   head, carry, tail = tags[:n_consts], tags[n_consts : n_consts + n_carry], tags[n_consts + n_carry :]
   stochastic = bool(p.stochastic) and p.key is not None  # an iteration index as one more scanned input
+  body_jaxpr, body_consts = compat.split_closed(compat.scan_body(params))
+  rounded = hoist(p, body_jaxpr, len(body_consts), eqn.invars, values, tags, range(n_consts))
   new_jaxpr, new_consts, carry, out_tags, log = _fixed_point(
-    p, compat.scan_body(params), head, carry, tail, stochastic
+    p, compat.scan_body(params), head, carry, tail, stochastic, rounded
   )
   p.log.merge(log, times=length)
   body = _as_fun(new_jaxpr, new_consts)
@@ -214,7 +227,13 @@ def _while(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tupl
 
 def _cond(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
   index, operands, op_tags = values[0], values[1:], tags[1:]
-  traced = [_retrace(p, *compat.split_closed(b), op_tags) for b in compat.cond_branches(eqn.params)]
+  rounded: dict[int, Any] = {}
+  for branch in compat.cond_branches(eqn.params):  # an operand rounded once for every branch
+    jaxpr, consts = compat.split_closed(branch)
+    rounded.update(hoist(p, jaxpr, len(consts), eqn.invars[1:], operands, op_tags))
+  traced = [
+    _retrace(p, *compat.split_closed(b), op_tags, rounded=rounded) for b in compat.cond_branches(eqn.params)
+  ]
   for *_, log in traced:
     p.log.merge(log)
   branches = [_as_fun(jaxpr, consts) for jaxpr, consts, _, _ in traced]

@@ -4,7 +4,7 @@ rules (module docstring of `precision.autocast`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -89,13 +89,20 @@ def run(p: Pass, closed: Any, flat: Sequence[Any], rounded_outputs: int | None =
 
 
 def interpret(
-  p: Pass, jaxpr: compat.Jaxpr, consts: Sequence[Any], args: Sequence[Any], tags: Sequence[Tag | None]
+  p: Pass,
+  jaxpr: compat.Jaxpr,
+  consts: Sequence[Any],
+  args: Sequence[Any],
+  tags: Sequence[Tag | None],
+  rounded: Mapping[int, Any] | None = None,
 ) -> tuple[list[Any], list[Tag | None]]:
   """Evaluate ``jaxpr`` on ``consts`` and ``args`` at the current trace, applying the policy's rules.
 
   ``consts`` and ``args`` bind the jaxpr's inputs by position (`compat.binders`: its constvars,
   then its invars; from JAX 0.11 a traced jaxpr's constants are leading invars). ``tags`` are
-  the tags of ``args``; constants are raw values."""
+  the tags of ``args``; constants are raw values. ``rounded`` maps positions of ``args`` to their
+  values rounded as matrix-product operands by the caller (`precision._matmul.hoist`): a product
+  of the body uses them instead of rounding the argument again."""
   if id(jaxpr) not in p.analysed:
     find_attention(jaxpr, [None] * len(jaxpr.invars), p.score_dots, p.analysed, p.extreme_meets)
   env: dict[Any, tuple[Any, Tag | None]] = {}
@@ -113,6 +120,8 @@ def interpret(
   tags_in = [RAW_TAG] * len(consts) + list(tags)
   for var, value, tag in zip(variables, values_in, tags_in):
     env[var] = (value, tag if is_f32(var.aval) else None)
+  for position, value in (rounded or {}).items():
+    memo[variables[len(consts) + position]] = value
   single = _single_uses(jaxpr) if _state.SKIP_ROUNDED_COTANGENTS and p.observer is None else {}
   for eqn in jaxpr.eqns:
     pairs = [read(atom) for atom in eqn.invars]
@@ -247,6 +256,7 @@ def _apply(
   name = eqn.primitive.name
   handler = HIGHER_ORDER.get(name)
   if handler is not None:
+    p.memo = memo  # the operands this jaxpr rounded, which a body shares (`hoist`)
     return handler(p, eqn, values, tags)
   if compat.is_higher_order(eqn):  # never a silent float32 pass-through of a body
     raise compat.unhandled(eqn, "precision.autocast")

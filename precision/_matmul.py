@@ -15,6 +15,8 @@ import numpy as np
 from precision import _jax_compat as compat
 from precision import formats as _formats
 from precision import rounding as _rounding
+from precision._attention import find_attention
+from precision._op_classes import PRIMITIVE_CLASSES
 from precision._state import (
   CONST_ROUNDED,
   FLOAT32,
@@ -88,6 +90,65 @@ def matmul(
     rounded += (2 * n - 1) * numel(out_aval)
   p.log.record(name, rule_class, rounded=rounded)
   return [out], [Tag(ROUNDED, score)]
+
+
+def hoist(
+  p: Pass,
+  jaxpr: compat.Jaxpr,
+  n_consts: int,
+  atoms: Sequence[Any],
+  values: Sequence[Any],
+  tags: Sequence[Tag | None],
+  positions: Sequence[int] | None = None,
+) -> dict[int, jax.Array]:
+  """The arguments a body (``jaxpr``, binding ``n_consts`` constants, then arguments given by the
+  caller's ``atoms``, ``values`` and ``tags``) rounds as matrix-product operands, rounded here, in
+  the caller: position -> rounded value, for `interpret`'s ``rounded=``.
+
+  A matrix product rounds a float32 operand once per jaxpr (``memo``: a weight used by two layers
+  of one function is rounded once). A jit, checkpoint, scan or cond body is a jaxpr of its own, so
+  without this a weight used by two jitted layers (or every iteration of a scan over layers) was
+  rounded once per body: the forward the same, but under ``jax.grad(autocast(f))`` each rounding
+  rounds its own cotangent, so the weight's gradient was a float32 sum of rounded parts where the
+  same network written without the boundary had the rounded sum. Rounded here, the caller's
+  rounding of the value is shared (the caller's `Pass.memo`), and the gradient is the same either
+  way (bit for bit for two uses; the summation order of more may differ by a float32 ulp before
+  the rounding).
+
+  Only direct operands of a product of two float32 values (of this jaxpr, not of nested ones),
+  not rounded already; ``positions`` limits the candidates (a scan's constants). A product whose
+  rounding the body decides otherwise (float32 policy, an attention product under a policy whose
+  stochastic classes differ for it) is left to the body."""
+  if not p.policy.is_mixed or ("matmul" in p.stochastic) != ("attention_matmul" in p.stochastic):
+    return {}
+  if id(jaxpr) not in p.analysed:
+    find_attention(jaxpr, [None] * len(jaxpr.invars), p.score_dots, p.analysed, p.extreme_meets)
+  args = compat.binders(jaxpr)[n_consts:]
+  index = {var: i for i, var in enumerate(args)}
+  allowed = set(range(len(args)) if positions is None else positions)
+  wanted: dict[int, str] = {}
+  for eqn in jaxpr.eqns:
+    if PRIMITIVE_CLASSES.get(eqn.primitive.name) != "matmul":
+      continue
+    operands = eqn.invars[:2]
+    if not all(is_f32(a.aval) for a in operands):
+      continue
+    for atom in operands:
+      if isinstance(atom, compat.Var) and index.get(atom) in allowed:
+        wanted.setdefault(index[atom], eqn.primitive.name)
+  out: dict[int, jax.Array] = {}
+  for i, name in sorted(wanted.items()):
+    tag, atom = tags[i], atoms[i]
+    if tag is None or tag.state in (ROUNDED, CONST_ROUNDED):
+      continue
+    if isinstance(atom, compat.Var) and atom in p.memo:
+      out[i] = p.memo[atom]
+      continue
+    out[i] = p.round_class(values[i], "matmul")
+    p.log.record(name, "matmul", rounded=numel(values[i]))
+    if isinstance(atom, compat.Var):
+      p.memo[atom] = out[i]
+  return out
 
 
 def _promote_narrow_operand(

@@ -33,7 +33,10 @@ weakest state both satisfy (``raw`` if nothing better is known).
 **Op classes** (the primitive -> class table is `PRIMITIVE_CLASSES`, `precision._op_classes`):
 
 * ``matmul``: ``dot_general``, ``conv_general_dilated``, ``ragged_dot``. Both operands are
-  rounded to the compute format (a weight once per trace), then, per the policy's treatment:
+  rounded to the compute format (a weight once per trace: an operand a jit, checkpoint or
+  cond body, or every iteration of a scan, takes from its caller is rounded once, by the
+  caller, so the gradient of a weight shared by layers does not depend on how they are
+  wrapped), then, per the policy's treatment:
   ``float32_accumulate`` (products summed in float32, result rounded once),
   ``mixed_accumulate`` (the contraction is cut into chunks of ``accumulation_block``
   products; chunk sums are float32, rounded, and added one after another in the compute
@@ -124,7 +127,7 @@ those classes stochastic (`precision.round`'s ``"stochastic"`` mode: rounds up w
 probability equal to the discarded fraction of a step, so ``E[r(x)] = x`` exactly; see
 `precision.rounding`). *Sites*: for an elementwise, transcendental, reduction or
 attention_softmax equation, its result; for a matmul or attention_matmul, each operand that
-is not yet rounded (a weight once per jaxpr, as with nearest rounding), the result, and under
+is not yet rounded (a weight once per trace, as with nearest rounding), the result, and under
 ``mixed_accumulate`` the chunk sums and each addition of the ordered sum. Everything else
 (the ``output`` rounding, user casts, other classes) stays nearest-even.
 

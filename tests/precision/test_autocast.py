@@ -180,8 +180,9 @@ def test_scan_rnn():
   def rnn(h0, xs, w, u):
     return jax.lax.scan(lambda h, x: (jnp.tanh(h @ w + x @ u), h), h0, xs)
 
-  def by_hand(h0, xs, w, u):
-    return jax.lax.scan(lambda h, x: (r(jnp.tanh(r(r(r(h) @ r(w)) + r(r(x) @ r(u))))), h), h0, xs)
+  def by_hand(h0, xs, w, u):  # the weights rounded once, outside the loop, as the unrolled loop rounds them
+    rw, ru = r(w), r(u)
+    return jax.lax.scan(lambda h, x: (r(jnp.tanh(r(r(r(h) @ rw) + r(r(x) @ ru)))), h), h0, xs)
 
   args = (_normal(13, (3, 8)), _normal(14, (5, 3, 4)), _normal(15, (8, 8), 0.4), _normal(16, (4, 8), 0.4))
   auto = precision.autocast(rnn, _level(0))

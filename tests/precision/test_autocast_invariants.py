@@ -25,7 +25,7 @@ from precision import _interpreter, _state, _tracing  # noqa: E402  (the pass, o
 from precision.testing import assert_same_floats, same_floats
 from tests.devices import true_float32
 from tests.tolerances import transform_tolerance
-from tests.values import assert_equal_up_to_fusion, examples, fusion_exposure
+from tests.values import assert_equal_up_to_fusion, bits_of, examples, fusion_exposure
 
 S, D, B, LAYERS = 4, 8, 3, 3
 SCALAR_OPS = ("tanh", "affine", "square_add", "relu", "gauss", "log1p", "scalar_weight")
@@ -337,3 +337,70 @@ def test_a_1x1_convolution_is_treated_as_the_matmul_it_is(ops, seed, policy):
   a = jax.jit(precision.autocast(conv_spelling, policy))(x, p)
   b = jax.jit(precision.autocast(dot_spelling, policy))(x, p)
   _assert_same_up_to_fusion(a, b, dot_spelling, policy, x, p)
+
+
+# ---- a weight shared by layers: its gradient does not depend on the layers' boundaries ----
+
+_WRAPPINGS = ("plain", "jit", "checkpoint", "scan", "cond")
+
+
+def _tied_layers(wrapping: str, depth: int):
+  """``depth`` tanh layers of one weight ``w`` (ALBERT, tied layers), written five ways."""
+
+  def layer(h, w):
+    return jnp.tanh(h @ w)
+
+  def net(w, x):
+    if wrapping == "scan":
+      x, _ = jax.lax.scan(lambda h, _: (layer(h, w), None), x, None, length=depth)
+    else:
+      wrap = {
+        "plain": lambda f: f,
+        "jit": jax.jit,
+        "checkpoint": jax.checkpoint,
+        "cond": lambda f: lambda h, w: jax.lax.cond(True, f, lambda h, w: h, h, w),
+      }[wrapping]
+      for _ in range(depth):
+        x = wrap(layer)(x, w)
+    return jnp.sum(x**2)
+
+  return net
+
+
+@settings(max_examples=examples(10), deadline=None)
+@given(
+  seed=seeds,
+  policy=policies,
+  depth=st.integers(2, 3),
+  wrapping=st.sampled_from(_WRAPPINGS[1:]),
+)
+def test_a_shared_weight_gets_the_same_gradient_across_jit_checkpoint_scan_and_cond(
+  seed, policy, depth, wrapping
+):
+  """``jax.grad(autocast(f))`` of a weight used by every layer: the weight is rounded once per
+  function, not once per jit / checkpoint / cond body or scan iteration, so its gradient is the
+  rounding of the sum of the layers' contributions however the layers are wrapped (each body
+  rounding its own copy made it a float32 sum of separately rounded parts: 0.0078 apart in
+  bfloat16). The gradient is a compute-format value, and equals the unwrapped network's; with
+  three layers the float32 sum before that rounding may be added in another order (scan adds the
+  iterations' contributions in reverse), moving it by a float32 ulp: a rounding may then flip,
+  within `flip_ulps` compute-format ulps of the gradient's scale."""
+  k = jax.random.split(jax.random.key(seed), 2)
+  x = jax.random.normal(k[0], (5, D))
+  w = jax.random.normal(k[1], (D, D)) * 0.5
+  grads = {
+    name: jax.jit(jax.grad(precision.autocast(_tied_layers(name, depth), policy)))(w, x)
+    for name in ("plain", wrapping)
+  }
+  fmt = policy.compute
+  for name, g in grads.items():
+    np.testing.assert_array_equal(
+      bits_of(np.asarray(g)), bits_of(np.asarray(precision.round(g, fmt))), err_msg=name
+    )
+  a, b = (np.asarray(grads[n], np.float64) for n in ("plain", wrapping))
+  scale = float(np.max(np.abs(a)))
+  ulp = scale * 2.0**-fmt.mantissa_bits if scale else 0.0
+  if depth == 2:
+    np.testing.assert_array_equal(a, b)
+  else:
+    assert np.max(np.abs(a - b)) <= transform_tolerance().flip_ulps * ulp
