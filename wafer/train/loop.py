@@ -337,6 +337,9 @@ class _Run:
     else:
       init = self.place(initial_state(task, self.optimizer, self.loss_scale, jax.random.key(seed)))
       self.template = abstract(init)
+      if rc.mode in ("eval", "eval_all"):  # as modelzoo: the eval step only, no training data read
+        self.say(f"Mode {rc.mode}: the training data is not read and the train step not compiled.")
+        return init
       self.say(f"Preparing the training data of {task.name}...")
       t0 = time.perf_counter()
       self.data = task.train_data(seed)

@@ -49,10 +49,25 @@ def test_eval_is_compiled_once_through_wafer_compile_in_every_mode(trained, tmp_
 
   monkeypatch.setattr(wafer, "compile", recording)
   evals = run(*_job(model_dir, mode="eval_all"), progress=False)["eval_all"]
-  assert sorted(evals) == [10, 20] and len(calls) == 2  # the train step and the eval step, once each
+  assert sorted(evals) == [10, 20] and len(calls) == 1  # the eval step, once; no train step in an eval mode
   calls.clear()
   both = run(*_job(tmp_path, mode="train_and_eval", max_steps=20, eval_frequency=10), progress=False)
   assert [s for s, _ in both["evals"]] == [10, 20] and len(calls) == 2
+
+
+@pytest.mark.parametrize("mode", ["eval", "eval_all"])
+def test_eval_modes_read_no_training_data(trained, mode, capsys):
+  """As modelzoo's eval modes: only eval_input is read, so a run with no training data at hand (a
+  train_input data_dir of another machine) evaluates; the train step is not compiled."""
+  model_dir, _ = trained
+  task, *rest = _job(model_dir, mode=mode)
+
+  def no_training_data(seed):
+    raise AssertionError("an eval mode read the training data")
+
+  summary = run(dataclasses.replace(task, train_data=no_training_data), *rest, progress=False)
+  assert summary["eval_step"] == 20 if mode == "eval" else sorted(summary["eval_all"]) == [10, 20]
+  assert "training data is not read" in capsys.readouterr().out
 
 
 def test_eval_is_sharded_over_num_csx(trained, monkeypatch):
