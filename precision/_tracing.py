@@ -226,7 +226,7 @@ def trace_fn(
     e.add_note(
       f"autocast traces {fn_name(fn)}'s array arguments, as jax.jit does (Python numbers and bools are passed "
       "unchanged): an array used as a Python value (a loop count, a shape, a flag) must be static: "
-      "autocast(fn, policy, static_argnums=...) or static_argnames=... (cast_report takes the same)."
+      "autocast(fn, policy, static_argnums=...) or static_argnames=... (cast_report and numerics_report take the same)."
     )
     raise
   return closed, outputs[0], flat

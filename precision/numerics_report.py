@@ -100,7 +100,7 @@ import math
 import os
 import sysconfig
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -654,7 +654,12 @@ def _fmt_cell(v: Any) -> str:
 
 
 def numerics_report(
-  fn: Callable[..., Any], policy: Policy | str, *args: Any, **kwargs: Any
+  fn: Callable[..., Any],
+  policy: Policy | str,
+  *args: Any,
+  static_argnums: int | Sequence[int] = (),
+  static_argnames: str | Sequence[str] = (),
+  **kwargs: Any,
 ) -> NumericsReport:
   """Run ``fn(*args, **kwargs)`` under ``policy`` beside a float32 shadow and report per equation.
 
@@ -663,14 +668,16 @@ def numerics_report(
       backward equations too; ``jit``, ``scan``, ``cond``, ``remat``, custom derivatives are
       interpreted through).
     policy: a `Policy` or its string form (``"c=cb16,level=1"``).
-    *args, **kwargs: concrete arrays (pytrees of arrays).
+    *args, **kwargs: concrete arrays (pytrees of arrays); other arguments (a flag, a count)
+      are marked with ``static_argnums`` / ``static_argnames`` as for `autocast`.
+    static_argnums, static_argnames: arguments passed unchanged rather than traced.
 
   Returns:
     A `NumericsReport`; see the module docstring for the method, the columns and the cost.
   """
   check_callable(fn, "numerics_report")
   policy = as_policy(policy)
-  call, args, statics = module_as_argument(fn, args, Statics.of(fn, (), ()))
+  call, args, statics = module_as_argument(fn, args, Statics.of(fn, static_argnums, static_argnames))
   with module_state_errors(fn, "numerics_report"):
     closed, outputs, flat = trace_fn(call, statics, args, kwargs)
   collector = _Collector(policy.compute)

@@ -236,6 +236,10 @@ def test_static_argnames_also_cover_positional_use_and_cast_report_takes_statics
   _same(auto(x, activation="tanh"), r(jnp.tanh(x)))
   report = precision.cast_report(f, "c=cb16", x, "tanh", static_argnames="activation")
   assert report.by_primitive["tanh"].rounded == 8
+  # numerics_report takes them too (the keyword reached f before)
+  for statics in ({"static_argnames": "activation"}, {"static_argnums": 1}):
+    numerics = precision.numerics_report(f, "c=cb16", x, "tanh", **statics)
+    _same(numerics.outputs, r(jnp.tanh(x)))
 
 
 def test_long_contractions_compile_to_few_equations():
