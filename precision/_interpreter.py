@@ -123,6 +123,17 @@ def interpret(
   for position, value in (rounded or {}).items():
     memo[variables[len(consts) + position]] = value
   single = _single_uses(jaxpr) if _state.SKIP_ROUNDED_COTANGENTS and p.observer is None else {}
+  known_bits = set(p.random_bits)
+  try:
+    return _interpret_eqns(p, jaxpr, env, memo, single, read)
+  finally:  # this jaxpr's random bits are its trace's values: kept no longer (no tracer outlives it)
+    for key in set(p.random_bits) - known_bits:
+      del p.random_bits[key]
+
+
+def _interpret_eqns(
+  p: Pass, jaxpr: compat.Jaxpr, env: dict, memo: dict, single: dict, read: Any
+) -> tuple[list[Any], list[Tag | None]]:
   for eqn in jaxpr.eqns:
     pairs = [read(atom) for atom in eqn.invars]
     values = [v for v, _ in pairs]
@@ -256,8 +267,11 @@ def _apply(
   name = eqn.primitive.name
   handler = HIGHER_ORDER.get(name)
   if handler is not None:
-    p.memo = memo  # the operands this jaxpr rounded, which a body shares (`hoist`)
-    return handler(p, eqn, values, tags)
+    outer, p.memo = p.memo, memo  # the operands this jaxpr rounded, which a body shares (`hoist`)
+    try:
+      return handler(p, eqn, values, tags)
+    finally:
+      p.memo = outer  # no tracer of a finished trace stays referenced
   if compat.is_higher_order(eqn):  # never a silent float32 pass-through of a body
     raise compat.unhandled(eqn, "precision.autocast")
   out_avals = [v.aval for v in eqn.outvars]

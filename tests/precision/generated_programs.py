@@ -6,8 +6,8 @@ is written: elementwise and transcendental ops, ``dot_general`` / ``einsum`` wit
 dimensions, convolutions, reductions, cumulative ops, data movement (gather, scatter-add,
 dynamic slices, padding), sorting, ``custom_jvp`` activations, ``checkpoint``, ``cond`` /
 ``switch``, ``scan`` / ``fori_loop`` / ``while_loop``, nested ``jit``, ``custom_vjp``,
-integer and bool intermediates, float16/bfloat16 inputs mixed in, Python scalars, 0-d and
-size-0 arrays. Besides ``h`` the program returns values that autocast must not change:
+``jax.random`` draws (dropout, noise), integer and bool intermediates, float16/bfloat16 inputs
+mixed in, Python scalars, 0-d and size-0 arrays. Besides ``h`` the program returns values that autocast must not change:
 an integer result and a 16-bit float result computed without any float32 value, and
 others that it may change (an ``argmax``, a 0-d float32 sum).
 
@@ -107,6 +107,11 @@ def _conv(h: jax.Array, k: jax.Array, **kw) -> jax.Array:
   return lax.conv_general_dilated(h[None], k, (1,), "SAME", dimension_numbers=spec, **kw)[0]
 
 
+def _key(a: dict, salt: int) -> jax.Array:
+  """A PRNG key of the program's integer input (traced): a draw inside the function."""
+  return jax.random.fold_in(jax.random.key(salt), a["i0"])
+
+
 def _low_mix(h: jax.Array, a: dict) -> jax.Array:
   lo = a["lo"]
   return (h.astype(lo.dtype) * lo).astype(F32) + h
@@ -193,6 +198,10 @@ STEPS: dict = {
   )[0],
   "solve": lambda h, a: jnp.linalg.solve(4 * jnp.eye(h.shape[-1]) + a["w"], h.T).T,  # unknown primitives
   "reduce_precision": lambda h, a: lax.reduce_precision(h * 1.3, 5, 10) + h,  # a cast the user wrote
+  # random draws inside the function (a key from an integer input): dropout, noise, a random scale
+  "dropout": lambda h, a: jnp.where(jax.random.bernoulli(_key(a, 3), 0.8, h.shape), h / 0.8, 0.0),
+  "noise": lambda h, a: h + 0.1 * jax.random.normal(_key(a, 5), h.shape),
+  "random_scale": lambda h, a: h * jax.random.uniform(_key(a, 7), h.shape, minval=0.5, maxval=1.5),
   # integer, bool and 16-bit intermediates
   "low_dot": lambda h, a: lax.dot_general(
     h.astype(a["lo"].dtype),
