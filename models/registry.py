@@ -92,6 +92,68 @@ def _check_tokens(features: Mapping[str, np.ndarray], vocab_size: int, msl_limit
   _check_length(ids.shape[1], msl_limit, where)
 
 
+def _check_ranges(
+  features: Mapping[str, np.ndarray], ranges: Mapping[str, tuple[int, int, str]], where: str
+) -> None:
+  """Each feature of ``ranges`` (key -> (low, high, what it indexes)) within ``low..high - 1``.
+
+  An index feature out of range is not an error JAX raises: a negative one wraps to a real row (a
+  label of -100 trains on token ``vocab_size - 100``), one past the end is clamped or gathers NaN, so
+  the run trains on wrong targets or stops much later at a NaN loss that names no feature. Checked
+  on every example when the data is prepared; the message names the feature, the first example out
+  of range and the range.
+
+  >>> _check_ranges({"labels": np.array([[3, 1], [2, -100]])}, {"labels": (0, 8, "token ids")}, "train_input")
+  Traceback (most recent call last):
+  ...
+  models.registry.DataConfigError: train_input: labels holds -100 (example 1), outside 0..7 (token ids); ...
+  """
+  for key, (low, high, meaning) in ranges.items():
+    values = features.get(key)
+    if values is None or not np.size(values):
+      continue
+    values = np.asarray(values)
+    bad = (values < low) | (values >= high)
+    if np.issubdtype(values.dtype, np.floating):
+      bad |= ~np.isfinite(values)
+    if not bad.any():
+      continue
+    first = int(np.argmax(bad.reshape(len(values), -1).any(axis=1)))
+    value = values.reshape(len(values), -1)[first][bad.reshape(len(values), -1)[first]][0]
+    shown = int(value) if np.issubdtype(values.dtype, np.integer) else float(value)
+    why = (
+      "a mask multiplies the loss by its value"
+      if meaning == _MASK
+      else "JAX would not raise: a negative index wraps to a real row and one past the end is clamped or reads "
+      "NaN, so the run would train on wrong targets"
+    )
+    raise DataConfigError(
+      f"{where}: {key} holds {shown} (example {first}), outside {low}..{high - 1} ({meaning}); {why}. Fix the "
+      "data (an ignored position is label 0 with weight or mask 0, as modelzoo writes it, not -100)"
+    )
+
+
+_MASK = "0 or 1"
+
+
+def _token_ranges(kind: str, model: Any, length: int) -> dict[str, tuple[int, int, str]]:
+  """The index features of BERT's and GPT's data and their ranges (`_check_ranges`)."""
+  vocab = (0, model.vocab_size, f"token ids: 0 to model.vocab_size - 1 = {model.vocab_size - 1}")
+  mask = (0, 2, _MASK)
+  if kind == "gpt":
+    return {"labels": vocab, "attention_mask": mask}
+  ranges = {
+    "attention_mask": mask,
+    "masked_lm_positions": (0, length, f"positions in a sequence of {length} tokens"),
+    "masked_lm_labels": vocab,
+    "next_sentence_label": (0, 2, "0: B follows A, 1: B is random"),
+  }
+  segments = getattr(model, "num_segments", None)
+  if segments:
+    ranges["token_type_ids"] = (0, segments, f"segments: 0 to model.num_segments - 1 = {segments - 1}")
+  return ranges
+
+
 def _check_length(length: int, msl_limit: int, where: str) -> None:
   """Sequences of ``length`` tokens must fit the position table (JAX would clamp the positions past it)."""
   if length > msl_limit:
@@ -218,6 +280,13 @@ def _language_model_task(
 
   def check(features: Mapping[str, np.ndarray], where: str) -> None:
     _check_tokens(features, model.vocab_size, model.max_position_embeddings, where)
+    _check_ranges(features, _token_ranges(kind, model, features["input_ids"].shape[1]), where)
+    weights = features.get("masked_lm_weights")
+    if weights is not None and np.size(weights) and not (np.isfinite(weights).all() and (weights >= 0).all()):
+      raise DataConfigError(
+        f"{where}: masked_lm_weights holds {float(weights[~(np.isfinite(weights) & (weights >= 0))][0])}; the "
+        "weights of the masked-LM loss are finite and not negative (1.0 for a real prediction, 0.0 for padding)"
+      )
 
   data = _data(params, train_cfg, eval_cfg, check)
   spec = data["batch_spec"]

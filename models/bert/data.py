@@ -38,7 +38,7 @@ from wafer.config import InputConfig
 from wafer.config.schema import PosInt
 from wafer.data import text
 from wafer.data.processors import data_dir, text_split
-from wafer.data.sources import Features, announce, cached_features, pretokenised
+from wafer.data.sources import Features, announce, as_int32, cached_features, pretokenised
 
 FEATURES = (
   "input_ids",
@@ -189,7 +189,10 @@ def _check(features: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]
     raise ValueError(
       f"{where}: missing BERT features {missing}; found {sorted(features)}; expected {list(FEATURES)}"
     )
-  return {k: np.asarray(features[k], np.float32 if k in _FLOAT_FEATURES else np.int32) for k in FEATURES}
+  return {
+    k: np.asarray(features[k], np.float32) if k in _FLOAT_FEATURES else as_int32(features[k], k, where)
+    for k in FEATURES
+  }
 
 
 def write_hdf5(path: str | os.PathLike, features: dict[str, np.ndarray]) -> None:

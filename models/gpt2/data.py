@@ -31,7 +31,7 @@ from pydantic import ConfigDict
 from wafer.config import InputConfig
 from wafer.data import text
 from wafer.data.processors import data_dir, text_split
-from wafer.data.sources import Features, announce, cached_features, pretokenised
+from wafer.data.sources import Features, announce, as_int32, cached_features, pretokenised
 
 FEATURES = ("input_ids", "attention_mask", "labels")  # in the order of the HDF5 channels
 DATASET = "data"
@@ -80,7 +80,7 @@ def _check(features: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]
   shapes = {k: v.shape for k, v in out.items()}
   if len(set(shapes.values())) != 1 or out["input_ids"].ndim != 2:
     raise ValueError(f"{where}: GPT features must all have shape [N, MSL]; found {shapes}")
-  return {k: v.astype(np.int32) for k, v in out.items()}
+  return {k: as_int32(v, k, where) for k, v in out.items()}
 
 
 def write_hdf5(path: str | os.PathLike, features: dict[str, np.ndarray]) -> None:

@@ -413,3 +413,106 @@ def test_analyze_input_against_a_step_that_does_not_fit_has_no_rate_to_feed(tmp_
     input_analyzer.InputAnalysisError, match=r"does not fit \(32 GB.*would fit: micro_batch_size 8"
   ):
     input_analyzer.analyze(plan, seconds=0.05)
+
+
+# ---- index features out of range: JAX wraps or clamps them silently, the data check does not ----
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.values import examples  # noqa: E402
+
+
+def _bert_features(n=3, msl=16, mmp=4, vocab=100):
+  rng = np.random.default_rng(0)
+  return {
+    "input_ids": rng.integers(0, vocab, (n, msl)).astype(np.int32),
+    "attention_mask": np.ones((n, msl), np.int32),
+    "token_type_ids": np.zeros((n, msl), np.int32),
+    "masked_lm_positions": rng.integers(0, msl, (n, mmp)).astype(np.int32),
+    "masked_lm_labels": rng.integers(0, vocab, (n, mmp)).astype(np.int32),
+    "masked_lm_weights": np.ones((n, mmp), np.float32),
+    "next_sentence_label": rng.integers(0, 2, (n,)).astype(np.int32),
+  }
+
+
+def _gpt_features(n=3, msl=16, vocab=100):
+  rng = np.random.default_rng(1)
+  ids = rng.integers(0, vocab, (n, msl + 1)).astype(np.int32)
+  return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "attention_mask": np.ones((n, msl), np.int32)}
+
+
+class _Model:  # the fields the data check reads
+  vocab_size, num_segments = 100, 2
+
+
+@settings(max_examples=examples(25), deadline=None)
+@given(
+  kind=st.sampled_from(["bert", "gpt"]),
+  data=st.data(),
+  below=st.booleans(),
+  example=st.integers(0, 2),
+)
+def test_an_index_feature_out_of_its_range_is_an_error_naming_it_and_the_example(kind, data, below, example):
+  from models.registry import _check_ranges, _token_ranges
+  from wafer.data import DataError
+
+  features = _bert_features() if kind == "bert" else _gpt_features()
+  ranges = _token_ranges(kind, _Model, 16)
+  _check_ranges(features, ranges, "train_input")  # the data as written: no error
+  key = data.draw(st.sampled_from(sorted(ranges)))
+  low, high, _ = ranges[key]
+  value = data.draw(st.integers(-(2**20), low - 1) if below else st.integers(high, 2**20))
+  bad = {k: v.copy() for k, v in features.items()}
+  row = bad[key][example]
+  if row.ndim:
+    row[data.draw(st.integers(0, row.size - 1))] = value
+  else:
+    bad[key][example] = value
+  with pytest.raises(
+    DataError, match=rf"train_input: {key} holds {value} \(example {example}\), outside {low}\.\.{high - 1}"
+  ):
+    _check_ranges(bad, ranges, "train_input")
+
+
+def test_index_features_are_checked_when_the_data_is_prepared(tmp_path):
+  """Through a params file and the real HDF5 reader: -100 labels (PyTorch's ignore index), a
+  negative weight, NaN or fractional ids and int64 ids beyond int32 are refused before training."""
+  from wafer.data import DataError
+
+  def prepare(**changes):
+    folder = tmp_path / f"d{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    features = {**_bert_features(n=4, msl=128, mmp=20, vocab=8192), **changes}
+    import h5py
+
+    with h5py.File(folder / "data.h5", "w") as f:
+      for k, v in features.items():
+        f.create_dataset(k, data=v)
+    plan = runner.load_plan(
+      DEFAULT_JOB,
+      [
+        "train_input.data_processor=BertHDF5DataProcessor",
+        f"train_input.data_dir={folder}",
+        "train_input.batch_size=2",
+      ],
+    )
+    return plan.task.train_data(0)
+
+  prepare()  # the data as written: no error
+  labels = _bert_features(n=4, msl=128, mmp=20, vocab=8192)["masked_lm_labels"]
+  labels[2, 3] = -100
+  with pytest.raises(DataError, match=r"masked_lm_labels holds -100 \(example 2\).*not -100"):
+    prepare(masked_lm_labels=labels)
+  with pytest.raises(DataError, match=r"masked_lm_weights holds -1.0"):
+    prepare(masked_lm_weights=-np.ones((4, 20), np.float32))
+  ids = _bert_features(n=4, msl=128, mmp=20, vocab=8192)["input_ids"].astype(np.float64)
+  for value, message in ((np.nan, "nan, not a whole number"), (7.5, "7.5, not a whole number")):
+    bad = ids.copy()
+    bad[1, 1] = value
+    with pytest.raises(DataError, match=rf"input_ids holds {message}"):
+      prepare(input_ids=bad)
+  wide = ids.astype(np.int64)
+  wide[0, 0] = 2**32 + 7  # would wrap to token 7
+  with pytest.raises(DataError, match=r"input_ids holds 4294967303, outside int32"):
+    prepare(input_ids=wide)

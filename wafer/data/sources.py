@@ -111,11 +111,52 @@ def pretokenised(
     if path in str(error):
       raise
     raise unreadable_file(path, error) from error
+  if len(feats["input_ids"]) == 0:
+    raise ValueError(f"{path}: holds no examples (a header or empty datasets only); point data_dir at data")
+  if feats["input_ids"].ndim != 2:
+    raise ValueError(
+      f"{path}: input_ids has shape {feats['input_ids'].shape}; expected [examples, sequence length]"
+    )
   if feats["input_ids"].shape[1] != msl:
     raise ValueError(
       f"{path}: sequences have length {feats['input_ids'].shape[1]}, but max_sequence_length is {msl}"
     )
   return feats
+
+
+def as_int32(values: np.ndarray, key: str, where: str) -> np.ndarray:
+  """``values`` (a feature of ``where``) as int32, refusing what the cast would change silently.
+
+  Floats must be whole numbers (a NaN cast to int32 is -2**31, 100.7 is 100) and integers must
+  fit int32 (int64 2**32 + 7 wraps to 7, a valid token).
+
+  >>> as_int32(np.array([1.0, 2.0]), "input_ids", "a.csv")
+  array([1, 2], dtype=int32)
+  >>> as_int32(np.array([1.0, 2.5]), "input_ids", "a.csv")
+  Traceback (most recent call last):
+  ...
+  ValueError: a.csv: input_ids holds 2.5, not a whole number; integer features are whole numbers in [-2**31, 2**31)
+  """
+  values = np.asarray(values)
+  if values.dtype == np.int32 or values.size == 0:
+    return values.astype(np.int32)
+  bounds = np.iinfo(np.int32)
+  if np.issubdtype(values.dtype, np.floating):
+    bad = ~np.isfinite(values) | (values != np.round(values))
+    if bad.any():
+      raise ValueError(
+        f"{where}: {key} holds {values[bad][0]}, not a whole number; integer features are whole numbers in "
+        "[-2**31, 2**31)"
+      )
+  elif not np.issubdtype(values.dtype, np.integer) and values.dtype != np.bool_:
+    raise ValueError(f"{where}: {key} has dtype {values.dtype}; an integer feature must hold integers")
+  outside = (values < bounds.min) | (values > bounds.max)
+  if outside.any():
+    raise ValueError(
+      f"{where}: {key} holds {values[outside][0]}, outside int32 ([-2**31, 2**31)): the cast to int32 would "
+      "wrap it to another (valid-looking) id"
+    )
+  return values.astype(np.int32)
 
 
 DAMAGED_FILE_FIX = "copy it again or regenerate it"
