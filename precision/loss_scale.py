@@ -53,7 +53,16 @@ def _setting(name: str, value: Any, *, zero: bool = False) -> float:
     raise ValueError(f"{name}={value!r}; allowed: {allowed}") from None
   if not (math.isfinite(out) and (out >= 0 if zero else out > 0)):
     raise ValueError(f"{name}={value!r}; allowed: {allowed}")
+  if out > _FLOAT32_MAX:  # finite in Python, inf once the scale is a float32 array
+    raise ValueError(
+      f"{name}={value!r} exceeds float32's largest number ({_FLOAT32_MAX:.4g}): the loss scale is a float32 "
+      f"array, so it would be inf and every loss NaN; allowed: a finite positive number up to {_FLOAT32_MAX:.4g} "
+      "(Cerebras' largest default is 2^31)"
+    )
   return out
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _scale_floats(tree: Any, factor: jax.Array) -> Any:
@@ -232,6 +241,12 @@ class DynamicLossScale:
     min_scale = MIN_LOSS_SCALE if min_loss_scale is None else _setting("min_loss_scale", min_loss_scale)
     initial = default if initial_loss_scale is None else _setting("initial_loss_scale", initial_loss_scale)
     overflow_tolerance = _setting("overflow_tolerance", overflow_tolerance, zero=True)
+    if overflow_tolerance >= 1:
+      raise ValueError(
+        f"overflow_tolerance={overflow_tolerance!r}; allowed: a fraction from 0 up to, not including, 1 (the "
+        "share of the steps since the last rescale that may overflow before the scale is halved: at 1 or more "
+        "it never is, and every step could be skipped)"
+      )
     if min_scale < MIN_LOSS_SCALE:
       raise ValueError(f"min_loss_scale={min_scale!r} is too small; allowed: at least 2^-14")
     if not min_scale <= max_scale:

@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -627,8 +628,11 @@ def _make(name: str, args: dict[str, Any], path: str, reset_steps: bool) -> Sche
   builder = SCHEDULERS[name]
   params = {p.name: p for p in inspect.signature(builder).parameters.values() if p.name not in _INTERNAL_ARGS}
   kwargs: dict[str, Any] = {}
+  written: dict[str, str] = {}  # argument -> the 1.x key the file wrote for it (errors name that key)
   for key, value in args.items():
     target = _LEGACY_KEYS.get(key, key) if key not in params else key
+    if target != key:
+      written[target] = key
     if target == "param_group_tags" or target == "adjust_learning_rate":
       if value is None:
         continue
@@ -669,7 +673,10 @@ def _make(name: str, args: dict[str, Any], path: str, reset_steps: bool) -> Sche
   try:
     return builder(**kwargs)
   except ScheduleError as err:
-    raise ScheduleError(f"{path}: {err}") from None
+    text = str(err)
+    for target, key in written.items():  # this scheduler's arguments, as the file spelled them
+      text = re.sub(rf"\b{target}\b", key, text)
+    raise ScheduleError(f"{path}: {text}") from None
 
 
 def _check_milestones(scheds: list[Schedule], given: Any, path: str, items_path: str) -> list[int]:

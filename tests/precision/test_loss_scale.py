@@ -88,6 +88,15 @@ def test_overflow_tolerance():
       dict(half_dtype="float16", initial_loss_scale=2.0**-20),
       r"initial_loss_scale=9.5\d*e-07 is below min_loss_scale",
     ),
+    # finite in Python, inf as the float32 scale: every loss NaN, and the skip advice misleading
+    (dict(initial_loss_scale=1e40, max_loss_scale=1e40), r"max_loss_scale=1e\+40 exceeds float32's largest"),
+    (dict(initial_loss_scale=1e39), r"initial_loss_scale=1e\+39 exceeds float32's largest"),
+    # a tolerance of 1 or more never backs off: every step could be skipped
+    (
+      dict(overflow_tolerance=1.0),
+      r"overflow_tolerance=1.0; allowed: a fraction from 0 up to, not including, 1",
+    ),
+    (dict(overflow_tolerance=2), r"overflow_tolerance=2.0; allowed"),
   ],
 )
 def test_bad_settings_are_explained(kwargs, fragment):
@@ -120,6 +129,16 @@ def test_static_loss_scale_names_a_bad_value(bad):
   """StaticLossScale.create("1024") was a bare TypeError ('>' not supported between str and int)."""
   with pytest.raises(ValueError, match=r"loss_scale=.*; allowed: a finite positive number"):
     StaticLossScale.create(bad)
+
+
+def test_a_scale_beyond_float32_is_refused_and_float32_max_is_not():
+  with pytest.raises(ValueError, match=r"loss_scale=1e\+40 exceeds float32's largest number"):
+    StaticLossScale.create(1e40)
+  top = float(np.finfo(np.float32).max)
+  assert np.isfinite(StaticLossScale.create(top).loss_scale)
+  assert np.isfinite(
+    DynamicLossScale.create("float16", initial_loss_scale=top, max_loss_scale=top).loss_scale
+  )
 
 
 def test_nonfinite_step_is_skipped_entirely():

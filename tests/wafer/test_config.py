@@ -805,3 +805,16 @@ def test_an_unknown_data_processor_is_matched_on_its_name_not_its_ending(written
     assert "did you mean" not in message and "registered processors: " in message
   else:
     assert message.endswith(f"did you mean {suggested!r}?")
+
+
+def test_a_moved_1x_key_is_named_as_written(tmp_path):
+  """model.precision_opt_level (1.8) is validated as runconfig.precision_opt_level; its error named
+  that key, at the line of the file's runconfig section."""
+  text = error_of(write(tmp_path, REGISTERED), ["model.precision_opt_level=5"])
+  assert (
+    "model.precision_opt_level (from override 'model.precision_opt_level=5'): must be less than or equal to 2"
+    in text
+  )
+  in_file = REGISTERED.replace("  name: mlp_example\n", "  name: mlp_example\n  precision_opt_level: 7\n")
+  text = error_of(write(tmp_path, in_file, "moved.yaml"))
+  assert "line 5: model.precision_opt_level: must be less than or equal to 2 (got 7)" in text, text

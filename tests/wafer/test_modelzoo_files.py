@@ -459,3 +459,35 @@ def test_fc_mnist_to_float16_true_is_refused_not_trained_in_mixed_precision(path
     load_params(DATA / path, [f"{key}=true"])
   assert "set model.to_float16: false" in str(error.value)
   assert load_params(DATA / path, [f"{key}=false"]).model.to_float16 is False
+
+
+MLP = pathlib.Path(__file__).parents[2] / "models" / "mlp" / "configs" / "params_mlp.yaml"
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+  half=st.sampled_from(["float16", "bfloat16", "cbfloat16"]),
+  factor=st.sampled_from([None, "dynamic", "1.0", "128.0"]),
+  extra=st.sampled_from([[], ["optimizer.initial_loss_scale=1024.0"], ["optimizer.steps_per_increase=10"]]),
+)
+def test_the_loss_scaling_note_says_what_the_run_does(half, factor, extra):
+  """The load note's loss scaling is the scale the run builds: bfloat16 with a static 128 said
+  'static 128.0' and ran at 1.0; keys of dynamic scaling under a static scale were taken without a word."""
+  overrides = [f"model.fp16_type={half}", *extra]
+  if factor is not None:
+    overrides.append(f"optimizer.loss_scaling_factor={factor}")
+  try:
+    params = load_params(MLP, overrides)
+  except ConfigError as error:  # cbfloat16 without dynamic scaling: refused, as modelzoo
+    assert half == "cbfloat16" and factor != "dynamic", error
+    return
+  note = params.notes[-1].split("loss scaling ", 1)[1]
+  built = params.build().loss_scale
+  if type(built).__name__ == "DynamicLossScale":
+    assert note.startswith("dynamic")
+  elif note.startswith("static"):
+    assert note.startswith(f"static {float(built.loss_scale)}")
+  else:
+    assert note.startswith("none") and float(built.loss_scale) == 1.0
+  ignored = type(built).__name__ != "DynamicLossScale" and bool(extra)
+  assert ("set dynamic loss scaling only: ignored" in note) == ignored

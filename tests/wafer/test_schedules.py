@@ -381,7 +381,7 @@ ERROR_CASES = [
   ),
   (
     {"scheduler": "CosineAnnealingWarmRestarts", "initial_learning_rate": 1.0, "t_0": 10, "t_mult": 2},
-    r"CosineAnnealingWarmRestarts: T_mult=2; allowed: 1 only",
+    r"CosineAnnealingWarmRestarts: t_mult=2; allowed: 1 only",  # the key as the file wrote it
   ),
   (
     {"scheduler": "Cyclic", "base_lr": 0.1, "max_lr": 1.0, "mode": "triangle"},
@@ -403,7 +403,7 @@ ERROR_CASES = [
   ),
   (
     {"scheduler": "PiecewiseConstant", "values": [1.0, 0.5], "boundaries": [10, 20]},
-    r"PiecewiseConstantLR: learning_rates=\[1\.0, 0\.5\]; allowed: a list of len\(milestones\) \+ 1 = 3",
+    r"PiecewiseConstantLR: values=\[1\.0, 0\.5\]; allowed: a list of len\(boundaries\) \+ 1 = 3",
   ),
   (
     {
@@ -437,3 +437,24 @@ def test_direct_builder_errors() -> None:
     S.chained_lr([S.constant_lr(1.0), S.one_cycle_lr(0.1, 1.0, 100)])
   with pytest.raises(S.ScheduleError, match="pct_start=1.5; allowed: a number in"):
     S.one_cycle_lr(0.1, 1.0, 100, pct_start=1.5)
+
+
+@pytest.mark.parametrize(
+  "spec, key",
+  [
+    (
+      {"scheduler": "Exponential", "initial_learning_rate": 0.1, "decay_steps": 0, "decay_rate": 0.5},
+      "decay_steps",
+    ),
+    ({"scheduler": "Linear", "initial_learning_rate": 0.1, "end_learning_rate": 0.0, "steps": 0}, "steps"),
+    (
+      {"scheduler": "CosineDecay", "initial_learning_rate": 0.1, "end_learning_rate": 0.0, "steps": -3},
+      "steps",
+    ),
+  ],
+)
+def test_an_error_names_the_1x_key_the_file_wrote(spec, key):
+  """decay_steps: 0 was reported as 'total_iters=0', a key the file does not have."""
+  with pytest.raises(S.ScheduleError, match=rf"{key}={spec[key]}; allowed") as caught:
+    S.build_schedule(spec)
+  assert "total_iters" not in str(caught.value)

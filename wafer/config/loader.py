@@ -538,6 +538,7 @@ def load_params(
   adamw_note = _modelzoo.adamw_default(adapted.data, release)
   if isinstance(adapted.data.get("sparsity"), list):  # validated as {groups: [...]}: shown as written
     v2_map = [*v2_map, (("sparsity", "groups"), ("sparsity",))]
+  v2_map = [*v2_map, *adapted.renames]  # a 1.x key moved (model.precision_opt_level): named as written
   try:
     params = validate_params(
       adapted.data,

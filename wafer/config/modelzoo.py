@@ -564,6 +564,9 @@ class Adapted:
   model wafer does not have (`other_model`); its other keys are that model's, not wafer's business."""
   inferred: str | None = None
   """How the model was chosen when the file names none (``"using 'gpt2', the model of ..."``)."""
+  renames: tuple[tuple[Loc, Loc], ...] = ()
+  """``(key path validated, key path as written)`` of the 1.x keys moved (`RENAMED`): a problem of the
+  moved key names the one the file (or an override) wrote."""
 
 
 def features_problem(locs: Mapping[str, list[Loc]], where: Callable[[Loc], str] = dotted) -> Problem | None:
@@ -720,6 +723,7 @@ def adapt(
       "note: ignored, as they only steer the real system or were never read: " + "; ".join(ignored)
     )
   translated = []
+  moved: list[tuple[Loc, Loc]] = []
   for rename in RENAMED:
     for loc in _present(data, (rename.source,)):
       value = data[loc[0]].pop(loc[1])
@@ -735,6 +739,7 @@ def adapt(
       target = data.setdefault(rename.target[0], {})
       if isinstance(target, dict) and rename.target[1] not in target:
         target[rename.target[1]] = rename.value(value)
+        moved.append((rename.target, loc))
         translated.append(
           f"{dotted(loc)}: {value!r} -> {dotted(rename.target)}: {target[rename.target[1]]!r} ({rename.why})"
         )
@@ -762,7 +767,7 @@ def adapt(
         notes.append(
           f"note: {s}.data_processor is missing: using {feeds[0]!r}, the only one that feeds {name}"
         )
-  return Adapted(data, notes, problems, inferred=inferred)
+  return Adapted(data, notes, problems, inferred=inferred, renames=tuple(moved))
 
 
 def _drop(data: dict[str, Any], loc: Loc) -> None:
@@ -799,14 +804,40 @@ def precision_note(params: Any) -> str | None:
       built = opt.loss_scale(params.policy().compute)
     except Exception:  # the problem is reported by the checks; the note says what the file asks
       built = None
+    asked = "loss_scaling_factor" in opt.model_fields_set
     if type(built).__name__ == "DynamicLossScale":
       scaling = "dynamic (optimizer.loss_scaling_factor: dynamic)"
     elif params.policy().compute.name == "bfloat16" and opt.dynamic_loss_scaling:
       scaling = "none (bfloat16 needs none; loss_scaling_factor: dynamic is dropped, as modelzoo does)"
-    elif "loss_scaling_factor" in opt.model_fields_set:
+    elif (
+      params.policy().compute.name == "bfloat16" and asked and float(opt.loss_scaling_factor or 1.0) != 1.0
+    ):
+      scaling = (
+        f"none (bfloat16: loss_scaling_factor {opt.loss_scaling_factor} is not applied, as modelzoo's trainer "
+        "(2.4 on) does; the runner of 2.3 and before applied it, which changes only values that underflow or "
+        "overflow)"
+      )
+    elif asked:
       scaling = f"static {opt.loss_scaling_factor} (optimizer.loss_scaling_factor)"
     else:
       scaling = "static 1.0 (loss_scaling_factor absent: 1.0 in every release)"
+    unused = [
+      f"optimizer.{key}"
+      for key in _DYNAMIC_ONLY
+      if key in opt.model_fields_set and getattr(opt, key) is not None
+    ]
+    if unused and type(built).__name__ != "DynamicLossScale":
+      scaling += f"; {', '.join(unused)} set dynamic loss scaling only: ignored"
   return (
     f"note: Model Zoo release {release.name} ({release.reason}): half type {half}; loss scaling {scaling}"
   )
+
+
+_DYNAMIC_ONLY = (
+  "initial_loss_scale",
+  "steps_per_increase",
+  "min_loss_scale",
+  "max_loss_scale",
+  "overflow_tolerance",
+)
+"""The optimizer keys of dynamic loss scaling alone (`wafer.config.optimizer.OptimizerConfig.loss_scale`)."""

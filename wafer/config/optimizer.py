@@ -245,7 +245,13 @@ class OptimizerConfig(Section):
         overflow_tolerance=self.overflow_tolerance,
       )
     except ValueError as err:
-      keys = ("min_loss_scale", "initial_loss_scale", "overflow_tolerance")
+      keys = (
+        "min_loss_scale",
+        "max_loss_scale",
+        "initial_loss_scale",
+        "overflow_tolerance",
+        "steps_per_increase",
+      )
       key = next((k for k in keys if str(err).startswith(k)), next((k for k in keys if k in str(err)), ""))
       raise OptimizerError(key or "loss_scaling_factor", str(err)) from None
 

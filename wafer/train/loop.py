@@ -651,21 +651,34 @@ class _Run:
     return (
       f"Step {step}: the loss is {'NaN' if math.isnan(loss) else loss} (runconfig.check_loss_values is true: a "
       "NaN or infinite loss stops the run). Training diverged, or a batch holds NaN/Inf: lower "
-      "optimizer.learning_rate (or warm it up), clip the gradients (optimizer.max_gradient_norm), use dynamic "
-      "loss scaling (optimizer.loss_scaling_factor: dynamic) or a smaller static one, or check the input "
-      f"data; then rerun: {where}. runconfig.check_loss_values: false trains on regardless (a step whose "
+      "optimizer.learning_rate (or warm it up), clip the gradients (optimizer.max_gradient_norm), "
+      f"{'' if self._dynamic_scaling() else 'use dynamic loss scaling (optimizer.loss_scaling_factor: dynamic) or a smaller static one, '}"
+      f"or check the input data; then rerun: {where}. runconfig.check_loss_values: false trains on regardless (a step whose "
       "gradients are not finite is then skipped)."
     )
 
   def _all_skipped(self, first: int, last: int, logged_only: bool) -> str:
     """The warning of a run (or stretch) whose every step was skipped (non-finite gradients)."""
     which = "every logged step" if logged_only else "every step"
-    return (
+    head = (
       f"Warning: {which} of steps {first + 1}..{last} was skipped: the gradients were not finite (NaN or "
-      "Inf), so the weights, the optimizer state and the learning-rate schedule did not change. Lower "
-      "optimizer.learning_rate, use dynamic loss scaling (optimizer.loss_scaling_factor: dynamic) or a "
-      "smaller static loss scale, or check the input data for NaN/Inf."
+      "Inf), so the weights, the optimizer state and the learning-rate schedule did not change."
     )
+    if self._dynamic_scaling():
+      return (
+        f"{head} Dynamic loss scaling halves its scale at each skip, so the first steps of a run are skipped "
+        "until the scale is small enough (from optimizer.initial_loss_scale): train longer, or start from a "
+        "lower optimizer.initial_loss_scale. If it goes on, lower optimizer.learning_rate or check the input "
+        "data for NaN/Inf."
+      )
+    return (
+      f"{head} Lower optimizer.learning_rate, use dynamic loss scaling (optimizer.loss_scaling_factor: dynamic) "
+      "or a smaller static loss scale, or check the input data for NaN/Inf."
+    )
+
+  def _dynamic_scaling(self) -> bool:
+    """Whether the run's loss scale is dynamic (its advice then does not suggest turning it on)."""
+    return isinstance(self.loss_scale, precision.DynamicLossScale)
 
   def _nothing_to_train(self, done: int) -> None:
     self.say(

@@ -264,6 +264,9 @@ def test_without_check_loss_values_a_run_whose_every_step_was_skipped_says_so(tm
     out = capsys.readouterr().out
     assert "Training completed successfully!" in out
     assert "of steps 1..6 was skipped: the gradients were not finite" in out, name
+    # the advice fits the run: dynamic scaling on is not told to turn it on
+    assert ("use dynamic loss scaling" in out) == (name == "static"), name
+    assert ("Dynamic loss scaling halves its scale at each skip" in out) == (name == "dls"), name
 
 
 def test_train_and_eval_resumed_evaluates_at_the_steps_of_an_uninterrupted_run(tmp_path):
