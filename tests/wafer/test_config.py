@@ -818,3 +818,25 @@ def test_a_moved_1x_key_is_named_as_written(tmp_path):
   in_file = REGISTERED.replace("  name: mlp_example\n", "  name: mlp_example\n  precision_opt_level: 7\n")
   text = error_of(write(tmp_path, in_file, "moved.yaml"))
   assert "line 5: model.precision_opt_level: must be less than or equal to 2 (got 7)" in text, text
+
+
+@pytest.mark.parametrize("key", ["drop_last_batch", "drop_last"])
+def test_an_eval_input_that_keeps_a_partial_batch_is_refused_at_load(tmp_path, key):
+  """It passed --validate_only, trained, then failed at the first eval on the smaller last batch
+  (the eval step is compiled for batch_size rows). Train modes that read no eval_input do not care."""
+  text = error_of(
+    FC,
+    [f"eval_input.{key}=false", "eval_input.drop_last_batch=null"]
+    if key == "drop_last"
+    else [f"eval_input.{key}=false"],
+    mode="train_and_eval",
+  )
+  assert (
+    f"eval_input.{key} (from override 'eval_input.{key}=false'): must be true: the eval step is a static graph"
+    in text
+  ), text
+  assert load_params(
+    FC,
+    [f"eval_input.{key}=false"] + (["eval_input.drop_last_batch=null"] if key == "drop_last" else []),
+    mode="train",
+  )

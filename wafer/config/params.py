@@ -282,6 +282,17 @@ class Params(BaseModel):
         section is None or mode not in modes
       ):  # as modelzoo, which checks a section when it builds its loader
         continue
+      if name == "eval_input" and not section.drop_remainder:
+        key = "drop_last_batch" if section.drop_last_batch is not None else "drop_last"
+        out.append(
+          Problem(
+            (name, key),
+            "must be true: the eval step is a static graph compiled for batch_size rows (as on a Cerebras "
+            "system), and a smaller last batch cannot run in it; set it true (a partial last batch is left "
+            "out of the eval; none is when batch_size divides the eval data)",
+            False,
+          )
+        )
       b, n = section.batch_size, rc.num_csx
       split = batch_split_problem(b, n)
       if split is not None:
