@@ -491,3 +491,18 @@ def test_the_loss_scaling_note_says_what_the_run_does(half, factor, extra):
     assert note.startswith("none") and float(built.loss_scale) == 1.0
   ignored = type(built).__name__ != "DynamicLossScale" and bool(extra)
   assert ("set dynamic loss scaling only: ignored" in note) == ignored
+
+
+@pytest.mark.parametrize(
+  "overrides, overridden",
+  [
+    (["model.fp16_type=cbfloat16", "runconfig.precision_opt_level=1"], True),
+    (["model.fp16_type=float16", "runconfig.precision_opt_level=2"], True),
+    (["model.fp16_type=float16", "runconfig.precision_opt_level=1"], False),
+    (["model.fp16_type=cbfloat16", "runconfig.precision_opt_level=0"], False),
+  ],
+)
+def test_an_explicit_float32_softmax_that_modelzoo_overrides_is_noted(overrides, overridden):
+  params = load_params(MLP, ["model.attention_softmax_fp32=true", *overrides])
+  assert ("model.attention_softmax_fp32: True overridden" in params.notes[-1]) == overridden
+  assert (params.policy().rule("attention_softmax") == "round") == overridden  # the note says what runs

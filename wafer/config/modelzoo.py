@@ -828,8 +828,21 @@ def precision_note(params: Any) -> str | None:
     ]
     if unused and type(built).__name__ != "DynamicLossScale":
       scaling += f"; {', '.join(unused)} set dynamic loss scaling only: ignored"
+  softmax = ""
+  if m.mixed_precision and getattr(m, "attention_softmax_fp32", None) is True:
+    try:
+      rounded = params.policy().rule("attention_softmax") == "round"
+    except Exception:  # the problem is reported by the checks
+      rounded = False
+    if rounded:
+      softmax = (
+        f"; model.attention_softmax_fp32: True overridden, the attention softmax is rounded (modelzoo forces "
+        f"it at precision_opt_level 2, and at 1 with cbfloat16; this run: level "
+        f"{params.runconfig.precision_opt_level}, {params.policy().compute.name})"
+      )
   return (
     f"note: Model Zoo release {release.name} ({release.reason}): half type {half}; loss scaling {scaling}"
+    f"{softmax}"
   )
 
 

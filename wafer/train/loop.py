@@ -262,13 +262,22 @@ def changed_settings(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
   []
   """
   missing = object()
-  configured = all(any(k != "train_input.batch_size" for k in side) for side in (saved, now))
+  configured = all(any(k not in _ALWAYS_RECORDED for k in side) for side in (saved, now))
   keys = set(saved) | set(now) if configured else set(saved) & set(now)
+  if _POLICY_KEY not in saved:  # a checkpoint written before the policy was recorded: not a change
+    keys.discard(_POLICY_KEY)
   return [
     f"{k}: checkpoint {_show(saved.get(k, missing))}, now {_show(now.get(k, missing))}"
     for k in sorted(keys)
     if saved.get(k, missing) != now.get(k, missing)
   ]
+
+
+_POLICY_KEY = "precision.policy"
+"""The settings key of the run's precision policy (`str(policy)`; not a params-file key: every key that
+changes it is, and some that do not say so, as a level-2 softmax overriding attention_softmax_fp32)."""
+_ALWAYS_RECORDED = ("train_input.batch_size", _POLICY_KEY)
+"""Keys every run records, with a params file or without."""
 
 
 def _show(value: Any) -> str:
@@ -279,7 +288,12 @@ class _Run:
   def __init__(self, task, rc, optimizer, loss_scale, policy, progress, config=None):
     if rc.mode not in MODES:
       raise ExecutorError(f"mode={rc.mode!r}; allowed: {', '.join(MODES)}")
-    self.settings = {**settings_of(config), "train_input.batch_size": task.batch_size}
+    # the policy as the run computes it (half type, level, softmax): one key for every change of numerics
+    self.settings = {
+      **settings_of(config),
+      "train_input.batch_size": task.batch_size,
+      _POLICY_KEY: str(policy),
+    }
     self.task, self.rc, self.policy, self.progress, self.params = task, rc, policy, progress, config
     self.optimizer, self.loss_scale = optimizer, loss_scale
     self.num_csx = rc.num_csx
@@ -505,11 +519,15 @@ class _Run:
     # a max_steps below the checkpoint's step: refused before "Resuming"
     steps_to_run(self.rc, step, self.data)
     self.say(f"Resuming from the checkpoint at step {step}.")
+    self._note_changes(meta, step)
+    self.metrics.resume(step)  # the killed run's records after `step` move to metrics.superseded.jsonl
+    return state
+
+  def _note_changes(self, meta: dict[str, Any], step: int) -> None:
+    """One line naming the settings changed since checkpoint ``step`` was written (none: nothing said)."""
     changes = changed_settings(meta.get("config", {}), self.settings) if "config" in meta else []
     if changes:
       self.say(f"Note: settings changed since the checkpoint of step {step}: {listed(changes)}.")
-    self.metrics.resume(step)  # the killed run's records after `step` move to metrics.superseded.jsonl
-    return state
 
   def _restore_latest(self) -> tuple[TrainState, dict[str, Any]] | None:
     """`Checkpoints.restore_latest`; a checkpoint of another model names the settings that changed."""
@@ -727,6 +745,7 @@ class _Run:
       state = init
     else:
       state = restored[0]
+      self._note_changes(restored[1], int(state.step))
     step = int(state.step)
     self.summary["eval"] = self._evaluate(state.params, step)
     self.summary["eval_step"] = step
@@ -739,9 +758,14 @@ class _Run:
         f'"{self.model_dir}" contains at least one valid checkpoint.'
       )
     self.summary["eval_all"] = {}
+    noted: list[str] = []
     for step in steps:
       try:
-        state, _ = self.checkpoints.restore(step, self.template)
+        state, meta = self.checkpoints.restore(step, self.template)
+        changes = changed_settings(meta.get("config", {}), self.settings) if "config" in meta else []
+        if changes != noted:  # said again only where it differs (a resume may have changed settings)
+          self._note_changes(meta, step)
+          noted = changes
       except UnreadableCheckpoint as why:  # say so, evaluate the others
         self.say(f"{self.checkpoints.unreadable(step, why)}; skipping it.")
         continue

@@ -550,3 +550,30 @@ def test_a_resume_with_gradient_clipping_added_names_the_key_not_a_damaged_check
   assert (tmp_path / "checkpoints" / "2").is_dir() and not (
     tmp_path / "checkpoints" / "2.unreadable"
   ).exists()
+
+
+def test_a_resume_or_an_eval_under_another_precision_policy_says_so(tmp_path, capsys):
+  """A changed precision_opt_level (a runconfig key, not among the compared sections) or half type
+  changes the numerics: the resume and the eval modes note it, as they note a changed model key."""
+  import precision
+
+  task, rc, optimizer, loss_scale, policy = example_run(str(tmp_path), max_steps=2, checkpoint_steps=2)
+  run(task, rc, optimizer, loss_scale, policy, progress=False)
+  capsys.readouterr()
+  other = precision.Policy(compute=policy.compute, level=0 if policy.level else 1)
+  task, rc, optimizer, loss_scale, _ = example_run(str(tmp_path), max_steps=3, checkpoint_steps=3)
+  run(task, rc, optimizer, loss_scale, other, progress=False)
+  out = capsys.readouterr().out
+  assert (
+    f"Note: settings changed since the checkpoint of step 2: precision.policy: checkpoint {str(policy)!r}, now {str(other)!r}."
+    in out
+  )
+  for mode in ("eval", "eval_all"):
+    task, rc, optimizer, loss_scale, _ = example_run(str(tmp_path), mode=mode)
+    run(task, rc, optimizer, loss_scale, policy, progress=False)
+    assert f"precision.policy: checkpoint {str(other)!r}, now {str(policy)!r}" in capsys.readouterr().out, (
+      mode
+    )
+  task, rc, optimizer, loss_scale, _ = example_run(str(tmp_path), mode="eval")
+  run(task, rc, optimizer, loss_scale, other, progress=False)  # the latest checkpoint's policy: nothing said
+  assert "settings changed" not in capsys.readouterr().out
