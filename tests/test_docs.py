@@ -118,6 +118,23 @@ def test_cost_model_guide_first_example_prints_what_the_guide_shows(tmp_path, mo
   assert not missing, f"docs/guides/cost-model.md shows {missing}; the block printed {printed[:2]}"
 
 
+@pytest.mark.slow  # 20 steps of the default job (~30 s on 2 cores)
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the shown digits are the CPU's")
+def test_the_default_jobs_log_in_the_guide_is_todays(tmp_path):
+  """docs/guides/reference-models.md shows the default job's log (the README quotes its losses): its
+  first logged losses are those of today's code (a change of the numerics left them stale once). The
+  schedule is absolute (warm-up over 20 steps), so a 20-step run logs the same first steps."""
+  text = (ROOT / "docs" / "guides" / "reference-models.md").read_text()
+  shown = {int(s): l for s, l in re.findall(r"Step=(\d+), Loss=([\d.]+)", text) if int(s) <= 20}
+  assert set(shown) == {1, 10, 20}, shown
+  from wafer import runner
+
+  path = ROOT / "models" / "bert" / "configs" / "params_bert_tiny_default.yaml"
+  summary = runner.run_params(path, [f"runconfig.model_dir={tmp_path}", "runconfig.max_steps=20"])
+  losses = dict(summary["losses"])
+  assert {step: f"{losses[step]:.5f}" for step in shown} == shown
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the shown digits are the CPU's")
 def test_autocast_concept_stochastic_example_prints_what_it_shows(capsys):
   """docs/concepts/autocast.md's stochastic-rounding example, run as it is, prints its output block
