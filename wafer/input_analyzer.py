@@ -102,6 +102,9 @@ class InputAnalysis:
       f"{rec['reason']})\n"
       "Set it before the first run of a model_dir: workers shard the data, so checkpoints resume only with "
       "the worker count they were written with.\n"
+      "The rates are of that many grain worker processes, as a Cerebras system's input workers run. wafer run "
+      "itself computes batches in its own process (the workers shard the data the same way, so the batches "
+      "are the same): on this machine it reads at about the 1-worker rate, whatever the count.\n"
     )
 
 
