@@ -281,6 +281,11 @@ def test_processors_from_input_config(tmp_path):
     processors.train_source(cfg.model_copy(update={"batch_size": 2}), seed=0, num_csx=4)
   with pytest.raises(ValueError, match="did not return any values"):
     processors.eval_batches(cfg.model_copy(update={"batch_size": 1000, "split": "val"}), seed=0)
+  # a worker count the file set with modelzoo's DataLoader key is named as the cause
+  with pytest.raises(
+    ValueError, match=r"fewer than batch_size=1000.*the 8 workers per system are train_input.num_workers"
+  ):
+    processors.train_source(cfg.model_copy(update={"batch_size": 1000, "num_workers": 8}), seed=0)
   with pytest.raises(
     ValueError, match="'Nope' is not one an installed model plugin provides; registered: Bert"
   ):

@@ -169,6 +169,16 @@ def train_source(
   except DataError:
     raise
   except DAMAGED_DATA as error:
+    if (
+      isinstance(error, ValueError)
+      and "input worker" in str(error)
+      and not num_workers_per_csx
+      and cfg.num_workers
+    ):
+      error = ValueError(  # a worker count the user may not know they set: say where it came from
+        f"{error} (the {cfg.num_workers} workers per system are {section}.num_workers, modelzoo's DataLoader "
+        "key, used while runconfig.num_workers_per_csx is 0)"
+      )
     raise _section_error(section, cfg, error) from error
 
 
