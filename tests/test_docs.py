@@ -125,7 +125,7 @@ def test_the_default_jobs_log_in_the_guide_is_todays(tmp_path):
   first logged losses are those of today's code (a change of the numerics left them stale once). The
   schedule is absolute (warm-up over 20 steps), so a 20-step run logs the same first steps."""
   text = (ROOT / "docs" / "guides" / "reference-models.md").read_text()
-  shown = {int(s): l for s, l in re.findall(r"Step=(\d+), Loss=([\d.]+)", text) if int(s) <= 20}
+  shown = {int(s): loss for s, loss in re.findall(r"Step=(\d+), Loss=([\d.]+)", text) if int(s) <= 20}
   assert set(shown) == {1, 10, 20}, shown
   from wafer import runner
 

@@ -106,6 +106,23 @@ def test_resume_refuses_another_pipeline():
     a.set_state({"step": 3})
 
 
+@pytest.mark.parametrize("where", [0, 17, 49])
+def test_resume_refuses_the_same_shapes_with_other_values(where):
+  """Swapped training files of the same size were resumed without a word: batch k was another batch."""
+  a = GrainBatchSource(_src(50), 5, seed=1)
+  next(a)
+  state = a.get_state()
+  other = _src(50)
+  other.features["id"] = other.features["id"].copy()
+  other.features["id"][where] += 1000  # one example changed (the first, one inside, the last)
+  changed = GrainBatchSource(other, 5, seed=1)
+  with pytest.raises(ValueError, match="the training data changed since the checkpoint was written"):
+    changed.set_state(state)  # 50 examples: every one is among the 256 hashed
+  GrainBatchSource(_src(50), 5, seed=1).set_state(state)  # the same data: resumes
+  old = {**state, "pipeline": {k: v for k, v in state["pipeline"].items() if k != "contents"}}
+  GrainBatchSource(_src(50), 5, seed=1).set_state(old)  # a checkpoint from before contents were recorded
+
+
 def test_fixed_batch_shapes_and_errors():
   p = GrainBatchSource(_src(13), 4, seed=0, num_workers_per_csx=2)
   for _ in range(20):
