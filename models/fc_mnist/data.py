@@ -65,6 +65,8 @@ def _read_idx(path: str) -> np.ndarray:
   ndim = raw[3]
   dims = tuple(int(d) for d in np.frombuffer(raw, ">i4", count=ndim, offset=4))
   data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
+  if 0 in dims:  # a reshape to (0, -1) has no answer: say what the file holds
+    raise ValueError(f"{path}: holds no examples (header dimensions {dims})")
   if data.size != int(np.prod(dims)):
     raise ValueError(f"{path}: header says {dims} = {int(np.prod(dims))} values, the file holds {data.size}")
   return data.reshape(dims)
@@ -78,6 +80,11 @@ def mnist_features(data_dir: str | os.PathLike, split: str = "train") -> dict[st
   """
   if split not in MNIST_FILES:
     raise ValueError(f"split must be 'train' or 'eval' (got {split!r})")
+  if not os.path.isdir(data_dir):
+    raise FileNotFoundError(
+      f"data_dir {os.fspath(data_dir)}: no such directory; MNISTDataProcessor reads MNIST's IDX files "
+      "there; remove data_dir to use scikit-learn's bundled digits instead"
+    )
   paths = []
   for stem in MNIST_FILES[split]:
     found = [
@@ -92,6 +99,8 @@ def mnist_features(data_dir: str | os.PathLike, split: str = "train") -> dict[st
       )
     paths.append(found[0])
   images, labels = _read_idx(paths[0]), _read_idx(paths[1])
+  if images.size == 0 or len(labels) == 0:
+    raise ValueError(f"{paths[0]}, {paths[1]}: hold no examples ({images.shape}, {labels.shape})")
   if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
     raise ValueError(
       f"{paths[0]}, {paths[1]}: expected images [N, 28, 28] and labels [N]; got {images.shape}, "

@@ -308,12 +308,20 @@ def test_mnist_idx_files_in_data_dir(tmp_path):
     batch["images"].shape == (8, 784) and batch["images"].max() <= 1.0 and batch["labels"].dtype == np.int32
   )
   assert len(processors.eval_source(cfg, seed=0)) == 12
+  (tmp_path / "empty").mkdir()
   with pytest.raises(
     DataError,
     match=r"no train-images-idx3-ubyte\[.gz\] in .*remove data_dir to use "
     r"scikit-learn's bundled digits",
   ):
     processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / "empty")}), seed=0)
+  with pytest.raises(DataError, match=r"data_dir .*nowhere: no such directory"):
+    processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / "nowhere")}), seed=0)
+  (tmp_path / "none").mkdir()  # IDX files of 0 examples: said so, not numpy's reshape message
+  _write_idx(tmp_path / "none" / "train-images-idx3-ubyte.gz", np.zeros((0, 28, 28), np.uint8))
+  _write_idx(tmp_path / "none" / "train-labels-idx1-ubyte.gz", np.zeros((0,), np.uint8))
+  with pytest.raises(DataError, match=r"train-images-idx3-ubyte.gz: holds no examples"):
+    processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / "none")}), seed=0)
   (tmp_path / "bad").mkdir()
   (tmp_path / "bad" / "train-images-idx3-ubyte").write_bytes(b"\x01\x02\x03\x04")
   (tmp_path / "bad" / "train-labels-idx1-ubyte").write_bytes(b"\x01\x02\x03\x04")

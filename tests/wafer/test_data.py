@@ -558,3 +558,17 @@ def test_do_lower_false_trains_a_cased_tokenizer(tmp_path):
   a = bert.bert_features_from_text(docs, msl=32, vocab_size=300, cache_dir=tmp_path)
   b = bert.bert_features_from_text(docs, msl=32, vocab_size=300, cache_dir=tmp_path, lowercase=False)
   assert not np.array_equal(a["input_ids"][:4], b["input_ids"][:4])
+
+
+def test_an_empty_data_dir_names_both_kinds_of_data(tmp_path):
+  """An empty folder under a pre-tokenised processor was 'no *.txt or *.jsonl files' (text only)."""
+  from wafer.data.sources import pretokenised
+
+  with pytest.raises(
+    FileNotFoundError, match=r"holds no data: neither pre-tokenised files \(\*.h5, \*.csv\) nor text"
+  ):
+    pretokenised(str(tmp_path), (".h5", ".csv"), lambda path: {}, 128, None)
+  (tmp_path / "a.txt").write_text("text")
+  assert (
+    pretokenised(str(tmp_path), (".h5", ".csv"), lambda path: {}, 128, None) is None
+  )  # text: read as text

@@ -94,6 +94,11 @@ def pretokenised(
     )
   names = [path] if os.path.isfile(path) else (os.listdir(path) if os.path.isdir(path) else [])
   if not any(n.endswith(suffixes) for n in names):
+    if os.path.isdir(path) and not any(n.endswith((".txt", ".jsonl")) for n in names):
+      raise FileNotFoundError(
+        f"{path}: holds no data: neither pre-tokenised files ({', '.join('*' + s for s in suffixes)}) nor "
+        "text (*.txt, *.jsonl)"
+      )
     return None
   if split is not None:
     raise ValueError(
