@@ -104,6 +104,9 @@ def test_resume_refuses_another_pipeline():
     GrainBatchSource(_src(50), 5, seed=1, num_workers_per_csx=3).set_state(a.get_state())
   with pytest.raises(ValueError, match="version"):
     a.set_state({"step": 3})
+  for bad in (-5, 2.5, True, "3"):  # a position that is no batch number (negative ones were yielded)
+    with pytest.raises(ValueError, match=r"next_batch=.*; allowed: a batch number >= 0"):
+      a.set_state({**a.get_state(), "next_batch": bad})
 
 
 @pytest.mark.parametrize("where", [0, 17, 49])

@@ -373,6 +373,9 @@ class GrainBatchSource:
       raise ValueError(
         f"input pipeline state: expected version {STATE_VERSION} with 'next_batch', got {state!r}"
       )
+    position = state["next_batch"]
+    if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or position < 0:
+      raise ValueError(f"input pipeline state: next_batch={position!r}; allowed: a batch number >= 0")
     saved = state.get("pipeline", {})
     mine = self._config()
     diff = {

@@ -185,7 +185,13 @@ def run(
     runtime_ = runtime
   else:
     if optimizer is None or loss_scale is None or policy is None:
-      raise TypeError("run(task, runconfig, optimizer, loss_scale, policy): all five are needed")
+      missing = [
+        n for n, v in (("optimizer", optimizer), ("loss_scale", loss_scale), ("policy", policy)) if v is None
+      ]
+      raise TypeError(
+        f"run(task, runconfig, optimizer, loss_scale, policy): all five are needed ({', '.join(missing)} not "
+        "given); or run(task, runtime) with the Runtime of params.build(), which carries them"
+      )
     runtime_ = Runtime(optimizer, loss_scale, policy, runtime, config)
   _check_run_arguments(task, runtime_)
   summary = _Run(

@@ -75,6 +75,16 @@ def run(path: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
+  if "-h" in argv or "--help" in argv:
+    print(__doc__)
+    return 0
+  unknown = [a for a in argv if a.startswith("-") and a not in ("-v", "--plan", "--run")]
+  if unknown:
+    print(
+      f"check_files.py: unknown option(s) {' '.join(unknown)}; allowed: -v, --plan, --run, -h",
+      file=sys.stderr,
+    )
+    return 2
   verbose, plan, full = "-v" in argv, "--plan" in argv, "--run" in argv
   files = [Path(a) for a in argv if a not in ("-v", "--plan", "--run")]
   if not files:
