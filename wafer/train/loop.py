@@ -653,6 +653,11 @@ class _Run:
     )
     if all_skipped:
       self.say(self._all_skipped(start_step, done, skipped_before is None))
+    elif skipped_before is not None and skipped_after is not None and skipped_after > skipped_before:
+      self.say(
+        f"Loss scaling skipped {skipped_after - skipped_before} of steps {start_step + 1}..{done} (gradients "
+        f"not finite: weights, optimizer state and schedule held); {skipped_after} in the run so far."
+      )
     self.summary.update(final_step=done, params=state.params)
     self.summary["losses"] = self.summary.get("losses", []) + losses
     return state

@@ -26,10 +26,12 @@ def _skipping_run(model_dir, max_steps=30, optimizer=None):
   return run(task, runconfig, optimizer, loss_scale, policy, progress=False), (task, optimizer, loss_scale)
 
 
-def test_one_step_counter_the_schedule_optimizer_and_checkpoint_agree_on(tmp_path):
+def test_one_step_counter_the_schedule_optimizer_and_checkpoint_agree_on(tmp_path, capsys):
   summary, (task, optimizer, loss_scale) = _skipping_run(tmp_path)
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   skipped = [r["skipped"] for r in records]
+  # the run says how many steps loss scaling skipped (log_steps > 1 would hide them)
+  assert f"Loss scaling skipped {sum(skipped)} of steps 1..30" in capsys.readouterr().out
   assert [r["step"] for r in records] == list(range(1, 31)) and 0 < sum(skipped) < 30  # some steps skipped
   # the schedule's t a step uses: steps done before it minus the skipped ones (held on a skip, docs/references.md)
   assert [r["optimizer_step"] for r in records] == [i - sum(skipped[:i]) for i in range(30)]
