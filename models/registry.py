@@ -106,7 +106,7 @@ def _check_ranges(
   >>> _check_ranges({"labels": np.array([[3, 1], [2, -100]])}, {"labels": (0, 8, "token ids")}, "train_input")
   Traceback (most recent call last):
   ...
-  models.registry.DataConfigError: train_input: labels holds -100 (example 1), outside 0..7 (token ids); ...
+  models.registry.DataConfigError: train_input: labels holds -100 (example 1 of the data, ...), outside 0..7 (token ids); ...
   """
   for key, (low, high, meaning) in ranges.items():
     values = features.get(key)
@@ -127,9 +127,14 @@ def _check_ranges(
       else "JAX would not raise: a negative index wraps to a real row and one past the end is clamped or reads "
       "NaN, so the run would train on wrong targets"
     )
+    advice = (
+      " (an ignored position is label 0 with weight or mask 0, as modelzoo writes it, not -100)"
+      if "label" in key
+      else ""
+    )
     raise DataConfigError(
-      f"{where}: {key} holds {shown} (example {first}), outside {low}..{high - 1} ({meaning}); {why}. Fix the "
-      "data (an ignored position is label 0 with weight or mask 0, as modelzoo writes it, not -100)"
+      f"{where}: {key} holds {shown} (example {first} of the data, its files in sorted order), outside "
+      f"{low}..{high - 1} ({meaning}); {why}. Fix the data{advice}"
     )
 
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from precision import _jax_compat as compat
-from precision._interpreter import interpret
+from precision._interpreter import interpret, random_results
 from precision._matmul import hoist
 from precision._state import HIGHER_ORDER, RAW_TAG, Pass, Tag, is_f32, join, join_all_opt, numel
 from precision.cast_report import CastLog
@@ -98,7 +98,9 @@ def _fixed_point(
 def _inline(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
   jaxpr, consts = compat.split_closed(compat.call_jaxpr(eqn))
   rounded = hoist(p, jaxpr, len(consts), eqn.invars, values, tags)
-  return interpret(p, jaxpr, consts, values, tags, rounded)
+  outs, out_tags = interpret(p, jaxpr, consts, values, tags, rounded)
+  random_results(p, outs, p.random_outputs)
+  return outs, out_tags
 
 
 def _jit(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
@@ -126,8 +128,10 @@ def _jit(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[
   def body(*args: Any) -> list[Any]:
     outs, out_tags = interpret(p, jaxpr, consts, args, tags, rounded)
     box.append(out_tags)
+    bits.append(p.random_outputs)
     return outs
 
+  bits: list[tuple[int, ...]] = []
   new_jaxpr, new_consts = compat.trace(body, [v.aval for v in eqn.invars], compat.debug_info_of(jaxpr))
   n = len(new_consts)  # the new constants (rounded weights, keys of stochastic sites) lead the arguments
   outs = compat.bind(
@@ -138,6 +142,7 @@ def _jit(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[
     in_layouts=(None,) * n + tuple(params["in_layouts"]),
     donated_invars=(False,) * n + tuple(params["donated_invars"]),
   )
+  random_results(p, outs, bits[-1])
   return outs, box[-1]
 
 

@@ -124,11 +124,22 @@ def interpret(
     memo[variables[len(consts) + position]] = value
   single = _single_uses(jaxpr) if _state.SKIP_ROUNDED_COTANGENTS and p.observer is None else {}
   known_bits = set(p.random_bits)
+  p.random_outputs = ()
   try:
-    return _interpret_eqns(p, jaxpr, env, memo, single, read)
+    outs, out_tags = _interpret_eqns(p, jaxpr, env, memo, single, read)
+    # which results are random bits: a caller registers its own values there (`random_results`)
+    p.random_outputs = tuple(i for i, v in enumerate(outs) if id(v) in p.random_bits)
+    return outs, out_tags
   finally:  # this jaxpr's random bits are its trace's values: kept no longer (no tracer outlives it)
     for key in set(p.random_bits) - known_bits:
       del p.random_bits[key]
+
+
+def random_results(p: Pass, outs: Sequence[Any], positions: Sequence[int]) -> None:
+  """Register ``outs[i]`` (a call's results, in the caller's trace) as random bits for each of the
+  ``positions`` its body returned random bits at (``p.random_outputs`` after that body's `interpret`):
+  bits a jitted helper returns stay data where the caller makes floats of them."""
+  p.random_bits.update((id(outs[i]), outs[i]) for i in positions if i < len(outs))
 
 
 def _interpret_eqns(

@@ -26,6 +26,7 @@ from precision._state import (
   Tag,
   is_f32,
   numel,
+  region_of,
 )
 
 # ---- matrix products ----
@@ -126,26 +127,30 @@ def hoist(
   args = compat.binders(jaxpr)[n_consts:]
   index = {var: i for i, var in enumerate(args)}
   allowed = set(range(len(args)) if positions is None else positions)
-  wanted: dict[int, str] = {}
+  wanted: dict[int, tuple[str, str]] = {}
   for eqn in jaxpr.eqns:
-    if PRIMITIVE_CLASSES.get(eqn.primitive.name) != "matmul":
-      continue
+    if PRIMITIVE_CLASSES.get(eqn.primitive.name) != "matmul" or region_of(compat.name_stack(eqn)) is not None:
+      continue  # (a float32 region or a nested autocast binds its products as written)
+    rule_class = "attention_matmul" if id(eqn) in p.score_dots else "matmul"
+    if p.rules[rule_class] == "float32":
+      continue  # a product the policy keeps float32 (a rule override) rounds no operand
     operands = eqn.invars[:2]
     if not all(is_f32(a.aval) for a in operands):
       continue
     for atom in operands:
       if isinstance(atom, compat.Var) and index.get(atom) in allowed:
-        wanted.setdefault(index[atom], eqn.primitive.name)
+        wanted.setdefault(index[atom], (eqn.primitive.name, rule_class))
   out: dict[int, jax.Array] = {}
-  for i, name in sorted(wanted.items()):
+  for i, (name, rule_class) in sorted(wanted.items()):
     tag, atom = tags[i], atoms[i]
     if tag is None or tag.state in (ROUNDED, CONST_ROUNDED):
       continue
     if isinstance(atom, compat.Var) and atom in p.memo:
       out[i] = p.memo[atom]
       continue
-    out[i] = p.round_class(values[i], "matmul")
-    p.log.record(name, "matmul", rounded=numel(values[i]))
+    out[i] = p.round_class(values[i], rule_class)
+    # the elements are the body's product's operand: counted under its primitive, not as an equation
+    p.log.record(name, rule_class, rounded=numel(values[i]), equations=0)
     if isinstance(atom, compat.Var):
       p.memo[atom] = out[i]
   return out

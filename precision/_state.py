@@ -65,6 +65,7 @@ class Pass:
     # integer values made of random bits (``random_bits`` and integer ops on them), by id, each kept
     # alive beside its id: a float32 bitcast from them is a random draw (`precision._interpreter`)
     self.random_bits: dict[int, Any] = {}
+    self.random_outputs: tuple[int, ...] = ()  # the last interpreted jaxpr's results that are random bits
     # the rounded matrix-product operands of the jaxpr being interpreted (variable -> rounded value),
     # set by `interpret` before a higher-order primitive's handler runs: a body shares them (`hoist`)
     self.memo: dict[Any, jax.Array] = {}

@@ -45,9 +45,18 @@ class CastLog:
     self.while_loops = 0
 
   def record(
-    self, primitive: str, op_class: str, *, rounded: int = 0, kept_float32: int = 0, untouched: int = 0
+    self,
+    primitive: str,
+    op_class: str,
+    *,
+    rounded: int = 0,
+    kept_float32: int = 0,
+    untouched: int = 0,
+    equations: int = 1,
   ) -> None:
-    counts = CastCounts(1, rounded, kept_float32, untouched)
+    """Add one equation's counts (``equations=0``: elements of an equation counted already, as an
+    operand a caller rounds for a body's product)."""
+    counts = CastCounts(equations, rounded, kept_float32, untouched)
     self.by_primitive.setdefault(primitive, CastCounts()).add(counts)
     self.by_class.setdefault(op_class, CastCounts()).add(counts)
     if op_class == "unknown":

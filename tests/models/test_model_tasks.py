@@ -478,7 +478,8 @@ def test_an_index_feature_out_of_its_range_is_an_error_naming_it_and_the_example
   else:
     bad[key][example] = value
   with pytest.raises(
-    DataError, match=rf"train_input: {key} holds {value} \(example {example}\), outside {low}\.\.{high - 1}"
+    DataError,
+    match=rf"train_input: {key} holds {value} \(example {example} of the data.*\), outside {low}\.\.{high - 1}",
   ):
     _check_ranges(bad, ranges, "train_input")
 
@@ -510,7 +511,7 @@ def test_index_features_are_checked_when_the_data_is_prepared(tmp_path):
   prepare()  # the data as written: no error
   labels = _bert_features(n=4, msl=128, mmp=20, vocab=8192)["masked_lm_labels"]
   labels[2, 3] = -100
-  with pytest.raises(DataError, match=r"masked_lm_labels holds -100 \(example 2\).*not -100"):
+  with pytest.raises(DataError, match=r"masked_lm_labels holds -100 \(example 2 of the data.*not -100"):
     prepare(masked_lm_labels=labels)
   with pytest.raises(DataError, match=r"masked_lm_weights holds -1.0"):
     prepare(masked_lm_weights=-np.ones((4, 20), np.float32))

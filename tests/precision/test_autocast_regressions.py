@@ -353,3 +353,25 @@ def test_bits_of_a_computed_float_are_not_a_random_draw():
   old_key = jax.random.PRNGKey(3)
   draw = precision.autocast(lambda k: jax.random.uniform(k, (50_000,)), "c=bf16")(old_key)
   assert jnp.array_equal(draw, jax.random.uniform(old_key, (50_000,)))
+
+
+def test_random_bits_returned_by_a_jitted_helper_are_still_random_bits():
+  """Bits a jitted function returns (the caller makes the float): eagerly (the jit inlined) the
+  uniform was rounded once the body's record of its bits was dropped, 11 of 4096 became 1.0; traced
+  (the jit kept) it was rounded before. The draw is the float32 sampler's value either way."""
+
+  @jax.jit
+  def bits(key):
+    return jax.random.bits(key, (4096,), jnp.uint32)
+
+  def uniform(key):
+    b = bits(key)
+    u = jax.lax.bitcast_convert_type((b >> 9) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
+    return u * 0.999 + 0.0005
+
+  key = jax.random.key(0)
+  want = jax.jit(uniform)(key)
+  for run in (precision.autocast(uniform, "c=bf16"), jax.jit(precision.autocast(uniform, "c=bf16"))):
+    got = run(key)
+    assert float(jnp.max(got)) < 1.0
+    assert float(jnp.max(jnp.abs(got - want))) <= 6e-8  # float32 (a fused multiply-add may differ by an ulp)

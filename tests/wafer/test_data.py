@@ -575,3 +575,20 @@ def test_an_empty_data_dir_names_both_kinds_of_data(tmp_path):
   assert (
     pretokenised(str(tmp_path), (".h5", ".csv"), lambda path: {}, 128, None) is None
   )  # text: read as text
+
+
+@pytest.mark.parametrize(
+  "values, message",
+  [
+    (np.array([1.0, 2.0**31], np.float32), "outside int32"),  # float32 holds 2**31 exactly: cast to -2**31
+    (np.array([1.0, np.nan], np.float16), "not a whole number"),
+    (np.array([1, 2**32 + 7], np.int64), "outside int32"),
+    (np.array([1.5], np.float64), "not a whole number"),
+  ],
+)
+def test_as_int32_refuses_what_the_cast_would_change(values, message):
+  from wafer.data.sources import as_int32
+
+  with pytest.raises(ValueError, match=message):
+    as_int32(values, "input_ids", "a.h5")
+  assert as_int32(np.array([0, 5], values.dtype), "input_ids", "a.h5").tolist() == [0, 5]

@@ -147,6 +147,7 @@ def as_int32(values: np.ndarray, key: str, where: str) -> np.ndarray:
     return values.astype(np.int32)
   bounds = np.iinfo(np.int32)
   if np.issubdtype(values.dtype, np.floating):
+    values = values.astype(np.float64)  # compared exactly (2**31 as float32 is 2**31, not in range)
     bad = ~np.isfinite(values) | (values != np.round(values))
     if bad.any():
       raise ValueError(
