@@ -118,8 +118,9 @@ def _check_ranges(
       bad |= ~np.isfinite(values)
     if not bad.any():
       continue
-    first = int(np.argmax(bad.reshape(len(values), -1).any(axis=1)))
-    value = values.reshape(len(values), -1)[first][bad.reshape(len(values), -1)[first]][0]
+    rows = bad.reshape(len(values), -1)
+    first = int(np.argmax(rows.any(axis=1)))
+    value = values.reshape(len(values), -1)[first][rows[first]][0]
     shown = int(value) if np.issubdtype(values.dtype, np.integer) else float(value)
     why = (
       "a mask multiplies the loss by its value"

@@ -232,13 +232,11 @@ def _while(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tupl
 
 def _cond(p: Pass, eqn: Any, values: list[Any], tags: list[Tag | None]) -> tuple[list, list]:
   index, operands, op_tags = values[0], values[1:], tags[1:]
+  split = [compat.split_closed(b) for b in compat.cond_branches(eqn.params)]
   rounded: dict[int, Any] = {}
-  for branch in compat.cond_branches(eqn.params):  # an operand rounded once for every branch
-    jaxpr, consts = compat.split_closed(branch)
+  for jaxpr, consts in split:  # an operand rounded once for every branch
     rounded.update(hoist(p, jaxpr, len(consts), eqn.invars[1:], operands, op_tags))
-  traced = [
-    _retrace(p, *compat.split_closed(b), op_tags, rounded=rounded) for b in compat.cond_branches(eqn.params)
-  ]
+  traced = [_retrace(p, jaxpr, consts, op_tags, rounded=rounded) for jaxpr, consts in split]
   for *_, log in traced:
     p.log.merge(log)
   branches = [_as_fun(jaxpr, consts) for jaxpr, consts, _, _ in traced]

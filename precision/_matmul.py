@@ -117,9 +117,10 @@ def hoist(
   the rounding).
 
   Only direct operands of a product of two float32 values (of this jaxpr, not of nested ones),
-  not rounded already; ``positions`` limits the candidates (a scan's constants). A product whose
-  rounding the body decides otherwise (float32 policy, an attention product under a policy whose
-  stochastic classes differ for it) is left to the body."""
+  not rounded already, each rounded under its product's class; ``positions`` limits the candidates
+  (a scan's constants). A product the policy keeps float32 (a float32 policy or rule), one in a
+  float32 region or a nested autocast, and every product under a policy whose ``matmul`` and
+  ``attention_matmul`` differ in stochastic rounding are left to the body."""
   if not p.policy.is_mixed or ("matmul" in p.stochastic) != ("attention_matmul" in p.stochastic):
     return {}
   if id(jaxpr) not in p.analysed:

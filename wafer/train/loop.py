@@ -525,13 +525,16 @@ class _Run:
     # a max_steps below the checkpoint's step: refused before "Resuming"
     steps_to_run(self.rc, step, self.data)
     self.say(f"Resuming from the checkpoint at step {step}.")
-    self._note_changes(meta, step)
+    self._note_changes(self._changes(meta), step)
     self.metrics.resume(step)  # the killed run's records after `step` move to metrics.superseded.jsonl
     return state
 
-  def _note_changes(self, meta: dict[str, Any], step: int) -> None:
-    """One line naming the settings changed since checkpoint ``step`` was written (none: nothing said)."""
-    changes = changed_settings(meta.get("config", {}), self.settings) if "config" in meta else []
+  def _changes(self, meta: dict[str, Any]) -> list[str]:
+    """The settings changed since the checkpoint of ``meta`` was written (`changed_settings`)."""
+    return changed_settings(meta.get("config", {}), self.settings) if "config" in meta else []
+
+  def _note_changes(self, changes: list[str], step: int) -> None:
+    """One line naming ``changes``, the settings changed since checkpoint ``step`` (none: nothing said)."""
     if changes:
       self.say(f"Note: settings changed since the checkpoint of step {step}: {listed(changes)}.")
 
@@ -756,7 +759,7 @@ class _Run:
       state = init
     else:
       state = restored[0]
-      self._note_changes(restored[1], int(state.step))
+      self._note_changes(self._changes(restored[1]), int(state.step))
     step = int(state.step)
     self.summary["eval"] = self._evaluate(state.params, step)
     self.summary["eval_step"] = step
@@ -773,9 +776,9 @@ class _Run:
     for step in steps:
       try:
         state, meta = self.checkpoints.restore(step, self.template)
-        changes = changed_settings(meta.get("config", {}), self.settings) if "config" in meta else []
+        changes = self._changes(meta)
         if changes != noted:  # said again only where it differs (a resume may have changed settings)
-          self._note_changes(meta, step)
+          self._note_changes(changes, step)
           noted = changes
       except UnreadableCheckpoint as why:  # say so, evaluate the others
         self.say(f"{self.checkpoints.unreadable(step, why)}; skipping it.")
