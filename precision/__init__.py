@@ -11,6 +11,7 @@ Numerics only; this package imports nothing else of the project.
 
 from precision import testing as testing
 from precision._op_classes import PRIMITIVE_CLASSES as PRIMITIVE_CLASSES
+from precision._op_classes import UnknownPrimitiveWarning as UnknownPrimitiveWarning
 from precision.autocast import autocast as autocast
 from precision.autocast import cast_report as cast_report
 from precision.autocast import float32_region as float32_region
@@ -51,6 +52,7 @@ __all__ = (
   "Policy",
   "PolicyError",
   "StaticLossScale",
+  "UnknownPrimitiveWarning",
   "all_finite",
   "autocast",
   "bfloat16",

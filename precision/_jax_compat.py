@@ -88,6 +88,7 @@ __all__ = (
   "is_batch_tracer",
   "is_higher_order",
   "is_unspecified",
+  "jax_primitives",
   "jaxpr_as_fun",
   "jaxprs_in_params",
   "mlir",
@@ -99,6 +100,7 @@ __all__ = (
   "split_closed",
   "trace",
   "user_line",
+  "user_stacklevel",
   "while_counts",
 )
 
@@ -128,6 +130,46 @@ _SPLIT_CLOSED = isinstance(ClosedJaxpr, type) and ClosedJaxpr is not Jaxpr  # JA
 class UnhandledPrimitiveError(NotImplementedError):
   """A higher-order primitive (one that carries a computation) that a jaxpr walker does not
   handle. Never passed through silently: its body would escape the walker's rules."""
+
+
+# ---- the installed JAX's primitives ----
+
+# Kernel languages: their primitives live inside kernels (``pallas_call``'s body), not in the
+# programs a jaxpr walker reads.
+_KERNEL_MODULES = ("pallas", "mosaic", "triton")
+
+
+def jax_primitives() -> dict[str, str]:
+  """Every primitive that JAX's own modules define at module level: name -> module.
+
+  Imports ``jax.numpy``, ``jax.nn``, ``jax.random``, ``jax.scipy`` and
+  ``jax.experimental.multihost_utils`` (which Orbax imports) first, and reads JAX's library
+  modules (``jax._src``, the public ones) but not the rest of ``jax.experimental``, which a
+  program must import itself (``jax.experimental.sparse`` defines dozens): the answer does not
+  depend on what else the process imported. What a newer JAX adds shows up here, and the tests
+  compare it with the op-class table (`precision._op_classes`).
+  """
+  import sys
+
+  import jax.experimental.multihost_utils  # noqa: F401 (imported for their primitives)
+  import jax.nn  # noqa: F401
+  import jax.numpy  # noqa: F401
+  import jax.random  # noqa: F401
+  import jax.scipy.linalg  # noqa: F401
+  import jax.scipy.special  # noqa: F401
+
+  found: dict[str, str] = {}
+  for module_name, module in sorted(sys.modules.items()):
+    if module is None or not (module_name == "jax" or module_name.startswith("jax.")):
+      continue
+    if module_name.startswith("jax.experimental.") and module_name != "jax.experimental.multihost_utils":
+      continue
+    if any(part in module_name for part in _KERNEL_MODULES):
+      continue
+    for value in list(vars(module).values()):
+      if isinstance(value, Primitive):
+        found.setdefault(value.name, module_name)
+  return found
 
 
 # ---- jaxprs ----
@@ -260,6 +302,24 @@ _OWN_DIRS = tuple(
 )
 """This project's own packages: a frame in them is never the user's line (a user's own model, under
 ``models/`` or elsewhere, is)."""
+
+
+_LIBRARY_DIRS = _OWN_DIRS + tuple(
+  os.path.realpath(path) + os.sep
+  for path in (os.path.dirname(jax.__file__), os.path.dirname(os.__file__))  # JAX, the standard library
+)
+
+
+def user_stacklevel() -> int:
+  """``warnings.warn``'s ``stacklevel``, for a warning raised in this project's code, that names the
+  innermost caller outside JAX, the standard library and this project's packages: under ``jit``,
+  ``grad`` or ``vmap`` an autocast function is called from JAX's tracing, not from the user's line."""
+  import sys
+
+  frame, level = sys._getframe(1), 1  # (1: the function that calls warnings.warn)
+  while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS):
+    frame, level = frame.f_back, level + 1
+  return level if frame is not None else 1
 
 
 def user_line(eqn: Any) -> str:

@@ -19,7 +19,9 @@ Classes that compute (their treatment comes from the `Policy` rule table): ``mat
   ``jax_enable_x64``, complex values (an FFT), bfloat16 or float16 values the program computes
   itself): untouched, and
   listed so that a program that escapes the policy this way shows it.
-* ``unknown``: float primitives not in this table: left unchanged and listed in the report.
+* ``unknown``: float primitives not in this table: left unchanged, listed in the report, and
+  named in an `UnknownPrimitiveWarning` (a new JAX may bring new primitives: JAX 0.11.2's
+  ``one_minus_square``, the derivative of ``tanh``, was one).
 
 `PRIMITIVE_CLASSES` is a dict: add a primitive (for example a custom op) with
 ``precision.PRIMITIVE_CLASSES["my_op"] = "elementwise"``; an entry under another class than
@@ -29,17 +31,27 @@ leave the primitive unrounded).
 
 from __future__ import annotations
 
+
+class UnknownPrimitiveWarning(UserWarning):
+  """`precision.autocast` ran float primitives that `PRIMITIVE_CLASSES` does not classify: they
+  computed in float32 and were not rounded. The message names each one and how to classify it
+  (``precision.PRIMITIVE_CLASSES["name"] = "elementwise"``); `precision.cast_report` lists them
+  under ``unknown_primitives``."""
+
+
 MATMUL_PRIMITIVES = ("dot_general", "conv_general_dilated", "ragged_dot_general", "ragged_dot")
 
 _ELEMENTWISE = (
     "add", "add_any", "sub", "mul", "div", "rem", "sqrt", "cbrt", "square", "integer_pow",
     "tanh", "logistic", "erf", "erfc", "sin", "cos", "atan", "atan2", "atanh", "asinh", "acosh",
     "nextafter", "mulhi",
+    "one_minus_square",  # 1 - x**2 (JAX 0.11.2: the derivative of tanh), one rounding
 )  # fmt: skip
 _TRANSCENDENTAL = (
     "exp", "exp2", "log", "log1p", "expm1", "pow", "rsqrt", "tan", "sinh", "cosh", "asin", "acos",
     "erf_inv", "lgamma", "digamma", "igamma", "igammac", "igamma_grad_a", "polygamma", "zeta",
     "bessel_i0e", "bessel_i1e", "regularized_incomplete_beta", "random_gamma_grad",
+    "log2",  # (JAX 0.11.2: jnp.log2, which 0.10 wrote as log and a div)
 )  # fmt: skip
 _REDUCTION = (
     "reduce_sum", "reduce_prod", "cumsum", "cumprod", "cumlogsumexp", "reduce_window_sum",
@@ -61,6 +73,9 @@ _DATA_MOVEMENT = (
     "device_put", "optimization_barrier", "name", "pvary", "pbroadcast", "all_gather",
     "all_to_all", "ppermute", "psum_scatter", "axis_index", "iota", "full", "zeros_like",
     "broadcast", "real", "imag", "conj", "squeeze_p",
+    "xla_metadata_value",  # (JAX 0.11: an identity that tags its value's producer for XLA)
+    "host_local_array_to_global_array", "global_array_to_host_local_array",  # (multihost_utils)
+    "relayout", "with_memory_space_constraint",  # (JAX 0.11.2: a layout, a memory space; same values)
 )  # fmt: skip
 _CAST = ("convert_element_type", "reduce_precision", "bitcast_convert_type", "precision_round")
 CONTROL_FLOW = (

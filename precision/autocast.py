@@ -186,6 +186,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -195,8 +196,9 @@ from precision import (
   _control_flow,  # noqa: F401  (registers the higher-order handlers)
   _matmul,
 )
+from precision import _jax_compat as compat
 from precision._interpreter import run
-from precision._op_classes import PRIMITIVE_CLASSES
+from precision._op_classes import ENTRY_CLASSES, PRIMITIVE_CLASSES, UnknownPrimitiveWarning
 from precision._state import (
   FLOAT32_SCOPE,
   NESTED_SCOPE,
@@ -394,10 +396,12 @@ class _Autocast:
     if lifted is None:
       with jax.named_scope(NESTED_SCOPE) if nested else contextlib.nullcontext():
         outs = run(p, closed, flat)
+      _warn_unknown(self.__wrapped__, policy, p.log.unknown)
       return outputs.unflatten(outs)
     closed, outputs, flat = trace_fn(lifted.fn, Statics((), ()), lifted.args, {})
     with jax.named_scope(NESTED_SCOPE) if nested else contextlib.nullcontext():
       outs = run(p, closed, flat, rounded_outputs=lifted.traced_outputs[0])
+    _warn_unknown(self.__wrapped__, policy, p.log.unknown)
     with module_state_errors(self.__wrapped__, "autocast", writing_back=True):
       return lifted.finish(outputs.unflatten(outs))
 
@@ -406,6 +410,23 @@ class _Autocast:
 
   def __repr__(self) -> str:
     return f"<autocast {getattr(self, '__qualname__', fn_name(self.__wrapped__))} ({self.policy})>"
+
+
+def _warn_unknown(fn: Callable[..., Any], policy: Policy, unknown: dict[str, int]) -> None:
+  """An `UnknownPrimitiveWarning` naming the float primitives the pass left unrounded, if any."""
+  if not unknown:
+    return
+  listed = ", ".join(f"{name} ({n} equation{'s' * (n != 1)})" for name, n in sorted(unknown.items()))
+  first = min(unknown)
+  warnings.warn(
+    f"autocast({fn_name(fn)}, {policy}): {listed} computed in float32 and not rounded: "
+    f"precision.PRIMITIVE_CLASSES does not classify {'it' if len(unknown) == 1 else 'them'}. To round "
+    f"a result, classify its primitive (precision.PRIMITIVE_CLASSES[{first!r}] = 'elementwise' for a "
+    f"pointwise op; classes: {', '.join(ENTRY_CLASSES)}); to keep it float32 on purpose, call it inside "
+    "precision.float32_region()",
+    UnknownPrimitiveWarning,
+    stacklevel=compat.user_stacklevel(),
+  )
 
 
 def cast_report(

@@ -14,7 +14,8 @@ class CastCounts:
 
   Attributes:
     equations: equations of this kind in the traced program (a scan body counts ``length``
-      times; a while body once).
+      times; a while body once; every branch of a ``cond`` once, as if each ran: a call runs one,
+      so its elements are at most these).
     rounded: tensor elements rounded to the compute format by inserted roundings (a matmul's
       operand roundings and its result's; an elementwise op's result).
     kept_float32: float32 result elements left unrounded by a ``"float32"`` rule (or because

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import operator
+import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -282,12 +283,43 @@ _ALIASES: dict[str, tuple[str, ...]] = {
 _REGISTRY: dict[str, FloatFormat] = {}
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
+
+
 def register_format(fmt: FloatFormat, aliases: Iterable[str] = ()) -> FloatFormat:
-  """Make ``fmt`` known to `get_format` under its name and ``aliases`` (lower-cased)."""
+  """Make ``fmt`` known to `get_format` under its name and ``aliases`` (lower-cased).
+
+  Names are letters, digits and ``_ . + -`` (a policy string such as ``"c=my_fmt,level=1"`` must
+  be able to hold them). Registering a format equal to one already registered under its name adds
+  the aliases to that one. Returns the registered format.
+
+  Raises:
+    FormatError: ``fmt`` is not a `FloatFormat`, ``aliases`` is not a sequence of names, a name is
+      not a valid one, or a name is taken by another format. Nothing is registered then.
+  """
+  if not isinstance(fmt, FloatFormat):
+    raise FormatError(
+      f"register_format: {fmt!r} is a {type(fmt).__name__}, not a FloatFormat; build one first, "
+      "e.g. precision.FloatFormat('my_e4m3', exponent_bits=4, mantissa_bits=3)"
+    )
+  given = aliases
+  try:
+    aliases = tuple(aliases) if not isinstance(aliases, str) else None  # (a generator is read once)
+  except TypeError:
+    aliases = None
+  if aliases is None or not all(isinstance(a, str) for a in aliases):
+    raise FormatError(
+      f"register_format({fmt.name!r}): aliases={given!r}; allowed: a sequence of names, e.g. aliases=('e34',)"
+    )
   keys = [key.lower() for key in (fmt.name, *aliases)]
   for key in keys:  # check every name before registering any: a failure leaves nothing behind
+    if not _NAME.fullmatch(key):
+      raise FormatError(
+        f"register_format({fmt.name!r}): {key!r} is not a format name; allowed: letters, digits and _ . + -"
+      )
     if key in _REGISTRY and _REGISTRY[key] != fmt:
       raise FormatError(f"format name {key!r} is already registered for {_REGISTRY[key]!r}")
+  fmt = _REGISTRY.get(keys[0], fmt)  # an equal format already registered keeps its aliases
   for key in keys:
     _REGISTRY[key] = fmt
   return fmt

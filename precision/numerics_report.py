@@ -44,7 +44,10 @@ one row):
   finite shadow value beyond the format's max); ``underflow``: non-zero shadow values that
   became 0 because they lie below the format's range (one rounding to the format gives 0 too);
   ``cancelled``: non-zero shadow values that became exactly 0 though the format holds them (the
-  rounded operands cancelled: ``a - b`` with ``a`` and ``b`` equal after rounding); ``subnormal``:
+  rounded operands cancelled: ``a - b`` with ``a`` and ``b`` equal after rounding), not counting a
+  zero an operand brought (an input already 0 where its shadow is not, element by element for
+  elementwise ops, anywhere in the input for others: an upstream underflow, counted there);
+  ``subnormal``:
   non-zero outputs below the format's smallest normal.
 * ``flips``: decisions that differ from the shadow's: comparisons (``gt``, ``ge``, ... : a
   ReLU's gradient mask), ``max`` / ``min`` choices (ReLU, max-pooling written with
@@ -62,9 +65,9 @@ Rows are per equation (and per name scope it was reached from), sorted by ``drop
 worst first. ``data_movement`` equations and equations with neither float inputs nor float
 outputs are not reported. Equations on values that are not float32 (a bfloat16 array the
 program itself made) run the same in both runs, as `autocast` leaves them alone: their rows
-are exact. ``NumericsReport.unmatched`` counts the policy run's calls that had no shadow call
-of the same equation (a ``cond`` that took the other branch, a loop that ran a different
-number of times); ``table()`` and ``to_dict()`` show it.
+are exact. ``NumericsReport.unmatched`` counts the calls of either run that had no call of the
+same equation in the other (a ``cond`` that took the other branch: one on each side; a loop that
+ran more or fewer times); ``table()`` and ``to_dict()`` show it.
 
 Cost
 ====
@@ -210,6 +213,36 @@ def _lost(x: np.ndarray, s: np.ndarray) -> int:
   return int(np.sum(np.isfinite(s) & ~np.isfinite(x)))
 
 
+_ELEMENTWISE_EXACT = frozenset({
+  "max", "min", "neg", "abs", "sign", "select_n", "clamp", "floor", "ceil", "round", "copy", "copy_p",
+  "convert_element_type", "reduce_precision",
+})  # fmt: skip
+
+
+def _inherited_zeros(name: str, x_in: tuple, s_in: tuple, shape: tuple) -> np.ndarray:
+  """Where an output's zero may come from an input that was already 0 in the policy run but not in
+  the shadow (an operand that underflowed or cancelled upstream): not a cancellation of this
+  equation. Element by element for an elementwise op (``name``'s class, and an input that
+  broadcasts to the output); for any other op (a product, a reduction, a cumulative sum, a sort:
+  an output element reads many input elements) the whole output, when an input lost any value."""
+  elementwise_op = (
+    PRIMITIVE_CLASSES.get(name) in ("elementwise", "transcendental") or name in _ELEMENTWISE_EXACT
+  )
+  out = np.zeros(shape, bool)
+  for x, s in zip(x_in, s_in):
+    if not _is_float_dtype(x.dtype) or np.shape(s) != np.shape(x):
+      continue
+    lost = (x == 0) & (s != 0)
+    if not lost.any():
+      continue
+    try:
+      elementwise = elementwise_op and np.broadcast_shapes(x.shape, shape) == tuple(shape)
+    except ValueError:
+      elementwise = False
+    out = out | (np.broadcast_to(lost, shape) if elementwise else np.ones(shape, bool))
+  return out
+
+
 def _energies(x: np.ndarray, s: np.ndarray) -> tuple[float, float]:
   x = np.asarray(x, np.float64)
   s = np.asarray(s, np.float64)
@@ -322,6 +355,7 @@ class _Collector:
       for x, s in zip(x_out, s_out):
         if not _is_float_dtype(x.dtype):
           continue
+        inherited = _inherited_zeros(name, x_in, s_in, x.shape)
         acc.elements += x.size
         sig, noise = _energies(x, s)
         acc.sig += sig
@@ -332,11 +366,12 @@ class _Collector:
         acc.rsig += rsig
         acc.rnoise += rnoise
         finite_s = np.isfinite(s)
-        over = finite_s & (np.isinf(x) | (np.abs(s) > fmt.max) & (np.abs(x) >= fmt.max))
+        beyond = (np.abs(x) >= fmt.max) | (np.isnan(x) & (not fmt.has_inf))  # (float8_e4m3fn: NaN)
+        over = finite_s & (np.isinf(x) | (np.abs(s) > fmt.max) & beyond)
         acc.overflow += int(np.sum(over))
         zeroed = (s != 0) & finite_s & (x == 0)  # below the format's range, or cancelled to exactly 0
         acc.underflow += int(np.sum(zeroed & (r == 0)))
-        acc.cancelled += int(np.sum(zeroed & (r != 0)))
+        acc.cancelled += int(np.sum(zeroed & (r != 0) & np.logical_not(inherited)))
         acc.subnormal += int(np.sum((x != 0) & (np.abs(x) < fmt.min_normal)))
         acc.nonfinite += int(np.sum(~np.isfinite(x) & finite_s & ~over))
         acc.lost += _lost(x, s)
@@ -543,8 +578,8 @@ class NumericsReport:
     title = f"numerics report, {self.policy} ({len(self.rows)} equations, worst drop first)"
     if self.unmatched:
       title += (
-        f"; {self.unmatched} call(s) of the policy run had no float32 counterpart (a cond took "
-        "the other branch or a loop ran a different number of times): not in the rows"
+        f"; {self.unmatched} call(s) had no counterpart in the other run (a cond took the other "
+        "branch or a loop ran a different number of times): not in the rows"
       )
     return title
 
@@ -695,4 +730,6 @@ def numerics_report(
   # The outputs of a run without the observer's callbacks, which change XLA's fusion and so
   # the last bit of some float32 results: exactly those of jax.jit(autocast(fn, policy)).
   outs = jax.jit(lambda *xs: _interpreter.run(Pass(policy), closed, xs))(*flat)
-  return NumericsReport(policy, collector.rows(), outputs.unflatten(outs), collector.missing)
+  # calls of either run without a counterpart: the policy run's (``missing``) and the shadow's left over
+  unmatched = collector.missing + sum(len(queue) for queue in collector.shadow.values())
+  return NumericsReport(policy, collector.rows(), outputs.unflatten(outs), unmatched)

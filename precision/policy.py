@@ -93,7 +93,10 @@ accumulation (``preferred_element_type=float32``); other formats (cbfloat16) use
 GPU library may differ. See ``docs/gpu.md``.
 
 A policy's string form lists every setting that differs from the defaults and parses back:
-``Policy.parse(str(p)) == p``.
+``Policy.parse(str(p)) == p`` for formats known by name (predefined or `register_format`-ed); a
+variant made with ``FloatFormat.replace`` is named ``cbfloat16[overflow=saturate]``, which a policy
+string cannot hold: name and register it (``register_format(fmt.replace(..., name="cb16_sat"))``)
+or pass the `FloatFormat` itself.
 """
 
 from __future__ import annotations
@@ -282,7 +285,8 @@ class Policy:
     Keys: ``p``/``param``/``params``, ``c``/``compute``, ``o``/``output``, ``l``/``level``/``pol``,
     ``block``/``accumulation_block``, ``stochastic``/``sr`` (op classes joined by ``+``:
     ``stochastic=matmul+elementwise``), ``products`` (``native`` or ``tf32``), and any op class (``attention_softmax=round``) as a rule
-    override. Missing keys take the constructor defaults; ``str(policy)`` parses back.
+    override. Missing keys take the constructor defaults; ``str(policy)`` parses back (formats known
+    by name: see the module docstring).
 
     Raises:
       PolicyError: a malformed item, an unknown or repeated key (with a suggestion).
@@ -303,6 +307,12 @@ class Policy:
       key, value = key.strip().lower(), value.strip()
       if not sep or not value:
         raise PolicyError(f"policy {text!r}: item {item!r} is not key=value (e.g. 'c=cb16')")
+      if "[" in value:  # str() of a policy whose format is a FloatFormat.replace variant
+        raise PolicyError(
+          f"policy {text!r}: {value!r} is a format variant (FloatFormat.replace), which a policy string "
+          "cannot name; give it a name and register it, precision.register_format(fmt.replace(..., "
+          "name='my_fmt')), then write c=my_fmt; or pass the FloatFormat itself: Policy(compute=fmt)"
+        )
       if "=" in value:  # 'c=bf16;level=2', 'c=bf16 level=2'
         raise PolicyError(
           f"policy {text!r}: item {item!r} holds two settings; separate items with commas "

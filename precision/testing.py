@@ -57,8 +57,10 @@ def _tree_pairs(actual: Any, expected: Any, context: str) -> Iterator[tuple[str,
   if not (_is_tree(actual) or _is_tree(expected)):
     return None
   actual, expected = _plain(actual), _plain(expected)
-  flat_a, tree_a = jax.tree_util.tree_flatten_with_path(actual)
-  flat_e, tree_e = jax.tree_util.tree_flatten_with_path(expected)
+  # None is a leaf here (JAX's trees drop it): {"a": x, "b": None} is not {"a": x}
+  is_none = lambda v: v is None
+  flat_a, tree_a = jax.tree_util.tree_flatten_with_path(actual, is_leaf=is_none)
+  flat_e, tree_e = jax.tree_util.tree_flatten_with_path(expected, is_leaf=is_none)
   # compared by key paths, not container types: a FrozenDict matches the dict with its keys
   paths_a = [jax.tree_util.keystr(p) for p, _ in flat_a]
   paths_e = [jax.tree_util.keystr(p) for p, _ in flat_e]
@@ -70,7 +72,15 @@ def _tree_pairs(actual: Any, expected: Any, context: str) -> Iterator[tuple[str,
       f"{prefix}pytree structures differ: actual {tree_a}, expected {tree_e} "
       f"(leaves only in actual: {only_a or 'none'}; only in expected: {only_e or 'none'})"
     )
-  return ((f"{context}{path}", a, e) for path, (_, a), (_, e) in zip(paths_a, flat_a, flat_e))
+  for path, (_, a), (_, e) in zip(paths_a, flat_a, flat_e):
+    if (a is None) != (e is None):
+      prefix = f"{context}{path}: " if context or path else ""
+      raise AssertionError(
+        f"{prefix}actual is {'None' if a is None else 'an array'}, expected {'None' if e is None else 'an array'}"
+      )
+  return (
+    (f"{context}{path}", a, e) for path, (_, a), (_, e) in zip(paths_a, flat_a, flat_e) if a is not None
+  )
 
 
 def _no_tree(what: str, x: Any, fn: str) -> None:
@@ -134,7 +144,9 @@ def assert_same_floats(actual: Any, expected: Any, context: str = "") -> None:
     return
   actual, expected, bits = _as_common_float(actual, expected)
   if actual.shape != expected.shape:
-    raise AssertionError(f"{context}: shapes differ: {actual.shape} vs {expected.shape}")
+    raise AssertionError(
+      f"{context + ': ' if context else ''}shapes differ: {actual.shape} vs {expected.shape}"
+    )
   same = same_floats(actual, expected)
   if not same.all():
     bits_a, bits_e = actual.view(bits), expected.view(bits)
@@ -144,7 +156,9 @@ def assert_same_floats(actual: Any, expected: Any, context: str = "") -> None:
       f"(0x{bits_e.flat[i]:0{width}x})"
       for i in np.flatnonzero(~same)[:5]
     )
-    raise AssertionError(f"{context}: {(~same).sum()} of {same.size} differ; {detail}")
+    raise AssertionError(
+      f"{context + ': ' if context else ''}{(~same).sum()} of {same.size} differ; {detail}"
+    )
 
 
 def reference_dtype(fmt: FloatFormat | str) -> Any:

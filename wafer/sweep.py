@@ -36,6 +36,7 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,7 +111,12 @@ def parse_levels(levels: str | Sequence[int]) -> tuple[int, ...]:
   >>> parse_levels("0, 2"), parse_levels([1])
   ((0, 2), (1,))
   """
-  items = [s.strip() for s in levels.split(",")] if isinstance(levels, str) else list(levels)
+  try:
+    items = [s.strip() for s in levels.split(",")] if isinstance(levels, str) else list(levels)
+  except TypeError:  # a number: levels=1
+    raise SweepError(
+      f"--levels: {levels!r}; allowed: levels among 0, 1, 2 as '0,1' or a sequence, e.g. [1]"
+    ) from None
   out = []
   for item in items:
     try:
@@ -186,9 +192,18 @@ class SweepResult:
       ev = ", ".join(f"{k}={v:.4f}" for k, v in r.eval.items() if k != "step") or "-"
       rows.append([r.format, r.level, f"{unit_roundoff(r.format):.3g}", final, dev, ev, rate])
     modes = sorted({r.estimate_mode for r in self.runs if r.estimate_mode})
+    base = self.baseline()
+    lost = (
+      next(((s, v) for s, v in zip(base.steps, base.losses) if not math.isfinite(v)), None) if base else None
+    )
     footer = (
       "deviation: max over logged steps of |loss - loss_float32| / (|loss_float32| * u), u = 2^-(m+1)"
-      + ("" if self.baseline() else " (no float32 run: no deviation)")
+      + ("" if base else " (no float32 run: no deviation)")
+      + (
+        f"\nfloat32 itself diverged (loss {lost[1]} at step {lost[0]}): deviations compare the steps before it"
+        if lost
+        else ""
+      )
       + (f"\nest. samples/s: the compile report's estimate ({'; '.join(modes)})" if modes else "")
     )
     columns = ["format", "level", "u", "final loss", "deviation (u)", "eval", "est. samples/s (wafer)"]
@@ -312,9 +327,12 @@ def sweep(
 
   names = parse_formats(formats)
   _check_overrides(overrides, levels is not None)
-  if levels is None:  # the config's level (its default lives in the schema)
-    registry.load_plugins()
-    levels = [load_params(params, list(overrides)).runconfig.precision_opt_level]
+  if not isinstance(model_dir, (str, os.PathLike)):
+    raise SweepError(f"model_dir={model_dir!r}; allowed: a folder path (str or pathlib.Path)")
+  if levels is None:  # the config's level (its default lives in the schema), read with a format the
+    registry.load_plugins()  # sweep runs selected (the file's own may not run with these overrides)
+    select = [o for o in format_overrides(names[0], 0) if not o.startswith("runconfig.precision_opt_level=")]
+    levels = [load_params(params, list(overrides) + select).runconfig.precision_opt_level]
   lvls = parse_levels(levels)
   jobs = [(f, lv) for f in names for lv in lvls if f != BASELINE]
   if BASELINE in names:  # float32 does not depend on the level: once, first (the baseline)
@@ -325,11 +343,9 @@ def sweep(
   defaults = [] if "runconfig.log_steps" in given else ["runconfig.log_steps=1"]
   if "runconfig.check_loss_values" not in given:  # a format whose loss diverges is a result (nan losses)
     defaults.append("runconfig.check_loss_values=false")
-  runs = []
-  for i, (fmt, level) in enumerate(jobs, 1):
+  plans = []  # every run's config checked before any trains: a format that cannot run fails now
+  for fmt, level in jobs:
     out = root / run_name(fmt, level)
-    if progress:
-      print(f"[sweep {i}/{len(jobs)}] {fmt} at precision_opt_level {level} -> {out}", flush=True)
     plan = runner.load_plan(
       params,
       defaults + user + format_overrides(fmt, level) + [literal_override("runconfig.model_dir", str(out))],
@@ -341,6 +357,11 @@ def sweep(
         f"runconfig has {what}: a sweep trains every run (runconfig.mode train or train_and_eval, no "
         "validate_only / compile_only) and compares the losses; set those keys back, or use `wafer run`"
       )
+    plans.append((fmt, level, out, plan))
+  runs = []
+  for i, (fmt, level, out, plan) in enumerate(plans, 1):
+    if progress:
+      print(f"[sweep {i}/{len(jobs)}] {fmt} at precision_opt_level {level} -> {out}", flush=True)
     summary = runner.run_plan(plan, progress=progress)
     runs.append(_run_of(fmt, level, out, summary))
   _deviations(runs)

@@ -2,6 +2,7 @@
 
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -381,10 +382,22 @@ def test_unknown_primitives_pass_through_and_are_reported():
   mlir.register_lowering(mystery, mlir.lower_fun(lambda x: x * 3.0, multiple_results=False))
   f = lambda x: jnp.tanh(mystery.bind(x))
   x = _normal(33, (8,))
-  _same(precision.autocast(f, _level(0))(x), r(jnp.tanh(x * 3.0)))  # mystery ran unrounded
-  report = precision.cast_report(f, _level(0), x)
+  with pytest.warns(
+    precision.UnknownPrimitiveWarning, match=r"mystery_scale \(1 equation\) computed in float32"
+  ) as seen:
+    _same(precision.autocast(f, _level(0))(x), r(jnp.tanh(x * 3.0)))  # mystery ran unrounded
+  assert "PRIMITIVE_CLASSES['mystery_scale'] = 'elementwise'" in str(seen[0].message)
+  assert seen[0].filename == __file__  # the warning points at the user's call
+  report = precision.cast_report(f, _level(0), x)  # (the report lists it; no warning)
   assert report.unknown_primitives == {"mystery_scale": 1}
   assert "mystery_scale" in str(report)
+  precision.PRIMITIVE_CLASSES["mystery_scale"] = "elementwise"  # classified: rounded, no warning
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      _same(precision.autocast(f, _level(0))(x), r(jnp.tanh(r(x * 3.0))))
+  finally:
+    dict.pop(precision.PRIMITIVE_CLASSES, "mystery_scale")
 
 
 # ---- the cast report ----

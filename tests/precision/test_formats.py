@@ -154,6 +154,42 @@ def test_register_format():
     precision.register_format(precision.FloatFormat("test_e3m4", 3, 3))
 
 
+def test_register_format_refuses_what_it_could_not_use():
+  """aliases="e34" registered the names e, 3 and 4; a name a policy string cannot hold (spaces:
+  get_format strips them, so it was never found) and a str for the format were accepted or bare
+  errors. Nothing is registered by a refused call."""
+  fmt = precision.FloatFormat("test_e3m5", 3, 5)
+  before = dict(precision.formats._REGISTRY)
+  for call, message in [
+    (lambda: precision.register_format(fmt, aliases="e35"), r"aliases='e35'; allowed: a sequence of names"),
+    (lambda: precision.register_format(fmt, aliases=[35]), r"aliases=\[35\]; allowed"),
+    (lambda: precision.register_format("bf16"), r"'bf16' is a str, not a FloatFormat"),
+    (lambda: precision.register_format(fmt, aliases=None), r"aliases=None; allowed"),
+    (
+      lambda: precision.register_format(precision.FloatFormat(" My Fmt ", 3, 5)),
+      r"' my fmt ' is not a format name",
+    ),
+    (lambda: precision.register_format(fmt, aliases=("",)), r"'' is not a format name"),
+    (lambda: precision.register_format(fmt, aliases=("a,b",)), r"'a,b' is not a format name"),
+  ]:
+    with pytest.raises(FormatError, match=message):
+      call()
+  assert precision.formats._REGISTRY == before
+
+
+def test_aliases_given_as_a_generator_are_all_registered():
+  fmt = precision.FloatFormat("test_e2m5", 2, 5)
+  precision.register_format(fmt, aliases=(a for a in ("e2m5_test", "e25_test")))
+  assert precision.get_format("e2m5_test") is fmt and precision.get_format("e25_test") is fmt
+
+
+def test_registering_an_equal_format_again_keeps_its_aliases():
+  again = precision.FloatFormat("bfloat16", 8, 7, notes="another note")
+  assert precision.register_format(again) is precision.bfloat16
+  with pytest.raises(FormatError, match=r"bfloat16 \(bf16\)"):  # the known-formats listing
+    precision.get_format("no_such_format")
+
+
 @pytest.mark.parametrize("name", ["bfloat16", "float16", "float8_e5m2", "float8_e4m3fn"])
 def test_ulp_matches_spacing(name):
   fmt = precision.get_format(name)

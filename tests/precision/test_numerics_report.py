@@ -100,9 +100,57 @@ def test_calls_without_a_float32_counterpart_are_counted_and_shown():
     return jax.lax.cond(y[0] > 1.0, lambda v: jnp.sin(v) * 2.0, lambda v: jnp.cos(v) * 3.0, y)
 
   report = precision.numerics_report(f, "c=cb16", jnp.array([1 - 1e-5, 2.0]))
-  assert report.unmatched == report.to_dict()["unmatched"] == 2  # cos and its product
-  assert "2 call(s) of the policy run had no float32 counterpart" in str(report)
+  # the policy run's cos and its product, and the float32 run's sin and its product
+  assert report.unmatched == report.to_dict()["unmatched"] == 4
+  assert "4 call(s) had no counterpart in the other run" in str(report)
   assert {r.primitive for r in report.rows} == {"mul", "gt"}
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "cb16"])
+def test_a_loop_that_runs_fewer_times_under_the_policy_is_counted(fmt):
+  """The float32 run's extra iterations have no counterpart either (they were dropped: 0)."""
+
+  def f(x):
+    def body(s):
+      i, v, _ = s
+      new = v * 0.9 + 0.2
+      return i + 1, new, new - v
+
+    return jax.lax.while_loop(lambda s: (s[0] < 100) & (jnp.abs(s[2]) > 1e-6), body, (0, x, jnp.float32(1.0)))
+
+  report = precision.numerics_report(f, f"c={fmt}", jnp.float32(1.0))
+  policy_iters, shadow_iters = int(report.outputs[0]), int(f(jnp.float32(1.0))[0])
+  assert policy_iters < shadow_iters  # the policy's update reaches 0 sooner
+  assert report.unmatched >= 4 * (shadow_iters - policy_iters)  # (mul, add, sub in the body at least)
+  assert "had no counterpart in the other run" in str(report)
+
+
+def test_cancelled_counts_only_zeros_the_equation_made():
+  """A zero an input brought (an upstream underflow) is not a cancellation of the equation that
+  receives it; a difference of two values equal after rounding is."""
+  x = jnp.full((1000,), 1e-4, jnp.float32)
+  tiny, scaled = precision.numerics_report(lambda x: (x * x) * 1e4, "c=f16", x).in_program_order()
+  assert (tiny.underflow, tiny.cancelled) == (1000, 0)  # 1e-8: below float16's range
+  assert (scaled.underflow, scaled.cancelled) == (0, 0)  # 0 * 1e4: the zero came in
+  a = jnp.full((8,), 1 + 2.0**-10, jnp.float32)  # a * 3 rounds to 3 in bfloat16 (7 fraction bits)
+  rows = precision.numerics_report(lambda a: a * 3.0 - 3.0, "c=bf16", a).in_program_order()
+  assert [(r.primitive, r.cancelled) for r in rows] == [("mul", 0), ("sub", 8)]  # 3 * 2**-10 became 0
+  products = precision.numerics_report(lambda a, b: (a * a) @ b, "c=f16", x[:4][None], jnp.ones((4, 2)))
+  dot = [r for r in products.rows if r.primitive == "dot_general"][0]
+  assert dot.cancelled == 0  # its operand underflowed: the whole product inherits
+  # an op that keeps the shape but mixes elements is not elementwise: a cumulative sum of the zeros
+  (cumsum,) = [
+    r
+    for r in precision.numerics_report(lambda x: jnp.cumsum(x * x), "c=f16", x).rows
+    if r.primitive == "cumsum"
+  ]
+  assert cumsum.cancelled == 0
+
+
+def test_float8_e4m3fn_overflow_to_nan_is_an_overflow():
+  """float8_e4m3fn has no infinity: a value beyond its max (448) becomes NaN, which is overflow."""
+  (mul,) = precision.numerics_report(lambda x: x * 2.0, "c=e4m3", jnp.array([300.0, 1.0])).rows
+  assert (mul.overflow, mul.nonfinite) == (1, 0)
 
 
 def test_bfloat16_values_are_reported_and_integer_selects_are_not():

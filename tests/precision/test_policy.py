@@ -223,3 +223,16 @@ def test_only_the_compute_format_is_positional():
     with pytest.raises(TypeError, match="positional argument"):
       Policy(*args)
   assert Policy(param="float32").param.name == "float32"
+
+
+def test_a_format_variant_says_how_to_name_it_and_then_round_trips():
+  """str() of a policy over a FloatFormat.replace variant ('cbfloat16[overflow=saturate]') was
+  refused as an item that "holds two settings"."""
+  variant = precision.cbfloat16.replace(overflow="saturate")
+  with pytest.raises(
+    precision.PolicyError, match=r"is a format variant \(FloatFormat.replace\).*register_format"
+  ):
+    precision.Policy.parse(str(precision.Policy(variant)))
+  named = precision.register_format(precision.cbfloat16.replace(overflow="saturate", name="test_cb16_sat"))
+  policy = precision.Policy(named, level=2)
+  assert precision.Policy.parse(str(policy)) == policy

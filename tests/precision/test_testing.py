@@ -308,3 +308,23 @@ def test_a_pytree_failure_names_its_worst_leaf_first_and_counts_the_others():
   text = str(info.value)
   assert text.startswith("['c']: 4 of 4 elements"), text  # 256 ulp, against 'a''s 64
   assert text.endswith("1 other leaf(s) fail too, worst first: ['a']"), text
+
+
+@pytest.mark.parametrize("helper", ["assert_close", "assert_same_floats"])
+def test_a_key_whose_value_is_none_is_part_of_the_structure(helper):
+  """JAX's trees drop None: ``{"a": x, "b": None}`` flattened like ``{"a": x}``, and a missing
+  optimizer slot or dropped buffer passed."""
+  x = jnp.arange(3.0)
+  check = (
+    (lambda a, e: assert_close(a, e, "bf16", ulps=0)) if helper == "assert_close" else assert_same_floats
+  )
+  for actual, expected in [
+    ({"a": x, "b": None}, {"a": x}),
+    ({"opt_state": (None, None)}, {"opt_state": ()}),
+    ({"a": x, "b": None}, {"a": x, "b": x}),
+  ]:
+    with pytest.raises(AssertionError, match="differ|None"):
+      check(actual, expected)
+    with pytest.raises(AssertionError, match="differ|None"):
+      check(expected, actual)
+  check({"a": x, "b": None, "c": (None,)}, {"a": x, "b": None, "c": (None,)})  # the same: passes

@@ -222,19 +222,23 @@ def test_the_python_api_refuses_a_string_of_overrides_and_a_number_of_formats(tm
   assert not any(tmp_path.iterdir())  # refused before any run
 
 
-def test_a_diverging_format_is_a_result_with_nan_losses_in_strict_json(tmp_path):
+def test_a_diverging_format_is_a_result_with_nan_losses_in_strict_json(tmp_path, caplog):
   """A loss that becomes NaN stops a `wafer run` (runconfig.check_loss_values); in a sweep it is what
-  the sweep is for: the run's losses show nan, sweep.json stays strict JSON (null) and loads as nan."""
+  the sweep is for: the run's losses show nan, sweep.json stays strict JSON (null) and loads as nan.
+  tensorboardX does not log "NaN or Inf found in input tensor" for each of its steps."""
   from models import mlp
 
   overrides = ["runconfig.max_steps=3", "optimizer.learning_rate=1e30"]
   result = sweep.sweep(mlp.CONFIG, "f32", None, tmp_path, overrides, progress=False)
+  assert not [r for r in caplog.records if "NaN or Inf" in r.getMessage()]
   (run,) = result.runs
   assert run.steps == [1, 2, 3] and math.isfinite(run.losses[0]) and math.isnan(run.losses[-1])
   text = (tmp_path / "sweep.json").read_text()
   assert "NaN" not in text
   json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in sweep.json"))
   assert math.isnan(sweep.SweepResult.load(tmp_path).runs[0].losses[-1])
+  first = next(s for s, v in zip(run.steps, run.losses) if math.isnan(v))
+  assert f"float32 itself diverged (loss nan at step {first})" in result.table().footer  # the baseline: said
 
 
 def test_a_diverged_format_deviates_without_bound_and_survives_a_save(tmp_path):
@@ -261,3 +265,32 @@ def test_a_diverged_format_deviates_without_bound_and_survives_a_save(tmp_path):
   loaded = sweep.SweepResult.load(tmp_path)
   assert loaded.runs[1].deviation_u == math.inf and math.isnan(loaded.runs[1].eval["accuracy"])
   assert "inf" in str(loaded.table())
+
+
+def test_bad_levels_and_model_dir_in_the_python_api_are_sweep_errors(tmp_path):
+  """``levels=1`` was a bare "'int' object is not iterable"; ``model_dir=None`` a pathlib TypeError."""
+  with pytest.raises(sweep.SweepError, match=r"--levels: 1; allowed: levels among 0, 1, 2"):
+    sweep.sweep(PARAMS, model_dir=tmp_path, levels=1)
+  with pytest.raises(sweep.SweepError, match=r"model_dir=None; allowed: a folder path"):
+    sweep.sweep(PARAMS, model_dir=None)
+  assert not any(tmp_path.iterdir())
+
+
+MLP = Path(__file__).resolve().parents[2] / "models/mlp/configs/params_mlp.yaml"
+STATIC = ["runconfig.max_steps=1", "runconfig.checkpoint_steps=0", "optimizer.loss_scaling_factor=1.0"]
+
+
+def test_a_format_that_cannot_run_is_refused_before_any_run_trains(tmp_path):
+  """cbfloat16 with a static loss scale is refused at load; the float32 run before it trained in
+  full first, and the sweep then stopped without a sweep.json."""
+  with pytest.raises(Exception, match="cbfloat16") as refused:
+    sweep.sweep(MLP, "f32,cb16", "1", tmp_path, STATIC, progress=False)
+  assert "Traceback" not in str(refused.value)
+  assert not (tmp_path / "float32_L1").exists()  # nothing trained
+
+
+def test_without_levels_the_level_is_read_with_a_format_the_sweep_runs(tmp_path):
+  """The file's level was read by validating the file's own format (cbfloat16, which a static loss
+  scale refuses) although the sweep ran only float32 and bfloat16."""
+  result = sweep.sweep(MLP, "f32,bf16", None, tmp_path, STATIC, progress=False, save=False)
+  assert [(r.format, r.level) for r in result.runs] == [("float32", 1), ("bfloat16", 1)]

@@ -37,10 +37,12 @@ __all__ = ("Site", "Walker", "classify")
 _FREE = frozenset({
     "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "stop_gradient", "bitcast_convert_type",
     "sharding_constraint", "pvary", "optimization_barrier", "iota", "copy_p", "device_put", "name",
-    "mesh_cast", "reshard", "unreduced_psum", "create_token", "axis_index",
+    "mesh_cast", "reshard", "unreduced_psum", "create_token", "axis_index", "xla_metadata_value",
+    "host_local_array_to_global_array", "global_array_to_host_local_array", "relayout",
+    "with_memory_space_constraint",
 })
 _TRANSCENDENTAL = frozenset({
-    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "erf", "erfc", "erf_inv", "sin", "cos",
+    "exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "logistic", "erf", "erfc", "erf_inv", "sin", "cos",
     "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "rsqrt",
     "cbrt", "div", "pow", "lgamma", "digamma", "igamma", "igammac", "bessel_i0e", "bessel_i1e",
 })
@@ -59,7 +61,7 @@ _VIEW = frozenset({
     # (``pad``: a weight zero-padded to whole chunks, as autocast's chunked accumulation does)
     "pad", "transpose", "reshape", "convert_element_type", "broadcast_in_dim", "squeeze", "expand_dims", "copy",
     "copy_p", "bitcast_convert_type", "reduce_precision", "precision_round", "precision_round_bits",
-    "sharding_constraint", "pvary", "stop_gradient",
+    "sharding_constraint", "pvary", "stop_gradient", "xla_metadata_value",
 })
 # Slices of a parameter that are parameters themselves (``stacked[i]`` in an unrolled loop).
 _SLICE = frozenset({"slice", "dynamic_slice", "gather", "index_in_dim", "squeeze", "unstack"})
@@ -94,7 +96,7 @@ _NUMPY_UNARY = {
   "neg": np.negative, "abs": np.abs, "sign": np.sign, "not": np.invert, "floor": np.floor, "ceil": np.ceil,
   "exp": np.exp, "exp2": np.exp2, "log": np.log, "log1p": np.log1p, "sqrt": np.sqrt, "sin": np.sin,
   "cos": np.cos, "tanh": np.tanh, "square": np.square, "is_finite": np.isfinite,
-  "rsqrt": lambda x: 1 / np.sqrt(x),
+  "rsqrt": lambda x: 1 / np.sqrt(x), "one_minus_square": lambda x: 1 - np.square(x), "log2": np.log2,
 }
 _NUMPY_BINARY = {
   "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum,

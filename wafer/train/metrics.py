@@ -19,6 +19,7 @@ training records (``loss``, ``loss_scale``, ``samples_per_sec``, ...) and the ev
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -235,6 +236,10 @@ class Metrics:
     if self.writer is None:
       from tensorboardX import SummaryWriter
 
+      # tensorboardX logs "NaN or Inf found in input tensor" for every such scalar: a NaN loss is
+      # already in the log line and metrics.jsonl (and stops the run unless check_loss_values is
+      # off, as in a sweep, where a diverging format is a result), so once per step is noise
+      logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
       self.writer = SummaryWriter(str(self.path.parent / "tensorboard"), purge_step=self._purge_step)
     for key, value in record.items():
       if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
