@@ -32,7 +32,7 @@ leave-one-family-out errors by `wafer.costmodel.calibration.calibrate_band` (x1.
 holds the most runs), and the coverage it claims is the one checked on errors it was not placed on:
 for each family, the band placed without that family's errors, scored on them.
 
-Results go to benchmarks/results/costmodel_accuracy.json. About 7 minutes on 2 cores.
+Results go to benchmarks/results/costmodel_accuracy.json. About 17 minutes on 2 cores.
 
     PYTHONPATH=. python benchmarks/costmodel_accuracy.py [--out PATH]
 """
@@ -64,14 +64,15 @@ TARGET_MEDIAN = math.log(1.15)
 TARGET_SLOPE = math.log(1.10)
 CLOCKS = (0.85e9, 0.95e9, 1.1e9)  # the published range: SDK scripts 850 MHz, WaferLLM/HC34 1.1 GHz
 # each chip's clock (Calibration.clock_hz: WSE-2; wse3_clock_hz) is fitted on the grid above
-OVERHEADS = (4.0, 6.0, 8.0, 12.0)
-ROW_CYCLES = tuple(2 ** (i / 4) for i in range(-2, 3))  # 0.71-1.41 cycles per row, steps of 2**0.25
+OVERHEADS = (4.0, 6.0, 8.0)
+ROW_CYCLES = tuple(2 ** (i / 4) for i in range(-2, 1))  # 0.71-1.0 cycles per row, steps of 2**0.25
+LATENCIES = (0.0, 0.001, 0.002, 0.003)  # seconds per layer pass per micro-batch (Calibration.layer_latency_s)
 # MemoryX bytes per parameter at the system's I/O rate: set, not fitted (calibration.py: AdamW's
 # 32 B sharded over 18 weight servers); the BERT sweep alone cannot separate it from the per-step
 # cost, and the published 7B sweeps are nearly flat
 OPTIMIZER_BYTES = (CALIBRATION.optimizer_bytes_per_param,)
-STEP_OVERHEADS = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2)  # seconds per training step
-GRID_PARAMS = ("clock_hz", "instruction_overhead_cycles", "attention_row_cycles")
+STEP_OVERHEADS = (0.0, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2)  # seconds per training step
+GRID_PARAMS = ("clock_hz", "instruction_overhead_cycles", "attention_row_cycles", "layer_latency_s")
 PARAMS = ("clock_hz", "wse3_clock_hz") + GRID_PARAMS[1:] + ("optimizer_bytes_per_param", "step_overhead_s")
 CS3_GROUP = "CS-3"
 
@@ -89,6 +90,7 @@ PAIRS = (
   # held out (one student's sweep, 2025-12) against ALCF's batch-1024 run of the same params file
   ("LLaMA-2 7B CS-3, batch 1024 / 32", "E8", "N01", "batch sweep (2025-10 vs 2025-12)"),
   ("LLaMA-2 7B CS-3, batch 128 / 32", "N03", "N01", "batch sweep (one log)"),
+  ("LLaMA-2 7B CS-3, batch 2048 / 256", "P03", "P01", "batch sweep (one table; blind)"),
   # the HPEC 2024 paper's eight sweeps (one CS-2, one paper): each model's largest batch against its smallest
   ("GPT-3 256M, batch 1024 / 128", "F02", "B01", "batch sweep (one paper; blind)"),
   ("GPT-3 590M, batch 1024 / 128", "F04", "B02", "batch sweep (one paper; blind)"),
@@ -146,12 +148,12 @@ class Model:
     self.points = points
     self.cols = cols = [(i, w, g) for i, (w, graphs) in enumerate(points) for g in graphs]
     self.col_point = np.array([i for i, _, _ in cols])
-    self.keys = list(itertools.product(CLOCKS, OVERHEADS, ROW_CYCLES))
+    self.keys = list(itertools.product(CLOCKS, OVERHEADS, ROW_CYCLES, LATENCIES))
     zero = {"optimizer_bytes_per_param": 0.0, "step_overhead_s": 0.0}
     self.base = np.array(
       [[_step(w, g, dict(zip(GRID_PARAMS, k), **zero)) for _, w, g in cols] for k in self.keys]
     )
-    ref = dict(zip(GRID_PARAMS, (CALIBRATION.clock_hz, 8.0, 1.0)), **zero)
+    ref = dict(zip(GRID_PARAMS, (CALIBRATION.clock_hz, 8.0, 1.0, 0.0)), **zero)
     at = [_step(w, g, ref) for _, w, g in cols]
     # seconds per optimizer byte per parameter (P / B_io) and per second of step overhead (0 or 1)
     self.per_byte = np.array(
@@ -169,8 +171,10 @@ class Model:
       [get_system(w.estimate_kwargs.get("system", "wse2")).chip.name == "WSE-3" for _, w, _ in cols]
     )
     key_row = {k: i for i, k in enumerate(self.keys)}
-    self.joint = list(itertools.product(CLOCKS, CLOCKS, OVERHEADS, ROW_CYCLES))
-    rows = np.array([[key_row[(c3 if on else c2, o, r)] for on in on_wse3] for c2, c3, o, r in self.joint])
+    self.joint = list(itertools.product(CLOCKS, CLOCKS, OVERHEADS, ROW_CYCLES, LATENCIES))
+    rows = np.array(
+      [[key_row[(c3 if on else c2, o, r, t)] for on in on_wse3] for c2, c3, o, r, t in self.joint]
+    )
     self.base_joint = self.base[rows, np.arange(len(cols))[None, :]]
     self.steps = steps = (
       self.base_joint[:, None, None, :]
@@ -189,17 +193,18 @@ class Model:
   def fit(self, use: list[int]) -> tuple[int, int, int]:
     cost = np.sum(self.log_err[..., use] ** 2, axis=-1)
     if not self.wse3_points & set(use):  # nothing pins the WSE-3's clock: it is the WSE-2's
-      cost = cost + np.array([0.0 if c2 == c3 else np.inf for c2, c3, _, _ in self.joint])[:, None, None]
+      cost = cost + np.array([0.0 if c2 == c3 else np.inf for c2, c3, *_ in self.joint])[:, None, None]
     return tuple(int(i) for i in np.unravel_index(int(np.argmin(cost)), cost.shape))
 
   def params(self, idx: tuple[int, int, int]) -> dict[str, float]:
     k, b, s = idx
-    c2, c3, o, r = self.joint[k]
+    c2, c3, o, r, t = self.joint[k]
     return dict(
       clock_hz=c2,
       wse3_clock_hz=c3,
       instruction_overhead_cycles=o,
       attention_row_cycles=r,
+      layer_latency_s=t,
       optimizer_bytes_per_param=OPTIMIZER_BYTES[b],
       step_overhead_s=STEP_OVERHEADS[s],
     )
@@ -220,7 +225,7 @@ def _describe(p: dict[str, float]) -> str:
     f"WSE-2 {p['clock_hz'] / 1e9:g} GHz, WSE-3 {p['wse3_clock_hz'] / 1e9:g} GHz, "
     f"{p['instruction_overhead_cycles']:g} cyc/instr, "
     f"{p['attention_row_cycles']:.3g} cyc/row, {p['optimizer_bytes_per_param']:g} B/param, "
-    f"{p['step_overhead_s'] * 1e3:g} ms/step"
+    f"{p['step_overhead_s'] * 1e3:g} ms/step, {p['layer_latency_s'] * 1e3:g} ms/layer pass"
   )
 
 
@@ -329,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
       f"blind_{p}": _summary(
         [abs(r["in_sample_log_ratio"]) for r in rows if r["blind"] and r["id"].startswith(p)]
       )
-      for p in ("B", "D", "F", "G")
+      for p in ("B", "D", "F", "G", "P")
     },
   }
   # the band: calibrated on leave-one-family-out errors, ln(measured / predicted)
@@ -428,9 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     ("held_out", "held out (never fitted, never looked at)"),
     ("held_out_family_out", "  the same, family out"),
     ("blind_B", "blind B01-B10 (structure), in sample"),
-    ("blind_D", "blind D01-D17 (held out), in sample"),
-    ("blind_F", "blind F01-F12 (held out), in sample"),
+    ("blind_D", "blind D01-D17 (structure), in sample"),
+    ("blind_F", "blind F01-F12 (structure), in sample"),
     ("blind_G", "blind G01 (held out), in sample"),
+    ("blind_P", "blind P01-P06 (held out), in sample"),
   ):
     print(f"  {label + ':':<42}{_fmt(summary[key])}")
   print(
@@ -518,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
       "wse3_clock_hz": CLOCKS,
       "instruction_overhead_cycles": OVERHEADS,
       "attention_row_cycles": ROW_CYCLES,
+      "layer_latency_s": LATENCIES,
       "optimizer_bytes_per_param": OPTIMIZER_BYTES,
       "step_overhead_s": STEP_OVERHEADS,
     },

@@ -1048,10 +1048,10 @@ def _streaming_report(
       )
     )
   rest_s = res.step_s - sum(r.time_s for r in res.kernels)
-  if rest_s > 1e-9 * res.step_s:  # the boundary bubble, SwarmX and any wait for input data
+  if rest_s > 1e-9 * res.step_s:  # the layers' pass latencies, the boundary bubble, SwarmX, input waits
     rows.append(
       KernelRow(
-        "step boundary (weight update wait, SwarmX, input)",
+        "step boundary (layer latencies, weight update wait, SwarmX, input)",
         1,
         batch / rest_s,
         None,
@@ -1090,6 +1090,7 @@ def _streaming_report(
     "io_s": res.io_s,
     "boundary_s": res.boundary_s,
     "swarmx_s": res.swarmx_s,
+    "layer_latency_s": res.latency_s,
     "resident_bytes": res.resident_bytes,
     "recompute_fraction": res.recompute_fraction,
     "per_system_batch": per_system,

@@ -160,6 +160,8 @@ class Kernel:
       layer's other saved values (Megatron's *selective* recomputation).
     instance_names: the names of the instances a folded loop had (``layer_0/attn``,
       ``layer_1/attn``...; `fold_repeats`), empty when they shared one name or came from a ``scan``.
+    shared_weights: its instances read one weight array, not one slice each (a ``scan`` closing
+      over its weights: an RNN over time, one layer applied ALBERT-style).
   """
 
   name: str
@@ -176,6 +178,7 @@ class Kernel:
   saved: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
   instance_names: tuple[str, ...] = ()
   saved_core: set[int] = dataclasses.field(default_factory=set)
+  shared_weights: bool = False
 
   def matmul_flops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
     """Matrix-product FLOP of one instance at ``batch = ratio * b0``: the work, recomputation included."""
@@ -1299,21 +1302,23 @@ def _add_site(
   if phase != "update":
     for r in s.weight_roots:
       elements = _root_elements(s, r, walker)
+      k.shared_weights |= s.mult > 1 and elements < _root_elements(s, r, walker, share=False)
       prev = k.weights.get(r)
       if prev is None or elements > prev[0]:
         k.weights[r] = (elements, min(s.bits, compute_bits))
 
 
-def _root_elements(s: Site, root: int, walker: Walker) -> float:
+def _root_elements(s: Site, root: int, walker: Walker, share: bool = True) -> float:
   """Elements of the parameter operand with this root, per instance of the site's kernel (the
   per-iteration slice inside a scan; a broadcast bias counts its own elements, not the broadcast
   shape's). A weight that the ``mult`` instances share (a loop closes over it: an RNN's weights
   over time, one layer applied ALBERT-style) is one array: each instance holds its share,
-  ``elements * distinct / mult``, so the kernel's instances together count, stream and update it once."""
+  ``elements * distinct / mult``, so the kernel's instances together count, stream and update it once
+  (``share=False``: the elements one instance reads, whoever else reads them)."""
   for pos, key in enumerate(s.in_keys):
     if walker.root.get(key) == root:
       elements = min(math.prod(s.in_shapes[pos]), walker.param_size.get(key, math.inf))
-      return elements * min(1.0, walker.distinct.get(key, 1) / max(s.mult, 1))
+      return elements * (min(1.0, walker.distinct.get(key, 1) / max(s.mult, 1)) if share else 1.0)
   return 0
 
 

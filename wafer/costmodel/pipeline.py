@@ -133,6 +133,26 @@ def _lanes(graph: Graph, machine: Machine, kernel: Kernel, area: float, memory: 
   return max(1, int((area * machine.sram_data_bytes - acts) // per_copy))
 
 
+_SUB_RECTANGLES = (1.0, 0.75, 0.5, 0.35, 0.25)
+"""Fractions of a placed rectangle's sides a kernel may run on, leaving the rest of its PEs idle."""
+
+
+def _placed_cycles(
+  graph: Graph, machine: Machine, kernel: Kernel, width: int, height: int, ratio: float, memory: float
+) -> float:
+  """Cycles of ``kernel`` on its placed ``width x height`` rectangle: the fewest over sub-rectangles
+  of it (`_SUB_RECTANGLES`, the weights still spread over the whole), since the compiler need not
+  spread a small kernel's work over every PE it holds when the fill and reduction across them cost
+  more than they save. (The areas are refined and the chosen floorplan's rates computed with it;
+  the floorplans are compared at their whole rectangles.)"""
+  lanes = _lanes(graph, machine, kernel, width * height, memory)
+  best = math.inf
+  for f in _SUB_RECTANGLES:
+    w, h = max(1, round(width * f)), max(1, round(height * f))
+    best = min(best, kernel_cycles(machine, kernel, w, h, ratio, ("fwd", "bwd"), lanes))
+  return best
+
+
 def _evaluate(
   graph: Graph, machine: Machine, system: System, width: int, height: int, batch: int, wave: int
 ) -> PipelineResult:
@@ -191,10 +211,7 @@ def _evaluate(
       break
     rects = placed
     work = [
-      kernel_cycles(
-        machine, k, r.width, r.height, ratio, ("fwd", "bwd"), _lanes(graph, machine, k, r.area, mem)
-      )
-      * r.area
+      _placed_cycles(graph, machine, k, r.width, r.height, ratio, mem) * r.area
       for (k, _), r, mem in zip(units, rects, memory)
     ]
   if rects is None:
@@ -226,9 +243,7 @@ def _evaluate(
   placed_units = []
   worst_compute = worst_transmit = 0.0
   for j, ((k, i), r, mem) in enumerate(zip(units, rects, memory)):
-    cycles = kernel_cycles(
-      machine, k, r.width, r.height, ratio, ("fwd", "bwd"), _lanes(graph, machine, k, r.area, mem)
-    )
+    cycles = _placed_cycles(graph, machine, k, r.width, r.height, ratio, mem)
     transfer = 2 * k.activation_in_bytes(ratio) / (_links(rects, j) * machine.chip.link_bytes_per_cycle)
     worst_compute = max(worst_compute, cycles)
     worst_transmit = max(worst_transmit, transfer)

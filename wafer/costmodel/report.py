@@ -322,7 +322,8 @@ class Report:
       if self.mode == "weight_streaming":
         lines.append(
           f" {'Step:':<16}{self.step_time_s:.4g} s (compute {d['compute_s']:.4g} s, weight and data "
-          f"I/O {d['io_s']:.4g} s, overlapped; boundary {d['boundary_s'] * 1e3:.3g} ms)"
+          f"I/O {d['io_s']:.4g} s, overlapped; layer latencies {d.get('layer_latency_s', 0.0):.3g} s; "
+          f"boundary {d['boundary_s']:.3g} s)"
         )
         lines.append(
           f" {'Resident:':<16}{d['resident_bytes'] / 1e9:.3g} GB of activations between forward and backward"

@@ -4,10 +4,14 @@ Per micro-batch of ``mb`` samples and per kernel instance (``docs/references.md`
 
     T_fwd = max(C_fwd / f, W / B_in)                  W: weight bytes, streamed in from MemoryX
     T_bwd = max(C_bwd / f, W / B_in, G / B_out)        G: gradient bytes, streamed out
-    T_step = n_micro * sum_k count_k * (T_fwd + T_bwd) + T_boundary + T_swarmx
+    T_step = n_micro * (sum_k count_k * (T_fwd + T_bwd) + N_pass * tau) + T_boundary + T_swarmx
 
 ``C`` are the kernel's cycles on the rectangle from the mesh model, ``B_in = B_out`` the system's
-I/O bandwidth, ``n_micro = ceil(batch_per_system / mb)``. Streaming the next layer's weights overlaps the
+I/O bandwidth, ``n_micro = ceil(batch_per_system / mb)``. ``tau`` (`Calibration.layer_latency_s`)
+is the fixed latency of one layer's pass over a micro-batch, and ``N_pass`` the passes of one
+micro-batch: each layer (a block's repetition, or another segment with weights) forward and
+backward, and forward once more under nested checkpointing; it is counted per layer, not per kernel,
+so it does not depend on how the step's code is split into kernels. Streaming the next layer's weights overlaps the
 current layer's compute, hence the ``max``. The weight update runs on MemoryX; the only bubble is
 at the iteration boundary (``T_boundary``): the first layer waits for its updated weights, and
 MemoryX's optimizer pass over all ``P`` parameters, which cannot start before the last gradient
@@ -250,6 +254,33 @@ def activation_memory(graph: Graph, ratio: float) -> ActivationMemory:
   return ActivationMemory(full, checkpointed, boundary, working, names, selective, nested, span)
 
 
+def _layer_passes(graph: Graph, level: str | None) -> int:
+  """Passes of a layer over one micro-batch: each layer of a block (a repetition, `_blocks`) and
+  each stretch of other kernels with weights before, between or after the blocks (the embedding,
+  the head: one segment each) runs forward once and, in training, backward once; under ``"spans"``
+  a block's layers run forward once more to rebuild their span's boundaries. Counted per layer, not
+  per kernel, so the count does not depend on how the code is split into kernels (the canonical
+  layer graph); a step with no repeated block (one layer, or layers that all differ) is one
+  segment, and so is a block whose instances share their weights."""
+  blocks = _blocks(graph)
+  block_of = {id(k): i for i, b in enumerate(blocks) for k in b}
+  stretch: dict[int, bool] = {}  # stretch index (blocks passed so far) -> has a backward
+  passed = 0
+  for k in graph.kernels:
+    if id(k) in block_of:
+      passed = 2 * block_of[id(k)] + 1
+    elif k.weights:  # training updates every weight: a backward pass, whichever kernel got its work
+      stretch[passed] = stretch.get(passed, False) or k.has_phase("bwd") or graph.training
+  passes = sum(2 if bwd else 1 for bwd in stretch.values())
+  for b in blocks:
+    bwd = any(k.has_phase("bwd") for k in b)
+    # a block whose instances share their weights (an RNN over time) runs as one layer: its loop
+    # stays on the wafer, as the same loop written out in Python is one segment
+    layers = 1 if all(k.shared_weights for k in b if k.weights) and any(k.weights for k in b) else b[0].count
+    passes += layers * (1 + bwd + (level == "spans" and bwd))
+  return passes
+
+
 def _core(kernel: Kernel) -> Kernel:
   """A kernel of the forward activation x activation products of ``kernel`` (attention's core), to
   cost their recomputation (cached on the kernel)."""
@@ -292,6 +323,7 @@ class StreamingResult:
     n_micro: micro-batches per step (per system).
     step_s: seconds per step; ``compute_s`` and ``io_s`` the compute-only and I/O-only times.
     boundary_s, swarmx_s: the iteration-boundary bubble and the SwarmX latency in ``step_s``.
+    latency_s: the layers' fixed pass latencies in ``step_s`` (``n_micro * N_pass * tau``).
     resident_bytes: activation bytes kept on the wafer between forward and backward.
     kernels: per-kernel timings.
     rejected: micro-batches that were not feasible, with why.
@@ -315,6 +347,7 @@ class StreamingResult:
   resident_bytes: float
   kernels: list[StreamingKernel]
   rejected: dict[int, Rejection]
+  latency_s: float = 0.0
   recompute: bool = False
   recompute_flops: float = 0.0
   model_flops: float = 0.0
@@ -432,6 +465,8 @@ def _evaluate(
     )
   resident = mem.resident(level)
   again = set(mem.recomputable) if level else set()
+  # each layer's pass over the micro-batch starts after a fixed latency (Calibration.layer_latency_s)
+  latency = n_micro * _layer_passes(graph, level) * machine.calib.layer_latency_s
   rows = []
   compute_total = io_total = time_total = model_flops = recompute_flops = 0.0
   for k in graph.kernels:
@@ -474,6 +509,7 @@ def _evaluate(
     time_total += t * scale
     model_flops += flops
     recompute_flops += again_flops
+  time_total += latency
   data_s = graph.input_bytes_per_sample * batch / b_in
   io_total += data_s
   time_total = max(time_total, data_s)
@@ -495,6 +531,7 @@ def _evaluate(
     io_s=io_total,
     boundary_s=boundary,
     swarmx_s=swarmx,
+    latency_s=latency,
     resident_bytes=resident,
     kernels=rows,
     rejected={},

@@ -580,6 +580,22 @@ GPT3_2P7B = TransformerConfig(layers=32, d_model=2560, heads=32, ffn=10240, voca
 GPT3_6P7B = TransformerConfig(layers=32, d_model=4096, heads=32, ffn=16384, vocab=50257, seq=2048)
 GPT3_13B = TransformerConfig(layers=40, d_model=5120, heads=40, ffn=20480, vocab=50257, seq=2048)
 GPT3_20B = TransformerConfig(layers=44, d_model=6144, heads=64, ffn=24576, vocab=50257, seq=2048)
+# AbBERT2 (Bayer's antibody BERT, trained by Cerebras, 2021-09 to 2022-02): a RoBERTa-style MLM
+# encoder over a 32-token amino-acid vocabulary, learned positions, tied embeddings, no segment
+# embeddings, 26 or 28 masked positions per sequence (run1/run4/run14_params.yaml).
+ABBERT_BASE = TransformerConfig(
+  layers=12,
+  d_model=768,
+  heads=12,
+  ffn=3072,
+  vocab=32,
+  seq=164,
+  max_positions=512,
+  causal=False,
+  predictions=26,
+)
+ABBERT_LARGE = dataclasses.replace(ABBERT_BASE, layers=24, d_model=1024, heads=16, ffn=4096)
+ABBERT_BASE_182 = dataclasses.replace(ABBERT_BASE, seq=182, predictions=28)
 # A BERT sequence classifier (modelzoo bert/classifier, SST-2: 2 classes on the pooled [CLS]): the
 # encoder of BERT-large / BERT-base with a 2-way head on one position (vocab 2, predictions 1; the
 # 30522-entry input embedding and the d x d pooler, under 0.1 % of the step, are left out).
@@ -641,7 +657,7 @@ _HPEC_BERT = {
 
 
 def _gpt3(
-  size: str, batch: int, mid: str, value: float, role: str = "held_out", figure: bool = False
+  size: str, batch: int, mid: str, value: float, role: str = "structure", figure: bool = False
 ) -> Workload:
   """`_hpec` of a GPT-3 size: ``gpt3_<size>_hpec`` at batch 128 (the first set), else ``..._b<batch>``."""
   what, config = _HPEC_GPT3[size]
@@ -649,7 +665,7 @@ def _gpt3(
   return _hpec(name, what, config, batch, mid, value, role, figure=figure)
 
 
-def _bert(size: str, batch: int, mid: str, value: float, role: str = "held_out") -> Workload:
+def _bert(size: str, batch: int, mid: str, value: float, role: str = "structure") -> Workload:
   """`_hpec` of a BERT SST-2 classifier: ``bert_<size>_sst2_b<batch>``."""
   what, config = _HPEC_BERT[size]
   return _hpec(f"bert_{size}_sst2_b{batch}", what, config, batch, mid, value, role)
@@ -1156,6 +1172,9 @@ WORKLOADS: dict[str, Workload] = {
     # 1680 (the log's running average includes a checkpoint save). They were then the evidence for
     # the next change (each chip its own clock, the 1.x release's slower compute): now "structure";
     # D01-D17 scored it.
+    # Round 26 read D01-D17 and F01-F12 to choose a structure (a fixed latency per layer pass per
+    # micro-batch: BERT-base's step at batch 128 is half BERT-large's, the GPT-3 sweeps are flat),
+    # so they are "structure" runs since; P01-P06 scored that change.
     # D01-D17, the second blind set (2026-11-27): the other cells of the same paper's tables (GPT-3
     # at batch 256; BERT-large and BERT-base classifiers at the other batches), collected the same
     # way; predicted with that change in place (in-sample calibration: GPT-3 0.75-0.96x, BERT-large
@@ -1203,6 +1222,90 @@ WORKLOADS: dict[str, Workload] = {
         blind=True,
         family="llama",
       ),
+    ),
+    # P01-P06, the fifth blind set (2026-11-28, round 26), collected by a helper who wrote their
+    # conditions apart from their values; predicted with the layer-latency change of this round in
+    # place (diff sha256 0102af37..., the round's commit) before the values were read; nothing
+    # changed after. In-sample calibration as predicted: P01-P03 ranges 18.2-38.4, 18.5-39.4,
+    # 18.6-39.7 (seq 4096-2048); P04 17812, P05 5490, P06 15602 samples/s.
+    *(
+      Workload(
+        f"llama2_7b_cs3_b{batch}",
+        f"LLaMA-2 7B (as llama2_7b_cs3) on 1 x CS-3, batch {batch} (micro-batch not printed: searched)",
+        LLAMA2_7B,
+        batch,
+        estimate_kwargs={"system": "wse3", "mode": "weight_streaming"},
+        measurement=Measurement(
+          mid,
+          value,
+          "1 x CS-3, 2025-11/12 (ALCF, R2.6 course), GlobalRate at step 200",
+          source,
+          role="held_out",
+          blind=True,
+          family="llama",
+        ),
+        unknown=(("seq", (4096, 2048)),),
+      )
+      for mid, batch, value, source in (
+        (
+          "P01",
+          256,
+          32.86,
+          "clarexie98/advanced-ai-science-training-series 05-AITestbed/Homework5_README.md @b48ce25",
+        ),
+        ("P02", 512, 33.28, "tnguyen2211/ai-science-training-series Homework/Session5/README.md @67cb9be"),
+        (
+          "P03",
+          2048,
+          34.09,
+          "clarexie98/advanced-ai-science-training-series 05-AITestbed/Homework5_README.md @b48ce25",
+        ),
+      )
+    ),
+    *(
+      Workload(
+        name,
+        f"{what}, batch 1024, layer pipelined (TensorFlow, modelzoo R0.9 era)",
+        config,
+        1024,
+        estimate_kwargs={"system": "wse2", "mode": "pipeline", "release": "1.1"},
+        measurement=Measurement(
+          mid,
+          value,
+          f"1 x CS-2 (the vendored README says CS-1), 2021-09..2022-02, fp16 mixed precision, {run}'s "
+          "sustained samples/s as reported by Cerebras",
+          f"bayer-science-for-a-better-life/abbert-cerebras abbert2/models.py ({run}) @bc8f466",
+          role="held_out",
+          blind=True,
+          family="bert",
+        ),
+      )
+      for mid, name, what, config, value, run in (
+        (
+          "P04",
+          "abbert_base_164",
+          "AbBERT2 base (12 x d768, seq 164, 26 masked, vocab 32)",
+          ABBERT_BASE,
+          7558.0,
+          "run 1",
+        ),
+        (
+          "P05",
+          "abbert_large_164",
+          "AbBERT2 large (24 x d1024, seq 164, 26 masked, vocab 32)",
+          ABBERT_LARGE,
+          4547.0,
+          "run 4",
+        ),
+        (
+          "P06",
+          "abbert_base_182",
+          "AbBERT2 base (12 x d768, seq 182, 28 masked, vocab 32)",
+          ABBERT_BASE_182,
+          6955.0,
+          "run 14",
+        ),
+      )
     ),
     Workload(
       "gpt3_175b",

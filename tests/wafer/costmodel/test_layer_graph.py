@@ -22,7 +22,7 @@ import wafer
 from tests.wafer.costmodel.four_ways import GPTJ, TINY, WAYS, Net
 from tests.wafer.costmodel.helpers import sds
 from wafer.costmodel import graph as G
-from wafer.costmodel.streaming import activation_memory
+from wafer.costmodel.streaming import _layer_passes, activation_memory
 
 
 def _estimate(way: str, net: Net, batch: int) -> tuple[G.Graph, wafer.costmodel.Report]:
@@ -62,6 +62,10 @@ def test_the_same_network_written_four_ways_gets_one_micro_batch_and_rate(net, b
   for way, g in graphs.items():  # the layers are one block of `net.layers` instances, however written
     assert {k.count for k in g.kernels} == {1, net.layers}, (way, [(k.name, k.count) for k in g.kernels])
     assert sum(1 for k in g.kernels if k.count == 1) <= 4, way  # embedding, head (+ loss), update
+  # the per-layer latency is paid per layer, not per kernel: the same passes however written
+  passes = {w: _layer_passes(g, "layers") for w, g in graphs.items()}
+  assert len(set(passes.values())) == 1, passes
+  assert 2 * net.layers + 2 <= passes["jax_scan"] <= 2 * net.layers + 6, passes
   ratio = reports["jax_scan"].micro_batch_size / batch
   mems = {w: activation_memory(g, ratio) for w, g in graphs.items()}
   for attr in ("full", "checkpointed"):

@@ -98,6 +98,31 @@ def test_the_per_step_cost_is_paid_once_per_weight_streaming_step_only(sizes, ov
   assert steps[overhead][1] == steps[0.0][1]
 
 
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_sizes, st.floats(1e-4, 1e-2), st.sampled_from([1, 2, 4]))
+def test_the_layer_latency_is_paid_by_every_layer_pass_of_every_micro_batch(sizes, latency, n_micro):
+  """`Calibration.layer_latency_s` adds ``latency`` per layer pass (forward and backward of each
+  layer, and of the embedding and the head) per micro-batch to a weight-streaming step at a fixed
+  micro-batch, and nothing to a layer-pipelined one."""
+  layers, _, _, batch = sizes
+  graph = _graph(*sizes)
+  mb = max(1, batch // n_micro)
+  n = -(-batch // mb)
+  steps = {}
+  for t in (0.0, latency):
+    calib = CALIBRATION.replace(layer_latency_s=t)
+    ws = estimate_graph(
+      graph, batch_size=batch, mode="weight_streaming", micro_batch_size=mb, calibration=calib
+    )
+    pipe = estimate_graph(graph, batch_size=batch, mode="pipeline", calibration=calib)
+    steps[t] = (batch / ws.samples_per_sec, pipe.samples_per_sec if pipe.fits else None)
+  passes = (steps[latency][0] - steps[0.0][0]) / (latency * n)
+  # every layer forward and backward, plus the embedding's and the head's (each one segment); one
+  # layer is no repeated block: the whole step is one segment
+  assert passes == pytest.approx(2 * layers + 4 if layers > 1 else 2, abs=1e-6)
+  assert steps[latency][1] == steps[0.0][1]
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_memoryx_updates_each_parameter_once(tied):
   """MemoryX's optimizer pass at the iteration boundary runs over every parameter once: a tied
