@@ -88,7 +88,7 @@ class Calibration:
     attention_row_cycles: cycles per query row of one attention instance (sample x head), per
       activation x activation product, at the 4-wide SIMD of a WSE-2 PE (half on the 8-wide WSE-3);
       instances run side by side as far as their score matrices fit at one score per PE
-      (`wafer.costmodel.mesh.attention_cycles`). Fitted (grid 0.71-1.41 in steps of 2**0.25):
+      (`wafer.costmodel.mesh.attention_cycles`). Fitted (grid 0.71-1.0 in steps of 2**0.25; 0.71-1.41 before round 26):
       2**-0.5 = 0.71, the grid's lower end (with attention fused, its recomputed core is charged
       in every backward: `wafer.costmodel.streaming`; a grid extended to 0.59 keeps 0.71 in sample,
       but the leave-one-family-out refits then pick 0.59 without ESM-2 and its error grows to
@@ -378,8 +378,8 @@ class Accuracy:
       runs against the band placed without that family's errors (`calibrate_band`).
     placed_coverage: the fraction of the runs it was placed on that fall in it (higher than the
       claim: a band placed on a family's errors fits them).
-    held_out: how many of the ``points`` were neither fitted nor used to choose structure, and
-      collected after both (``held_out_median``, ``held_out_worst``: their errors under the shipped
+    held_out: how many of the ``points`` were neither fitted nor used to choose structure, collected
+      blind and used for no choice since (``held_out_median``, ``held_out_worst``: their errors under the shipped
       calibration, which never saw them; 0 when there is none): the cleanest test of the model on
       runs it has not seen.
     command: the command that produced the numbers.

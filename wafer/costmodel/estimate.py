@@ -1047,11 +1047,26 @@ def _streaming_report(
         r.time_s / res.step_s,
       )
     )
-  rest_s = res.step_s - sum(r.time_s for r in res.kernels)
-  if rest_s > 1e-9 * res.step_s:  # the layers' pass latencies, the boundary bubble, SwarmX, input waits
+  if res.latency_s > 0:
     rows.append(
       KernelRow(
-        "step boundary (layer latencies, weight update wait, SwarmX, input)",
+        f"layer latencies ({res.layer_passes} layer passes x {res.n_micro} micro-batches)",
+        1,
+        batch / res.latency_s,
+        None,
+        None,
+        0,
+        0.0,
+        0.0,
+        0.0,
+        res.latency_s / res.step_s,
+      )  # fmt: skip
+    )
+  rest_s = res.step_s - sum(r.time_s for r in res.kernels) - res.latency_s
+  if rest_s > 1e-9 * res.step_s:  # the boundary bubble, SwarmX and any wait for input data
+    rows.append(
+      KernelRow(
+        "step boundary (weight update wait, SwarmX, input)",
         1,
         batch / rest_s,
         None,
@@ -1090,7 +1105,8 @@ def _streaming_report(
     "io_s": res.io_s,
     "boundary_s": res.boundary_s,
     "swarmx_s": res.swarmx_s,
-    "layer_latency_s": res.latency_s,
+    "layer_latencies_s": res.latency_s,
+    "layer_passes": res.layer_passes,
     "resident_bytes": res.resident_bytes,
     "recompute_fraction": res.recompute_fraction,
     "per_system_batch": per_system,

@@ -160,8 +160,11 @@ class Kernel:
       layer's other saved values (Megatron's *selective* recomputation).
     instance_names: the names of the instances a folded loop had (``layer_0/attn``,
       ``layer_1/attn``...; `fold_repeats`), empty when they shared one name or came from a ``scan``.
-    shared_weights: its instances read one weight array, not one slice each (a ``scan`` closing
-      over its weights: an RNN over time, one layer applied ALBERT-style).
+    weight_instances: how many distinct weight sets its ``count`` instances read: ``count`` for
+      layers with their own weights (a ``scan`` over stacked weights, a folded loop over layers), 1
+      when every instance reads one array (a ``scan`` closing over its weights: an RNN over time, one
+      layer applied ALBERT-style); the largest over its weights (a shared bias beside stacked
+      matrices does not make the layers one).
   """
 
   name: str
@@ -178,7 +181,7 @@ class Kernel:
   saved: dict[int, tuple[float, int, int]] = dataclasses.field(default_factory=dict)
   instance_names: tuple[str, ...] = ()
   saved_core: set[int] = dataclasses.field(default_factory=set)
-  shared_weights: bool = False
+  weight_instances: int = 1
 
   def matmul_flops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
     """Matrix-product FLOP of one instance at ``batch = ratio * b0``: the work, recomputation included."""
@@ -1063,7 +1066,8 @@ def fold_repeats(kernels: list[Kernel]) -> list[Kernel]:
   (`_signature`) at least twice become one period whose kernels have ``count`` times the repeats.
 
   This is what ``lax.scan`` (and Flax's ``nn.scan``/``nnx.scan``) give by construction; a Python loop
-  over layers (Flax linen or NNX modules, equinox, Haiku, plain JAX), named per layer, with shared
+  over layers (Flax linen or NNX modules, equinox, plain JAX; not Haiku's default module names,
+  numbered across layers: ``linear``, ``linear_1`` ...), named per layer, with shared
   names or with none, gives the same graph after folding, so the cost and the activation memory of a
   network do not depend on how its loop is written. A folded kernel keeps its first instance's
   products, weights and boundary tensors (identical by signature), the mean element-wise work and
@@ -1121,6 +1125,7 @@ def _absorb(dst: Kernel, k: Kernel) -> None:
   _add_work(dst, k)
   for r, w in k.weights.items():
     dst.weights.setdefault(r, w)
+  dst.weight_instances = max(dst.weight_instances, k.weight_instances)
   made = set(dst.act_out) | set(k.act_out)
   act_in = {key: v for key, v in {**k.act_in, **dst.act_in}.items() if key not in made}
   dst.act_out = {
@@ -1154,8 +1159,17 @@ def _merge_instances(ks: list[Kernel]) -> Kernel:
     if all(len(set(c)) == 1 or all(t.isdigit() for t in c) for c in cols):
       name = "".join(c[0] if len(set(c)) == 1 else "*" for c in cols)
   names = tuple(k.name for k in ks) if len({k.name for k in ks}) > 1 and rep.count == 1 else ()
+  # the folded instances read one weight array each, or all the same ones (one layer applied again)
+  own = len({frozenset(k.weights) for k in ks}) > 1
   return dataclasses.replace(
-    rep, name=name, count=rep.count * n, vector=vector, saved=saved, saved_core=core, instance_names=names
+    rep,
+    name=name,
+    count=rep.count * n,
+    vector=vector,
+    saved=saved,
+    saved_core=core,
+    instance_names=names,
+    weight_instances=rep.weight_instances * (n if own else 1),
   )
 
 
@@ -1302,7 +1316,9 @@ def _add_site(
   if phase != "update":
     for r in s.weight_roots:
       elements = _root_elements(s, r, walker)
-      k.shared_weights |= s.mult > 1 and elements < _root_elements(s, r, walker, share=False)
+      whole = _root_elements(s, r, walker, share=False)
+      if s.mult > 1 and whole > 0:
+        k.weight_instances = max(k.weight_instances, round(s.mult * elements / whole))
       prev = k.weights.get(r)
       if prev is None or elements > prev[0]:
         k.weights[r] = (elements, min(s.bits, compute_bits))

@@ -43,7 +43,7 @@ class KernelRow:
     flops_per_sample: matrix-product FLOP per sample, all instances, forward + backward.
     weight_bytes: parameter bytes of all instances (in the compute format).
     time_share: its fraction of the step (weight streaming) or of the PEs (pipeline); the rows'
-      shares add up to 1 (weight streaming has a row for the step boundary).
+      shares add up to 1 (weight streaming has rows for the layers' latencies and the step boundary).
   """
 
   name: str
@@ -322,8 +322,8 @@ class Report:
       if self.mode == "weight_streaming":
         lines.append(
           f" {'Step:':<16}{self.step_time_s:.4g} s (compute {d['compute_s']:.4g} s, weight and data "
-          f"I/O {d['io_s']:.4g} s, overlapped; layer latencies {d.get('layer_latency_s', 0.0):.3g} s; "
-          f"boundary {d['boundary_s']:.3g} s)"
+          f"I/O {d['io_s']:.4g} s, overlapped; layer latencies {d.get('layer_latencies_s', 0.0):.3g} s; "
+          f"boundary {d['boundary_s'] * 1e3:.3g} ms)"
         )
         lines.append(
           f" {'Resident:':<16}{d['resident_bytes'] / 1e9:.3g} GB of activations between forward and backward"

@@ -260,8 +260,9 @@ def _layer_passes(graph: Graph, level: str | None) -> int:
   the head: one segment each) runs forward once and, in training, backward once; under ``"spans"``
   a block's layers run forward once more to rebuild their span's boundaries. Counted per layer, not
   per kernel, so the count does not depend on how the code is split into kernels (the canonical
-  layer graph); a step with no repeated block (one layer, or layers that all differ) is one
-  segment, and so is a block whose instances share their weights."""
+  layer graph). Known limits: a step with no repeated block (one layer, layers that all differ in
+  shape, or a stack whose names defeat folding) is one segment; a block whose instances read one
+  weight array (an RNN over time) is one layer; a block without weights has no pass."""
   blocks = _blocks(graph)
   block_of = {id(k): i for i, b in enumerate(blocks) for k in b}
   stretch: dict[int, bool] = {}  # stretch index (blocks passed so far) -> has a backward
@@ -273,10 +274,13 @@ def _layer_passes(graph: Graph, level: str | None) -> int:
       stretch[passed] = stretch.get(passed, False) or k.has_phase("bwd") or graph.training
   passes = sum(2 if bwd else 1 for bwd in stretch.values())
   for b in blocks:
-    bwd = any(k.has_phase("bwd") for k in b)
-    # a block whose instances share their weights (an RNN over time) runs as one layer: its loop
-    # stays on the wafer, as the same loop written out in Python is one segment
-    layers = 1 if all(k.shared_weights for k in b if k.weights) and any(k.weights for k in b) else b[0].count
+    weighted = [k for k in b if k.weights]
+    if not weighted:  # no weights to stream: no layer pass of its own
+      continue
+    bwd = graph.training or any(k.has_phase("bwd") for k in b)
+    # layers are the distinct weight sets: a block whose instances all read one array (an RNN over
+    # time) is one layer, its loop staying on the wafer (`Kernel.weight_instances`)
+    layers = min(b[0].count, max(k.weight_instances for k in weighted))
     passes += layers * (1 + bwd + (level == "spans" and bwd))
   return passes
 
@@ -323,7 +327,8 @@ class StreamingResult:
     n_micro: micro-batches per step (per system).
     step_s: seconds per step; ``compute_s`` and ``io_s`` the compute-only and I/O-only times.
     boundary_s, swarmx_s: the iteration-boundary bubble and the SwarmX latency in ``step_s``.
-    latency_s: the layers' fixed pass latencies in ``step_s`` (``n_micro * N_pass * tau``).
+    latency_s: the layers' fixed pass latencies in ``step_s`` (``n_micro * N_pass * tau``);
+      ``layer_passes``: ``N_pass``, the layer passes of one micro-batch.
     resident_bytes: activation bytes kept on the wafer between forward and backward.
     kernels: per-kernel timings.
     rejected: micro-batches that were not feasible, with why.
@@ -348,6 +353,7 @@ class StreamingResult:
   kernels: list[StreamingKernel]
   rejected: dict[int, Rejection]
   latency_s: float = 0.0
+  layer_passes: int = 0
   recompute: bool = False
   recompute_flops: float = 0.0
   model_flops: float = 0.0
@@ -466,7 +472,8 @@ def _evaluate(
   resident = mem.resident(level)
   again = set(mem.recomputable) if level else set()
   # each layer's pass over the micro-batch starts after a fixed latency (Calibration.layer_latency_s)
-  latency = n_micro * _layer_passes(graph, level) * machine.calib.layer_latency_s
+  passes = _layer_passes(graph, level)
+  latency = n_micro * passes * machine.calib.layer_latency_s
   rows = []
   compute_total = io_total = time_total = model_flops = recompute_flops = 0.0
   for k in graph.kernels:
@@ -532,6 +539,7 @@ def _evaluate(
     boundary_s=boundary,
     swarmx_s=swarmx,
     latency_s=latency,
+    layer_passes=passes,
     resident_bytes=resident,
     kernels=rows,
     rejected={},

@@ -168,7 +168,9 @@ def test_a_step_without_names_is_told_how_to_name_its_rows():
 
   hint = "named by op pattern"
   plain = wafer.estimate(make(False), sds(2, 32, 32), sds(8, 32))
-  assert all(k.name.startswith(("dot_general", "ops", "step boundary")) for k in plain.kernels)
+  assert all(
+    k.name.startswith(("dot_general", "ops", "layer latencies", "step boundary")) for k in plain.kernels
+  )
   assert any(hint in n for n in plain.notes), plain.notes
   named = wafer.estimate(make(True), sds(2, 32, 32), sds(8, 32))
   assert not any(hint in n for n in named.notes), named.notes

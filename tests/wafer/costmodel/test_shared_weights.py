@@ -143,3 +143,30 @@ def test_a_weight_shared_inside_each_scanned_layer_counts_once_per_layer():
 
   graph = G.extract(sgd_step(loss), (params, sds(8, d)), batch_argnums=(1,), compute_bits=16)
   assert graph.param_elements == layers * d * d
+
+
+@pytest.mark.parametrize("layers", [2, 4])
+def test_a_shared_bias_beside_stacked_weights_keeps_every_layer_a_layer(layers):
+  """A scan over stacked matrices that also reads one array every layer shares (a bias, a position
+  table) has ``layers`` distinct weight sets, not one: each layer pays its pass latency
+  (`Calibration.layer_latency_s`); the RNN's time steps, which read one array, are one layer."""
+  from wafer.costmodel.streaming import _layer_passes
+
+  d = 32
+
+  def loss(p, x):
+    def body(h, w):
+      return jnp.tanh(h @ w + p["b"][None, :]), None
+
+    h, _ = jax.lax.scan(body, x, p["w"])
+    return jnp.mean(h**2)
+
+  params = {"w": sds(layers, d, d), "b": sds(d)}
+  graph = G.extract(sgd_step(loss), (params, sds(8, d)), batch_argnums=(1,), compute_bits=16)
+  blocks = [k for k in graph.kernels if k.count == layers and k.weights]
+  assert blocks and max(k.weight_instances for k in blocks) == layers
+  assert _layer_passes(graph, "layers") == 2 * layers
+  rnn = G.extract(
+    sgd_step(_lstm_loss("scan", 8)), (_lstm(32), sds(8, 8, 32)), batch_argnums=(1,), compute_bits=16
+  )
+  assert _layer_passes(rnn, "layers") == 2
