@@ -255,34 +255,40 @@ def activation_memory(graph: Graph, ratio: float) -> ActivationMemory:
 
 
 def _layer_passes(graph: Graph, level: str | None) -> int:
-  """Passes of a layer over one micro-batch: each layer of a block (a repetition, `_blocks`) and
-  each stretch of other kernels with weights before, between or after the blocks (the embedding,
-  the head: one segment each) runs forward once and, in training, backward once; under ``"spans"``
-  a block's layers run forward once more to rebuild their span's boundaries. Counted per layer, not
-  per kernel, so the count does not depend on how the code is split into kernels (the canonical
-  layer graph). Known limits: a step with no repeated block (one layer, layers that all differ in
-  shape, or a stack whose names defeat folding) is one segment; a block whose instances read one
-  weight array (an RNN over time) is one layer; a block without weights has no pass."""
-  blocks = _blocks(graph)
-  block_of = {id(k): i for i, b in enumerate(blocks) for k in b}
-  stretch: dict[int, bool] = {}  # stretch index (blocks passed so far) -> has a backward
-  passed = 0
+  """Passes of a layer over one micro-batch: each layer of a repeated stack and each stretch of
+  other kernels with weights before, between or after the stacks (the embedding, the head: one
+  segment each) runs forward once and, in training, backward once; under ``"spans"`` a stack's
+  layers run forward once more to rebuild their span's boundaries.
+
+  A stack is a run of consecutive kernels repeated more than once (``count > 1``), whatever their
+  counts: a layer's sub-kernels may repeat more often than the layer (two FFNs a layer, an inner
+  scan, attention's per-head products). Its layers are its outermost repetition with distinct
+  weights: ``min(least count, most weight_instances)`` over its kernels with weights
+  (`Kernel.weight_instances`; an RNN over time, one weight array, is one layer). Counted per layer,
+  not per kernel, so the count does not depend on how the code is split into kernels (the
+  canonical layer graph). Known limits: a step with no repeated stack (one layer, layers that all
+  differ in shape, or names that defeat folding) is one segment; a stack without weights has no
+  pass; two stacks with no kernel between them are one."""
+  passes = 0
+  run: list[Kernel] = []  # the current stretch (count 1) or stack (count > 1)
+
+  def close(kernels: list[Kernel]) -> int:
+    weighted = [k for k in kernels if k.weights]
+    if not weighted:  # nothing streamed: no layer pass of its own
+      return 0
+    # training updates every weight: a backward pass, whichever kernel got its work
+    bwd = graph.training or any(k.has_phase("bwd") for k in kernels)
+    if kernels[0].count <= 1:
+      return 2 if bwd else 1
+    layers = min(min(k.count for k in weighted), max(k.weight_instances for k in weighted))
+    return layers * (1 + bwd + (level == "spans" and bwd))
+
   for k in graph.kernels:
-    if id(k) in block_of:
-      passed = 2 * block_of[id(k)] + 1
-    elif k.weights:  # training updates every weight: a backward pass, whichever kernel got its work
-      stretch[passed] = stretch.get(passed, False) or k.has_phase("bwd") or graph.training
-  passes = sum(2 if bwd else 1 for bwd in stretch.values())
-  for b in blocks:
-    weighted = [k for k in b if k.weights]
-    if not weighted:  # no weights to stream: no layer pass of its own
-      continue
-    bwd = graph.training or any(k.has_phase("bwd") for k in b)
-    # layers are the distinct weight sets: a block whose instances all read one array (an RNN over
-    # time) is one layer, its loop staying on the wafer (`Kernel.weight_instances`)
-    layers = min(b[0].count, max(k.weight_instances for k in weighted))
-    passes += layers * (1 + bwd + (level == "spans" and bwd))
-  return passes
+    if run and (run[0].count > 1) != (k.count > 1):
+      passes += close(run)
+      run = []
+    run.append(k)
+  return passes + (close(run) if run else 0)
 
 
 def _core(kernel: Kernel) -> Kernel:
