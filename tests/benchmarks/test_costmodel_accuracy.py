@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STORED = ROOT / "benchmarks" / "results" / "costmodel_accuracy.json"
 
 
-@pytest.mark.slow  # about 1-2 minutes
+@pytest.mark.slow  # about 17 minutes on 2 cores (the grid has 108 points since round 26), more under load
 def test_a_fresh_run_reproduces_the_stored_results_and_the_shipped_band(tmp_path):
   from wafer.costmodel import ACCURACY, CALIBRATION
 
@@ -26,7 +26,7 @@ def test_a_fresh_run_reproduces_the_stored_results_and_the_shipped_band(tmp_path
     env=env,
     capture_output=True,
     text=True,
-    timeout=900,
+    timeout=3600,
   )
   assert done.returncode == 0, done.stderr[-4000:]
   fresh, stored = json.loads(out.read_text()), json.loads(STORED.read_text())
