@@ -583,16 +583,8 @@ GPT3_20B = TransformerConfig(layers=44, d_model=6144, heads=64, ffn=24576, vocab
 # AbBERT2 (Bayer's antibody BERT, trained by Cerebras, 2021-09 to 2022-02): a RoBERTa-style MLM
 # encoder over a 32-token amino-acid vocabulary, learned positions, tied embeddings, no segment
 # embeddings, 26 or 28 masked positions per sequence (run1/run4/run14_params.yaml).
-ABBERT_BASE = TransformerConfig(
-  layers=12,
-  d_model=768,
-  heads=12,
-  ffn=3072,
-  vocab=32,
-  seq=164,
-  max_positions=512,
-  causal=False,
-  predictions=26,
+ABBERT_BASE = dataclasses.replace(
+  BERT_LARGE, layers=12, d_model=768, heads=12, ffn=3072, vocab=32, seq=164, predictions=26
 )
 ABBERT_LARGE = dataclasses.replace(ABBERT_BASE, layers=24, d_model=1024, heads=16, ffn=4096)
 ABBERT_BASE_182 = dataclasses.replace(ABBERT_BASE, seq=182, predictions=28)
