@@ -125,6 +125,17 @@ class Calibration:
       (3.5x); and GPT-3 256M-20B at 2,048 tokens run at one rate from batch 128 to 1024, with no
       visible cost per step, because their micro-batches each pay it again. Its evidence, as
       predicted before being read: `docs/cost-model-accuracy.md`, "Fifth blind set".
+    max_micro_batch_tokens: the most tokens (samples x sequence length) per micro-batch the
+      compiler's own micro-batch search takes in weight streaming, a what-if (a step with no
+      sequence axis is not capped; a micro-batch the user or a params file gives is run as given).
+      Default 0: no cap, the search takes the fastest micro-batch whose activations fit. Tried at
+      2**18 = 262,144 and not adopted (round 27): every micro-batch Cerebras publishes for its own
+      models is below it (modelzoo GPT-3 XL / 2.7B / 6.7B / 13B at 2,048 tokens: 88, 88, 104, 90; a
+      LLaMA 7B log's "per-box batch size 99" at 2,048), and HPEC 2024's sweeps stop amortizing the
+      per-micro-batch costs at about it (BERT-large at 128 tokens: 1.33x from batch 1024 to 2048,
+      1.5 % from 2048 to 4096; GPT-3 256M at 2,048 tokens flat from batch 128 to 1024), but refitted
+      it moved the leave-one-family-out median from x1.089 to x1.093 (worst unchanged) and the
+      batch-sweep pairs within 10 % stayed 10 of 16 (`docs/cost-model-accuracy.md`, "Known limits").
   """
 
   clock_hz: float = 1.1e9
@@ -139,6 +150,7 @@ class Calibration:
   optimizer_bytes_per_param: float = 2.0
   step_overhead_s: float = 0.05
   layer_latency_s: float = 0.001
+  max_micro_batch_tokens: int = 0
 
   def __post_init__(self) -> None:
     clocks = set(_CLOCKS.values())
@@ -236,6 +248,12 @@ class Calibration:
       ["gradient_bytes", f"{self.gradient_bytes} B", "set", "bytes per gradient streamed out (FP32)"],
       ["max_lanes", f"{self.max_lanes}", "set", "most copies of a weight-stationary layer layout"],
       [
+        "max_micro_batch_tokens",
+        f"{self.max_micro_batch_tokens:,}" if self.max_micro_batch_tokens else "none",
+        "set",
+        "most tokens per micro-batch the compiler's micro-batch search takes",
+      ],
+      [
         "attention_row_cycles",
         f"{self.attention_row_cycles:g} cycles",
         "calibrated",
@@ -248,6 +266,12 @@ class Calibration:
         "MemoryX optimizer pass per parameter, bytes at the system's I/O rate (sharded)",
       ],
       ["step_overhead_s", f"{self.step_overhead_s * 1e3:g} ms", "calibrated", "fixed runtime cost per step"],
+      [
+        "layer_latency_s",
+        f"{self.layer_latency_s * 1e3:g} ms",
+        "calibrated",
+        "fixed latency per layer pass per micro-batch (weight streaming)",
+      ],
       [
         "swarmx_level_latency_s",
         f"{self.swarmx_level_latency_s * 1e6:g} us",

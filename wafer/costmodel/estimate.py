@@ -29,6 +29,7 @@ from wafer.costmodel.streaming import (
   cost_micro_batches,
   micro_batch_candidates,
   ordinal,
+  searched_micro_batches,
   supported_micro_batch,
 )
 from wafer.errors import EstimateError, TraceError
@@ -330,10 +331,9 @@ def estimate(
       f"compute_format {compute.name}: they are costed at their width"
     )
   graph.notes = [*left_out, *format_notes, *graph.notes]
-  graph.sequence_length, where = _sequence_length(example_args, argnums, names)
   if sequence_source is not None and not isinstance(sequence_source, str):
     raise EstimateError(f"sequence_source={sequence_source!r}; allowed: a string, or None")
-  graph.sequence_source = sequence_source or where
+  graph.sequence_source = sequence_source or graph.sequence_source
   return estimate_graph(
     graph,
     batch_size=batch_size,
@@ -522,7 +522,8 @@ class _Streaming:
   ``result`` is None when it does not fit (``reason`` says why, ``rejection`` the numbers: the given
   micro-batch's, else the smallest one's); ``requested`` the micro-batch the caller gave (None:
   searched); ``feasible`` the step seconds of every feasible searched size (empty when the given size
-  fits: nothing was searched), ``rejected`` why the others are not.
+  fits: nothing was searched), ``rejected`` why the others are not; ``token_cap``: the search's cap in
+  tokens per micro-batch (`Calibration.max_micro_batch_tokens`) where it left larger sizes out.
   """
 
   result: StreamingResult | None
@@ -531,6 +532,7 @@ class _Streaming:
   feasible: dict[int, float]
   rejected: dict[int, Rejection]
   rejection: Rejection | None = None
+  token_cap: int | None = None
 
 
 def _stream(
@@ -551,7 +553,11 @@ def _stream(
     given, why = cost_micro_batches(*args, [requested], num_csx)
     if given:
       return _Streaming(given[requested], "", requested, {}, {})
-  fits, rejected = cost_micro_batches(*args, micro_batch_candidates(per_system), num_csx)
+  # the compiler's search (capped in tokens), or, for a given size that does not fit, every size
+  every = micro_batch_candidates(per_system)
+  searched = every if requested is not None else searched_micro_batches(graph, machine, per_system)
+  cap = int(machine.calib.max_micro_batch_tokens) if searched[-1] < every[-1] else None
+  fits, rejected = cost_micro_batches(*args, searched, num_csx)
   feasible = {mb: res.step_s for mb, res in fits.items()}
   if requested is not None:
     no = why[requested]
@@ -561,7 +567,7 @@ def _stream(
     no = rejected[smallest]
     return _Streaming(None, f"no micro-batch fits; at micro-batch {smallest}: {no}", None, {}, rejected, no)
   best = min(fits.values(), key=lambda r: r.step_s)  # the first of the fastest, in candidate order
-  return _Streaming(dataclasses.replace(best, rejected=rejected), "", None, feasible, rejected)
+  return _Streaming(dataclasses.replace(best, rejected=rejected), "", None, feasible, rejected, token_cap=cap)
 
 
 def _system(system: Any) -> System:
@@ -731,27 +737,6 @@ def _rect(rect: tuple[int, int] | None, max_w: int, max_h: int) -> tuple[int, in
   if not (1 <= w <= max_w and 1 <= h <= max_h):
     raise EstimateError(f"rect={rect!r}; allowed: 1..{max_w} x 1..{max_h} PEs on this chip")
   return w, h
-
-
-def _sequence_length(
-  args: Sequence[Any], argnums: Sequence[int], names: Sequence[str]
-) -> tuple[int | None, str | None]:
-  """``(length, where)``: axis 1 of the first batch array that holds a sequence, integer token ids
-  ``[batch, seq]`` or float ``[batch, seq, features]``, and that array (``axis 1 of
-  batch['input_ids']``). Other arrays have no sequence axis (a float ``[batch, features]`` is an
-  MLP's input, ``[batch, h, w, c]`` an image), and without a sequence there is no tokens/s."""
-  import jax
-  import jax.numpy as jnp
-
-  for i in argnums:
-    for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
-      shape = getattr(leaf, "shape", ())
-      dtype = getattr(leaf, "dtype", jnp.float32)
-      if (len(shape) == 2 and jnp.issubdtype(dtype, jnp.integer)) or (
-        len(shape) == 3 and jnp.issubdtype(dtype, jnp.floating)
-      ):
-        return int(shape[1]), f"axis 1 of {names[i]}{jax.tree_util.keystr(path)}"
-  return None, None
 
 
 def _size(params: int) -> str:
@@ -1121,6 +1106,8 @@ def _streaming_report(
       "count": len(sizes),
       "samples_per_sec": [min(rates), max(rates)],
     }
+    if ws.token_cap:
+      details["micro_batch_range"]["token_cap"] = ws.token_cap
   return Report(
     mode="weight_streaming",
     fits=True,

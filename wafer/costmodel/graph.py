@@ -644,6 +644,7 @@ def extract(
   param_arrays = len(
     {w1.origin.get(p, p) for k in kernels for r in k.weights for p in w1.parts.get(w1.origin.get(r, r), (r,))}
   )
+  seq, seq_source = _sequence_length(user_args, batch_argnums, names)
   return Graph(
     kernels=_name(fuse_productless(fold_repeats(kernels)) if canonical else kernels),
     traced_batch=b0,
@@ -656,7 +657,29 @@ def extract(
     notes=sorted(notes),
     batch_arguments=tuple(names[i] for i in sorted(batch_argnums)),
     param_arrays=param_arrays,
+    sequence_length=seq,
+    sequence_source=seq_source,
   )
+
+
+def _sequence_length(
+  args: Sequence[Any], argnums: Sequence[int], names: Sequence[str]
+) -> tuple[int | None, str | None]:
+  """``(length, where)``: axis 1 of the first batch array that holds a sequence, integer token ids
+  ``[batch, seq]`` or float ``[batch, seq, features]``, and that array (``axis 1 of
+  batch['input_ids']``). Other arrays have no sequence axis (a float ``[batch, features]`` is an
+  MLP's input, ``[batch, h, w, c]`` an image), and without a sequence there is no tokens/s."""
+  import jax.numpy as jnp
+
+  for i in argnums:
+    for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
+      shape = getattr(leaf, "shape", ())
+      dtype = getattr(leaf, "dtype", jnp.float32)
+      if (len(shape) == 2 and jnp.issubdtype(dtype, jnp.integer)) or (
+        len(shape) == 3 and jnp.issubdtype(dtype, jnp.floating)
+      ):
+        return int(shape[1]), f"axis 1 of {names[i]}{jax.tree_util.keystr(path)}"
+  return None, None
 
 
 def _group(

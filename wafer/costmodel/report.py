@@ -95,7 +95,9 @@ class Report:
     details: mode-specific numbers (micro-batches, I/O seconds, memory...), and ``sequence_length``
       (axis 1 of the batch's token ids, for tokens/s), ``sequence_source`` (where that length comes
       from: a params file's key, or the batch array) and ``training`` (False: forward only). With a
-      searched micro-batch, ``micro_batch_range``: the feasible sizes and the rates they give.
+      searched micro-batch, ``micro_batch_range``: the feasible sizes and the rates they give, and
+      ``token_cap`` where the search's cap in tokens (`Calibration.max_micro_batch_tokens`) left
+      larger sizes out.
     notes: approximations the estimate made.
     batch_arguments: the step's arguments taken as the batch (axis 0 = samples).
     accuracy: the cost model's accuracy on runs it was not fitted to, for ``expected_range``.
@@ -294,12 +296,17 @@ class Report:
     span = d.get("micro_batch_range")
     if span:
       (lo_mb, hi_mb), (lo, hi) = span["sizes"], span["samples_per_sec"]
+      capped = (
+        f"; the compiler's search takes at most {span['token_cap']:,} tokens per micro-batch"
+        if span.get("token_cap")
+        else ""
+      )
       if span["count"] == 1:
-        lines.append(f" {'Micro-batch:':<16}searched: {self.micro_batch_size}, the one feasible size")
+        lines.append(f" {'Micro-batch:':<16}searched: {self.micro_batch_size}, the one feasible size{capped}")
       else:
         lines.append(
           f" {'Micro-batch:':<16}searched: {self.micro_batch_size} is the fastest of {span['count']} feasible "
-          f"sizes ({lo_mb}-{hi_mb}), which give {_rate(lo)}-{_rate(hi)} samples/s"
+          f"sizes ({lo_mb}-{hi_mb}), which give {_rate(lo)}-{_rate(hi)} samples/s{capped}"
         )
     if self.batch_arguments:
       lines.append(f" {'Batch args:':<16}{', '.join(self.batch_arguments)}")

@@ -87,7 +87,8 @@ transformer layers, since backward = 2 x forward). A micro-batch that fits in no
 the sizes.
 
 The micro-batch is searched, as the Cerebras compiler does: every candidate must keep its
-activations resident (recomputing when it must) and its GEMM tiles within each PE's SRAM; the
+activations resident (recomputing when it must) and its GEMM tiles within each PE's SRAM (and, as
+a what-if, hold at most `Calibration.max_micro_batch_tokens` tokens: `searched_micro_batches`); the
 fastest feasible one wins. The candidates are the sizes Cerebras supports (releases 2.5 on,
 "approximately even" micro-batches): ``mb = ceil(B / n)`` for ``n = 1 .. B`` micro-batches of the
 ``B`` samples per system, so the size need not divide ``B`` (``B = 1168`` can run 20 micro-batches
@@ -113,6 +114,7 @@ __all__ = (
   "activation_memory",
   "cost_micro_batches",
   "micro_batch_candidates",
+  "searched_micro_batches",
   "ordinal",
   "supported_micro_batch",
   "supported_micro_batches",
@@ -427,6 +429,26 @@ def micro_batch_candidates(batch: int, limit: int = 200) -> list[int]:
   return sorted(picked)
 
 
+def searched_micro_batches(graph: Graph, machine: Machine, batch: int) -> list[int]:
+  """The micro-batches the compiler's own search tries for ``batch`` samples per system:
+  `micro_batch_candidates`, at most `Calibration.max_micro_batch_tokens` tokens each
+  (``mb * graph.sequence_length``; a step without a sequence axis, or a cap of 0, is not capped;
+  1 when even one sample is over it). A micro-batch the user gives is not capped.
+
+  >>> from types import SimpleNamespace as NS
+  >>> m = NS(calib=NS(max_micro_batch_tokens=2**18))
+  >>> searched_micro_batches(NS(sequence_length=2048), m, 1024)[-3:]
+  [103, 114, 128]
+  >>> searched_micro_batches(NS(sequence_length=None), m, 1024)[-1]
+  1024
+  """
+  sizes = micro_batch_candidates(batch)
+  cap, seq = machine.calib.max_micro_batch_tokens, getattr(graph, "sequence_length", None)
+  if not cap or not seq:
+    return sizes
+  return [m for m in sizes if m * seq <= cap] or [1]
+
+
 def _evaluate(
   graph: Graph,
   machine: Machine,
@@ -583,7 +605,7 @@ def weight_streaming(
       boundaries (``"spans"``), attention's core (``"attention"``) or nothing (False); None, the
       compiler's choice: the cheapest that fits.
   """
-  candidates = [micro_batch] if micro_batch else micro_batch_candidates(batch_per_system)
+  candidates = [micro_batch] if micro_batch else searched_micro_batches(graph, machine, batch_per_system)
   fits, rejected = cost_micro_batches(
     graph, machine, system, width, height, batch_per_system, candidates, num_csx, recompute
   )

@@ -277,3 +277,14 @@ def test_a_run_detail_not_stated_is_a_range_of_configs():
     Workload("x", "", W.GPT2_SMALL, 8, unknown=(("sequence", (1024, 2048)),))
   with pytest.raises(ValueError, match="config.seq=2048 is not one of unknown seq values"):
     Workload("x", "", W.GPT2_SMALL, 8, unknown=(("seq", (512, 1024)),))
+
+
+def test_the_calibration_table_lists_every_constant_once():
+  """`Calibration.describe`, the table of the constants: one row per field (a constant added
+  without a row is invisible there: `layer_latency_s` was)."""
+  import dataclasses
+
+  from wafer.costmodel import CALIBRATION
+
+  names = [row[0] for row in CALIBRATION.describe().rows]
+  assert sorted(names) == sorted(f.name for f in dataclasses.fields(CALIBRATION))

@@ -168,3 +168,40 @@ def test_a_training_step_that_reads_no_weight_still_pays_the_per_step_cost():
 
   report = estimate(step, params, tokens, mode="weight_streaming")
   assert report.samples_per_sec <= 64 / CALIBRATION.step_overhead_s * (1 + 1e-9)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_sizes, st.sampled_from([0, 256, 1024, 4096, 2**18]))
+def test_the_searched_micro_batch_holds_at_most_the_token_cap_and_a_given_one_is_kept(sizes, cap):
+  """`Calibration.max_micro_batch_tokens` caps the compiler's own micro-batch search (``mb * seq``
+  tokens, at least one sample); 0 is no cap. A micro-batch the user gives is run as given, over the
+  cap too, and the capped search is never faster than the uncapped one."""
+  layers, d, seq, batch = sizes
+  graph = _graph(*sizes)
+  calib = CALIBRATION.replace(max_micro_batch_tokens=cap)
+  r = estimate_graph(graph, batch_size=batch, mode="weight_streaming", calibration=calib)
+  free = estimate_graph(
+    graph, batch_size=batch, mode="weight_streaming", calibration=calib.replace(max_micro_batch_tokens=0)
+  )
+  assert r.fits and free.fits
+  if cap:
+    assert r.micro_batch_size * seq <= cap or r.micro_batch_size == 1
+  assert r.samples_per_sec <= free.samples_per_sec * (1 + 1e-12)
+  given_ = estimate_graph(
+    graph, batch_size=batch, mode="weight_streaming", micro_batch_size=batch, calibration=calib
+  )
+  assert given_.micro_batch_size == batch
+
+
+def test_the_report_says_when_the_token_cap_decides_the_micro_batch():
+  graph = _graph(2, 64, 512, 64)
+  calib = CALIBRATION.replace(max_micro_batch_tokens=4096)
+  r = estimate_graph(graph, batch_size=64, mode="weight_streaming", calibration=calib)
+  assert r.micro_batch_size == 8  # 8 x 512 tokens; memory alone would take all 64
+  assert r.details["micro_batch_range"]["token_cap"] == 4096
+  assert "at most 4,096 tokens per micro-batch" in r.to_text()
+  free = estimate_graph(
+    graph, batch_size=64, mode="weight_streaming", calibration=calib.replace(max_micro_batch_tokens=0)
+  )
+  assert free.micro_batch_size == 64 and "token_cap" not in free.details["micro_batch_range"]
+  assert "tokens per micro-batch" not in free.to_text()
