@@ -33,8 +33,10 @@ holds the most runs), and the coverage it claims is the one checked on errors it
 for each family, the band placed without that family's errors, scored on them.
 
 Results go to benchmarks/results/costmodel_accuracy.json. About 17 minutes on 2 cores.
+``--set NAME=VALUE`` (repeatable) scores a what-if: a constant that is not fitted (e.g.
+``max_micro_batch_tokens=262144``) set for every estimate, everything fitted again; it needs ``--out``.
 
-    PYTHONPATH=. python benchmarks/costmodel_accuracy.py [--out PATH]
+    PYTHONPATH=. python benchmarks/costmodel_accuracy.py [--out PATH] [--set NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -103,12 +105,41 @@ PAIRS = (
 )
 
 
+SETTINGS: dict[str, float] = {}
+"""Constants set for every estimate by ``--set`` (a what-if; empty for the stored results)."""
+
+
+def _settings(pairs: list[str]) -> dict[str, float]:
+  """``NAME=VALUE`` pairs as calibration settings: NAME a `Calibration` field that is not fitted.
+
+  >>> _settings(["max_micro_batch_tokens=262144"])
+  {'max_micro_batch_tokens': 262144.0}
+  """
+  import dataclasses
+
+  settable = sorted({f.name for f in dataclasses.fields(CALIBRATION)} - set(PARAMS))
+  out = {}
+  for pair in pairs:
+    name, sep, value = pair.partition("=")
+    if not sep or name not in settable:
+      raise SystemExit(f"--set {pair!r}: expected NAME=VALUE with NAME one of {', '.join(settable)}")
+    try:
+      out[name] = float(value)
+    except ValueError:
+      raise SystemExit(f"--set {pair!r}: {value!r} is not a number") from None
+  try:
+    CALIBRATION.replace(**out)  # the calibration's own checks (finite, >= 0) with their messages
+  except ValueError as exc:
+    raise SystemExit(f"--set: {exc}") from None
+  return out
+
+
 def _calib(w: Workload, params: dict[str, float]) -> tuple[Any, dict[str, Any]]:
   """The calibration and estimate arguments of ``w`` at ``params`` (``wse3_clock_hz`` defaults to
   ``clock_hz``: a grid point sets the clock of whichever chip the run is on)."""
   kw = dict(w.estimate_kwargs)
   fixed_clock = kw.pop("clock_hz", None)  # WaferLLM converted cycles at 1.1 GHz: not calibrated
-  p = dict(params)
+  p = {**SETTINGS, **params}
   p.setdefault("wse3_clock_hz", p["clock_hz"])
   if fixed_clock:
     p["clock_hz"] = p["wse3_clock_hz"] = fixed_clock
@@ -252,7 +283,18 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
     "--out", default=None, help="JSON path (default benchmarks/results/costmodel_accuracy.json)"
   )
+  parser.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="NAME=VALUE",
+    help="a what-if: set a constant that is not fitted for every estimate (needs --out)",
+  )
   args = parser.parse_args(argv)
+  if args.set and not args.out:
+    parser.error("--set scores a what-if: give --out PATH (the stored results are the shipped calibration's)")
+  SETTINGS.clear()
+  SETTINGS.update(_settings(args.set))
   out = args.out or os.path.join(os.path.dirname(__file__), "results", "costmodel_accuracy.json")
 
   t0 = time.perf_counter()
@@ -502,7 +544,9 @@ def main(argv: list[str] | None = None) -> int:
   )
 
   result = {
-    "command": "PYTHONPATH=. python benchmarks/costmodel_accuracy.py",
+    "command": "PYTHONPATH=. python benchmarks/costmodel_accuracy.py"
+    + "".join(f" --set {k}={v:g}" for k, v in SETTINGS.items()),
+    "settings": dict(SETTINGS),
     "rows": rows,
     "summary": summary,
     "pairs": pairs,

@@ -43,3 +43,27 @@ def test_a_fresh_run_reproduces_the_stored_results_and_the_shipped_band(tmp_path
       assert row[key + "_log_ratio"] == pytest.approx(math.log(row[key] / row["measured"]))
   kinds = {p["pins"].split(" ")[0] for p in fresh["pairs"]}
   assert {"chip", "data", "batch"} <= kinds
+
+
+@pytest.mark.parametrize(
+  ("args", "says"),
+  [
+    (["--set", "max_micro_batch_tokens=262144"], "give --out PATH"),
+    (["--out", "x.json", "--set", "clock_hz=1e9"], "NAME one of"),  # fitted: not a what-if
+    (["--out", "x.json", "--set", "max_micro_batch_tokens"], "expected NAME=VALUE"),
+    (["--out", "x.json", "--set", "max_micro_batch_tokens=lots"], "is not a number"),
+    (["--out", "x.json", "--set", "max_micro_batch_tokens=-1"], "allowed: a finite number >= 0"),
+  ],
+)
+def test_a_what_if_names_a_constant_that_is_not_fitted_and_its_own_output(args, says):
+  """``--set`` fails before any estimate, saying what is allowed; it never overwrites the stored results."""
+  done = subprocess.run(
+    [sys.executable, "benchmarks/costmodel_accuracy.py", *args],
+    cwd=ROOT,
+    env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
+  assert "Traceback" not in done.stderr
