@@ -113,7 +113,7 @@ def _settings(pairs: list[str]) -> dict[str, float]:
   """``NAME=VALUE`` pairs as calibration settings: NAME a `Calibration` field that is not fitted.
 
   >>> _settings(["max_micro_batch_tokens=262144"])
-  {'max_micro_batch_tokens': 262144.0}
+  {'max_micro_batch_tokens': 262144}
   """
   import dataclasses
 
@@ -127,11 +127,11 @@ def _settings(pairs: list[str]) -> dict[str, float]:
       out[name] = float(value)
     except ValueError:
       raise SystemExit(f"--set {pair!r}: {value!r} is not a number") from None
-  try:
-    CALIBRATION.replace(**out)  # the calibration's own checks (finite, >= 0) with their messages
+  try:  # the calibration's own checks (finite, >= 0, whole counts) with their messages
+    checked = CALIBRATION.replace(**out)
   except ValueError as exc:
     raise SystemExit(f"--set: {exc}") from None
-  return out
+  return {name: getattr(checked, name) for name in out}  # a count as an int
 
 
 def _calib(w: Workload, params: dict[str, float]) -> tuple[Any, dict[str, Any]]:
@@ -545,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
 
   result = {
     "command": "PYTHONPATH=. python benchmarks/costmodel_accuracy.py"
-    + "".join(f" --set {k}={v:g}" for k, v in SETTINGS.items()),
+    + "".join(f" --set {k}={v!r}" for k, v in SETTINGS.items()),
     "settings": dict(SETTINGS),
     "rows": rows,
     "summary": summary,

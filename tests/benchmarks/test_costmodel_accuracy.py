@@ -53,6 +53,7 @@ def test_a_fresh_run_reproduces_the_stored_results_and_the_shipped_band(tmp_path
     (["--out", "x.json", "--set", "max_micro_batch_tokens"], "expected NAME=VALUE"),
     (["--out", "x.json", "--set", "max_micro_batch_tokens=lots"], "is not a number"),
     (["--out", "x.json", "--set", "max_micro_batch_tokens=-1"], "allowed: a finite number >= 0"),
+    (["--out", "x.json", "--set", "max_micro_batch_tokens=0.5"], "allowed: a whole number >= 0"),
   ],
 )
 def test_a_what_if_names_a_constant_that_is_not_fitted_and_its_own_output(args, says):

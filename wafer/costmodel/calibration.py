@@ -127,7 +127,8 @@ class Calibration:
       predicted before being read: `docs/cost-model-accuracy.md`, "Fifth blind set".
     max_micro_batch_tokens: the most tokens (samples x sequence length) per micro-batch the
       compiler's own micro-batch search takes in weight streaming, a what-if (a step with no
-      sequence axis is not capped; a micro-batch the user or a params file gives is run as given).
+      sequence axis is not capped; a micro-batch the user or a params file gives is run as given,
+      and where it does not fit, the largest that does is looked for without the cap).
       Default 0: no cap, the search takes the fastest micro-batch whose activations fit. Tried at
       2**18 = 262,144 and not adopted (round 27): every micro-batch Cerebras publishes for its own
       models is below it (modelzoo GPT-3 XL / 2.7B / 6.7B / 13B at 2,048 tokens: 88, 88, 104, 90; a
@@ -162,7 +163,11 @@ class Calibration:
           raise ValueError(f"Calibration.{field.name}={value!r}; allowed: a positive, finite frequency in Hz")
       elif not number or not 0 <= value < math.inf:
         raise ValueError(f"Calibration.{field.name}={value!r}; allowed: a finite number >= 0")
-      if type(value) not in (int, float):  # a NumPy scalar, a Fraction...: a Python number
+      if field.type in ("int", int):  # a count (lanes, bytes, tokens): a whole number
+        if value != int(value):
+          raise ValueError(f"Calibration.{field.name}={value!r}; allowed: a whole number >= 0")
+        object.__setattr__(self, field.name, int(value))
+      elif type(value) not in (int, float):  # a NumPy scalar, a Fraction...: a Python number
         object.__setattr__(self, field.name, value.item() if isinstance(value, np.generic) else float(value))
 
   @staticmethod

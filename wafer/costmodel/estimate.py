@@ -545,18 +545,20 @@ def _stream(
   num_csx: int,
   requested: int | None,
 ) -> _Streaming:
-  """Weight streaming at ``requested`` as given; when it is None, or does not fit, every supported
-  size is costed (`micro_batch_candidates`): the fastest is the run (None given), and the feasible
-  ones give the range of rates and the largest size that fits."""
+  """Weight streaming at ``requested`` as given; when it is None, the compiler's search is costed
+  (`searched_micro_batches`: the supported sizes, capped in tokens), the fastest is the run and the
+  feasible ones give the range of rates; when ``requested`` does not fit, every supported size is
+  costed (`micro_batch_candidates`, not capped) for the largest that fits."""
   args = (graph, machine, sys_, width, height, per_system)
   if requested is not None:
     given, why = cost_micro_batches(*args, [requested], num_csx)
     if given:
       return _Streaming(given[requested], "", requested, {}, {})
   # the compiler's search (capped in tokens), or, for a given size that does not fit, every size
-  every = micro_batch_candidates(per_system)
-  searched = every if requested is not None else searched_micro_batches(graph, machine, per_system)
-  cap = int(machine.calib.max_micro_batch_tokens) if searched[-1] < every[-1] else None
+  if requested is not None:
+    searched, cap = micro_batch_candidates(per_system), None
+  else:
+    searched, cap = searched_micro_batches(graph, machine, per_system)
   fits, rejected = cost_micro_batches(*args, searched, num_csx)
   feasible = {mb: res.step_s for mb, res in fits.items()}
   if requested is not None:

@@ -263,7 +263,10 @@ class Graph:
     state_bytes: bytes of all non-batch arguments (parameters, optimizer state, ...).
     eqn_count: equations walked (with ``scan`` bodies once).
     notes: things the extraction approximated.
-    sequence_length: axis 1 of the first batch argument, when it has one (to report tokens/s).
+    sequence_length: set by `extract`: axis 1 of the first batch array that looks like a sequence
+      (integer ids ``[batch, seq]`` or floats ``[batch, seq, features]``; a float ``[batch, h, w]``
+      image or an integer ``[batch, k]`` array listed first is read as one too), for tokens/s and
+      `Calibration.max_micro_batch_tokens`; None without such an array.
     sequence_source: where that length comes from, as the report states it (a params file's key,
       or the batch array it was read from).
     batch_arguments: names of the arguments taken as the batch.

@@ -296,11 +296,10 @@ class Report:
     span = d.get("micro_batch_range")
     if span:
       (lo_mb, hi_mb), (lo, hi) = span["sizes"], span["samples_per_sec"]
-      capped = (
-        f"; the compiler's search takes at most {span['token_cap']:,} tokens per micro-batch"
-        if span.get("token_cap")
-        else ""
-      )
+      cap, seq = span.get("token_cap"), d.get("sequence_length") or 0
+      capped = f"; the compiler's search takes at most {cap:,} tokens per micro-batch" if cap else ""
+      if cap and seq > cap:
+        capped += f" (one sample, {seq:,} tokens, is over it: one sample per micro-batch)"
       if span["count"] == 1:
         lines.append(f" {'Micro-batch:':<16}searched: {self.micro_batch_size}, the one feasible size{capped}")
       else:

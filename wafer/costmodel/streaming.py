@@ -429,24 +429,27 @@ def micro_batch_candidates(batch: int, limit: int = 200) -> list[int]:
   return sorted(picked)
 
 
-def searched_micro_batches(graph: Graph, machine: Machine, batch: int) -> list[int]:
-  """The micro-batches the compiler's own search tries for ``batch`` samples per system:
-  `micro_batch_candidates`, at most `Calibration.max_micro_batch_tokens` tokens each
-  (``mb * graph.sequence_length``; a step without a sequence axis, or a cap of 0, is not capped;
-  1 when even one sample is over it). A micro-batch the user gives is not capped.
+def searched_micro_batches(graph: Graph, machine: Machine, batch: int) -> tuple[list[int], int | None]:
+  """``(sizes, cap)``: the micro-batches the compiler's own search tries for ``batch`` samples per
+  system, `micro_batch_candidates` at most `Calibration.max_micro_batch_tokens` tokens each
+  (``mb * graph.sequence_length``; ``[1]`` when even one sample is over it), and that cap where it
+  left a larger size out (else None). A step without a sequence axis, or a cap of 0, is not capped;
+  a micro-batch the user gives is not searched, so not capped either.
 
   >>> from types import SimpleNamespace as NS
   >>> m = NS(calib=NS(max_micro_batch_tokens=2**18))
-  >>> searched_micro_batches(NS(sequence_length=2048), m, 1024)[-3:]
-  [103, 114, 128]
-  >>> searched_micro_batches(NS(sequence_length=None), m, 1024)[-1]
+  >>> sizes, cap = searched_micro_batches(NS(sequence_length=2048), m, 1024)
+  >>> sizes[-3:], cap
+  ([103, 114, 128], 262144)
+  >>> searched_micro_batches(NS(sequence_length=None), m, 1024)[0][-1]
   1024
   """
   sizes = micro_batch_candidates(batch)
   cap, seq = machine.calib.max_micro_batch_tokens, getattr(graph, "sequence_length", None)
   if not cap or not seq:
-    return sizes
-  return [m for m in sizes if m * seq <= cap] or [1]
+    return sizes, None
+  kept = [m for m in sizes if m * seq <= cap] or [1]
+  return kept, (int(cap) if kept[-1] < sizes[-1] else None)
 
 
 def _evaluate(
@@ -591,7 +594,8 @@ def weight_streaming(
   micro_batch: int | None = None,
   recompute: bool | str | None = None,
 ) -> StreamingResult | str:
-  """The fastest feasible micro-batch, or a string saying why none is feasible.
+  """The fastest feasible micro-batch of the compiler's search (`searched_micro_batches`), or a
+  string saying why none is feasible.
 
   Args:
     graph: the extracted kernels.
@@ -605,7 +609,7 @@ def weight_streaming(
       boundaries (``"spans"``), attention's core (``"attention"``) or nothing (False); None, the
       compiler's choice: the cheapest that fits.
   """
-  candidates = [micro_batch] if micro_batch else searched_micro_batches(graph, machine, batch_per_system)
+  candidates = [micro_batch] if micro_batch else searched_micro_batches(graph, machine, batch_per_system)[0]
   fits, rejected = cost_micro_batches(
     graph, machine, system, width, height, batch_per_system, candidates, num_csx, recompute
   )

@@ -205,3 +205,21 @@ def test_the_report_says_when_the_token_cap_decides_the_micro_batch():
   )
   assert free.micro_batch_size == 64 and "token_cap" not in free.details["micro_batch_range"]
   assert "tokens per micro-batch" not in free.to_text()
+
+
+def test_a_sample_over_the_token_cap_runs_alone_and_the_report_says_so():
+  graph = _graph(1, 64, 512, 16)
+  calib = CALIBRATION.replace(max_micro_batch_tokens=256)
+  r = estimate_graph(graph, batch_size=16, mode="weight_streaming", calibration=calib)
+  assert r.micro_batch_size == 1 and r.details["micro_batch_range"]["token_cap"] == 256
+  assert "(one sample, 512 tokens, is over it: one sample per micro-batch)" in r.to_text()
+
+
+@pytest.mark.parametrize("field", ["max_micro_batch_tokens", "max_lanes"])
+def test_a_count_in_the_calibration_is_a_whole_number(field):
+  from wafer.costmodel import Calibration
+
+  assert getattr(CALIBRATION.replace(**{field: 4.0}), field) == 4
+  assert type(getattr(CALIBRATION.replace(**{field: 4.0}), field)) is int
+  with pytest.raises(ValueError, match="allowed: a whole number >= 0"):
+    Calibration(**{field: 0.5})
