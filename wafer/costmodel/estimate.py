@@ -554,11 +554,9 @@ def _stream(
     given, why = cost_micro_batches(*args, [requested], num_csx)
     if given:
       return _Streaming(given[requested], "", requested, {}, {})
-  # the compiler's search (capped in tokens), or, for a given size that does not fit, every size
-  if requested is not None:
-    searched, cap = micro_batch_candidates(per_system), None
+    searched, cap = micro_batch_candidates(per_system), None  # every size: the largest that fits
   else:
-    searched, cap = searched_micro_batches(graph, machine, per_system)
+    searched, cap = searched_micro_batches(graph, machine, per_system)  # the compiler's search
   fits, rejected = cost_micro_batches(*args, searched, num_csx)
   feasible = {mb: res.step_s for mb, res in fits.items()}
   if requested is not None:

@@ -445,11 +445,11 @@ def searched_micro_batches(graph: Graph, machine: Machine, batch: int) -> tuple[
   1024
   """
   sizes = micro_batch_candidates(batch)
-  cap, seq = machine.calib.max_micro_batch_tokens, getattr(graph, "sequence_length", None)
+  cap, seq = machine.calib.max_micro_batch_tokens, graph.sequence_length
   if not cap or not seq:
     return sizes, None
   kept = [m for m in sizes if m * seq <= cap] or [1]
-  return kept, (int(cap) if kept[-1] < sizes[-1] else None)
+  return kept, (cap if kept[-1] < sizes[-1] else None)
 
 
 def _evaluate(
