@@ -40,12 +40,15 @@ Layouts handled (each verified by ``tests/compat``):
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
+import sysconfig
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
+import jaxlib as _jaxlib
 from jax._src import api_util as _api_util
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info_src
@@ -99,6 +102,9 @@ __all__ = (
   "plain_scalar",
   "split_closed",
   "trace",
+  "INSTALLED_FOLDERS",
+  "JAX_DIRS",
+  "library_file",
   "user_line",
   "user_stacklevel",
   "while_counts",
@@ -304,20 +310,51 @@ _OWN_DIRS = tuple(
 ``models/`` or elsewhere, is)."""
 
 
-_LIBRARY_DIRS = _OWN_DIRS + tuple(
-  os.path.realpath(path) + os.sep
-  for path in (os.path.dirname(jax.__file__), os.path.dirname(os.__file__))  # JAX, the standard library
+JAX_DIRS = tuple(
+  os.path.realpath(os.path.dirname(module.__file__)) + os.sep
+  for module in (jax, _jaxlib)
+  if getattr(module, "__file__", None)
 )
+"""JAX's and jaxlib's folders (wherever installed, a source checkout too)."""
+
+_LIBRARY_DIRS = (
+  _OWN_DIRS
+  + JAX_DIRS
+  + tuple(sorted({os.path.realpath(sysconfig.get_path(key)) + os.sep for key in ("stdlib", "platstdlib")}))
+)
+INSTALLED_FOLDERS = frozenset({"site-packages", "dist-packages"})
+"""Folders pip and distribution packages install libraries into (``dist-packages``: Debian's pip,
+NVIDIA's JAX containers): a frame there is not the user's line."""
+
+
+@functools.lru_cache(maxsize=4096)
+def library_file(path: str) -> bool:
+  """Whether code in the file ``path`` is a library's, never the user's line: JAX and jaxlib, Python's
+  standard library (on JAX < 0.10.2 a name-stack decorator's ``contextlib`` frame lies between the
+  user's line and JAX's), any installed package (``site-packages`` / ``dist-packages``: Flax, optax)
+  and this project's ``precision`` and ``wafer`` packages; also the interpreter's frozen modules
+  (``<frozen runpy>``). Code typed at a prompt or run by ``exec`` (``<stdin>``, ``<string>``) is the
+  user's.
+
+  >>> library_file(jax.__file__), library_file(os.__file__), library_file("/home/me/train.py")
+  (True, True, False)
+  >>> library_file("/usr/lib/python3/dist-packages/flax/linen/module.py"), library_file("<stdin>")
+  (True, False)
+  """
+  if path.startswith("<"):
+    return path.startswith("<frozen")
+  real = os.path.realpath(path)
+  return real.startswith(_LIBRARY_DIRS) or not INSTALLED_FOLDERS.isdisjoint(real.split(os.sep))
 
 
 def user_stacklevel() -> int:
   """``warnings.warn``'s ``stacklevel``, for a warning raised in this project's code, that names the
-  innermost caller outside JAX, the standard library and this project's packages: under ``jit``,
-  ``grad`` or ``vmap`` an autocast function is called from JAX's tracing, not from the user's line."""
+  innermost caller outside the libraries (`library_file`): under ``jit``, ``grad`` or ``vmap`` an
+  autocast function is called from JAX's tracing, not from the user's line."""
   import sys
 
   frame, level = sys._getframe(1), 1  # (1: the function that calls warnings.warn)
-  while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS):
+  while frame is not None and library_file(frame.f_code.co_filename):
     frame, level = frame.f_back, level + 1
   return level if frame is not None else 1
 

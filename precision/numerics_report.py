@@ -101,7 +101,6 @@ import functools
 import html
 import math
 import os
-import sysconfig
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -131,15 +130,6 @@ __all__ = ("NumericsReport", "Row", "numerics_report")
 _COMPARISONS = ("gt", "ge", "lt", "le", "eq", "ne")
 _CHOICES = ("max", "min")
 _ARG = ("argmax", "argmin")
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# Frames not the user's: this package, JAX (wherever it is installed, a source checkout too), and
-# installed packages: `site-packages`, or `dist-packages` (Debian/Ubuntu's pip, NVIDIA's JAX containers).
-_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
-_INSTALLED = frozenset({"site-packages", "dist-packages"})
-# Python's standard library too, as JAX's own user-frame filter does: on JAX < 0.10.2 a name-stack
-# decorator's `contextlib.ContextDecorator` frame lies between the user's line and JAX's frames.
-_STDLIB = {os.path.abspath(sysconfig.get_path(key)) + os.sep for key in ("stdlib", "platstdlib")}
-_LIBRARY_DIRS = (_PACKAGE_DIR, _JAX_DIR, *sorted(_STDLIB))
 
 
 @dataclasses.dataclass
@@ -485,16 +475,12 @@ def _is_float(aval: Any) -> bool:
 
 
 def _user_source(tb: Any) -> str:
-  """The innermost frame of a traceback outside jax, installed packages, the standard library and this
-  package: ``file:line``."""
+  """The innermost frame of a traceback outside the libraries (`compat.library_file`): ``file:line``."""
   if tb is None:
     return "?"
   for frame in tb.frames:
-    path = os.path.abspath(frame.file_name)
-    library = path.startswith(_LIBRARY_DIRS) or not _INSTALLED.isdisjoint(path.split(os.sep))
-    if library or "<" in frame.file_name:
-      continue
-    return f"{_short(path)}:{frame.line_num}"
+    if not compat.library_file(frame.file_name) and "<" not in frame.file_name:
+      return f"{_short(os.path.abspath(frame.file_name))}:{frame.line_num}"
   return "?"
 
 

@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from precision import _jax_compat as compat
-from wafer.errors import ClosureError, StaticGraphError, in_installed_library
+from wafer.errors import ClosureError, StaticGraphError
 
 STEP, CHECKPOINT = "step", "checkpoint"
 
@@ -96,19 +96,14 @@ def _current_trace() -> Any:
 
 
 def _user_line() -> str:
-  """``file:line`` and source of the innermost caller outside JAX and wafer (for error messages)."""
+  """``file:line`` and source of the innermost caller outside the libraries (JAX, installed packages,
+  the standard library, wafer: `precision._jax_compat.library_file`), for error messages."""
   import traceback
-  from pathlib import Path
 
-  internal = tuple(str(Path(m.__file__).resolve().parent) for m in (jax, np)) + (
-    str(Path(__file__).resolve().parent),
-  )
   found = None
   for frame in traceback.extract_stack():
-    path = str(Path(frame.filename).resolve())
-    if path.startswith(internal) or in_installed_library(path) or frame.filename.startswith("<frozen"):
-      continue
-    found = frame
+    if not compat.library_file(frame.filename):
+      found = frame
   if found is None:
     return "<unknown>"
   return f"{found.filename}:{found.lineno}\n    {(found.line or '').strip()}"

@@ -29,18 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jaxlib
 import numpy as np
 
 from precision import _jax_compat as compat
 from wafer import closures as _closures
 from wafer.cluster import data_parallel_shardings
 from wafer.errors import StaticGraphError, StepUsageError, user_frame, where_defined
-
-_JAX_DIRS = tuple(
-  str(Path(m.__file__).resolve().parent) + os.sep for m in (jax, jaxlib) if getattr(m, "__file__", None)
-)
-
 
 _FIXES = {
   "control_flow": (
@@ -112,7 +106,7 @@ def _no_printing_tracers() -> Iterator[None]:
 
     def method(self: Any, *args: Any) -> str:
       caller = sys._getframe(1).f_code.co_filename
-      if str(Path(caller).resolve()).startswith(_JAX_DIRS):  # JAX formats tracers in its own errors
+      if os.path.realpath(caller).startswith(compat.JAX_DIRS):  # JAX formats tracers in its own errors
         return original(self, *args)
       raise _PrintedTracer()
 

@@ -42,9 +42,10 @@ import os
 import reprlib
 import traceback
 from collections.abc import Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from precision import _jax_compat as compat
 
 __all__ = (
   "USER_ERROR_EXIT",
@@ -339,9 +340,6 @@ class SweepError(WaferError):
 
 # ---- helpers for messages -------------------------------------------------------------------------
 
-# Folders pip and distribution packages install libraries into: a frame there is not the user's line.
-_LIBRARY_FOLDERS = frozenset({"site-packages", "dist-packages"})
-
 
 def in_installed_library(path: str) -> bool:
   """Whether ``path`` lies in an installed package (``site-packages`` or Debian's ``dist-packages``),
@@ -352,27 +350,14 @@ def in_installed_library(path: str) -> bool:
   >>> in_installed_library("/home/me/jax/train.py")
   False
   """
-  return not _LIBRARY_FOLDERS.isdisjoint(path.split(os.sep))
-
-
-def _internal_dirs() -> tuple[str, ...]:
-  import contextlib
-  import logging
-
-  import jax
-  import numpy as np
-
-  import precision
-
-  mods = (jax, np, contextlib, logging, precision)
-  dirs = tuple(str(Path(m.__file__).resolve().parent) + os.sep for m in mods if getattr(m, "__file__", None))
-  return dirs + (str(Path(__file__).resolve().parent) + os.sep,)  # wafer itself
+  return not compat.INSTALLED_FOLDERS.isdisjoint(path.split(os.sep))
 
 
 def user_frame(tb: TracebackType | None) -> tuple[str, int, str] | None:
   """``(file, line, source text)`` of the deepest frame of ``tb`` in the user's own code: outside
-  JAX, NumPy, ``contextlib``, ``logging``, ``precision``, ``wafer`` and installed packages; None if
-  there is none (the error arose in a library the user called directly).
+  JAX, the standard library, installed packages, ``precision`` and ``wafer``
+  (`precision._jax_compat.library_file`); None if there is none (the error arose in a library the
+  user called directly).
 
   >>> def f():
   ...   return 1 / 0
@@ -382,13 +367,10 @@ def user_frame(tb: TracebackType | None) -> tuple[str, int, str] | None:
   ...   user_frame(error.__traceback__)[2]
   'return 1 / 0'
   """
-  internal = _internal_dirs()
   found = None
   for frame in traceback.extract_tb(tb):
-    path = str(Path(frame.filename).resolve())
-    if path.startswith(internal) or in_installed_library(path) or frame.filename.startswith("<frozen"):
-      continue
-    found = (frame.filename, frame.lineno or 0, (frame.line or "").strip())
+    if not compat.library_file(frame.filename):
+      found = (frame.filename, frame.lineno or 0, (frame.line or "").strip())
   return found
 
 

@@ -261,13 +261,14 @@ class SweepResult:
     return {"json": json_path, "png": self.plot(out / "sweep.png")}
 
 
-def format_overrides(fmt: str, level: int) -> list[str]:
-  """The config overrides that select ``fmt`` at ``level`` (see the module docstring)."""
+def format_overrides(fmt: str, level: int | None = None) -> list[str]:
+  """The config overrides that select ``fmt`` at ``level`` (see the module docstring); without a
+  ``level``, only the format's keys (the config's own level stays)."""
   if fmt == BASELINE:
-    precision_keys = ["model.mixed_precision=false"]
+    keys = ["model.mixed_precision=false"]
   else:
-    precision_keys = ["model.mixed_precision=true", f"model.fp16_type={fmt}"]
-  return precision_keys + [f"runconfig.precision_opt_level={level}"]
+    keys = ["model.mixed_precision=true", f"model.fp16_type={fmt}"]
+  return keys if level is None else [*keys, f"runconfig.precision_opt_level={level}"]
 
 
 _SET_BY_THE_SWEEP = {
@@ -331,8 +332,7 @@ def sweep(
     raise SweepError(f"model_dir={model_dir!r}; allowed: a folder path (str or pathlib.Path)")
   if levels is None:  # the config's level (its default lives in the schema), read with a format the
     registry.load_plugins()  # sweep runs selected (the file's own may not run with these overrides)
-    select = [o for o in format_overrides(names[0], 0) if not o.startswith("runconfig.precision_opt_level=")]
-    levels = [load_params(params, list(overrides) + select).runconfig.precision_opt_level]
+    levels = [load_params(params, [*overrides, *format_overrides(names[0])]).runconfig.precision_opt_level]
   lvls = parse_levels(levels)
   jobs = [(f, lv) for f in names for lv in lvls if f != BASELINE]
   if BASELINE in names:  # float32 does not depend on the level: once, first (the baseline)
