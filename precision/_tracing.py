@@ -186,6 +186,28 @@ def _traced_leaves(tree: Any, leaves: list[Any]) -> list[bool]:
 _ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
 
 
+def _host(value: Any) -> Any:
+  """A static argument as ``fn`` sees it: its JAX arrays (not tracers) as NumPy arrays, so that
+  ``n > 1`` or ``range(n)`` on a 0-d ``jnp`` array is a Python value inside the trace, as it is when
+  the float32 policy calls ``fn`` itself (a ``jnp`` operation inside a trace is staged, even on a
+  concrete array)."""
+
+  def leaf(x: Any) -> Any:
+    return np.asarray(x) if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) else x
+
+  return jax.tree.map(leaf, value)
+
+
+def _split_static(statics: Statics, args: tuple, kwargs: dict) -> tuple[dict, dict, tuple, dict]:
+  """``(static positional by index, static keywords, dynamic args with None at static positions,
+  dynamic keywords)``; the static values on the host (`_host`)."""
+  static_args = {i: _host(args[i]) for i in statics.argnums if i < len(args)}
+  static_kwargs = {k: _host(kwargs[k]) for k in statics.argnames if k in kwargs}
+  dyn_args = tuple(None if i in static_args else a for i, a in enumerate(args))
+  dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_kwargs}
+  return static_args, static_kwargs, dyn_args, dyn_kwargs
+
+
 def trace_fn(
   fn: Callable[..., Any], statics: Statics, args: tuple, kwargs: dict
 ) -> tuple[Any, _Outputs, list]:
@@ -197,10 +219,7 @@ def trace_fn(
   object) is static too: passed to ``fn`` as it is, as ``eqx.filter_jit`` does. Such leaves among
   ``fn``'s outputs are returned as they are. An array used as a Python value while tracing
   (``range(n)``, ``if flag:``) raises JAX's error with a note naming ``static_argnums``."""
-  static_args = {i: args[i] for i in statics.argnums if i < len(args)}
-  static_kwargs = {k: kwargs[k] for k in statics.argnames if k in kwargs}
-  dyn_args = tuple(None if i in static_args else a for i, a in enumerate(args))
-  dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_kwargs}
+  static_args, static_kwargs, dyn_args, dyn_kwargs = _split_static(statics, args, kwargs)
   leaves, in_tree = jax.tree.flatten((dyn_args, dyn_kwargs))
   traced = [
     t and not (isinstance(leaf, (int, float, complex)) and not isinstance(leaf, np.generic))
@@ -307,10 +326,7 @@ def lift_nnx_modules(fn: Callable[..., Any], statics: Statics, args: tuple, kwar
   if nnx is None:
     return None
   is_node = nnx.graph.is_graph_node
-  static_args = {i: args[i] for i in statics.argnums if i < len(args)}
-  static_kwargs = {k: kwargs[k] for k in statics.argnames if k in kwargs}
-  dyn_args = tuple(None if i in static_args else a for i, a in enumerate(args))
-  dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_kwargs}
+  static_args, static_kwargs, dyn_args, dyn_kwargs = _split_static(statics, args, kwargs)
   leaves, tree = jax.tree.flatten((dyn_args, dyn_kwargs), is_leaf=is_node)
   where = [i for i, leaf in enumerate(leaves) if is_node(leaf)]
   if not where:

@@ -145,8 +145,10 @@ def _as_float32(x: Any, fmt: FloatFormat, fn: str, mode: str = "nearest_even") -
     return x.astype(jnp.float32)
   array = np.asarray(x)
   floating = jnp.issubdtype(array.dtype, jnp.floating)
-  integer_scalar = jnp.issubdtype(array.dtype, jnp.integer) and array.ndim == 0
-  if array.dtype == np.bool_ or not (floating or integer_scalar):
+  # Python numbers (``3``, ``[1, 2]``) are values; a NumPy integer array is refused, as a JAX one is
+  python = not isinstance(x, (np.ndarray, np.generic))
+  integer_value = jnp.issubdtype(array.dtype, jnp.integer) and (array.ndim == 0 or python)
+  if array.dtype == np.bool_ or not (floating or integer_value):
     raise TypeError(
       f"{fn} takes floating-point values; got dtype {array.dtype}. Convert with .astype(float32)."
     )

@@ -70,6 +70,28 @@ def test_python_scalars_stay_constants_and_a_0d_array_is_a_value():
   assert float(as_array) != float(got)
 
 
+@pytest.mark.parametrize("by_name", [False, True])
+def test_a_static_jax_array_is_a_python_value_under_every_policy(by_name):
+  """Found by a probe: the docstring says static arguments are passed unchanged (a loop count, a
+  flag), and its error note sends a user with a 0-d array used as a Python value to
+  ``static_argnums``; but a static ``jnp`` array was passed into the trace, where ``n > 1`` is staged,
+  so it failed under a mixed policy and worked under float32. It is now on the host (NumPy)."""
+  x = _normal(3, (4, 8))
+
+  def f(a, n):
+    for _ in range(n):  # a loop count
+      a = jnp.tanh(a * 1.5)
+    return a * 2.0 if n > 1 else a  # a flag
+
+  def call(policy, n):
+    wrapped = precision.autocast(f, policy, **({"static_argnames": "n"} if by_name else {"static_argnums": 1}))
+    return wrapped(x, n=n) if by_name else wrapped(x, n)
+
+  for policy in ("c=cb16", "c=f32"):
+    _same(call(policy, jnp.int32(3)), call(policy, 3))
+  assert not same_floats(call("c=cb16", jnp.int32(3)), call("c=cb16", jnp.int32(1))).all()
+
+
 # ---- 2. attention by structure, not batch dimensions ----
 
 

@@ -215,3 +215,15 @@ def test_float64_inputs_are_rounded_once(fmt):
   naive = np.asarray(precision.round(wide.astype(np.float32), fmt))
   assert (V.bits_of(naive) != V.bits_of(expected)).any()  # the trap is real: naive narrowing errs
   assert float(precision.round(1 + 2.0**-10 + 2.0**-30, "cb16")) == 1 + 2.0**-9
+
+
+def test_python_integers_are_numbers_and_integer_arrays_are_refused():
+  """``round(3, f)`` took a Python int but ``round([1, 2], f)`` refused the list (a probe): Python
+  numbers, scalars or lists, are values (formats.md); a NumPy or JAX integer array is refused, as
+  it would be silently converted."""
+  ints = [1, 2, 3, 1025, 2**40 + 2**31, -7]
+  V.assert_same_floats(precision.round(ints, CB16), precision.round(np.array(ints, np.float64), CB16), "ints")
+  assert float(precision.round(1025, CB16)) == 1024.0  # a tie at 10 significant bits: to even
+  for array in (np.array([1, 2]), jax.numpy.array([1, 2]), [True, False]):
+    with pytest.raises(TypeError, match="takes floating-point values"):
+      precision.round(array, CB16)

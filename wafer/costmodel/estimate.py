@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 import precision
@@ -365,6 +366,8 @@ def _check_run(
   if num_csx > sys_.max_systems:
     raise EstimateError(
       f"num_csx={num_csx}; allowed: 1 to {sys_.max_systems} {sys_.name} systems (SwarmX limit)"
+      if sys_.max_systems > 1
+      else f"num_csx={num_csx}; allowed: 1 (a {sys_.name} runs alone: no SwarmX cluster of them)"
     )
   if mode == "pipeline" and num_csx > 1:
     raise EstimateError(
@@ -674,8 +677,11 @@ def _default_argnums(
   dtypes: an updated copy or a gradient) is state, parameters or optimizer state whose axis 0 equals
   the batch by chance. The batch arguments are the first set, with the fewest such arguments and then
   the most arguments, that the step traces with at twice the batch (`jax.eval_shape`: nothing is
-  computed; at most `_MAX_TRIES` traces); the last argument is always one of them. Where no set
-  traces, the last argument alone cannot be doubled: an `EstimateError` (`graph.undoubled_batch`).
+  computed; at most `_MAX_TRIES` traces) and whose doubling changes the step's outputs on axis 0 only
+  (`_per_sample`: ``tanh(x @ w.T)`` with ``w`` of shape ``(B, d)`` traces with ``w`` doubled too, but
+  its output then grows on axis 1: ``w`` is a weight); the last argument is always one of them.
+  Where no set traces, the last argument alone cannot be doubled: an `EstimateError`
+  (`graph.undoubled_batch`).
   """
   last = candidates[-1]
   others = candidates[:-1]
@@ -697,13 +703,18 @@ def _default_argnums(
   tries = order[: _MAX_TRIES - 1] + ([()] if () not in order[: _MAX_TRIES - 1] else [])
   b = next(a for a in _leading_axes(args[last]) if a is not None)
   error: TraceError | None = None
+  widened = False  # a set left out because doubling it widened an output beyond axis 0
   for subset in tries:
     chosen = (*subset, last)
     try:
-      graph_mod.output_shapes(step_fn, args, names, doubled=chosen)
-      break
+      doubled = graph_mod.output_shapes(step_fn, args, names, doubled=chosen)
     except TraceError as exc:
       error = exc
+      continue
+    if subset and not _per_sample(out, doubled):
+      widened = True
+      continue
+    break
   else:
     assert error is not None
     raise graph_mod.undoubled_batch(names, (last,), b, error) from error
@@ -718,6 +729,11 @@ def _default_argnums(
         else "arrays of its shapes (parameters, optimizer state or their gradients)"
       )
       why = f"the step returns {what}"
+    elif widened:
+      why = (
+        "doubling it along with the batch changes the step's outputs beyond axis 0 (a weight whose "
+        "axis 0 equals the batch, not samples)"
+      )
     else:
       why = "the step does not trace with its axis 0 doubled along with the batch"
     notes.append(
@@ -725,6 +741,20 @@ def _default_argnums(
       "batch_argnums= to override"
     )
   return tuple(sorted(chosen)), notes
+
+
+def _per_sample(base: Any, doubled: Any) -> bool:
+  """Whether the step's outputs at twice the batch (``doubled``, `graph.output_shapes`) differ from
+  those at the batch (``base``) at most on axis 0: what doubling data does to a per-sample output,
+  a loss or updated parameters."""
+  a, b = jax.tree.leaves(base), jax.tree.leaves(doubled)
+  if len(a) != len(b):
+    return False
+  return all(
+    tuple(getattr(x, "shape", ())[1:]) == tuple(getattr(y, "shape", ())[1:])
+    and len(getattr(x, "shape", ())) == len(getattr(y, "shape", ()))
+    for x, y in zip(a, b)
+  )
 
 
 def _rect(rect: tuple[int, int] | None, max_w: int, max_h: int) -> tuple[int, int]:
@@ -1035,7 +1065,8 @@ def _streaming_report(
   if res.latency_s > 0:
     rows.append(
       KernelRow(
-        f"layer latencies ({res.layer_passes} layer passes x {res.n_micro} micro-batches)",
+        f"layer latencies ({res.layer_passes} layer passes x {res.n_micro} "
+        f"micro-batch{'es' if res.n_micro != 1 else ''})",
         1,
         batch / res.latency_s,
         None,

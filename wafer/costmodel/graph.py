@@ -506,8 +506,22 @@ def _trace(
         f"and tracing the step failed{where}{type(exc).__name__}: {exc}; allowed: arrays, "
         "jax.ShapeDtypeStruct or Python numbers (bind other values with functools.partial)"
       ) from exc
+    hint = ""
+    if isinstance(exc, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
+      values = [f"{n}={a!r}" for n, a in zip(names, args) if isinstance(a, (bool, int, float))]
+      fn_name = getattr(fn, "__name__", "step")
+      hint = (
+        "\nThe cost model traces every example argument as an array, as jax.jit does, so a value the "
+        "step uses in Python (a flag, a loop count, a shape) must be bound to the step instead: "
+        + (
+          f"estimate(functools.partial({fn_name}, {', '.join(values)}), ...) without "
+          f"{'it' if len(values) == 1 else 'them'} among the example arguments"
+          if values
+          else f"estimate(functools.partial({fn_name}, name=value), ...)"
+        )
+      )
     raise TraceError(
-      f"could not trace the step with abstract inputs{where}{type(exc).__name__}: {exc}"
+      f"could not trace the step with abstract inputs{where}{type(exc).__name__}: {exc}{hint}"
     ) from exc
   flat_is_param: list[bool] = []
   for i, a in enumerate(args):
@@ -1112,6 +1126,37 @@ def fold_repeats(kernels: list[Kernel]) -> list[Kernel]:
   block = [_merge_instances([inst[q] for inst in instances]) for q in range(p)]
   # (a period may repeat inside itself: two identical sub-layers of a layer fold too)
   return fold_repeats(kernels[:start]) + fold_repeats(block) + fold_repeats(kernels[start + reps * p :])
+
+
+def _layout(k: Kernel) -> tuple[Any, ...]:
+  """`_signature` without sizes: a kernel's name up to numbers, which of its products read a weight
+  and in which phase, and whether it has weights. Layers that differ only in width (OpenELM's
+  per-layer feed-forward widths, a CNN's channel counts) share it."""
+  mms = tuple(sorted((m.phase, m.weight) for m in k.matmuls))
+  return (_DIGITS.sub("*", k.name), mms, bool(k.weights), () if mms else tuple(sorted(k.vector)))
+
+
+def layer_runs(kernels: list[Kernel]) -> list[tuple[list[Kernel], int]]:
+  """``(kernels, layers)`` runs of consecutive kernels that `fold_repeats` left unfolded (count 1):
+  a run that repeats one period of layout (`_layout`: the structure, whatever the sizes) at least
+  twice is that many layers; each other stretch is one. Layers that differ in width are still
+  layers: they stream their own weights one after another, as a folded stack's do.
+
+  >>> def dense(name, width):  # one weight product [8 x width] @ [width x width]
+  ...   product = Matmul("fwd", Size(1, 0), Size(8, 1), Size(width, 0), Size(width, 0), 16, True)
+  ...   return Kernel(name=name, count=1, order=0, matmuls=[product], weights={width: (width**2, 16)})
+  >>> runs = layer_runs([dense("embed", 4), dense("layer_0", 4), dense("layer_1", 6), dense("layer_2", 8)])
+  >>> [([k.name for k in run], layers) for run, layers in runs]
+  [(['embed'], 1), (['layer_0', 'layer_1', 'layer_2'], 3)]
+  """
+  if not kernels:
+    return []
+  found = _best_repeat([_layout(k) for k in kernels])
+  if found is None:
+    return [(kernels, 1)]
+  start, p, reps = found
+  end = start + p * reps
+  return [*layer_runs(kernels[:start]), (kernels[start:end], reps), *layer_runs(kernels[end:])]
 
 
 def fuse_productless(kernels: list[Kernel]) -> list[Kernel]:

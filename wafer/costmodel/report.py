@@ -74,7 +74,8 @@ class Report:
       ``step_time_s``, ``model_flops_per_sec`` and ``flops_utilization`` are None), ``reason`` says why and ``remedy`` what would make it fit; ``details`` has
       the memory it needs and has, the factor over and the assumption that decides it.
     batch_size: samples per step (all systems); ``num_csx``: systems in data parallel.
-    micro_batch_size: samples per micro-batch (weight streaming) or per pipeline wave.
+    micro_batch_size: samples per micro-batch (weight streaming) or per pipeline wave; 0 where none
+      fits (None in `to_dict`).
     samples_per_sec: the estimate: ``min`` of compute and transmission in a pipeline, the
       overlapped step in weight streaming (None: the model does not fit).
     compute_samples_per_sec: the rate if data movement were free (None: no compute, or no fit).
@@ -379,6 +380,8 @@ class Report:
         "step_time_s",
       ):
         out[key] = None
+    if not self.micro_batch_size:  # (0: no micro-batch fits)
+      out["micro_batch_size"] = None
     out["tokens_per_sec"] = _jsonable(self.tokens_per_sec)
     return out
 

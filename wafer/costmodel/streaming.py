@@ -101,7 +101,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from wafer.costmodel.graph import Graph, Kernel
+from wafer.costmodel.graph import Graph, Kernel, layer_runs
 from wafer.costmodel.hardware import System
 from wafer.costmodel.mesh import Machine, kernel_cycles
 from wafer.errors import EstimateError
@@ -266,13 +266,12 @@ def _layer_passes(graph: Graph, level: str | None) -> int:
   counts: a layer's sub-kernels may repeat more often than the layer (two FFNs a layer, an inner
   scan, attention's per-head products). Its layers are its outermost repetition with distinct
   weights: ``min(least count, most weight_instances)`` over its kernels with weights
-  (`Kernel.weight_instances`; an RNN over time, one weight array, is one layer). Counted per layer,
-  not per kernel, so the count does not depend on how the code is split into kernels (the
-  canonical layer graph). Known limits: a step with no repeated stack (one layer, layers that all
-  differ in shape, or names that defeat folding) is one segment; a stack without weights has no
-  pass; two stacks with no kernel between them are one."""
-  passes = 0
-  run: list[Kernel] = []  # the current stretch (count 1) or stack (count > 1)
+  (`Kernel.weight_instances`; an RNN over time, one weight array, is one layer). Layers that differ
+  in width, left unfolded, are found by their layout (`graph.layer_runs`): one pass each too. Counted
+  per layer, not per kernel, so the count does not depend on how the code is split into kernels nor
+  on the layers' widths (the canonical layer graph; a wider layer is never fewer passes). Known
+  limits: names that defeat folding and layout alike leave one segment; a stack without weights has
+  no pass; two stacks with no kernel between them are one."""
 
   def close(kernels: list[Kernel]) -> int:
     weighted = [k for k in kernels if k.weights]
@@ -281,10 +280,12 @@ def _layer_passes(graph: Graph, level: str | None) -> int:
     # training updates every weight: a backward pass, whichever kernel got its work
     bwd = graph.training or any(k.has_phase("bwd") for k in kernels)
     if kernels[0].count <= 1:
-      return 2 if bwd else 1
+      return sum(layers * (1 + bwd) for run, layers in layer_runs(kernels) if any(k.weights for k in run))
     layers = min(min(k.count for k in weighted), max(k.weight_instances for k in weighted))
     return layers * (1 + bwd + (level == "spans" and bwd))
 
+  passes = 0
+  run: list[Kernel] = []  # the current stretch (count 1) or stack (count > 1)
   for k in graph.kernels:
     if run and (run[0].count > 1) != (k.count > 1):
       passes += close(run)

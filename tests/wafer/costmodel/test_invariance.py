@@ -110,6 +110,26 @@ def test_every_argument_with_the_batch_on_axis_0_is_a_batch_argument(batch, d_in
   assert default.to_dict()["batch_arguments"] == ["x", "labels"]
 
 
+@pytest.mark.parametrize(("batch", "d_out"), [(512, 1024), (96, 96), (64, 8)])
+def test_a_weight_whose_axis_0_equals_the_batch_is_not_a_batch_argument(batch, d_out):
+  """Found by a probe: an inference step ``tanh(x @ w.T)`` with ``w`` of shape ``(batch, d)`` (a
+  weight stored output-first) traces with ``w`` doubled along with ``x``, so ``w`` was taken as data:
+  the work per sample looked 500x smaller and doubling the batch seemed to raise the rate 72x.
+  Doubling ``w`` widens the output on axis 1; data only lengthens axis 0."""
+
+  def infer(w, x):
+    return jnp.tanh(x @ w.T)
+
+  w, x = sds(batch, d_out), sds(batch, d_out)
+  default = wafer.estimate(infer, w, x)
+  explicit = wafer.estimate(infer, w, x, batch_argnums=1)
+  assert default.batch_arguments == ("x",) == explicit.batch_arguments
+  assert default.flops_per_sample == explicit.flops_per_sample == pytest.approx(2 * batch * d_out)
+  assert default.samples_per_sec == pytest.approx(explicit.samples_per_sec)
+  why = "beyond axis 0" if d_out != batch else "the step returns"  # (a square w: its shape is the output's)
+  assert any(n.startswith(f"w has {batch} on axis 0") and why in n for n in default.notes), default.notes
+
+
 def test_per_sample_keys_are_batch_arguments_a_shared_key_is_not():
   def step(params, x, sample_keys, key):
     noise = jax.random.normal(key, x.shape, jnp.float32)

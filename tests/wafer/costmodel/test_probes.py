@@ -218,6 +218,43 @@ def test_a_none_argument_the_step_fails_on_is_named_as_a_str_argument_is():
   assert wafer.estimate(ignored, w, x, None).fits  # a None the step does not use is no error
 
 
+def _sgd(w, x):
+  return w - jax.grad(lambda w: jax.numpy.mean(jax.numpy.tanh(x @ w) ** 2))(w)
+
+
+def _flagged(w, x, train):
+  if train:
+    x = x * 0.9
+  return _sgd(w, x)
+
+
+def _repeated(w, x, steps):
+  for _ in range(steps):
+    w = _sgd(w, x)
+  return w
+
+
+@pytest.mark.parametrize(
+  ("step", "value", "line"), [(_flagged, True, "if train:"), (_repeated, 3, "for _ in range(steps):")]
+)
+def test_a_python_flag_or_count_among_the_example_arguments_gets_the_partial_fix(step, value, line):
+  """Found by a probe: ``estimate(step, w, x, True)`` where the step does ``if train:`` (or
+  ``range(n)``) failed with JAX's error about ``dynamic[2]``; the message now names the argument and
+  the fix, the step with the value bound (which then estimates)."""
+  import functools
+  import re
+
+  from wafer.errors import TraceError
+
+  f32 = jax.numpy.float32
+  w, x = jax.ShapeDtypeStruct((16, 8), f32), jax.ShapeDtypeStruct((32, 16), f32)
+  name = step.__code__.co_varnames[2]
+  fix = re.escape(f"functools.partial({step.__name__}, {name}={value!r})")
+  with pytest.raises(TraceError, match=rf"(?s)at .*{re.escape(line)}.*{fix}"):
+    wafer.estimate(step, w, x, value)
+  assert wafer.estimate(functools.partial(step, **{name: value}), w, x).fits
+
+
 def _linen_encoder_step(d_model: int, scan: bool, layers: int = 4, heads: int = 4, vocab: int = 500):
   """A Transformers-style Flax linen encoder (einsum attention, an additive mask bias, post-LN) with
   AdamW: its layers in a Python loop or in ``nn.scan``."""
