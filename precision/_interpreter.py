@@ -396,9 +396,11 @@ def _value_treatment(p: Pass, op_class: str, floats: list[Tag]) -> tuple[str, st
     return "constant", op_class
   if op_class == "exact":
     return "exact", op_class
+  attention = any(t.attention for t in floats)
   if op_class == "elementwise" and all(t.state in (FLOAT32, *CONSTANTS) for t in floats):
-    return "float32", op_class
+    # (reported in its class: scores divided by sqrt(d) at level 0 or 1 are attention_softmax work)
+    return "float32", "attention_softmax" if attention else op_class
   if op_class not in ("elementwise", "transcendental", "reduction"):
     return "unknown", op_class
-  rule_class = "attention_softmax" if any(t.attention for t in floats) else op_class
+  rule_class = "attention_softmax" if attention else op_class
   return ("round" if p.rules[rule_class] == "round" else "float32"), rule_class

@@ -352,6 +352,19 @@ def _user_error(error: BaseException) -> str | None:
   return None
 
 
+@contextlib.contextmanager
+def _working(what: str) -> Iterator[None]:
+  """A spinner with ``what`` on a terminal's stderr while the block runs (seconds to tens of seconds
+  for a large model); nothing when stderr is not a terminal (a log, a pipe, the tests)."""
+  if not sys.stderr.isatty():
+    yield
+    return
+  from rich.console import Console
+
+  with Console(stderr=True).status(what + " ..."):
+    yield
+
+
 def _estimate(args: argparse.Namespace) -> int:
   import wafer
   from wafer.compile import cheap_sharding_probes
@@ -382,7 +395,7 @@ def _estimate(args: argparse.Namespace) -> int:
     from wafer.train.loop import make_model_dir
 
     make_model_dir(args.model_dir, "--model_dir")
-  with cheap_sharding_probes():  # flax.nnx dropout draws in the traced step
+  with cheap_sharding_probes(), _working(f"estimating {name}: tracing the step and costing it on the wafer"):
     report = wafer.estimate(fn, *example_args, name=name, **kwargs)
   notes = getattr(args, "workload_notes", None)
   if notes:  # which conditions are the published run's, and which the command line replaced

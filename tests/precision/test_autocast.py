@@ -426,6 +426,24 @@ def test_cast_report_counts():
   assert "values rounded" in text and "dot_general" in text and "matmul" in text
 
 
+def test_cast_report_puts_the_score_divisions_in_attention_softmax_at_every_level():
+  """Found by a probe: at levels 0 and 1 the scores' division by sqrt(d) and the softmax's division
+  were reported as ``elementwise`` kept in float32, at level 2 as ``attention_softmax`` rounded: the
+  class of an equation is what it computes on (the scores), whatever the level does to it."""
+
+  def attention(q, k, v, wo):
+    scores = jnp.einsum("bqd,bkd->bqk", q, k) / 8.0
+    return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(scores, axis=-1), v) @ wo
+
+  args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((2, 16, 64), (2, 16, 64), (2, 16, 64), (64, 8))]
+  reports = [precision.cast_report(attention, _level(level), *args) for level in (0, 1, 2)]
+  counts = {r.by_class["attention_softmax"].equations for r in reports}
+  assert len(counts) == 1, counts
+  assert all("elementwise" not in r.by_class or r.by_class["elementwise"].equations == 0 for r in reports)
+  assert reports[0].by_class["attention_softmax"].rounded == 0  # float32 at level 0 ...
+  assert reports[2].by_class["attention_softmax"].kept_float32 == 0  # ... rounded at level 2
+
+
 def test_cast_report_scales_scan_bodies_by_their_length():
   step = lambda h, x: (jnp.tanh(h + x), h)
   f = lambda h, xs: jax.lax.scan(step, h, xs)[0]
