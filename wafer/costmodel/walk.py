@@ -871,7 +871,10 @@ class Walker:
     keys = list(ins[cn : cn + bn]) + self._carried(ins[cn + bn :])
     trips = self._trip_count(eqn, refs)
     if trips is None:
-      self.notes.add("while loops (unknown trip count) are counted as one iteration")
+      self.notes.add(
+        "while loops (unknown trip count) are counted as one iteration, so the rate is an upper bound "
+        "where a loop runs more often; a lax.fori_loop or lax.scan with a fixed count is costed per iteration"
+      )
     else:
       self.notes.add("while loops that count an integer up to a known bound run that many iterations")
     self.walk(body, keys, scopes, transposed, mult * max(trips or 1, 1))
