@@ -21,6 +21,8 @@ donated), restores the newest readable checkpoint in ``model_dir`` if there is o
 Eval runs the eval step compiled once through `wafer.compile`, under the same `precision.Policy`
 and the same ``num_csx`` sharding as training, in every eval mode. With many processes
 (`wafer.cluster.initialize`) every process runs this loop; process 0 writes metrics and logs.
+One run at a time writes into a model_dir: process 0 locks it before any slow work, until the run
+ends (`wafer.train.lock`), and a second run into it stops at once, naming the run that holds it.
 A mistake any one process finds (damaged data or checkpoint, settings that do not fit the
 checkpoint, a model_dir process 0 cannot write) stops every process with the same error
 (`wafer.cluster.agree`), at these points: at the start (every process must have been started with
@@ -56,6 +58,7 @@ from wafer.config.errors import Problem
 from wafer.config.schema import MODES
 from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted
 from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
+from wafer.train.lock import ModelDirLock
 from wafer.train.metrics import SUPERSEDED, Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
 from wafer.train.step import make_eval_step, make_train_step
@@ -315,6 +318,7 @@ class _Run:
     }
     self.eval_compiled: Any = None
     self.said_short_eval = False  # eval_steps beyond the eval data: said once per run
+    self.lock: ModelDirLock | None = None  # process 0's lock of model_dir, held while the run goes
 
   def say(self, line: str) -> None:
     if self.main:
@@ -329,13 +333,17 @@ class _Run:
     cluster.same_on_every_process({**self.settings, **{f"runconfig.{k}": v for k, v in run_keys.items()}})
     # damaged data or a model_dir process 0 cannot write stops every process; the traces of the state's
     # shapes, the step and the estimate probe tracer.sharding at every flax.nnx RNG draw (cheap here)
-    with cluster.same_outcome(), cheap_sharding_probes():
-      init = self._prepare()
-    if init is None:
-      kind = "Validation" if self.rc.validate_only else "Compile"
-      self.say(f"{kind} completed successfully ({self.task.name}).")
-      return self.summary
-    return self._go(init)
+    try:
+      with cluster.same_outcome(), cheap_sharding_probes():
+        init = self._prepare()
+      if init is None:
+        kind = "Validation" if self.rc.validate_only else "Compile"
+        self.say(f"{kind} completed successfully ({self.task.name}).")
+        return self.summary
+      return self._go(init)
+    finally:
+      if self.lock is not None:
+        self.lock.release()
 
   def _prepare(self) -> TrainState | None:
     """Check the settings, read the data, compile the train step, write the compile report (no collective).
@@ -345,6 +353,8 @@ class _Run:
     task, rc = self.task, self.rc
     check_checkpoint_keys(rc)
     make_model_dir(self.model_dir)
+    if self.main:  # process 0 writes model_dir; another run writing there is refused before any slow work
+      self.lock = ModelDirLock.acquire(self.model_dir, say=self.say)
     seed = seed_of(rc)
     check_only = rc.validate_only or rc.compile_only
     if check_only and task.batch_spec is not None:
