@@ -105,6 +105,10 @@ class Checkpoints:
     cluster.agree(failure)
     return step
 
+  def aside(self, step: int) -> Path:
+    """Where checkpoint ``step`` goes when it is set aside: a free ``checkpoints/<step>.unreadable`` name."""
+    return _aside(self.directory, step)
+
   def _set_aside(self, step: int) -> None:
     """Move the unreadable checkpoint ``step`` to a free ``<step>.unreadable`` name (process 0 does it)."""
     path, aside = self.directory / str(step), _aside(self.directory, step)
