@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -410,6 +411,83 @@ def _nan_from(task, first):
   return dataclasses.replace(task, train_data=data)
 
 
+class _OrphanedWrite:
+  """Dropped at once: its ``__del__`` raises as TensorStore's writes still pending when orbax's event loop
+  closed do (printed by ``sys.unraisablehook``, a traceback each)."""
+
+  def __init__(self, message):
+    self.message = message
+
+  def __del__(self):
+    raise RuntimeError(self.message)
+
+
+def _orbax_save_that(monkeypatch, error=None, note=None):
+  """orbax's save, with what a full disk makes it do: an absl ERROR with a traceback, an orphaned write's
+  "Event loop is closed", then ``error``; or (``error`` None) a real save that logs ``note`` on the way."""
+  import logging
+
+  import orbax.checkpoint as ocp
+
+  save = ocp.CheckpointManager.save
+
+  def failing(self, *args, **kwargs):
+    if error is None:
+      logging.getLogger("absl").warning(note)
+      _OrphanedWrite("not orbax's")
+      return save(self, *args, **kwargs)
+    try:
+      raise error
+    except type(error):
+      logging.getLogger("absl").error(f"_SignalingThread.run() raised an exception: {error}", exc_info=True)
+    _OrphanedWrite("Event loop is closed")
+    raise error
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", failing)
+
+
+LONG = "/state.orbax-checkpoint-tmp" * 12 + "/ocdbt.process_0/d/a66472d202f77a4c5ddbe6311d81a44e"
+"""A file of a checkpoint being written, as deep as orbax's (the error used to be cut in the middle of it)."""
+
+
+@pytest.mark.parametrize("kind", ["OSError", "TensorStore ValueError"])
+def test_a_full_disk_while_saving_a_checkpoint_says_so_whole_without_orbaxs_tracebacks(
+  tmp_path, monkeypatch, capsys, caplog, kind
+):
+  path = f"{tmp_path}/checkpoints/10.orbax-checkpoint-tmp{LONG}"
+  error = (
+    OSError(errno.ENOSPC, "No space left on device", path)
+    if kind == "OSError"
+    else ValueError(
+      f'RESOURCE_EXHAUSTED: Error writing "params/0" in OCDBT database at local file "{tmp_path}/checkpoints/'
+      f'10.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/": Failed writing: "{path}": Failed to '
+      "write 140981 bytes to file 22: No space left on device [os_error_code='28']"
+    )
+  )
+  unraisable = []
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+  _orbax_save_that(monkeypatch, error)
+  with pytest.raises(ExecutorError) as raised:
+    _run(tmp_path, max_steps=10, checkpoint_steps=10, log_steps=5)
+  assert str(raised.value) == (
+    f"Cannot save the checkpoint of step 10 in {tmp_path / 'checkpoints'}: No space left on device (errno 28), "
+    f"writing {path}; no checkpoint was saved, and nothing saved before was changed. Free space in model_dir (or "
+    "give another --model_dir) and rerun the same command: it resumes from there."
+  )
+  assert [r for r in caplog.records if r.name == "absl"] == [] and unraisable == []
+  assert "Traceback" not in capsys.readouterr().err
+  # a save that goes through lets orbax's output through: nothing wafer does not report is hidden
+  monkeypatch.undo()
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+  _orbax_save_that(monkeypatch, note="orbax says something")
+  caplog.clear()
+  _run(tmp_path, max_steps=10, checkpoint_steps=10, log_steps=5)
+  assert [(r.name, r.getMessage()) for r in caplog.records if r.name == "absl"] == [
+    ("absl", "orbax says something")
+  ]
+  assert [str(u.exc_value) for u in unraisable] == ["not orbax's"]
+
+
 def test_a_resume_with_another_batch_size_names_the_key(tmp_path):
   """The example's batches are drawn by step number: another batch size used to resume silently."""
   _run(tmp_path, max_steps=10, checkpoint_steps=10, log_steps=5)
@@ -567,7 +645,10 @@ def test_errors_of_damaged_runs_are_wafer_errors():
     m.write({"step": 1, "loss": 1.0}, "line")
 
 
-@pytest.mark.parametrize("module", ["wafer._io", "wafer.cluster", "wafer.train.metrics", "wafer.train.loop"])
+@pytest.mark.parametrize(
+  "module",
+  ["wafer._io", "wafer.cluster", "wafer.train.checkpoint", "wafer.train.metrics", "wafer.train.loop"],
+)
 def test_the_docstring_examples_run(module):
   """The default pytest run collects no doctests; these modules' examples run here."""
   import doctest
