@@ -279,7 +279,8 @@ class ClosureError(WaferError, ValueError):
 
 class ExecutorError(WaferError, ValueError):
   """Settings or state that the run loop cannot run with (counters, modes, a model_dir that cannot be
-  written, batches of another shape than declared); the message says what to change."""
+  written or that another run is writing into, batches of another shape than declared); the message
+  says what to change."""
 
 
 class CheckpointMismatch(ExecutorError):

@@ -10,7 +10,8 @@
 * `Checkpoints` (`checkpoint`): orbax, damaged checkpoints reported and skipped;
 * `Metrics` / `Progress` (`metrics`): metrics.jsonl, TensorBoard, log lines (process 0);
   `read_metrics`: the records of a metrics.jsonl (a partial line of a killed run skipped, with file:line);
-* `RunInterrupted`: the `KeyboardInterrupt` of a ctrl-C, saying how to resume.
+* `RunInterrupted`: the `KeyboardInterrupt` of a ctrl-C, saying how to resume;
+* `lock`: one run at a time in a model_dir (``model_dir/wafer.lock``, held by process 0).
 """
 
 from wafer.errors import ExecutorError as ExecutorError

@@ -17,6 +17,10 @@ save that fails on one process (or process 0's move aside) stops all.
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,30 +84,36 @@ class Checkpoints:
           self._set_aside(step)
       self.manager.reload()
     failure = None
-    try:
-      self.manager.save(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-        force=True,
-      )
-      self.manager.wait_until_finished()
-    except (
-      OSError,
-      ValueError,
-    ) as error:  # a full disk, a read-only or vanished model_dir (TensorStore: ValueError)
-      saved = [s for s in self.steps() if s != step]
-      newest = f"the newest saved checkpoint is step {max(saved)}" if saved else "no checkpoint was saved"
-      todo = (
-        what_to_do(error) if isinstance(error, OSError) else "free space in model_dir (or make it writable)"
-      )
-      failure = ExecutorError(
-        f"Cannot save the checkpoint of step {step} in {self.directory} ({_reason(error)}); {newest}, and "
-        f"nothing saved before was changed. {todo[0].upper()}{todo[1:]} and rerun the same command: it "
-        "resumes from there."
-      )
-      failure.__cause__ = error
+    with _OrbaxOutputHeld() as held:  # orbax's tracebacks of a failure this error reports are not printed
+      try:
+        self.manager.save(
+          step,
+          args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+          force=True,
+        )
+        self.manager.wait_until_finished()
+      except (
+        OSError,
+        ValueError,
+      ) as error:  # a full disk, a read-only or vanished model_dir (TensorStore: ValueError)
+        held.reported = error
+        saved = [s for s in self.steps() if s != step]
+        newest = f"the newest saved checkpoint is step {max(saved)}" if saved else "no checkpoint was saved"
+        reason, os_error = _write_failure(error)
+        todo = (
+          what_to_do(os_error) if os_error is not None else "free space in model_dir (or make it writable)"
+        )
+        failure = ExecutorError(
+          f"Cannot save the checkpoint of step {step} in {self.directory}: {reason}; {newest}, and nothing saved "
+          f"before was changed. {todo[0].upper()}{todo[1:]} and rerun the same command: it resumes from there."
+        )
+        failure.__cause__ = error
     cluster.agree(failure)
     return step
+
+  def aside(self, step: int) -> Path:
+    """Where checkpoint ``step`` goes when it is set aside: a free ``checkpoints/<step>.unreadable`` name."""
+    return _aside(self.directory, step)
 
   def _set_aside(self, step: int) -> None:
     """Move the unreadable checkpoint ``step`` to a free ``<step>.unreadable`` name (process 0 does it)."""
@@ -246,6 +256,88 @@ def _aside(directory: Path, step: int) -> Path:
   while path.exists():
     path, n = directory / f"{step}.unreadable.{n}", n + 1
   return path
+
+
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='?(\d+)'?\]")
+"""How TensorStore's errors (ValueErrors) carry the OS error: ``... No space left on device [os_error_code='28']``."""
+_QUOTED_PATH = re.compile(r'"(/[^"]*)"')
+
+
+def _write_failure(error: OSError | ValueError) -> tuple[str, OSError | None]:
+  """What a failed checkpoint write says, whole (the OS error's text and the file), and that OS error.
+
+  An ``OSError`` gives its own; a TensorStore ``ValueError`` names it by ``os_error_code`` after the
+  files it was writing (the last one is the file that failed). Another error is its first line, whole.
+
+  >>> _write_failure(OSError(28, "No space left on device", "/md/checkpoints/10/d/a1"))[0]
+  'No space left on device (errno 28), writing /md/checkpoints/10/d/a1'
+  >>> _write_failure(ValueError('RESOURCE_EXHAUSTED: Failed writing: "/md/c/10/d/a1": Failed to write 9 bytes '
+  ...                           "to file 22: No space left on device [os_error_code='28']"))[0]
+  'No space left on device (errno 28), writing /md/c/10/d/a1'
+  """
+  if isinstance(error, OSError):
+    code, path = error.errno, error.filename
+  else:
+    found = _OS_ERROR_CODE.search(str(error))
+    code = int(found.group(1)) if found else None
+    paths = _QUOTED_PATH.findall(str(error))
+    path = paths[-1] if paths else None
+  if code is None:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}", None
+  os_error = OSError(code, os.strerror(code), path)
+  return f"{os.strerror(code)} (errno {code})" + (f", writing {path}" if path else ""), os_error
+
+
+class _OrbaxOutputHeld:
+  """While a save runs, hold orbax's absl log records and the unraisable exceptions of its writes;
+  at the end let them through, except those about ``reported`` (the failure wafer's own error reports:
+  orbax logs it with a traceback from each of its threads, and TensorStore's writes still pending when
+  orbax's event loop closed raise "Event loop is closed" once each). Nothing else is hidden."""
+
+  def __init__(self) -> None:
+    self.reported: BaseException | None = None
+    self._records: list[logging.LogRecord] = []
+    self._unraisable: list[Any] = []
+    self._logger = logging.getLogger("absl")
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    self._records.append(record)
+    return False
+
+  def _hold_unraisable(self, unraisable: Any) -> None:
+    self._unraisable.append(unraisable)
+
+  def __enter__(self) -> _OrbaxOutputHeld:
+    self._logger.addFilter(self)
+    self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._hold_unraisable
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    self._logger.removeFilter(self)
+    if sys.unraisablehook == self._hold_unraisable:
+      sys.unraisablehook = self._previous_hook
+    records, unraisable, self._records, self._unraisable = self._records, self._unraisable, [], []
+    for record in records:
+      if not self._about_reported(record):
+        self._logger.handle(record)
+    for args in unraisable:
+      orphaned = isinstance(args.exc_value, RuntimeError) and str(args.exc_value) == "Event loop is closed"
+      if not (self.reported is not None and orphaned):
+        self._previous_hook(args)
+
+  def _about_reported(self, record: logging.LogRecord) -> bool:
+    """Whether ``record`` is orbax's report of the failure wafer reports (an error with its text)."""
+    if self.reported is None or record.levelno < logging.ERROR:
+      return False
+    text = str(self.reported).strip()
+    head = text.splitlines()[0] if text else ""
+    logged = record.exc_info[1] if record.exc_info else None
+    return (
+      logged is self.reported
+      or (logged is not None and str(logged) == str(self.reported))
+      or (bool(head) and head in record.getMessage())
+    )
 
 
 def _reason(error: BaseException) -> str:

@@ -21,6 +21,8 @@ donated), restores the newest readable checkpoint in ``model_dir`` if there is o
 Eval runs the eval step compiled once through `wafer.compile`, under the same `precision.Policy`
 and the same ``num_csx`` sharding as training, in every eval mode. With many processes
 (`wafer.cluster.initialize`) every process runs this loop; process 0 writes metrics and logs.
+One run at a time writes into a model_dir: process 0 locks it before any slow work, until the run
+ends (`wafer.train.lock`), and a second run into it stops at once, naming the run that holds it.
 A mistake any one process finds (damaged data or checkpoint, settings that do not fit the
 checkpoint, a model_dir process 0 cannot write) stops every process with the same error
 (`wafer.cluster.agree`), at these points: at the start (every process must have been started with
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -56,6 +59,7 @@ from wafer.config.errors import Problem
 from wafer.config.schema import MODES
 from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted
 from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
+from wafer.train.lock import ModelDirLock
 from wafer.train.metrics import SUPERSEDED, Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
 from wafer.train.step import make_eval_step, make_train_step
@@ -290,6 +294,13 @@ def _show(value: Any) -> str:
   return "(unset)" if type(value) is object else repr(value)
 
 
+_STEPS_AFTER_RESUME = 2
+"""The steps after a resume whose loss is always read (one device synchronisation each). The first step's
+loss is computed from the restored weights, the second's from weights updated with the restored optimizer
+state (a damaged momentum). A non-finite loss at these steps, or at a log step before a finite loss was
+logged after them, suspects the checkpoint the run resumed from, not the learning rate."""
+
+
 class _Run:
   def __init__(self, task, rc, optimizer, loss_scale, policy, progress, config=None):
     if rc.mode not in MODES:
@@ -315,6 +326,10 @@ class _Run:
     }
     self.eval_compiled: Any = None
     self.said_short_eval = False  # eval_steps beyond the eval data: said once per run
+    self.lock: ModelDirLock | None = None  # process 0's lock of model_dir, held while the run goes
+    # (step, largest |value| of its weights and optimizer state, on device) of the checkpoint the run
+    # resumed from, while a non-finite loss suspects it (_STEPS_AFTER_RESUME)
+    self.just_resumed: tuple[int, jax.Array] | None = None
 
   def say(self, line: str) -> None:
     if self.main:
@@ -329,13 +344,17 @@ class _Run:
     cluster.same_on_every_process({**self.settings, **{f"runconfig.{k}": v for k, v in run_keys.items()}})
     # damaged data or a model_dir process 0 cannot write stops every process; the traces of the state's
     # shapes, the step and the estimate probe tracer.sharding at every flax.nnx RNG draw (cheap here)
-    with cluster.same_outcome(), cheap_sharding_probes():
-      init = self._prepare()
-    if init is None:
-      kind = "Validation" if self.rc.validate_only else "Compile"
-      self.say(f"{kind} completed successfully ({self.task.name}).")
-      return self.summary
-    return self._go(init)
+    try:
+      with cluster.same_outcome(), cheap_sharding_probes():
+        init = self._prepare()
+      if init is None:
+        kind = "Validation" if self.rc.validate_only else "Compile"
+        self.say(f"{kind} completed successfully ({self.task.name}).")
+        return self.summary
+      return self._go(init)
+    finally:
+      if self.lock is not None:
+        self.lock.release()
 
   def _prepare(self) -> TrainState | None:
     """Check the settings, read the data, compile the train step, write the compile report (no collective).
@@ -345,6 +364,8 @@ class _Run:
     task, rc = self.task, self.rc
     check_checkpoint_keys(rc)
     make_model_dir(self.model_dir)
+    if self.main:  # process 0 writes model_dir; another run writing there is refused before any slow work
+      self.lock = ModelDirLock.acquire(self.model_dir, say=self.say)
     seed = seed_of(rc)
     check_only = rc.validate_only or rc.compile_only
     if check_only and task.batch_spec is not None:
@@ -525,6 +546,7 @@ class _Run:
     # a max_steps below the checkpoint's step: refused before "Resuming"
     steps_to_run(self.rc, step, self.data)
     self.say(f"Resuming from the checkpoint at step {step}.")
+    self.just_resumed = (step, _largest_magnitude((state.params, state.opt_state)))  # not fetched (no sync)
     self._note_changes(self._changes(meta), step)
     self.metrics.resume(step)  # the killed run's records after `step` move to metrics.superseded.jsonl
     return state
@@ -625,6 +647,19 @@ class _Run:
         if rc.check_loss_values and not math.isfinite(loss):  # modelzoo's check, on the fetched loss
           bar.close()
           raise ExecutorError(self._non_finite_loss(done, loss))
+        if self.just_resumed is not None and done >= self.just_resumed[0] + _STEPS_AFTER_RESUME:
+          self.just_resumed = None  # a finite loss logged after the resume: the checkpoint is not suspected
+      elif (
+        self.just_resumed is not None
+        and rc.check_loss_values
+        and done <= self.just_resumed[0] + _STEPS_AFTER_RESUME
+      ):
+        # the first steps after a resume run on the restored state as it is: their losses are read (a
+        # device synchronisation each, once per resume), so a damaged checkpoint is named, not trained on
+        loss = float(jax.device_get(step_metrics["loss"]))
+        if not math.isfinite(loss):
+          bar.close()
+          raise ExecutorError(self._non_finite_loss(done, loss))
       if done in marks:
         self.checkpoints.save(state, self._meta())
     bar.close()
@@ -668,6 +703,8 @@ class _Run:
   def _non_finite_loss(self, step: int, loss: float) -> str:
     """The error of a NaN or infinite loss at ``step`` (``runconfig.check_loss_values``)."""
     steps = self.checkpoints.steps()
+    if self.just_resumed is not None:  # one of the first steps after the resume: the checkpoint is suspect
+      return self._damaged_resume(step, loss, steps)
     every = max(1, int(self.rc.log_steps or 1))
     if not steps:
       where = "no checkpoint was written before it (the rerun starts from step 0)"
@@ -687,6 +724,36 @@ class _Run:
       f"{'' if self._dynamic_scaling() else 'use dynamic loss scaling (optimizer.loss_scaling_factor: dynamic) or a smaller static one, '}"
       f"or check the input data; then rerun: {where}. runconfig.check_loss_values: false trains on regardless (a step whose "
       "gradients are not finite is then skipped)."
+    )
+
+  def _damaged_resume(self, step: int, loss: float, steps: list[int]) -> str:
+    """The error of a non-finite loss at ``step`` soon after a resume (`_STEPS_AFTER_RESUME`)."""
+    resumed, largest = self.just_resumed
+    path = self.checkpoints.directory / str(resumed)
+    try:
+      value = float(jax.device_get(largest))
+      held = (
+        "its weights and optimizer state hold NaN or Inf"
+        if not math.isfinite(value)
+        else f"the largest |value| among its weights and optimizer state is {value:.3g}"
+      )
+    except Exception:  # noqa: BLE001 (the value only adds to the message)
+      held = ""
+    before = [s for s in steps if s < resumed]
+    then = (
+      f"it then resumes from the checkpoint of step {max(before)}, the one before"
+      if before
+      else "it then starts again from step 0 (no checkpoint before it)"
+    )
+    return (
+      f"Step {step}: the loss is {'NaN' if math.isnan(loss) else loss}, {step - resumed} step"
+      f"{'s' * (step - resumed != 1)} after the run resumed from the checkpoint of step {resumed} ({path}), "
+      "before any finite loss was logged: that checkpoint may be damaged"
+      f"{f' ({held})' if held else ''}: its files may have changed since it was written. Move it aside (to "
+      f"{self.checkpoints.aside(resumed)}, where wafer keeps checkpoints it cannot read) and "
+      f"rerun the same command: {then}. If the loss is not finite again from there, training diverged: lower "
+      "optimizer.learning_rate, clip the gradients (optimizer.max_gradient_norm) or check the input data "
+      "(runconfig.check_loss_values is true: a NaN or infinite loss stops the run)."
     )
 
   def _all_skipped(self, first: int, last: int, logged_only: bool) -> str:
@@ -826,6 +893,17 @@ class _Run:
         {"step": step, f"eval/{name}": value}, f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})"
       )
     return value
+
+
+@jax.jit
+def _largest_magnitude(tree: Any) -> jax.Array:
+  """The largest |value| among the floating-point arrays of ``tree`` (0 when it has none; NaN if one is NaN)."""
+  floats = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating) and x.size]
+  return (
+    jnp.max(jnp.stack([jnp.max(jnp.abs(x)).astype(jnp.float32) for x in floats]))
+    if floats
+    else jnp.float32(0)
+  )
 
 
 def _skipped_steps(state: TrainState) -> int | None:

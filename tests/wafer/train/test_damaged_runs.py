@@ -5,10 +5,12 @@ next run (or reader) reports it with a message that says where and what to do, a
 model_dir stays consistent (`wafer.train.read_metrics` never sees a step twice from training).
 """
 
+import dataclasses
 import errno
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -20,7 +22,7 @@ from hypothesis import strategies as st
 from models.mlp import example_run, example_task
 from wafer import _io
 from wafer.errors import WaferError
-from wafer.train import ExecutorError, RunInterrupted, read_metrics, run
+from wafer.train import Checkpoints, ExecutorError, IndexedBatches, RunInterrupted, read_metrics, run
 from wafer.train import metrics as metrics_module
 from wafer.train.metrics import SUPERSEDED, Metrics
 
@@ -343,6 +345,149 @@ def test_damaged_orbax_json_is_found_before_orbax_starts_reading(killed_at_25, t
   assert restored == [10]
 
 
+def _silently_damaged(monkeypatch, where, value):
+  """Restores read one value of the checkpoint as ``value`` without an error, as a checkpoint whose data bytes
+  were overwritten did (``where``: ``"params"``, a weight, or ``"opt_state"``, the momentum): the first
+  hidden unit's bias (a momentum of -2.5e38 makes it 1e37 at the first step)."""
+  restore = Checkpoints.restore
+
+  def damaged(self, step, like):
+    state, meta = restore(self, step, like)
+    leaves, treedef = jax.tree.flatten(getattr(state, where))
+    first = next(i for i, x in enumerate(leaves) if np.issubdtype(x.dtype, np.floating))
+    leaves[first] = leaves[first].at[(0,) * leaves[first].ndim].set(value)
+    return dataclasses.replace(state, **{where: jax.tree.unflatten(treedef, leaves)}), meta
+
+  monkeypatch.setattr(Checkpoints, "restore", damaged)
+
+
+@pytest.mark.parametrize(("where", "value", "step"), [("params", 2.5e38, 21), ("opt_state", -2.5e38, 22)])
+def test_a_nan_loss_right_after_a_resume_names_the_checkpoint_a_later_one_the_learning_rate(
+  killed_at_25, tmp_path, monkeypatch, where, value, step
+):
+  """A checkpoint whose bytes were overwritten restores without an error; its 2.5e38 made the next steps'
+  loss NaN, and the error blamed the learning rate, so every rerun resumed from it and looped on the NaN."""
+  model_dir = tmp_path / "md"
+  shutil.copytree(killed_at_25, model_dir)
+  _silently_damaged(monkeypatch, where, value)
+  with pytest.raises(ExecutorError) as error:
+    _run(model_dir, max_steps=30, checkpoint_steps=10, log_steps=5)
+  message, path = str(error.value), model_dir / "checkpoints" / "20"
+  after = "1 step" if step == 21 else "2 steps"
+  assert message.startswith(f"Step {step}: the loss is ")
+  assert (
+    f"{after} after the run resumed from the checkpoint of step 20 ({path}), before any finite loss was logged: "
+    "that checkpoint may be damaged (the largest |value| among its weights and optimizer state is 2.5e+38)"
+  ) in message
+  assert (
+    f"Move it aside (to {path}.unreadable, where wafer keeps checkpoints it cannot read) and rerun the same "
+    "command: it then resumes from the checkpoint of step 10, the one before." in message
+  )
+  assert "was written before it" not in message and "\n" not in message
+  assert _steps(model_dir) == [1, 5, 10, 15, 20]  # stopped before logging or saving anything after it
+  # a NaN after a finite loss was logged since the resume is the training's: the learning-rate advice
+  monkeypatch.undo()
+  task, rc, optimizer, loss_scale, policy = example_run(str(model_dir), max_steps=30, log_steps=2)
+  with pytest.raises(ExecutorError) as error:  # resumed from 20, finite at 21 and 22, NaN from 23
+    run(_nan_from(task, 22), rc, optimizer, loss_scale, policy, progress=False)
+  message = str(error.value)
+  assert message.startswith("Step 24: the loss is NaN") and "may be damaged" not in message
+  assert "lower optimizer.learning_rate" in message
+
+
+def _nan_from(task, first):
+  """``task`` whose training batches from number ``first`` on (steps ``first + 1`` on) hold NaN."""
+
+  def data(seed):
+    batch_of = task.train_data(seed).batch_of  # the example's IndexedBatches
+
+    def nan_from(k):
+      return jax.tree.map(
+        lambda x: np.full_like(x, np.nan) if k >= first and x.dtype.kind == "f" else x, batch_of(k)
+      )
+
+    return IndexedBatches(nan_from)
+
+  return dataclasses.replace(task, train_data=data)
+
+
+class _OrphanedWrite:
+  """Dropped at once: its ``__del__`` raises as TensorStore's writes still pending when orbax's event loop
+  closed do (printed by ``sys.unraisablehook``, a traceback each)."""
+
+  def __init__(self, message):
+    self.message = message
+
+  def __del__(self):
+    raise RuntimeError(self.message)
+
+
+def _orbax_save_that(monkeypatch, error=None, note=None):
+  """orbax's save, with what a full disk makes it do: an absl ERROR with a traceback, an orphaned write's
+  "Event loop is closed", then ``error``; or (``error`` None) a real save that logs ``note`` on the way."""
+  import logging
+
+  import orbax.checkpoint as ocp
+
+  save = ocp.CheckpointManager.save
+
+  def failing(self, *args, **kwargs):
+    if error is None:
+      logging.getLogger("absl").warning(note)
+      _OrphanedWrite("not orbax's")
+      return save(self, *args, **kwargs)
+    try:
+      raise error
+    except type(error):
+      logging.getLogger("absl").error(f"_SignalingThread.run() raised an exception: {error}", exc_info=True)
+    _OrphanedWrite("Event loop is closed")
+    raise error
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", failing)
+
+
+LONG = "/state.orbax-checkpoint-tmp" * 12 + "/ocdbt.process_0/d/a66472d202f77a4c5ddbe6311d81a44e"
+"""A file of a checkpoint being written, as deep as orbax's (the error used to be cut in the middle of it)."""
+
+
+@pytest.mark.parametrize("kind", ["OSError", "TensorStore ValueError"])
+def test_a_full_disk_while_saving_a_checkpoint_says_so_whole_without_orbaxs_tracebacks(
+  tmp_path, monkeypatch, capsys, caplog, kind
+):
+  path = f"{tmp_path}/checkpoints/10.orbax-checkpoint-tmp{LONG}"
+  error = (
+    OSError(errno.ENOSPC, "No space left on device", path)
+    if kind == "OSError"
+    else ValueError(
+      f'RESOURCE_EXHAUSTED: Error writing "params/0" in OCDBT database at local file "{tmp_path}/checkpoints/'
+      f'10.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/": Failed writing: "{path}": Failed to '
+      "write 140981 bytes to file 22: No space left on device [os_error_code='28']"
+    )
+  )
+  unraisable = []
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+  _orbax_save_that(monkeypatch, error)
+  with pytest.raises(ExecutorError) as raised:
+    _run(tmp_path, max_steps=10, checkpoint_steps=10, log_steps=5)
+  assert str(raised.value) == (
+    f"Cannot save the checkpoint of step 10 in {tmp_path / 'checkpoints'}: No space left on device (errno 28), "
+    f"writing {path}; no checkpoint was saved, and nothing saved before was changed. Free space in model_dir (or "
+    "give another --model_dir) and rerun the same command: it resumes from there."
+  )
+  assert [r for r in caplog.records if r.name == "absl"] == [] and unraisable == []
+  assert "Traceback" not in capsys.readouterr().err
+  # a save that goes through lets orbax's output through: nothing wafer does not report is hidden
+  monkeypatch.undo()
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+  _orbax_save_that(monkeypatch, note="orbax says something")
+  caplog.clear()
+  _run(tmp_path, max_steps=10, checkpoint_steps=10, log_steps=5)
+  assert [(r.name, r.getMessage()) for r in caplog.records if r.name == "absl"] == [
+    ("absl", "orbax says something")
+  ]
+  assert [str(u.exc_value) for u in unraisable] == ["not orbax's"]
+
+
 def test_a_resume_with_another_batch_size_names_the_key(tmp_path):
   """The example's batches are drawn by step number: another batch size used to resume silently."""
   _run(tmp_path, max_steps=10, checkpoint_steps=10, log_steps=5)
@@ -500,7 +645,10 @@ def test_errors_of_damaged_runs_are_wafer_errors():
     m.write({"step": 1, "loss": 1.0}, "line")
 
 
-@pytest.mark.parametrize("module", ["wafer._io", "wafer.cluster", "wafer.train.metrics", "wafer.train.loop"])
+@pytest.mark.parametrize(
+  "module",
+  ["wafer._io", "wafer.cluster", "wafer.train.checkpoint", "wafer.train.metrics", "wafer.train.loop"],
+)
 def test_the_docstring_examples_run(module):
   """The default pytest run collects no doctests; these modules' examples run here."""
   import doctest
