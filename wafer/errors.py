@@ -335,7 +335,8 @@ class CommandError(WaferError):
 
 class SweepError(WaferError):
   """``wafer sweep``: formats or levels that are not ones a run can use (an unknown format, float8, a
-  level outside 0-2, a format named twice)."""
+  level outside 0-2, a format named twice), an override the sweep sets itself, or a ``--model_dir`` whose
+  runs hold checkpoints written with other settings (a rerun that would resume them)."""
 
 
 # ---- helpers for messages -------------------------------------------------------------------------
