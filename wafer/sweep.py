@@ -470,7 +470,7 @@ def _format_caused(params: Any, overrides: list[str], fmt: str, names: Sequence[
       got = "" if p.value is _MISSING else f" (got {short_repr(p.value)})"
       message = f"{cause}: {p.message}{got}{fix}"
       problems.append(dataclasses.replace(p, message=message, value=_MISSING))
-    raise ConfigError(problems, error.source) from None
+    raise ConfigError(problems, error.source, error.notes) from None
 
 
 def _run_of(fmt: str, level: int, out: Path, summary: RunSummary) -> Run:
