@@ -42,7 +42,7 @@ import numpy as np
 from models.bert import data as bert_data
 from models.bert.model import BertConfig
 from models.fc_mnist import data as mnist_data
-from models.fc_mnist.model import FCMnistConfig
+from models.fc_mnist.model import INPUT_SIZE, FCMnistConfig
 from models.gpt2 import data as gpt_data
 from models.gpt2.model import GPT2Config
 from models.zoo import bind, functional
@@ -345,10 +345,17 @@ def fc_mnist_task(params: Any) -> Task:
     logits = model_of(p)(batch["images"])
     return jnp.mean((jnp.argmax(logits, axis=-1) == batch["labels"]).astype(jnp.float32))
 
-  def check(features: Mapping[str, np.ndarray], where: str) -> None:
-    width = features["images"].reshape(len(features["images"]), -1).shape[1]
+  def check_width(images_shape: tuple[int, ...], where: str) -> None:
+    """The one check of the pixels per image, on the real data (`check`) and the declared shapes (`batch_spec`)."""
+    width = int(np.prod(images_shape[1:]))
     if width != model.input_size:
-      raise DataConfigError(f"{where}: images have {width} pixels, model.input_size is {model.input_size}")
+      raise DataConfigError(
+        f"{where}: images have {width} pixels, model.input_size is {model.input_size}; set "
+        f"model.input_size={width} (or remove it: the default is {INPUT_SIZE})"
+      )
+
+  def check(features: Mapping[str, np.ndarray], where: str) -> None:
+    check_width(np.shape(features["images"]), where)
     labels = features["labels"]
     if labels.size and (labels.min() < 0 or labels.max() >= model.num_classes):
       raise DataConfigError(
@@ -357,12 +364,20 @@ def fc_mnist_task(params: Any) -> Task:
         "not exist; raise model.num_classes or fix the labels"
       )
 
+  data = _data(params, train_cfg, eval_cfg, check)
+  spec = data["batch_spec"]
+
+  def batch_spec() -> dict[str, Any]:  # --validate_only reads no data: the width is checked on the spec
+    out = spec()
+    check_width(out["images"].shape, "train_input")
+    return out
+
   return Task(
     name="fc_mnist",
     init_params=init_params,
     loss_fn=loss_fn,
     batch_size=train_cfg.batch_size,
-    **_data(params, train_cfg, eval_cfg, check),
+    **{**data, "batch_spec": batch_spec},
     eval_metric=accuracy,
     eval_metric_name="accuracy",
   )

@@ -167,22 +167,37 @@ class ConfigError(WaferError, ValueError):
   Attributes:
     problems: every problem found, in file order.
     source: the params file's path (or a description such as ``<dict>``).
+    notes: lines shown after the problems, that may explain them (a key given twice in the file: only its
+      last value is read).
   """
 
-  def __init__(self, problems: Sequence[Problem] | Problem | str, source: str | None = None):
+  def __init__(
+    self,
+    problems: Sequence[Problem] | Problem | str,
+    source: str | None = None,
+    notes: Sequence[str] = (),
+  ):
     if isinstance(problems, str):
       problems = [Problem((), problems)]
     elif isinstance(problems, Problem):
       problems = [problems]
     self.problems = list(problems)
     self.source = source
+    self.notes = tuple(notes)
     super().__init__(self._text())
 
   def with_source(self, source: str | None) -> ConfigError:
     """This error, attributed to ``source`` (keeps an existing source)."""
-    return ConfigError(self.problems, self.source or source)
+    return ConfigError(self.problems, self.source or source, self.notes)
+
+  def with_notes(self, notes: Sequence[str]) -> ConfigError:
+    """This error with ``notes`` added after its own (each shown once)."""
+    return ConfigError(self.problems, self.source, [*self.notes, *(n for n in notes if n not in self.notes)])
 
   def _text(self) -> str:
+    return "\n".join([self._problems_text(), *self.notes])
+
+  def _problems_text(self) -> str:
     head = self.source or "params"
     if len(self.problems) == 1:
       p = self.problems[0]
@@ -336,7 +351,8 @@ class CommandError(WaferError):
 
 class SweepError(WaferError):
   """``wafer sweep``: formats or levels that are not ones a run can use (an unknown format, float8, a
-  level outside 0-2, a format named twice)."""
+  level outside 0-2, a format named twice), an override the sweep sets itself, or a ``--model_dir`` whose
+  runs hold checkpoints written with other settings (a rerun that would resume them)."""
 
 
 # ---- helpers for messages -------------------------------------------------------------------------

@@ -27,17 +27,25 @@ Without float32 in the sweep there is no baseline: the deviation is ``None`` (``
 the plot shows the loss curves only.
 
 Outputs: ``DIR/<format>_L<level>/`` (each run's metrics.jsonl, checkpoints, compile report),
-``DIR/sweep.json`` (`SweepResult.to_dict`), ``DIR/sweep.png`` (`SweepResult.plot`).
+``DIR/sweep.json`` (`SweepResult.to_dict`: the losses, and the overrides of every run), ``DIR/sweep.png``
+(`SweepResult.plot`).
+
+Every run's config is checked before any run trains. A format the file cannot run in (cbfloat16 with a
+static loss scale) is an error that names the sweep's format as the cause and the fixes (`_format_caused`);
+run folders holding checkpoints written with other settings (a rerun into ``DIR`` with, say, a new
+learning rate) are refused, naming the keys (`_check_earlier_runs`); a rerun with the same settings
+resumes each run (a higher ``runconfig.max_steps`` trains further).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +53,7 @@ import precision
 from precision._table import Table
 from wafer._io import replace_atomically, strict_json, write_text_atomically
 from wafer.config.schema import TRAIN_MODES
-from wafer.errors import SweepError
+from wafer.errors import SweepError, WaferError
 
 if TYPE_CHECKING:
   from wafer.train import RunSummary
@@ -153,6 +161,7 @@ class Run:
   samples_per_sec_estimate: float | None
   deviation_u: float | None = None  # worst |loss - loss_f32| / (|loss_f32| u); None without a baseline
   estimate_mode: str | None = None  # the compile report's mode and release ("weight streaming, release 2.x")
+  overrides: list[str] = dataclasses.field(default_factory=list)  # every override the run had, in order
 
   @property
   def name(self) -> str:
@@ -173,14 +182,21 @@ class SweepResult:
 
   runs: list[Run]
   model_dir: str
+  params: str | None = None  # the params file's path (``<dict>`` for a dict)
+  overrides: list[str] = dataclasses.field(default_factory=list)  # the user's, given to every run
 
   def baseline(self) -> Run | None:
     """The float32 run, if the sweep has one."""
     return next((r for r in self.runs if r.format == BASELINE), None)
 
   def to_dict(self) -> dict[str, Any]:
-    """``{"runs": [run.to_dict(), ...]}`` (what ``sweep.json`` holds)."""
-    return {"runs": [r.to_dict() for r in self.runs]}
+    """``{"params": ..., "overrides": [...], "runs": [run.to_dict(), ...]}`` (what ``sweep.json`` holds;
+    each run lists every override it had: the sweep's defaults, the user's, its format's and its folder)."""
+    return {
+      "params": self.params,
+      "overrides": list(self.overrides),
+      "runs": [r.to_dict() for r in self.runs],
+    }
 
   def table(self) -> Table:
     """Final loss, worst deviation from float32 in units of u, and the estimated wafer rate per run."""
@@ -242,11 +258,12 @@ class SweepResult:
     """The sweep of a ``sweep.json`` (``path``: the file or its folder)."""
     path = Path(path)
     path = path / "sweep.json" if path.is_dir() else path
-    runs = json.loads(path.read_text())["runs"]
+    data = json.loads(path.read_text())
+    runs = data["runs"]
     for r in runs:  # a diverged loss or eval is saved as null (strict JSON): nan again
       r["losses"] = [math.nan if v is None else v for v in r["losses"]]
       r["eval"] = {k: math.nan if v is None else v for k, v in r.get("eval", {}).items()}
-    result = cls([Run(**r) for r in runs], str(path.parent))
+    result = cls([Run(**r) for r in runs], str(path.parent), data.get("params"), data.get("overrides", []))
     _deviations(result.runs)  # an infinite deviation (a diverged run) was saved as null
     return result
 
@@ -332,7 +349,8 @@ def sweep(
     raise SweepError(f"model_dir={model_dir!r}; allowed: a folder path (str or pathlib.Path)")
   if levels is None:  # the config's level (its default lives in the schema), read with a format the
     registry.load_plugins()  # sweep runs selected (the file's own may not run with these overrides)
-    levels = [load_params(params, [*overrides, *format_overrides(names[0])]).runconfig.precision_opt_level]
+    with _format_caused(params, list(overrides), names[0], names):
+      levels = [load_params(params, [*overrides, *format_overrides(names[0])]).runconfig.precision_opt_level]
   lvls = parse_levels(levels)
   jobs = [(f, lv) for f in names for lv in lvls if f != BASELINE]
   if BASELINE in names:  # float32 does not depend on the level: once, first (the baseline)
@@ -346,10 +364,9 @@ def sweep(
   plans = []  # every run's config checked before any trains: a format that cannot run fails now
   for fmt, level in jobs:
     out = root / run_name(fmt, level)
-    plan = runner.load_plan(
-      params,
-      defaults + user + format_overrides(fmt, level) + [literal_override("runconfig.model_dir", str(out))],
-    )
+    own = [*defaults, *user, literal_override("runconfig.model_dir", str(out))]
+    with _format_caused(params, own, fmt, names):
+      plan = runner.load_plan(params, defaults + user + format_overrides(fmt, level) + own[-1:])
     rc = plan.runconfig
     if rc.mode not in TRAIN_MODES or rc.validate_only or rc.compile_only:
       what = "validate_only" if rc.validate_only else "compile_only" if rc.compile_only else f"mode {rc.mode}"
@@ -357,18 +374,103 @@ def sweep(
         f"runconfig has {what}: a sweep trains every run (runconfig.mode train or train_and_eval, no "
         "validate_only / compile_only) and compares the losses; set those keys back, or use `wafer run`"
       )
-    plans.append((fmt, level, out, plan))
+    applied = [*defaults, *user, *format_overrides(fmt, level), own[-1]]
+    plans.append((fmt, level, out, plan, applied))
+  _check_earlier_runs(plans, root)
   runs = []
-  for i, (fmt, level, out, plan) in enumerate(plans, 1):
+  for i, (fmt, level, out, plan, applied) in enumerate(plans, 1):
     if progress:
       print(f"[sweep {i}/{len(jobs)}] {fmt} at precision_opt_level {level} -> {out}", flush=True)
     summary = runner.run_plan(plan, progress=progress)
-    runs.append(_run_of(fmt, level, out, summary))
+    runs.append(dataclasses.replace(_run_of(fmt, level, out, summary), overrides=applied))
   _deviations(runs)
-  result = SweepResult(runs, str(root))
+  result = SweepResult(runs, str(root), params=_source(params), overrides=user)
   if save:
     result.save()
   return result
+
+
+def _source(params: Any) -> str:
+  """What sweep.json names as the params: the file's path, or ``<dict>``."""
+  return "<dict>" if isinstance(params, dict) else str(params)
+
+
+def _check_earlier_runs(plans: Sequence[tuple[Any, ...]], root: Path) -> None:
+  """Refuse a sweep whose run folders hold checkpoints written with other settings, before any run trains.
+
+  A sweep rerun into its folder resumes each run from its checkpoint (an interrupted sweep goes on; a higher
+  ``runconfig.max_steps`` trains further); with other settings (a new learning rate, model or data) each
+  run would go on from weights trained otherwise, or train nothing and report the old losses as the new
+  sweep's. The settings compared are those a run compares on resume (`wafer.train.loop.checkpoint_changes`:
+  ``model``, ``train_input``, ``optimizer``, ``sparsity``, the batch size and the policy; not ``runconfig``).
+  """
+  from wafer.train.loop import checkpoint_changes, listed, run_settings
+
+  found: dict[str, list[str]] = {}  # the changes -> the runs with them (often every run alike)
+  for _, _, out, plan, _ in plans:
+    settings = run_settings(plan.runtime.params, plan.task.batch_size, plan.runtime.policy)
+    earlier = checkpoint_changes(out, settings)
+    if earlier is not None and earlier[1]:
+      found.setdefault(listed(earlier[1]), []).append(f"{out.name} at step {earlier[0]}")
+  if found:
+    what = " | ".join(f"{', '.join(runs)}: {changes}" for changes, runs in found.items())
+    raise SweepError(
+      f"--model_dir {root} holds checkpoints of an earlier sweep with other settings: {what}. This sweep "
+      "would resume them: go on from weights trained with the checkpoint's settings, or (at max_steps) train "
+      "nothing and report the earlier sweep's losses as its own. Give this sweep a new --model_dir, or set "
+      "those keys back to the checkpoint's values (runconfig keys such as max_steps may differ: the runs then "
+      "train further)"
+    )
+
+
+_FORMAT_FIXES = ("optimizer.loss_scaling_factor=dynamic",)
+"""Overrides a sweep may suggest when a format it sets refuses the file's settings (each is suggested only
+when the file then loads: cbfloat16 refuses a static loss scale, `wafer.config.OptimizerConfig.loss_scale`)."""
+
+
+@contextlib.contextmanager
+def _format_caused(params: Any, overrides: list[str], fmt: str, names: Sequence[str]) -> Iterator[None]:
+  """A `ConfigError` raised inside, when the file loads with its own format but not with the sweep's
+  ``fmt``, says that the sweep's format caused it and gives the fixes: ``--formats`` without ``fmt``, or
+  an override (`_FORMAT_FIXES`) that makes every run load. The user's settings are never changed."""
+  from wafer import runner
+  from wafer.config import ConfigError
+  from wafer.errors import _MISSING, short_repr
+
+  try:
+    yield
+  except ConfigError as error:
+
+    def loads(extra: list[str], with_format: bool) -> Any:
+      try:
+        return runner.load_plan(params, [*overrides, *extra, *(format_overrides(fmt) if with_format else [])])
+      except WaferError:
+        return None
+
+    own = loads([], with_format=False)
+    if own is None:  # the file fails on its own: its error as it is
+      raise
+    policy = own.params.policy()
+    computes = policy.compute.name if own.params.model.mixed_precision else BASELINE
+    others = [f for f in names if f != fmt]
+    fixes = [f"sweep without it (--formats {','.join(others)})"] if others else []
+    given = {o.split("=", 1)[0].strip() for o in overrides}
+    fixes += [
+      f"{'set' if fix.split('=', 1)[0] in given else 'add'} the override {fix} (every run of the sweep then has it)"
+      for fix in _FORMAT_FIXES
+      if loads([fix], with_format=True) is not None
+    ]
+    cause = (
+      f"{fmt} is the sweep's (--formats {','.join(names)}; the default is all four formats), not the params "
+      f"file's, which computes in {computes}"
+    )
+    fix = f"; fix: {' or '.join(fixes)}" if fixes else ""
+    problems = []
+    for p in error.problems:
+      got = "" if p.value is _MISSING else f" (got {short_repr(p.value)})"
+      message = f"{cause}: {p.message}{got}{fix}"
+      problems.append(dataclasses.replace(p, message=message, value=_MISSING))
+    raise ConfigError(problems, error.source, error.notes) from None
 
 
 def _run_of(fmt: str, level: int, out: Path, summary: RunSummary) -> Run:

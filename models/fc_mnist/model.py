@@ -9,12 +9,12 @@ Shapes: images float32[batch, 784] (or [batch, 28, 28], flattened) -> logits flo
 from __future__ import annotations
 
 import itertools
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from models.common import activation, cross_entropy
 from wafer.config import ModelConfig
@@ -30,12 +30,36 @@ class FCMnistConfig(ModelConfig):
 
   name: str | None = "fc_mnist"
   depth: int = Field(default=10, ge=1)
-  hidden_size: int | list[int] = 50
+  hidden_size: int | list[int] = 50  # > 0, each entry too (`_positive_widths`)
   dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
   activation_fn: Literal["relu", "gelu", "tanh", "sigmoid", "silu", "leaky_relu"] = "relu"
   to_float16: bool = False
   input_size: int = Field(default=INPUT_SIZE, ge=1)
   num_classes: int = Field(default=NUM_CLASSES, ge=2)
+
+  @field_validator("hidden_size", mode="before")
+  @classmethod
+  def _positive_widths(cls, v: Any) -> Any:
+    """Widths are positive integers (0 was a ZeroDivisionError at the trace, -3 a negative shape)."""
+    widths = v if isinstance(v, list) else [v]
+    for i, w in enumerate(widths):
+      if isinstance(w, bool) or not isinstance(w, int):
+        where = f"entry {i} is {w!r}; " if isinstance(v, list) else ""
+        raise ValueError(f"{where}must be a positive integer, or a list of them (one width per hidden layer)")
+      if w < 1:
+        where = f"entry {i} is {w}; every entry " if isinstance(v, list) else ""
+        raise ValueError(f"{where}must be greater than or equal to 1")
+    if not widths:
+      raise ValueError("must have at least 1 item(s): one width per hidden layer, or one number for all")
+    return v
+
+  @model_validator(mode="after")
+  def _one_width_per_layer(self) -> FCMnistConfig:
+    try:
+      self.hidden_sizes()
+    except ValueError as error:  # "key=value: why" locates the problem at hidden_size (wafer.config.errors)
+      raise ValueError(f"hidden_size={self.hidden_size}: {error}") from None
+    return self
 
   @field_validator("to_float16")
   @classmethod
@@ -55,7 +79,10 @@ class FCMnistConfig(ModelConfig):
     """One width per hidden layer."""
     if isinstance(self.hidden_size, list):
       if len(self.hidden_size) != self.depth:
-        raise ValueError(f"hidden_size has {len(self.hidden_size)} entries, depth is {self.depth}")
+        raise ValueError(
+          f"has {len(self.hidden_size)} entries, depth is {self.depth}: give one width per hidden layer "
+          f"({self.depth}), or one number for all, or set model.depth={len(self.hidden_size)}"
+        )
       return list(self.hidden_size)
     return [self.hidden_size] * self.depth
 

@@ -97,6 +97,51 @@ def test_num_heads_that_does_not_divide_hidden_size_is_a_config_error_naming_the
   assert load_params(path, [f"model.num_heads={hidden}"]).model.num_heads == hidden  # a divisor is fine
 
 
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    ("model.hidden_size=0", "model.hidden_size (from override 'model.hidden_size=0'): must be greater than or "
+     "equal to 1 (got 0)"),
+    ("model.hidden_size=-3", "model.hidden_size (from override 'model.hidden_size=-3'): must be greater than or "
+     "equal to 1 (got -3)"),
+    ("model.hidden_size=[5,0]", "entry 1 is 0; every entry must be greater than or equal to 1"),
+    ("model.hidden_size=1.5", "must be a positive integer, or a list of them (one width per hidden layer) (got 1.5)"),
+    ("model.hidden_size=[]", "must have at least 1 item(s)"),
+    ("model.hidden_size=[5,5,5]", "model.hidden_size (from override 'model.hidden_size=[5,5,5]'): has 3 entries, "
+     "depth is 2: give one width per hidden layer (2), or one number for all, or set model.depth=3"),
+    ("model.depth=0", "model.depth (from override 'model.depth=0'): must be greater than or equal to 1 (got 0)"),
+    ("model.input_size=0", "model.input_size (from override 'model.input_size=0'): must be greater than or equal to 1"),
+    ("model.num_classes=1", "model.num_classes (from override 'model.num_classes=1'): must be greater than or equal"),
+    ("model.dropout=1.0", "model.dropout (from override 'model.dropout=1.0'): must be less than 1 (got 1.0)"),
+    ("model.dropout=-0.1", "model.dropout (from override 'model.dropout=-0.1'): must be greater than or equal to 0"),
+  ],
+)  # fmt: skip
+def test_fc_mnist_sizes_out_of_range_are_config_errors(override, message):
+  """hidden_size=0 was a bare ZeroDivisionError at --validate_only's trace, -3 a negative-shape TypeError."""
+  path = _config("fc_mnist", "params_fc_mnist.yaml")
+  with pytest.raises(ConfigError) as info:
+    load_params(path, ["model.depth=2", override])
+  assert message in str(info.value)
+  assert "\n" not in str(info.value)  # one problem, one line
+  assert load_params(path, ["model.depth=2", "model.hidden_size=[3,4]"]).model.hidden_sizes() == [3, 4]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_size_of_every_model_schema_refuses_zero(path):
+  """Each integer size of a model schema (bert, gpt2, fc_mnist; the MLP has none) refuses 0 with a config error."""
+  model = load_params(path).model
+  sizes = [
+    k
+    for k, f in type(model).model_fields.items()
+    if k.endswith(("_size", "_layers", "_heads", "_embeddings", "depth", "num_classes", "num_segments"))
+    and "mup_base" not in k
+  ]
+  assert sizes or type(model).__name__ == "MlpConfig"
+  for key in sizes:
+    with pytest.raises(ConfigError, match=rf"model\.{key} \(from override 'model\.{key}=0'\): must be"):
+      load_params(path, [f"model.{key}=0"])
+
+
 # ---- parameter counts against the published ones (abstract shapes, nothing allocated) ----
 
 # (file, published count, relative tolerance, why the tolerance)

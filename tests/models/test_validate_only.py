@@ -146,3 +146,21 @@ def test_sequences_longer_than_the_position_table_are_refused_on_the_declared_sh
     _task(path, tmp_path, f"model.max_position_embeddings={length}").batch_spec()["input_ids"].shape[1]
     == length
   )
+
+
+def test_fc_mnist_input_size_that_disagrees_with_the_images_is_refused_on_the_declared_shapes(tmp_path):
+  """--validate_only model.input_size=100 was a bare "dot_general requires contracting dimensions" TypeError
+  at the trace; a real run's data check said it cleanly. Both say the same now, from one check."""
+  from models.registry import DataConfigError
+
+  path = ROOT / "models" / "fc_mnist" / "configs" / "params_fc_mnist.yaml"
+  message = r"train_input: images have 784 pixels, model.input_size is 100; set model.input_size=784"
+  with pytest.raises(DataConfigError, match=message):
+    _task(path, tmp_path, "model.input_size=100").batch_spec()
+  with pytest.raises(DataConfigError, match=message):  # the run's check on the real data: the same words
+    next(_task(path, tmp_path, "model.input_size=100").train_data(0))
+  with pytest.raises(DataConfigError, match=message):  # and through the runner, before anything is traced
+    runner.run_params(
+      path, [f"runconfig.model_dir={tmp_path}", "runconfig.validate_only=true", "model.input_size=100"]
+    )
+  assert _task(path, tmp_path, "model.input_size=784").batch_spec()["images"].shape[1] == 784

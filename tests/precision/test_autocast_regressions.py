@@ -84,7 +84,9 @@ def test_a_static_jax_array_is_a_python_value_under_every_policy(by_name):
     return a * 2.0 if n > 1 else a  # a flag
 
   def call(policy, n):
-    wrapped = precision.autocast(f, policy, **({"static_argnames": "n"} if by_name else {"static_argnums": 1}))
+    wrapped = precision.autocast(
+      f, policy, **({"static_argnames": "n"} if by_name else {"static_argnums": 1})
+    )
     return wrapped(x, n=n) if by_name else wrapped(x, n)
 
   for policy in ("c=cb16", "c=f32"):

@@ -511,8 +511,56 @@ def test_a_duplicate_key_keeps_its_last_value_with_a_note(tmp_path: pathlib.Path
   """As PyYAML (modelzoo's reader) does: a real modelzoo file repeats a key and ran with the last value."""
   params = load_params(write(tmp_path, MINIMAL + "  max_steps: 20\n"))
   assert params.runconfig.max_steps == 20
-  assert any("'max_steps' is given twice (lines 9 and 10)" in note for note in params.notes), params.notes
+  assert any("'runconfig.max_steps' is given twice (lines 9 and 10)" in note for note in params.notes), (
+    params.notes
+  )
   assert not any("given twice" in note for note in load_params(write(tmp_path, MINIMAL)).notes)
+
+
+TWO_MODELS = """\
+train_input:
+  batch_size: 4
+  batch_size: 8
+model:
+  name: fc_mnist
+  hidden_sizee: 5
+optimizer:
+  optimizer_type: SGD
+  learning_rate: 0.01
+model:
+  name: fc_mnist
+  depth: 0
+runconfig:
+  max_steps: 2
+"""
+
+
+def test_a_duplicate_key_note_names_the_whole_key_path_and_is_shown_with_the_errors(
+  tmp_path: pathlib.Path,
+) -> None:
+  """Two model: sections showed only the second one's errors, with no word of the first (the note of a
+  key given twice was printed only when the file loaded), and the note named 'batch_size', not
+  train_input.batch_size."""
+  text = error_of(write(tmp_path, TWO_MODELS))
+  lines = text.splitlines()
+  assert lines[0].endswith("params.yaml: line 12: model.depth: must be greater than or equal to 1 (got 0)")
+  assert lines[1:] == [
+    "note: key 'train_input.batch_size' is given twice (lines 2 and 3): its last value (line 3) is used, as "
+    "PyYAML, which modelzoo reads params files with, does; delete one of them",
+    "note: key 'model' is given twice (lines 4 and 10): only the last one (line 10) is read, as PyYAML, which "
+    "modelzoo reads params files with, does: the keys under line 4 are not; merge the two into one",
+  ]
+  params = load_params(write(tmp_path, TWO_MODELS.replace("depth: 0", "depth: 1")))  # loads: the same notes
+  assert [n for n in params.notes if "given twice" in n] == lines[1:]
+  assert params.train_input.batch_size == 8 and params.model.hidden_size == 50  # the last values, as PyYAML
+  in_a_list = REGISTERED.replace(
+    "  learning_rate: 0.1\n",
+    "  learning_rate:\n    - scheduler: Constant\n      learning_rate: 0.1\n      learning_rate: 0.2\n",
+  ).replace("max_steps: 10", "max_steps: -1")
+  text = error_of(write(tmp_path, in_a_list))
+  assert "runconfig.max_steps" in text.splitlines()[0]
+  assert "note: key 'optimizer.learning_rate[0].learning_rate' is given twice (lines 9 and 10)" in text
+  assert "given twice" not in error_of(write(tmp_path, MINIMAL.replace("max_steps: 10", "max_steps: -1")))
 
 
 def test_unreadable_and_empty_files(tmp_path: pathlib.Path) -> None:

@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from wafer import cli, registry, sweep
+from wafer.config import ConfigError
 
 # A few steps of the default job, a tiny eval: the whole module runs in CI time.
 SHORT = ["runconfig.max_steps=3", "runconfig.eval_frequency=3", "runconfig.eval_steps=1", "runconfig.checkpoint_steps=0"]  # fmt: skip
@@ -294,3 +296,70 @@ def test_without_levels_the_level_is_read_with_a_format_the_sweep_runs(tmp_path)
   scale refuses) although the sweep ran only float32 and bfloat16."""
   result = sweep.sweep(MLP, "f32,bf16", None, tmp_path, STATIC, progress=False, save=False)
   assert [(r.format, r.level) for r in result.runs] == [("float32", 1), ("bfloat16", 1)]
+
+
+MODELZOO_FC_MNIST = Path(__file__).resolve().parents[1] / "data/modelzoo/Release_2.3.1/fc_mnist/params.yaml"
+
+
+def test_a_format_the_sweep_adds_names_itself_as_the_cause_and_gives_both_fixes(tmp_path, capsys):
+  """The default sweep of a modelzoo file with a static loss scale said only "line 29:
+  optimizer.loss_scaling_factor: cbfloat16 requires dynamic loss scaling": the file never asked for
+  cbfloat16 (it computes in float16), the sweep's default --formats did."""
+  out = tmp_path / "sw"
+  argv = ["sweep", "--params", str(MODELZOO_FC_MNIST), "--model_dir", str(out)]
+  assert cli.main([*argv, "train_input.data_dir=null", "eval_input.data_dir=null"]) == 1
+  err = capsys.readouterr().err
+  first = err.strip().splitlines()[0]
+  assert first.startswith(
+    f"wafer sweep: error: {MODELZOO_FC_MNIST}: line 29: optimizer.loss_scaling_factor: "
+  )
+  assert (
+    "cbfloat16 is the sweep's (--formats cbfloat16,bfloat16,float16,float32; the default is all four "
+    "formats), not the params file's, which computes in float16: cbfloat16 requires dynamic loss scaling"
+  ) in first
+  assert first.endswith(
+    "(got 1.0); fix: sweep without it (--formats bfloat16,float16,float32) or add the override "
+    "optimizer.loss_scaling_factor=dynamic (every run of the sweep then has it)"
+  )
+  assert not out.exists()  # refused before any run
+  data = yaml.safe_load(MLP.read_text())
+  data["model"]["mixed_precision"] = False  # a float32 file, its static scale set by an override
+  with pytest.raises(ConfigError, match=r"computes in float32: .* or set the override optimizer.loss_sc"):
+    sweep.sweep(data, "f32,cb16", "1", tmp_path, STATIC, progress=False)
+  with pytest.raises(
+    ConfigError, match=r"\(got 1.0\); fix: set the override optimizer.loss_scaling_factor=dyn"
+  ):
+    sweep.sweep(data, "cb16", None, tmp_path, STATIC, progress=False)  # no other format: one fix
+  with pytest.raises(ConfigError) as own:  # the file's own problem, format or not: as it was
+    sweep.sweep(MLP, "cb16", None, tmp_path, [*STATIC, "optimizer.learning_rate=-1"], progress=False)
+  assert "the sweep's" not in str(own.value) and "learning_rate" in str(own.value)
+
+
+def test_a_rerun_with_other_settings_is_refused_before_any_run_trains_and_sweep_json_records_them(tmp_path):
+  """A sweep rerun into its folder with a new learning rate said "Nothing to train" for each format and
+  wrote the earlier sweep's losses again, byte for byte (only a "Note: settings changed" in the log)."""
+  first = ["runconfig.max_steps=2", "runconfig.checkpoint_steps=1"]
+  sweep.sweep(MLP, "f32,bf16", None, tmp_path, first, progress=False)
+  saved = json.loads((tmp_path / "sweep.json").read_text())
+  assert saved["params"] == str(MLP) and saved["overrides"] == first
+  f32, bf16 = saved["runs"]
+  assert f32["overrides"][:4] == ["runconfig.log_steps=1", "runconfig.check_loss_values=false", *first]
+  assert "model.mixed_precision=false" in f32["overrides"] and "model.fp16_type=bfloat16" in bf16["overrides"]
+  before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and "tensorboard" not in p.parts}
+
+  with pytest.raises(sweep.SweepError) as refused:
+    sweep.sweep(MLP, "f32,bf16", None, tmp_path, [*first, "optimizer.learning_rate=0.5"], progress=False)
+  text = str(refused.value)
+  assert (
+    f"--model_dir {tmp_path} holds checkpoints of an earlier sweep with other settings: float32_L1 at step 2, "
+    "bfloat16_L1 at step 2: optimizer.learning_rate: checkpoint 0.05, now 0.5." in text
+  )
+  assert "Give this sweep a new --model_dir, or set those keys back" in text
+  after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and "tensorboard" not in p.parts}
+  assert after == before  # nothing trained, nothing rewritten
+
+  longer = sweep.sweep(MLP, "f32,bf16", None, tmp_path, ["runconfig.max_steps=3", "runconfig.checkpoint_steps=1"],
+                       progress=False)  # fmt: skip
+  assert [r.steps for r in longer.runs] == [[1, 2, 3]] * 2  # the same settings, a later max_steps: resumed
+  assert longer.runs[0].losses[:2] == f32["losses"]
+  assert sweep.SweepResult.load(tmp_path).to_dict() == longer.to_dict()

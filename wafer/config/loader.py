@@ -40,16 +40,12 @@ from wafer.config.schema import MODES, OpenSection
 
 
 class _Loader(yaml.SafeLoader):
-  """SafeLoader with YAML 1.2 floats (``1e-8`` is a float, not a string) that records duplicate keys.
+  """SafeLoader with YAML 1.2 floats (``1e-8`` is a float, not a string).
 
   A key given twice in one mapping keeps its last value, as PyYAML (which Cerebras' modelzoo reads
-  params files with) does, so a real file that repeats a key loads as it did there; the loader
-  records ``(key, first line, last line)`` in ``duplicates`` and `load_params` turns each into a note.
+  params files with) does, so a real file that repeats a key loads as it did there; `_index_lines`
+  finds each such key (with its key path) and `load_params` turns it into a note.
   """
-
-  def __init__(self, stream: Any) -> None:
-    super().__init__(stream)
-    self.duplicates: list[tuple[Any, int, int]] = []
 
 
 _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -69,7 +65,6 @@ _Loader.add_implicit_resolver(
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
   loader.flatten_mapping(node)
-  seen: dict[Any, int] = {}
   for key_node, _ in node.value:
     key = loader.construct_object(key_node, deep=deep)
     try:
@@ -81,9 +76,6 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
         f"a key must be a name, not a {type(key).__name__} (a [...] or {...} key)",
         key_node.start_mark,
       ) from None
-    if key in seen:
-      loader.duplicates.append((key, seen[key] + 1, key_node.start_mark.line + 1))
-    seen[key] = key_node.start_mark.line
   return loader.construct_mapping(node, deep=deep)
 
 
@@ -100,17 +92,31 @@ def parse_yaml(text: str, source: str = "<string>") -> tuple[Any, dict[Loc, int]
   return data, lines
 
 
-def _duplicate_notes(duplicates: Sequence[tuple[Any, int, int]]) -> list[str]:
-  """One note per key given twice in a mapping (the last value is used, as PyYAML does)."""
+Duplicate = tuple[Loc, int, int, bool]
+"""A key given twice in one mapping: ``(key path, first line, last line, whether its first value is a mapping)``."""
+
+
+def _duplicate_notes(duplicates: Sequence[Duplicate]) -> list[str]:
+  """One note per key given twice in a mapping (the last value is used, as PyYAML does), naming the
+  key's whole path as written (``train_input.batch_size``) and both lines.
+
+  >>> _duplicate_notes([(("train_input", "batch_size"), 3, 4, False)])[0]
+  "note: key 'train_input.batch_size' is given twice (lines 3 and 4): its last value (line 4) is used, as PyYAML, which modelzoo reads params files with, does; delete one of them"
+  """
+  why = "as PyYAML, which modelzoo reads params files with, does"
   return [
-    f"note: key {key!r} is given twice (lines {first} and {last}): its last value (line {last}) is used, "
-    "as PyYAML, which modelzoo reads params files with, does; delete one of them"
-    for key, first, last in duplicates
+    f"note: key {dotted(loc)!r} is given twice (lines {first} and {last}): "
+    + (
+      f"only the last one (line {last}) is read, {why}: the keys under line {first} are not; merge the two into one"
+      if mapping
+      else f"its last value (line {last}) is used, {why}; delete one of them"
+    )
+    for loc, first, last, mapping in duplicates
   ]
 
 
-def _parse_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int], list[tuple[Any, int, int]]]:
-  """`parse_yaml` and the duplicate keys ``(key, first line, last line)``."""
+def _parse_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int], list[Duplicate]]:
+  """`parse_yaml` and the keys given twice (`Duplicate`)."""
   try:
     node = yaml.compose(text, Loader=_Loader)
     loader = _Loader(text)
@@ -129,28 +135,42 @@ def _parse_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int], list[tuple
     detail = f"{problem} ({context})" if context else problem
     raise ConfigError(f"YAML syntax error: {detail}", where) from None
   lines: dict[Loc, int] = {}
+  duplicates: list[Duplicate] = []
   if node is not None:
-    _index_lines(node, (), lines, set())
-  return data, lines, loader.duplicates
+    _index_lines(node, (), lines, set(), duplicates)
+  return data, lines, duplicates
 
 
-def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int], seen: set[int]) -> None:
+def _index_lines(
+  node: yaml.Node, loc: Loc, lines: dict[Loc, int], seen: set[int], duplicates: list[Duplicate]
+) -> None:
   """Index each node once: a node reached again through an alias (``*name``) keeps the line of its
   first path (a problem under the alias is shown at the alias's line), so a file of nested aliases
-  is indexed in linear time, not in the exponential size of what it expands to."""
+  is indexed in linear time, not in the exponential size of what it expands to.
+
+  A key given twice in one mapping is recorded in ``duplicates`` with its whole path; the lines under it
+  are those of its last value, the one read (PyYAML keeps the last)."""
   if id(node) in seen:
     return
   seen.add(id(node))
   if isinstance(node, yaml.MappingNode):
+    first: dict[tuple[str, str], tuple[int, bool]] = {}
     for key_node, value_node in node.value:
       if isinstance(key_node, yaml.ScalarNode):
         sub = loc + (key_node.value,)
-        lines.setdefault(sub, key_node.start_mark.line + 1)
-        _index_lines(value_node, sub, lines, seen)
+        line = key_node.start_mark.line + 1
+        key = (key_node.tag, key_node.value)  # 1 and "1" are two keys
+        if key in first:
+          duplicates.append((sub, first[key][0], line, first[key][1]))
+          for indexed in [k for k in lines if k[: len(sub)] == sub]:
+            del lines[indexed]
+        first[key] = (line, isinstance(value_node, yaml.MappingNode))
+        lines.setdefault(sub, line)
+        _index_lines(value_node, sub, lines, seen, duplicates)
   elif isinstance(node, yaml.SequenceNode):
     for i, item in enumerate(node.value):
       lines.setdefault(loc + (i,), item.start_mark.line + 1)
-      _index_lines(item, loc + (i,), lines, seen)
+      _index_lines(item, loc + (i,), lines, seen, duplicates)
 
 
 def parse_override(text: str) -> tuple[Loc, Any]:
@@ -456,7 +476,9 @@ def load_params(
 
   Raises:
     ConfigError: an unreadable file, a YAML error (with its line), an unknown key (with a
-      suggestion), a wrong type or value, or a cross-key check; every problem at once.
+      suggestion), a wrong type or value, or a cross-key check; every problem at once. A key the
+      file gives twice is a note after the problems (it may explain them: a second ``model:`` section
+      replaces the first), as it is a note of a file that loads.
   """
   if isinstance(path, Mapping):
     source, data, lines, duplicates = "<dict>", copy.deepcopy(dict(path)), {}, []
@@ -470,6 +492,25 @@ def load_params(
     except UnicodeDecodeError as e:
       raise ConfigError(_not_utf8(e, source), source) from None
     data, lines, duplicates = _parse_yaml(text, source)
+  notes = _duplicate_notes(duplicates)
+  try:
+    return _load_data(source, data, lines, notes, overrides, mode, flags)
+  except ConfigError as error:
+    if not notes:
+      raise
+    raise error.with_notes(notes) from None
+
+
+def _load_data(
+  source: str,
+  data: Any,
+  lines: dict[Loc, int],
+  duplicate_notes: list[str],
+  overrides: Sequence[str],
+  mode: str | None,
+  flags: Mapping[str, str] | None,
+) -> Params:
+  """`load_params` of a parsed file: ``data`` and the lines of its keys."""
   if not isinstance(data, dict):
     what = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
     raise ConfigError(
@@ -547,7 +588,7 @@ def load_params(
       origins,
       v2_map,
       found + adapted.problems,
-      _duplicate_notes(duplicates) + list(adapted.notes) + ([adamw_note] if adamw_note else []),
+      duplicate_notes + list(adapted.notes) + ([adamw_note] if adamw_note else []),
       release,
     )
   except ConfigError as e:

@@ -193,13 +193,7 @@ class Checkpoints:
 
   def meta(self, step: int) -> dict[str, Any]:
     """The JSON metadata saved with checkpoint ``step`` as far as it can be read ({} when it cannot)."""
-    import json
-
-    try:
-      meta = json.loads((self.directory / str(step) / "meta" / "metadata").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-      return {}
-    return meta if isinstance(meta, dict) else {}
+    return read_meta(self.directory, step)
 
   def unreadable(self, step: int, why: UnreadableCheckpoint) -> str:
     """The one-line report of an unreadable checkpoint."""
@@ -245,6 +239,29 @@ class Checkpoints:
       f"None of the checkpoints in {self.directory} (steps {', '.join(map(str, steps))}) can be read. "
       "Move them away (nothing was deleted) or use a new model_dir."
     )
+
+
+def read_meta(directory: Path, step: int) -> dict[str, Any]:
+  """The JSON metadata saved with checkpoint ``step`` of ``directory`` (``model_dir/checkpoints``) as far as
+  it can be read ({} when it cannot); reads only, creates nothing."""
+  import json
+
+  try:
+    meta = json.loads((Path(directory) / str(step) / "meta" / "metadata").read_text(encoding="utf-8"))
+  except (OSError, ValueError):
+    return {}
+  return meta if isinstance(meta, dict) else {}
+
+
+def newest_step(model_dir: Path) -> int | None:
+  """The step of the newest checkpoint folder in ``model_dir/checkpoints`` (None when there is none), read
+  from the folder names alone (orbax names a finished checkpoint by its step); creates nothing."""
+  try:
+    entries = list((Path(model_dir) / "checkpoints").iterdir())
+  except OSError:
+    return None
+  steps = [int(p.name) for p in entries if p.name.isdigit() and str(int(p.name)) == p.name and p.is_dir()]
+  return max(steps, default=None)
 
 
 def _aside(directory: Path, step: int) -> Path:

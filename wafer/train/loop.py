@@ -58,7 +58,7 @@ from wafer.config import ConfigError, RunConfig, Runtime
 from wafer.config.errors import Problem
 from wafer.config.schema import MODES
 from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted
-from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint
+from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint, newest_step, read_meta
 from wafer.train.lock import ModelDirLock
 from wafer.train.metrics import SUPERSEDED, Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
@@ -283,6 +283,23 @@ def changed_settings(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
   ]
 
 
+def run_settings(config: Any, batch_size: int, policy: Any) -> dict[str, Any]:
+  """The settings a run records with each checkpoint and compares on resume: the `settings_of` its params
+  (``config``), its batch size and its precision policy (`changed_settings`)."""
+  return {**settings_of(config), "train_input.batch_size": batch_size, _POLICY_KEY: str(policy)}
+
+
+def checkpoint_changes(model_dir: str | Path, settings: dict[str, Any]) -> tuple[int, list[str]] | None:
+  """``(step, changes)``: the newest checkpoint in ``model_dir`` and the `settings` (`run_settings`) changed
+  since it was written, as a resume there would name them; None when ``model_dir`` has no checkpoint.
+  Reads only (a sweep checks its runs' folders before any run trains: `wafer.sweep.sweep`)."""
+  step = newest_step(Path(model_dir))
+  if step is None:
+    return None
+  meta = read_meta(Path(model_dir) / "checkpoints", step)
+  return step, (changed_settings(meta["config"], settings) if isinstance(meta.get("config"), dict) else [])
+
+
 _POLICY_KEY = "precision.policy"
 """The settings key of the run's precision policy (`str(policy)`; not a params-file key: every key that
 changes it is, and some that do not say so, as a level-2 softmax overriding attention_softmax_fp32)."""
@@ -306,11 +323,7 @@ class _Run:
     if rc.mode not in MODES:
       raise ExecutorError(f"mode={rc.mode!r}; allowed: {', '.join(MODES)}")
     # the policy as the run computes it (half type, level, softmax): one key for every change of numerics
-    self.settings = {
-      **settings_of(config),
-      "train_input.batch_size": task.batch_size,
-      _POLICY_KEY: str(policy),
-    }
+    self.settings = run_settings(config, task.batch_size, policy)
     self.task, self.rc, self.policy, self.progress, self.params = task, rc, policy, progress, config
     self.optimizer, self.loss_scale = optimizer, loss_scale
     self.num_csx = rc.num_csx

@@ -144,7 +144,11 @@ def test_wider_layers_are_never_faster_and_pay_the_same_layer_passes(layers, gro
   (g0, r0), (g1, r1) = run(base), run(widths)
   assert _layer_passes(g1, "layers") == _layer_passes(g0, "layers")
   assert r1.flops_per_sample >= r0.flops_per_sample
-  assert r1.samples_per_sec <= r0.samples_per_sec * (1 + 1e-9), (widths, r0.samples_per_sec, r1.samples_per_sec)
+  assert r1.samples_per_sec <= r0.samples_per_sec * (1 + 1e-9), (
+    widths,
+    r0.samples_per_sec,
+    r1.samples_per_sec,
+  )
 
 
 # -- fold_repeats on synthetic kernel lists --------------------------------------------------------
