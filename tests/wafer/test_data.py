@@ -592,3 +592,20 @@ def test_as_int32_refuses_what_the_cast_would_change(values, message):
   with pytest.raises(ValueError, match=message):
     as_int32(values, "input_ids", "a.h5")
   assert as_int32(np.array([0, 5], values.dtype), "input_ids", "a.h5").tolist() == [0, 5]
+
+
+def test_a_tokenizer_that_cannot_be_cached_is_used_with_a_warning(tmp_path, monkeypatch, capsys):
+  """A full disk while caching the tokenizer was a bare traceback ending in tokenizers' ``Exception:
+  No space left on device (os error 28)`` (a helper's probe); the cache only saves time."""
+  from wafer.data import text
+
+  def full(path):
+    raise Exception("No space left on device (os error 28)")  # noqa: TRY002 - what tokenizers raises
+
+  monkeypatch.setattr(text, "replace_atomically", lambda path, write: full(path))
+  docs = small_corpus()
+  tok = text.train_bert_tokenizer(docs, 300, tmp_path)
+  assert tok.encode("the cat").tokens
+  out = capsys.readouterr().out
+  assert "cannot be cached" in out and "No space left on device" in out
+  assert not any(tmp_path.iterdir()) or not any(p.is_file() for p in tmp_path.rglob("*"))

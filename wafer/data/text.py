@@ -244,7 +244,9 @@ def corpus_hash(docs: Sequence[str]) -> str:
 
 
 def _cached_tokenizer(cache_dir: str | os.PathLike | None, name: str, train):
-  """``cache_dir/name`` if it exists and reads; else ``train()``, saved there atomically (`wafer._io`)."""
+  """``cache_dir/name`` if it exists and reads; else ``train()``, saved there atomically (`wafer._io`).
+  A tokenizer that cannot be saved (a full disk, a read-only cache) is used all the same, with a
+  warning: the cache only saves time."""
   from tokenizers import Tokenizer
 
   if cache_dir is None:
@@ -256,8 +258,15 @@ def _cached_tokenizer(cache_dir: str | os.PathLike | None, name: str, train):
     except Exception as error:  # tokenizers raises a bare Exception on a damaged file: train it again
       print(f"Warning: the cached tokenizer {path} cannot be read ({error}); training it again.", flush=True)
   tok = train()
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  replace_atomically(path, tok.save)
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    replace_atomically(path, tok.save)
+  except Exception as error:  # (tokenizers raises a bare Exception: "No space left on device (os error 28)")
+    print(
+      f"Warning: the tokenizer cannot be cached at {path} ({error}); it is used all the same, and "
+      "trained again by the next run that does not find it.",
+      flush=True,
+    )
   return tok
 
 
