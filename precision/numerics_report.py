@@ -41,7 +41,8 @@ one row):
   the reference is ``6.02 (m + 1) + 4.77`` dB (``m`` fraction bits: one rounding with a
   relative error uniform in +-2^-(m+1)).
 * ``overflow``: finite shadow values that became inf (or, in a format without inf, a
-  finite shadow value beyond the format's max); ``underflow``: non-zero shadow values that
+  finite shadow value beyond the format's max that became its max or NaN; a value the policy keeps
+  in float32, such as a reduction's sum, is not counted however large); ``underflow``: non-zero shadow values that
   became 0 because they lie below the format's range (one rounding to the format gives 0 too);
   ``cancelled``: non-zero shadow values that became exactly 0 though the format holds them (the
   rounded operands cancelled: ``a - b`` with ``a`` and ``b`` equal after rounding), not counting a
@@ -356,8 +357,10 @@ class _Collector:
         acc.rsig += rsig
         acc.rnoise += rnoise
         finite_s = np.isfinite(s)
-        beyond = (np.abs(x) >= fmt.max) | (np.isnan(x) & (not fmt.has_inf))  # (float8_e4m3fn: NaN)
-        over = finite_s & (np.isinf(x) | (np.abs(s) > fmt.max) & beyond)
+        # a format without inf saturates at its max or gives NaN (float8_e4m3fn); a value the policy
+        # keeps in float32 beyond the format's max (a reduction's sum) is no overflow of the format
+        saturated = (np.abs(x) == fmt.max) | np.isnan(x)
+        over = finite_s & (np.isinf(x) | ((not fmt.has_inf) & (np.abs(s) > fmt.max) & saturated))
         acc.overflow += int(np.sum(over))
         zeroed = (s != 0) & finite_s & (x == 0)  # below the format's range, or cancelled to exactly 0
         acc.underflow += int(np.sum(zeroed & (r == 0)))
@@ -635,7 +638,8 @@ class NumericsReport:
     ax.set_xlabel("equation (program order; exact outputs drawn at the top, lost values at the bottom)")
     ax.set_ylabel("output SQNR vs float32 shadow (dB)")
     ax.set_title(title or f"numerics report: {self.policy}")
-    ax.legend(fontsize=6, ncol=2, loc="lower left")
+    if rows:  # (no float equation: an empty plot, and no legend to warn about)
+      ax.legend(fontsize=6, ncol=2, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

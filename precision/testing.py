@@ -324,6 +324,10 @@ def assert_close(
   """
   __tracebackhide__ = True  # pytest shows the caller's line, not this function's body
   fmt = get_format(fmt)
+  if getattr(ulps, "shape", None) == () and not isinstance(ulps, (bool, np.bool_)):  # a 0-d array: a number
+    dtype = getattr(ulps, "dtype", None)
+    if dtype is not None and (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+      ulps = float(ulps)
   if isinstance(ulps, (bool, np.bool_)) or not isinstance(ulps, (int, float, np.integer, np.floating)):
     raise TypeError(f"assert_close: ulps={ulps!r}; allowed: a number >= 0 (e.g. ulps=0.5, one rounding)")
   if not ulps >= 0:

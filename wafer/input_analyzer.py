@@ -59,6 +59,7 @@ class InputAnalysis:
   consumer: str
   consumption_samples_per_s: float
   recommendation: dict[str, Any]
+  skipped: str = ""  # why the larger worker counts asked for were not measured ("" when all were)
 
   def to_dict(self) -> dict[str, Any]:
     return {
@@ -70,6 +71,7 @@ class InputAnalysis:
       "consumer": self.consumer,
       "consumption_samples_per_s": self.consumption_samples_per_s,
       "recommendation": self.recommendation,
+      "skipped": self.skipped or None,
     }
 
   def table(self) -> Table:
@@ -96,7 +98,7 @@ class InputAnalysis:
     rec = self.recommendation
     verdict = "INPUT-BOUND" if rec["input_bound"] else "keeps up"
     return (
-      f"{self.table()}\n\nModel consumes {self.consumption_samples_per_s:,.1f} samples/s ({source}); "
+      f"{self.table()}\n{f'Not measured: {self.skipped}' + chr(10) if self.skipped else ''}\nModel consumes {self.consumption_samples_per_s:,.1f} samples/s ({source}); "
       f"a pipeline keeps up at {HEADROOM:g}x that (headroom).\n"
       f"Recommendation: runconfig.num_workers_per_csx: {rec['num_workers_per_csx']}  ({verdict}: "
       f"{rec['reason']})\n"
@@ -181,7 +183,18 @@ def analyze(
     return base.with_workers(num_workers_per_csx=w, num_processes=w)
 
   need = consumption_rate(plan, batch, consumer)  # first: a step with no rate to feed stops before measuring
-  rates = measure_samples_per_s(make, counts, seconds=seconds)
+  rates: list[WorkerRate] = []
+  skipped = ""
+  for i, w in enumerate(counts):  # (ascending: a count whose workers' shards are too small ends the list)
+    try:
+      rates += measure_samples_per_s(make, [w], seconds=seconds)
+    except ValueError as error:  # (GrainBatchSource: a worker's shard holds fewer examples than a batch)
+      if not rates:
+        raise InputAnalysisError(f"{w} worker(s): {error}") from None
+      skipped = (
+        f"{', '.join(map(str, counts[i:]))} workers: a worker would hold {str(error).split('holds ', 1)[-1]}"
+      )
+      break
   return InputAnalysis(
     model=plan.task.name,
     batch_size=plan.task.batch_size,
@@ -191,6 +204,7 @@ def analyze(
     consumer=consumer,
     consumption_samples_per_s=need,
     recommendation=recommend_workers(rates, need, headroom=headroom),
+    skipped=skipped,
   )
 
 

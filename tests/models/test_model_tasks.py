@@ -525,3 +525,24 @@ def test_index_features_are_checked_when_the_data_is_prepared(tmp_path):
   wide[0, 0] = 2**32 + 7  # would wrap to token 7
   with pytest.raises(DataError, match=r"input_ids holds 4294967303, outside int32"):
     prepare(input_ids=wide)
+
+
+@pytest.mark.slow  # about 5 s; .ci/run runs the slow tests
+def test_analyze_input_keeps_the_counts_it_measured_when_more_workers_hold_less_than_a_batch(tmp_path):
+  """A probe: ``--workers 1 2 4`` at batch 500 of 1,438 examples measured 1 and 2 workers, then died in
+  a raw traceback at 4 (a worker's shard of 360 examples holds no batch), writing nothing. The counts
+  measured are kept and the others named; with no count that runs, one error."""
+  from wafer import input_analyzer
+
+  plan = runner.load_plan(
+    FC_MNIST, [f"runconfig.model_dir={tmp_path}", "train_input.data_dir=null", "train_input.batch_size=500"]
+  )
+  analysis = input_analyzer.analyze(plan, worker_counts=[1, 2, 4], seconds=0.05)
+  assert [r.num_workers for r in analysis.rates] == [1, 2]
+  assert (
+    analysis.skipped.startswith("4 workers: a worker would hold") and "batch_size=500" in analysis.skipped
+  )
+  assert "Not measured: 4 workers" in analysis.to_text()
+  assert analysis.to_dict()["skipped"] == analysis.skipped
+  with pytest.raises(input_analyzer.InputAnalysisError, match=r"^8 worker\(s\): .*fewer than batch_size=500"):
+    input_analyzer.analyze(plan, worker_counts=[8], seconds=0.05)

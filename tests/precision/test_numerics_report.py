@@ -319,3 +319,28 @@ def test_row_and_depth_counts_are_checked(bad, capsys):
       call()
   report.table(0)
   assert report.by_scope(0) == report.by_scope(0) and len(report.by_scope(None)) >= 1
+
+
+def test_a_value_kept_in_float32_beyond_the_formats_max_is_no_overflow():
+  """A probe: ``sum(x * x)`` under ``c=f16`` with x = 100 reported ``overflow 1`` on the sum, whose
+  1e6 the policy keeps in float32 (finite and exact): float16 has inf, so an overflow is a value that
+  became inf; a product that does overflow is still counted, as is e4m3fn's NaN (it has no inf)."""
+  kept = precision.numerics_report(lambda x: jnp.sum(x * x), "c=f16", jnp.full(100, 100.0))
+  assert {r.primitive: r.overflow for r in kept.rows}["reduce_sum"] == 0
+  assert float(kept.outputs) == 1e6
+  over = precision.numerics_report(lambda x: x * x, "c=f16", jnp.full(8, 1000.0))
+  assert [r.overflow for r in over.rows if r.primitive == "mul"] == [8]
+  e4m3 = precision.numerics_report(lambda x: x * x, "c=float8_e4m3fn", jnp.full(4, 100.0))
+  assert [r.overflow for r in e4m3.rows if r.primitive == "mul"] == [4]
+
+
+def test_a_report_with_no_float_equation_plots_without_a_warning(tmp_path):
+  """A probe: plotting the report of an integer function warned "No artists with labels found to
+  put in legend" (an error under ``filterwarnings = error``)."""
+  import warnings
+
+  report = precision.numerics_report(lambda i: i + 1, "c=cb16", jnp.arange(3))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    report.plot(tmp_path / "empty.png")
+  assert (tmp_path / "empty.png").stat().st_size > 0

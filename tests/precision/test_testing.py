@@ -328,3 +328,14 @@ def test_a_key_whose_value_is_none_is_part_of_the_structure(helper):
     with pytest.raises(AssertionError, match="differ|None"):
       check(expected, actual)
   check({"a": x, "b": None, "c": (None,)}, {"a": x, "b": None, "c": (None,)})  # the same: passes
+
+
+def test_a_0d_array_is_a_number_of_ulps():
+  """A probe: ``ulps=jnp.float32(1)`` and ``ulps=np.array(1.0)`` were refused as not numbers."""
+  for ulps in (jnp.float32(1), np.array(1.0), np.int32(1), jnp.array(1)):
+    assert_close([1.0], [1.0 + 2.0**-9], "cbfloat16", ulps=ulps)
+    with pytest.raises(AssertionError, match="differ by more than"):
+      assert_close([1.0], [1.0 + 2.0**-7], "cbfloat16", ulps=ulps)
+  for bad in (np.array([1.0]), np.array(True), "1"):
+    with pytest.raises(TypeError, match="allowed: a number >= 0"):
+      assert_close([1.0], [1.0], "cbfloat16", ulps=bad)
