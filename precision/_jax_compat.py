@@ -49,6 +49,7 @@ from typing import Any
 
 import jax
 import jaxlib as _jaxlib
+import numpy as _np
 from jax._src import api_util as _api_util
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info_src
@@ -320,6 +321,7 @@ JAX_DIRS = tuple(
 _LIBRARY_DIRS = (
   _OWN_DIRS
   + JAX_DIRS
+  + (os.path.realpath(os.path.dirname(_np.__file__)) + os.sep,)  # (NumPy outside site-packages: pip --target)
   + tuple(sorted({os.path.realpath(sysconfig.get_path(key)) + os.sep for key in ("stdlib", "platstdlib")}))
 )
 INSTALLED_FOLDERS = frozenset({"site-packages", "dist-packages"})
@@ -344,7 +346,11 @@ def library_file(path: str) -> bool:
   if path.startswith("<"):
     return path.startswith("<frozen")
   real = os.path.realpath(path)
-  return real.startswith(_LIBRARY_DIRS) or not INSTALLED_FOLDERS.isdisjoint(real.split(os.sep))
+  # (both the path and its target: a file linked into a cache, as uv's symlink mode installs, is
+  # installed though its target's path names no site-packages)
+  return real.startswith(_LIBRARY_DIRS) or any(
+    not INSTALLED_FOLDERS.isdisjoint(p.split(os.sep)) for p in (path, real)
+  )
 
 
 def user_stacklevel() -> int:

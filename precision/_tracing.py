@@ -187,13 +187,17 @@ _ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
 
 
 def _host(value: Any) -> Any:
-  """A static argument as ``fn`` sees it: its JAX arrays (not tracers) as NumPy arrays, so that
-  ``n > 1`` or ``range(n)`` on a 0-d ``jnp`` array is a Python value inside the trace, as it is when
-  the float32 policy calls ``fn`` itself (a ``jnp`` operation inside a trace is staged, even on a
-  concrete array)."""
+  """A static argument as ``fn`` sees it: its 0-d integer and bool JAX arrays (not tracers) as Python
+  numbers, so that a loop count or a flag (``range(n)``, ``n > 1``, ``if flag:``) is a Python value
+  inside the trace, as it is when the float32 policy calls ``fn`` itself (a ``jnp`` operation inside a
+  trace is staged, even on a concrete array). Every other leaf is passed as it is: a float scalar
+  keeps its dtype and weak type, a table or a PRNG key stays a JAX array."""
 
   def leaf(x: Any) -> Any:
-    return np.asarray(x) if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) else x
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.shape == ():
+      if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
+        return x.item()
+    return x
 
   return jax.tree.map(leaf, value)
 

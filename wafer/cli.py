@@ -360,8 +360,18 @@ def _working(what: str) -> Iterator[None]:
     yield
     return
   from rich.console import Console
+  from rich.live import Live
+  from rich.spinner import Spinner
 
-  with Console(stderr=True).status(what + " ..."):
+  # (stdout is left alone: what the step prints still goes where stdout goes, a file or a pipe)
+  live = Live(
+    Spinner("dots", text=what + " ..."),
+    console=Console(stderr=True),
+    transient=True,
+    redirect_stdout=False,
+    redirect_stderr=False,
+  )
+  with live:
     yield
 
 

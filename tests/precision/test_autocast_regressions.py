@@ -94,6 +94,24 @@ def test_a_static_jax_array_is_a_python_value_under_every_policy(by_name):
   assert not same_floats(call("c=cb16", jnp.int32(3)), call("c=cb16", jnp.int32(1))).all()
 
 
+def test_other_static_jax_arrays_stay_jax_arrays():
+  """A review of the fix above (which first turned every static JAX array into NumPy): a static table
+  indexed by traced ids, ``.at`` on a static array, a typed PRNG key and a weak float scalar must
+  behave as under the float32 policy (only 0-d integers and bools become Python numbers)."""
+  x = _normal(4, (4, 8))
+  ids, table = jnp.array([0, 2, 1]), jnp.arange(40.0).reshape(10, 4)
+  cases = [
+    (lambda i, t: t[i] * 2.0, (ids, table)),
+    (lambda a, t: a + t.at[0].set(0.0)[0], (x, jnp.ones(8))),
+    (lambda a, k: a + jax.random.normal(k, a.shape), (x, jax.random.key(0))),
+    (lambda a, s: a.astype(jnp.bfloat16) * s, (x, jnp.asarray(2.0))),
+  ]
+  for f, args in cases:
+    want = precision.autocast(f, "c=f32", static_argnums=1)(*args)
+    got = precision.autocast(f, "c=cb16", static_argnums=1)(*args)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.dtype, want.dtype)
+
+
 # ---- 2. attention by structure, not batch dimensions ----
 
 

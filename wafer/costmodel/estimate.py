@@ -677,9 +677,10 @@ def _default_argnums(
   dtypes: an updated copy or a gradient) is state, parameters or optimizer state whose axis 0 equals
   the batch by chance. The batch arguments are the first set, with the fewest such arguments and then
   the most arguments, that the step traces with at twice the batch (`jax.eval_shape`: nothing is
-  computed; at most `_MAX_TRIES` traces) and whose doubling changes the step's outputs on axis 0 only
-  (`_per_sample`: ``tanh(x @ w.T)`` with ``w`` of shape ``(B, d)`` traces with ``w`` doubled too, but
-  its output then grows on axis 1: ``w`` is a weight); the last argument is always one of them.
+  computed; at most `_MAX_TRIES` traces) and whose doubling changes the step's outputs beyond axis 0
+  no more than doubling the last argument alone does (`_same_trailing_axes`: ``tanh(x @ w.T)`` with
+  ``w`` of shape ``(B, d)`` traces with ``w`` doubled too, but its output then grows on axis 1 where
+  ``x`` alone lengthens axis 0 only: ``w`` is a weight); the last argument is always one of them.
   Where no set traces, the last argument alone cannot be doubled: an `EstimateError`
   (`graph.undoubled_batch`).
   """
@@ -704,6 +705,16 @@ def _default_argnums(
   b = next(a for a in _leading_axes(args[last]) if a is not None)
   error: TraceError | None = None
   widened = False  # a set left out because doubling it widened an output beyond axis 0
+  alone: list[Any] = []  # the outputs with the last argument alone doubled (None: it does not trace)
+
+  def last_alone() -> Any:
+    if not alone:
+      try:
+        alone.append(graph_mod.output_shapes(step_fn, args, names, doubled=(last,)))
+      except TraceError:
+        alone.append(None)
+    return alone[0]
+
   for subset in tries:
     chosen = (*subset, last)
     try:
@@ -711,7 +722,7 @@ def _default_argnums(
     except TraceError as exc:
       error = exc
       continue
-    if subset and not _per_sample(out, doubled):
+    if subset and last_alone() is not None and not _same_trailing_axes(last_alone(), doubled):
       widened = True
       continue
     break
@@ -743,17 +754,18 @@ def _default_argnums(
   return tuple(sorted(chosen)), notes
 
 
-def _per_sample(base: Any, doubled: Any) -> bool:
-  """Whether the step's outputs at twice the batch (``doubled``, `graph.output_shapes`) differ from
-  those at the batch (``base``) at most on axis 0: what doubling data does to a per-sample output,
-  a loss or updated parameters."""
-  a, b = jax.tree.leaves(base), jax.tree.leaves(doubled)
-  if len(a) != len(b):
+def _same_trailing_axes(a: Any, b: Any) -> bool:
+  """Whether the step's outputs ``a`` and ``b`` (`graph.output_shapes` at two choices of doubled
+  arguments) differ at most on axis 0. With the last argument alone doubled and with other
+  candidates doubled too: data only lengthens what the batch already lengthens (a per-sample output,
+  a contrastive ``B x B`` logits matrix both of whose axes the batch makes), a weight widens more."""
+  x, y = jax.tree.leaves(a), jax.tree.leaves(b)
+  if len(x) != len(y):
     return False
   return all(
-    tuple(getattr(x, "shape", ())[1:]) == tuple(getattr(y, "shape", ())[1:])
-    and len(getattr(x, "shape", ())) == len(getattr(y, "shape", ()))
-    for x, y in zip(a, b)
+    len(getattr(p, "shape", ())) == len(getattr(q, "shape", ()))
+    and tuple(getattr(p, "shape", ())[1:]) == tuple(getattr(q, "shape", ())[1:])
+    for p, q in zip(x, y)
   )
 
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
+import itertools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -165,6 +167,8 @@ class Kernel:
       when every instance reads one array (a ``scan`` closing over its weights: an RNN over time, one
       layer applied ALBERT-style); the largest over its weights (a shared bias beside stacked
       matrices does not make the layers one).
+    stack: which fold of `fold_repeats` made it (0: none, a ``scan``'s count or no repeat): two
+      stacks folded one after the other (layers 0-2 at one width, 3-4 at another) are two stacks.
   """
 
   name: str
@@ -182,6 +186,7 @@ class Kernel:
   instance_names: tuple[str, ...] = ()
   saved_core: set[int] = dataclasses.field(default_factory=set)
   weight_instances: int = 1
+  stack: int = 0
 
   def matmul_flops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
     """Matrix-product FLOP of one instance at ``batch = ratio * b0``: the work, recomputation included."""
@@ -477,6 +482,47 @@ def _close_static(args: tuple[Any, ...]) -> tuple[list[Any], Callable[[Sequence[
   return [x for x, st in zip(leaves, static) if not st], rebuild
 
 
+def _python_value_hint(
+  fn: Callable[..., Any], args: Sequence[Any], names: Sequence[str], exc: Exception
+) -> str:
+  """For a step that used a traced value as a Python value: the fix, naming the Python numbers among
+  the example arguments that JAX's message says the value depends on (``dynamic[i]``, the i-th traced
+  leaf) bound to the step; for a value computed from arrays, ``jnp.where`` / ``lax.cond``."""
+  if not isinstance(exc, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
+    return ""
+  text, first, culprits = str(exc), 0, []
+  for name, a in zip(names, args):
+    leaves = sum(not _static(x) for x in jax.tree.leaves(a))
+    if isinstance(a, (bool, int, float)) and re.search(rf"\bdynamic\[{first}\]", text):
+      culprits.append((name, a))
+    first += leaves
+  if not culprits:
+    return (
+      "\nThe step branches (or loops) in Python on a value computed from its arrays: a traced step "
+      "cannot decide that while it is traced; use jnp.where or jax.lax.cond / jax.lax.while_loop"
+    )
+  fn_name = getattr(fn, "__name__", "step")
+  try:
+    parameters = inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    parameters = {}
+  if all(n in parameters for n, _ in culprits):
+    bound = f"functools.partial({fn_name}, {', '.join(f'{n}={a!r}' for n, a in culprits)})"
+  else:  # (a *args step: bound by a lambda taking the other arguments)
+    rest = [n if n.isidentifier() else f"a{i}" for i, n in enumerate(names) if n not in dict(culprits)]
+    call = ", ".join(
+      repr(a) if (n, a) in culprits else (n if n.isidentifier() else f"a{i}")
+      for i, (n, a) in enumerate(zip(names, args))
+    )
+    bound = f"lambda {', '.join(rest)}: {fn_name}({call})"
+  what = " and ".join(n for n, _ in culprits)
+  return (
+    f"\nThe cost model traces every example argument as an array, as jax.jit does, so {what}, a value "
+    f"the step uses in Python (a flag, a loop count, a shape), must be bound to the step instead: "
+    f"estimate({bound}, ...) without {'it' if len(culprits) == 1 else 'them'} among the example arguments"
+  )
+
+
 def _trace(
   fn: Callable[..., Any],
   args: Sequence[Any],
@@ -506,20 +552,7 @@ def _trace(
         f"and tracing the step failed{where}{type(exc).__name__}: {exc}; allowed: arrays, "
         "jax.ShapeDtypeStruct or Python numbers (bind other values with functools.partial)"
       ) from exc
-    hint = ""
-    if isinstance(exc, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
-      values = [f"{n}={a!r}" for n, a in zip(names, args) if isinstance(a, (bool, int, float))]
-      fn_name = getattr(fn, "__name__", "step")
-      hint = (
-        "\nThe cost model traces every example argument as an array, as jax.jit does, so a value the "
-        "step uses in Python (a flag, a loop count, a shape) must be bound to the step instead: "
-        + (
-          f"estimate(functools.partial({fn_name}, {', '.join(values)}), ...) without "
-          f"{'it' if len(values) == 1 else 'them'} among the example arguments"
-          if values
-          else f"estimate(functools.partial({fn_name}, name=value), ...)"
-        )
-      )
+    hint = _python_value_hint(fn, args, names, exc)
     raise TraceError(
       f"could not trace the step with abstract inputs{where}{type(exc).__name__}: {exc}{hint}"
     ) from exc
@@ -1082,7 +1115,9 @@ def _signature(k: Kernel) -> tuple[Any, ...]:
 
 def _best_repeat(ids: list[int]) -> tuple[int, int, int] | None:
   """``(start, period, repeats)`` of the longest run of ``ids`` made of one period repeated at least
-  twice (most kernels covered, then the shortest period, then the earliest start); O(n^2)."""
+  twice (most kernels covered, then the shortest period, then the latest start: where a first layer
+  differs, its input being data with no gradient, the period starts at the second layer rather than
+  half-way through the first); O(n^2)."""
   n = len(ids)
   best: tuple[int, int, int, int, int] | None = None
   for p in range(1, n // 2 + 1):
@@ -1092,13 +1127,17 @@ def _best_repeat(ids: list[int]) -> tuple[int, int, int] | None:
       reps = run // p + 1
       if reps < 2:
         continue
-      key = (reps * p, -p, -i, reps, p)
+      key = (reps * p, -p, i, reps, p)
       if best is None or key > best:
         best = key
   if best is None:
     return None
-  covered, _, neg_i, reps, p = best
-  return -neg_i, p, reps
+  covered, _, start, reps, p = best
+  return start, p, reps
+
+
+_FOLDS = itertools.count(1)
+"""Ids of `fold_repeats`'s folds (`Kernel.stack`)."""
 
 
 def fold_repeats(kernels: list[Kernel]) -> list[Kernel]:
@@ -1124,16 +1163,35 @@ def fold_repeats(kernels: list[Kernel]) -> list[Kernel]:
   start, p, reps = found
   instances = [kernels[start + j * p : start + (j + 1) * p] for j in range(reps)]
   block = [_merge_instances([inst[q] for inst in instances]) for q in range(p)]
+  fold = next(_FOLDS)  # (a fold inside this block keeps this block's stack: one stack)
+  block = [k if k.stack else dataclasses.replace(k, stack=fold) for k in block]
   # (a period may repeat inside itself: two identical sub-layers of a layer fold too)
   return fold_repeats(kernels[:start]) + fold_repeats(block) + fold_repeats(kernels[start + reps * p :])
 
 
+_INSTANCE_SUFFIX = re.compile(r"_\d+(?=/|#|$)")
+"""A module's instance number (Haiku names the second ``linear`` of a model ``linear_1``, its first
+plain ``linear``): not part of a layer's layout."""
+
+
+def _shape_class(m: Matmul) -> tuple[Any, ...]:
+  """A product's shape up to its widths: which of ``m, k, n`` grow with the batch, and whether its
+  fixed sizes (the weight's) widen, keep or narrow (``x @ W1`` of an FFN widens, ``h @ W2`` narrows)."""
+  fixed = [z.at_trace for z in (m.m, m.k, m.n) if z.exponent == 0]
+  order = tuple((a > b) - (a < b) for a, b in zip(fixed, fixed[1:]))
+  return (m.phase, m.weight, m.m.exponent, m.k.exponent, m.n.exponent, order)
+
+
 def _layout(k: Kernel) -> tuple[Any, ...]:
-  """`_signature` without sizes: a kernel's name up to numbers, which of its products read a weight
-  and in which phase, and whether it has weights. Layers that differ only in width (OpenELM's
-  per-layer feed-forward widths, a CNN's channel counts) share it."""
-  mms = tuple(sorted((m.phase, m.weight) for m in k.matmuls))
-  return (_DIGITS.sub("*", k.name), mms, bool(k.weights), () if mms else tuple(sorted(k.vector)))
+  """`_signature` without sizes: a kernel's name up to numbers and instance suffixes (Haiku's
+  ``linear`` and ``linear_1`` are one name), its products' shapes up to their widths
+  (`_shape_class`; the forward products only: the first layer, whose input is data, has no input
+  gradient), and whether it has weights. Layers that differ only in width (OpenELM's
+  per-layer feed-forward widths, a CNN's channel counts) share it; the two products of a layer split
+  into kernels by op pattern (``dot_general_N``: one widens, one narrows) do not."""
+  mms = tuple(sorted(_shape_class(m) for m in k.matmuls if m.phase == "fwd"))
+  name = _DIGITS.sub("*", _INSTANCE_SUFFIX.sub("", k.name))
+  return (name, mms, bool(k.weights), () if mms else tuple(sorted(k.vector)))
 
 
 def layer_runs(kernels: list[Kernel]) -> list[tuple[list[Kernel], int]]:
@@ -1151,12 +1209,26 @@ def layer_runs(kernels: list[Kernel]) -> list[tuple[list[Kernel], int]]:
   """
   if not kernels:
     return []
-  found = _best_repeat([_layout(k) for k in kernels])
+  table: dict[tuple[Any, ...], int] = {}
+  found = _best_repeat([table.setdefault(_layout(k), len(table)) for k in kernels])
   if found is None:
     return [(kernels, 1)]
   start, p, reps = found
   end = start + p * reps
   return [*layer_runs(kernels[:start]), (kernels[start:end], reps), *layer_runs(kernels[end:])]
+
+
+def stacks(kernels: list[Kernel]) -> list[list[Kernel]]:
+  """A run of consecutive repeated kernels (``count > 1``) split into the stacks `fold_repeats`
+  folded one after another (`Kernel.stack`): layers 0-2 at one width and 3-4 at another are two
+  stacks (5 layers), not one of 2 or 3."""
+  out: list[list[Kernel]] = []
+  for k in kernels:
+    if out and k.stack == out[-1][-1].stack:
+      out[-1].append(k)
+    else:
+      out.append([k])
+  return out
 
 
 def fuse_productless(kernels: list[Kernel]) -> list[Kernel]:

@@ -101,7 +101,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from wafer.costmodel.graph import Graph, Kernel, layer_runs
+from wafer.costmodel.graph import Graph, Kernel, layer_runs, stacks
 from wafer.costmodel.hardware import System
 from wafer.costmodel.mesh import Machine, kernel_cycles
 from wafer.errors import EstimateError
@@ -271,7 +271,8 @@ def _layer_passes(graph: Graph, level: str | None) -> int:
   per layer, not per kernel, so the count does not depend on how the code is split into kernels nor
   on the layers' widths (the canonical layer graph; a wider layer is never fewer passes). Known
   limits: names that defeat folding and layout alike leave one segment; a stack without weights has
-  no pass; two stacks with no kernel between them are one."""
+  no pass. Two stacks with no kernel between them are told apart where their layers differ in size
+  only (`graph.stacks`); otherwise they are one."""
 
   def close(kernels: list[Kernel]) -> int:
     weighted = [k for k in kernels if k.weights]
@@ -281,8 +282,13 @@ def _layer_passes(graph: Graph, level: str | None) -> int:
     bwd = graph.training or any(k.has_phase("bwd") for k in kernels)
     if kernels[0].count <= 1:
       return sum(layers * (1 + bwd) for run, layers in layer_runs(kernels) if any(k.weights for k in run))
-    layers = min(min(k.count for k in weighted), max(k.weight_instances for k in weighted))
-    return layers * (1 + bwd + (level == "spans" and bwd))
+    per_pass = 1 + bwd + (level == "spans" and bwd)
+    total = 0
+    for stack in stacks(kernels):
+      weighted = [k for k in stack if k.weights]
+      if weighted:
+        total += min(min(k.count for k in weighted), max(k.weight_instances for k in weighted)) * per_pass
+    return total
 
   passes = 0
   run: list[Kernel] = []  # the current stretch (count 1) or stack (count > 1)

@@ -75,8 +75,8 @@ class ModelDirLock:
       os.close(fd)
       raise ExecutorError(
         f"Another run{holder} is writing into {Path(model_dir)} (it holds {path}): two runs in one "
-        "model_dir would resume from each other's checkpoints and log steps twice. Wait for it to finish, "
-        "or choose another --model_dir."
+        "model_dir would overwrite each other's compile report, resume from each other's checkpoints and "
+        "log steps twice. Wait for it to finish, or choose another --model_dir."
       ) from None
     # The content says who holds the lock, for the message above; it is rewritten in place, not
     # replaced (a new file would be another lock), and a reader that finds it partial names no one.
@@ -98,7 +98,11 @@ class ModelDirLock:
       os.ftruncate(fd, 0)
     except OSError:  # a full or vanished model_dir: the lock is still released below
       pass
-    os.close(fd)  # closing the file releases the flock
+    try:  # (explicitly: a child forked during the run shares the lock, and closing ours would not end it)
+      fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+      pass
+    os.close(fd)
 
 
 def _identity() -> dict[str, Any]:

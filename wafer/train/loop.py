@@ -673,6 +673,8 @@ class _Run:
         if not math.isfinite(loss):
           bar.close()
           raise ExecutorError(self._non_finite_loss(done, loss))
+        if done >= self.just_resumed[0] + _STEPS_AFTER_RESUME:
+          self.just_resumed = None  # the steps read after the resume were finite: not suspected later
       if done in marks:
         self.checkpoints.save(state, self._meta())
     bar.close()

@@ -130,6 +130,34 @@ def test_a_weight_whose_axis_0_equals_the_batch_is_not_a_batch_argument(batch, d
   assert any(n.startswith(f"w has {batch} on axis 0") and why in n for n in default.notes), default.notes
 
 
+def _contrastive(w, images, texts):  # CLIP-like: the logits are B x B, both axes made by the batch
+  logits = jnp.tanh(images @ w) @ (texts @ w).T
+  return -jnp.mean(jnp.diag(jax.nn.log_softmax(logits))), logits
+
+
+def _time_major(w, x, y):  # a per-sample output with its batch on axis 1
+  h = jnp.tanh(x @ w)
+  return jnp.mean((h - y) ** 2), jnp.swapaxes(h, 0, 1)
+
+
+@pytest.mark.parametrize(
+  ("step", "args", "batch_arguments"),
+  [
+    (_contrastive, (sds(128, 128), sds(64, 128), sds(64, 128)), ("images", "texts")),
+    (_time_major, (sds(128, 128), sds(64, 16, 128), sds(64, 16, 128)), ("x", "y")),
+  ],
+  ids=["contrastive", "time-major"],
+)
+def test_data_whose_outputs_widen_beyond_axis_0_is_still_data(step, args, batch_arguments):
+  """A review of the rule above: outputs that the batch widens beyond axis 0 by themselves (a
+  contrastive B x B matrix, a time-major output) must not make data look like a weight: doubling
+  the other candidates is compared with doubling the last argument alone, not with the batch."""
+  default = wafer.estimate(step, *args)
+  explicit = wafer.estimate(step, *args, batch_argnums=(1, 2))
+  assert default.batch_arguments == batch_arguments == explicit.batch_arguments
+  assert default.flops_per_sample == pytest.approx(explicit.flops_per_sample)
+
+
 def test_per_sample_keys_are_batch_arguments_a_shared_key_is_not():
   def step(params, x, sample_keys, key):
     noise = jax.random.normal(key, x.shape, jnp.float32)

@@ -393,6 +393,13 @@ def test_a_nan_loss_right_after_a_resume_names_the_checkpoint_a_later_one_the_le
   message = str(error.value)
   assert message.startswith("Step 24: the loss is NaN") and "may be damaged" not in message
   assert "lower optimizer.learning_rate" in message
+  # (a review) the same when the steps read after the resume were finite but not logged: 21 and 22
+  # read, NaN from 23, first logged at 25: the checkpoint is not blamed
+  task, rc, optimizer, loss_scale, policy = example_run(str(model_dir), max_steps=30, log_steps=5)
+  with pytest.raises(ExecutorError) as error:
+    run(_nan_from(task, 22), rc, optimizer, loss_scale, policy, progress=False)
+  message = str(error.value)
+  assert message.startswith("Step 25: the loss is NaN") and "may be damaged" not in message, message
 
 
 def _nan_from(task, first):
