@@ -63,6 +63,7 @@ __all__ = (
   "PluginError",
   "Problem",
   "RunInterrupted",
+  "Terminated",
   "ScheduleError",
   "StaticGraphError",
   "StepUsageError",
@@ -313,7 +314,22 @@ class RunInterrupted(KeyboardInterrupt):
   command resumes. The command line exits with status 130.
 
   Not a `WaferError`: an ``except Exception`` must not swallow a ctrl-C.
+
+  A SIGTERM (``timeout``, a cluster's preemption) stops the run the same way, while `wafer.train.run`
+  goes in the main thread: ``signum`` is then ``signal.SIGTERM`` (15; the command line exits with
+  143), else ``signal.SIGINT`` (2).
   """
+
+  def __init__(self, *args: object, signum: int = 2):
+    super().__init__(*args)
+    self.signum = signum
+
+
+class Terminated(KeyboardInterrupt):
+  """A SIGTERM received while `wafer.train.run` goes (in the main thread), raised where the run is, as
+  ctrl-C's `KeyboardInterrupt` is; the run turns it into a `RunInterrupted` with ``signum`` 15."""
+
+  signum = 15
 
 
 # ---- many processes -------------------------------------------------------------------------------
