@@ -12,7 +12,7 @@ params files              `ConfigError` (with its `Problem` s), `OptimizerError`
 models and plugins        `UnknownModelError`, `PluginError`
 data                      `DataError`, `InputAnalysisError`
 the static-graph step     `StaticGraphError`, `StepUsageError`, `ClosureError`
-the run loop              `ExecutorError`, `CheckpointMismatch`, `RunInterrupted` (not a `WaferError`)
+the run loop              `ExecutorError`, `CheckpointMismatch`, `RunInterrupted`, `Terminated` (not `WaferError` s)
 many processes            `ClusterConfigError`, `OtherProcessFailed`
 the cost model            `EstimateError`, `TraceError`
 the command line          `CommandError`, `SweepError`
@@ -23,7 +23,7 @@ the command line          `CommandError`, `SweepError`
 `precision` imports nothing of `wafer`) in one place and prints ``wafer <command>: error: <message>``
 without a traceback. Exit status: **0** success, **1** a user error (`USER_ERROR_EXIT`), **2** a
 command line argparse cannot parse (an unknown flag, a missing command), **130** ctrl-C
-(`RunInterrupted`). Any other exception is a bug in `wafer` and keeps its traceback.
+(`RunInterrupted`), **143** a SIGTERM during ``wafer run`` (`RunInterrupted` of a `Terminated`). Any other exception is a bug in `wafer` and keeps its traceback.
 
 A model plugin's own errors should subclass `WaferError` (or one of these, as
 ``models.registry.DataConfigError`` subclasses `DataError`): then the command line reports them as
