@@ -576,12 +576,10 @@ class _Run:
     if step is None:
       return
     problem = None
-    saved_batch = (
-      read_meta(self.model_dir / "checkpoints", step)
-      .get("config", {})
-      .get("train_input.batch_size", self.task.batch_size)
-    )
-    if self.rc.mode in TRAIN_MODES and saved_batch != self.task.batch_size:
+    config = read_meta(self.model_dir / "checkpoints", step).get("config")
+    # (a damaged meta: the run's restore reports it and tries the checkpoint before it)
+    saved_batch = config.get("train_input.batch_size") if isinstance(config, dict) else None
+    if self.rc.mode in TRAIN_MODES and saved_batch not in (None, self.task.batch_size):
       problem = self._batch_refusal(step, saved_batch)
     else:
       shapes = jax.eval_shape(
@@ -735,7 +733,10 @@ class _Run:
 
   def _with_changes(self, message: str, step: int) -> str:
     """``message`` and the settings that changed since checkpoint ``step`` was written (when it recorded them)."""
-    meta = read_meta(self.model_dir / "checkpoints", step)
+    checkpoints = getattr(self, "checkpoints", None)  # none yet when checked before the run (_prepare)
+    meta = (
+      checkpoints.meta(step) if checkpoints is not None else read_meta(self.model_dir / "checkpoints", step)
+    )
     if "config" not in meta:
       return message
     before, now = meta["config"].get("model.name"), self.settings.get("model.name")
