@@ -74,6 +74,29 @@ def _input_section(params: Any, which: str, processors_allowed: tuple[str, ...],
   return cfg
 
 
+_NO_TRAIN_INPUT = (
+  "train_input: missing; the train and train_and_eval modes read it (eval and eval_all read only "
+  "eval_input): add a train_input section, or run with --mode eval / eval_all"
+)
+
+
+def _train_section(params: Any, train_cfg: Any, eval_cfg: Any, model: str) -> Any:
+  """The section that gives the task its batch size: ``train_input``, or in an eval mode (which reads
+  only ``eval_input``, as modelzoo) ``eval_input`` when the file has no ``train_input``.
+
+  Raises:
+    DataConfigError: no ``train_input`` in a mode that trains.
+  """
+  if train_cfg is not None:
+    return train_cfg
+  if params.runconfig.mode in ("eval", "eval_all") and eval_cfg is not None:
+    return eval_cfg
+  raise DataConfigError(
+    f"train_input: missing; {model} needs a train_input section to train (mode "
+    f"{params.runconfig.mode!r}); eval and eval_all read only eval_input"
+  )
+
+
 def _check_tokens(features: Mapping[str, np.ndarray], vocab_size: int, msl_limit: int, where: str) -> None:
   """Token ids must index the embedding table, and sequences must fit the position table."""
   ids = features["input_ids"]
@@ -215,6 +238,8 @@ def _data(
   key_feature = "dropout_key" if uses_dropout(params.model) else None
 
   def train_data(seed: int) -> Any:
+    if train_cfg is None:  # an eval-only file (_train_section): the eval modes never read training data
+      raise DataConfigError(_NO_TRAIN_INPUT)
     source = processors.train_source(
       train_cfg,
       seed=seed,
@@ -232,8 +257,13 @@ def _data(
 
   if eval_cfg is None:
     return {"train_data": train_data, "eval_data": None, "batch_spec": batch_spec}
+
+  def eval_batch_spec() -> dict[str, Any]:
+    return processors.batch_spec(eval_cfg, section="eval_input")
+
   if (
-    eval_cfg.data_dir is not None
+    train_cfg is not None
+    and eval_cfg.data_dir is not None
     and eval_cfg.data_dir == train_cfg.data_dir
     and eval_cfg.split is None
     and train_cfg.split is None
@@ -258,7 +288,12 @@ def _data(
       held.append(processors.one_pass(source, eval_cfg.batch_size, eval_cfg.drop_remainder))
     return held[0]
 
-  return {"train_data": train_data, "eval_data": eval_data, "batch_spec": batch_spec}
+  return {
+    "train_data": train_data,
+    "eval_data": eval_data,
+    "batch_spec": batch_spec if train_cfg is not None else None,
+    "eval_batch_spec": eval_batch_spec,
+  }
 
 
 def _bert_batch(batch: Batch) -> dict[str, Any]:
@@ -277,10 +312,7 @@ def _language_model_task(
   eval_cfg = _with_vocab(_input_section(params, "eval_input", allowed, kind), model.vocab_size)
   train_cfg = _with_sequence_length(train_cfg, positions, "train_input")
   eval_cfg = _with_sequence_length(eval_cfg, positions, "eval_input")
-  if train_cfg is None:
-    raise DataConfigError(
-      f"train_input: missing; the {kind} model needs a train_input section with a data_processor"
-    )
+  sizes = _train_section(params, train_cfg, eval_cfg, f"the {kind} model")
   init_params, loss = functional(model)
   loss_fn = loss if adapt is None else (lambda p, batch: loss(p, adapt(batch)))
 
@@ -302,6 +334,13 @@ def _language_model_task(
     _check_length(out["input_ids"].shape[1], model.max_position_embeddings, "train_input")
     return out
 
+  eval_spec = data.get("eval_batch_spec")
+
+  def eval_batch_spec() -> dict[str, Any]:
+    out = eval_spec()
+    _check_length(out["input_ids"].shape[1], model.max_position_embeddings, "eval_input")
+    return out
+
   adjust = params.optimizer.adjust_learning_rate if params.optimizer is not None else None
   mup = model.describe(adjust)
   if mup:
@@ -310,9 +349,13 @@ def _language_model_task(
     name=f"{name} (L={model.num_hidden_layers}, H={model.hidden_size})",
     init_params=init_params,
     loss_fn=loss_fn,
-    batch_size=train_cfg.batch_size,
+    batch_size=sizes.batch_size,
     learning_rate_multipliers=model.learning_rate_multipliers(adjust),  # muP (models.mup)
-    **{**data, "batch_spec": batch_spec},
+    **{
+      **data,
+      "batch_spec": batch_spec if spec is not None else None,
+      "eval_batch_spec": eval_batch_spec if eval_cfg is not None else None,
+    },
   )
 
 
@@ -334,10 +377,9 @@ def fc_mnist_task(params: Any) -> Task:
   allowed = mnist_data.PROCESSORS
   train_cfg = _input_section(params, "train_input", allowed, "fc_mnist")
   eval_cfg = _input_section(params, "eval_input", allowed, "fc_mnist")
-  if train_cfg is None:
-    raise DataConfigError("train_input: missing; fc_mnist needs a train_input section (MNISTDataProcessor)")
   if eval_cfg is not None and eval_cfg.split is None:
     eval_cfg = eval_cfg.model_copy(update={"split": "val"})
+  sizes = _train_section(params, train_cfg, eval_cfg, "fc_mnist (MNISTDataProcessor)")
   init_params, loss_fn = functional(model)
   model_of = bind(model)
 
@@ -372,12 +414,23 @@ def fc_mnist_task(params: Any) -> Task:
     check_width(out["images"].shape, "train_input")
     return out
 
+  eval_spec = data.get("eval_batch_spec")
+
+  def eval_batch_spec() -> dict[str, Any]:
+    out = eval_spec()
+    check_width(out["images"].shape, "eval_input")
+    return out
+
   return Task(
     name="fc_mnist",
     init_params=init_params,
     loss_fn=loss_fn,
-    batch_size=train_cfg.batch_size,
-    **{**data, "batch_spec": batch_spec},
+    batch_size=sizes.batch_size,
+    **{
+      **data,
+      "batch_spec": batch_spec if spec is not None else None,
+      "eval_batch_spec": eval_batch_spec if eval_spec is not None else None,
+    },
     eval_metric=accuracy,
     eval_metric_name="accuracy",
   )

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import signal
 import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,7 +38,7 @@ from precision._table import Table
 from wafer.config.schema import MODES
 from wafer.costmodel.estimate import SEARCHED_MICRO_BATCH, canonical_mode
 from wafer.costmodel.release import SPEEDUP_2_0
-from wafer.errors import USER_ERROR_EXIT, CommandError
+from wafer.errors import USER_ERROR_EXIT, CommandError, RunInterrupted
 
 _DEMO_FORMATS = ("float32", "bfloat16", "float16", "cbfloat16", "float8_e4m3fn")
 _DEMO_VALUES = (np.pi, 1.0 / 3.0, 70000.0, 5.0e9, 1.0e-6, 1.0e-11)
@@ -272,15 +273,19 @@ def _run(args: argparse.Namespace) -> int:
   source = args.params if args.params is not None else _default_params()
   try:
     plan = runner.load_plan(source, overrides, mode=args.mode, flags=flags)
-    from wafer.train.loop import make_model_dir
+    from wafer.train.loop import make_model_dir, require_checkpoint
 
+    require_checkpoint(plan.runconfig)  # an eval of a folder without checkpoints creates nothing
     model_dir = make_model_dir(plan.runconfig.model_dir)  # a bad model_dir is refused before any work
     wafer.enable_compilation_cache(model_dir / "compile_cache")  # reruns load, not compile
     summary = runner.run_plan(plan)
   except KeyboardInterrupt as error:  # wafer.train.RunInterrupted says where model_dir stands
-    detail = str(error) or "the last checkpoint in model_dir is where a rerun resumes."
-    print(f"\nwafer run: interrupted. {detail}", file=sys.stderr)
-    return 130
+    detail = str(error) if isinstance(error, RunInterrupted) else ""
+    detail = detail or "the last checkpoint in model_dir is where a rerun resumes."
+    signum = int(getattr(error, "signum", signal.SIGINT))
+    what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
+    print(f"\nwafer run: {what}. {detail}", file=sys.stderr)
+    return 128 + signum  # 130 for ctrl-C, 143 for SIGTERM (the shell's codes)
   model_dir = Path(summary.model_dir)
   losses = summary.losses or []
   if losses:
@@ -291,17 +296,25 @@ def _run(args: argparse.Namespace) -> int:
     print()
   for step, value in evals:
     print(f"Eval {summary.eval_metric} at step {step}: {value:.4f}")
-  print("\nOutputs:")
-  for label, path in (
-    ("metrics", model_dir / "metrics.jsonl"),
-    ("TensorBoard", model_dir / "tensorboard"),
-    ("checkpoints", model_dir / "checkpoints"),
-    ("compile report", model_dir / "compile_report.txt"),
-  ):
-    if path.exists() and not (
-      path.is_dir() and not any(path.iterdir())
-    ):  # an empty checkpoints/: none written
-      print(f"  {label:15s} {path}")
+  rc = plan.runconfig
+  checked_only = rc.validate_only or rc.compile_only
+  # only what this run wrote: a check writes no metrics or checkpoints, an eval mode no checkpoint and no
+  # compile report (the files of an earlier run in model_dir are not this run's outputs)
+  written = (
+    ("metrics", model_dir / "metrics.jsonl", not checked_only),
+    ("TensorBoard", model_dir / "tensorboard", not checked_only),
+    ("checkpoints", model_dir / "checkpoints", not checked_only and rc.mode not in ("eval", "eval_all")),
+    ("compile report", model_dir / "compile_report.txt", summary.compile_report is not None),
+  )
+  shown = [
+    (label, path)
+    for label, path, wrote in written
+    if wrote and path.exists() and not (path.is_dir() and not any(path.iterdir()))  # an empty checkpoints/
+  ]
+  if shown:
+    print("\nOutputs:")
+  for label, path in shown:
+    print(f"  {label:15s} {path}")
   return 0
 
 
@@ -651,7 +664,9 @@ def interrupts_delivered() -> Iterator[None]:
       and threading.current_thread() is threading.main_thread()
     ):
       # from another thread, once this hook has returned (raised here, it would be dropped again)
-      timer = threading.Timer(0.05, _thread.interrupt_main)
+      # a SIGTERM's interrupt (wafer.errors.Terminated) is delivered as a SIGTERM again
+      signum = getattr(unraisable.exc_value, "signum", signal.SIGINT)
+      timer = threading.Timer(0.05, _thread.interrupt_main, (signum,))
       timer.daemon = True
       pending.append(timer)
       timer.start()

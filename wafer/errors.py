@@ -12,7 +12,7 @@ params files              `ConfigError` (with its `Problem` s), `OptimizerError`
 models and plugins        `UnknownModelError`, `PluginError`
 data                      `DataError`, `InputAnalysisError`
 the static-graph step     `StaticGraphError`, `StepUsageError`, `ClosureError`
-the run loop              `ExecutorError`, `CheckpointMismatch`, `RunInterrupted` (not a `WaferError`)
+the run loop              `ExecutorError`, `CheckpointMismatch`, `RunInterrupted`, `Terminated` (not `WaferError` s)
 many processes            `ClusterConfigError`, `OtherProcessFailed`
 the cost model            `EstimateError`, `TraceError`
 the command line          `CommandError`, `SweepError`
@@ -23,7 +23,7 @@ the command line          `CommandError`, `SweepError`
 `precision` imports nothing of `wafer`) in one place and prints ``wafer <command>: error: <message>``
 without a traceback. Exit status: **0** success, **1** a user error (`USER_ERROR_EXIT`), **2** a
 command line argparse cannot parse (an unknown flag, a missing command), **130** ctrl-C
-(`RunInterrupted`). Any other exception is a bug in `wafer` and keeps its traceback.
+(`RunInterrupted`), **143** a SIGTERM during ``wafer run`` (`RunInterrupted` of a `Terminated`). Any other exception is a bug in `wafer` and keeps its traceback.
 
 A model plugin's own errors should subclass `WaferError` (or one of these, as
 ``models.registry.DataConfigError`` subclasses `DataError`): then the command line reports them as
@@ -63,6 +63,7 @@ __all__ = (
   "PluginError",
   "Problem",
   "RunInterrupted",
+  "Terminated",
   "ScheduleError",
   "StaticGraphError",
   "StepUsageError",
@@ -313,7 +314,22 @@ class RunInterrupted(KeyboardInterrupt):
   command resumes. The command line exits with status 130.
 
   Not a `WaferError`: an ``except Exception`` must not swallow a ctrl-C.
+
+  A SIGTERM (``timeout``, a cluster's preemption) stops the run the same way, while `wafer.train.run`
+  goes in the main thread: ``signum`` is then ``signal.SIGTERM`` (15; the command line exits with
+  143), else ``signal.SIGINT`` (2).
   """
+
+  def __init__(self, *args: object, signum: int = 2):
+    super().__init__(*args)
+    self.signum = signum
+
+
+class Terminated(KeyboardInterrupt):
+  """A SIGTERM received while `wafer.train.run` goes (in the main thread), raised where the run is, as
+  ctrl-C's `KeyboardInterrupt` is; the run turns it into a `RunInterrupted` with ``signum`` 15."""
+
+  signum = 15
 
 
 # ---- many processes -------------------------------------------------------------------------------

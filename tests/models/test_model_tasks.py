@@ -185,8 +185,9 @@ def test_resume_eval_all_and_two_systems_on_real_data(tmp_path, capsys):
     r"kernel: checkpoint \(50, 10\), model \(40, 10\)",
   ):
     _run(FC_MNIST, tmp_path / "parts", *FAST, "runconfig.mode=eval", "model.hidden_size=40")
-  _run(FC_MNIST, tmp_path / "empty", *FAST, "runconfig.mode=eval")
-  assert "Warning: no checkpoint in" in capsys.readouterr().out
+  with pytest.raises(ExecutorError, match="mode eval: no checkpoint in .*empty.*checkpoints: train first"):
+    _run(FC_MNIST, tmp_path / "empty", *FAST, "runconfig.mode=eval")
+  assert not (tmp_path / "empty").exists()  # nothing created
 
 
 def _leaves(tree) -> list:

@@ -222,3 +222,121 @@ def test_a_ctrl_c_that_lands_in_a_gc_callback_still_stops_the_command(when):
   assert done.returncode == 0 and done.stdout.split() == ["interrupted", "inside", "done"], (
     done.stdout + done.stderr
   )
+
+
+FC_MNIST_FILE = Path(__file__).parents[1] / "data" / "params" / "fc_mnist.yaml"
+
+
+def _fc_mnist_files(tmp_path):
+  """fc_mnist (scikit-learn's digits: no data_dir) and the same file without its train_input."""
+  data = yaml.safe_load(FC_MNIST_FILE.read_text())
+  for section in ("train_input", "eval_input"):
+    data[section].pop("data_dir")
+  data["runconfig"].update(max_steps=4, checkpoint_steps=4, log_steps=4)
+  full = tmp_path / "fc_mnist.yaml"
+  full.write_text(yaml.safe_dump(data))
+  data.pop("train_input")
+  eval_only = tmp_path / "notrain.yaml"
+  eval_only.write_text(yaml.safe_dump(data))
+  return full, eval_only
+
+
+def test_eval_modes_run_a_file_without_train_input_and_validate_checks_the_eval_step(tmp_path, capsys):
+  full, eval_only = _fc_mnist_files(tmp_path)
+  md = str(tmp_path / "md")
+  assert cli.main(["run", "--params", str(full), "--model_dir", md]) == 0
+  capsys.readouterr()
+  for mode in ("eval", "eval_all"):
+    assert cli.main(["run", "--params", str(eval_only), "--mode", mode, "--model_dir", md]) == 0
+    assert "Eval accuracy at step 4" in capsys.readouterr().out
+  report = (tmp_path / "md" / "compile_report.txt").read_text()
+  rc = cli.main(["run", "--params", str(eval_only), "--mode", "eval", "--validate_only", "--model_dir", md])
+  out = capsys.readouterr().out
+  assert rc == 0 and "Validating the eval step of fc_mnist" in out and "the train step of" not in out
+  assert (tmp_path / "md" / "compile_report.txt").read_text() == report  # the train step's report, kept
+  assert "Outputs:" not in out  # it wrote nothing (metrics, checkpoints and the report are the earlier run's)
+  # the modes that train still need train_input
+  assert cli.main(["run", "--params", str(eval_only), "--mode", "train", "--model_dir", md]) == 1
+  assert "train_input: required for mode 'train'" in capsys.readouterr().err
+
+
+def test_a_run_the_checkpoint_refuses_is_refused_before_any_work(tmp_path, capsys):
+  path = _params_file(tmp_path, runconfig__max_steps=4, runconfig__checkpoint_steps=4, runconfig__log_steps=4)
+  md = str(tmp_path / "md")
+  assert cli.main(["run", "--params", str(path), "--model_dir", md]) == 0
+  capsys.readouterr()
+  report = (tmp_path / "md" / "compile_report.txt").read_text()
+  rc = cli.main(
+    ["run", "--params", str(path), "--model_dir", md, "runconfig.max_steps=8", "train_input.batch_size=32"]
+  )
+  out, err = capsys.readouterr()
+  assert rc == 1 and "Cannot resume from the checkpoint of step 4" in err, err
+  assert "Preparing the training data" not in out and "Compil" not in out
+  assert (tmp_path / "md" / "compile_report.txt").read_text() == report
+  rc = cli.main(
+    ["run", "--params", str(path), "--model_dir", md, "train_input.batch_size=32", "--validate_only"]
+  )
+  out, err = capsys.readouterr()
+  assert rc == 1 and "--validate_only: the run would be refused (nothing was written): Cannot resume" in err
+  assert (tmp_path / "md" / "compile_report.txt").read_text() == report and "Validating" not in out
+  # a validation that fits names only what it wrote: the compile report, not the run's metrics or checkpoints
+  assert cli.main(["run", "--params", str(path), "--model_dir", md, "--validate_only"]) == 0
+  outputs = capsys.readouterr().out.split("Outputs:")[1]
+  assert "compile_report.txt" in outputs and "metrics" not in outputs and "checkpoints" not in outputs
+
+
+@pytest.mark.parametrize("mode", ["eval", "eval_all"])
+def test_eval_without_a_checkpoint_is_refused_and_creates_nothing(tmp_path, capsys, mode):
+  path = _params_file(tmp_path)
+  md = tmp_path / "typo"
+  assert cli.main(["run", "--params", str(path), "--mode", mode, "--model_dir", str(md)]) == 1
+  err = capsys.readouterr().err.strip()
+  assert err == (
+    f"wafer run: error: mode {mode}: no checkpoint in {md / 'checkpoints'}: train first, or point --model_dir "
+    "(runconfig.model_dir) at a run's folder (runconfig.save_initial_checkpoint: true makes a training run also "
+    "write checkpoint 0, the initial weights)"
+  )
+  assert not md.exists()
+
+
+def test_a_checkpoint_folder_not_named_by_its_step_is_named_not_silently_skipped(tmp_path, capsys):
+  path = _params_file(tmp_path, runconfig__max_steps=4, runconfig__checkpoint_steps=4, runconfig__log_steps=4)
+  md = tmp_path / "md"
+  assert cli.main(["run", "--params", str(path), "--model_dir", str(md)]) == 0
+  (md / "checkpoints" / "4").rename(md / "checkpoints" / "ckpt_4")
+  capsys.readouterr()
+  assert cli.main(["run", "--params", str(path), "--model_dir", str(md), "--mode", "eval"]) == 1
+  assert "ckpt_4 there holds a checkpoint's files, but only folders named by their step are read" in (
+    capsys.readouterr().err
+  )
+  assert cli.main(["run", "--params", str(path), "--model_dir", str(md)]) == 0
+  note = (
+    f"Note: {md / 'checkpoints' / 'ckpt_4'} holds a checkpoint's files but is not read: only folders named"
+  )
+  assert capsys.readouterr().out.count(note) == 1
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
+  import os
+  import signal
+
+  from wafer.train import loop
+
+  real = loop.next_batch
+
+  def terminated_at_step_7(data, step):  # as a `timeout` or a cluster's preemption would
+    if step == 6:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real(data, step)
+
+  monkeypatch.setattr(loop, "next_batch", terminated_at_step_7)
+  before = signal.getsignal(signal.SIGTERM)
+  path = _params_file(
+    tmp_path, runconfig__max_steps=10, runconfig__checkpoint_steps=4, runconfig__log_steps=4
+  )
+  rc = cli.main(["run", "--params", str(path), "--model_dir", str(tmp_path / "md")])
+  err = capsys.readouterr().err
+  assert rc == 143, err
+  assert "wafer run: terminated (SIGTERM). Interrupted at step 6." in err
+  assert "its newest checkpoint is step 4" in err and "Rerun the same command to resume" in err
+  assert signal.getsignal(signal.SIGTERM) is before  # restored

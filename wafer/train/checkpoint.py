@@ -253,6 +253,28 @@ def read_meta(directory: Path, step: int) -> dict[str, Any]:
   return meta if isinstance(meta, dict) else {}
 
 
+def misnamed(model_dir: Path) -> list[Path]:
+  """The folders in ``model_dir/checkpoints`` that hold a checkpoint's files (``state`` and ``meta``) but are
+  not named by a step (``ckpt_4``, ``4.bak``): never read, since only ``checkpoints/<step>`` is. Reads only.
+
+  Orbax's own unfinished ``<step>.orbax-checkpoint-tmp*`` folders and wafer's ``<step>.unreadable*`` (set
+  aside, `Checkpoints.aside`) are not listed.
+  """
+  try:
+    entries = sorted(Path(model_dir, "checkpoints").iterdir())
+  except OSError:
+    return []
+  return [
+    p
+    for p in entries
+    if not (p.name.isdigit() and str(int(p.name)) == p.name)
+    and ".orbax-checkpoint-tmp" not in p.name
+    and ".unreadable" not in p.name
+    and (p / "state").is_dir()
+    and (p / "meta").is_dir()
+  ]
+
+
 def newest_step(model_dir: Path) -> int | None:
   """The step of the newest checkpoint folder in ``model_dir/checkpoints`` (None when there is none), read
   from the folder names alone (orbax names a finished checkpoint by its step); creates nothing."""

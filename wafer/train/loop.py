@@ -16,7 +16,8 @@ donated), restores the newest readable checkpoint in ``model_dir`` if there is o
   that does not fit names the keys that changed;
 * on resume from the checkpoint of step k, ``metrics.jsonl`` keeps the records up to k and moves
   the killed run's later ones to ``metrics.superseded.jsonl`` (`Metrics.resume`): each step once;
-* ctrl-C raises `RunInterrupted`, whose message names the newest checkpoint and how to resume.
+* ctrl-C raises `RunInterrupted`, whose message names the newest checkpoint and how to resume; so does
+  a SIGTERM (``timeout``, a preemption) while the run goes in the main thread (`terminate_as_interrupt`).
 
 Eval runs the eval step compiled once through `wafer.compile`, under the same `precision.Policy`
 and the same ``num_csx`` sharding as training, in every eval mode. With many processes
@@ -38,9 +39,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +59,9 @@ from wafer._io import make_writable_dir
 from wafer.compile import cheap_sharding_probes
 from wafer.config import ConfigError, RunConfig, Runtime
 from wafer.config.errors import Problem
-from wafer.config.schema import MODES
-from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted
-from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint, newest_step, read_meta
+from wafer.config.schema import MODES, TRAIN_MODES
+from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted, Terminated
+from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint, misnamed, newest_step, read_meta
 from wafer.train.lock import ModelDirLock
 from wafer.train.metrics import SUPERSEDED, Metrics, Progress
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
@@ -114,6 +117,60 @@ def make_model_dir(path: str | os.PathLike[str], key: str = "runconfig.model_dir
   if problem is not None:
     raise ExecutorError(f"{problem}; give a directory wafer can write (--model_dir DIR)")
   return Path(path)
+
+
+def require_checkpoint(runconfig: RunConfig) -> None:
+  """An eval mode (``eval``, ``eval_all``) needs a checkpoint in ``model_dir``: refused, creating nothing,
+  when ``model_dir/checkpoints`` holds none (a new folder, a mistyped path). Only checks (``validate_only``,
+  ``compile_only``) need none.
+
+  Raises:
+    ExecutorError: naming the folder and what to do.
+  """
+  if runconfig.mode not in ("eval", "eval_all") or runconfig.validate_only or runconfig.compile_only:
+    return
+  folder = Path(runconfig.model_dir) / "checkpoints"
+  try:
+    named = [p for p in folder.iterdir() if p.name.isdigit() and str(int(p.name)) == p.name]
+  except OSError:  # no such folder (or not a folder: Checkpoints says so)
+    named = [] if not folder.exists() or folder.is_dir() else [folder]
+  if not named:
+    others = misnamed(Path(runconfig.model_dir))
+    aside = (
+      f"; {', '.join(p.name for p in others)} there hold{'s' * (len(others) == 1)} a checkpoint's files, but only "
+      "folders named by their step are read: rename to the step (checkpoints/4)"
+      if others
+      else ""
+    )
+    raise ExecutorError(
+      f"mode {runconfig.mode}: no checkpoint in {folder}: train first, or point --model_dir "
+      "(runconfig.model_dir) at a run's folder (runconfig.save_initial_checkpoint: true makes a training run "
+      f"also write checkpoint 0, the initial weights){aside}"
+    )
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+  """Inside, a SIGTERM raises `wafer.errors.Terminated` (a `KeyboardInterrupt`) where the main thread is,
+  as ctrl-C does, so that the run ends with `RunInterrupted`'s message, not silently (exit 143). Only in
+  the main thread (signal handlers can be set nowhere else), and not where SIGTERM is ignored; the
+  previous handler is restored at the end."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = signal.getsignal(signal.SIGTERM)
+  if previous == signal.SIG_IGN:
+    yield
+    return
+
+  def handler(signum: int, frame: Any) -> None:
+    raise Terminated("SIGTERM")
+
+  signal.signal(signal.SIGTERM, handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 _RESUME_ONLY = (
@@ -358,13 +415,14 @@ class _Run:
     # damaged data or a model_dir process 0 cannot write stops every process; the traces of the state's
     # shapes, the step and the estimate probe tracer.sharding at every flax.nnx RNG draw (cheap here)
     try:
-      with cluster.same_outcome(), cheap_sharding_probes():
-        init = self._prepare()
-      if init is None:
-        kind = "Validation" if self.rc.validate_only else "Compile"
-        self.say(f"{kind} completed successfully ({self.task.name}).")
-        return self.summary
-      return self._go(init)
+      with terminate_as_interrupt():
+        with cluster.same_outcome(), cheap_sharding_probes():
+          init = self._prepare()
+        if init is None:
+          kind = "Validation" if self.rc.validate_only else "Compile"
+          self.say(f"{kind} completed successfully ({self.task.name}).")
+          return self.summary
+        return self._go(init)
     finally:
       if self.lock is not None:
         self.lock.release()
@@ -376,11 +434,23 @@ class _Run:
     """
     task, rc = self.task, self.rc
     check_checkpoint_keys(rc)
+    require_checkpoint(rc)  # before model_dir is created: an eval of a mistyped path creates nothing
     make_model_dir(self.model_dir)
     if self.main:  # process 0 writes model_dir; another run writing there is refused before any slow work
       self.lock = ModelDirLock.acquire(self.model_dir, say=self.say)
     seed = seed_of(rc)
     check_only = rc.validate_only or rc.compile_only
+    for folder in misnamed(self.model_dir):  # a copied or renamed checkpoint: said, not silently skipped
+      self.say(
+        f"Note: {folder} holds a checkpoint's files but is not read: only folders named by their step "
+        f"(checkpoints/<step>, e.g. checkpoints/4) are; rename it to its step to use it."
+      )
+    # a checkpoint the run could not resume (or evaluate) is refused before any slow work, and before the
+    # compile report of the run whose checkpoints they are is overwritten
+    self._refuse_unfit_checkpoint(seed)
+    if check_only and rc.mode in ("eval", "eval_all"):  # the step the mode runs: the eval step
+      self._check_eval_step(seed)
+      return None
     if check_only and task.batch_spec is not None:
       # on shapes: the state is jax.eval_shape of its initialisation and the batch the task's
       # batch_spec, so a params file of a 175B model is checked in the memory of its graph
@@ -458,6 +528,89 @@ class _Run:
       )
     return None if check_only else init
 
+  def _check_eval_step(self, seed: int) -> None:
+    """validate_only / compile_only in an eval mode: the eval step traced (and compiled) on the eval batch's
+    shapes (`Task.eval_batch_spec`, else the first eval batch's); no compile report (it rates the train step)."""
+    task, rc = self.task, self.rc
+    if task.eval_data is None:
+      raise ExecutorError(f"model {task.name!r} has no eval data (eval_input); eval modes need it")
+    params = jax.eval_shape(
+      lambda key: initial_state(task, self.optimizer, self.loss_scale, key).params, jax.random.key(seed)
+    )
+    kind = "Validating" if rc.validate_only else "Compiling"
+    if task.eval_batch_spec is not None:
+      self.say(f"{kind} the eval step of {task.name} on shapes (no data is read, no weights are built)...")
+      batch = task.eval_batch_spec()
+    else:
+      self.say(f"{kind} the eval step of {task.name} on the first eval batch...")
+      first = next(iter(task.eval_data()), None)
+      if first is None:
+        raise ExecutorError(
+          "Iterating the eval data did not return any values: the dataset is too small for the batch size."
+        )
+      batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), first)
+    t1 = time.perf_counter()
+    with precision.whole_products() if rc.validate_only else contextlib.nullcontext():
+      wafer.compile(
+        make_eval_step(task, self.policy),
+        params,
+        batch,
+        num_csx=self.num_csx,
+        batch_argnums=self._batch_argnums(),
+        validate_only=rc.validate_only,
+      )
+    self.say(
+      f"{'Traced and lowered' if rc.validate_only else 'Compiled'} the eval step in {time.perf_counter() - t1:.1f} "
+      f"s (mode {rc.mode} runs no train step: no compile report is written)."
+    )
+
+  def _refuse_unfit_checkpoint(self, seed: int) -> None:
+    """Refuse, before the data, the compile and the compile report, a newest checkpoint in model_dir that this
+    run could not use: another batch size (a mode that trains resumes it), another model or other array shapes.
+
+    Raises:
+      ExecutorError: what `_resume_from` / `_restore_latest` would raise later; under validate_only /
+        compile_only, saying that the real run would be refused.
+    """
+    step = newest_step(self.model_dir)
+    if step is None:
+      return
+    problem = None
+    config = read_meta(self.model_dir / "checkpoints", step).get("config")
+    # (a damaged meta: the run's restore reports it and tries the checkpoint before it)
+    saved_batch = config.get("train_input.batch_size") if isinstance(config, dict) else None
+    if self.rc.mode in TRAIN_MODES and saved_batch not in (None, self.task.batch_size):
+      problem = self._batch_refusal(step, saved_batch)
+    else:
+      shapes = jax.eval_shape(
+        lambda key: initial_state(self.task, self.optimizer, self.loss_scale, key), jax.random.key(seed)
+      )
+      checkpoints = Checkpoints(self.model_dir, None, say=self.say)
+      try:
+        checkpoints._check(step, shapes)
+      except UnreadableCheckpoint:  # the run's restore says so, and tries the one before it
+        pass
+      except CheckpointMismatch as error:
+        problem = self._with_changes(str(error), step)
+      finally:
+        checkpoints.close()
+    if problem is None:
+      return
+    if self.rc.validate_only or self.rc.compile_only:
+      flag = "--validate_only" if self.rc.validate_only else "--compile_only"
+      problem = f"{flag}: the run would be refused (nothing was written): {problem}"
+    raise ExecutorError(problem)
+
+  def _batch_refusal(self, step: int, saved_batch: Any) -> str:
+    """The error of a resume from checkpoint ``step``, written with batch size ``saved_batch``."""
+    return self._with_changes(
+      f"Cannot resume from the checkpoint of step {step}: it was written with train_input.batch_size="
+      f"{saved_batch}, this run has {self.task.batch_size} (batch k of the data would not be the run's "
+      f"batch k). Set train_input.batch_size back to {saved_batch}, or use a new model_dir (not "
+      f"{self.model_dir}).",
+      step,
+    )
+
   def _go(self, init: TrainState) -> dict[str, Any]:
     rc = self.rc
     self.checkpoints = Checkpoints(self.model_dir, rc.max_checkpoints, say=self.say)
@@ -474,8 +627,8 @@ class _Run:
         self._eval_all()
       else:
         self._train_and_eval(init)
-    except KeyboardInterrupt:  # ctrl-C: say where model_dir stands and how to go on
-      raise RunInterrupted(self._interrupted()) from None
+    except KeyboardInterrupt as error:  # ctrl-C or SIGTERM: say where model_dir stands and how to go on
+      raise RunInterrupted(self._interrupted(), signum=getattr(error, "signum", signal.SIGINT)) from None
     finally:
       self.metrics.close()
       self.checkpoints.close()
@@ -534,15 +687,7 @@ class _Run:
     step, position = int(state.step), int(state.data_position)
     saved_batch = meta.get("config", {}).get("train_input.batch_size", self.task.batch_size)
     if saved_batch != self.task.batch_size:  # batch k of the data would not be the run's batch k
-      raise ExecutorError(
-        self._with_changes(
-          f"Cannot resume from the checkpoint of step {step}: it was written with train_input.batch_size="
-          f"{saved_batch}, this run has {self.task.batch_size} (batch k of the data would not be the run's "
-          f"batch k). Set train_input.batch_size back to {saved_batch}, or use a new model_dir (not "
-          f"{self.model_dir}).",
-          step,
-        )
-      )
+      raise ExecutorError(self._batch_refusal(step, saved_batch))
     wanted = {**self.data.get_state(), **meta.get("data_pipeline", {}), "next_batch": position}
     try:
       self.data.set_state(wanted)
@@ -566,7 +711,12 @@ class _Run:
 
   def _changes(self, meta: dict[str, Any]) -> list[str]:
     """The settings changed since the checkpoint of ``meta`` was written (`changed_settings`)."""
-    return changed_settings(meta.get("config", {}), self.settings) if "config" in meta else []
+    if "config" not in meta:
+      return []
+    changes = changed_settings(meta["config"], self.settings)
+    if self.rc.mode in ("eval", "eval_all"):  # eval reads eval_input only: train_input's keys are no change
+      changes = [c for c in changes if not c.startswith("train_input.")]
+    return changes
 
   def _note_changes(self, changes: list[str], step: int) -> None:
     """One line naming ``changes``, the settings changed since checkpoint ``step`` (none: nothing said)."""
@@ -583,7 +733,10 @@ class _Run:
 
   def _with_changes(self, message: str, step: int) -> str:
     """``message`` and the settings that changed since checkpoint ``step`` was written (when it recorded them)."""
-    meta = self.checkpoints.meta(step)
+    checkpoints = getattr(self, "checkpoints", None)  # none yet when checked before the run (_prepare)
+    meta = (
+      checkpoints.meta(step) if checkpoints is not None else read_meta(self.model_dir / "checkpoints", step)
+    )
     if "config" not in meta:
       return message
     before, now = meta["config"].get("model.name"), self.settings.get("model.name")
@@ -834,25 +987,20 @@ class _Run:
 
   def _eval(self, init: TrainState) -> None:
     restored = self._restore_latest()
-    if restored is None:
-      self.say(
-        f"Warning: no checkpoint in {self.model_dir / 'checkpoints'}: evaluating the initial (untrained) weights."
-      )
-      state = init
-    else:
-      state = restored[0]
-      self._note_changes(self._changes(restored[1]), int(state.step))
+    if restored is None:  # removed since the run began (require_checkpoint checked at its start)
+      require_checkpoint(self.rc)
+      raise ExecutorError(f"no checkpoint in {self.model_dir / 'checkpoints'}")
+    state = restored[0]
+    self._note_changes(self._changes(restored[1]), int(state.step))
     step = int(state.step)
     self.summary["eval"] = self._evaluate(state.params, step)
     self.summary["eval_step"] = step
 
   def _eval_all(self) -> None:
     steps = self.checkpoints.agreed_steps()
-    if not steps:
-      raise ExecutorError(
-        "No checkpoints were found for evaluation. Please ensure that the model directory "
-        f'"{self.model_dir}" contains at least one valid checkpoint.'
-      )
+    if not steps:  # removed since the run began (require_checkpoint checked at its start)
+      require_checkpoint(self.rc)
+      raise ExecutorError(f"no checkpoint in {self.model_dir / 'checkpoints'}")
     self.summary["eval_all"] = {}
     noted: list[str] = []
     for step in steps:

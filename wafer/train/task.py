@@ -43,6 +43,9 @@ class Task:
     batch_spec: ``() -> pytree of jax.ShapeDtypeStruct``: one training batch's shapes and dtypes from
       the config alone, or None. With it, ``validate_only`` / ``compile_only`` read no data and
       build no state (the step is traced on shapes); without it they take the first batch.
+    eval_batch_spec: ``() -> pytree of jax.ShapeDtypeStruct``: one eval batch's shapes and dtypes
+      from the config alone, or None. ``validate_only`` / ``compile_only`` in an eval mode check the
+      eval step on it (without it, on the first eval batch).
     learning_rate_multipliers: ``params -> pytree of floats`` (same structure; it may read only
       paths and shapes), or None: each parameter's learning rate is the schedule's times its
       multiplier (modelzoo's ``adjust_learning_rate`` groups, muP). `make_train_step` applies
@@ -59,6 +62,7 @@ class Task:
   eval_metric_name: str = "loss"
   batch_spec: Callable[[], Any] | None = None
   learning_rate_multipliers: Callable[[Any], Any] | None = None
+  eval_batch_spec: Callable[[], Any] | None = None
 
   def __post_init__(self) -> None:
     if (

@@ -116,7 +116,7 @@ def test_sigkill_and_restart_end_with_identical_parameters(tmp_path):
 
 @pytest.mark.slow  # over 5 s; .ci/run runs the slow tests
 def test_eval_modes(tmp_path, capsys):
-  with pytest.raises(ExecutorError, match="No checkpoints were found for evaluation"):
+  with pytest.raises(ExecutorError, match="mode eval_all: no checkpoint in .*checkpoints: train first"):
     _run(tmp_path, mode="eval_all")
   _run(tmp_path, max_steps=20, checkpoint_steps=10, log_steps=10)
   summary = _run(tmp_path, mode="eval_all")
