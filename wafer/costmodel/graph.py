@@ -186,7 +186,9 @@ class Kernel:
   instance_names: tuple[str, ...] = ()
   saved_core: set[int] = dataclasses.field(default_factory=set)
   weight_instances: int = 1
-  stack: int = 0
+  stack: int = dataclasses.field(
+    default=0, compare=False
+  )  # (a label: kernels equal whatever their fold's number)
 
   def matmul_flops(self, ratio: float, phases: Sequence[str] = PHASES) -> float:
     """Matrix-product FLOP of one instance at ``batch = ratio * b0``: the work, recomputation included."""
@@ -1077,7 +1079,12 @@ def _saved_activations(
 
 
 def _name(kernels: list[Kernel]) -> list[Kernel]:
-  """Unique names: a name several kernels share gets ``#1``, ``#2``... in dataflow order."""
+  """Unique names: a name several kernels share gets ``#1``, ``#2``... in dataflow order; the folds'
+  stack numbers (`Kernel.stack`) renumbered 1, 2... in that order (the same graph, the same numbers)."""
+  numbers: dict[int, int] = {}
+  for k in kernels:
+    if k.stack:
+      k.stack = numbers.setdefault(k.stack, len(numbers) + 1)
   names: dict[str, int] = {}
   for k in kernels:
     names[k.name] = names.get(k.name, 0) + 1
