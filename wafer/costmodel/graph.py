@@ -1228,10 +1228,13 @@ def layer_runs(kernels: list[Kernel]) -> list[tuple[list[Kernel], int]]:
 def stacks(kernels: list[Kernel]) -> list[list[Kernel]]:
   """A run of consecutive repeated kernels (``count > 1``) split into the stacks `fold_repeats`
   folded one after another (`Kernel.stack`): layers 0-2 at one width and 3-4 at another are two
-  stacks (5 layers), not one of 2 or 3."""
+  stacks (5 layers), not one of 2 or 3. A kernel no fold made (a ``scan``'s) stays with its
+  neighbours: two products of a scanned layer folded into one are still that layer's."""
   out: list[list[Kernel]] = []
   for k in kernels:
-    if out and k.stack == out[-1][-1].stack:
+    last = out[-1][-1].stack if out else None
+    # (a kernel of no fold, 0, is a scan's: a fold inside a scanned layer does not split the scan)
+    if out and (k.stack == last or not k.stack or not last):
       out[-1].append(k)
     else:
       out.append([k])
