@@ -274,10 +274,12 @@ def _layer_passes(graph: Graph, level: str | None) -> int:
   no pass. Two stacks with no kernel between them are told apart where their layers differ in size
   only (`graph.stacks`); otherwise they are one."""
 
-  def close(kernels: list[Kernel]) -> int:
-    weighted = [k for k in kernels if k.weights]
-    if not weighted:  # nothing streamed: no layer pass of its own
-      return 0
+  key = f"_layer_passes_{level}"  # (one graph, one count: computed once, not per micro-batch)
+  cached = graph.__dict__.get(key)
+  if cached is not None:
+    return cached
+
+  def close(kernels: list[Kernel]) -> int:  # (a run or stack without weights streams nothing: 0)
     # training updates every weight: a backward pass, whichever kernel got its work
     bwd = graph.training or any(k.has_phase("bwd") for k in kernels)
     if kernels[0].count <= 1:
@@ -297,7 +299,9 @@ def _layer_passes(graph: Graph, level: str | None) -> int:
       passes += close(run)
       run = []
     run.append(k)
-  return passes + (close(run) if run else 0)
+  passes += close(run) if run else 0
+  graph.__dict__[key] = passes
+  return passes
 
 
 def _core(kernel: Kernel) -> Kernel:
