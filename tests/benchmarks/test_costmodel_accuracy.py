@@ -3,12 +3,13 @@ band the reports quote are what a fresh run of the benchmark computes."""
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 STORED = ROOT / "benchmarks" / "results" / "costmodel_accuracy.json"
@@ -19,7 +20,7 @@ def test_a_fresh_run_reproduces_the_stored_results_and_the_shipped_band(tmp_path
   from wafer.costmodel import ACCURACY, CALIBRATION
 
   out = tmp_path / "costmodel_accuracy.json"
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+  env = child_env(JAX_PLATFORMS="cpu")
   done = subprocess.run(
     [sys.executable, "benchmarks/costmodel_accuracy.py", "--out", str(out)],
     cwd=ROOT,
@@ -61,7 +62,7 @@ def test_a_what_if_names_a_constant_that_is_not_fitted_and_its_own_output(args, 
   done = subprocess.run(
     [sys.executable, "benchmarks/costmodel_accuracy.py", *args],
     cwd=ROOT,
-    env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
+    env=child_env(JAX_PLATFORMS="cpu"),
     capture_output=True,
     text=True,
     timeout=300,

@@ -1,12 +1,13 @@
 """Smoke test of benchmarks/gpu_profile.py: the tiny size on CPU (host threads, not kernels)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -43,7 +44,7 @@ def test_gpu_profile_runs_tiny_and_writes_its_json(tmp_path):
   out = tmp_path / "gpu_profile.json"
   command = [sys.executable, "gpu_profile.py", "--size", "tiny", "--steps", "1", "--warmup", "1",
              "--variants", "bf16_native,autocast_bfloat16_l0", "--output", str(out)]  # fmt: skip
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+  env = child_env(JAX_PLATFORMS="cpu")
   done = subprocess.run(
     command, cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600
   )

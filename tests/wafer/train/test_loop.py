@@ -1,7 +1,6 @@
 """The run loop: counters, metrics, checkpoints, resume (also after SIGKILL), modes, errors."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 import precision
 from models.mlp import example_run
 from tests.devices import needs_devices
+from tests.processes import child_env
 from wafer.config import ConfigError, RunConfig
 from wafer.train import ExecutorError, IndexedBatches, Task, checkpoint_iterations, run, steps_to_run
 
@@ -84,7 +84,7 @@ def test_resume_continues_bit_for_bit(tmp_path, capsys):
 @pytest.mark.slow  # a whole second run; .ci/run runs it
 def test_sigkill_and_restart_end_with_identical_parameters(tmp_path):
   script = str(ROOT / "tests" / "scripts" / "run_example.py")
-  env = {**os.environ, "PYTHONPATH": str(ROOT)}
+  env = child_env()
   steps = 200
   subprocess.run([sys.executable, script, str(tmp_path / "whole"), str(steps), str(tmp_path / "whole.npz")],
                  check=True, env=env, capture_output=True, timeout=300)  # fmt: skip

@@ -12,7 +12,6 @@ otherwise leave the other process waiting in a collective, then fail it with a t
 import base64
 import io
 import json
-import os
 import pickle
 import shutil
 import socket
@@ -27,6 +26,7 @@ from hypothesis import strategies as st
 
 from models.mlp import EXAMPLE_PARAMS
 from tests.devices import needs_devices, on_cpu
+from tests.processes import child_env
 from wafer import cluster, runner
 from wafer.config import ConfigError
 from wafer.config.errors import Problem
@@ -51,9 +51,7 @@ def _params(tmp_path: Path) -> Path:
 
 
 def _env() -> dict[str, str]:
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
-  return env
+  return child_env(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
 
 
 def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
