@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from precision import _jax_compat as compat
-from wafer.errors import ClosureError, StaticGraphError
+from wafer.errors import ClosureError, StaticGraphError, with_article
 
 STEP, CHECKPOINT = "step", "checkpoint"
 
@@ -142,12 +142,12 @@ def add_step_closure(
     raise ClosureError(f"add_step_closure: kind={kind!r}; allowed: 'step', 'checkpoint'")
   if not isinstance(args, (tuple, list)):  # add_step_closure(log, loss) would unpack the array's rows
     raise ClosureError(
-      f"add_step_closure({getattr(fn, '__name__', fn)}, args=...): args is a {type(args).__name__}; allowed: "
+      f"add_step_closure({getattr(fn, '__name__', fn)}, args=...): args is {with_article(type(args).__name__)}; allowed: "
       "a tuple of the closure's arguments, e.g. add_step_closure(log, (loss,)) or args=(loss, step)"
     )
   if kwargs is not None and not isinstance(kwargs, dict):
     raise ClosureError(
-      f"add_step_closure({getattr(fn, '__name__', fn)}, kwargs=...): kwargs is a {type(kwargs).__name__}; "
+      f"add_step_closure({getattr(fn, '__name__', fn)}, kwargs=...): kwargs is {with_article(type(kwargs).__name__)}; "
       "allowed: a dict of keyword arguments, or None"
     )
   kwargs = {} if kwargs is None else kwargs

@@ -34,7 +34,7 @@ import numpy as np
 from precision import _jax_compat as compat
 from wafer import closures as _closures
 from wafer.cluster import data_parallel_shardings
-from wafer.errors import StaticGraphError, StepUsageError, user_frame, where_defined
+from wafer.errors import StaticGraphError, StepUsageError, user_frame, where_defined, with_article
 
 _FIXES = {
   "control_flow": (
@@ -351,7 +351,7 @@ def compile(
   """
   if not callable(step_fn):
     raise StepUsageError(
-      f"the step must be a function; got a {type(step_fn).__name__} ({step_fn!r:.60}): "
+      f"the step must be a function; got {with_article(type(step_fn).__name__)} ({step_fn!r:.60}): "
       "wafer.compile(step_fn, *example_args)"
     )
   try:
@@ -509,7 +509,7 @@ def _check_example_args(static: _Static, args: tuple, kwargs: dict) -> None:
       hash(value)
     except TypeError:
       raise StepUsageError(
-        f"static argument {name} is a {type(value).__name__} ({value!r:.60}), which cannot be hashed; a static "
+        f"static argument {name} is {with_article(type(value).__name__)} ({value!r:.60}), which cannot be hashed; a static "
         "argument is part of the compiled graph and must be hashable. Fix: pass a tuple instead of a list, a "
         "frozen dataclass or tuple of pairs instead of a dict, or close over the value in the step."
       ) from None
@@ -522,7 +522,7 @@ def _check_example_args(static: _Static, args: tuple, kwargs: dict) -> None:
         else f"static_argnames={path[1].key!r}"
       )
       raise StepUsageError(
-        f"argument {_arg_name(path)} is a {type(leaf).__name__} ({leaf!r:.60}); a dynamic argument's leaves must "
+        f"argument {_arg_name(path)} is {with_article(type(leaf).__name__)} ({leaf!r:.60}); a dynamic argument's leaves must "
         f"be arrays or numbers. Fix: make the argument static ({names}, if it is the whole argument) or "
         "close over the value in the step."
       )
@@ -533,7 +533,7 @@ def _check_outputs(step_fn: Callable, out: Any) -> None:
   for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
     if not _is_array_like(leaf):
       raise StepUsageError(
-        f"the step {where_defined(step_fn)} returned a {type(leaf).__name__} "
+        f"the step {where_defined(step_fn)} returned {with_article(type(leaf).__name__)} "
         f"({leaf!r:.60}) at output{jax.tree_util.keystr(path)}; a step returns a pytree of arrays (the "
         "compiled graph's outputs). Fix: return arrays only, and report other values from a step closure "
         "(@wafer.step_closure)."

@@ -113,6 +113,16 @@ def dotted(loc: Sequence[str | int]) -> str:
   return out or "<top level>"
 
 
+def with_article(word: str) -> str:
+  """``word`` after "a" or "an", by the sound of its first letter ("an int32", "a uint8", "a float16"): for
+  messages that name a type or a dtype.
+
+  >>> with_article("int32"), with_article("IndexedBatches"), with_article("uint8"), with_article("bool")
+  ('an int32', 'an IndexedBatches', 'a uint8', 'a bool')
+  """
+  return ("an " if word[:1].lower() in ("a", "e", "i", "o") else "a ") + word
+
+
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = _REPR.maxlong = 200
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 12

@@ -294,7 +294,7 @@ def test_resuming_past_max_steps_says_what_to_do():
 def test_closure_registration_mistakes_are_named():
   """``add_step_closure(log, loss)`` (args not a tuple) used to unpack the array's rows into arguments."""
   seen = []
-  with pytest.raises(ClosureError, match=r"args is a .*Array.*add_step_closure\(log, \(loss,\)\)"):
+  with pytest.raises(ClosureError, match=r"args is an .*Array.*add_step_closure\(log, \(loss,\)\)"):
     wafer.add_step_closure(seen.append, jnp.arange(3.0))
   with pytest.raises(ClosureError, match=r"kwargs is a list"):
     wafer.add_step_closure(seen.append, (), [1])
@@ -561,7 +561,7 @@ def _vector_loss(params, batch):
     ),
     (
       {"init_params": "int leaf"},
-      r"returned params\['w'\] = a int32 array; every parameter must be a floating",
+      r"returned params\['w'\] = an int32 array; every parameter must be a floating",
     ),
   ],
 )

@@ -375,7 +375,7 @@ def _stays(x):
       lambda: wafer.compile(lambda x: (x, "done"), jnp.ones(2)),
       r"test_compile\.py:\d+\) returned a str \('done'\) at output\[1\]; .*step closure[^-]*$",
     ),
-    (lambda: wafer.compile(5, jnp.ones(2)), r"the step must be a function; got a int"),
+    (lambda: wafer.compile(5, jnp.ones(2)), r"the step must be a function; got an int"),
     (lambda: wafer.compile(_stays, jnp.ones(2), donate_argnums=5), r"donate_argnums names argument 5"),
     (
       lambda: wafer.compile(lambda x, n: x * n, jnp.ones(2), 2, static_argnums=1, donate_argnums=1),

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -469,9 +470,43 @@ def _shape_mismatch(saved: Any, like: Any) -> str | None:
     return (
       "; ".join(diffs[:3]) + (f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else "") if diffs else None
     )
-  if sorted(have.values()) != sorted(want.values()):  # paths spelled differently: compare the shapes
-    return f"the checkpoint holds {len(have)} arrays, the model's state {len(want)}, with different shapes"
-  return None  # the same shapes under other paths: `_path_difference` says how, if orbax refuses them
+  if sorted(have.values()) == sorted(want.values()):
+    return None  # the same shapes under other paths: `_path_difference` says how, if orbax refuses them
+  if len(have) == len(want):  # paths spelled differently: compare the shapes
+    how = f"the checkpoint and the model's state hold {_arrays(len(have))} each, of different shapes"
+  else:
+    how = f"the checkpoint holds {_arrays(len(have))}, the model's state {len(want)}"
+  parts = [how, _loss_scale_change(have, want), _layout_difference(have, want)]
+  return "; ".join(part for part in parts if part)
+
+
+def _arrays(count: int) -> str:
+  """``"1 array"``, ``"2 arrays"``."""
+  return f"{count} array" + ("" if count == 1 else "s")
+
+
+def _loss_scale_kind(paths: Collection[str]) -> str | None:
+  """``"dynamic"``, ``"static"`` or None (no loss scale among ``paths``): by the arrays under ``loss_scale/``
+  (a `precision.DynamicLossScale` has its counters beside the scale)."""
+  names = {p.split("/", 1)[1] for p in paths if p.startswith("loss_scale/")}
+  if not names:
+    return None
+  return "dynamic" if "steps_since_rescale" in names else "static"
+
+
+def _loss_scale_change(have: Collection[str], want: Collection[str]) -> str | None:
+  """What changed in the loss scale's type between a checkpoint's paths and this run's, or None.
+
+  >>> print(_loss_scale_change(["loss_scale/loss_scale", "loss_scale/steps_since_rescale"], ["loss_scale/loss_scale"]))
+  the loss scale was dynamic when the checkpoint was written and is static now (optimizer.loss_scaling_factor, and model.fp16_type: with bfloat16, 'dynamic' is a static scale of 1)
+  """
+  then, now = _loss_scale_kind(have), _loss_scale_kind(want)
+  if then is None or now is None or then == now:
+    return None
+  return (
+    f"the loss scale was {then} when the checkpoint was written and is {now} now (optimizer.loss_scaling_factor, "
+    "and model.fp16_type: with bfloat16, 'dynamic' is a static scale of 1)"
+  )
 
 
 def _path_difference(saved: Any, like: Any, shown: int = 2) -> str | None:
@@ -481,7 +516,13 @@ def _path_difference(saved: Any, like: Any, shown: int = 2) -> str | None:
   >>> print(_path_difference({"opt": {"0": {"m": np.zeros(2)}}}, {"opt": {"1": {"0": {"m": np.zeros(2)}}}}))
   its state is laid out otherwise (arrays only in the checkpoint: opt/0/m; arrays only in this run's state: opt/1/0/m)
   """
-  have, want = _path_shapes(saved), _path_shapes(like)
+  difference = _layout_difference(_path_shapes(saved), _path_shapes(like), shown)
+  return None if difference is None else f"its state is laid out otherwise ({difference})"
+
+
+def _layout_difference(have: Collection[str], want: Collection[str], shown: int = 2) -> str | None:
+  """The array paths only in the checkpoint (``have``) and only in this run's state (``want``), ``shown``
+  of each, or None when the paths are the same."""
   if set(have) == set(want):
     return None
   only_saved, only_now = sorted(set(have) - set(want)), sorted(set(want) - set(have))
@@ -491,4 +532,4 @@ def _path_difference(saved: Any, like: Any, shown: int = 2) -> str | None:
 
   parts = [f"arrays only in the checkpoint: {some(only_saved)}"] if only_saved else []
   parts += [f"arrays only in this run's state: {some(only_now)}"] if only_now else []
-  return "its state is laid out otherwise (" + "; ".join(parts) + ")"
+  return "; ".join(parts)

@@ -60,7 +60,7 @@ from wafer.compile import cheap_sharding_probes
 from wafer.config import ConfigError, RunConfig, Runtime
 from wafer.config.errors import Problem
 from wafer.config.schema import MODES, TRAIN_MODES
-from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted, Terminated
+from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted, Terminated, with_article
 from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint, misnamed, newest_step, read_meta
 from wafer.train.lock import ModelDirLock
 from wafer.train.metrics import SUPERSEDED, Metrics, Progress
@@ -238,7 +238,9 @@ def run(
   rate). ``progress``: show a progress bar when stderr is a terminal.
 
   The earlier form ``run(task, runconfig, optimizer, loss_scale, policy, config=params)`` is accepted
-  too (``config`` is then the runtime's ``params``).
+  too (``config`` is then the runtime's ``params``). The step runs at the policy's precision level: a
+  ``runconfig.precision_opt_level`` given explicitly must be that level (a mixed-precision policy's),
+  else an `ExecutorError` says both; left unset, it is not read.
   """
   if isinstance(runtime, Runtime):
     if optimizer is not None or loss_scale is not None or policy is not None or config is not None:
@@ -255,6 +257,7 @@ def run(
       )
     runtime_ = Runtime(optimizer, loss_scale, policy, runtime, config)
   _check_run_arguments(task, runtime_)
+  _check_precision_level(runtime_.runconfig, runtime_.policy)
   summary = _Run(
     task,
     runtime_.runconfig,
@@ -469,7 +472,7 @@ class _Run:
       self.data = task.train_data(seed)
       if not _is_batch_source(self.data):  # resuming needs its position: get_state / set_state
         raise ExecutorError(
-          f"Task.train_data(seed) returned a {type(self.data).__name__}; {TRAIN_DATA_ALLOWED}: a plain iterator "
+          f"Task.train_data(seed) returned {with_article(type(self.data).__name__)}; {TRAIN_DATA_ALLOWED}: a plain iterator "
           "or list has no position to checkpoint and resume"
         )
       # With many processes, a source that can build only this process's systems' rows does so: the
@@ -1085,22 +1088,24 @@ def _check_run_arguments(task: Any, runtime: Runtime) -> None:
   """`run`'s arguments have the types it reads (a wrong one failed later as a bare AttributeError)."""
   wrong = []
   if not isinstance(task, Task):
-    wrong.append(f"task is a {type(task).__name__}; it must be a wafer.train.Task")
+    wrong.append(f"task is {with_article(type(task).__name__)}; it must be a wafer.train.Task")
   elif not callable(task.train_data) or (
     _is_batch_source(task.train_data) and not isinstance(task.train_data, type)  # a class of the seed is fine
   ):
     wrong.append(
-      f"Task.train_data is a {type(task.train_data).__name__}; {TRAIN_DATA_ALLOWED} (lambda seed: "
+      f"Task.train_data is {with_article(type(task.train_data).__name__)}; {TRAIN_DATA_ALLOWED} (lambda seed: "
       "IndexedBatches(batch_of))"
     )
   if not isinstance(runtime.runconfig, RunConfig):
     wrong.append(
-      f"runconfig is a {type(runtime.runconfig).__name__}; it must be a wafer.config.RunConfig "
+      f"runconfig is {with_article(type(runtime.runconfig).__name__)}; it must be a wafer.config.RunConfig "
       "(RunConfig.model_validate(a_dict) builds one)"
     )
   opt = runtime.optimizer
   if not (callable(getattr(opt, "init", None)) and callable(getattr(opt, "update", None))):
-    wrong.append(f"optimizer is a {type(opt).__name__}; it must be an optax.GradientTransformation")
+    wrong.append(
+      f"optimizer is {with_article(type(opt).__name__)}; it must be an optax.GradientTransformation"
+    )
   if not isinstance(runtime.loss_scale, (precision.StaticLossScale, precision.DynamicLossScale)):
     wrong.append(
       f"loss_scale is {runtime.loss_scale!r}; it must be a precision.DynamicLossScale.create(format) or a "
@@ -1113,6 +1118,27 @@ def _check_run_arguments(task: Any, runtime: Runtime) -> None:
     )
   if wrong:
     raise TypeError("wafer.train.run: " + "; ".join(wrong))
+
+
+def _check_precision_level(runconfig: RunConfig, policy: precision.Policy) -> None:
+  """Refuse a ``runconfig.precision_opt_level`` set explicitly (``model_fields_set``) that differs from
+  the mixed-precision ``policy``'s level: the step compiles at the policy's level, so the runconfig's
+  was silently ignored. Left unset, the policy's level holds (the default 1 is not a choice); a
+  float32 policy rounds nothing at any level. ``wafer run`` builds its policy from the runconfig
+  (`wafer.config.Params.policy`), so the two always agree there.
+
+  Raises:
+    ExecutorError: both levels, and how to make them agree.
+  """
+  level = runconfig.precision_opt_level
+  if "precision_opt_level" not in runconfig.model_fields_set or not policy.is_mixed or level == policy.level:
+    return
+  raise ExecutorError(
+    f"wafer.train.run: runconfig.precision_opt_level is {level} but the policy ({policy}) is at level "
+    f"{policy.level}; the step compiles at the policy's level, so the runconfig's would be ignored. Fix: "
+    f"make them agree (precision.Policy(..., level={level}), or precision.Policy.from_config(..., "
+    "precision_opt_level=runconfig.precision_opt_level)), or leave precision_opt_level out of the RunConfig."
+  )
 
 
 TRAIN_DATA_ALLOWED = (

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from wafer.errors import ExecutorError, where_defined
+from wafer.errors import ExecutorError, where_defined, with_article
 from wafer.train.task import Task, next_batch
 
 
@@ -27,7 +27,7 @@ class TrainState:
   """Params, optimizer state, loss-scale state, the global step and the data position.
 
   Attributes:
-    params: the model's float32 parameters (pytree).
+    params: the model's floating-point parameters (pytree; float32 as a rule, 16-bit ones train too).
     opt_state: the optax state (its ``count`` is the schedule's step).
     loss_scale: `precision.StaticLossScale` or `precision.DynamicLossScale` state.
     step: int32 scalar, the global step (steps done; 0 before the first).
@@ -65,7 +65,11 @@ def _check_params(task: Task, params: Any) -> None:
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     dtype = getattr(leaf, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):  # what jax.grad differentiates
-      what = f"a {dtype} array" if dtype is not None else f"a {type(leaf).__name__} ({leaf!r:.40})"
+      what = (
+        f"{with_article(str(dtype))} array"
+        if dtype is not None
+        else f"{with_article(type(leaf).__name__)} ({leaf!r:.40})"
+      )
       raise ExecutorError(
         f"Task.init_params {where_defined(task.init_params)} returned params{jax.tree_util.keystr(path)} = "
         f"{what}; every parameter must be a floating-point array (float32: autocast applies the policy). "

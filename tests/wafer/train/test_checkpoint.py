@@ -54,3 +54,31 @@ def test_eval_all_skips_a_damaged_checkpoint_and_none_readable_is_an_error(tmp_p
   with pytest.raises(ExecutorError, match=r"None of the checkpoints in .* \(steps 10, 20\) can be read"):
     _run(tmp_path, mode="eval_all")  # evaluated nothing: an error, not a success
   assert (tmp_path / "checkpoints" / "10").is_dir() and (tmp_path / "checkpoints" / "20").is_dir()
+
+
+def test_a_resume_with_the_other_loss_scale_type_says_the_counts_differ_and_why(tmp_path):
+  """Swapping DynamicLossScale for StaticLossScale was "the checkpoint holds 18 arrays, the model's state
+  15, with different shapes": the counts differ, not the shapes, and the loss scale's type is the cause."""
+  import precision
+
+  _run(tmp_path, max_steps=2, checkpoint_steps=2)
+  task, rc, optimizer, loss_scale, policy = example_run(str(tmp_path), max_steps=4)
+  assert isinstance(loss_scale, precision.DynamicLossScale)
+  with pytest.raises(ExecutorError) as caught:
+    run(task, rc, optimizer, precision.StaticLossScale.create(1.0), policy, progress=False)
+  message = str(caught.value)
+  assert (
+    "the checkpoint holds 18 arrays, the model's state 15; the loss scale was dynamic when the " in message
+  )
+  assert "is static now (optimizer.loss_scaling_factor" in message and "different shapes" not in message
+  assert "arrays only in the checkpoint: loss_scale/num_skipped_steps" in message
+
+
+def test_arrays_of_other_shapes_under_other_paths_are_called_so():
+  from wafer.train.checkpoint import _shape_mismatch
+
+  saved = {"params": {"a": np.zeros(2)}}
+  assert _shape_mismatch(saved, {"params": {"b": np.zeros(3)}}) == (
+    "the checkpoint and the model's state hold 1 array each, of different shapes; arrays only in the checkpoint: "
+    "params/a; arrays only in this run's state: params/b"
+  )

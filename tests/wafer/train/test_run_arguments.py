@@ -78,7 +78,7 @@ def test_task_batch_size_is_a_positive_int(batch_size):
 def test_train_data_that_is_not_a_function_of_the_seed_is_named_before_any_work(tmp_path):
   source = IndexedBatches(lambda k: {"x": np.zeros((4, 8), np.float32), "y": np.zeros((4, 1), np.float32)})
   args = _args(tmp_path) | {"task": dataclasses.replace(_task(), train_data=source)}
-  with pytest.raises(TypeError, match=r"Task.train_data is a IndexedBatches; it must be a function of the seed "
+  with pytest.raises(TypeError, match=r"Task.train_data is an IndexedBatches; it must be a function of the seed "
                      r"returning a wafer.train.BatchSource .*\(lambda seed: IndexedBatches\(batch_of\)\)"):  # fmt: skip
     run(**args, progress=False)
   assert not (tmp_path / "md").exists()  # nothing was prepared
@@ -111,3 +111,34 @@ def test_a_batch_source_class_of_the_seed_is_a_function_of_the_seed(tmp_path):
 
   args = _args(tmp_path) | {"task": dataclasses.replace(_task(), train_data=Source)}
   assert run(**args, progress=False).final_step == 2
+
+
+def test_an_explicit_precision_opt_level_the_policy_does_not_have_is_refused(tmp_path):
+  """RunConfig(precision_opt_level=0) with a level-1 Policy compiled at level 1, silently."""
+  rc = RunConfig.model_validate({"model_dir": str(tmp_path / "md"), "max_steps": 2, "precision_opt_level": 0})
+  args = _args(tmp_path) | {"runtime": rc}
+  with pytest.raises(
+    ExecutorError, match=r"runconfig.precision_opt_level is 0 but the policy \(.*level=1\) is at level 1.*Fix"
+  ):
+    run(**args, progress=False)
+  assert not (tmp_path / "md").exists()  # nothing was prepared
+  # agreeing levels run; so does a float32 policy (it rounds nothing at any level)
+  for policy in (precision.Policy("cbfloat16", level=0), precision.Policy("float32")):
+    assert run(**args | {"policy": policy}, progress=False).final_step == 2
+  # left unset, the policy's level holds
+  assert (
+    run(**_args(tmp_path) | {"policy": precision.Policy("cbfloat16", level=2)}, progress=False).final_step
+    == 2
+  )
+
+
+def test_wafer_runs_policy_has_the_level_its_runconfig_sets():
+  """``wafer run`` builds both from one params file: an explicit level is the policy's level."""
+  from models import mlp
+  from wafer import registry
+  from wafer.config import load_params
+
+  registry.load_plugins()
+  runtime = load_params(mlp.CONFIG, ["runconfig.precision_opt_level=0"]).build()
+  assert "precision_opt_level" in runtime.runconfig.model_fields_set
+  assert runtime.runconfig.precision_opt_level == runtime.policy.level == 0 and runtime.policy.is_mixed
