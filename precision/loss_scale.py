@@ -3,12 +3,14 @@
 Use in a train step::
 
   scaled_loss, grads = jax.value_and_grad(lambda p: ls.scale(loss_fn(p)))(params)
-  grads = ls.unscale(grads)
+  grads = ls.unscale(grads)  # float32; with 16-bit params, cast each to its param's dtype
   finite = precision.all_finite(grads)
   new_params, new_opt_state = ...optimizer update...
-  params, opt_state, step = precision.select_tree(finite, (new_params, new_opt_state, step + 1),
-                                                  (params, opt_state, step))
+  params, opt_state = precision.select_tree(finite, (new_params, new_opt_state), (params, opt_state))
+  step = step + 1  # the global step counts every step, skipped or not
   ls = ls.adjust(finite)
+
+(``wafer.optim.apply_gradients`` is this step, with the casts.)
 
 Every update is tensor arithmetic (``jnp.where``), never Python branching on traced values.
 The rules (``docs/references.md``, "Dynamic loss scaling"):
@@ -22,7 +24,8 @@ The rules (``docs/references.md``, "Dynamic loss scaling"):
   both reset; finally it is clamped to ``[min_loss_scale, max_loss_scale]``;
 * a step is finite when the global L2 norm of the unscaled gradients, computed in float32, is
   below inf (so NaN, inf, and gradients whose squares overflow float32 all count as overflow);
-  a non-finite step is skipped: parameters, optimizer state and the step counter stay.
+  a non-finite step is skipped: parameters and optimizer state (with it the schedule's count)
+  stay; the global step still advances, as on a Cerebras system.
 """
 
 from __future__ import annotations
@@ -136,9 +139,14 @@ def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
   Leaves that are not arrays (an Equinox module's activation function, a string) must be the same
   object on both sides and are returned as they are.
 
+  The two trees must hold arrays of one shape and dtype at each key path (a Python number takes
+  the other side's dtype): ``jnp.where`` would broadcast or promote them, so the state would come
+  back changed.
+
   Raises:
     ValueError: ``pred`` is not one boolean, the trees differ in structure (the message names the
-      first key path that differs), or a non-array leaf differs between the two trees.
+      first key path that differs), two array leaves differ in shape or dtype (the message names the
+      key path), or a non-array leaf differs between the two trees.
   """
   _one_boolean("select_tree: pred", pred, "which would mix the two trees element by element")
   true_paths, true_def = jax.tree_util.tree_flatten_with_path(on_true)
@@ -155,6 +163,7 @@ def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
 
   def pick(path: Any, a: Any, b: Any) -> Any:
     if _is_array_like(a) and _is_array_like(b):
+      _check_same_kind(path, a, b)
       return jnp.where(pred, a, b)
     if a is b or (not _is_array_like(a) and not _is_array_like(b) and _same_object(a, b)):
       return a
@@ -165,6 +174,27 @@ def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
     )
 
   return jax.tree_util.tree_map_with_path(pick, on_true, on_false)
+
+
+def _check_same_kind(path: Any, a: Any, b: Any) -> None:
+  """A ``ValueError`` naming ``path`` unless leaves ``a`` and ``b`` have one shape and (both being
+  arrays) one dtype: ``jnp.where`` would broadcast the one or promote the other, so the state would
+  come back another shape or dtype than the one it had. A Python number takes the array's dtype."""
+  if np.shape(a) != np.shape(b):
+    raise ValueError(
+      f"select_tree: the leaf at {jax.tree_util.keystr(path)} has shape {np.shape(a)} in on_true and "
+      f"{np.shape(b)} in on_false; the two trees must hold arrays of the same shape and dtype at every "
+      "key (jnp.where would broadcast them). Fix: build on_true from on_false's arrays (the update of the "
+      "same state)."
+    )
+  dtype_a, dtype_b = getattr(a, "dtype", None), getattr(b, "dtype", None)
+  if dtype_a is not None and dtype_b is not None and dtype_a != dtype_b:
+    raise ValueError(
+      f"select_tree: the leaf at {jax.tree_util.keystr(path)} is {dtype_a} in on_true and {dtype_b} in "
+      "on_false; the two trees must hold arrays of the same shape and dtype at every key (jnp.where would "
+      f"promote them). Fix: cast the update to the state's dtype (e.g. x.astype({dtype_b})); for gradients, "
+      "to each parameter's dtype."
+    )
 
 
 def _is_array_like(x: Any) -> bool:
@@ -178,14 +208,50 @@ def _same_object(a: Any, b: Any) -> bool:
     return False
 
 
+def _scale_array(value: Any) -> Any:
+  """A loss scale given as a Python or NumPy number: checked (`_setting`) and made a float32 scalar
+  array; anything else (an array, a tracer) as it is."""
+  if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+    return jnp.asarray(_setting("loss_scale", value), jnp.float32)
+  return value
+
+
+def _counter_array(name: str, value: Any) -> Any:
+  """A counter given as a Python or NumPy integer: checked (``>= 0``) and made an int32 scalar array;
+  anything else that is not a number (an array, a tracer) as it is.
+
+  Raises:
+    ValueError: a bool, a float or a negative integer.
+  """
+  if isinstance(value, (bool, np.bool_, float, np.floating)) or (
+    isinstance(value, (int, np.integer)) and not 0 <= value <= np.iinfo(np.int32).max
+  ):
+    raise ValueError(f"{name}={value!r}; allowed: an int >= 0 (or an int32 scalar array)")
+  if isinstance(value, (int, np.integer)):
+    return jnp.asarray(value, jnp.int32)
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class StaticLossScale:
-  """A fixed loss scale (``loss_scaling_factor: <float>``); ``adjust`` returns it unchanged."""
+  """A fixed loss scale (``loss_scaling_factor: <float>``); ``adjust`` returns it unchanged.
+
+  ``StaticLossScale(128.0)`` is ``StaticLossScale.create(128.0)``: a Python number given for
+  ``loss_scale`` becomes a float32 scalar array (checked as by `create`).
+  """
 
   loss_scale: jax.Array
 
+  def __post_init__(self) -> None:
+    object.__setattr__(self, "loss_scale", _scale_array(self.loss_scale))
+
   @classmethod
   def create(cls, loss_scale: float = 1.0) -> StaticLossScale:
+    """A loss scale of ``loss_scale`` (float32); 1.0 scales nothing.
+
+    Raises:
+      ValueError: ``loss_scale`` is not a finite positive number up to float32's largest.
+    """
     return cls(jnp.asarray(_setting("loss_scale", loss_scale), jnp.float32))
 
   def scale(self, tree: Any) -> Any:
@@ -197,18 +263,31 @@ class StaticLossScale:
     return _scale_floats(tree, jnp.float32(1.0) / self.loss_scale)
 
   def adjust(self, grads_finite: jax.Array) -> StaticLossScale:
+    """``self``, unchanged: a static scale is the same whatever the step's gradients were."""
     del grads_finite
     return self
 
   def state_dict(self) -> dict[str, jax.Array]:
+    """The checkpointed state, under Cerebras' names: ``{"loss_scale": float32 scalar}``."""
     return {"loss_scale": self.loss_scale}
+
+  def load_state_dict(self, state: dict[str, Any]) -> StaticLossScale:
+    """A copy with the arrays of ``state`` (a `state_dict`; the inverse of it).
+
+    Raises:
+      ValueError: ``state``'s keys are not `state_dict`'s (the message names the missing and unknown ones).
+    """
+    return dataclasses.replace(self, **_state_arrays(type(self), state))
 
 
 @dataclasses.dataclass(frozen=True)
 class DynamicLossScale:
   """Dynamic loss scaling state: four arrays (checkpointed) and its static settings.
 
-  Build it with `DynamicLossScale.create`; see the module docstring for the rules.
+  Build it with `DynamicLossScale.create`; see the module docstring for the rules. Built directly,
+  its Python numbers become the arrays the fields name (``loss_scale`` a float32 scalar, checked as
+  by `create`; the counters int32 scalars, ``>= 0``); the settings are not checked (`create` checks
+  them).
   """
 
   loss_scale: jax.Array  # float32 scalar
@@ -219,6 +298,11 @@ class DynamicLossScale:
   min_loss_scale: float = MIN_LOSS_SCALE
   max_loss_scale: float = 2.0**15
   overflow_tolerance: float = 0.0
+
+  def __post_init__(self) -> None:
+    object.__setattr__(self, "loss_scale", _scale_array(self.loss_scale))
+    for name in _DYNAMIC_COUNTERS:
+      object.__setattr__(self, name, _counter_array(name, getattr(self, name)))
 
   @classmethod
   def create(
@@ -231,6 +315,16 @@ class DynamicLossScale:
     overflow_tolerance: float = 0.0,
   ) -> DynamicLossScale:
     """The state before the first step, with the defaults of ``half_dtype``'s format.
+
+    Args:
+      half_dtype: the 16-bit format (``float16``, ``bfloat16``, ``cbfloat16`` or an alias): decides the
+        default initial and maximum scale (2^31 for cbfloat16, 2^15 otherwise).
+      initial_loss_scale: the first scale; default the maximum; a larger one is clamped to it.
+      steps_per_increase: clean steps after which the scale doubles (on the next one: strictly more).
+      min_loss_scale: the smallest scale, at least 2^-14 (the default).
+      max_loss_scale: the largest scale.
+      overflow_tolerance: the share, from 0 up to (not including) 1, of the steps since the last
+        rescale that may overflow before the scale halves.
 
     Raises:
       ValueError: a setting outside what Cerebras allows (the message says which and why).
@@ -306,18 +400,77 @@ class DynamicLossScale:
     )
 
   def state_dict(self) -> dict[str, jax.Array]:
-    """The checkpointed state, under Cerebras' names."""
-    return {
-      "loss_scale": self.loss_scale,
-      "steps_since_rescale": self.steps_since_rescale,
-      "overflows_since_rescale": self.overflows_since_rescale,
-      "num_skipped_steps": self.num_skipped_steps,
-    }
+    """The checkpointed state, under Cerebras' names: ``loss_scale`` (float32), ``steps_since_rescale``,
+    ``overflows_since_rescale`` and ``num_skipped_steps`` (int32 scalars). The settings
+    (``steps_per_increase``, the bounds, the tolerance) are not in it: they come from the config."""
+    return {"loss_scale": self.loss_scale, **{name: getattr(self, name) for name in _DYNAMIC_COUNTERS}}
+
+  def load_state_dict(self, state: dict[str, Any]) -> DynamicLossScale:
+    """A copy with the arrays of ``state`` (a `state_dict`; the inverse of it), keeping these settings.
+
+    >>> ls = DynamicLossScale.create("float16")
+    >>> float(ls.load_state_dict({**ls.state_dict(), "loss_scale": 64.0}).loss_scale)
+    64.0
+
+    Raises:
+      ValueError: ``state``'s keys are not `state_dict`'s (the message names the missing and unknown
+        ones), or a value is not a valid loss scale or counter.
+    """
+    return dataclasses.replace(self, **_state_arrays(type(self), state))
 
 
-jax.tree_util.register_dataclass(StaticLossScale, data_fields=["loss_scale"], meta_fields=[])
-jax.tree_util.register_dataclass(
-  DynamicLossScale,
-  data_fields=["loss_scale", "steps_since_rescale", "overflows_since_rescale", "num_skipped_steps"],
-  meta_fields=["steps_per_increase", "min_loss_scale", "max_loss_scale", "overflow_tolerance"],
-)
+_DYNAMIC_COUNTERS = ("steps_since_rescale", "overflows_since_rescale", "num_skipped_steps")
+"""`DynamicLossScale`'s int32 counters (its arrays besides ``loss_scale``)."""
+
+_DATA_FIELDS: dict[type, tuple[str, ...]] = {
+  StaticLossScale: ("loss_scale",),
+  DynamicLossScale: ("loss_scale", *_DYNAMIC_COUNTERS),
+}
+"""Each loss scale's arrays (pytree leaves, its `state_dict` keys); its other fields are settings."""
+
+
+def _state_arrays(cls: type, state: dict[str, Any]) -> dict[str, Any]:
+  """``state``'s entries, checked to be exactly ``cls``'s arrays (`_DATA_FIELDS`)."""
+  want = _DATA_FIELDS[cls]
+  missing, unknown = [k for k in want if k not in state], sorted(set(state) - set(want))
+  if missing or unknown:
+    raise ValueError(
+      f"{cls.__name__}.load_state_dict: the state must have the keys {', '.join(want)}"
+      + (f"; missing: {', '.join(missing)}" if missing else "")
+      + (f"; unknown: {', '.join(map(str, unknown))}" if unknown else "")
+      + ". Fix: pass the state_dict() of a "
+      + cls.__name__
+      + " (a state saved by the other loss-scale type does not load)."
+    )
+  return {k: state[k] for k in want}
+
+
+def _register_pytree(cls: type) -> None:
+  """Register ``cls`` as a pytree: its arrays (`_DATA_FIELDS`) are the leaves, under their attribute
+  names (``GetAttrKey``, as ``jax.tree_util.register_dataclass`` names them: checkpoints keep their
+  paths), and the other fields are static. Unflattening does not call ``__init__``, so not
+  ``__post_init__``: a transformation rebuilds the state from whatever leaves it carries (tracers,
+  ``ShapeDtypeStruct``, None, the ints of a ``vmap`` ``in_axes`` tree), and they come back as they
+  went in, not as checked arrays."""
+  data = _DATA_FIELDS[cls]
+  meta = tuple(f.name for f in dataclasses.fields(cls) if f.name not in data)
+
+  def flatten_with_keys(x: Any) -> tuple[tuple[tuple[Any, Any], ...], tuple[Any, ...]]:
+    return tuple((jax.tree_util.GetAttrKey(n), getattr(x, n)) for n in data), tuple(
+      getattr(x, n) for n in meta
+    )
+
+  def flatten(x: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    return tuple(getattr(x, n) for n in data), tuple(getattr(x, n) for n in meta)
+
+  def unflatten(settings: tuple[Any, ...], leaves: Any) -> Any:
+    out = object.__new__(cls)
+    for name, value in (*zip(meta, settings), *zip(data, leaves)):
+      object.__setattr__(out, name, value)
+    return out
+
+  jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+
+
+_register_pytree(StaticLossScale)
+_register_pytree(DynamicLossScale)

@@ -141,17 +141,16 @@ def test_a_scale_beyond_float32_is_refused_and_float32_max_is_not():
   )
 
 
-def test_nonfinite_step_is_skipped_entirely():
+def test_nonfinite_step_keeps_params_and_optimizer_state():
   params = {"w": jnp.ones(3)}
   opt = optax.sgd(0.1, momentum=0.9)  # optax.adam is not clean under strict dtype promotion
   opt_state = opt.init(params)
-  step = jnp.asarray(7, jnp.int32)
   grads = {"w": jnp.array([1.0, jnp.inf, 0.0])}
   finite = precision.all_finite(grads)
   updates, new_opt_state = opt.update(grads, opt_state, params)
-  new = (optax.apply_updates(params, updates), new_opt_state, step + 1)
-  kept = precision.select_tree(finite, new, (params, opt_state, step))
-  for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves((params, opt_state, step))):
+  new = (optax.apply_updates(params, updates), new_opt_state)
+  kept = precision.select_tree(finite, new, (params, opt_state))
+  for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves((params, opt_state))):
     np.testing.assert_array_equal(a, b)
 
 
@@ -250,6 +249,26 @@ def test_select_tree_checks_the_predicate_and_passes_non_array_leaves():
     precision.select_tree(True, {"v": jnp.ones(1), "w": jnp.ones(1)}, {"u": jnp.ones(1), "w": jnp.ones(1)})
 
 
+def test_select_tree_refuses_leaves_of_another_shape_or_dtype_naming_the_key():
+  """jnp.where broadcast a (1,) leaf against a (2, 3) one and promoted bfloat16 against float32,
+  silently: the selected state came back another shape or dtype than it had."""
+  with pytest.raises(
+    ValueError, match=r"leaf at \['w'\] has shape \(1,\) in on_true and \(2, 3\) in on_false"
+  ):
+    precision.select_tree(jnp.bool_(True), {"w": jnp.ones(1)}, {"w": jnp.zeros((2, 3))})
+  with pytest.raises(
+    ValueError, match=r"leaf at \['b'\] is bfloat16 in on_true and float32 in on_false.*astype"
+  ):
+    precision.select_tree(
+      jnp.bool_(False), {"b": jnp.ones(2, jnp.bfloat16)}, {"b": jnp.zeros(2, jnp.float32)}
+    )
+  # a Python number takes the array's dtype; PRNG keys are selected as arrays
+  out = precision.select_tree(
+    True, {"s": 1.0, "k": jax.random.key(0)}, {"s": jnp.zeros((), jnp.bfloat16), "k": jax.random.key(1)}
+  )
+  assert out["s"].dtype == jnp.bfloat16 and float(out["s"]) == 1.0
+
+
 def test_adjust_refuses_a_flag_per_element():
   """``jnp.isfinite(grads)`` for ``all_finite(grads)`` would make the scale a vector, silently."""
   ls = DynamicLossScale.create("float16")
@@ -276,3 +295,50 @@ def test_create_takes_numpy_integers():
 
   ls = DynamicLossScale.create("float16", steps_per_increase=np.int64(3))
   assert ls.steps_per_increase == 3 and type(ls.steps_per_increase) is int
+
+
+def test_python_numbers_given_to_the_constructors_become_the_documented_arrays():
+  """``StaticLossScale(128.0).scale(x)`` and a ``DynamicLossScale`` built from Python numbers (the
+  constructor docs/api shows) failed with AttributeError: 'float' object has no attribute 'astype'."""
+  assert float(StaticLossScale(128.0).scale(jnp.float32(2))) == 256.0
+  ls = DynamicLossScale(
+    loss_scale=1024.0, steps_since_rescale=0, overflows_since_rescale=0, num_skipped_steps=0
+  )
+  assert [(x.dtype, x.shape) for x in jax.tree.leaves(ls)] == [(jnp.float32, ())] + [(jnp.int32, ())] * 3
+  assert float(ls.scale(jnp.float32(2))) == 2048.0
+  assert float(jax.jit(lambda s: s.adjust(jnp.bool_(False)))(ls).loss_scale) == 512.0
+  with pytest.raises(ValueError, match=r"loss_scale=-1.0; allowed: a finite positive number"):
+    StaticLossScale(-1.0)
+  with pytest.raises(ValueError, match=r"steps_since_rescale=0.5; allowed: an int >= 0"):
+    DynamicLossScale(1.0, 0.5, 0, 0)
+
+
+def test_transformations_rebuild_the_state_from_their_leaves_unchecked():
+  """Unflattening bypasses the constructor's coercion: a tree of vmap in_axes (ints, None), eval_shape's
+  ShapeDtypeStructs and device_get's NumPy arrays come back as they went in."""
+  ls = DynamicLossScale.create("float16")
+  assert jax.tree.leaves(jax.tree.map(lambda _: 0, ls)) == [0, 0, 0, 0]
+  axes = jax.tree.map(lambda _: None, ls)
+  assert jax.vmap(lambda s, x: s.scale(x), in_axes=(axes, 0))(ls, jnp.ones(2)).tolist() == [2.0**15] * 2
+  shapes = jax.eval_shape(lambda s: s.adjust(jnp.bool_(True)), ls)
+  assert isinstance(shapes.loss_scale, jax.ShapeDtypeStruct)
+  assert isinstance(jax.device_get(ls).loss_scale, np.ndarray)
+  assert [p for p, _ in jax.tree_util.tree_flatten_with_path(ls)[0]] == [
+    (jax.tree_util.GetAttrKey(n),)
+    for n in ("loss_scale", "steps_since_rescale", "overflows_since_rescale", "num_skipped_steps")
+  ]  # the checkpoint's paths, as before
+
+
+@pytest.mark.parametrize(
+  "ls", [StaticLossScale.create(8.0), DynamicLossScale.create("float16", steps_per_increase=3)]
+)
+def test_load_state_dict_is_the_inverse_of_state_dict(ls):
+  stepped = ls.adjust(jnp.bool_(False))
+  loaded = ls.load_state_dict(jax.device_get(stepped.state_dict()))
+  assert {k: float(v) for k, v in loaded.state_dict().items()} == {
+    k: float(v) for k, v in stepped.state_dict().items()
+  }
+  assert jax.tree.structure(loaded) == jax.tree.structure(ls)  # the settings kept
+  other = DynamicLossScale.create() if isinstance(ls, StaticLossScale) else StaticLossScale.create()
+  with pytest.raises(ValueError, match=r"load_state_dict: the state must have the keys .*(missing|unknown)"):
+    ls.load_state_dict(other.state_dict())
