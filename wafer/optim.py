@@ -3,9 +3,10 @@
 The section's config classes (`wafer.config.optimizer`, one per ``optimizer_type``) build the optax
 ``GradientTransformation`` (clipping, weight decay, the update rule and the learning-rate
 `wafer.schedules.Schedule`) and the loss-scale state from the transforms here. `apply_gradients` is Cerebras' conditional update
-(``docs/references.md``, "Dynamic loss scaling"): unscale, test finiteness on the global norm,
-update, and on a non-finite step keep parameters, optimizer state (including the schedule's step
-counter) and the step; then adjust the loss scale. Everything is ``jnp.where``, no Python branching.
+(``docs/references.md``, "Dynamic loss scaling"): unscale (`unscale_gradients`), test finiteness on the
+global norm, update, and on a non-finite step keep parameters and optimizer state (including the
+schedule's step counter); the global step advances on every step, skipped or not; then adjust the
+loss scale. Everything is ``jnp.where``, no Python branching.
 
 Update rules, with ``g`` the (clipped) gradient, ``lr = schedule(k)`` for the k-th applied step:
 
@@ -41,7 +42,7 @@ import jax.numpy as jnp
 import optax
 
 from precision.loss_scale import DynamicLossScale, StaticLossScale, all_finite, select_tree
-from wafer.errors import OptimizerError
+from wafer.errors import OptimizerError, with_article
 
 __all__ = (
   "OptimizerError",
@@ -54,6 +55,7 @@ __all__ = (
   "scale_by_adam",
   "scale_by_adamax",
   "scale_by_learning_rate_multipliers",
+  "unscale_gradients",
 )
 
 # ASSUMPTION: cstorch's Adam/AdamW/Lamb default eps is 1e-6 (HF-style); the configs in docs/references.md
@@ -228,6 +230,49 @@ def scale_by_adamax(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> op
   return optax.GradientTransformation(init, update)
 
 
+def unscale_gradients(loss_scale: StaticLossScale | DynamicLossScale, grads: Any, params: Any) -> Any:
+  """The gradients of the scaled loss, unscaled and cast to their parameters' dtypes.
+
+  ``loss_scale.unscale`` divides in float32 (a 16-bit gradient comes back float32); each gradient is
+  then cast to its parameter's dtype, so that the finiteness test sees what the update will use (a
+  float16 gradient beyond 65504 is inf) and an optimizer state built from 16-bit parameters keeps
+  their dtype (a float32 gradient would make it float32, and a compiled step would see another
+  dtype on its next call). The one unscaling of `apply_gradients` and of ``wafer run``'s train step
+  (`wafer.train.step.make_train_step`).
+
+  >>> import precision
+  >>> ls = precision.StaticLossScale.create(8.0)
+  >>> g = unscale_gradients(ls, {"w": jnp.full(2, 4.0, jnp.bfloat16)}, {"w": jnp.ones(2, jnp.bfloat16)})
+  >>> g["w"].dtype, g["w"].tolist()
+  (dtype(bfloat16), [0.5, 0.5])
+
+  Raises:
+    ValueError: a parameter is not a floating-point array (an integer one, whose gradient is
+      ``float0`` under ``jax.grad(..., allow_int=True)``): an optimizer cannot update it. The
+      message names the parameter's key path.
+  """
+
+  def cast(path: Any, g: Any, p: Any) -> Any:
+    dtype = jnp.result_type(p)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+      raise ValueError(
+        f"params{jax.tree_util.keystr(path)} is {with_article(str(dtype))} array (its gradient is "
+        f"{_dtype_name(g)}); an optimizer updates floating-point parameters only. Fix: keep integer "
+        "arrays out of the parameters (close over them in the loss function, or pass them beside params)."
+      )
+    return jnp.asarray(g).astype(dtype)
+
+  return jax.tree_util.tree_map_with_path(cast, loss_scale.unscale(grads), params)
+
+
+def _dtype_name(x: Any) -> str:
+  """``x``'s dtype as a name ("float0" for the gradient of an integer, whose NumPy name is a struct)."""
+  dtype = getattr(x, "dtype", None)
+  if dtype is None:
+    return type(x).__name__
+  return "float0" if dtype == jax.dtypes.float0 else str(dtype)
+
+
 class StepResult(NamedTuple):
   """What `apply_gradients` returns."""
 
@@ -249,15 +294,19 @@ def apply_gradients(
   """Cerebras' optimizer step with a conditional update, jit-safe.
 
   ``grads`` are the gradients of the **scaled** loss (``loss_scale.scale(loss)``); they are
-  unscaled here (reciprocal in float32). The step is finite when the global L2 norm of the
-  unscaled gradients is below inf. A finite step applies the update and advances ``step``; a
-  non-finite one keeps ``params``, ``opt_state`` (so the schedule's counter too) and ``step``.
-  The loss scale is then adjusted (DLS halves on overflow, grows after ``steps_per_increase``).
+  unscaled here (reciprocal in float32) and cast to their parameters' dtypes (`unscale_gradients`).
+  The step is finite when the global L2 norm of the unscaled gradients is below inf. A finite step
+  applies the update; a non-finite one keeps ``params`` and ``opt_state`` (so the schedule's counter
+  too). ``step``, the global step, advances by one on every step, skipped or not (Cerebras' global
+  step, as ``wafer run``'s). The loss scale is then adjusted (DLS halves on overflow, grows after
+  ``steps_per_increase``).
+
+  Raises:
+    ValueError: a parameter is not a floating-point array (`unscale_gradients`).
   """
-  grads = loss_scale.unscale(grads)
-  grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+  grads = unscale_gradients(loss_scale, grads, params)
   finite = all_finite(grads)
   updates, new_state = tx.update(grads, opt_state, params)
   new_params = optax.apply_updates(params, updates)
-  params, opt_state, step = select_tree(finite, (new_params, new_state, step + 1), (params, opt_state, step))
-  return StepResult(params, opt_state, loss_scale.adjust(finite), step, finite)
+  params, opt_state = select_tree(finite, (new_params, new_state), (params, opt_state))
+  return StepResult(params, opt_state, loss_scale.adjust(finite), jnp.asarray(step) + 1, finite)

@@ -15,7 +15,7 @@ from precision.loss_scale import DynamicLossScale, StaticLossScale
 from tests.samples import bert_base_optimizer
 from wafer.config import build_optimizer
 from wafer.errors import OptimizerError
-from wafer.optim import apply_gradients, decays
+from wafer.optim import apply_gradients, decays, unscale_gradients
 
 P0 = {"a": np.array([0.5, -1.0, 2.0]), "b": np.array([[0.25, -0.75], [1.5, 0.1]])}
 G0 = {"a": np.array([0.1, -0.3, 0.2]), "b": np.array([[0.05, 0.4], [-0.2, 0.3]])}
@@ -129,7 +129,9 @@ def test_matches_optax_under_standard_promotion(kind, reference) -> None:
   close(got, jax.tree.map(np.asarray, params), rtol=2e-6)
 
 
-def test_skipped_step_keeps_params_state_and_step_and_dls_backs_off() -> None:
+def test_skipped_step_keeps_params_and_state_advances_the_step_and_dls_backs_off() -> None:
+  """The global step counts every step, skipped or not (as ``wafer run``'s); the schedule's count is
+  held (it held the step too, unlike the train step of ``wafer run``)."""
   lr = {"scheduler": "Linear", "initial_learning_rate": 0.3, "end_learning_rate": 0.0, "total_iters": 3}
   tx, ls = build_optimizer(
     {
@@ -148,7 +150,7 @@ def test_skipped_step_keeps_params_state_and_step_and_dls_backs_off() -> None:
   assert bool(ok) and int(step1) == 1
   bad = {"a": jnp.array([jnp.inf, 0.0, 0.0], jnp.float32), "b": f32(G1["b"])}
   p2, s2, ls2, step2, ok2 = fn(tx, p1, s1, ls1, step1, bad)
-  assert not bool(ok2) and int(step2) == 1
+  assert not bool(ok2) and int(step2) == 2
   for x, y in zip(jax.tree.leaves((p1, s1)), jax.tree.leaves((p2, s2))):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   assert float(ls2.loss_scale) == 512.0 and int(ls2.num_skipped_steps) == 1
@@ -157,7 +159,7 @@ def test_skipped_step_keeps_params_state_and_step_and_dls_backs_off() -> None:
   clean = run({"optimizer_type": "adamw", "learning_rate": lr}, [G0, G1])[0]
   close(jax.tree.map(np.asarray, p3), clean, rtol=1e-6)
   close(clean, ref_adam([G0, G1], [0.3, 0.2], 0.9, 0.999, 1e-6), rtol=1e-5)
-  assert int(step3) == 2
+  assert int(step3) == 3 and int(s3[-1].count) == 2  # the schedule's count: applied steps only
   # DLS growth: after steps_per_increase + 1 = 3 clean steps since the back-off, the scale doubles
   p, s, lsx, st = p3, s3, ls3, step3
   scales = []
@@ -165,6 +167,47 @@ def test_skipped_step_keeps_params_state_and_step_and_dls_backs_off() -> None:
     p, s, lsx, st, _ = fn(tx, p, s, lsx, st, lsx.scale(f32(g)))
     scales.append(float(lsx.loss_scale))
   assert scales == [512.0, 1024.0] and int(lsx.steps_since_rescale) == 0
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_16_bit_params_get_gradients_of_their_dtype_and_keep_their_state_dtype(dtype) -> None:
+  """Unscaling gives float32 gradients; cast back to each parameter's dtype, the optimizer state of
+  16-bit parameters stays 16-bit (a float32 one made a compiled step's second call fail)."""
+  params = {"w": jnp.ones(3, dtype), "b": jnp.zeros((), jnp.float32)}
+  ls = DynamicLossScale.create("float16", initial_loss_scale=8.0)
+  grads = ls.scale({"w": jnp.full(3, 0.5, dtype), "b": jnp.float32(0.25)})
+  unscaled = unscale_gradients(ls, grads, params)
+  assert {k: v.dtype for k, v in unscaled.items()} == {"w": jnp.dtype(dtype), "b": jnp.dtype(jnp.float32)}
+  assert unscaled["w"].tolist() == [0.5] * 3 and float(unscaled["b"]) == 0.25
+  tx = optax.sgd(0.1, momentum=0.9)
+  state = tx.init(params)
+  result = jax.jit(apply_gradients, static_argnums=0)(tx, params, state, ls, jnp.int32(0), grads)
+  dtypes = lambda tree: [x.dtype for x in jax.tree.leaves(tree)]
+  assert dtypes(result.opt_state) == dtypes(state) and dtypes(result.params) == dtypes(params)
+
+
+def test_a_float16_gradient_beyond_its_range_skips_the_step() -> None:
+  """The finiteness test sees the gradients the update uses: 1e5 is finite in float32, inf in float16."""
+  params = {"w": jnp.ones(2, jnp.float16)}
+  ls = StaticLossScale.create(1.0)
+  tx = optax.sgd(0.1)
+  result = apply_gradients(
+    tx, params, tx.init(params), ls, jnp.int32(0), {"w": jnp.full(2, 1e5, jnp.float32)}
+  )
+  assert not bool(result.grads_finite) and result.params["w"].tolist() == [1.0, 1.0] and int(result.step) == 1
+
+
+def test_an_integer_parameter_is_refused_by_name() -> None:
+  """``jax.grad(..., allow_int=True)`` gives a float0 gradient for an integer parameter: casting it to the
+  parameter's dtype was ``ValueError: invalid literal for int() with base 10: b''``."""
+  ls = DynamicLossScale.create("float16")
+  params = {"w": jnp.ones(3), "n": jnp.int32(2)}
+  grads = jax.grad(lambda p: ls.scale(jnp.sum(p["w"]) * p["n"].astype(jnp.float32)), allow_int=True)(params)
+  tx = optax.sgd(0.1)
+  with pytest.raises(
+    ValueError, match=r"params\['n'\] is an int32 array \(its gradient is float0\).*Fix: keep"
+  ):
+    apply_gradients(tx, params, tx.init(params), ls, jnp.int32(0), grads)
 
 
 def test_loss_scaling_choices() -> None:

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import optax
 
 import precision
-from wafer.errors import ExecutorError, where_defined
-from wafer.optim import scale_by_learning_rate_multipliers
+from wafer.errors import ExecutorError, where_defined, with_article
+from wafer.optim import scale_by_learning_rate_multipliers, unscale_gradients
 from wafer.train.state import TrainState, schedule_counts
 from wafer.train.task import Task
 
@@ -34,7 +34,11 @@ def _returns_a_float_scalar(fn: Callable, what: str) -> Callable:
     out = fn(params, batch)
     shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
     if shape != () or dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-      got = f"{dtype}{list(shape)}" if shape is not None and dtype is not None else f"a {type(out).__name__}"
+      got = (
+        f"{dtype}{list(shape)}"
+        if shape is not None and dtype is not None
+        else with_article(type(out).__name__)
+      )
       raise ExecutorError(
         f"Task.{what} {where_defined(fn)} returned {got}; it must return one floating-point scalar (e.g. the "
         "batch mean: jnp.mean(per_example_losses)). Report other values from a step closure (@wafer.step_closure)."
@@ -48,6 +52,10 @@ def make_train_step(
   task: Task, optimizer: optax.GradientTransformation, policy: precision.Policy
 ) -> Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]:
   """``train_step(state, batch) -> (state, metrics)``.
+
+  The gradients are unscaled in float32 and cast to their parameters' dtypes
+  (`wafer.optim.unscale_gradients`, as `wafer.optim.apply_gradients` does) before the finiteness
+  test and the optimizer, so 16-bit parameters train and their optimizer state keeps their dtype.
 
   ``metrics``: ``loss`` (float32, unscaled), ``loss_scale`` (the scale this step used),
   ``skipped`` (bool: non-finite gradients, so params, optimizer state and the schedule's count
@@ -66,7 +74,7 @@ def make_train_step(
   def train_step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
     ls = state.loss_scale
     scaled, grads = jax.value_and_grad(lambda p: ls.scale(loss_fn(p, batch)))(state.params)
-    grads = ls.unscale(grads)
+    grads = unscale_gradients(ls, grads, state.params)  # float32 unscaling, then each param's dtype
     dense = grads
     if mask_gradients is not None:  # weight sparsity: pruned weights' gradients count for nothing
       grads = mask_gradients(grads, state.opt_state)

@@ -3,14 +3,24 @@
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import precision
 import wafer
 from models.mlp import example_run, example_task
 from wafer.optim import scale_by_adam
-from wafer.train import Checkpoints, initial_state, make_train_step, run, schedule_counts
+from wafer.train import (
+  Checkpoints,
+  IndexedBatches,
+  Task,
+  initial_state,
+  make_train_step,
+  run,
+  schedule_counts,
+)
 
 
 def _skipping_run(model_dir, max_steps=30, optimizer=None):
@@ -104,3 +114,34 @@ def test_adams_step_counter_agrees_with_the_schedule_and_the_checkpoint(tmp_path
   finally:
     checkpoints.close()
   assert summary["final_step"] == 20
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_16_bit_parameters_train_through_the_compiled_step(dtype):
+  """Unscaled float32 gradients made the momentum state of 16-bit parameters float32, so the compiled
+  step refused its own state on the second call (StaticGraphError: ``trace['w'] is float32[4, 1]; the
+  compiled step takes bfloat16[4, 1]``). The gradients are now cast to the parameters' dtypes."""
+
+  def batch(k):
+    x = jax.random.normal(jax.random.key(k), (8, 4))
+    return {"x": x, "y": x.sum(1, keepdims=True)}
+
+  task = Task(
+    name="lin16",
+    init_params=lambda key: {"w": jax.random.normal(key, (4, 1)).astype(dtype)},
+    loss_fn=lambda p, b: jnp.mean((b["x"] @ p["w"].astype(jnp.float32) - b["y"]) ** 2),
+    train_data=lambda seed: IndexedBatches(batch),
+    batch_size=8,
+  )
+  optimizer = optax.sgd(0.1, momentum=0.9)
+  loss_scale = precision.DynamicLossScale.create("float16")
+  state = initial_state(task, optimizer, loss_scale, jax.random.key(0))
+  dtypes = [x.dtype for x in jax.tree.leaves((state.params, state.opt_state))]
+  step = make_train_step(task, optimizer, precision.Policy(compute="float16"))
+  compiled = wafer.compile(step, state, batch(0), donate_argnums=(0,))
+  losses = []
+  for k in range(4):
+    state, metrics = compiled(state, batch(k))
+    losses.append(float(metrics["loss"]))
+  assert [x.dtype for x in jax.tree.leaves((state.params, state.opt_state))] == dtypes
+  assert int(state.step) == 4 and losses[-1] < losses[0]
