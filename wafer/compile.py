@@ -348,6 +348,9 @@ def compile(
   Raises:
     StaticGraphError: the step reads values or branches on them while traced (the message
       names your file and line and the fix).
+    StepUsageError: examples or settings that cannot fit the step, an output that is not an array,
+      or a step that stores new arrays into its arguments without returning them (the update would
+      be lost: return the new state, e.g. ``nnx.state((model, opt))``).
   """
   if not callable(step_fn):
     raise StepUsageError(
@@ -406,9 +409,11 @@ def compile(
   collector_box: list[Any] = []
 
   def with_closures(*args: Any, **kwargs: Any) -> tuple[Any, list[Any]]:
+    before = _array_leaves((args, kwargs))
     with _closures.collecting() as collector:
       out = step_fn(*args, **kwargs)
     _check_outputs(step_fn, out)
+    _check_no_lost_updates(step_fn, signature, before, _array_leaves((args, kwargs)), out)
     collector_box.append(collector)
     return out, list(collector.arrays)
 
@@ -538,6 +543,86 @@ def _check_outputs(step_fn: Callable, out: Any) -> None:
         "compiled graph's outputs). Fix: return arrays only, and report other values from a step closure "
         "(@wafer.step_closure)."
       )
+
+
+def _array_leaves(tree: Any) -> dict[str, Any]:
+  """``tree``'s leaves that are arrays or tracers, by their path (``jax.tree_util.keystr``)."""
+  return {
+    jax.tree_util.keystr(path): leaf
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    if isinstance(leaf, (jax.Array, np.ndarray))
+  }
+
+
+def _lost_updates(before: dict[str, Any], after: dict[str, Any], out: Any) -> list[str]:
+  """Paths of the arrays that a step stored into its arguments' objects (``after`` is not ``before``,
+  by identity) and did not return (the new value is no leaf of ``out``): lost when the trace ends.
+
+  >>> import numpy as np
+  >>> a, b, c = np.zeros(1), np.ones(1), np.full(1, 2.0)
+  >>> _lost_updates({"w": a, "n": b}, {"w": c, "n": b, "m": a}, out=())
+  ['w', 'm']
+  >>> _lost_updates({"w": a}, {"w": c}, out={"new_w": c})  # returned: the caller has it
+  []
+  """
+  returned = {id(leaf) for leaf in jax.tree.leaves(out)}
+  return [
+    path
+    for path, leaf in after.items()
+    if (path not in before or before[path] is not leaf) and id(leaf) not in returned
+  ]
+
+
+def _check_no_lost_updates(
+  step_fn: Callable,
+  signature: inspect.Signature | None,
+  before: dict[str, Any],
+  after: dict[str, Any],
+  out: Any,
+) -> None:
+  """Refuse a step that assigned new arrays inside its arguments (``opt.update(model, grads)`` on NNX
+  modules, BatchNorm statistics, an ``nnx.Rngs`` count, ``params['w'] = ...``) without returning them:
+  the compiled step runs on copies of its arguments, so every call would start from the old values."""
+  lost = _lost_updates(before, after, out)
+  if not lost:
+    return
+  paths = [_path_name(path) for path in lost]
+  shown = ", ".join(paths[:4]) + (f" (and {len(paths) - 4} more)" if len(paths) > 4 else "")
+  owners = sorted({_parameter_of(path, signature) for path in lost})
+  raise StepUsageError(
+    f"the step {where_defined(step_fn)} assigns new values inside its argument{'s' if len(owners) > 1 else ''} "
+    f"{', '.join(owners)} and does not return them: {shown}. A compiled step runs on copies of its arguments: "
+    "what it writes into them (opt.update(model, grads) on NNX modules, BatchNorm statistics, an nnx.Rngs "
+    "count, params['w'] = ...) is lost when it returns, so every call would start again from the old "
+    "values and nothing would train. Fix: return the new state and pass it to the next call, e.g. "
+    "graphdef, state = nnx.split((model, opt)) outside the step; inside it, model, opt = nnx.merge(graphdef, "
+    "state), update them, and return (loss, nnx.state((model, opt))); after the run, nnx.update((model, opt), "
+    "state). Or train with nnx.jit, which carries module state; nothing needs returning when the step only "
+    "reads its arguments (a forward pass; model.eval() keeps dropout and BatchNorm from changing state)."
+  )
+
+
+def _path_name(path: str) -> str:
+  """``"[0][1].kernel.value"`` of the ``(args, kwargs)`` pair -> ``"args[1].kernel.value"``."""
+  if path.startswith("[0]"):
+    return "args" + path[3:]
+  return "kwargs" + path[3:] if path.startswith("[1]") else path
+
+
+def _parameter_of(path: str, signature: inspect.Signature | None) -> str:
+  """The step's parameter (by name where the signature tells it) that holds the leaf at ``path``."""
+  head = _path_name(path)
+  kind, _, rest = head.partition("[")
+  index = rest.split("]", 1)[0]
+  if kind == "args" and index.isdigit() and signature is not None:
+    positional = [
+      p.name
+      for p in signature.parameters.values()
+      if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if int(index) < len(positional):
+      return f"{positional[int(index)]} (args[{index}])"
+  return f"{kind}[{index}]"
 
 
 class _Static:
