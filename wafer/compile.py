@@ -196,6 +196,8 @@ class CompiledStep:
   ):
     self._static = static or _Static((), ())
     self._donated = donated
+    self._layout = (len(example_args[0]), tuple(sorted(example_args[1])))
+    self._positional_names = _positional_names(fn, len(example_args[0]))
     self._static_values = self._static.values(example_args[0], example_args[1])
     example_args = self._static.dynamic(example_args[0], example_args[1])
     leaves_with_paths, self._in_tree = jax.tree_util.tree_flatten_with_path(example_args)
@@ -220,8 +222,15 @@ class CompiledStep:
 
     Dynamic arguments must have the compiled shapes and (canonical) dtypes; static arguments
     (``static_argnums`` / ``static_argnames``) must equal the compiled values.
+
+    Raises:
+      StepUsageError: the call passes its arguments otherwise than the compile did (by keyword where
+        they were positional, or one missing), or passes an array donated to an earlier call.
     """
     kwargs = kwargs or {}
+    problem = _call_layout_problem(self._layout, (len(args), tuple(sorted(kwargs))), self._positional_names)
+    if problem is not None:
+      raise StepUsageError(problem)
     for name, (want, got) in zip(
       self._static.names(args, kwargs), zip(self._static_values, self._static.values(args, kwargs))
     ):
@@ -299,6 +308,58 @@ class CompiledStep:
       if (closure.kind == _closures.STEP and step) or (closure.kind == _closures.CHECKPOINT and checkpoint):
         closure.call(values)
     self._pending = None
+
+
+def _positional_names(fn: Callable, n: int) -> tuple[str, ...]:
+  """Names of the step's first ``n`` positional parameters (``args[i]`` where it has none: ``*args``)."""
+  try:
+    parameters = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):
+    parameters = []
+  named = [
+    p.name
+    for p in parameters
+    if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  ]
+  return tuple(named[i] if i < len(named) else f"args[{i}]" for i in range(n))
+
+
+def _layout_text(n: int, keywords: Sequence[str], names: Sequence[str] = ()) -> str:
+  """``"2 positional arguments (p, x)"``, ``"0 positional and keywords p, x"``."""
+  positional = f"{n} positional argument{'' if n == 1 else 's'}"
+  if n and names:
+    positional += f" ({', '.join(names[:n])})"
+  if not keywords:
+    return positional
+  return f"{positional} and keyword{'' if len(keywords) == 1 else 's'} {', '.join(keywords)}"
+
+
+def _call_layout_problem(
+  compiled: tuple[int, tuple[str, ...]], called: tuple[int, tuple[str, ...]], names: Sequence[str]
+) -> str | None:
+  """What is wrong with a call that passes ``called`` (positional count, sorted keywords) to a step compiled
+  with ``compiled``; ``names``: the step's names of the compiled positional arguments. None when they agree.
+
+  >>> print(_call_layout_problem((2, ()), (0, ("p", "x")), ("p", "x")))
+  the step was compiled with 2 positional arguments (p, x); called with 0 positional arguments and keywords p, x: pass them as at compile time, step(p, x); the compiled graph takes its arguments in that order
+  >>> print(_call_layout_problem((2, ()), (1, ()), ("p", "x")))
+  the step was compiled with 2 positional arguments (p, x); called with 1 positional argument (p): missing argument x. Pass every argument, as at compile time: step(p, x)
+  """
+  if compiled == called:
+    return None
+  n, keywords = compiled
+  head = f"the step was compiled with {_layout_text(n, keywords, names)}; called with {_layout_text(*called, names)}"
+  example = "step(" + ", ".join([*names[:n], *(f"{k}={k}" for k in keywords)]) + ")"
+  given = set(names[: called[0]]) | set(called[1])
+  missing = [name for name in [*names[:n], *keywords] if name not in given]
+  if missing and called[0] + len(called[1]) < n + len(keywords):
+    return (
+      f"{head}: missing argument{'s' if len(missing) > 1 else ''} {', '.join(missing)}. Pass every argument, as "
+      f"at compile time: {example}"
+    )
+  return (
+    f"{head}: pass them as at compile time, {example}; the compiled graph takes its arguments in that order"
+  )
 
 
 def _aval(x: Any) -> jax.ShapeDtypeStruct:

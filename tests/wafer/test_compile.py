@@ -566,3 +566,32 @@ def test_a_dropout_module_drawing_masks_in_a_step_is_refused():
   model = nnx.Sequential(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.Dropout(0.5, rngs=nnx.Rngs(1)))
   with pytest.raises(wafer.StepUsageError, match=r"argument model \(args\[0\]\).*count"):
     wafer.compile(lambda model, x: model(x).sum(), model, jnp.ones((2, 4)))
+
+
+@pytest.mark.parametrize(
+  ("call", "message"),
+  [
+    (
+      lambda step, a, b: step(p=a, x=b),
+      r"^the step was compiled with 2 positional arguments \(p, x\); called with 0 positional arguments and "
+      r"keywords p, x: pass them as at compile time, step\(p, x\)",
+    ),
+    (lambda step, a, b: step(a, x=b), r"called with 1 positional argument \(p\) and keyword x: pass them as"),
+    (lambda step, a, b: step(a), r"called with 1 positional argument \(p\): missing argument x\. Pass every"),
+    (lambda step, a, b: step(), r"called with 0 positional arguments: missing arguments p, x\."),
+    (lambda step, a, b: step(a, b, b), r"called with 3 positional arguments \(p, x\): pass them as"),
+  ],
+)
+def test_a_call_that_passes_arguments_otherwise_than_the_compile_says_how(call, message):
+  """Found by a probe: ``step(p=a, x=b)`` or ``step(a)`` said "the step's arguments changed structure" with
+  the raw PyTreeDef diff ``PyTreeDef(((*, *), {})) vs PyTreeDef(((), {'p': *, 'x': *}))``."""
+  a, b = jnp.ones(2), jnp.ones(2)
+  step = wafer.compile(lambda p, x: p * x, a, b)
+  with pytest.raises(wafer.StepUsageError, match=message) as info:
+    call(step, a, b)
+  assert "PyTreeDef" not in str(info.value)
+  assert step(a, b).tolist() == [1.0, 1.0]
+  keyword = wafer.compile(lambda p, x: p * x, a, x=b)
+  assert keyword(a, x=b).tolist() == [1.0, 1.0]
+  with pytest.raises(wafer.StepUsageError, match=r"compiled with 1 positional argument \(p\) and keyword x;"):
+    keyword(a, b)
