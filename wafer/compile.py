@@ -6,9 +6,15 @@ only that graph. As on a Cerebras system:
 
 * a call whose arguments differ in shape, dtype or pytree structure raises `StaticGraphError`
   (it would need a second compile);
-* Python control flow on traced values, value fetches in the step (``float(x)``, ``x.item()``,
-  ``np.asarray(x)``, ``int(x)``), printing traced values and asserting on them raise
-  `StaticGraphError` at trace time, naming your file and line and the fix.
+* Python control flow on traced values (``if``, ``assert``, a ``range`` of a traced count), value
+  fetches in the step (``float(x)``, ``x.item()``, ``np.asarray(x)``, ``int(x)``), traced shapes
+  (``jnp.zeros(n)``, ``jnp.arange(n)``), results whose size the data decides (``jnp.nonzero(x)``
+  without ``size=``), printing traced values and asserting on them raise `StaticGraphError` at
+  trace time, naming your file and line and the fix;
+* a step that stores new arrays into its arguments' objects without returning them (Flax NNX's
+  ``opt.update(model, grads)``) raises `StepUsageError` at trace time: the compiled step runs on
+  copies of its arguments, so the update would be lost. Return the new state instead
+  (``nnx.split`` / ``nnx.merge`` / ``nnx.state``), or train with ``nnx.jit``.
 
 ``validate_only=True`` traces and lowers without the XLA compile. `enable_compilation_cache`
 points JAX's persistent compilation cache at a directory (the executor uses the model_dir), so
@@ -21,6 +27,7 @@ import contextlib
 import inspect
 import logging
 import os
+import re
 import sys
 import threading
 import traceback
@@ -43,6 +50,23 @@ _FIXES = {
     "cannot be decided then.",
     "use jnp.where(cond, a, b) or jax.lax.cond / jax.lax.while_loop for data-dependent choices; "
     "check values on the host in a step closure (@wafer.step_closure).",
+  ),
+  "loop": (
+    "a Python loop counted by a traced value",
+    "The step's Python body runs once, when it is traced; range(n) needs n as a Python int then, and a value "
+    "computed from the step's arrays does not exist yet.",
+    "use jax.lax.fori_loop(0, n, body, init), whose count may be traced (a traced count makes it a while "
+    "loop: not differentiable in reverse), or jax.lax.while_loop; or make the count static: a Python int "
+    "closed over by the step or a static argument (wafer.compile(..., static_argnums=... / static_argnames=...)).",
+  ),
+  "size": (
+    "an operation whose result size depends on values inside the step",
+    "jnp.nonzero, jnp.argwhere, jnp.where(cond), jnp.flatnonzero, jnp.unique and jnp.repeat return as many "
+    "elements as the data decides, which is not known when the step is compiled; every shape in the graph "
+    "is fixed.",
+    "give the size: jnp.nonzero(x, size=N, fill_value=...), jnp.unique(x, size=N, fill_value=...), "
+    "jnp.where(cond, size=N), jnp.repeat(x, r, total_repeat_length=N), with a fixed N (the most there can "
+    "be); or keep the shape: jnp.where(mask, x, 0).",
   ),
   "value_fetch": (
     "a value fetch inside the step",
@@ -492,8 +516,7 @@ def compile(
     raise _static_graph_error("control_flow", e) from None
   except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
           jax.errors.TracerIntegerConversionError) as e:  # fmt: skip
-    kind = "shape" if _is_shape(e) else "control_flow" if _is_branch(e) else "value_fetch"
-    raise _static_graph_error(kind, e) from None
+    raise _static_graph_error(_concretization_kind(e), e) from None
   except StepUsageError as e:  # the step's outputs (checked inside the trace)
     raise StepUsageError(e.message) from None
   except jax.errors.NonConcreteBooleanIndexError as e:
@@ -710,10 +733,38 @@ class _Static:
     return None if i in self.argnums else i - sum(1 for j in self.argnums if j < i)
 
 
+_SHAPE_MARKERS = (
+  "Shapes must be 1D sequences of concrete values",  # jnp.zeros(n), x.reshape(n, -1)
+  "shape argument",
+  "jnp.arange argument",  # jnp.arange(n): "It arose in the jnp.arange argument 'stop'"
+  "argument of jnp.linspace",  # jnp.linspace(0, 1, n): "'num' argument of jnp.linspace"
+)
+_SIZE_MARKERS = (
+  "size argument",  # jnp.nonzero, jnp.argwhere, jnp.where(cond), jnp.flatnonzero, jnp.unique
+  "total_repeat_length",  # jnp.repeat
+)
+
+
 def _is_shape(error: BaseException) -> bool:
-  """A traced value where JAX needs a concrete shape (``jnp.zeros(n)``, ``x.reshape(n, -1)``)."""
+  """A traced value where JAX needs a concrete shape (``jnp.zeros(n)``, ``x.reshape(n, -1)``,
+  ``jnp.arange(n)``)."""
   text = str(error)
-  return "Shapes must be 1D sequences of concrete values" in text or "shape argument" in text
+  return any(marker in text for marker in _SHAPE_MARKERS)
+
+
+def _concretization_kind(error: BaseException) -> str:
+  """Which `_FIXES` entry a traced value used as a Python value calls for: by JAX's message (a shape, a
+  result of data-dependent size), else by the user's line (a ``range`` loop, a branch), else a value
+  fetch (``float(x)``, ``x.item()``)."""
+  if _is_shape(error):
+    return "shape"
+  if any(marker in str(error) for marker in _SIZE_MARKERS):
+    return "size"
+  frame = user_frame(error.__traceback__)
+  line = "" if frame is None else frame[2]
+  if line.startswith("for ") or re.search(r"\brange\(", line):
+    return "loop"
+  return "control_flow" if _is_branch(error) else "value_fetch"
 
 
 def _in_logging(error: BaseException) -> bool:

@@ -568,6 +568,67 @@ def test_a_dropout_module_drawing_masks_in_a_step_is_refused():
     wafer.compile(lambda model, x: model(x).sum(), model, jnp.ones((2, 4)))
 
 
+def _ranged(x):
+  for _ in range(jnp.sum(x).astype(int)):
+    x = x + 1
+  return x
+
+
+def _ranged_by_int(x):
+  return sum(x for _ in range(int(x.sum())))
+
+
+@pytest.mark.parametrize(
+  ("fn", "what", "source", "fix"),
+  [
+    (
+      _ranged,
+      "a Python loop counted by a traced value",
+      "for _ in range(",
+      "jax.lax.fori_loop(0, n, body, init)",
+    ),
+    (_ranged_by_int, "a Python loop counted by a traced value", "range(int(x.sum()))", "static_argnums"),
+    (lambda x: jnp.nonzero(x)[0], "an operation whose result size depends", "jnp.nonzero(x)", "size=N"),
+    (lambda x: jnp.argwhere(x), "an operation whose result size depends", "jnp.argwhere(x)", "size=N"),
+    (lambda x: jnp.where(x > 0)[0], "an operation whose result size depends", "jnp.where(x > 0)", "size=N"),
+    (
+      lambda x: jnp.unique(x),
+      "an operation whose result size depends",
+      "jnp.unique(x)",
+      "jnp.unique(x, size=N",
+    ),
+    (
+      lambda x: jnp.repeat(x, x.astype(int)),
+      "an operation whose result size depends",
+      "jnp.repeat(",
+      "total_repeat_length=N",
+    ),
+    (
+      lambda x: jnp.arange(x.sum()),
+      "a traced value used as a shape",
+      "jnp.arange(x.sum())",
+      "static_argnums",
+    ),
+    (
+      lambda x: jnp.linspace(0, 1, x.sum().astype(int)),
+      "a traced value used as a shape",
+      "jnp.linspace(",
+      "static_argnums",
+    ),
+    (lambda x: x * float(x[0]), "a value fetch inside the step", "float(x[0])", "step closure"),
+  ],
+)
+def test_each_kind_of_traced_value_used_in_python_gets_its_own_fix(fn, what, source, fix):
+  """Found by a probe: a ``range`` of a traced count, ``jnp.nonzero`` / ``jnp.unique`` without ``size=`` and
+  ``jnp.arange(x.sum())`` were all "a value fetch inside the step", with a step-closure fix that fits none."""
+  with pytest.raises(wafer.StaticGraphError) as info:
+    wafer.compile(fn, jnp.ones(3))
+  text = str(info.value)
+  assert text.startswith(what), text
+  assert f"{__file__}:" in text and source in text, text
+  assert fix in text.split("Fix: ", 1)[1], text
+
+
 @pytest.mark.parametrize(
   ("call", "message"),
   [
