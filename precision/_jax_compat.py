@@ -41,6 +41,7 @@ Layouts handled (each verified by ``tests/compat``):
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import pathlib
 import sysconfig
@@ -96,6 +97,7 @@ __all__ = (
   "jaxpr_as_fun",
   "jaxprs_in_params",
   "mlir",
+  "name_as",
   "reset_compilation_cache",
   "scan_counts",
   "shard_map_manual_axes",
@@ -233,6 +235,54 @@ def trace(
 def debug_info_of(jaxpr: Any) -> Any:
   """A jaxpr's debug info (for tracing a replacement body)."""
   return getattr(jaxpr, "debug_info", None)
+
+
+def name_as(
+  wrapper: Callable[..., Any],
+  fn: Callable[..., Any],
+  args: tuple,
+  kwargs: dict[str, Any],
+  static: tuple[Sequence[int], Sequence[str]],
+  traced: Sequence[bool],
+  traced_for: str,
+  source: Callable[..., Any] | None = None,
+) -> None:
+  """Make JAX's tracing errors about ``wrapper`` name ``fn``: its name, file and line, and its arguments.
+
+  ``wrapper`` takes the traced leaves of ``fn(*args, **kwargs)`` flat: ``traced[i]`` says whether leaf
+  ``i`` of ``((args without the static ones), (kwargs without the static ones, sorted))`` is one of them
+  (``static`` is ``(static_argnums, static_argnames)``). JAX's error for a traced value used as a Python
+  value (``range(n)``) then reads "tracing the function f at file:line ... the argument n" rather than
+  naming ``wrapper`` and ``dynamic[1]``. JAX reads a function's debug info from its
+  ``__fun_debug_info__`` (``api_util.debug_info``, which ``jax.jit`` and ``jax.make_jaxpr`` call): a no-op
+  where a JAX has no such hook, or where the names do not line up with ``traced`` (a signature ``args``
+  does not fit). ``source``: the function whose name and line to show when not ``fn`` (the user's,
+  where ``fn`` is a wrapper of it); a callable object shows its class's ``__call__``."""
+  save = getattr(_api_util, "save_wrapped_fun_debug_info", None)
+  if save is None:
+    return
+  try:
+    shown = fn if source is None else source
+    while isinstance(shown, functools.partial):
+      shown = shown.func
+    shown = inspect.unwrap(shown)
+    if not hasattr(shown, "__code__"):
+      shown = type(shown).__call__  # (an NNX module, any callable object)
+    info = _api_util.debug_info(
+      traced_for,
+      fn,
+      args,
+      kwargs,
+      static_argnums=tuple(static[0]),
+      static_argnames=tuple(static[1]),
+      sourceinfo=_api_util.fun_sourceinfo(shown),
+    )
+    names = info.arg_names
+    if names is None or len(names) != len(traced):
+      return
+    save(wrapper, info._replace(arg_names=tuple(n for n, t in zip(names, traced) if t)))
+  except (TypeError, ValueError, AttributeError):  # (debug info only: never fail a trace over it)
+    return
 
 
 def wrap(fn: Callable[..., Any], debug_info: Any) -> Any:

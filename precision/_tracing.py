@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from precision import _jax_compat as compat
 from precision.policy import Policy, PolicyError
 
 TRACING = threading.local()  # depth of autocast traces in progress (nesting detection)
@@ -213,7 +214,11 @@ def _split_static(statics: Statics, args: tuple, kwargs: dict) -> tuple[dict, di
 
 
 def trace_fn(
-  fn: Callable[..., Any], statics: Statics, args: tuple, kwargs: dict
+  fn: Callable[..., Any],
+  statics: Statics,
+  args: tuple,
+  kwargs: dict,
+  source: Callable[..., Any] | None = None,
 ) -> tuple[Any, _Outputs, list]:
   """(closed jaxpr, how to rebuild the output, flat dynamic arguments) of ``fn(*args, **kwargs)``.
 
@@ -222,7 +227,9 @@ def trace_fn(
   policy; any other leaf (a function or a string held by an Equinox module, an enum, a config
   object) is static too: passed to ``fn`` as it is, as ``eqx.filter_jit`` does. Such leaves among
   ``fn``'s outputs are returned as they are. An array used as a Python value while tracing
-  (``range(n)``, ``if flag:``) raises JAX's error with a note naming ``static_argnums``."""
+  (``range(n)``, ``if flag:``) raises JAX's error with a note naming ``static_argnums``; JAX's error
+  names ``fn`` (or ``source``, the user's function ``fn`` wraps), its line and the argument, as
+  ``jax.jit``'s does (`compat.name_as`)."""
   static_args, static_kwargs, dyn_args, dyn_kwargs = _split_static(statics, args, kwargs)
   leaves, in_tree = jax.tree.flatten((dyn_args, dyn_kwargs))
   traced = [
@@ -242,6 +249,7 @@ def trace_fn(
     outputs.append(_Outputs(out_tree, keep))
     return [o for o, s in zip(out_flat, keep) if s is _TRACED]
 
+  compat.name_as(flat_fn, fn, args, kwargs, statics, traced, "autocast", source)
   try:
     with tracing():
       closed = jax.make_jaxpr(flat_fn)(*flat)

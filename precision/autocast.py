@@ -317,7 +317,8 @@ def autocast(
       is passed to ``fn`` unchanged, as ``eqx.filter_jit`` does, and such leaves of the
       result are returned unchanged: ``eqx.filter_jit(autocast(loss, policy))(model, x)`` works.
       An *array* used as a Python value (a 0-d array as a loop count or a flag) is a tracer
-      under a mixed policy, as under ``jax.jit``: JAX's error then names ``static_argnums``.
+      under a mixed policy, as under ``jax.jit``: JAX's error then names ``fn``, its line and
+      the argument (as ``jax.jit``'s does), and a note names ``static_argnums``.
       A Flax NNX module among the arguments is handled as ``nnx.jit`` does: its state is traced
       and what ``fn`` changes in it (BatchNorm statistics, ``nnx.Rngs`` counts) is written back
       (not rounded to ``output``), so ``nnx.value_and_grad(autocast(loss, policy))(model, x)`` works.
@@ -392,13 +393,13 @@ class _Autocast:
     with module_state_errors(self.__wrapped__, "autocast"):
       lifted = lift_nnx_modules(fn, statics, args, kwargs)
       if lifted is None:
-        closed, outputs, flat = trace_fn(fn, statics, args, kwargs)
+        closed, outputs, flat = trace_fn(fn, statics, args, kwargs, source=self.__wrapped__)
     if lifted is None:
       with jax.named_scope(NESTED_SCOPE) if nested else contextlib.nullcontext():
         outs = run(p, closed, flat)
       _warn_unknown(self.__wrapped__, policy, p.log.unknown)
       return outputs.unflatten(outs)
-    closed, outputs, flat = trace_fn(lifted.fn, Statics((), ()), lifted.args, {})
+    closed, outputs, flat = trace_fn(lifted.fn, Statics((), ()), lifted.args, {}, source=self.__wrapped__)
     with jax.named_scope(NESTED_SCOPE) if nested else contextlib.nullcontext():
       outs = run(p, closed, flat, rounded_outputs=lifted.traced_outputs[0])
     _warn_unknown(self.__wrapped__, policy, p.log.unknown)
@@ -449,7 +450,7 @@ def cast_report(
   policy = as_policy(policy)
   call, args, statics = module_as_argument(fn, args, Statics.of(fn, static_argnums, static_argnames))
   with module_state_errors(fn, "cast_report"):
-    closed, _, flat = trace_fn(call, statics, args, kwargs)
+    closed, _, flat = trace_fn(call, statics, args, kwargs, source=fn)
   p = Pass(policy)
   p.key = jax.random.key(0) if p.stochastic else None  # nothing is computed: any key will do
   jax.make_jaxpr(lambda *xs: run(p, closed, xs))(*flat)

@@ -704,7 +704,7 @@ def numerics_report(
   policy = as_policy(policy)
   call, args, statics = module_as_argument(fn, args, Statics.of(fn, static_argnums, static_argnames))
   with module_state_errors(fn, "numerics_report"):
-    closed, outputs, flat = trace_fn(call, statics, args, kwargs)
+    closed, outputs, flat = trace_fn(call, statics, args, kwargs, source=fn)
   collector = _Collector(policy.compute)
   identity = Policy.parse("c=f32")
 

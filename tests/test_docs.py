@@ -146,6 +146,31 @@ def test_autocast_concept_stochastic_example_prints_what_it_shows(capsys):
   assert capsys.readouterr().out.splitlines() == shown.splitlines()
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the guide shows a CPU run")
+def test_mixed_precision_guide_cast_report_is_todays(capsys):
+  """docs/guides/mixed-precision.md's example prints a cast report: its table is today's (a change that
+  moved the attention scores' divisions into attention_softmax left it stale once). The report depends on
+  shapes only, so the block runs without its three training steps (their losses' last digits depend on the
+  machine)."""
+  text = (ROOT / "docs" / "guides" / "mixed-precision.md").read_text()
+  code, shown = re.search(r"^```python\n(.*?)^```\n\n```\n(.*?)^```", text, flags=re.S | re.M).groups()
+  training = re.search(r"^mixed_step = .*?\n(?=^print\()", code, flags=re.S | re.M).group(0)
+  setup = [line for line in training.splitlines() if line.startswith(("tokens =", "targets ="))]
+  assert len(setup) == 2, training
+  code = code.replace(training, "\n".join(setup) + "\n")
+  exec(compile(code, "docs/guides/mixed-precision.md", "exec"), {"__name__": "mixed_precision_guide"})
+  assert _decided(capsys.readouterr().out) == _decided(shown)
+
+
+def _decided(report: str) -> list[tuple[str, ...]]:
+  """A cast report table's rows as autocast decides them: each op class's values rounded and kept float32,
+  and the equations of the classes it rounds or keeps (what JAX leaves untouched, its constants and data
+  movement, varies by JAX version: 0.11 folds some constants)."""
+  rows = [line.split() for line in report.splitlines() if re.match(r"^[a-z_0-9]+ +\d+ +\d+ +\d+ +\d+$", line)]
+  assert len(rows) > 5, report
+  return [(c, n if untouched == "0" else "", rounded, kept) for c, n, rounded, kept, untouched in rows]
+
+
 @pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(path):
   broken = []

@@ -6,9 +6,15 @@ only that graph. As on a Cerebras system:
 
 * a call whose arguments differ in shape, dtype or pytree structure raises `StaticGraphError`
   (it would need a second compile);
-* Python control flow on traced values, value fetches in the step (``float(x)``, ``x.item()``,
-  ``np.asarray(x)``, ``int(x)``), printing traced values and asserting on them raise
-  `StaticGraphError` at trace time, naming your file and line and the fix.
+* Python control flow on traced values (``if``, ``assert``, a ``range`` of a traced count), value
+  fetches in the step (``float(x)``, ``x.item()``, ``np.asarray(x)``, ``int(x)``), traced shapes
+  (``jnp.zeros(n)``, ``jnp.arange(n)``), results whose size the data decides (``jnp.nonzero(x)``
+  without ``size=``), printing traced values and asserting on them raise `StaticGraphError` at
+  trace time, naming your file and line and the fix;
+* a step that stores new arrays into its arguments' objects without returning them (Flax NNX's
+  ``opt.update(model, grads)``) raises `StepUsageError` at trace time: the compiled step runs on
+  copies of its arguments, so the update would be lost. Return the new state instead
+  (``nnx.split`` / ``nnx.merge`` / ``nnx.state``), or train with ``nnx.jit``.
 
 ``validate_only=True`` traces and lowers without the XLA compile. `enable_compilation_cache`
 points JAX's persistent compilation cache at a directory (the executor uses the model_dir), so
@@ -21,6 +27,7 @@ import contextlib
 import inspect
 import logging
 import os
+import re
 import sys
 import threading
 import traceback
@@ -43,6 +50,23 @@ _FIXES = {
     "cannot be decided then.",
     "use jnp.where(cond, a, b) or jax.lax.cond / jax.lax.while_loop for data-dependent choices; "
     "check values on the host in a step closure (@wafer.step_closure).",
+  ),
+  "loop": (
+    "a Python loop counted by a traced value",
+    "The step's Python body runs once, when it is traced; range(n) needs n as a Python int then, and a value "
+    "computed from the step's arrays does not exist yet.",
+    "use jax.lax.fori_loop(0, n, body, init), whose count may be traced (a traced count makes it a while "
+    "loop: not differentiable in reverse), or jax.lax.while_loop; or make the count static: a Python int "
+    "closed over by the step or a static argument (wafer.compile(..., static_argnums=... / static_argnames=...)).",
+  ),
+  "size": (
+    "an operation whose result size depends on values inside the step",
+    "jnp.nonzero, jnp.argwhere, jnp.where(cond), jnp.flatnonzero, jnp.unique and jnp.repeat return as many "
+    "elements as the data decides, which is not known when the step is compiled; every shape in the graph "
+    "is fixed.",
+    "give the size: jnp.nonzero(x, size=N, fill_value=...), jnp.unique(x, size=N, fill_value=...), "
+    "jnp.where(cond, size=N), jnp.repeat(x, r, total_repeat_length=N), with a fixed N (the most there can "
+    "be); or keep the shape: jnp.where(mask, x, 0).",
   ),
   "value_fetch": (
     "a value fetch inside the step",
@@ -196,6 +220,8 @@ class CompiledStep:
   ):
     self._static = static or _Static((), ())
     self._donated = donated
+    self._layout = (len(example_args[0]), tuple(sorted(example_args[1])))
+    self._positional_names = _positional_names(fn, len(example_args[0]))
     self._static_values = self._static.values(example_args[0], example_args[1])
     example_args = self._static.dynamic(example_args[0], example_args[1])
     leaves_with_paths, self._in_tree = jax.tree_util.tree_flatten_with_path(example_args)
@@ -220,8 +246,15 @@ class CompiledStep:
 
     Dynamic arguments must have the compiled shapes and (canonical) dtypes; static arguments
     (``static_argnums`` / ``static_argnames``) must equal the compiled values.
+
+    Raises:
+      StepUsageError: the call passes its arguments otherwise than the compile did (by keyword where
+        they were positional, or one missing), or passes an array donated to an earlier call.
     """
     kwargs = kwargs or {}
+    problem = _call_layout_problem(self._layout, (len(args), tuple(sorted(kwargs))), self._positional_names)
+    if problem is not None:
+      raise StepUsageError(problem)
     for name, (want, got) in zip(
       self._static.names(args, kwargs), zip(self._static_values, self._static.values(args, kwargs))
     ):
@@ -301,6 +334,58 @@ class CompiledStep:
     self._pending = None
 
 
+def _positional_names(fn: Callable, n: int) -> tuple[str, ...]:
+  """Names of the step's first ``n`` positional parameters (``args[i]`` where it has none: ``*args``)."""
+  try:
+    parameters = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):
+    parameters = []
+  named = [
+    p.name
+    for p in parameters
+    if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  ]
+  return tuple(named[i] if i < len(named) else f"args[{i}]" for i in range(n))
+
+
+def _layout_text(n: int, keywords: Sequence[str], names: Sequence[str] = ()) -> str:
+  """``"2 positional arguments (p, x)"``, ``"0 positional and keywords p, x"``."""
+  positional = f"{n} positional argument{'' if n == 1 else 's'}"
+  if n and names:
+    positional += f" ({', '.join(names[:n])})"
+  if not keywords:
+    return positional
+  return f"{positional} and keyword{'' if len(keywords) == 1 else 's'} {', '.join(keywords)}"
+
+
+def _call_layout_problem(
+  compiled: tuple[int, tuple[str, ...]], called: tuple[int, tuple[str, ...]], names: Sequence[str]
+) -> str | None:
+  """What is wrong with a call that passes ``called`` (positional count, sorted keywords) to a step compiled
+  with ``compiled``; ``names``: the step's names of the compiled positional arguments. None when they agree.
+
+  >>> print(_call_layout_problem((2, ()), (0, ("p", "x")), ("p", "x")))
+  the step was compiled with 2 positional arguments (p, x); called with 0 positional arguments and keywords p, x: pass them as at compile time, step(p, x); the compiled graph takes its arguments in that order
+  >>> print(_call_layout_problem((2, ()), (1, ()), ("p", "x")))
+  the step was compiled with 2 positional arguments (p, x); called with 1 positional argument (p): missing argument x. Pass every argument, as at compile time: step(p, x)
+  """
+  if compiled == called:
+    return None
+  n, keywords = compiled
+  head = f"the step was compiled with {_layout_text(n, keywords, names)}; called with {_layout_text(*called, names)}"
+  example = "step(" + ", ".join([*names[:n], *(f"{k}={k}" for k in keywords)]) + ")"
+  given = set(names[: called[0]]) | set(called[1])
+  missing = [name for name in [*names[:n], *keywords] if name not in given]
+  if missing and called[0] + len(called[1]) < n + len(keywords):
+    return (
+      f"{head}: missing argument{'s' if len(missing) > 1 else ''} {', '.join(missing)}. Pass every argument, as "
+      f"at compile time: {example}"
+    )
+  return (
+    f"{head}: pass them as at compile time, {example}; the compiled graph takes its arguments in that order"
+  )
+
+
 def _aval(x: Any) -> jax.ShapeDtypeStruct:
   """Shape and dtype as JAX sees ``x``: NumPy and Python scalars get JAX's canonical dtype
   (``np.int64(1)`` is int32 and ``np.float64(0.01)`` float32 unless ``jax_enable_x64``)."""
@@ -348,6 +433,9 @@ def compile(
   Raises:
     StaticGraphError: the step reads values or branches on them while traced (the message
       names your file and line and the fix).
+    StepUsageError: examples or settings that cannot fit the step, an output that is not an array,
+      or a step that stores new arrays into its arguments without returning them (the update would
+      be lost: return the new state, e.g. ``nnx.state((model, opt))``).
   """
   if not callable(step_fn):
     raise StepUsageError(
@@ -406,9 +494,11 @@ def compile(
   collector_box: list[Any] = []
 
   def with_closures(*args: Any, **kwargs: Any) -> tuple[Any, list[Any]]:
+    before = _array_leaves((args, kwargs))
     with _closures.collecting() as collector:
       out = step_fn(*args, **kwargs)
     _check_outputs(step_fn, out)
+    _check_no_lost_updates(step_fn, signature, before, _array_leaves((args, kwargs)), out)
     collector_box.append(collector)
     return out, list(collector.arrays)
 
@@ -426,8 +516,7 @@ def compile(
     raise _static_graph_error("control_flow", e) from None
   except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
           jax.errors.TracerIntegerConversionError) as e:  # fmt: skip
-    kind = "shape" if _is_shape(e) else "control_flow" if _is_branch(e) else "value_fetch"
-    raise _static_graph_error(kind, e) from None
+    raise _static_graph_error(_concretization_kind(e), e) from None
   except StepUsageError as e:  # the step's outputs (checked inside the trace)
     raise StepUsageError(e.message) from None
   except jax.errors.NonConcreteBooleanIndexError as e:
@@ -540,6 +629,86 @@ def _check_outputs(step_fn: Callable, out: Any) -> None:
       )
 
 
+def _array_leaves(tree: Any) -> dict[str, Any]:
+  """``tree``'s leaves that are arrays or tracers, by their path (``jax.tree_util.keystr``)."""
+  return {
+    jax.tree_util.keystr(path): leaf
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    if isinstance(leaf, (jax.Array, np.ndarray))
+  }
+
+
+def _lost_updates(before: dict[str, Any], after: dict[str, Any], out: Any) -> list[str]:
+  """Paths of the arrays that a step stored into its arguments' objects (``after`` is not ``before``,
+  by identity) and did not return (the new value is no leaf of ``out``): lost when the trace ends.
+
+  >>> import numpy as np
+  >>> a, b, c = np.zeros(1), np.ones(1), np.full(1, 2.0)
+  >>> _lost_updates({"w": a, "n": b}, {"w": c, "n": b, "m": a}, out=())
+  ['w', 'm']
+  >>> _lost_updates({"w": a}, {"w": c}, out={"new_w": c})  # returned: the caller has it
+  []
+  """
+  returned = {id(leaf) for leaf in jax.tree.leaves(out)}
+  return [
+    path
+    for path, leaf in after.items()
+    if (path not in before or before[path] is not leaf) and id(leaf) not in returned
+  ]
+
+
+def _check_no_lost_updates(
+  step_fn: Callable,
+  signature: inspect.Signature | None,
+  before: dict[str, Any],
+  after: dict[str, Any],
+  out: Any,
+) -> None:
+  """Refuse a step that assigned new arrays inside its arguments (``opt.update(model, grads)`` on NNX
+  modules, BatchNorm statistics, an ``nnx.Rngs`` count, ``params['w'] = ...``) without returning them:
+  the compiled step runs on copies of its arguments, so every call would start from the old values."""
+  lost = _lost_updates(before, after, out)
+  if not lost:
+    return
+  paths = [_path_name(path) for path in lost]
+  shown = ", ".join(paths[:4]) + (f" (and {len(paths) - 4} more)" if len(paths) > 4 else "")
+  owners = sorted({_parameter_of(path, signature) for path in lost})
+  raise StepUsageError(
+    f"the step {where_defined(step_fn)} assigns new values inside its argument{'s' if len(owners) > 1 else ''} "
+    f"{', '.join(owners)} and does not return them: {shown}. A compiled step runs on copies of its arguments: "
+    "what it writes into them (opt.update(model, grads) on NNX modules, BatchNorm statistics, an nnx.Rngs "
+    "count, params['w'] = ...) is lost when it returns, so every call would start again from the old "
+    "values and nothing would train. Fix: return the new state and pass it to the next call, e.g. "
+    "graphdef, state = nnx.split((model, opt)) outside the step; inside it, model, opt = nnx.merge(graphdef, "
+    "state), update them, and return (loss, nnx.state((model, opt))); after the run, nnx.update((model, opt), "
+    "state). Or train with nnx.jit, which carries module state; nothing needs returning when the step only "
+    "reads its arguments (a forward pass; model.eval() keeps dropout and BatchNorm from changing state)."
+  )
+
+
+def _path_name(path: str) -> str:
+  """``"[0][1].kernel.value"`` of the ``(args, kwargs)`` pair -> ``"args[1].kernel.value"``."""
+  if path.startswith("[0]"):
+    return "args" + path[3:]
+  return "kwargs" + path[3:] if path.startswith("[1]") else path
+
+
+def _parameter_of(path: str, signature: inspect.Signature | None) -> str:
+  """The step's parameter (by name where the signature tells it) that holds the leaf at ``path``."""
+  head = _path_name(path)
+  kind, _, rest = head.partition("[")
+  index = rest.split("]", 1)[0]
+  if kind == "args" and index.isdigit() and signature is not None:
+    positional = [
+      p.name
+      for p in signature.parameters.values()
+      if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if int(index) < len(positional):
+      return f"{positional[int(index)]} (args[{index}])"
+  return f"{kind}[{index}]"
+
+
 class _Static:
   """Which positional / keyword arguments are static, and how to split them from the dynamic ones."""
 
@@ -564,10 +733,38 @@ class _Static:
     return None if i in self.argnums else i - sum(1 for j in self.argnums if j < i)
 
 
+_SHAPE_MARKERS = (
+  "Shapes must be 1D sequences of concrete values",  # jnp.zeros(n), x.reshape(n, -1)
+  "shape argument",
+  "jnp.arange argument",  # jnp.arange(n): "It arose in the jnp.arange argument 'stop'"
+  "argument of jnp.linspace",  # jnp.linspace(0, 1, n): "'num' argument of jnp.linspace"
+)
+_SIZE_MARKERS = (
+  "size argument",  # jnp.nonzero, jnp.argwhere, jnp.where(cond), jnp.flatnonzero, jnp.unique
+  "total_repeat_length",  # jnp.repeat
+)
+
+
 def _is_shape(error: BaseException) -> bool:
-  """A traced value where JAX needs a concrete shape (``jnp.zeros(n)``, ``x.reshape(n, -1)``)."""
+  """A traced value where JAX needs a concrete shape (``jnp.zeros(n)``, ``x.reshape(n, -1)``,
+  ``jnp.arange(n)``)."""
   text = str(error)
-  return "Shapes must be 1D sequences of concrete values" in text or "shape argument" in text
+  return any(marker in text for marker in _SHAPE_MARKERS)
+
+
+def _concretization_kind(error: BaseException) -> str:
+  """Which `_FIXES` entry a traced value used as a Python value calls for: by JAX's message (a shape, a
+  result of data-dependent size), else by the user's line (a ``range`` loop, a branch), else a value
+  fetch (``float(x)``, ``x.item()``)."""
+  if _is_shape(error):
+    return "shape"
+  if any(marker in str(error) for marker in _SIZE_MARKERS):
+    return "size"
+  frame = user_frame(error.__traceback__)
+  line = "" if frame is None else frame[2]
+  if line.startswith("for ") or re.search(r"\brange\(", line):
+    return "loop"
+  return "control_flow" if _is_branch(error) else "value_fetch"
 
 
 def _in_logging(error: BaseException) -> bool:

@@ -288,8 +288,10 @@ class StaticGraphError(WaferError):
 class StepUsageError(WaferError):
   """`wafer.compile` or a `CompiledStep` used in a way no step can be: an argument that is neither an
   array nor a number, a ``static_argnums`` / ``batch_argnums`` that names no argument, an unhashable
-  static value, an output that is not an array, a donated buffer passed again, a call to a step that
-  was only validated."""
+  static value, an output that is not an array, a step that stores new arrays into its arguments without
+  returning them (``opt.update(model, grads)`` on Flax NNX modules: the update would be lost), a call that
+  passes the arguments otherwise than the compile (by keyword, or one missing), a donated buffer passed
+  again, a call to a step that was only validated."""
 
   def __init__(self, message: str):
     super().__init__(message)

@@ -162,6 +162,26 @@ def test_trace_returns_an_open_jaxpr_with_constants_first():
   assert_same_floats(out, X * big + 1.0)
 
 
+def test_name_as_gives_a_flat_wrapper_the_users_name_line_and_arguments():
+  """JAX reads a function's debug info from its ``__fun_debug_info__``: a flat wrapper of the traced
+  leaves then raises JAX's error about the user's function and argument names."""
+
+  def user(scale, n):
+    return sum(range(n)) * scale
+
+  def flat(n):  # the Python number 2.0 (leaf 0) is not traced
+    return user(2.0, n)
+
+  compat.name_as(flat, user, (2.0, jnp.int32(3)), {}, ((), ()), [False, True], "autocast")
+  with pytest.raises(jax.errors.TracerIntegerConversionError) as info:
+    jax.make_jaxpr(flat)(jnp.int32(3))
+  line = user.__code__.co_firstlineno
+  assert f"the function user at {__file__}:{line} for autocast" in str(info.value)
+  assert "the argument n." in str(info.value)
+  compat.name_as(flat, user, (2.0, jnp.int32(3)), {}, ((), ()), [True], "autocast")  # names do not line up
+  assert flat.__fun_debug_info__.arg_names == ("n",)  # (left as it was)
+
+
 def test_bind_rebinds_an_equation():
   (eqn,) = eqns_of(lambda x: jnp.sum(x, axis=0), X, name="reduce_sum")
   (out,) = compat.bind(eqn, [X])

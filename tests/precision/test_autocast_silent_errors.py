@@ -336,6 +336,46 @@ def test_an_array_used_as_a_python_value_names_static_argnums(use, fmt):
   assert_same_floats(got, precision.autocast(f, f"c={fmt}")(jnp.ones(3, F32), 2))
 
 
+def _loop(x, n):
+  for _ in range(n):
+    x = x + 1
+  return x
+
+
+def _loop_in_a_tree(scale, batch):
+  return _loop(batch["x"] * scale, batch["n"])
+
+
+@pytest.mark.parametrize(
+  ("call", "name", "argument"),
+  [
+    (lambda: precision.autocast(_loop, "c=bf16")(jnp.ones(2), jnp.int32(2)), "_loop", "n"),
+    (lambda: precision.autocast(_loop, "c=bf16")(jnp.ones(2), n=jnp.int32(2)), "_loop", "n"),
+    # a Python number before it is not traced: the names still line up with the traced leaves
+    (
+      lambda: precision.autocast(_loop_in_a_tree, "c=bf16")(2.0, {"x": jnp.ones(2), "n": jnp.int32(2)}),
+      "_loop_in_a_tree",
+      "batch['n']",
+    ),
+    (lambda: precision.cast_report(_loop, "c=bf16", jnp.ones(2), jnp.int32(2)), "_loop", "n"),
+    (lambda: precision.numerics_report(_loop, "c=bf16", jnp.ones(2), jnp.int32(2)), "_loop", "n"),
+  ],
+)
+def test_jax_errors_name_the_users_function_line_and_argument(call, name, argument):
+  """Found by a probe: JAX's error named autocast's own flat function ("tracing the function flat_fn at
+  .../precision/_tracing.py:235 ... the argument dynamic[1]"), where ``jax.jit`` names ``f``, its line
+  and ``n``. The traced function now carries the user's function's debug info."""
+  with pytest.raises((jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)) as info:
+    call()
+  text = str(info.value)
+  function = globals()[name]
+  line = function.__code__.co_firstlineno
+  assert f"the function {name} at {__file__}:{line} for autocast" in text, text
+  assert f"depends on the value of the argument {argument}." in text, text
+  assert "flat_fn" not in text and "dynamic[" not in text, text
+  assert "static_argnums" in "".join(getattr(info.value, "__notes__", [])), info.value
+
+
 # ---- 4. custom formats: subnormals and saturation ----
 
 

@@ -460,3 +460,199 @@ def test_typed_prng_keys_compile_and_a_raw_key_is_a_static_graph_error():
     wafer.StaticGraphError, match=r"args\[0\] is uint32\[2\]; the compiled step takes key<fry>\[\]"
   ):
     compiled(jax.random.PRNGKey(0), x)
+
+
+# ----------------------------------------------------------------------------- state written into arguments
+
+
+def _nnx_model_and_optimizer():
+  import optax
+  from flax import nnx
+
+  model = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+  return model, nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+
+def _nnx_train_step(model, opt, x):
+  from flax import nnx
+
+  loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+  opt.update(model, grads)
+  return loss
+
+
+def test_a_step_that_updates_nnx_modules_in_place_is_refused_and_the_fix_trains():
+  """Found by a probe: ``opt.update(model, grads)`` inside a compiled step changed only the trace's copies
+  of the modules, so every call returned the first loss (0.943, 0.943, 0.943) where nnx.jit trains."""
+  from flax import nnx
+
+  x = jnp.ones((2, 4))
+  model, opt = _nnx_model_and_optimizer()
+  with pytest.raises(wafer.StepUsageError) as info:
+    wafer.compile(_nnx_train_step, model, opt, x)
+  text = str(info.value)
+  assert "_nnx_train_step (" in text and "test_compile.py" in text
+  assert "model (args[0]), opt (args[1])" in text and "args[0].kernel.value" in text
+  assert "nnx.split((model, opt))" in text and "nnx.jit" in text
+  # the fix the message gives: the state in and out
+  graphdef, state = nnx.split((model, opt))
+
+  def step(state, x):
+    model, opt = nnx.merge(graphdef, state)
+    return _nnx_train_step(model, opt, x), nnx.state((model, opt))
+
+  compiled = wafer.compile(step, state, x)
+  losses = []
+  for _ in range(3):
+    loss, state = compiled(state, x)
+    losses.append(float(loss))
+  want_model, want_opt = _nnx_model_and_optimizer()
+  jitted = nnx.jit(_nnx_train_step)
+  want = [float(jitted(want_model, want_opt, x)) for _ in range(3)]
+  np.testing.assert_allclose(losses, want, rtol=1e-6)
+  assert losses[1] < losses[0]
+  nnx.update((model, opt), state)
+  np.testing.assert_allclose(model.kernel[...], want_model.kernel[...], rtol=1e-6)
+
+
+def test_a_step_that_only_reads_its_arguments_or_returns_what_it_changed_compiles():
+  from flax import nnx
+
+  x = jnp.ones((2, 4))
+  model, _ = _nnx_model_and_optimizer()
+  forward = wafer.compile(lambda m, x: m(x), model, x)
+  np.testing.assert_allclose(forward(model, x), model(x), rtol=1e-6)
+
+  def returned(params, x):
+    params["w"] = params["w"] + x.sum()  # written into the argument, and returned
+    return params
+
+  assert wafer.compile(returned, {"w": jnp.ones(2)}, jnp.ones(2))({"w": jnp.ones(2)}, jnp.ones(2))[
+    "w"
+  ].tolist() == [
+    3.0,
+    3.0,
+  ]
+  dropout = nnx.Sequential(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.Dropout(0.5, rngs=nnx.Rngs(1)))
+  dropout.eval()  # no mask drawn: no Rngs count changes
+  wafer.compile(lambda m, x: m(x), dropout, x)
+
+
+@pytest.mark.parametrize(
+  ("step", "where"),
+  [
+    (lambda params, x: params.update(w=params["w"] + x) or x, r"params \(args\[0\]\).*args\[0\]\['w'\]"),
+    (lambda params, x: params.update(b=x * 2) or x, r"args\[0\]\['b'\]"),  # a new key
+    (
+      lambda x, *, state: state.__setitem__("n", state["n"] + 1) or x,
+      r"kwargs\['state'\].*kwargs\['state'\]\['n'\]",
+    ),
+  ],
+)
+def test_arrays_stored_into_an_argument_and_not_returned_are_refused(step, where):
+  with pytest.raises(
+    wafer.StepUsageError, match=rf"assigns new values inside its argument.*{where}.*is lost"
+  ):
+    if "state" in where:
+      wafer.compile(step, jnp.ones(2), state={"n": jnp.int32(0)})
+    else:
+      wafer.compile(step, {"w": jnp.ones(2)}, jnp.ones(2))
+
+
+def test_a_dropout_module_drawing_masks_in_a_step_is_refused():
+  """Its nnx.Rngs count advances in the trace's copy only: every step would draw the same mask."""
+  from flax import nnx
+
+  model = nnx.Sequential(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.Dropout(0.5, rngs=nnx.Rngs(1)))
+  with pytest.raises(wafer.StepUsageError, match=r"argument model \(args\[0\]\).*count"):
+    wafer.compile(lambda model, x: model(x).sum(), model, jnp.ones((2, 4)))
+
+
+def _ranged(x):
+  for _ in range(jnp.sum(x).astype(int)):
+    x = x + 1
+  return x
+
+
+def _ranged_by_int(x):
+  return sum(x for _ in range(int(x.sum())))
+
+
+@pytest.mark.parametrize(
+  ("fn", "what", "source", "fix"),
+  [
+    (
+      _ranged,
+      "a Python loop counted by a traced value",
+      "for _ in range(",
+      "jax.lax.fori_loop(0, n, body, init)",
+    ),
+    (_ranged_by_int, "a Python loop counted by a traced value", "range(int(x.sum()))", "static_argnums"),
+    (lambda x: jnp.nonzero(x)[0], "an operation whose result size depends", "jnp.nonzero(x)", "size=N"),
+    (lambda x: jnp.argwhere(x), "an operation whose result size depends", "jnp.argwhere(x)", "size=N"),
+    (lambda x: jnp.where(x > 0)[0], "an operation whose result size depends", "jnp.where(x > 0)", "size=N"),
+    (
+      lambda x: jnp.unique(x),
+      "an operation whose result size depends",
+      "jnp.unique(x)",
+      "jnp.unique(x, size=N",
+    ),
+    (
+      lambda x: jnp.repeat(x, x.astype(int)),
+      "an operation whose result size depends",
+      "jnp.repeat(",
+      "total_repeat_length=N",
+    ),
+    (
+      lambda x: jnp.arange(x.sum()),
+      "a traced value used as a shape",
+      "jnp.arange(x.sum())",
+      "static_argnums",
+    ),
+    (
+      lambda x: jnp.linspace(0, 1, x.sum().astype(int)),
+      "a traced value used as a shape",
+      "jnp.linspace(",
+      "static_argnums",
+    ),
+    (lambda x: x * float(x[0]), "a value fetch inside the step", "float(x[0])", "step closure"),
+  ],
+)
+def test_each_kind_of_traced_value_used_in_python_gets_its_own_fix(fn, what, source, fix):
+  """Found by a probe: a ``range`` of a traced count, ``jnp.nonzero`` / ``jnp.unique`` without ``size=`` and
+  ``jnp.arange(x.sum())`` were all "a value fetch inside the step", with a step-closure fix that fits none."""
+  with pytest.raises(wafer.StaticGraphError) as info:
+    wafer.compile(fn, jnp.ones(3))
+  text = str(info.value)
+  assert text.startswith(what), text
+  assert f"{__file__}:" in text and source in text, text
+  assert fix in text.split("Fix: ", 1)[1], text
+
+
+@pytest.mark.parametrize(
+  ("call", "message"),
+  [
+    (
+      lambda step, a, b: step(p=a, x=b),
+      r"^the step was compiled with 2 positional arguments \(p, x\); called with 0 positional arguments and "
+      r"keywords p, x: pass them as at compile time, step\(p, x\)",
+    ),
+    (lambda step, a, b: step(a, x=b), r"called with 1 positional argument \(p\) and keyword x: pass them as"),
+    (lambda step, a, b: step(a), r"called with 1 positional argument \(p\): missing argument x\. Pass every"),
+    (lambda step, a, b: step(), r"called with 0 positional arguments: missing arguments p, x\."),
+    (lambda step, a, b: step(a, b, b), r"called with 3 positional arguments \(p, x\): pass them as"),
+  ],
+)
+def test_a_call_that_passes_arguments_otherwise_than_the_compile_says_how(call, message):
+  """Found by a probe: ``step(p=a, x=b)`` or ``step(a)`` said "the step's arguments changed structure" with
+  the raw PyTreeDef diff ``PyTreeDef(((*, *), {})) vs PyTreeDef(((), {'p': *, 'x': *}))``."""
+  a, b = jnp.ones(2), jnp.ones(2)
+  step = wafer.compile(lambda p, x: p * x, a, b)
+  with pytest.raises(wafer.StepUsageError, match=message) as info:
+    call(step, a, b)
+  assert "PyTreeDef" not in str(info.value)
+  assert step(a, b).tolist() == [1.0, 1.0]
+  keyword = wafer.compile(lambda p, x: p * x, a, x=b)
+  assert keyword(a, x=b).tolist() == [1.0, 1.0]
+  with pytest.raises(wafer.StepUsageError, match=r"compiled with 1 positional argument \(p\) and keyword x;"):
+    keyword(a, b)
