@@ -257,10 +257,10 @@ def _distributed(args: argparse.Namespace) -> bool:
 
 def _run(args: argparse.Namespace) -> int:
   import wafer
-  from wafer import runner
+  from wafer import cluster, runner
   from wafer.config.loader import literal_override
 
-  _distributed(args)
+  distributed = _distributed(args)
   overrides = list(args.overrides or ())
   flags: dict[str, str] = {}  # override -> the flag it came from, which a problem with it names
   if args.model_dir is not None:  # the value as given: a path is not YAML (``runs/a #2``, ``~``, ``2024``)
@@ -272,11 +272,14 @@ def _run(args: argparse.Namespace) -> int:
       flags[overrides[-1]] = f"--{flag}"
   source = args.params if args.params is not None else _default_params()
   try:
-    plan = runner.load_plan(source, overrides, mode=args.mode, flags=flags)
-    from wafer.train.loop import make_model_dir, require_checkpoint
+    # a params error found by one process stops every process with its message at once (the others
+    # waited in their first collective until JAX's timeout, then showed a backend traceback)
+    with cluster.same_outcome() if distributed else contextlib.nullcontext():
+      plan = runner.load_plan(source, overrides, mode=args.mode, flags=flags)
+      from wafer.train.loop import make_model_dir, require_checkpoint
 
-    require_checkpoint(plan.runconfig)  # an eval of a folder without checkpoints creates nothing
-    model_dir = make_model_dir(plan.runconfig.model_dir)  # a bad model_dir is refused before any work
+      require_checkpoint(plan.runconfig)  # an eval of a folder without checkpoints creates nothing
+      model_dir = make_model_dir(plan.runconfig.model_dir)  # a bad model_dir is refused before any work
     wafer.enable_compilation_cache(model_dir / "compile_cache")  # reruns load, not compile
     summary = runner.run_plan(plan)
   except KeyboardInterrupt as error:  # wafer.train.RunInterrupted says where model_dir stands
@@ -714,6 +717,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "estimate":  # wafer.estimate's argument checks, in the flags' wording
       message = _as_flags(message, getattr(args, "workload_pinned", None))
     print(f"wafer {args.command}: error: {message}", file=sys.stderr)
+    if getattr(error, "peer_lost", False):  # another process of the run is gone: JAX's shutdown barrier
+      sys.stdout.flush()  # at exit would wait for it, then abort with a C++ stack trace (exit 134)
+      sys.stderr.flush()
+      os._exit(USER_ERROR_EXIT)
     return USER_ERROR_EXIT
 
 

@@ -67,11 +67,13 @@ def first_error(error: BaseException | None) -> BaseException | None:
     return error
   from jax.experimental import multihost_utils
 
-  failed = np.asarray(multihost_utils.process_allgather(np.int32(error is not None))).reshape(-1)
+  with _collective(error):
+    failed = np.asarray(multihost_utils.process_allgather(np.int32(error is not None))).reshape(-1)
   if not failed.any():
     return None
   source = int(np.argmax(failed))
-  received = _broadcast_bytes(_describe(error) if error is not None else b"", source)
+  with _collective(error):
+    received = _broadcast_bytes(_describe(error) if error is not None else b"", source)
   if jax.process_index() == source:
     return error
   return _rebuild(json.loads(received.decode("utf-8")), source)
@@ -97,7 +99,8 @@ def same_on_every_process(
   if jax.process_count() == 1:
     return
   mine = json.dumps(values, sort_keys=True, default=repr)
-  first = json.loads(_broadcast_bytes(mine.encode("utf-8"), 0).decode("utf-8"))
+  with _collective(None):
+    first = json.loads(_broadcast_bytes(mine.encode("utf-8"), 0).decode("utf-8"))
   ours = json.loads(mine)
   keys = sorted(k for k in set(first) | set(ours) if first.get(k, "(unset)") != ours.get(k, "(unset)"))
   problem = None
@@ -108,6 +111,27 @@ def same_on_every_process(
     ) + (f" (and {len(keys) - 5} more)" if len(keys) > 5 else "")
     problem = ClusterConfigError(f"the processes of this run {what} ({shown}). {fix}")
   agree(problem)
+
+
+@contextlib.contextmanager
+def _collective(own: BaseException | None) -> Iterator[None]:
+  """Turn the failure of one of this module's collectives into one line (`OtherProcessFailed`).
+
+  A process that died (killed, out of memory) or cannot be reached makes the collective raise from
+  inside JAX (``Gloo AllGather failed ... Connection closed by peer``, a deadline); this process then
+  stops with that said plainly. Its own error, if it had one, is kept as the cause.
+  """
+  try:
+    yield
+  except Exception as failure:  # noqa: BLE001 (whatever the transport raised: said in the message)
+    first = (str(failure).strip().splitlines() or [type(failure).__name__])[0][:300]
+    lost = OtherProcessFailed(
+      f"process {jax.process_index()} of {jax.process_count()}: another process of this run stopped or "
+      f"cannot be reached (a collective failed: {first}); its output says why. Every process of the run "
+      "must be running: rerun them all (a run resumes from its last checkpoint)."
+    )
+    lost.peer_lost = True  # `wafer run` then exits at once, without JAX's shutdown barrier (it aborts)
+    raise lost from (own if own is not None else failure)
 
 
 def _broadcast_bytes(payload: bytes, source: int) -> bytes:
@@ -255,7 +279,7 @@ def initialize(
     )
   except (ValueError, TypeError) as error:
     raise ClusterConfigError(
-      f"cannot start the processes of this run: {error}. Give --num_processes N --process_id I "
+      f"cannot start the processes of this run: {str(error).rstrip('.')}. Give --num_processes N --process_id I "
       "--coordinator_address HOST:PORT (the same N and address on every host, I = 0..N-1), or run under "
       "SLURM / MPI, or set JAX_COORDINATOR_ADDRESS."
     ) from None

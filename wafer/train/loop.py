@@ -388,8 +388,6 @@ class _Run:
     self.optimizer, self.loss_scale = optimizer, loss_scale
     self.num_csx = rc.num_csx
     self.distributed = jax.process_count() > 1
-    if self.distributed:
-      cluster.mesh(self.num_csx)  # num_csx must spread evenly over the processes
     self.main = jax.process_index() == 0
     self.model_dir = Path(rc.model_dir)
     self.summary: dict[str, Any] = {
@@ -415,6 +413,9 @@ class _Run:
   def go(self) -> dict[str, Any]:
     run_keys = self.rc.model_dump(mode="json", exclude={"model_dir"})  # hosts may mount model_dir elsewhere
     cluster.same_on_every_process({**self.settings, **{f"runconfig.{k}": v for k, v in run_keys.items()}})
+    if self.distributed:  # num_csx must spread evenly over the processes (after the settings agree: one
+      with cluster.same_outcome():  # process's own num_csx error left the others in that collective)
+        cluster.mesh(self.num_csx)
     # damaged data or a model_dir process 0 cannot write stops every process; the traces of the state's
     # shapes, the step and the estimate probe tracer.sharding at every flax.nnx RNG draw (cheap here)
     try:

@@ -14,9 +14,11 @@ import io
 import json
 import pickle
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -302,6 +304,50 @@ def test_processes_started_with_different_settings_stop_with_the_same_message(tm
   assert not (tmp_path / "md" / "metrics.jsonl").exists()  # stopped before any work
 
 
+@pytest.mark.slow  # two processes through the CLI (~10 s)
+def test_processes_started_with_different_num_csx_stop_with_the_same_message(tmp_path):
+  """Process 1's own num_csx check (it has too few devices) ran before the settings were compared: it
+  stopped alone, and process 0 died in the comparison's collective with a Gloo traceback."""
+  params = _params(tmp_path)
+  patch = "if PROCESS == 1:\n  sys.argv.append('runconfig.num_csx=4')\n"
+  first, second = _errors(_launch(params, tmp_path / "md", 3, patch=patch))
+  assert first == second
+  assert "started with different settings (runconfig.num_csx: process 0 2, process 1 4)" in first
+
+
+@pytest.mark.slow  # two processes through the CLI (~10 s)
+def test_a_params_error_of_one_process_stops_every_process_with_its_message(tmp_path):
+  """A mistyped key on one process only: the other waited 2 minutes for it, then showed a backend
+  traceback (``GetKeyValue() timed out``)."""
+  params = _params(tmp_path)
+  patch = "if PROCESS == 1:\n  sys.argv.append('runconfig.max_stesp=5')\n"
+  t0 = time.monotonic()
+  first, second = _errors(_launch(params, tmp_path / "md", 3, patch=patch))
+  assert first == second
+  assert "unknown key 'max_stesp'; did you mean 'max_steps'?" in first
+  assert time.monotonic() - t0 < 100  # (JAX's own timeouts are minutes)
+
+
+@pytest.mark.slow  # two processes through the CLI (~20 s)
+def test_a_killed_process_leaves_the_other_one_line_and_exit_code_1(tmp_path):
+  """Process 1 is killed while process 0 waits for it in a collective: process 0 said so in a
+  traceback from inside JAX, then JAX's shutdown barrier aborted it with a C++ stack (exit 134)."""
+  params = _params(tmp_path)
+  patch = (
+    "if PROCESS == 1:\n"
+    "  import os, signal\n"
+    "  from wafer import cluster\n"
+    "  def gone(error):\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "  cluster.same_on_every_process = gone\n"
+  )
+  (zero, out0), (one, _) = _launch(params, tmp_path / "md", 3, patch=patch)
+  assert one == -signal.SIGKILL
+  assert zero == 1 and "Traceback" not in out0 and "Check failure" not in out0, out0[-3000:]
+  [line] = [line for line in out0.splitlines() if line.startswith("wafer run: error: ")]
+  assert "another process of this run stopped or cannot be reached" in line
+
+
 # How an error reaches the other processes (wafer.cluster.first_error) ----------------------------
 
 
@@ -418,3 +464,11 @@ def test_first_error_passes_the_lowest_processs_error_to_every_process():
     one["both"][0] == "OtherProcessFailed"
     and "process 0 of 2 stopped with builtins.ValueError: bug on 0" in (one["both"][1])
   )
+
+
+def test_an_incomplete_process_flag_set_is_one_sentence(monkeypatch):
+  """JAX's own message ends with a period; the CLI's sentence after it doubled it ("defined.. Give")."""
+  monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+  with pytest.raises(ClusterConfigError) as raised:
+    cluster.initialize(None, 2, 0)
+  assert "defined. Give --num_processes" in str(raised.value)
