@@ -363,3 +363,35 @@ def test_a_rerun_with_other_settings_is_refused_before_any_run_trains_and_sweep_
   assert [r.steps for r in longer.runs] == [[1, 2, 3]] * 2  # the same settings, a later max_steps: resumed
   assert longer.runs[0].losses[:2] == f32["losses"]
   assert sweep.SweepResult.load(tmp_path).to_dict() == longer.to_dict()
+
+
+BERT_1_8 = (
+  Path(__file__).parents[1] / "data" / "modelzoo" / "Release_1.8.0" / "bert" / "bert_base_MSL128.yaml"
+)
+
+
+class _Planned(Exception):
+  """Raised instead of training: the sweep's first plan is what the test compares."""
+
+
+def test_a_sweeps_float32_run_has_the_optimizer_of_wafer_run_of_a_1_8_file(tmp_path, monkeypatch):
+  """The sweep adds runconfig.precision_opt_level=<level> to every run, a key of 1.9 and later files: it
+  made a 1.8 file one of "1.x or 2.0", whose AdamW corrects its bias (wafer run's does not, 1.8's
+  default); the release is read from the file as written, so both resolve one optimizer."""
+  from wafer import runner
+  from wafer.config import load_params
+
+  plans = []
+
+  def planned(plan, progress=True):
+    plans.append(plan)
+    raise _Planned
+
+  monkeypatch.setattr(runner, "run_plan", planned)
+  with pytest.raises(_Planned):
+    sweep.sweep(BERT_1_8, "float32", None, tmp_path, ["runconfig.max_steps=1"], progress=False)
+  run = load_params(BERT_1_8, ["runconfig.max_steps=1"])
+  swept = plans[0].params
+  assert swept.release == run.release and swept.release.name == "1.x (up to 1.8)"
+  assert swept.optimizer.model_dump() == run.optimizer.model_dump()
+  assert swept.optimizer.correct_bias is False

@@ -538,6 +538,9 @@ def _load_data(
     except ConfigError as e:  # the file's shape does not convert at all (a list of trainers)
       raise ConfigError([locate(p, lines, origins) for p in e.problems], source) from None
     parsed = [item for item in parsed if item[0][0][0] != "trainer"]
+  written = copy.deepcopy(
+    data
+  )  # the file as written: its keys date it (`_modelzoo.release_of`), not overrides'
   for (loc, value), text in parsed:
     if loc[0] not in SECTIONS:
       raise ConfigError(
@@ -574,8 +577,10 @@ def _load_data(
     raise ConfigError([locate(p, lines, origins, v2_map) for p in adapted.problems], source)
   model = adapted.data.get("model")
   name = model.get("name") if isinstance(model, dict) else None
-  # the release from the keys as written (adapt drops the ignored ones, some of which date the file)
-  release = _modelzoo.release_of(data, trainer_layout=trainer_layout, model=name)
+  # the release from the keys as written, before the overrides (`runconfig.eval_frequency=5` does not make a
+  # 1.8 file one of 1.9, nor change its AdamW) and before adapt (which drops ignored keys, some dating the
+  # file); a runconfig.modelzoo_release given by an override still decides
+  release = _modelzoo.release_of(_modelzoo.dated_by(written, data), trainer_layout=trainer_layout, model=name)
   adamw_note = _modelzoo.adamw_default(adapted.data, release)
   if isinstance(adapted.data.get("sparsity"), list):  # validated as {groups: [...]}: shown as written
     v2_map = [*v2_map, (("sparsity", "groups"), ("sparsity",))]
