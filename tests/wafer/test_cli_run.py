@@ -285,6 +285,27 @@ def test_a_run_the_checkpoint_refuses_is_refused_before_any_work(tmp_path, capsy
   assert "compile_report.txt" in outputs and "metrics" not in outputs and "checkpoints" not in outputs
 
 
+def test_a_max_steps_below_the_checkpoints_step_is_refused_before_any_work(tmp_path, capsys):
+  """The refusal came at the resume, after the data, the compile and the estimate had overwritten the
+  compile report of the run whose checkpoints they are; --validate_only said "Validation completed"."""
+  path = _params_file(tmp_path, runconfig__max_steps=4, runconfig__checkpoint_steps=4, runconfig__log_steps=4)
+  md = str(tmp_path / "md")
+  assert cli.main(["run", "--params", str(path), "--model_dir", md]) == 0
+  capsys.readouterr()
+  report = (tmp_path / "md" / "compile_report.json").read_bytes()
+  rc = cli.main(["run", "--params", str(path), "--model_dir", md, "runconfig.max_steps=2"])
+  out, err = capsys.readouterr()
+  assert rc == 1 and "Initial global step 4 already exceeds max step 2" in err, err
+  assert "Preparing the training data" not in out and "Compil" not in out and "Estimat" not in out
+  assert (tmp_path / "md" / "compile_report.json").read_bytes() == report
+  rc = cli.main(["run", "--params", str(path), "--model_dir", md, "runconfig.max_steps=2", "--validate_only"])
+  out, err = capsys.readouterr()
+  assert rc == 1 and "Validation completed" not in out and "Validating" not in out
+  assert "--validate_only: the run would be refused (nothing was written): " in err
+  assert "Initial global step 4 already exceeds max step 2" in err
+  assert (tmp_path / "md" / "compile_report.json").read_bytes() == report
+
+
 @pytest.mark.parametrize("mode", ["eval", "eval_all"])
 def test_eval_without_a_checkpoint_is_refused_and_creates_nothing(tmp_path, capsys, mode):
   path = _params_file(tmp_path)

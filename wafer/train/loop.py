@@ -85,20 +85,33 @@ def steps_to_run(runconfig: RunConfig, initial_step: int, data: Any = None) -> i
     wafer.config.ConfigError: no step count set, an epoch count without a known epoch length, or
       ``initial_step`` beyond ``max_steps``.
   """
+  check_max_steps(runconfig, initial_step)
   if runconfig.max_steps is not None and initial_step == runconfig.max_steps:
     return 0
-  if runconfig.max_steps is not None and initial_step > runconfig.max_steps:  # resumed past it
-    raise ConfigError(
-      Problem(
-        ("runconfig", "max_steps"),
-        f"Initial global step {initial_step} already exceeds max step {runconfig.max_steps}: model_dir holds "
-        f"the checkpoint of step {initial_step}. Raise runconfig.max_steps above {initial_step} to train "
-        "further, evaluate it with --mode eval, or use a new model_dir",
-        runconfig.max_steps,
-      ),
-      f"model_dir {runconfig.model_dir}",
-    )
   return runconfig.num_train_steps(initial_step, epoch_steps(data))
+
+
+def check_max_steps(runconfig: RunConfig, initial_step: int) -> None:
+  """Refuse a run resuming at ``initial_step`` (its checkpoint's step) beyond ``runconfig.max_steps``.
+
+  Checked before the run reads data or compiles (`_Run._refuse_unfit_checkpoint`) and again at the resume
+  (`steps_to_run`).
+
+  Raises:
+    wafer.config.ConfigError: at ``runconfig.max_steps``, naming the checkpoint's step and the ways on.
+  """
+  if runconfig.max_steps is None or initial_step <= runconfig.max_steps:
+    return
+  raise ConfigError(
+    Problem(
+      ("runconfig", "max_steps"),
+      f"Initial global step {initial_step} already exceeds max step {runconfig.max_steps}: model_dir holds "
+      f"the checkpoint of step {initial_step}. Raise runconfig.max_steps above {initial_step} to train "
+      "further, evaluate it with --mode eval, or use a new model_dir",
+      runconfig.max_steps,
+    ),
+    f"model_dir {runconfig.model_dir}",
+  )
 
 
 def epoch_steps(data: Any) -> int | None:
@@ -566,7 +579,8 @@ class _Run:
 
   def _refuse_unfit_checkpoint(self, seed: int) -> None:
     """Refuse, before the data, the compile and the compile report, a newest checkpoint in model_dir that this
-    run could not use: another batch size (a mode that trains resumes it), another model or other array shapes.
+    run could not use: another batch size (a mode that trains resumes it), another model or other array shapes,
+    or (a mode that trains) a step beyond ``runconfig.max_steps`` (`check_max_steps`).
 
     Raises:
       ExecutorError: what `_resume_from` / `_restore_latest` would raise later; under validate_only /
@@ -592,6 +606,14 @@ class _Run:
         pass
       except CheckpointMismatch as error:
         problem = self._with_changes(str(error), step)
+      else:  # the checkpoint the run resumes from: a max_steps below its step is refused now too
+        if self.rc.mode in TRAIN_MODES:
+          try:
+            check_max_steps(self.rc, step)
+          except ConfigError as error:
+            if not (self.rc.validate_only or self.rc.compile_only):
+              raise
+            problem = str(error)
       finally:
         checkpoints.close()
     if problem is None:
