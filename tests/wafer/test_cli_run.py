@@ -306,6 +306,28 @@ def test_a_max_steps_below_the_checkpoints_step_is_refused_before_any_work(tmp_p
   assert (tmp_path / "md" / "compile_report.json").read_bytes() == report
 
 
+def test_validate_only_warns_of_a_data_dir_that_does_not_exist_with_the_runs_error(tmp_path, capsys):
+  """--validate_only reads no data, and said nothing of a data_dir that does not exist; the run stops at
+  once there. It warns (a modelzoo file is validated before its data is prepared) with the run's error."""
+  nowhere = tmp_path / "nowhere"
+  args = ["run", "--params", str(FC_MNIST_FILE), "--model_dir", str(tmp_path / "md")]
+  args += [f"train_input.data_dir={nowhere}", "eval_input.data_dir=null", "runconfig.max_steps=1"]
+  assert cli.main([*args, "--validate_only"]) == 0
+  out = capsys.readouterr().out
+  warning = next(line for line in out.splitlines() if line.startswith("Warning: the run will stop reading"))
+  error = warning.removeprefix("Warning: the run will stop reading its data: ")
+  assert error.startswith(
+    f"train_input (MNISTDataProcessor, data_dir='{nowhere}'): data_dir {nowhere}: no such"
+  )
+  assert "Validation completed successfully" in out
+  assert cli.main(args) == 1
+  assert capsys.readouterr().err.strip() == f"wafer run: error: {error}"
+  # eval_input is not read in mode train: no warning of it
+  args[-3:-1] = ["train_input.data_dir=null", f"eval_input.data_dir={nowhere}"]
+  assert cli.main([*args, "--validate_only"]) == 0
+  assert "Warning: the run will stop" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("mode", ["eval", "eval_all"])
 def test_eval_without_a_checkpoint_is_refused_and_creates_nothing(tmp_path, capsys, mode):
   path = _params_file(tmp_path)
