@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import os
 import re
@@ -278,12 +279,39 @@ def apply_override(data: dict[str, Any], loc: Loc, value: Any, text: str) -> Loc
   return tuple(resolved)
 
 
-def _apply(data: dict[str, Any], loc: Loc, value: Any, text: str, source: str) -> Loc:
-  """`apply_override`, its errors attributed to the params file (they said "params:")."""
+def _apply(
+  data: dict[str, Any],
+  loc: Loc,
+  value: Any,
+  text: str,
+  source: str,
+  origins: Sequence[tuple[Loc, str]] = (),
+  named: str | None = None,
+) -> Loc:
+  """`apply_override`, its errors attributed to the params file (they said "params:") and to the override,
+  or to ``named``, the flag it came from as the user typed it (``--model_dir runs/a``, not the override the
+  flag made); a flag's problem is the earlier override's that set a value in its way (`_blame_earlier`)."""
   try:
     return apply_override(data, loc, value, text)
   except ConfigError as e:
-    raise e.with_source(source) from None
+    if named is None or named == f"override {text!r}":  # one the user typed: its own mistake
+      raise e.with_source(source) from None
+    raise ConfigError([_blame_earlier(p, origins, named) for p in e.problems], source) from None
+
+
+def _blame_earlier(p: Problem, origins: Sequence[tuple[Loc, str]], named: str) -> Problem:
+  """A problem of applying the override of flag ``named`` (a value on its path that is not a mapping or a
+  list), from the earlier override that set that value when one did (``runconfig=3`` before
+  ``--model_dir``: the user typed the one, not the other), saying which flag needed it; else from ``named``.
+
+  >>> _blame_earlier(Problem(("runconfig",), "is not a mapping, so it has no key 'model_dir'", 3),
+  ...   [(("runconfig",), "override 'runconfig=3'")], "--model_dir md").source
+  "override 'runconfig=3'"
+  """
+  for prefix, origin in origins:
+    if p.loc[: len(prefix)] == prefix:
+      return dataclasses.replace(p, message=f"{p.message} ({named} sets a key under it)", source=origin)
+  return dataclasses.replace(p, source=named)
 
 
 def _fields_at(schema: type[BaseModel], loc: Loc) -> list[str] | None:
@@ -532,7 +560,7 @@ def _load_data(
   if trainer_layout:
     for (loc, value), text in parsed:
       if loc[0] == "trainer":
-        origins.insert(0, (_apply(data, loc, value, text, source), origin(text)))
+        origins.insert(0, (_apply(data, loc, value, text, source, origins, origin(text)), origin(text)))
     try:
       data, v2_map, found, callbacks = _trainer.convert_all(data)
     except ConfigError as e:  # the file's shape does not convert at all (a list of trainers)
@@ -551,7 +579,7 @@ def _load_data(
         ),
         source,
       )
-    origins.insert(0, (_apply(data, loc, value, text, source), origin(text)))
+    origins.insert(0, (_apply(data, loc, value, text, source, origins, origin(text)), origin(text)))
   if mode is not None:
     if data.get("runconfig") is None:
       data["runconfig"] = {}
