@@ -328,6 +328,43 @@ def test_validate_only_warns_of_a_data_dir_that_does_not_exist_with_the_runs_err
   assert "Warning: the run will stop" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+  ("argv", "message"),
+  [
+    (
+      ["--model_dir", "a", "runconfig.model_dir=b"],
+      "runconfig.model_dir=b and --model_dir a both set runconfig.model_dir",
+    ),
+    (
+      ["--mode", "train", "runconfig.mode=eval"],
+      "runconfig.mode=eval and --mode train both set runconfig.mode",
+    ),
+    (["--validate_only", "runconfig.validate_only=false"], "both set runconfig.validate_only"),
+    (
+      ["runconfig.model_dir=runs/b #3"],
+      "holds ' #3', which YAML reads as a comment: the value would be 'runs/b'",
+    ),
+  ],
+)
+def test_a_flag_and_an_override_of_its_key_or_a_value_cut_by_a_comment_are_refused(
+  tmp_path, capsys, argv, message
+):
+  """The flag won silently (its override comes last), and ``runs/b #3`` silently became ``runs/b``."""
+  path = _params_file(tmp_path)
+  monkey_dir = tmp_path / "cwd"
+  monkey_dir.mkdir()
+  with pytest.MonkeyPatch.context() as mp:
+    mp.chdir(monkey_dir)  # a run that went on would write into ./a, ./b or ./runs
+    assert cli.main(["run", "--params", str(path), *argv]) == 1
+  err = capsys.readouterr().err
+  assert message in err, err
+  assert not any(monkey_dir.iterdir())
+  # the same value both ways is one answer, not a conflict
+  md = str(tmp_path / "md")
+  argv = ["run", "--params", str(path), "--model_dir", md, f"runconfig.model_dir={md}", "--validate_only"]
+  assert cli.main(argv) == 0
+
+
 @pytest.mark.parametrize("mode", ["eval", "eval_all"])
 def test_eval_without_a_checkpoint_is_refused_and_creates_nothing(tmp_path, capsys, mode):
   path = _params_file(tmp_path)

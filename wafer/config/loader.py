@@ -208,8 +208,40 @@ def parse_override(text: str) -> tuple[Loc, Any]:
       ),
       "command line",
     ) from None
+  comment = _comment_dropped(raw, value)
+  if comment is not None:
+    raise ConfigError(
+      Problem(
+        (),
+        f"the value {raw.strip()!r} holds {comment!r}, which YAML reads as a comment: the value would be "
+        f"{value!r}. Leave the comment out, or, to keep the '#', quote the value for YAML inside the shell's "
+        f"quotes: '{key}=\"{raw.strip()}\"'",
+        raw,
+        source=f"override {text!r}",
+      ),
+      "command line",
+    )
   loc = tuple(int(p) if _INDEX.fullmatch(p) else p for p in key.split("."))
   return loc, value
+
+
+def _comment_dropped(raw: str, value: Any) -> str | None:
+  """The comment YAML dropped from an override's value (``runs/b #3`` is ``runs/b``: the shell took the
+  quotes of ``runconfig.model_dir="runs/b #3"``), or None: the value reads the same without it.
+
+  >>> _comment_dropped("runs/b #3", "runs/b")
+  ' #3'
+  >>> _comment_dropped('"runs/b #3"', "runs/b #3") is None
+  True
+  """
+  match = re.search(r"\s#", raw)
+  if match is None:
+    return None
+  try:
+    before = yaml.load(raw[: match.start()], Loader=_Loader) if raw[: match.start()].strip() else None
+  except yaml.YAMLError:  # the # is inside a quoted value
+    return None
+  return raw[match.start() :] if before == value else None
 
 
 _INDEX = re.compile(r"-?[0-9]+")
