@@ -382,7 +382,9 @@ def _sweep(args: argparse.Namespace) -> int:
     formats = sweep.parse_formats(args.formats)  # checked before anything is loaded
     levels = None if args.levels is None else sweep.parse_levels(args.levels)
     source = args.params if args.params is not None else _default_params()
-    result = sweep.sweep(source, formats, levels, args.model_dir, list(args.overrides or ()))
+    result = sweep.sweep(
+      source, formats, levels, args.model_dir, list(args.overrides or ()), compile_cache=True
+    )
   except KeyboardInterrupt:
     print("\nwafer sweep: interrupted.", file=sys.stderr)
     return 130

@@ -323,6 +323,7 @@ def sweep(
   *,
   progress: bool = True,
   save: bool = True,
+  compile_cache: bool = False,
 ) -> SweepResult:
   """Train ``params`` once per format and level; returns the runs (and writes sweep.json / .png).
 
@@ -335,6 +336,9 @@ def sweep(
     overrides: ``key.path=value`` overrides applied to every run (e.g. ``runconfig.max_steps=3``).
     progress: print a line before each run (the runs print their own log lines).
     save: write ``sweep.json`` and ``sweep.png`` into ``model_dir``.
+    compile_cache: use ``model_dir/compile_cache`` as JAX's persistent compilation cache (`wafer sweep`
+      does, as `wafer run` uses its model_dir's: a rerun loads its steps), once every run's config is
+      checked (a refused sweep creates nothing).
 
   Raises:
     SweepError: an unknown format or level; any `WaferError` of the runs themselves.
@@ -377,6 +381,10 @@ def sweep(
     applied = [*defaults, *user, *format_overrides(fmt, level), own[-1]]
     plans.append((fmt, level, out, plan, applied))
   _check_earlier_runs(plans, root)
+  if compile_cache:
+    from wafer.compile import enable_compilation_cache
+
+    enable_compilation_cache(root / "compile_cache")
   runs = []
   for i, (fmt, level, out, plan, applied) in enumerate(plans, 1):
     if progress:

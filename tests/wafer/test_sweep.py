@@ -137,10 +137,12 @@ def test_cli_sweep_over_levels(tmp_path, capsys):
   assert sorted(p.name for p in out.iterdir()) == [
     "cbfloat16_L0",
     "cbfloat16_L2",
+    "compile_cache",  # the runs' compiled steps, as wafer run keeps its model_dir's (a rerun loads them)
     "float32_L0",
     "sweep.json",
     "sweep.png",
   ]
+  assert any((out / "compile_cache").iterdir())
   runs = json.loads((out / "sweep.json").read_text())["runs"]
   assert [(r["format"], r["level"]) for r in runs] == [("float32", 0), ("cbfloat16", 2), ("cbfloat16", 0)]
   assert all(r["steps"] == [1, 2] and r["eval"] == {} for r in runs)  # mode train: no eval
