@@ -605,7 +605,7 @@ class _Run:
       except UnreadableCheckpoint:  # the run's restore says so, and tries the one before it
         pass
       except CheckpointMismatch as error:
-        problem = self._with_changes(str(error), step)
+        problem = self._with_changes(str(error) + self._eval_hint(error), step)
       else:  # the checkpoint the run resumes from: a max_steps below its step is refused now too
         if self.rc.mode in TRAIN_MODES:
           try:
@@ -751,7 +751,19 @@ class _Run:
       return self.checkpoints.restore_latest(self.template, say=self.say)
     except CheckpointMismatch as error:  # on every process (agreed); each reads the recorded settings,
       with cluster.same_outcome():  # so they raise one message even if one process read them otherwise
-        raise ExecutorError(self._with_changes(str(error), error.step)) from None
+        raise ExecutorError(self._with_changes(str(error) + self._eval_hint(error), error.step)) from None
+
+  def _eval_hint(self, error: CheckpointMismatch) -> str:
+    """In an eval mode, for a checkpoint that differs only in its loss-scale state: that eval does not use it,
+    and how to evaluate anyway; else ''."""
+    if self.rc.mode not in ("eval", "eval_all") or not error.loss_scale_only:
+      return ""
+    return (
+      " Eval does not use the loss-scale state, but a checkpoint is restored whole: evaluate with the loss "
+      "scaling it was written with, in its own half type (model.fp16_type, below), or in float16 with its "
+      "optimizer.loss_scaling_factor; bfloat16 and float32 keep no loss-scale state, so a checkpoint written "
+      "with one is not evaluated in them."
+    )
 
   def _with_changes(self, message: str, step: int) -> str:
     """``message`` and the settings that changed since checkpoint ``step`` was written (when it recorded them)."""
@@ -1037,7 +1049,7 @@ class _Run:
         continue
       except CheckpointMismatch as error:
         with cluster.same_outcome():  # every process is here (agreed): one message
-          raise ExecutorError(self._with_changes(str(error), step)) from None
+          raise ExecutorError(self._with_changes(str(error) + self._eval_hint(error), step)) from None
       self.summary["eval_all"][step] = self._evaluate(state.params, step)
     if not self.summary["eval_all"]:  # every one skipped (agreed): no evaluation is not a success
       raise ExecutorError(self.checkpoints.none_readable(steps))

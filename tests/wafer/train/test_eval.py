@@ -105,3 +105,33 @@ def test_eval_steps_within_the_eval_data_says_nothing(trained, capsys):
   capsys.readouterr()
   run(*_job(model_dir, mode="eval", eval_steps=batches), progress=False)
   assert "eval_steps" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["eval", "eval_all"])
+def test_eval_in_a_format_without_the_checkpoints_loss_scale_says_so_and_how_to_evaluate(
+  tmp_path, capsys, mode
+):
+  """A cbfloat16 checkpoint (dynamic loss scaling) evaluated with model.fp16_type=bfloat16 (no loss scaling)
+  was refused as "the checkpoint holds 19 arrays, the model's state 16": nothing said that only the loss
+  scale's state differs, which eval does not use, or how to evaluate."""
+  from models.mlp import CONFIG
+  from wafer import cli
+
+  md = str(tmp_path / "md")
+  train = ["run", "--params", str(CONFIG), "--model_dir", md, "runconfig.max_steps=1"]
+  assert cli.main([*train, "runconfig.checkpoint_steps=1"]) == 0
+  capsys.readouterr()
+  assert (
+    cli.main(["run", "--params", str(CONFIG), "--model_dir", md, "--mode", mode, "model.fp16_type=bfloat16"])
+    == 1
+  )
+  err = capsys.readouterr().err
+  assert "only its loss-scale state differs" in err and "arrays only in the checkpoint: loss_scale/" in err
+  assert (
+    "Eval does not use the loss-scale state" in err
+    and "float16 with its optimizer.loss_scaling_factor" in err
+  )
+  assert (
+    cli.main(["run", "--params", str(CONFIG), "--model_dir", md, "--mode", mode, "model.fp16_type=float16"])
+    == 0
+  )
