@@ -349,6 +349,8 @@ def _run(args: argparse.Namespace) -> int:
     ("TensorBoard", model_dir / "tensorboard", not checked_only),
     ("checkpoints", model_dir / "checkpoints", not checked_only and rc.mode not in ("eval", "eval_all")),
     ("compile report", model_dir / "compile_report.txt", summary.compile_report is not None),
+    ("  as JSON", model_dir / "compile_report.json", summary.compile_report is not None),
+    ("  placement", model_dir / "placement.png", summary.compile_report is not None),
   )
   shown = [
     (label, path)
@@ -546,7 +548,13 @@ def _micro_batch(text: str) -> int | str:
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="wafer", description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-  demo = commands.add_parser("demo", help="print the float formats and a rounding example")
+  demo = commands.add_parser(
+    "demo",
+    help="print the float formats and a rounding example",
+    description="Print the float formats precision knows (float32, bfloat16, float16, cbfloat16, float8: "
+    "bits, layout, bias, range, eps), a few numbers rounded to each (with their bit patterns), and "
+    "cbfloat16's properties. Takes no arguments.",
+  )
   demo.set_defaults(handler=_demo)
   est = commands.add_parser(
     "estimate",

@@ -469,7 +469,7 @@ def _format_caused(params: Any, overrides: list[str], fmt: str, names: Sequence[
       if loads([fix], with_format=True) is not None
     ]
     cause = (
-      f"{fmt} is the sweep's (--formats {','.join(names)}; the default is all four formats), not the params "
+      f"{fmt} is the sweep's (--formats {','.join(names)}{', the default' * (tuple(names) == FORMATS)}), not the params "
       f"file's, which computes in {computes}"
     )
     fix = f"; fix: {' or '.join(fixes)}" if fixes else ""

@@ -283,6 +283,7 @@ def test_a_run_the_checkpoint_refuses_is_refused_before_any_work(tmp_path, capsy
   assert cli.main(["run", "--params", str(path), "--model_dir", md, "--validate_only"]) == 0
   outputs = capsys.readouterr().out.split("Outputs:")[1]
   assert "compile_report.txt" in outputs and "metrics" not in outputs and "checkpoints" not in outputs
+  assert "compile_report.json" in outputs and "placement.png" in outputs  # the report's other two files
 
 
 def test_a_max_steps_below_the_checkpoints_step_is_refused_before_any_work(tmp_path, capsys):

@@ -316,8 +316,8 @@ def test_a_format_the_sweep_adds_names_itself_as_the_cause_and_gives_both_fixes(
     f"wafer sweep: error: {MODELZOO_FC_MNIST}: line 29: optimizer.loss_scaling_factor: "
   )
   assert (
-    "cbfloat16 is the sweep's (--formats cbfloat16,bfloat16,float16,float32; the default is all four "
-    "formats), not the params file's, which computes in float16: cbfloat16 requires dynamic loss scaling"
+    "cbfloat16 is the sweep's (--formats cbfloat16,bfloat16,float16,float32, the default), not the params "
+    "file's, which computes in float16: cbfloat16 requires dynamic loss scaling"
   ) in first
   assert first.endswith(
     "(got 1.0); fix: sweep without it (--formats bfloat16,float16,float32) or add the override "
@@ -397,3 +397,11 @@ def test_a_sweeps_float32_run_has_the_optimizer_of_wafer_run_of_a_1_8_file(tmp_p
   assert swept.release == run.release and swept.release.name == "1.x (up to 1.8)"
   assert swept.optimizer.model_dump() == run.optimizer.model_dump()
   assert swept.optimizer.correct_bias is False
+
+
+def test_a_format_the_sweep_adds_with_formats_given_is_not_called_the_default(tmp_path, capsys):
+  """The cause said "the default is all four formats" also when --formats named the formats."""
+  argv = ["sweep", "--params", str(MODELZOO_FC_MNIST), "--model_dir", str(tmp_path), "--formats", "cb16,f32"]
+  assert cli.main([*argv, "train_input.data_dir=null", "eval_input.data_dir=null"]) == 1
+  err = capsys.readouterr().err
+  assert "cbfloat16 is the sweep's (--formats cbfloat16,float32), not the params file's" in err, err
