@@ -114,6 +114,18 @@ def check_max_steps(runconfig: RunConfig, initial_step: int) -> None:
   )
 
 
+def eval_marks(mode: str, batches: int) -> dict[str, Any]:
+  """What an eval record of metrics.jsonl says beside its step and value: the mode that evaluated
+  (``eval_mode``) and the batches averaged (``eval_batches``). Evaluations of one checkpoint by several runs
+  (``--mode eval`` again with another ``eval_steps`` or ``eval_input``) are all kept, with one step: these
+  tell them apart.
+
+  >>> eval_marks("eval", 4)
+  {'eval_mode': 'eval', 'eval_batches': 4}
+  """
+  return {"eval_mode": mode, "eval_batches": batches}
+
+
 def epoch_steps(data: Any) -> int | None:
   """The epoch length of the training `BatchSource` ``data`` (its ``epoch_steps()``), or None when unknown."""
   epoch = getattr(data, "epoch_steps", None)
@@ -1087,7 +1099,8 @@ class _Run:
     name = task.eval_metric_name
     with cluster.same_outcome():  # process 0 writes: its full disk stops every process
       self.metrics.write(
-        {"step": step, f"eval/{name}": value}, f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})"
+        {"step": step, f"eval/{name}": value, **eval_marks(rc.mode, len(values))},
+        f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})",
       )
     return value
 

@@ -135,3 +135,18 @@ def test_eval_in_a_format_without_the_checkpoints_loss_scale_says_so_and_how_to_
     cli.main(["run", "--params", str(CONFIG), "--model_dir", md, "--mode", mode, "model.fp16_type=float16"])
     == 0
   )
+
+
+def test_repeated_evals_of_one_checkpoint_are_told_apart_in_metrics_jsonl(tmp_path):
+  """Two --mode eval runs of one checkpoint appended two records of one step with different values and
+  nothing else: each now says the mode that made it and the batches it averaged."""
+  from wafer.train import read_metrics
+
+  run(*_job(tmp_path, max_steps=2, checkpoint_steps=2, log_steps=1), progress=False)
+  run(*_job(tmp_path, mode="eval", eval_steps=1), progress=False)
+  run(*_job(tmp_path, mode="eval_all", eval_steps=2), progress=False)
+  evals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "eval/loss" in r]
+  assert [(r["step"], r["eval_mode"], r["eval_batches"]) for r in evals] == [
+    (2, "eval", 1),
+    (2, "eval_all", 2),
+  ]
