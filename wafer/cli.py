@@ -222,6 +222,7 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
       value = "auto" if value == _SEARCH else value
       overrides.append(f"{key}={value}")
       flags[overrides[-1]] = f"--{flag} {value}"
+  refuse_flag_and_override(args.overrides or (), flags)
   p = runner.load_plan(args.params, overrides, flags=flags)
   for line in p.params.notes:  # what the loader inferred, ignored or translated, as `wafer run` prints
     print(line, file=sys.stderr, flush=True)
@@ -233,6 +234,44 @@ def _params_target(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict
   kwargs.update(run_inputs(p.params))  # the file's micro_batch_size as given, its release
   kwargs["batch_argnums"] = (1,)  # the train step's (state, batch): the state is never data
   return train.make_train_step(p.task, p.optimizer, p.policy), (state, batch), kwargs, p.task.name
+
+
+def refuse_flag_and_override(overrides: Sequence[str], flags: Mapping[str, str]) -> None:
+  """Refuse a ``key.path=value`` the user typed for a key a flag sets to another value: the flag's override
+  comes last and would win silently (``--model_dir a runconfig.model_dir=b``, ``--mode train
+  runconfig.mode=eval``).
+
+  Args:
+    overrides: the overrides as the user typed them.
+    flags: the override each flag made (``runconfig.mode=train``) -> the flag as typed (``--mode train``).
+
+  Raises:
+    CommandError: naming both and what to do.
+
+  >>> refuse_flag_and_override(["runconfig.mode=train"], {"runconfig.mode=train": "--mode train"})
+  >>> refuse_flag_and_override(["runconfig.mode=eval"], {"runconfig.mode=train": "--mode train"})
+  Traceback (most recent call last):
+  ...
+  wafer.errors.CommandError: runconfig.mode=eval and --mode train both set runconfig.mode: the flag would win; give one of them
+  """
+  from wafer.config import ConfigError
+  from wafer.config.loader import parse_override
+  from wafer.errors import dotted
+
+  def parsed(text: str) -> tuple[Any, Any] | None:
+    try:
+      return parse_override(text)
+    except ConfigError:  # the loader reports it, in its words
+      return None
+
+  made = [(parsed(text), flag) for text, flag in flags.items()]
+  for text in overrides:
+    given = parsed(text)
+    for by_flag, flag in made:
+      if given is not None and by_flag is not None and given[0] == by_flag[0] and given[1] != by_flag[1]:
+        raise CommandError(
+          f"{text} and {flag} both set {dotted(given[0])}: the flag would win; give one of them"
+        )
 
 
 def _distributed(args: argparse.Namespace) -> bool:
@@ -270,6 +309,11 @@ def _run(args: argparse.Namespace) -> int:
     if getattr(args, flag):
       overrides.append(f"runconfig.{flag}=true")
       flags[overrides[-1]] = f"--{flag}"
+  made = {
+    **flags,
+    **({f"runconfig.mode={args.mode}": f"--mode {args.mode}"} if args.mode is not None else {}),
+  }
+  refuse_flag_and_override(args.overrides or (), made)
   source = args.params if args.params is not None else _default_params()
   try:
     # a params error found by one process stops every process with its message at once (the others
@@ -308,6 +352,8 @@ def _run(args: argparse.Namespace) -> int:
     ("TensorBoard", model_dir / "tensorboard", not checked_only),
     ("checkpoints", model_dir / "checkpoints", not checked_only and rc.mode not in ("eval", "eval_all")),
     ("compile report", model_dir / "compile_report.txt", summary.compile_report is not None),
+    ("  as JSON", model_dir / "compile_report.json", summary.compile_report is not None),
+    ("  placement", model_dir / "placement.png", summary.compile_report is not None),
   )
   shown = [
     (label, path)
@@ -341,7 +387,9 @@ def _sweep(args: argparse.Namespace) -> int:
     formats = sweep.parse_formats(args.formats)  # checked before anything is loaded
     levels = None if args.levels is None else sweep.parse_levels(args.levels)
     source = args.params if args.params is not None else _default_params()
-    result = sweep.sweep(source, formats, levels, args.model_dir, list(args.overrides or ()))
+    result = sweep.sweep(
+      source, formats, levels, args.model_dir, list(args.overrides or ()), compile_cache=True
+    )
   except KeyboardInterrupt:
     print("\nwafer sweep: interrupted.", file=sys.stderr)
     return 130
@@ -503,7 +551,13 @@ def _micro_batch(text: str) -> int | str:
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="wafer", description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-  demo = commands.add_parser("demo", help="print the float formats and a rounding example")
+  demo = commands.add_parser(
+    "demo",
+    help="print the float formats and a rounding example",
+    description="Print the float formats precision knows (float32, bfloat16, float16, cbfloat16, float8: "
+    "bits, layout, bias, range, eps), a few numbers rounded to each (with their bit patterns), and "
+    "cbfloat16's properties. Takes no arguments.",
+  )
   demo.set_defaults(handler=_demo)
   est = commands.add_parser(
     "estimate",

@@ -313,11 +313,13 @@ class ExecutorError(WaferError, ValueError):
 
 class CheckpointMismatch(ExecutorError):
   """A readable checkpoint whose arrays do not fit the model's state (another model shape, batch size
-  or input pipeline); the message names the keys that changed. ``step``: its number."""
+  or input pipeline); the message names the keys that changed. ``step``: its number; ``loss_scale_only``:
+  only the loss-scale state differs (the checkpoint was written with another loss scaling)."""
 
-  def __init__(self, message: str, step: int):
+  def __init__(self, message: str, step: int, loss_scale_only: bool = False):
     super().__init__(message)
     self.step = step
+    self.loss_scale_only = loss_scale_only  # only the loss-scale state differs (another loss scaling)
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -109,6 +109,29 @@ def schedule_note(params: Params) -> str | None:
   )
 
 
+def missing_data_warnings(params: Params) -> list[str]:
+  """For a check (``validate_only`` / ``compile_only``), which reads no data: a warning for each input section
+  the mode reads whose ``data_dir`` does not exist, with the error the run will stop with there
+  (`wafer.data.processors.missing_data`); none for a run, which stops with that error itself.
+
+  A warning, not an error: a modelzoo file names the data its release's scripts write, and checking the
+  file before that data is there is what a validation is for.
+  """
+  from wafer.config.schema import EVAL_MODES
+  from wafer.data.processors import missing_data
+
+  rc = params.runconfig
+  if not (rc.validate_only or rc.compile_only):
+    return []
+  out = []
+  for name, modes in (("train_input", TRAIN_MODES), ("eval_input", EVAL_MODES)):
+    section = getattr(params, name)
+    missing = missing_data(name, section) if section is not None and rc.mode in modes else None
+    if missing is not None:
+      out.append(f"Warning: the run will stop reading its data: {missing}")
+  return out
+
+
 def run_plan(p: Plan, *, progress: bool = True) -> RunSummary:
   """Run a plan; returns the run loop's summary. Its first lines are the loader's notes (what was inferred,
   ignored and translated; the release and its half type and loss scaling: ``Params.notes``)."""
@@ -117,7 +140,7 @@ def run_plan(p: Plan, *, progress: bool = True) -> RunSummary:
   note = schedule_note(p.params)
   if note is not None:
     print(note, flush=True)
-  for line in p.notes:
+  for line in [*p.notes, *missing_data_warnings(p.params)]:
     print(line, flush=True)
   return run(p.task, p.runtime, progress=progress)
 

@@ -642,7 +642,7 @@ def _make(name: str, args: dict[str, Any], path: str, reset_steps: bool) -> Sche
       )
     if target not in params:
       raise ScheduleError(
-        f"{path}: {name}: unknown key {key!r}.{_did_you_mean(key, list(params))} "
+        f"{path}.{key}: {name}: unknown key {key!r}.{_did_you_mean(key, list(params))} "
         f"Allowed keys: {', '.join(params)}"
       )
     if target in kwargs:

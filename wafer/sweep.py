@@ -323,6 +323,7 @@ def sweep(
   *,
   progress: bool = True,
   save: bool = True,
+  compile_cache: bool = False,
 ) -> SweepResult:
   """Train ``params`` once per format and level; returns the runs (and writes sweep.json / .png).
 
@@ -335,6 +336,9 @@ def sweep(
     overrides: ``key.path=value`` overrides applied to every run (e.g. ``runconfig.max_steps=3``).
     progress: print a line before each run (the runs print their own log lines).
     save: write ``sweep.json`` and ``sweep.png`` into ``model_dir``.
+    compile_cache: use ``model_dir/compile_cache`` as JAX's persistent compilation cache (`wafer sweep`
+      does, as `wafer run` uses its model_dir's: a rerun loads its steps), once every run's config is
+      checked (a refused sweep creates nothing).
 
   Raises:
     SweepError: an unknown format or level; any `WaferError` of the runs themselves.
@@ -377,6 +381,10 @@ def sweep(
     applied = [*defaults, *user, *format_overrides(fmt, level), own[-1]]
     plans.append((fmt, level, out, plan, applied))
   _check_earlier_runs(plans, root)
+  if compile_cache:
+    from wafer.compile import enable_compilation_cache
+
+    enable_compilation_cache(root / "compile_cache")
   runs = []
   for i, (fmt, level, out, plan, applied) in enumerate(plans, 1):
     if progress:
@@ -461,7 +469,7 @@ def _format_caused(params: Any, overrides: list[str], fmt: str, names: Sequence[
       if loads([fix], with_format=True) is not None
     ]
     cause = (
-      f"{fmt} is the sweep's (--formats {','.join(names)}; the default is all four formats), not the params "
+      f"{fmt} is the sweep's (--formats {','.join(names)}{', the default' * (tuple(names) == FORMATS)}), not the params "
       f"file's, which computes in {computes}"
     )
     fix = f"; fix: {' or '.join(fixes)}" if fixes else ""

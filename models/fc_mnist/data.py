@@ -12,7 +12,7 @@ from pydantic import ConfigDict, field_validator
 from wafer.config import InputConfig
 from wafer.data.pipeline import ArraySource, GrainBatchSource
 from wafer.data.processors import EVAL_SPLITS, data_dir
-from wafer.data.sources import Features, unreadable_file
+from wafer.data.sources import Features, missing_data_dir, unreadable_file
 
 IMAGE_PIXELS = 28 * 28  # MNIST's images, flattened
 
@@ -80,6 +80,11 @@ def mnist_features(data_dir: str | os.PathLike, split: str = "train") -> dict[st
   """
   if split not in MNIST_FILES:
     raise ValueError(f"split must be 'train' or 'eval' (got {split!r})")
+  missing = missing_data_dir(
+    data_dir
+  )  # the message a validation warns with (wafer.data.processors.missing_data)
+  if missing is not None:
+    raise FileNotFoundError(missing)
   if not os.path.isdir(data_dir):
     raise FileNotFoundError(
       f"data_dir {os.fspath(data_dir)}: no such directory; MNISTDataProcessor reads MNIST's IDX files "

@@ -316,7 +316,7 @@ def test_mnist_idx_files_in_data_dir(tmp_path):
     r"scikit-learn's bundled digits",
   ):
     processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / "empty")}), seed=0)
-  with pytest.raises(DataError, match=r"data_dir .*nowhere: no such directory"):
+  with pytest.raises(DataError, match=r"data_dir .*nowhere: no such file or directory"):
     processors.train_source(cfg.model_copy(update={"data_dir": str(tmp_path / "nowhere")}), seed=0)
   (tmp_path / "none").mkdir()  # IDX files of 0 examples: said so, not numpy's reshape message
   _write_idx(tmp_path / "none" / "train-images-idx3-ubyte.gz", np.zeros((0, 28, 28), np.uint8))

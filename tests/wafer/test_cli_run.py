@@ -283,6 +283,87 @@ def test_a_run_the_checkpoint_refuses_is_refused_before_any_work(tmp_path, capsy
   assert cli.main(["run", "--params", str(path), "--model_dir", md, "--validate_only"]) == 0
   outputs = capsys.readouterr().out.split("Outputs:")[1]
   assert "compile_report.txt" in outputs and "metrics" not in outputs and "checkpoints" not in outputs
+  assert "compile_report.json" in outputs and "placement.png" in outputs  # the report's other two files
+
+
+def test_a_max_steps_below_the_checkpoints_step_is_refused_before_any_work(tmp_path, capsys):
+  """The refusal came at the resume, after the data, the compile and the estimate had overwritten the
+  compile report of the run whose checkpoints they are; --validate_only said "Validation completed"."""
+  path = _params_file(tmp_path, runconfig__max_steps=4, runconfig__checkpoint_steps=4, runconfig__log_steps=4)
+  md = str(tmp_path / "md")
+  assert cli.main(["run", "--params", str(path), "--model_dir", md]) == 0
+  capsys.readouterr()
+  report = (tmp_path / "md" / "compile_report.json").read_bytes()
+  rc = cli.main(["run", "--params", str(path), "--model_dir", md, "runconfig.max_steps=2"])
+  out, err = capsys.readouterr()
+  assert rc == 1 and "Initial global step 4 already exceeds max step 2" in err, err
+  assert "Preparing the training data" not in out and "Compil" not in out and "Estimat" not in out
+  assert (tmp_path / "md" / "compile_report.json").read_bytes() == report
+  rc = cli.main(["run", "--params", str(path), "--model_dir", md, "runconfig.max_steps=2", "--validate_only"])
+  out, err = capsys.readouterr()
+  assert rc == 1 and "Validation completed" not in out and "Validating" not in out
+  assert "--validate_only: the run would be refused (nothing was written): " in err
+  assert "Initial global step 4 already exceeds max step 2" in err
+  assert (tmp_path / "md" / "compile_report.json").read_bytes() == report
+
+
+def test_validate_only_warns_of_a_data_dir_that_does_not_exist_with_the_runs_error(tmp_path, capsys):
+  """--validate_only reads no data, and said nothing of a data_dir that does not exist; the run stops at
+  once there. It warns (a modelzoo file is validated before its data is prepared) with the run's error."""
+  nowhere = tmp_path / "nowhere"
+  args = ["run", "--params", str(FC_MNIST_FILE), "--model_dir", str(tmp_path / "md")]
+  args += [f"train_input.data_dir={nowhere}", "eval_input.data_dir=null", "runconfig.max_steps=1"]
+  assert cli.main([*args, "--validate_only"]) == 0
+  out = capsys.readouterr().out
+  warning = next(line for line in out.splitlines() if line.startswith("Warning: the run will stop reading"))
+  error = warning.removeprefix("Warning: the run will stop reading its data: ")
+  assert error.startswith(
+    f"train_input (MNISTDataProcessor, data_dir='{nowhere}'): data_dir {nowhere}: no such"
+  )
+  assert "Validation completed successfully" in out
+  assert cli.main(args) == 1
+  assert capsys.readouterr().err.strip() == f"wafer run: error: {error}"
+  # eval_input is not read in mode train: no warning of it
+  args[-3:-1] = ["train_input.data_dir=null", f"eval_input.data_dir={nowhere}"]
+  assert cli.main([*args, "--validate_only"]) == 0
+  assert "Warning: the run will stop" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+  ("argv", "message"),
+  [
+    (
+      ["--model_dir", "a", "runconfig.model_dir=b"],
+      "runconfig.model_dir=b and --model_dir a both set runconfig.model_dir",
+    ),
+    (
+      ["--mode", "train", "runconfig.mode=eval"],
+      "runconfig.mode=eval and --mode train both set runconfig.mode",
+    ),
+    (["--validate_only", "runconfig.validate_only=false"], "both set runconfig.validate_only"),
+    (
+      ["runconfig.model_dir=runs/b #3"],
+      "holds ' #3', which YAML reads as a comment: the value would be 'runs/b'",
+    ),
+  ],
+)
+def test_a_flag_and_an_override_of_its_key_or_a_value_cut_by_a_comment_are_refused(
+  tmp_path, capsys, argv, message
+):
+  """The flag won silently (its override comes last), and ``runs/b #3`` silently became ``runs/b``."""
+  path = _params_file(tmp_path)
+  monkey_dir = tmp_path / "cwd"
+  monkey_dir.mkdir()
+  with pytest.MonkeyPatch.context() as mp:
+    mp.chdir(monkey_dir)  # a run that went on would write into ./a, ./b or ./runs
+    assert cli.main(["run", "--params", str(path), *argv]) == 1
+  err = capsys.readouterr().err
+  assert message in err, err
+  assert not any(monkey_dir.iterdir())
+  # the same value both ways is one answer, not a conflict
+  md = str(tmp_path / "md")
+  argv = ["run", "--params", str(path), "--model_dir", md, f"runconfig.model_dir={md}", "--validate_only"]
+  assert cli.main(argv) == 0
 
 
 @pytest.mark.parametrize("mode", ["eval", "eval_all"])

@@ -26,6 +26,7 @@ from wafer.config import (
   register_input_schema,
   register_model_schema,
 )
+from wafer.config.loader import literal_override
 from wafer.config.optimizer import OPTIMIZER_TYPES
 from wafer.config.params import unregister_schema
 
@@ -462,8 +463,11 @@ def test_batch_size_and_num_csx() -> None:
 
 
 def test_step_counts() -> None:
-  text = error_of(FC, ["runconfig.max_steps=null"])
-  assert "runconfig: One of num_epochs, num_steps, or max_steps must be provided" in text
+  text = error_of(FC, ["runconfig.max_steps=null"])  # named the file's line of runconfig, not the override
+  assert (
+    "runconfig (from override 'runconfig.max_steps=null'): One of num_epochs, num_steps, or max_steps must be "
+    "provided" in text
+  )
   assert "mutually exclusive" in error_of(
     FC, ["runconfig.num_steps=5", "runconfig.num_epochs=1", "runconfig.steps_per_epoch=3"]
   )
@@ -888,3 +892,22 @@ def test_an_eval_input_that_keeps_a_partial_batch_is_refused_at_load(tmp_path, k
     [f"eval_input.{key}=false"] + (["eval_input.drop_last_batch=null"] if key == "drop_last" else []),
     mode="train",
   )
+
+
+def test_an_override_problem_names_the_override_the_user_typed_and_the_path_inside_a_list():
+  """An emptied key's problem named the file's line; a --model_dir under ``runconfig=3`` named the override
+  the flag made; a scheduler's unknown key named the whole list (optimizer.learning_rate)."""
+  text = error_of(FC, ["runconfig.max_steps="])
+  assert "runconfig (from override 'runconfig.max_steps='): One of num_epochs" in text and "line" not in text
+  flag = literal_override("runconfig.model_dir", "md")
+  text = error_of(FC, ["runconfig=3", flag], flags={flag: "--model_dir md"})
+  assert (
+    "runconfig (from override 'runconfig=3'): is not a mapping, so it has no key 'model_dir' (--model_dir md"
+    in text
+  )
+  text = error_of(DATA / "bert_base_MSL128.yaml", ["optimizer.learning_rate.-1.total_iter=1"])
+  assert (
+    "optimizer.learning_rate[1].total_iter (from override 'optimizer.learning_rate.-1.total_iter=1'): "
+    in text
+  )
+  assert "unknown key 'total_iter'. Did you mean 'total_iters'?" in text and text.endswith("(got 1)")

@@ -509,3 +509,29 @@ def test_an_explicit_float32_softmax_that_modelzoo_overrides_is_noted(overrides,
   params = load_params(MLP, ["model.attention_softmax_fp32=true", *overrides])
   assert ("model.attention_softmax_fp32: True overridden" in params.notes[-1]) == overridden
   assert (params.policy().rule("attention_softmax") == "round") == overridden  # the note says what runs
+
+
+@pytest.mark.parametrize(
+  "override",
+  [
+    "runconfig.eval_frequency=5",
+    "runconfig.precision_opt_level=1",
+    "model.fp16_type=bfloat16",
+    "optimizer.betas=[0.9, 0.999]",
+  ],
+)
+def test_an_override_does_not_change_the_release_a_file_is_read_as(override):
+  """The release (and with it AdamW's correct_bias) is read from the file as written: an override of a key
+  that 1.9 and later files have made a 1.8 file "1.x or 2.0", and its AdamW correct its bias."""
+  path = DATA / "Release_1.8.0" / "bert" / "bert_base_MSL128.yaml"
+  written = load_params(path)
+  overridden = load_params(path, [override])
+  assert written.release.name == overridden.release.name == "1.x (up to 1.8)"
+  assert written.optimizer.correct_bias is overridden.optimizer.correct_bias is False
+
+
+@pytest.mark.parametrize(("release", "expected"), [("1.9", True), ("1.8", False), ("null", False)])
+def test_a_release_given_by_an_override_still_decides(release, expected):
+  path = DATA / "Release_1.8.0" / "bert" / "bert_base_MSL128.yaml"
+  params = load_params(path, [f"runconfig.modelzoo_release={release}"])
+  assert params.optimizer.correct_bias is expected

@@ -369,7 +369,7 @@ ERROR_CASES = [
   ),
   (
     {"scheduler": "Linear", "initial_learning_rate": 1.0, "end_learnig_rate": 0.0, "total_iters": 5},
-    r"optimizer\.learning_rate: LinearLR: unknown key 'end_learnig_rate'\. Did you mean 'end_learning_rate'\?",
+    r"optimizer\.learning_rate\.end_learnig_rate: LinearLR: unknown key 'end_learnig_rate'\. Did you mean 'end_learning_rate'\?",
   ),
   (
     {"scheduler": "Linear", "initial_learning_rate": 1.0, "end_learning_rate": 0.0},

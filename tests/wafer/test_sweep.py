@@ -137,10 +137,12 @@ def test_cli_sweep_over_levels(tmp_path, capsys):
   assert sorted(p.name for p in out.iterdir()) == [
     "cbfloat16_L0",
     "cbfloat16_L2",
+    "compile_cache",  # the runs' compiled steps, as wafer run keeps its model_dir's (a rerun loads them)
     "float32_L0",
     "sweep.json",
     "sweep.png",
   ]
+  assert any((out / "compile_cache").iterdir())
   runs = json.loads((out / "sweep.json").read_text())["runs"]
   assert [(r["format"], r["level"]) for r in runs] == [("float32", 0), ("cbfloat16", 2), ("cbfloat16", 0)]
   assert all(r["steps"] == [1, 2] and r["eval"] == {} for r in runs)  # mode train: no eval
@@ -314,8 +316,8 @@ def test_a_format_the_sweep_adds_names_itself_as_the_cause_and_gives_both_fixes(
     f"wafer sweep: error: {MODELZOO_FC_MNIST}: line 29: optimizer.loss_scaling_factor: "
   )
   assert (
-    "cbfloat16 is the sweep's (--formats cbfloat16,bfloat16,float16,float32; the default is all four "
-    "formats), not the params file's, which computes in float16: cbfloat16 requires dynamic loss scaling"
+    "cbfloat16 is the sweep's (--formats cbfloat16,bfloat16,float16,float32, the default), not the params "
+    "file's, which computes in float16: cbfloat16 requires dynamic loss scaling"
   ) in first
   assert first.endswith(
     "(got 1.0); fix: sweep without it (--formats bfloat16,float16,float32) or add the override "
@@ -363,3 +365,43 @@ def test_a_rerun_with_other_settings_is_refused_before_any_run_trains_and_sweep_
   assert [r.steps for r in longer.runs] == [[1, 2, 3]] * 2  # the same settings, a later max_steps: resumed
   assert longer.runs[0].losses[:2] == f32["losses"]
   assert sweep.SweepResult.load(tmp_path).to_dict() == longer.to_dict()
+
+
+BERT_1_8 = (
+  Path(__file__).parents[1] / "data" / "modelzoo" / "Release_1.8.0" / "bert" / "bert_base_MSL128.yaml"
+)
+
+
+class _Planned(Exception):
+  """Raised instead of training: the sweep's first plan is what the test compares."""
+
+
+def test_a_sweeps_float32_run_has_the_optimizer_of_wafer_run_of_a_1_8_file(tmp_path, monkeypatch):
+  """The sweep adds runconfig.precision_opt_level=<level> to every run, a key of 1.9 and later files: it
+  made a 1.8 file one of "1.x or 2.0", whose AdamW corrects its bias (wafer run's does not, 1.8's
+  default); the release is read from the file as written, so both resolve one optimizer."""
+  from wafer import runner
+  from wafer.config import load_params
+
+  plans = []
+
+  def planned(plan, progress=True):
+    plans.append(plan)
+    raise _Planned
+
+  monkeypatch.setattr(runner, "run_plan", planned)
+  with pytest.raises(_Planned):
+    sweep.sweep(BERT_1_8, "float32", None, tmp_path, ["runconfig.max_steps=1"], progress=False)
+  run = load_params(BERT_1_8, ["runconfig.max_steps=1"])
+  swept = plans[0].params
+  assert swept.release == run.release and swept.release.name == "1.x (up to 1.8)"
+  assert swept.optimizer.model_dump() == run.optimizer.model_dump()
+  assert swept.optimizer.correct_bias is False
+
+
+def test_a_format_the_sweep_adds_with_formats_given_is_not_called_the_default(tmp_path, capsys):
+  """The cause said "the default is all four formats" also when --formats named the formats."""
+  argv = ["sweep", "--params", str(MODELZOO_FC_MNIST), "--model_dir", str(tmp_path), "--formats", "cb16,f32"]
+  assert cli.main([*argv, "train_input.data_dir=null", "eval_input.data_dir=null"]) == 1
+  err = capsys.readouterr().err
+  assert "cbfloat16 is the sweep's (--formats cbfloat16,float32), not the params file's" in err, err

@@ -75,6 +75,9 @@ def from_pydantic(errors: Iterable[dict[str, Any]], prefix: Loc, fields_at: Any)
         inner = inner.get(part, _MISSING) if isinstance(inner, dict) else _MISSING
       if key and inner is not _MISSING:  # locate it there: its own line, or the override that set it
         loc, value, msg = (*loc, *path), inner, msg[key.end() :]
+      elif loc and (inside := _inside(msg, loc[-1], value)) is not None:  # a field's "field[1].key: why"
+        path, value, msg = inside
+        loc = (*loc, *path)
     elif kind.startswith("literal_error") or kind == "enum":
       options = _QUOTED.findall(e.get("ctx", {}).get("expected", ""))
       msg = "must be one of " + ", ".join(repr(o) for o in options)
@@ -90,6 +93,33 @@ def from_pydantic(errors: Iterable[dict[str, Any]], prefix: Loc, fields_at: Any)
         msg += f", not {type(value).__name__}"
     out.append(Problem(prefix + loc, msg, value))
   return out
+
+
+_INSIDE = re.compile(r"^(\w+)((?:\[\d+\]|\.\w+)+)(?:=[^:]*)?: ")
+_PART = re.compile(r"\[(\d+)\]|\.(\w+)")
+
+
+def _inside(msg: str, field: Any, value: Any) -> tuple[Loc, Any, str] | None:
+  """``(path, inner value, rest of msg)`` of a field validator's message about a part of its value (a
+  scheduler of a list: ``learning_rate[1].total_iter: LinearLR: unknown key ...``), the path inside the
+  field; None when ``msg`` names no part of ``value`` (the problem stays at the field).
+
+  >>> _inside("learning_rate[1].x: bad", "learning_rate", [{}, {"x": 2}])
+  ((1, 'x'), 2, 'bad')
+  """
+  match = _INSIDE.match(msg)
+  if match is None or match.group(1) != field:
+    return None
+  path = tuple(int(i) if i else key for i, key in _PART.findall(match.group(2)))
+  inner = value
+  for part in path:
+    if isinstance(part, int) and isinstance(inner, list) and 0 <= part < len(inner):
+      inner = inner[part]
+    elif isinstance(part, str) and isinstance(inner, dict) and part in inner:
+      inner = inner[part]
+    else:
+      return None
+  return path, inner, msg[match.end() :]
 
 
 def unknown_key_message(key: Any, allowed: Sequence[str]) -> str:
@@ -121,7 +151,25 @@ def locate(
   for prefix, origin in origins:  # an override set a part of the value checked as a whole (a scheduler list)
     if any(len(loc) >= 2 and prefix[: len(loc)] == loc for loc in (p.loc, lookup)):
       return dataclasses.replace(p, source=origin, shown_path=shown)
+  for prefix, origin in origins:  # a problem of a section that names a key an override set (or emptied:
+    if _names_key(
+      p, prefix, lookup
+    ):  # ``runconfig.max_steps=`` leaves "one of ..., max_steps must be given")
+      return dataclasses.replace(p, source=origin, shown_path=shown)
   for n in range(len(lookup), 0, -1):
     if lookup[:n] in lines:
       return dataclasses.replace(p, line=lines[lookup[:n]], shown_path=shown)
   return dataclasses.replace(p, shown_path=shown)
+
+
+def _names_key(p: Problem, key: Loc, lookup: Loc) -> bool:
+  """Whether ``p``, a problem of the mapping that holds ``key`` (a key path an override set), names that key
+  in its message.
+
+  >>> _names_key(Problem(("runconfig",), "One of num_steps or max_steps must be provided"),
+  ...   ("runconfig", "max_steps"), ("runconfig",))
+  True
+  """
+  if not key or not isinstance(key[-1], str) or key[:-1] not in (p.loc, lookup):
+    return False
+  return re.search(rf"(?<![\w.]){re.escape(key[-1])}(?!\w)", p.message) is not None

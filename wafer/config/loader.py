@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import os
 import re
@@ -207,8 +208,40 @@ def parse_override(text: str) -> tuple[Loc, Any]:
       ),
       "command line",
     ) from None
+  comment = _comment_dropped(raw, value)
+  if comment is not None:
+    raise ConfigError(
+      Problem(
+        (),
+        f"the value {raw.strip()!r} holds {comment!r}, which YAML reads as a comment: the value would be "
+        f"{value!r}. Leave the comment out, or, to keep the '#', quote the value for YAML inside the shell's "
+        f"quotes: '{key}=\"{raw.strip()}\"'",
+        raw,
+        source=f"override {text!r}",
+      ),
+      "command line",
+    )
   loc = tuple(int(p) if _INDEX.fullmatch(p) else p for p in key.split("."))
   return loc, value
+
+
+def _comment_dropped(raw: str, value: Any) -> str | None:
+  """The comment YAML dropped from an override's value (``runs/b #3`` is ``runs/b``: the shell took the
+  quotes of ``runconfig.model_dir="runs/b #3"``), or None: the value reads the same without it.
+
+  >>> _comment_dropped("runs/b #3", "runs/b")
+  ' #3'
+  >>> _comment_dropped('"runs/b #3"', "runs/b #3") is None
+  True
+  """
+  match = re.search(r"\s#", raw)
+  if match is None:
+    return None
+  try:
+    before = yaml.load(raw[: match.start()], Loader=_Loader) if raw[: match.start()].strip() else None
+  except yaml.YAMLError:  # the # is inside a quoted value
+    return None
+  return raw[match.start() :] if before == value else None
 
 
 _INDEX = re.compile(r"-?[0-9]+")
@@ -278,12 +311,39 @@ def apply_override(data: dict[str, Any], loc: Loc, value: Any, text: str) -> Loc
   return tuple(resolved)
 
 
-def _apply(data: dict[str, Any], loc: Loc, value: Any, text: str, source: str) -> Loc:
-  """`apply_override`, its errors attributed to the params file (they said "params:")."""
+def _apply(
+  data: dict[str, Any],
+  loc: Loc,
+  value: Any,
+  text: str,
+  source: str,
+  origins: Sequence[tuple[Loc, str]] = (),
+  named: str | None = None,
+) -> Loc:
+  """`apply_override`, its errors attributed to the params file (they said "params:") and to the override,
+  or to ``named``, the flag it came from as the user typed it (``--model_dir runs/a``, not the override the
+  flag made); a flag's problem is the earlier override's that set a value in its way (`_blame_earlier`)."""
   try:
     return apply_override(data, loc, value, text)
   except ConfigError as e:
-    raise e.with_source(source) from None
+    if named is None or named == f"override {text!r}":  # one the user typed: its own mistake
+      raise e.with_source(source) from None
+    raise ConfigError([_blame_earlier(p, origins, named) for p in e.problems], source) from None
+
+
+def _blame_earlier(p: Problem, origins: Sequence[tuple[Loc, str]], named: str) -> Problem:
+  """A problem of applying the override of flag ``named`` (a value on its path that is not a mapping or a
+  list), from the earlier override that set that value when one did (``runconfig=3`` before
+  ``--model_dir``: the user typed the one, not the other), saying which flag needed it; else from ``named``.
+
+  >>> _blame_earlier(Problem(("runconfig",), "is not a mapping, so it has no key 'model_dir'", 3),
+  ...   [(("runconfig",), "override 'runconfig=3'")], "--model_dir md").source
+  "override 'runconfig=3'"
+  """
+  for prefix, origin in origins:
+    if p.loc[: len(prefix)] == prefix:
+      return dataclasses.replace(p, message=f"{p.message} ({named} sets a key under it)", source=origin)
+  return dataclasses.replace(p, source=named)
 
 
 def _fields_at(schema: type[BaseModel], loc: Loc) -> list[str] | None:
@@ -532,12 +592,15 @@ def _load_data(
   if trainer_layout:
     for (loc, value), text in parsed:
       if loc[0] == "trainer":
-        origins.insert(0, (_apply(data, loc, value, text, source), origin(text)))
+        origins.insert(0, (_apply(data, loc, value, text, source, origins, origin(text)), origin(text)))
     try:
       data, v2_map, found, callbacks = _trainer.convert_all(data)
     except ConfigError as e:  # the file's shape does not convert at all (a list of trainers)
       raise ConfigError([locate(p, lines, origins) for p in e.problems], source) from None
     parsed = [item for item in parsed if item[0][0][0] != "trainer"]
+  written = copy.deepcopy(
+    data
+  )  # the file as written: its keys date it (`_modelzoo.release_of`), not overrides'
   for (loc, value), text in parsed:
     if loc[0] not in SECTIONS:
       raise ConfigError(
@@ -548,7 +611,7 @@ def _load_data(
         ),
         source,
       )
-    origins.insert(0, (_apply(data, loc, value, text, source), origin(text)))
+    origins.insert(0, (_apply(data, loc, value, text, source, origins, origin(text)), origin(text)))
   if mode is not None:
     if data.get("runconfig") is None:
       data["runconfig"] = {}
@@ -574,8 +637,10 @@ def _load_data(
     raise ConfigError([locate(p, lines, origins, v2_map) for p in adapted.problems], source)
   model = adapted.data.get("model")
   name = model.get("name") if isinstance(model, dict) else None
-  # the release from the keys as written (adapt drops the ignored ones, some of which date the file)
-  release = _modelzoo.release_of(data, trainer_layout=trainer_layout, model=name)
+  # the release from the keys as written, before the overrides (`runconfig.eval_frequency=5` does not make a
+  # 1.8 file one of 1.9, nor change its AdamW) and before adapt (which drops ignored keys, some dating the
+  # file); a runconfig.modelzoo_release given by an override still decides
+  release = _modelzoo.release_of(_modelzoo.dated_by(written, data), trainer_layout=trainer_layout, model=name)
   adamw_note = _modelzoo.adamw_default(adapted.data, release)
   if isinstance(adapted.data.get("sparsity"), list):  # validated as {groups: [...]}: shown as written
     v2_map = [*v2_map, (("sparsity", "groups"), ("sparsity",))]

@@ -470,6 +470,27 @@ def release_of(data: Mapping[str, Any], *, trainer_layout: bool, model: str | No
   return dataclasses.replace(inferred, reason=f"{why}; {inferred.reason}", adamw_correct_bias=True)
 
 
+def dated_by(written: Mapping[str, Any], merged: Mapping[str, Any]) -> dict[str, Any]:
+  """What `release_of` reads: the params file as ``written`` (before command-line overrides, whose keys
+  date nothing: ``runconfig.precision_opt_level=1`` does not make a 1.8 file one of 1.9), with the
+  ``runconfig.modelzoo_release`` of ``merged`` (the file's or an override's: a release given decides).
+
+  >>> dated_by({"runconfig": {"save_summary_steps": 10}}, {"runconfig": {"eval_frequency": 5}})
+  {'runconfig': {'save_summary_steps': 10}}
+  >>> dated_by({}, {"runconfig": {"modelzoo_release": "1.8"}})
+  {'runconfig': {'modelzoo_release': '1.8'}}
+  """
+  rc = merged.get("runconfig")
+  given = rc.get("modelzoo_release") if isinstance(rc, dict) else None
+  written_rc = written.get("runconfig")
+  out = dict(written)
+  if given is not None:
+    out["runconfig"] = {**(written_rc if isinstance(written_rc, dict) else {}), "modelzoo_release": given}
+  elif isinstance(written_rc, dict) and "modelzoo_release" in written_rc:  # overridden to null: inferred
+    out["runconfig"] = {k: v for k, v in written_rc.items() if k != "modelzoo_release"}
+  return out
+
+
 def _infer(data: Mapping[str, Any], *, trainer_layout: bool, model: str | None, two: bool = False) -> Release:
   """`release_of` from the file's layout and keys alone (``two``: the file is of a 2.x release, so its
   1.x-era keys date nothing)."""

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from wafer.data.pipeline import ArraySource, GrainBatchSource, one_pass
-from wafer.data.sources import DAMAGED_FILE_FIX
+from wafer.data.sources import DAMAGED_FILE_FIX, missing_data_dir
 from wafer.errors import DataError
 
 DAMAGED_DATA: tuple[type[BaseException], ...] = (
@@ -48,6 +48,23 @@ def _section_error(section: str, cfg: Any, error: BaseException) -> DataError:
   if isinstance(error, (EOFError, zlib.error)):  # the readers' own messages name no file
     detail += f" (a file in data_dir ends early or is corrupt: {DAMAGED_FILE_FIX})"
   return DataError(f"{where}: {detail}")
+
+
+def missing_data(section: str, cfg: Any) -> str | None:
+  """The error a run reading input section ``section`` (``cfg``, a validated input section) stops with because
+  a path of its ``data_dir`` does not exist (`wafer.data.sources.missing_data_dir`, named as `_section_error`
+  names a section's data errors), or None (no data_dir: the embedded data; every path exists).
+
+  >>> from types import SimpleNamespace as NS
+  >>> missing_data("train_input", NS(data_dir="/nowhere", data_processor="P")).split(";")[0]
+  "train_input (P, data_dir='/nowhere'): data_dir /nowhere: no such file or directory"
+  """
+  paths = cfg.data_dir if isinstance(cfg.data_dir, list) else [] if cfg.data_dir is None else [cfg.data_dir]
+  for path in paths:
+    missing = missing_data_dir(path)
+    if missing is not None:
+      return str(_section_error(section, cfg, FileNotFoundError(missing)))
+  return None
 
 
 EVAL_SPLITS = ("val", "eval", "test", "validation")

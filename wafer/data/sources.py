@@ -53,6 +53,23 @@ def announce(
   return chosen
 
 
+def missing_data_dir(path: str | os.PathLike) -> str | None:
+  """The error of a ``data_dir`` path that does not exist (what a run stops with when it reads its data), or
+  None when it exists. A validation, which reads no data, warns with it (`wafer.data.processors.missing_data`).
+
+  >>> missing_data_dir("/nonexistent/path").split(";")[0]
+  'data_dir /nonexistent/path: no such file or directory'
+  """
+  path = os.fspath(path)
+  if os.path.exists(path):
+    return None
+  return (
+    f"data_dir {path}: no such file or directory; point data_dir at the data (a modelzoo file names the "
+    "data its release's preparation scripts write: docs/guides/modelzoo-params.md, 'Data'), or override "
+    "train_input.data_dir=null (and eval_input.data_dir=null) to run on the embedded data"
+  )
+
+
 def pretokenised(
   data_dir: str | os.PathLike | Sequence[str | os.PathLike] | None,
   suffixes: tuple[str, ...],
@@ -86,12 +103,9 @@ def pretokenised(
       )
     return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
   path = os.fspath(data_dir)
-  if not os.path.exists(path):
-    raise FileNotFoundError(
-      f"data_dir {path}: no such file or directory; point data_dir at the data (a modelzoo file names the "
-      "data its release's preparation scripts write: docs/guides/modelzoo-params.md, 'Data'), or override "
-      "train_input.data_dir=null (and eval_input.data_dir=null) to run on the embedded data"
-    )
+  missing = missing_data_dir(path)
+  if missing is not None:
+    raise FileNotFoundError(missing)
   names = [path] if os.path.isfile(path) else (os.listdir(path) if os.path.isdir(path) else [])
   if not any(n.endswith(suffixes) for n in names):
     if os.path.isdir(path) and not any(n.endswith((".txt", ".jsonl")) for n in names):

@@ -179,6 +179,12 @@ class Checkpoints:
     if not _path_shapes(saved) and _path_shapes(like):  # state/_METADATA lost: orbax would report 0 arrays
       raise UnreadableCheckpoint("its array metadata (state/_METADATA) is missing or lists no arrays")
     mismatch = _shape_mismatch(saved, like)
+    if mismatch is not None and _loss_scale_only(saved, like):
+      how = (
+        f"only its loss-scale state differs, {_path_difference(saved, like)}: it was written with another "
+        "loss scaling (optimizer.loss_scaling_factor; bfloat16 and float32 keep none)"
+      )
+      raise CheckpointMismatch(self._does_not_fit(step, how), step, loss_scale_only=True)
     if mismatch is not None:  # checked before orbax starts reading: a failed read leaves its threads behind
       raise CheckpointMismatch(self._does_not_fit(step, mismatch), step)
     return _path_difference(saved, like)
@@ -507,6 +513,20 @@ def _loss_scale_change(have: Collection[str], want: Collection[str]) -> str | No
     f"the loss scale was {then} when the checkpoint was written and is {now} now (optimizer.loss_scaling_factor, "
     "and model.fp16_type: with bfloat16, 'dynamic' is a static scale of 1)"
   )
+
+
+def _loss_scale_only(saved: Any, like: Any) -> bool:
+  """Whether the arrays of the checkpoint and the model's state differ (in paths or shapes) only in the loss
+  scale's state (``loss_scale/...``: a dynamic scale's counters that a static scale has not).
+
+  >>> import numpy as np
+  >>> _loss_scale_only({"params": np.zeros(2), "loss_scale": {"scale": np.zeros(()), "skipped": np.zeros(())}},
+  ...   {"params": np.zeros(2), "loss_scale": {"scale": np.zeros(())}})
+  True
+  """
+  have, want = _path_shapes(saved), _path_shapes(like)
+  differ = (set(have) ^ set(want)) | {p for p in set(have) & set(want) if have[p] != want[p]}
+  return bool(differ) and all(p.split("/")[0] == "loss_scale" for p in differ)
 
 
 def _path_difference(saved: Any, like: Any, shown: int = 2) -> str | None:

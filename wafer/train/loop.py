@@ -85,20 +85,45 @@ def steps_to_run(runconfig: RunConfig, initial_step: int, data: Any = None) -> i
     wafer.config.ConfigError: no step count set, an epoch count without a known epoch length, or
       ``initial_step`` beyond ``max_steps``.
   """
+  check_max_steps(runconfig, initial_step)
   if runconfig.max_steps is not None and initial_step == runconfig.max_steps:
     return 0
-  if runconfig.max_steps is not None and initial_step > runconfig.max_steps:  # resumed past it
-    raise ConfigError(
-      Problem(
-        ("runconfig", "max_steps"),
-        f"Initial global step {initial_step} already exceeds max step {runconfig.max_steps}: model_dir holds "
-        f"the checkpoint of step {initial_step}. Raise runconfig.max_steps above {initial_step} to train "
-        "further, evaluate it with --mode eval, or use a new model_dir",
-        runconfig.max_steps,
-      ),
-      f"model_dir {runconfig.model_dir}",
-    )
   return runconfig.num_train_steps(initial_step, epoch_steps(data))
+
+
+def check_max_steps(runconfig: RunConfig, initial_step: int) -> None:
+  """Refuse a run resuming at ``initial_step`` (its checkpoint's step) beyond ``runconfig.max_steps``.
+
+  Checked before the run reads data or compiles (`_Run._refuse_unfit_checkpoint`) and again at the resume
+  (`steps_to_run`).
+
+  Raises:
+    wafer.config.ConfigError: at ``runconfig.max_steps``, naming the checkpoint's step and the ways on.
+  """
+  if runconfig.max_steps is None or initial_step <= runconfig.max_steps:
+    return
+  raise ConfigError(
+    Problem(
+      ("runconfig", "max_steps"),
+      f"Initial global step {initial_step} already exceeds max step {runconfig.max_steps}: model_dir holds "
+      f"the checkpoint of step {initial_step}. Raise runconfig.max_steps above {initial_step} to train "
+      "further, evaluate it with --mode eval, or use a new model_dir",
+      runconfig.max_steps,
+    ),
+    f"model_dir {runconfig.model_dir}",
+  )
+
+
+def eval_marks(mode: str, batches: int) -> dict[str, Any]:
+  """What an eval record of metrics.jsonl says beside its step and value: the mode that evaluated
+  (``eval_mode``) and the batches averaged (``eval_batches``). Evaluations of one checkpoint by several runs
+  (``--mode eval`` again with another ``eval_steps`` or ``eval_input``) are all kept, with one step: these
+  tell them apart.
+
+  >>> eval_marks("eval", 4)
+  {'eval_mode': 'eval', 'eval_batches': 4}
+  """
+  return {"eval_mode": mode, "eval_batches": batches}
 
 
 def epoch_steps(data: Any) -> int | None:
@@ -570,7 +595,8 @@ class _Run:
 
   def _refuse_unfit_checkpoint(self, seed: int) -> None:
     """Refuse, before the data, the compile and the compile report, a newest checkpoint in model_dir that this
-    run could not use: another batch size (a mode that trains resumes it), another model or other array shapes.
+    run could not use: another batch size (a mode that trains resumes it), another model or other array shapes,
+    or (a mode that trains) a step beyond ``runconfig.max_steps`` (`check_max_steps`).
 
     Raises:
       ExecutorError: what `_resume_from` / `_restore_latest` would raise later; under validate_only /
@@ -595,7 +621,15 @@ class _Run:
       except UnreadableCheckpoint:  # the run's restore says so, and tries the one before it
         pass
       except CheckpointMismatch as error:
-        problem = self._with_changes(str(error), step)
+        problem = self._with_changes(str(error) + self._eval_hint(error), step)
+      else:  # the checkpoint the run resumes from: a max_steps below its step is refused now too
+        if self.rc.mode in TRAIN_MODES:
+          try:
+            check_max_steps(self.rc, step)
+          except ConfigError as error:
+            if not (self.rc.validate_only or self.rc.compile_only):
+              raise
+            problem = str(error)
       finally:
         checkpoints.close()
     if problem is None:
@@ -733,7 +767,19 @@ class _Run:
       return self.checkpoints.restore_latest(self.template, say=self.say)
     except CheckpointMismatch as error:  # on every process (agreed); each reads the recorded settings,
       with cluster.same_outcome():  # so they raise one message even if one process read them otherwise
-        raise ExecutorError(self._with_changes(str(error), error.step)) from None
+        raise ExecutorError(self._with_changes(str(error) + self._eval_hint(error), error.step)) from None
+
+  def _eval_hint(self, error: CheckpointMismatch) -> str:
+    """In an eval mode, for a checkpoint that differs only in its loss-scale state: that eval does not use it,
+    and how to evaluate anyway; else ''."""
+    if self.rc.mode not in ("eval", "eval_all") or not error.loss_scale_only:
+      return ""
+    return (
+      " Eval does not use the loss-scale state, but a checkpoint is restored whole: evaluate with the loss "
+      "scaling it was written with, in its own half type (model.fp16_type, below), or in float16 with its "
+      "optimizer.loss_scaling_factor; bfloat16 and float32 keep no loss-scale state, so a checkpoint written "
+      "with one is not evaluated in them."
+    )
 
   def _with_changes(self, message: str, step: int) -> str:
     """``message`` and the settings that changed since checkpoint ``step`` was written (when it recorded them)."""
@@ -1019,7 +1065,7 @@ class _Run:
         continue
       except CheckpointMismatch as error:
         with cluster.same_outcome():  # every process is here (agreed): one message
-          raise ExecutorError(self._with_changes(str(error), step)) from None
+          raise ExecutorError(self._with_changes(str(error) + self._eval_hint(error), step)) from None
       self.summary["eval_all"][step] = self._evaluate(state.params, step)
     if not self.summary["eval_all"]:  # every one skipped (agreed): no evaluation is not a success
       raise ExecutorError(self.checkpoints.none_readable(steps))
@@ -1057,7 +1103,8 @@ class _Run:
     name = task.eval_metric_name
     with cluster.same_outcome():  # process 0 writes: its full disk stops every process
       self.metrics.write(
-        {"step": step, f"eval/{name}": value}, f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})"
+        {"step": step, f"eval/{name}": value, **eval_marks(rc.mode, len(values))},
+        f"Avg Eval {name.capitalize()}: {value:.5f} (step {step})",
       )
     return value
 

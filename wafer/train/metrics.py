@@ -2,7 +2,10 @@
 
 ``model_dir/metrics.jsonl`` holds one JSON object per line, each with an integer ``"step"``: the
 training records (``loss``, ``loss_scale``, ``samples_per_sec``, ...) and the eval records
-(``eval/<metric>``); a NaN or infinite number is written as ``null`` (strict JSON). It is the history of the run that led to the newest checkpoint:
+(``eval/<metric>``, with the ``eval_mode`` and ``eval_batches`` that made them: `wafer.train.loop.eval_marks`);
+a NaN or infinite number is written as ``null`` (strict JSON). Its training records are the history of the
+run that led to the newest checkpoint; its eval records are every evaluation made, the runs of ``--mode
+eval`` / ``eval_all`` appending theirs (a step evaluated twice has two records):
 
 * a line is written whole (one ``write``) and a failed write (a full disk) is cut back off, so a
   run that keeps going never leaves a partial line; a run killed mid-write (SIGKILL) can, and

@@ -105,3 +105,48 @@ def test_eval_steps_within_the_eval_data_says_nothing(trained, capsys):
   capsys.readouterr()
   run(*_job(model_dir, mode="eval", eval_steps=batches), progress=False)
   assert "eval_steps" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["eval", "eval_all"])
+def test_eval_in_a_format_without_the_checkpoints_loss_scale_says_so_and_how_to_evaluate(
+  tmp_path, capsys, mode
+):
+  """A cbfloat16 checkpoint (dynamic loss scaling) evaluated with model.fp16_type=bfloat16 (no loss scaling)
+  was refused as "the checkpoint holds 19 arrays, the model's state 16": nothing said that only the loss
+  scale's state differs, which eval does not use, or how to evaluate."""
+  from models.mlp import CONFIG
+  from wafer import cli
+
+  md = str(tmp_path / "md")
+  train = ["run", "--params", str(CONFIG), "--model_dir", md, "runconfig.max_steps=1"]
+  assert cli.main([*train, "runconfig.checkpoint_steps=1"]) == 0
+  capsys.readouterr()
+  assert (
+    cli.main(["run", "--params", str(CONFIG), "--model_dir", md, "--mode", mode, "model.fp16_type=bfloat16"])
+    == 1
+  )
+  err = capsys.readouterr().err
+  assert "only its loss-scale state differs" in err and "arrays only in the checkpoint: loss_scale/" in err
+  assert (
+    "Eval does not use the loss-scale state" in err
+    and "float16 with its optimizer.loss_scaling_factor" in err
+  )
+  assert (
+    cli.main(["run", "--params", str(CONFIG), "--model_dir", md, "--mode", mode, "model.fp16_type=float16"])
+    == 0
+  )
+
+
+def test_repeated_evals_of_one_checkpoint_are_told_apart_in_metrics_jsonl(tmp_path):
+  """Two --mode eval runs of one checkpoint appended two records of one step with different values and
+  nothing else: each now says the mode that made it and the batches it averaged."""
+  from wafer.train import read_metrics
+
+  run(*_job(tmp_path, max_steps=2, checkpoint_steps=2, log_steps=1), progress=False)
+  run(*_job(tmp_path, mode="eval", eval_steps=1), progress=False)
+  run(*_job(tmp_path, mode="eval_all", eval_steps=2), progress=False)
+  evals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "eval/loss" in r]
+  assert [(r["step"], r["eval_mode"], r["eval_batches"]) for r in evals] == [
+    (2, "eval", 1),
+    (2, "eval_all", 2),
+  ]
