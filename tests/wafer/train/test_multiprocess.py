@@ -468,6 +468,7 @@ def test_first_error_passes_the_lowest_processs_error_to_every_process():
 
 def test_an_incomplete_process_flag_set_is_one_sentence(monkeypatch):
   """JAX's own message ends with a period; the CLI's sentence after it doubled it ("defined.. Give")."""
+
   def refuse(**_):  # JAX's own check (the real one refuses once this process has used JAX at all)
     raise ValueError("coordinator_address should be defined.")
 
