@@ -347,9 +347,12 @@ def _run(args: argparse.Namespace) -> int:
   checked_only = rc.validate_only or rc.compile_only
   # only what this run wrote: a check writes no metrics or checkpoints, an eval mode no checkpoint and no
   # compile report (the files of an earlier run in model_dir are not this run's outputs)
+  import jax
+
+  main = jax.process_index() == 0  # process 0 alone writes the metrics (every process its checkpoint parts)
   written = (
-    ("metrics", model_dir / "metrics.jsonl", not checked_only),
-    ("TensorBoard", model_dir / "tensorboard", not checked_only),
+    ("metrics", model_dir / "metrics.jsonl", main and not checked_only),
+    ("TensorBoard", model_dir / "tensorboard", main and not checked_only),
     ("checkpoints", model_dir / "checkpoints", not checked_only and rc.mode not in ("eval", "eval_all")),
     ("compile report", model_dir / "compile_report.txt", summary.compile_report is not None),
     ("  as JSON", model_dir / "compile_report.json", summary.compile_report is not None),

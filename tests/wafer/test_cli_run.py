@@ -421,3 +421,29 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_says_how_to_resume(tmp_path, cap
   assert "wafer run: terminated (SIGTERM). Interrupted at step 6." in err
   assert "its newest checkpoint is step 4" in err and "Rerun the same command to resume" in err
   assert signal.getsignal(signal.SIGTERM) is before  # restored
+
+
+def test_a_resume_with_another_num_csx_is_refused_before_any_work(tmp_path, capsys):
+  """fc_mnist's input pipeline shards by system: its checkpoint does not resume under another num_csx. The
+  refusal came at the resume, after the data, the compile and the estimate had rewritten the compile report,
+  with the pipelines' settings as a Python dict; --validate_only passed."""
+  path = Path(__file__).resolve().parents[2] / "models" / "fc_mnist" / "configs" / "params_fc_mnist.yaml"
+  md = str(tmp_path / "md")
+  steps = ["runconfig.max_steps=2", "runconfig.checkpoint_steps=2", "runconfig.log_steps=2"]
+  assert cli.main(["run", "--params", str(path), "--model_dir", md, *steps]) == 0
+  capsys.readouterr()
+  report = (tmp_path / "md" / "compile_report.json").read_bytes()
+  more = ["runconfig.max_steps=4", "runconfig.num_csx=2"]
+  rc = cli.main(["run", "--params", str(path), "--model_dir", md, *more])
+  out, err = capsys.readouterr()
+  assert rc == 1, err
+  assert (
+    "Cannot resume from the checkpoint of step 2: its input pipeline was written for runconfig.num_csx=1"
+    in err
+  )
+  assert "{" not in err and "Preparing the training data" not in out and "Compil" not in out
+  assert (tmp_path / "md" / "compile_report.json").read_bytes() == report
+  rc = cli.main(["run", "--params", str(path), "--model_dir", md, *more, "--validate_only"])
+  out, err = capsys.readouterr()
+  assert rc == 1 and "--validate_only: the run would be refused (nothing was written): Cannot resume" in err
+  assert (tmp_path / "md" / "compile_report.json").read_bytes() == report

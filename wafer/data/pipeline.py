@@ -390,7 +390,8 @@ class GrainBatchSource:
         "be the batch k the checkpoint's run saw"
       )
     if diff:
-      raise ValueError(f"input pipeline state was saved for a different pipeline: (saved, now) = {diff}")
+      shown = "; ".join(f"{k} {_short(then)} then, {_short(now)} now" for k, (then, now) in diff.items())
+      raise ValueError(f"input pipeline state was saved for a different pipeline ({shown})")
     self.close()
     self.next_batch = int(state["next_batch"])
 
@@ -408,3 +409,9 @@ def one_pass(source: ArraySource, batch_size: int, drop_last: bool = True) -> An
   """
   ds = grain.MapDataset.range(len(source)).batch(batch_size, drop_remainder=drop_last)
   return ds.map(lambda idx: source.gather(np.asarray(idx)))
+
+
+def _short(value: Any) -> str:
+  """A recorded pipeline setting as a message shows it (a long fingerprint cut to 40 characters)."""
+  text = repr(value)
+  return text if len(text) <= 40 else text[:37] + "..."

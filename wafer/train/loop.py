@@ -606,11 +606,19 @@ class _Run:
     if step is None:
       return
     problem = None
-    config = read_meta(self.model_dir / "checkpoints", step).get("config")
+    meta = read_meta(self.model_dir / "checkpoints", step)
+    config = meta.get("config")
     # (a damaged meta: the run's restore reports it and tries the checkpoint before it)
     saved_batch = config.get("train_input.batch_size") if isinstance(config, dict) else None
+    pipeline = meta.get("data_pipeline")
+    pipeline = pipeline.get("pipeline") if isinstance(pipeline, dict) else None
+    saved_csx = pipeline.get("num_csx") if isinstance(pipeline, dict) else None  # (a pipeline that shards)
     if self.rc.mode in TRAIN_MODES and saved_batch not in (None, self.task.batch_size):
       problem = self._batch_refusal(step, saved_batch)
+    elif self.rc.mode in TRAIN_MODES and saved_csx not in (None, self.num_csx):
+      problem = self._pipeline_refusal(
+        step, f"its input pipeline was written for runconfig.num_csx={saved_csx}, this run has {self.num_csx}"
+      )
     else:
       shapes = jax.eval_shape(
         lambda key: initial_state(self.task, self.optimizer, self.loss_scale, key), jax.random.key(seed)
@@ -638,6 +646,16 @@ class _Run:
       flag = "--validate_only" if self.rc.validate_only else "--compile_only"
       problem = f"{flag}: the run would be refused (nothing was written): {problem}"
     raise ExecutorError(problem)
+
+  def _pipeline_refusal(self, step: int, reason: str) -> str:
+    """The error of a resume from checkpoint ``step`` whose input pipeline differs from this run's (``reason``)."""
+    return self._with_changes(
+      f"Cannot resume from the checkpoint of step {step}: {reason}. Batch k of a run depends on the batch "
+      "size, the number of input workers (num_workers_per_csx x num_csx; workers shard the data), the "
+      "shuffle settings and the data; restore the settings the checkpoint was written with, or use a new "
+      "model_dir.",
+      step,
+    )
 
   def _batch_refusal(self, step: int, saved_batch: Any) -> str:
     """The error of a resume from checkpoint ``step``, written with batch size ``saved_batch``."""
@@ -730,15 +748,7 @@ class _Run:
     try:
       self.data.set_state(wanted)
     except ValueError as error:
-      raise ExecutorError(
-        self._with_changes(
-          f"Cannot resume from the checkpoint of step {step}: {error}. Batch k of a run depends on the batch "
-          "size, the number of input workers (num_workers_per_csx x num_csx; workers shard the data), the "
-          "shuffle settings and the data; restore the settings the checkpoint was written with, or use a new "
-          "model_dir.",
-          step,
-        )
-      ) from error
+      raise ExecutorError(self._pipeline_refusal(step, str(error))) from error
     # a max_steps below the checkpoint's step: refused before "Resuming"
     steps_to_run(self.rc, step, self.data)
     self.say(f"Resuming from the checkpoint at step {step}.")

@@ -129,6 +129,9 @@ def test_two_processes_match_one_process_with_two_devices(tmp_path):
   shared = tmp_path / "shared"
   first, second = _two_processes(params, shared, max_steps=6)
   assert "| Train Device=CPU, Step=6" in first and "| Train" not in second  # process 0 logs
+  # each lists only what it wrote: process 1 its checkpoint parts, not process 0's metrics or TensorBoard
+  assert "metrics.jsonl" in first.split("Outputs:")[1] and "metrics.jsonl" not in second.split("Outputs:")[1]
+  assert "checkpoints" in second.split("Outputs:")[1]
   _two_processes(params, shared, max_steps=9)  # both processes restore the shared checkpoint of step 6
   ref = tmp_path / "ref"
   runner.run_params(params, [f"runconfig.model_dir={ref}", "runconfig.max_steps=9"])
