@@ -281,7 +281,7 @@ def name_as(
     if names is None or len(names) != len(traced):
       return
     save(wrapper, info._replace(arg_names=tuple(n for n, t in zip(names, traced) if t)))
-  except (TypeError, ValueError, AttributeError):  # (debug info only: never fail a trace over it)
+  except Exception:  # noqa: BLE001 (debug info only, from JAX's private helper: never fail a trace over it)
     return
 
 

@@ -188,13 +188,34 @@ def _check_same_kind(path: Any, a: Any, b: Any) -> None:
       "same state)."
     )
   dtype_a, dtype_b = getattr(a, "dtype", None), getattr(b, "dtype", None)
-  if dtype_a is not None and dtype_b is not None and dtype_a != dtype_b:
-    raise ValueError(
-      f"select_tree: the leaf at {jax.tree_util.keystr(path)} is {dtype_a} in on_true and {dtype_b} in "
-      "on_false; the two trees must hold arrays of the same shape and dtype at every key (jnp.where would "
-      f"promote them). Fix: cast the update to the state's dtype (e.g. x.astype({dtype_b})); for gradients, "
-      "to each parameter's dtype."
-    )
+  if dtype_a is None or dtype_b is None:
+    return
+  # dtypes as JAX holds them (NumPy float64 state is float32 to JAX); a weak-typed value of the same kind
+  # takes the other side's dtype: only what would change the state's dtype is refused
+  if jax.dtypes.issubdtype(dtype_a, jax.dtypes.extended) or jax.dtypes.issubdtype(
+    dtype_b, jax.dtypes.extended
+  ):
+    canonical_a, canonical_b = dtype_a, dtype_b  # PRNG keys: compared as they are
+  else:
+    canonical_a, canonical_b = jax.dtypes.canonicalize_dtype(dtype_a), jax.dtypes.canonicalize_dtype(dtype_b)
+  if canonical_a == canonical_b or (
+    bool(getattr(a, "weak_type", False)) and _kind(canonical_a) == _kind(canonical_b)
+  ):
+    return
+  raise ValueError(
+    f"select_tree: the leaf at {jax.tree_util.keystr(path)} is {dtype_a} in on_true and {dtype_b} in "
+    "on_false; the two trees must hold arrays of the same shape and dtype at every key (jnp.where would "
+    f"promote them). Fix: cast the update to the state's dtype (e.g. x.astype({dtype_b})); for gradients, "
+    "to each parameter's dtype."
+  )
+
+
+def _kind(dtype: Any) -> str:
+  """``"bool"``, ``"int"``, ``"float"`` or ``"complex"`` (bfloat16 and cbfloat16 storage included)."""
+  for name, group in (("bool", jnp.bool_), ("int", jnp.integer), ("float", jnp.floating)):
+    if jnp.issubdtype(dtype, group):
+      return name
+  return "complex"
 
 
 def _is_array_like(x: Any) -> bool:

@@ -253,6 +253,11 @@ def refuse_flag_and_override(overrides: Sequence[str], flags: Mapping[str, str])
   Traceback (most recent call last):
   ...
   wafer.errors.CommandError: runconfig.mode=eval and --mode train both set runconfig.mode: the flag would win; give one of them
+  >>> refuse_flag_and_override(["runconfig={model_dir: b}"], {'runconfig.model_dir="a"': "--model_dir a"})
+  Traceback (most recent call last):
+  ...
+  wafer.errors.CommandError: runconfig={model_dir: b} and --model_dir a both set runconfig.model_dir: the flag would win; give one of them
+  >>> refuse_flag_and_override(["runconfig.model_dir=2024"], {'runconfig.model_dir="2024"': "--model_dir 2024"})
   """
   from wafer.config import ConfigError
   from wafer.config.loader import parse_override
@@ -264,13 +269,25 @@ def refuse_flag_and_override(overrides: Sequence[str], flags: Mapping[str, str])
     except ConfigError:  # the loader reports it, in its words
       return None
 
+  missing = object()
+
+  def under(value: Any, keys: Sequence[Any]) -> Any:  # the value an override of a parent key gives a key
+    for key in keys:
+      if not isinstance(value, dict) or key not in value:
+        return missing
+      value = value[key]
+    return value
+
   made = [(parsed(text), flag) for text, flag in flags.items()]
   for text in overrides:
     given = parsed(text)
     for by_flag, flag in made:
-      if given is not None and by_flag is not None and given[0] == by_flag[0] and given[1] != by_flag[1]:
+      if given is None or by_flag is None or tuple(by_flag[0][: len(given[0])]) != tuple(given[0]):
+        continue
+      value = under(given[1], by_flag[0][len(given[0]) :])  # runconfig={model_dir: b} sets it too
+      if value is not missing and str(value) != str(by_flag[1]):  # (a path flag's 2024 is the string "2024")
         raise CommandError(
-          f"{text} and {flag} both set {dotted(given[0])}: the flag would win; give one of them"
+          f"{text} and {flag} both set {dotted(by_flag[0])}: the flag would win; give one of them"
         )
 
 
@@ -774,11 +791,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "estimate":  # wafer.estimate's argument checks, in the flags' wording
       message = _as_flags(message, getattr(args, "workload_pinned", None))
     print(f"wafer {args.command}: error: {message}", file=sys.stderr)
-    if getattr(error, "peer_lost", False):  # another process of the run is gone: JAX's shutdown barrier
+    if _peer_lost(error):  # another process of the run is gone: JAX's shutdown barrier
       sys.stdout.flush()  # at exit would wait for it, then abort with a C++ stack trace (exit 134)
       sys.stderr.flush()
       os._exit(USER_ERROR_EXIT)
     return USER_ERROR_EXIT
+
+
+def _peer_lost(error: BaseException | None) -> bool:
+  """Whether ``error``, or an error it was raised while handling (a close in a ``finally`` that failed in
+  turn), says that another process of the run is gone (`wafer.cluster`'s collectives set ``peer_lost``)."""
+  seen: set[int] = set()
+  while error is not None and id(error) not in seen:
+    if getattr(error, "peer_lost", False):
+      return True
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return False
 
 
 if __name__ == "__main__":

@@ -72,8 +72,9 @@ def first_error(error: BaseException | None) -> BaseException | None:
   if not failed.any():
     return None
   source = int(np.argmax(failed))
+  payload = _describe(error) if error is not None else b""  # (outside: a bug here is not a lost process)
   with _collective(error):
-    received = _broadcast_bytes(_describe(error) if error is not None else b"", source)
+    received = _broadcast_bytes(payload, source)
   if jax.process_index() == source:
     return error
   return _rebuild(json.loads(received.decode("utf-8")), source)
@@ -100,7 +101,8 @@ def same_on_every_process(
     return
   mine = json.dumps(values, sort_keys=True, default=repr)
   with _collective(None):
-    first = json.loads(_broadcast_bytes(mine.encode("utf-8"), 0).decode("utf-8"))
+    sent = _broadcast_bytes(mine.encode("utf-8"), 0)
+  first = json.loads(sent.decode("utf-8"))
   ours = json.loads(mine)
   keys = sorted(k for k in set(first) | set(ours) if first.get(k, "(unset)") != ours.get(k, "(unset)"))
   problem = None

@@ -630,11 +630,18 @@ def _check_outputs(step_fn: Callable, out: Any) -> None:
 
 
 def _array_leaves(tree: Any) -> dict[str, Any]:
-  """``tree``'s leaves that are arrays or tracers, by their path (``jax.tree_util.keystr``)."""
+  """``tree``'s leaves that are arrays or tracers held by an object's attribute (a path through a
+  ``GetAttrKey``: an NNX module's Variables, an ``nnx.Rngs`` count), by their path (``jax.tree_util.keystr``).
+
+  Leaves reached through dict keys and list indices alone are left out: a step that rewrites an entry of
+  its batch dict in place (``batch["x"] = batch["x"] / 255``) only uses the new value itself, as under
+  ``jax.jit``; objects whose attributes a step assigns (modules, optimizers) are state the caller keeps.
+  """
   return {
     jax.tree_util.keystr(path): leaf
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
     if isinstance(leaf, (jax.Array, np.ndarray))
+    and any(isinstance(k, jax.tree_util.GetAttrKey) for k in path)
   }
 
 
@@ -664,8 +671,8 @@ def _check_no_lost_updates(
   after: dict[str, Any],
   out: Any,
 ) -> None:
-  """Refuse a step that assigned new arrays inside its arguments (``opt.update(model, grads)`` on NNX
-  modules, BatchNorm statistics, an ``nnx.Rngs`` count, ``params['w'] = ...``) without returning them:
+  """Refuse a step that assigned new arrays to its arguments' attributes (``opt.update(model, grads)`` on NNX
+  modules, BatchNorm statistics, an ``nnx.Rngs`` count) without returning them:
   the compiled step runs on copies of its arguments, so every call would start from the old values."""
   lost = _lost_updates(before, after, out)
   if not lost:
@@ -677,7 +684,7 @@ def _check_no_lost_updates(
     f"the step {where_defined(step_fn)} assigns new values inside its argument{'s' if len(owners) > 1 else ''} "
     f"{', '.join(owners)} and does not return them: {shown}. A compiled step runs on copies of its arguments: "
     "what it writes into them (opt.update(model, grads) on NNX modules, BatchNorm statistics, an nnx.Rngs "
-    "count, params['w'] = ...) is lost when it returns, so every call would start again from the old "
+    "count) is lost when it returns, so every call would start again from the old "
     "values and nothing would train. Fix: return the new state and pass it to the next call, e.g. "
     "graphdef, state = nnx.split((model, opt)) outside the step; inside it, model, opt = nnx.merge(graphdef, "
     "state), update them, and return (loss, nnx.state((model, opt))); after the run, nnx.update((model, opt), "
@@ -762,7 +769,8 @@ def _concretization_kind(error: BaseException) -> str:
     return "size"
   frame = user_frame(error.__traceback__)
   line = "" if frame is None else frame[2]
-  if line.startswith("for ") or re.search(r"\brange\(", line):
+  # (np.asarray(x) on a `for` line is a value fetch: only a range of a traced count is a loop)
+  if re.search(r"\brange\(", line) and not isinstance(error, jax.errors.TracerArrayConversionError):
     return "loop"
   return "control_flow" if _is_branch(error) else "value_fetch"
 

@@ -86,8 +86,8 @@ def mnist_features(data_dir: str | os.PathLike, split: str = "train") -> dict[st
   if missing is not None:
     raise FileNotFoundError(missing)
   if not os.path.isdir(data_dir):
-    raise FileNotFoundError(
-      f"data_dir {os.fspath(data_dir)}: no such directory; MNISTDataProcessor reads MNIST's IDX files "
+    raise NotADirectoryError(
+      f"data_dir {os.fspath(data_dir)}: not a directory; MNISTDataProcessor reads MNIST's IDX files "
       "there; remove data_dir to use scikit-learn's bundled digits instead"
     )
   paths = []

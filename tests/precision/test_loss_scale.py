@@ -342,3 +342,15 @@ def test_load_state_dict_is_the_inverse_of_state_dict(ls):
   other = DynamicLossScale.create() if isinstance(ls, StaticLossScale) else StaticLossScale.create()
   with pytest.raises(ValueError, match=r"load_state_dict: the state must have the keys .*(missing|unknown)"):
     ls.load_state_dict(other.state_dict())
+
+
+def test_select_tree_accepts_what_jnp_where_returns_in_the_states_dtype():
+  """Only a real promotion is refused: a weak-typed scalar takes bfloat16, and NumPy float64 state is
+  float32 to JAX (review: raw dtypes refused both)."""
+  pick = jnp.bool_(True)
+  out = precision.select_tree(pick, {"w": jnp.asarray(1.0)}, {"w": jnp.ones((), jnp.bfloat16)})
+  assert out["w"].dtype == jnp.bfloat16
+  out = precision.select_tree(pick, {"w": jnp.zeros(2)}, {"w": np.ones(2)})
+  assert out["w"].dtype == jnp.float32
+  with pytest.raises(ValueError, match=r"\['w'\] is float32 in on_true and bfloat16 in on_false"):
+    precision.select_tree(pick, {"w": jnp.ones(2)}, {"w": jnp.ones(2, jnp.bfloat16)})

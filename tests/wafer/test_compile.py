@@ -538,25 +538,19 @@ def test_a_step_that_only_reads_its_arguments_or_returns_what_it_changed_compile
   wafer.compile(lambda m, x: m(x), dropout, x)
 
 
-@pytest.mark.parametrize(
-  ("step", "where"),
-  [
-    (lambda params, x: params.update(w=params["w"] + x) or x, r"params \(args\[0\]\).*args\[0\]\['w'\]"),
-    (lambda params, x: params.update(b=x * 2) or x, r"args\[0\]\['b'\]"),  # a new key
-    (
-      lambda x, *, state: state.__setitem__("n", state["n"] + 1) or x,
-      r"kwargs\['state'\].*kwargs\['state'\]\['n'\]",
-    ),
-  ],
-)
-def test_arrays_stored_into_an_argument_and_not_returned_are_refused(step, where):
-  with pytest.raises(
-    wafer.StepUsageError, match=rf"assigns new values inside its argument.*{where}.*is lost"
-  ):
-    if "state" in where:
-      wafer.compile(step, jnp.ones(2), state={"n": jnp.int32(0)})
-    else:
-      wafer.compile(step, {"w": jnp.ones(2)}, jnp.ones(2))
+def _normalised(p, batch):
+  batch["x"] = batch["x"] / 255.0  # an entry of the step's own batch dict, used right here
+  batch.setdefault("mask", jnp.ones(3))
+  return jnp.sum(p["w"] * batch["x"] * batch["mask"])
+
+
+def test_a_step_that_rewrites_entries_of_a_dict_argument_compiles_as_under_jit():
+  """Dict entries are not state the caller keeps (the review found this refused: a Task's loss_fn that
+  normalises batch["x"] in place could not run). Only attributes of objects (NNX modules) are."""
+  p, batch = {"w": jnp.ones(3)}, {"x": jnp.arange(3.0)}
+  got = wafer.compile(_normalised, p, {"x": jnp.arange(3.0)})(p, batch)
+  assert float(got) == float(jax.jit(_normalised)(p, {"x": jnp.arange(3.0)}))
+  assert sorted(batch) == ["x"]  # the caller's dict is untouched
 
 
 def test_a_dropout_module_drawing_masks_in_a_step_is_refused():
@@ -578,6 +572,13 @@ def _ranged_by_int(x):
   return sum(x for _ in range(int(x.sum())))
 
 
+def _rows_fetched(x):
+  total = 0.0
+  for row in np.asarray(x):  # a value fetch on a `for` line, not a loop count (review)
+    total = total + row
+  return total
+
+
 @pytest.mark.parametrize(
   ("fn", "what", "source", "fix"),
   [
@@ -588,6 +589,7 @@ def _ranged_by_int(x):
       "jax.lax.fori_loop(0, n, body, init)",
     ),
     (_ranged_by_int, "a Python loop counted by a traced value", "range(int(x.sum()))", "static_argnums"),
+    (_rows_fetched, "a value fetch inside the step", "for row in np.asarray(x)", "step closure"),
     (lambda x: jnp.nonzero(x)[0], "an operation whose result size depends", "jnp.nonzero(x)", "size=N"),
     (lambda x: jnp.argwhere(x), "an operation whose result size depends", "jnp.argwhere(x)", "size=N"),
     (lambda x: jnp.where(x > 0)[0], "an operation whose result size depends", "jnp.where(x > 0)", "size=N"),

@@ -325,3 +325,17 @@ def test_the_reference_models_decay_their_kernels_and_embeddings_only():
     if decays(path)
   }
   assert decayed == {"kernel", "embedding"}
+
+
+def test_apply_gradients_runs_eagerly_on_numpy_float64_parameters():
+  """NumPy float64 parameters are float32 to JAX; select_tree's dtype check compared the raw dtypes and
+  refused them outside jit (review), though jnp.where returns the state's dtype there."""
+  from wafer.optim import apply_gradients
+
+  params = {"w": np.array([0.5, -1.0])}
+  tx = optax.sgd(0.1)
+  result = apply_gradients(
+    tx, params, tx.init(params), StaticLossScale.create(1.0), 0, {"w": np.array([0.1, 0.2])}
+  )
+  np.testing.assert_allclose(np.asarray(result.params["w"]), [0.49, -1.02], rtol=1e-6)
+  assert int(result.step) == 1

@@ -58,9 +58,13 @@ def missing_data(section: str, cfg: Any) -> str | None:
   >>> from types import SimpleNamespace as NS
   >>> missing_data("train_input", NS(data_dir="/nowhere", data_processor="P")).split(";")[0]
   "train_input (P, data_dir='/nowhere'): data_dir /nowhere: no such file or directory"
+  >>> missing_data("train_input", NS(data_dir="gs://bucket/data", data_processor="P")) is None
+  True
   """
   paths = cfg.data_dir if isinstance(cfg.data_dir, list) else [] if cfg.data_dir is None else [cfg.data_dir]
   for path in paths:
+    if "://" in str(path):  # a URL a plugin's processor reads (gs://, https://): not a local path to check
+      continue
     missing = missing_data_dir(path)
     if missing is not None:
       return str(_section_error(section, cfg, FileNotFoundError(missing)))

@@ -63,7 +63,7 @@ from wafer.config.schema import MODES, TRAIN_MODES
 from wafer.errors import CheckpointMismatch, ExecutorError, RunInterrupted, Terminated, with_article
 from wafer.train.checkpoint import Checkpoints, UnreadableCheckpoint, misnamed, newest_step, read_meta
 from wafer.train.lock import ModelDirLock
-from wafer.train.metrics import SUPERSEDED, Metrics, Progress
+from wafer.train.metrics import SUPERSEDED, Metrics, Progress, eval_marks
 from wafer.train.state import TrainState, abstract, initial_state, step_shapes
 from wafer.train.step import make_eval_step, make_train_step
 from wafer.train.summary import RunSummary
@@ -112,18 +112,6 @@ def check_max_steps(runconfig: RunConfig, initial_step: int) -> None:
     ),
     f"model_dir {runconfig.model_dir}",
   )
-
-
-def eval_marks(mode: str, batches: int) -> dict[str, Any]:
-  """What an eval record of metrics.jsonl says beside its step and value: the mode that evaluated
-  (``eval_mode``) and the batches averaged (``eval_batches``). Evaluations of one checkpoint by several runs
-  (``--mode eval`` again with another ``eval_steps`` or ``eval_input``) are all kept, with one step: these
-  tell them apart.
-
-  >>> eval_marks("eval", 4)
-  {'eval_mode': 'eval', 'eval_batches': 4}
-  """
-  return {"eval_mode": mode, "eval_batches": batches}
 
 
 def epoch_steps(data: Any) -> int | None:

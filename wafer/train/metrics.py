@@ -2,7 +2,7 @@
 
 ``model_dir/metrics.jsonl`` holds one JSON object per line, each with an integer ``"step"``: the
 training records (``loss``, ``loss_scale``, ``samples_per_sec``, ...) and the eval records
-(``eval/<metric>``, with the ``eval_mode`` and ``eval_batches`` that made them: `wafer.train.loop.eval_marks`);
+(``eval/<metric>``, with the ``eval_mode`` and ``eval_batches`` that made them: `eval_marks`);
 a NaN or infinite number is written as ``null`` (strict JSON). Its training records are the history of the
 run that led to the newest checkpoint; its eval records are every evaluation made, the runs of ``--mode
 eval`` / ``eval_all`` appending theirs (a step evaluated twice has two records):
@@ -111,6 +111,22 @@ def _append(path: Path, data: bytes) -> None:
       raise
   finally:
     os.close(fd)
+
+
+def eval_marks(mode: str, batches: int) -> dict[str, Any]:
+  """What an eval record of metrics.jsonl says beside its step and value: the mode that evaluated
+  (``eval_mode``) and the batches averaged (``eval_batches``). Evaluations of one checkpoint by several runs
+  (``--mode eval`` again with another ``eval_steps`` or ``eval_input``) are all kept, with one step: these
+  tell them apart.
+
+  >>> eval_marks("eval", 4)
+  {'eval_mode': 'eval', 'eval_batches': 4}
+  """
+  return {"eval_mode": mode, "eval_batches": batches}
+
+
+_NOT_CHARTED = frozenset({"step", *eval_marks("eval", 0)})
+"""Keys of a record that TensorBoard does not chart: the step, and `eval_marks`' keys."""
 
 
 class Metrics:
@@ -244,8 +260,8 @@ class Metrics:
       # off, as in a sweep, where a diverging format is a result), so once per step is noise
       logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
       self.writer = SummaryWriter(str(self.path.parent / "tensorboard"), purge_step=self._purge_step)
-    for key, value in record.items():
-      if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+    for key, value in record.items():  # (the eval marks say how a record was made: no chart of their own)
+      if key not in _NOT_CHARTED and isinstance(value, (int, float)) and not isinstance(value, bool):
         self.writer.add_scalar(key, value, record["step"])
     self.writer.flush()
     print(line, flush=True)

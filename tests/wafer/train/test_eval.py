@@ -150,3 +150,19 @@ def test_repeated_evals_of_one_checkpoint_are_told_apart_in_metrics_jsonl(tmp_pa
     (2, "eval", 1),
     (2, "eval_all", 2),
   ]
+
+
+def test_eval_marks_are_not_charted_in_tensorboard(tmp_path, monkeypatch):
+  """eval_batches, a number, became a TensorBoard chart of its own beside eval/loss (review)."""
+  import tensorboardX
+
+  from wafer.train.metrics import Metrics, eval_marks
+
+  charted = []
+  monkeypatch.setattr(
+    tensorboardX.SummaryWriter, "add_scalar", lambda self, tag, *a, **k: charted.append(tag)
+  )
+  metrics = Metrics(tmp_path, "CPU")
+  metrics.write({"step": 3, "eval/loss": 1.5, **eval_marks("eval", 4)}, "eval line")
+  metrics.close()
+  assert charted == ["eval/loss"]
