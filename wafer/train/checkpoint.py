@@ -180,10 +180,7 @@ class Checkpoints:
       raise UnreadableCheckpoint("its array metadata (state/_METADATA) is missing or lists no arrays")
     mismatch = _shape_mismatch(saved, like)
     if mismatch is not None and _loss_scale_only(saved, like):
-      how = (
-        f"only its loss-scale state differs, {_path_difference(saved, like)}: it was written with another "
-        "loss scaling (optimizer.loss_scaling_factor; bfloat16 and float32 keep none)"
-      )
+      how = f"only its loss-scale state differs ({mismatch}; bfloat16 and float32 keep no loss-scale state)"
       raise CheckpointMismatch(self._does_not_fit(step, how), step, loss_scale_only=True)
     if mismatch is not None:  # checked before orbax starts reading: a failed read leaves its threads behind
       raise CheckpointMismatch(self._does_not_fit(step, mismatch), step)
