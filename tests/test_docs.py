@@ -146,6 +146,7 @@ def test_autocast_concept_stochastic_example_prints_what_it_shows(capsys):
   assert capsys.readouterr().out.splitlines() == shown.splitlines()
 
 
+@pytest.mark.slow  # about 5 s; .ci/run runs the slow tests
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the guide shows a CPU run")
 def test_mixed_precision_guide_cast_report_is_todays(capsys):
   """docs/guides/mixed-precision.md's example prints a cast report: its table is today's (a change that

@@ -286,6 +286,7 @@ def _all_programs(x):
   return {name: f(x) for name, f in PROGRAMS.items()}
 
 
+@pytest.mark.slow  # about 12 s; .ci/run runs the slow tests
 def test_program_bank_in_one_function():
   """The bank's programs side by side in one function (few compilations; the gradients are in
   the slow per-program test): the float32 policy is the identity, and under bfloat16 every

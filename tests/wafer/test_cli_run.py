@@ -286,6 +286,7 @@ def test_a_run_the_checkpoint_refuses_is_refused_before_any_work(tmp_path, capsy
   assert "compile_report.json" in outputs and "placement.png" in outputs  # the report's other two files
 
 
+@pytest.mark.slow  # about 5 s: whole runs through the CLI; .ci/run runs the slow tests
 def test_a_max_steps_below_the_checkpoints_step_is_refused_before_any_work(tmp_path, capsys):
   """The refusal came at the resume, after the data, the compile and the estimate had overwritten the
   compile report of the run whose checkpoints they are; --validate_only said "Validation completed"."""
@@ -307,6 +308,7 @@ def test_a_max_steps_below_the_checkpoints_step_is_refused_before_any_work(tmp_p
   assert (tmp_path / "md" / "compile_report.json").read_bytes() == report
 
 
+@pytest.mark.slow  # about 5 s: whole runs through the CLI; .ci/run runs the slow tests
 def test_validate_only_warns_of_a_data_dir_that_does_not_exist_with_the_runs_error(tmp_path, capsys):
   """--validate_only reads no data, and said nothing of a data_dir that does not exist; the run stops at
   once there. It warns (a modelzoo file is validated before its data is prepared) with the run's error."""
@@ -423,6 +425,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_says_how_to_resume(tmp_path, cap
   assert signal.getsignal(signal.SIGTERM) is before  # restored
 
 
+@pytest.mark.slow  # about 5 s: whole runs through the CLI; .ci/run runs the slow tests
 def test_a_resume_with_another_num_csx_is_refused_before_any_work(tmp_path, capsys):
   """fc_mnist's input pipeline shards by system: its checkpoint does not resume under another num_csx. The
   refusal came at the resume, after the data, the compile and the estimate had rewritten the compile report,

@@ -2,6 +2,8 @@
 
 import pathlib
 
+import pytest
+
 from wafer.config.modelzoo import FEATURES, IGNORED, RENAMED, ignored_table
 
 DOC = (pathlib.Path(__file__).parents[2] / "docs" / "guides" / "modelzoo-params.md").read_text()
@@ -41,6 +43,7 @@ def _with_worker_cache(tmp_path, model_name):
   return str(path)
 
 
+@pytest.mark.slow  # about 9 s: two estimates of real files; .ci/run runs the slow tests
 def test_use_worker_cache_is_ignored_and_an_unknown_model_is_named_first(tmp_path, capsys):
   """Modelzoo 2.4+ dataloaders set ``use_worker_cache`` (a cluster performance flag): ignored with a
   note, so a file of a model this project does not have (BTLM, JAIS) says that first, not
@@ -58,8 +61,6 @@ def test_a_file_read_as_another_model_says_so_before_its_problems(tmp_path):
   """A legacy file has no model.name: its data processor makes it gpt2, and a key of another model then
   reads as a gpt2 mistake. The error says first how the file was read and that its model may not be
   available (probe 2). (A LLaMA file's rotary and swiglu refuse it as another model's: probe 23b.)"""
-  import pytest
-
   from wafer.config import load_params
   from wafer.errors import ConfigError
 

@@ -268,7 +268,7 @@ def test_a_fixed_up_trainer_layout_file_runs_in_bfloat16(tmp_path):
     "Release_2.3.1/gpt2/params_gpt2_small.yaml",  # ~3 s: its 12 layers are one scan
     # MSL 10256: fits by recomputing each layer (it once "did not fit" at micro-batch 1: the padding
     # mask, broadcast to every head, was counted at h s^2 per layer boundary)
-    "Release_1.9.1/bert/bert_large_MSL10k_preview.yaml",
+    pytest.param("Release_1.9.1/bert/bert_large_MSL10k_preview.yaml", marks=pytest.mark.slow),  # ~9 s
     "Release_2.10.0/fc_mnist/params.yaml",
     "R_1.6.0/fc_mnist/params.yaml",
   ],
