@@ -34,6 +34,7 @@ import grain
 import numpy as np
 
 from wafer.config.schema import batch_split_problem
+from wafer.errors import short_repr
 
 STATE_VERSION = 1
 
@@ -390,7 +391,9 @@ class GrainBatchSource:
         "be the batch k the checkpoint's run saw"
       )
     if diff:
-      shown = "; ".join(f"{k} {_short(then)} then, {_short(now)} now" for k, (then, now) in diff.items())
+      shown = "; ".join(
+        f"{k} {short_repr(then, 40)} then, {short_repr(now, 40)} now" for k, (then, now) in diff.items()
+      )
       raise ValueError(f"input pipeline state was saved for a different pipeline ({shown})")
     self.close()
     self.next_batch = int(state["next_batch"])
@@ -409,9 +412,3 @@ def one_pass(source: ArraySource, batch_size: int, drop_last: bool = True) -> An
   """
   ds = grain.MapDataset.range(len(source)).batch(batch_size, drop_remainder=drop_last)
   return ds.map(lambda idx: source.gather(np.asarray(idx)))
-
-
-def _short(value: Any) -> str:
-  """A recorded pipeline setting as a message shows it (a long fingerprint cut to 40 characters)."""
-  text = repr(value)
-  return text if len(text) <= 40 else text[:37] + "..."
