@@ -630,15 +630,16 @@ def _check_outputs(step_fn: Callable, out: Any) -> None:
 
 
 def _array_leaves(tree: Any) -> dict[str, Any]:
-  """``tree``'s leaves that are arrays or tracers held by an object's attribute (a path through a
-  ``GetAttrKey``: an NNX module's Variables, an ``nnx.Rngs`` count), by their path (``jax.tree_util.keystr``).
+  """The ``(args, kwargs)`` pair ``tree``'s leaves that are arrays or tracers held by an object's attribute
+  (a path through a ``GetAttrKey``: an NNX module's Variables, an ``nnx.Rngs`` count), by their path
+  (`_arg_name`: ``"args[0].kernel.value"``).
 
   Leaves reached through dict keys and list indices alone are left out: a step that rewrites an entry of
   its batch dict in place (``batch["x"] = batch["x"] / 255``) only uses the new value itself, as under
   ``jax.jit``; objects whose attributes a step assigns (modules, optimizers) are state the caller keeps.
   """
   return {
-    jax.tree_util.keystr(path): leaf
+    _arg_name(path): leaf
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
     if isinstance(leaf, (jax.Array, np.ndarray))
     and any(isinstance(k, jax.tree_util.GetAttrKey) for k in path)
@@ -677,8 +678,7 @@ def _check_no_lost_updates(
   lost = _lost_updates(before, after, out)
   if not lost:
     return
-  paths = [_path_name(path) for path in lost]
-  shown = ", ".join(paths[:4]) + (f" (and {len(paths) - 4} more)" if len(paths) > 4 else "")
+  shown = ", ".join(lost[:4]) + (f" (and {len(lost) - 4} more)" if len(lost) > 4 else "")
   owners = sorted({_parameter_of(path, signature) for path in lost})
   raise StepUsageError(
     f"the step {where_defined(step_fn)} assigns new values inside its argument{'s' if len(owners) > 1 else ''} "
@@ -693,17 +693,9 @@ def _check_no_lost_updates(
   )
 
 
-def _path_name(path: str) -> str:
-  """``"[0][1].kernel.value"`` of the ``(args, kwargs)`` pair -> ``"args[1].kernel.value"``."""
-  if path.startswith("[0]"):
-    return "args" + path[3:]
-  return "kwargs" + path[3:] if path.startswith("[1]") else path
-
-
 def _parameter_of(path: str, signature: inspect.Signature | None) -> str:
   """The step's parameter (by name where the signature tells it) that holds the leaf at ``path``."""
-  head = _path_name(path)
-  kind, _, rest = head.partition("[")
+  kind, _, rest = path.partition("[")
   index = rest.split("]", 1)[0]
   if kind == "args" and index.isdigit() and signature is not None:
     positional = [
